@@ -1,0 +1,461 @@
+"""The `relay` command. The only place that sets up logging and turns RelayError into exit 1."""
+import datetime
+import functools
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import orjson
+
+from . import __version__, config as config_mod
+from .daemon import Relay
+from .errors import ConfigError, NotFound, RelayError
+from .ids import IdGenerator
+from .inbox import Inbox
+from .layout import Layout, valid_agent
+from .ledger import STATUSES, Ledger
+from .lock import DaemonLock, holder
+from .sync import Syncer
+from . import views
+
+log = logging.getLogger("relay")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record):
+        doc = {"ts": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(),
+               "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc).decode()
+
+
+def setup_logging(cfg, quiet=False):
+    handler = logging.StreamHandler(sys.stderr)
+    if cfg.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root = logging.getLogger("relay")
+    root.handlers[:] = [handler]
+    root.setLevel("WARNING" if quiet else cfg.log_level)
+    root.propagate = False
+
+
+def fail(message):
+    raise click.ClickException(message)
+
+
+def handle_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RelayError as e:
+            raise click.ClickException(str(e)) from None
+        except OSError as e:
+            where = f" ({e.filename})" if e.filename else ""
+            raise click.ClickException(f"{e.strerror or e}{where}") from None
+    return wrapper
+
+
+def duration(value, what):
+    try:
+        return config_mod.parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=what) from None
+
+
+def moment(value, what):
+    """An instant: ISO date/time (UTC) or a duration meaning that long ago."""
+    if value is None:
+        return None
+    try:
+        return time.time() - config_mod.parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a date (2026-11-30, 2026-11-30T10:00) "
+                                 "nor a duration (90s, 15m, 12h, 7d)", param_hint=what) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.timezone.utc)
+    return dt.timestamp()
+
+
+class Context:
+    def __init__(self, root, state_dir, overrides=None):
+        self.root, self.state_dir = root, state_dir
+        self.overrides = overrides or {}
+        self._cfg = None
+
+    @property
+    def cfg(self):
+        if self._cfg is None:
+            self._cfg = config_mod.load(self.root, self.state_dir, overrides=self.overrides)
+        return self._cfg
+
+    @property
+    def layout(self):
+        return Layout(self.cfg.root, self.cfg.state_dir)
+
+    def reader(self):
+        """The ledger, read-only (works beside a running daemon)."""
+        path = self.layout.ledger
+        if not path.exists():
+            raise RelayError(f"no ledger at {path}: run `relay init` (or `relay run`) in the project first")
+        return Ledger(path, readonly=True)
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+def out_json(doc):
+    click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="relay")
+@click.option("--root", type=click.Path(file_okay=False), help="Project root (env RELAY_ROOT; default: the current directory).")
+@click.option("--state-dir", help="State directory, relative to the root (env RELAY_STATE_DIR; default .relay).")
+@click.pass_context
+def main(ctx, root, state_dir):
+    """relay: deliver agents' outbox files into each other's inboxes, exactly once."""
+    ctx.obj = Context(root, state_dir)
+
+
+@main.command()
+@click.option("--agent", "agents", multiple=True, help="Create this agent's outbox and inbox (repeatable).")
+@pass_ctx
+@handle_errors
+def init(ctx, agents):
+    """Create the layout (idempotent), with an outbox and inbox for each agent."""
+    for name in agents:
+        if not valid_agent(name):
+            fail(f"invalid agent name {name!r}: names match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
+    cfg = ctx.cfg
+    layout = Layout(cfg.root, cfg.state_dir)
+    layout.init(agents)
+    Ledger(layout.ledger, durability=cfg.durability).close()
+    click.echo(f"initialised {layout.state}" + (f" with agents {', '.join(agents)}" if agents else ""))
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="One full pass over everything present, then exit.")
+@click.option("--durability", type=click.Choice(["full", "normal"]), help="Override `durability`.")
+@click.option("--settle", help="Override `settle` (e.g. 250ms).")
+@click.option("--retention", help="Override `retention` (e.g. 7d; 0 keeps forever).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), help="Override `log_format`.")
+@click.option("--log-level", help="Override `log_level`.")
+@click.option("-q", "--quiet", is_flag=True, help="Log warnings and errors only.")
+@pass_ctx
+@handle_errors
+def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
+    """Run the relay: watch, deliver, archive, sweep (until SIGTERM/SIGINT)."""
+    ctx.overrides.update(durability=durability, settle=settle, retention=retention,
+                         log_format=log_format, log_level=log_level)
+    cfg = ctx.cfg
+    setup_logging(cfg, quiet)
+    layout = Layout(cfg.root, cfg.state_dir)
+    layout.state.mkdir(parents=True, exist_ok=True)
+    with DaemonLock(layout.lock):
+        if once:
+            relay = Relay(cfg)
+            try:
+                t0 = time.monotonic()
+                total = relay.drain()
+                took = time.monotonic() - t0
+            finally:
+                relay.close()
+            click.echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry, "
+                       f"in {took:.2f}s")
+            return
+        from .service import serve
+        sys.exit(serve(cfg))
+
+
+@main.command()
+@click.option("--from", "sender", required=True, help="The sending agent (its outbox).")
+@click.option("--to", "to", required=True, help="Recipient(s): NAME[,NAME...], '*' or System.")
+@click.option("--kind", help="Message kind (default: message).")
+@click.option("--thread", help="Thread id.")
+@click.option("--subject", help="Subject line.")
+@click.argument("body", required=False)
+@pass_ctx
+@handle_errors
+def send(ctx, sender, to, kind, thread, subject, body):
+    """Drop a message atomically into SENDER's outbox and print its path. BODY '-' reads stdin."""
+    if not valid_agent(sender):
+        fail(f"invalid sender {sender!r}: agent names match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
+    if body is None or body == "-":
+        body = sys.stdin.read()
+    headers = [("TO", to), ("KIND", kind), ("THREAD", thread), ("SUBJECT", subject)]
+    lines = []
+    for key, value in headers:
+        if value is None:
+            continue
+        if "\n" in value or "\r" in value:
+            fail(f"--{key.lower()} must be one line")
+        lines.append(f"{key}: {value}")
+    data = ("\n".join(lines) + "\n\n" + body).encode("utf-8")
+    layout = ctx.layout
+    outbox = layout.outbox / sender
+    outbox.mkdir(parents=True, exist_ok=True)
+    name = f"msg-{IdGenerator().new(time.time()).lower()}"
+    tmp = outbox / f".{name}.tmp"
+    from .layout import write_file
+    write_file(tmp, data)
+    os.rename(tmp, outbox / name)
+    click.echo(str(outbox / name))
+
+
+@main.command()
+@click.argument("agent")
+@click.option("--all", "show_all", is_flag=True, help="Include messages already taken (cur/).")
+@click.option("--ack", is_flag=True, help="Take the new messages: move them new/ -> cur/.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def inbox(ctx, agent, show_all, ack, as_json):
+    """List an agent's messages (with --ack, take them)."""
+    layout = ctx.layout
+    if not (layout.inbox / agent).is_dir():
+        raise NotFound(f"no inbox for agent {agent!r} in {layout.inbox}")
+    box = Inbox(layout, Syncer("normal", layout.state))
+    items = box.list(agent, include_cur=show_all)
+    docs = []
+    for where, path, doc in items:
+        if ack and where == "new":
+            path = box.ack(path)
+            where = "cur"
+        docs.append({**doc, "state": where, "path": str(path)})
+    if as_json:
+        out_json(docs)
+        return
+    if not docs:
+        click.echo(f"no {'messages' if show_all else 'new messages'} for {agent}")
+    for d in docs:
+        mark = "*" if d["state"] == "new" else " "
+        title = d.get("subject") or views.clip(d.get("body") or "", 60)
+        click.echo(f"{mark} {d.get('id')}  {d.get('sent_at', '')[:19]}  from {d.get('from')}  "
+                   f"[{d.get('kind')}{'/' + d['thread'] if d.get('thread') else ''}]  {title}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def status(ctx, as_json):
+    """Counts per state, oldest pending age, agents, daemon pid, durability settings."""
+    cfg = ctx.cfg
+    layout = ctx.layout
+    with_ledger = layout.ledger.exists()
+    pid = holder(layout.lock)
+    counts = dict.fromkeys(STATUSES, 0)
+    oldest = None
+    pragmas = {}
+    if with_ledger:
+        led = ctx.reader()
+        try:
+            counts = led.counts()
+            first = led.oldest_pending()
+            oldest = round(time.time() - first, 3) if first is not None else None
+            pragmas = led.pragmas()
+        finally:
+            led.close()
+        pragmas["synchronous"] = "FULL" if cfg.durability == "full" else "NORMAL"
+    doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
+           "daemon": {"running": pid is not None, "pid": pid}, "counts": counts,
+           "agents": sorted(layout.agent_names(cfg.agents)), "oldest_pending_age_s": oldest,
+           "durability": {"setting": cfg.durability, **pragmas}}
+    if as_json:
+        out_json(doc)
+        return
+    click.echo(f"root       {doc['root']}\nstate dir  {doc['state_dir']}")
+    click.echo(f"daemon     {'running, pid ' + str(pid) if pid else 'not running'}")
+    click.echo("messages   " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    if oldest is not None:
+        click.echo(f"oldest pending  {oldest:.1f}s")
+    click.echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
+    click.echo("durability " + ", ".join(f"{k}={v}" for k, v in doc["durability"].items()))
+    if not with_ledger:
+        click.echo("no ledger yet: run `relay init` or `relay run`")
+
+
+def _audit_options(fn):
+    for opt in reversed([
+        click.option("--from", "sender", help="Sent by this agent."),
+        click.option("--to", "recipient", help="Addressed to this agent."),
+        click.option("--status", type=click.Choice(STATUSES), help="In this state."),
+        click.option("--kind", help="Of this kind."),
+        click.option("--thread", help="In this thread (shown oldest first, as a conversation)."),
+        click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago)."),
+        click.option("--until", help="Discovered before (same forms as --since)."),
+        click.option("--grep", help="Subject, body or file name contains TEXT (case-insensitive)."),
+        click.option("--limit", type=click.IntRange(1), default=None, help="At most N messages (default 50 in the table)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+@main.command()
+@_audit_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of message records.")
+@click.option("--jsonl", is_flag=True, help="Print one JSON record per line.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv"]), default="table", help="Table or CSV.")
+@pass_ctx
+@handle_errors
+def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limit, as_json, jsonl, fmt):
+    """The ledger, newest first, for humans (a thread: oldest first)."""
+    led = ctx.reader()
+    try:
+        if limit is None and not (as_json or jsonl or fmt == "csv"):
+            limit = 50
+        rows = led.audit(sender=sender, recipient=recipient, status=status, kind=kind, thread=thread,
+                         since=moment(since, "--since"), until=moment(until, "--until"), grep=grep,
+                         limit=limit, oldest_first=bool(thread))
+        if as_json:
+            out_json([views.record(r) for r in rows])
+        elif jsonl:
+            for r in rows:
+                click.echo(orjson.dumps(views.record(r)).decode())
+        elif fmt == "csv":
+            import csv
+            writer = None
+            for r in rows:
+                rec = views.record(r)
+                rec["to"] = ",".join(rec["to"])
+                if writer is None:
+                    writer = csv.DictWriter(sys.stdout, fieldnames=list(rec))
+                    writer.writeheader()
+                writer.writerow(rec)
+        else:
+            rows = list(rows)
+            if not rows:
+                click.echo("no messages match")
+            else:
+                click.echo(views.table(rows))
+    finally:
+        led.close()
+
+
+@main.command()
+@click.argument("message_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def show(ctx, message_id, as_json):
+    """One message: every field, deliveries, lifecycle events, files and body."""
+    led = ctx.reader()
+    layout = ctx.layout
+    try:
+        row = led.find(message_id.upper())
+        if row == "ambiguous":
+            fail(f"{message_id!r} matches more than one message; give more of the id")
+        if row is None:
+            raise NotFound(f"no message with id {message_id!r} in the ledger")
+        deliveries = led.deliveries(row["id"])
+        events = led.events(row["id"])
+        box = Inbox(layout, None)
+        paths = {}
+        for d in deliveries:
+            held = box.holder(d["recipient"], row["id"], thorough=True)
+            paths[d["recipient"]] = str(held) if held else None
+        body = row["body"]
+        if as_json:
+            out_json({**views.record(row), "body": body, "headers": orjson.loads(row["headers"] or "{}"),
+                      "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),
+                                      "inbox_path": paths.get(d["recipient"])} for d in deliveries],
+                      "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
+                                  "actor": e["actor"]} for e in events]})
+        else:
+            click.echo(views.show(row, deliveries, events, paths, body))
+    finally:
+        led.close()
+
+
+@main.command()
+@click.option("--older-than", help="Sweep entries older than this instead of `retention` (e.g. 7d).")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def sweep(ctx, older_than, dry_run, as_json):
+    """The retention sweep now: delete archived and failed entries older than retention."""
+    cfg = ctx.cfg
+    keep = duration(older_than, "--older-than") if older_than is not None else cfg.retention
+    if not keep:
+        click.echo("retention is 0 (keep forever): nothing to sweep")
+        return
+    layout = Layout(cfg.root, cfg.state_dir)
+    relay = Relay(cfg)
+    try:
+        result = relay.sweep_all(older_than=keep, dry_run=dry_run)
+    finally:
+        relay.close()
+    if as_json:
+        out_json({"dry_run": dry_run, "archived": result.archived, "failed": result.failed, "ids": result.ids})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(f"{verb} {result.archived} archived and {result.failed} failed message(s) older than "
+               f"{older_than or f'{int(keep)}s'} from {layout.state}")
+    if dry_run:
+        for mid in result.ids:
+            click.echo(f"  {mid}")
+
+
+@main.command()
+@click.argument("outboxes", required=False, type=click.Path(exists=True, file_okay=False))
+@click.option("--keep", is_flag=True, help="Keep the temporary project (its path is printed).")
+@pass_ctx
+@handle_errors
+def demo(ctx, outboxes, keep):
+    """Run relay once over a copy of OUTBOXES (default examples/outboxes) and show the result."""
+    src = Path(outboxes or "examples/outboxes")
+    if not src.is_dir():
+        fail(f"no {src} here: pass the path of an outboxes directory (examples/outboxes in the checkout)")
+    project = Path(tempfile.mkdtemp(prefix="relay-demo-"))
+    try:
+        cfg = config_mod.load(project, ".relay", env={})
+        agents = sorted(p.name for p in src.iterdir() if p.is_dir())
+        layout = Layout(cfg.root, cfg.state_dir)
+        layout.init(agents)
+        for agent in agents:
+            for f in sorted((src / agent).iterdir()):
+                if f.is_file():
+                    shutil.copyfile(f, layout.outbox / agent / f.name)
+        setup_logging(cfg, quiet=True)
+        relay = Relay(cfg)
+        try:
+            total = relay.drain(now_fn=lambda: time.time() + cfg.settle)
+            rows = list(relay.ledger.audit(oldest_first=True))
+        finally:
+            relay.close()
+        click.echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} quarantined\n")
+        box = Inbox(layout, None)
+        for agent in ["System"] + agents:
+            items = box.list(agent)
+            click.echo(f"inbox/{agent}/new: {len(items)} message(s)")
+            for _, _, doc in items:
+                title = doc.get("subject") or views.clip(doc.get("body") or "", 50)
+                click.echo(f"  from {doc['from']:<8} [{doc['kind']}] {title}")
+        click.echo("\nrelay audit:")
+        click.echo(views.table(rows))
+        for p in sorted(layout.failed.rglob("*.error.json")):
+            click.echo(f"\nquarantined: {p.relative_to(layout.state)}\n  reason: {json.loads(p.read_text())['reason']}")
+        if keep:
+            click.echo(f"\nproject kept at {project}")
+    finally:
+        if not keep:
+            shutil.rmtree(project, ignore_errors=True)
+
+
+def entry():
+    main(prog_name="relay")

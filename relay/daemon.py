@@ -1,0 +1,501 @@
+"""The relay: one `step(now)` moves every message it can one batch further.
+
+    found files -> [T1: register + claim] -> custody (outbox -> spool) -> read, parse
+      -> inbox tmp writes -> sync -> links into new/ -> sync
+      -> spool -> archive (or failed/) -> sync -> [T2: delivered + archived, events]
+
+`drain()` repeats steps until nothing is left (relay run --once); `run()` is the daemon loop,
+woken by the watcher's hints, the settle deadlines and the scheduled work.
+"""
+import collections
+import dataclasses
+import hashlib
+import itertools
+import logging
+import os
+import stat
+import threading
+import time
+
+import orjson
+
+from . import ledger as ledger_mod
+from .archive import Archive, day_of
+from .config import SYSTEM
+from .errors import DurabilityError, MessageRefused, RelayError, TransientError
+from .ids import IdGenerator
+from .inbox import Inbox
+from .layout import Layout, move, valid_agent
+from .ledger import Ledger
+from .message import envelope, parse, resolve
+from .outbox import OPEN_FLAGS, Outbox, ignore_lease_breaks
+from .sync import Syncer
+
+log = logging.getLogger(__name__)
+
+BATCH = 256              # messages claimed per transaction
+SCAN_BUDGET = 2048       # files registered per step
+SWEEP_BATCH = 500        # rows deleted per sweep transaction
+ORPHAN_AGE = 86400.0     # tmp/ files older than this are removed
+MAX_BACKOFF = 3600.0
+HEADER_ALLOWANCE = 256 * 1024
+
+
+@dataclasses.dataclass
+class Counts:
+    registered: int = 0
+    claimed: int = 0
+    delivered: int = 0
+    archived: int = 0
+    failed: int = 0
+    retried: int = 0
+    deferred: int = 0
+    swept: int = 0
+
+    def add(self, other):
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def busy(self):
+        return bool(self.registered or self.claimed or self.archived or self.swept)
+
+
+@dataclasses.dataclass
+class SweepResult:
+    archived: int = 0
+    failed: int = 0
+    ids: list = dataclasses.field(default_factory=list)
+    more: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class Work:
+    """One claimed message on its way through a batch."""
+    id: str
+    sender: str
+    name: str
+    archive_rel: str
+    retries: int
+    thorough: bool
+    path: str = None            # where the file is now (spool, or outbox when not regular)
+    refused: str = None         # permanent reason
+    error: Exception = None     # transient or durability error
+    defer: bool = False
+    data: bytes = b""
+    sha256: str = None
+    sent_at: float = None
+    message: object = None
+    recipients: list = ()
+    envelope: bytes = b""
+    delivered: bool = False
+    archived: bool = False
+    failed: bool = False
+    failed_rel: str = None
+
+
+class Relay:
+    """The pipeline over one state directory. Ledger writes happen on the caller's thread."""
+
+    def __init__(self, config, clock=time.time, sync_mode=None, batch=BATCH):
+        self.config = config
+        self.clock = clock
+        self.batch = batch
+        self.layout = Layout(config.root, config.state_dir)
+        self.layout.init(config.agents)
+        self.ledger = Ledger(self.layout.ledger, durability=config.durability)
+        self.syncer = Syncer(config.durability, self.layout.state, mode=sync_mode)
+        self.inbox = Inbox(self.layout, self.syncer)
+        self.archive = Archive(self.layout, self.syncer)
+        self.outbox = Outbox(self.layout, config.settle)
+        self.ids = IdGenerator()
+        self.hints = collections.deque()        # (kind, sender, path) from the watcher
+        self.wake = threading.Event()
+        self._scan = None                       # the full rescan in progress (a generator)
+        self._known = None
+        self._next_rescan = 0.0
+        self._next_sweep = 0.0
+        self._next_orphans = 0.0
+        self._next_archive_retry = 0.0
+        ignore_lease_breaks()
+
+    def close(self):
+        self.ledger.close()
+
+    # -- hints from the watcher (any thread) -------------------------------------------------
+
+    def hint(self, kind, sender=None, path=None):
+        """kind: 'file' (may be complete), 'closed' (complete), 'dir' (scan it), 'rescan'."""
+        self.hints.append((kind, sender, path))
+        self.wake.set()
+
+    # -- start ------------------------------------------------------------------------------
+
+    def recover(self, now=None):
+        """Crash recovery: processing rows back to pending with their file put where the
+        pipeline looks for it; orphan tmp files removed. Returns the number of rows reset."""
+        now = self.clock() if now is None else now
+        rows = self.ledger.processing()
+        reset = []
+        for row in rows:
+            mid = row["id"]
+            spool = self.layout.spool / mid
+            spooled = spool.exists()
+            if not spooled:
+                # The archive or quarantine move may have happened before the ledger recorded
+                # it: put the file back in the spool; re-delivery is idempotent.
+                for rel in (row["archive_path"], self.layout.failed_rel(row["sender"], mid, row["name"])):
+                    if rel and os.path.lexists(self.layout.state / rel):
+                        move(self.layout.state / rel, spool)
+                        spooled = True
+                        break
+            reset.append((mid, spooled))
+            log.warning("%s from %s was left processing by a stopped relay: back to pending", mid, row["sender"])
+        if reset:
+            self.syncer.dir_changed(self.layout.spool)
+            self.syncer.flush("recovery moves")
+            self.ledger.reset(reset, now)
+        self.remove_orphans(now)
+        self._scan = None
+        self._next_rescan = 0.0
+        return len(reset)
+
+    def remove_orphans(self, now):
+        removed = 0
+        for path in self.inbox.orphans(now - ORPHAN_AGE):
+            try:
+                os.unlink(path)
+                removed += 1
+                log.info("removed orphaned inbox file %s", path)
+            except OSError:
+                pass
+        self._next_orphans = now + 3600.0
+        return removed
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def step(self, now=None):
+        """Move everything one batch further. Returns what was done."""
+        now = self.clock() if now is None else now
+        counts = Counts()
+        found = self._gather(now)
+        batch = self.batch
+        registered, claimed = self.ledger.register_and_claim(
+            [(self.ids.new(now), f.sender, f.name, f.sent_at) for f in found], now, batch, day_of(now))
+        counts.registered, counts.claimed = len(registered), len(claimed)
+        for mid, sender, name in registered:
+            log.info("%s discovered: outbox/%s/%s", mid, sender, name)
+        if claimed:
+            self._process(claimed, now, counts)
+        if now >= self._next_archive_retry:
+            self._retry_archive(now, counts)
+        if now >= self._next_sweep:
+            result = self.sweep(now)
+            counts.swept = result.archived + result.failed
+            self._next_sweep = now if result.more else now + self.config.sweep_interval
+        if now >= self._next_orphans:
+            self.remove_orphans(now)
+        return counts
+
+    def _gather(self, now):
+        found = []
+        if now >= self._next_rescan and self._scan is None:
+            self._known = None
+            self._scan = self.outbox.scan_all(now)
+            self._next_rescan = now + self.config.rescan_interval
+        while self.hints and len(found) < SCAN_BUDGET:
+            kind, sender, path = self.hints.popleft()
+            if kind == "rescan":
+                self._known = None
+                self._scan = self.outbox.scan_all(now)
+            elif kind == "dir":
+                self._known = None
+                if valid_agent(sender) and self.layout.outbox_problem(sender, path) is None:
+                    found.extend(self.outbox.scan_dir(sender, path, now))
+            else:
+                hit = self.outbox.check(sender, path, now, hinted=(kind == "closed"))
+                if hit:
+                    found.append(hit)
+        found.extend(self.outbox.due_waiting(now))
+        if self._scan is not None:
+            more = list(itertools.islice(self._scan, max(0, SCAN_BUDGET - len(found))))
+            found.extend(more)
+            if len(found) < SCAN_BUDGET:
+                self._scan = None
+        return found
+
+    def known_agents(self, refresh=False):
+        if self._known is None or refresh:
+            self._known = self.layout.agent_names(self.config.agents)
+        return self._known
+
+    def _process(self, rows, now, counts):
+        works = [self._take(row, now) for row in rows]
+        ready = [w for w in works if not (w.refused or w.error or w.defer)]
+        for w in self.inbox.deliver(ready):
+            w.delivered = True
+        for w in works:
+            if w.delivered:
+                try:
+                    self.archive.store(w.path, w.archive_rel)
+                    w.archived = True
+                except OSError as e:
+                    w.error = TransientError(f"moving the original to {w.archive_rel}: {e.strerror or e}")
+            elif w.refused or isinstance(w.error, DurabilityError) or (
+                    isinstance(w.error, TransientError) and w.retries + 1 > self.config.max_retries):
+                self._quarantine(w, now)
+        try:
+            self.syncer.flush("archive and outbox directories")
+        except DurabilityError as e:
+            for w in works:
+                if w.archived:
+                    w.archived, w.error = False, e
+        self.ledger.finish(now, [self._outcome(w, now, counts) for w in works])
+
+    def _retry_archive(self, now, counts):
+        """Archive moves that failed after delivery (disk full, permissions) are tried again."""
+        rows = self.ledger.delivered_due(now, self.batch)
+        outcomes = []
+        for row in rows:
+            rel = row["archive_path"] or self.layout.archive_rel(day_of(now), row["sender"], row["id"], row["name"])
+            spool = self.layout.spool / row["id"]
+            try:
+                if os.path.lexists(spool):
+                    self.archive.store(spool, rel)
+                elif not os.path.lexists(self.layout.state / rel):
+                    raise FileNotFoundError(2, "the original is in neither the spool nor the archive")
+                outcomes.append({"id": row["id"], "state": "archive", "archive_path": rel})
+            except OSError as e:
+                backoff = min(self.config.retry_backoff * 2 ** min(row["retries"] + 1, 20), MAX_BACKOFF)
+                outcomes.append({"id": row["id"], "state": "archive-retry", "error": f"archive: {e.strerror or e}",
+                                 "next_attempt_at": now + backoff, "retries": row["retries"] + 1})
+        if outcomes:
+            try:
+                self.syncer.flush("archive directories")
+            except DurabilityError as e:
+                outcomes = [{"id": o["id"], "state": "archive-retry", "error": str(e),
+                             "next_attempt_at": now + MAX_BACKOFF, "retries": 0} for o in outcomes]
+            self.ledger.finish(now, outcomes)
+            counts.archived += sum(1 for o in outcomes if o["state"] == "archive")
+        nxt = self.ledger.next_archive_due()
+        self._next_archive_retry = nxt if nxt is not None else float("inf")
+
+    def _take(self, row, now):
+        """Take custody of a claimed message's file, read and parse it."""
+        w = Work(id=row["id"], sender=row["sender"], name=row["name"], archive_rel=row["archive_path"],
+                 retries=row["retries"], thorough=row["attempts"] > 1)
+        spool = self.layout.spool / w.id
+        if row["spooled"]:
+            if not os.path.lexists(spool):
+                w.refused = "the message file vanished from relay's spool before it was delivered"
+                return w
+        else:
+            src = self.layout.outbox / w.sender / w.name
+            try:
+                st = os.lstat(src)
+            except FileNotFoundError:
+                w.refused = (f"outbox/{w.sender}/{w.name} disappeared before relay could read it "
+                             "(deleted or moved away by someone else)")
+                return w
+            except OSError as e:
+                w.error = TransientError(f"cannot look at outbox/{w.sender}/{w.name}: {e.strerror}")
+                return w
+            if not stat.S_ISREG(st.st_mode):
+                w.path = str(src)
+                w.refused = _not_regular(src, st)
+                return w
+            try:
+                move(src, spool)
+            except FileNotFoundError:
+                w.refused = f"outbox/{w.sender}/{w.name} disappeared before relay could read it"
+                return w
+            except OSError as e:
+                w.error = TransientError(f"cannot take outbox/{w.sender}/{w.name}: {e.strerror}")
+                return w
+            self.syncer.dir_changed(src.parent)
+            self.syncer.dir_changed(self.layout.spool)
+        w.path = str(spool)
+        self._read(w, now)
+        return w
+
+    def _read(self, w, now):
+        try:
+            fd = os.open(w.path, OPEN_FLAGS)
+        except OSError as e:
+            w.error = TransientError(f"cannot open the message: {e.strerror}")
+            return
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                w.refused = _not_regular(w.path, st)
+                return
+            if self.outbox.leases.writers(fd):
+                w.defer = True
+                return
+            limit = self.config.max_body_bytes + HEADER_ALLOWANCE
+            if st.st_size > limit:
+                w.refused = (f"the file is {st.st_size} bytes, over max_body_bytes "
+                             f"({self.config.max_body_bytes}) plus room for headers")
+                return
+            chunks, total = [], 0
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+                total += len(chunk)
+                if total > limit:
+                    w.refused = f"the file grew past {limit} bytes while relay read it"
+                    return
+            w.data = b"".join(chunks)
+            w.sent_at = st.st_mtime
+        except OSError as e:
+            w.error = TransientError(f"reading the message: {e.strerror}")
+            return
+        finally:
+            os.close(fd)
+        w.sha256 = hashlib.sha256(w.data).hexdigest()
+        try:
+            w.message = parse(w.data, w.name, self.config.max_body_bytes)
+            create = self.config.unknown_recipient == "create"
+            known = self.known_agents()
+            if any(n not in known and n not in ("*", "Broadcast", SYSTEM) for n in w.message.to):
+                known = self.known_agents(refresh=True)
+            w.recipients = list(w.message.to)
+            w.recipients, created = resolve(w.message, w.sender, known, create)
+            for name in created:
+                self.layout.make_inbox(name)
+                self._known = None
+                log.info("%s: created the inbox of new agent %s", w.id, name)
+        except MessageRefused as e:
+            w.refused = str(e)
+            return
+        w.envelope = envelope(w.id, w.sender, w.recipients, w.message, w.sent_at, now, w.name, w.sha256)
+
+    def _quarantine(self, w, now):
+        if w.refused is None:
+            w.refused = f"gave up after {w.retries + 1} attempts: {w.error}" \
+                if isinstance(w.error, TransientError) else str(w.error)
+        report = self.archive.report(w.id, w.sender, w.name, w.refused, now, w.retries + 1)
+        try:
+            w.failed_rel = self.archive.quarantine(w.path, w.sender, w.id, w.name, report)
+        except (OSError, DurabilityError) as e:
+            log.error("%s: could not quarantine the file (%s); it stays at %s", w.id, e, w.path)
+            w.failed_rel = None
+        w.failed = True
+
+    def _outcome(self, w, now, counts):
+        fields = {"id": w.id}
+        if w.message is not None:
+            m = w.message
+            fields.update(kind=m.kind, thread=m.thread, subject=m.subject, body=m.body,
+                          headers=orjson.dumps(m.headers).decode(),
+                          recipients=orjson.dumps(w.recipients).decode())
+        if w.sha256:
+            fields.update(size=len(w.data), sha256=w.sha256, sent_at=w.sent_at)
+        if w.failed:
+            counts.failed += 1
+            log.error("%s from %s failed: %s", w.id, w.sender, w.refused)
+            return {**fields, "state": "failed", "error": w.refused, "failed_path": w.failed_rel,
+                    "retries": w.retries + (1 if w.error else 0)}
+        if w.defer:
+            counts.deferred += 1
+            log.info("%s from %s is still open for writing; looking again shortly", w.id, w.sender)
+            return {**fields, "state": "defer", "next_attempt_at": now + max(self.config.settle, 0.05),
+                    "spooled": True, "error": "still open for writing"}
+        if w.delivered:
+            counts.delivered += 1
+            to = ",".join(w.recipients)
+            if w.archived:
+                counts.archived += 1
+                log.info("%s delivered from %s to %s; archived as %s", w.id, w.sender, to, w.archive_rel)
+                return {**fields, "state": "archived", "archive_path": w.archive_rel}
+            log.warning("%s delivered from %s to %s; archive move failed, will retry: %s",
+                        w.id, w.sender, to, w.error)
+            return {**fields, "state": "delivered", "archive_path": w.archive_rel, "error": str(w.error),
+                    "next_attempt_at": now + self.config.retry_backoff}
+        retries = w.retries + 1
+        backoff = min(self.config.retry_backoff * (2 ** w.retries), MAX_BACKOFF)
+        counts.retried += 1
+        log.warning("%s from %s: %s; attempt %d of %d failed, next in %.1fs", w.id, w.sender, w.error,
+                    retries, self.config.max_retries, backoff)
+        return {"id": w.id, "state": "retry", "retries": retries, "error": str(w.error),
+                "next_attempt_at": now + backoff, "spooled": w.path == str(self.layout.spool / w.id)}
+
+    # -- retention --------------------------------------------------------------------------
+
+    def sweep(self, now=None, older_than=None, dry_run=False, limit=SWEEP_BATCH):
+        """One bounded batch of the retention sweep. `result.more` says another batch is due."""
+        now = self.clock() if now is None else now
+        keep = self.config.retention if older_than is None else older_than
+        result = SweepResult()
+        if not keep:
+            return result
+        archived, failed = ledger_mod.sweepable(self.ledger, now - keep, limit)
+        result.archived, result.failed = len(archived), len(failed)
+        result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
+        result.more = len(archived) == limit or len(failed) == limit
+        if dry_run or not result.ids:
+            return result
+        for row in archived:
+            if row["archive_path"]:
+                self.archive.remove(row["archive_path"])
+        for row in failed:
+            if row["failed_path"]:
+                self.archive.remove(row["failed_path"])
+        ledger_mod.sweep_delete(self.ledger, archived, failed, now)
+        log.info("retention sweep removed %d archived and %d failed messages older than %ss",
+                 len(archived), len(failed), int(keep))
+        return result
+
+    def sweep_all(self, now=None, older_than=None, dry_run=False):
+        """The whole sweep, batch after batch (relay sweep)."""
+        total = SweepResult()
+        while True:
+            r = self.sweep(now, older_than, dry_run)
+            total.archived += r.archived
+            total.failed += r.failed
+            total.ids += r.ids
+            if dry_run or not r.more:
+                return total
+
+    # -- loops ------------------------------------------------------------------------------
+
+    def drain(self, wait=time.sleep, now_fn=None):
+        """Recover, then step until every message present is delivered or failed (run --once).
+
+        Files still settling are waited for; messages backing off after a transient error are
+        left pending for the next run.
+        """
+        now_fn = now_fn or self.clock
+        total = Counts()
+        self.recover(now_fn())
+        self._next_sweep = 0.0
+        while True:
+            counts = self.step(now_fn())
+            total.add(counts)
+            if counts.busy or self.hints or self._scan is not None:
+                continue
+            deadline = self.outbox.next_deadline()
+            due = self.ledger.next_due()
+            if due is not None and due - now_fn() <= max(self.config.settle, 1.0):
+                deadline = min(deadline if deadline is not None else due, due)
+            if deadline is None:
+                return total
+            wait(max(0.0, min(deadline - now_fn(), max(self.config.settle, 0.05))))
+
+
+def _not_regular(path, st):
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        what = f"a symbolic link (to {target})"
+    elif stat.S_ISFIFO(mode):
+        what = "a FIFO (named pipe)"
+    elif stat.S_ISSOCK(mode):
+        what = "a socket"
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        what = "a device file"
+    else:
+        what = "not a regular file"
+    return f"{what}: relay only relays regular files and never opens these; write the message as a plain file"

@@ -1,0 +1,44 @@
+"""ULID-like ids: 48 bits of milliseconds and 80 bits of randomness, Crockford base32, 26 chars.
+
+Ids made by one generator within the same millisecond increase monotonically, so they sort in
+the order relay discovered the messages.
+"""
+import os
+import threading
+
+ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def _encode(value, length):
+    chars = []
+    for _ in range(length):
+        chars.append(ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+class IdGenerator:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._last_ms = -1
+        self._last_rand = 0
+
+    def new(self, now):
+        """An id for a message discovered at `now` (epoch seconds)."""
+        ms = int(now * 1000)
+        with self._lock:
+            if ms <= self._last_ms:
+                ms = self._last_ms
+                rand = self._last_rand + 1
+            else:
+                rand = int.from_bytes(os.urandom(10), "big") >> 1  # room to increment
+            self._last_ms, self._last_rand = ms, rand
+        return _encode(ms, 10) + _encode(rand, 16)
+
+
+def id_time(message_id):
+    """The epoch seconds encoded in an id."""
+    value = 0
+    for ch in message_id[:10]:
+        value = value * 32 + ALPHABET.index(ch)
+    return value / 1000.0

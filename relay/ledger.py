@@ -1,0 +1,521 @@
+"""The SQLite ledger: schema and migrations, batched transactions, claims and recovery.
+
+The ledger knows rows and states, nothing about files or message formats. Every write happens
+in an explicit `BEGIN IMMEDIATE` transaction on the connection's own thread; one transaction
+covers a whole batch.
+"""
+import enum
+import hashlib
+import logging
+import sqlite3
+import threading
+
+import orjson
+
+from .errors import LedgerError, SchemaError
+
+log = logging.getLogger(__name__)
+
+
+class Status(str, enum.Enum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    DELIVERED = "delivered"
+    ARCHIVED = "archived"
+    FAILED = "failed"
+
+    def __str__(self):
+        return self.value
+
+
+STATUSES = tuple(s.value for s in Status)
+
+MIGRATIONS = [
+    (1, "initial schema", """
+CREATE TABLE messages (
+    id              TEXT PRIMARY KEY,
+    sender          TEXT NOT NULL,
+    name            TEXT NOT NULL,
+    status          TEXT NOT NULL,
+    spooled         INTEGER NOT NULL DEFAULT 0,
+    recipients      TEXT,
+    kind            TEXT,
+    thread          TEXT,
+    subject         TEXT,
+    body            TEXT,
+    headers         TEXT,
+    size            INTEGER,
+    sha256          TEXT,
+    sent_at         REAL,
+    discovered_at   REAL NOT NULL,
+    claimed_at      REAL,
+    delivered_at    REAL,
+    archived_at     REAL,
+    failed_at       REAL,
+    retries         INTEGER NOT NULL DEFAULT 0,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    error           TEXT,
+    archive_path    TEXT,
+    failed_path     TEXT
+);
+CREATE UNIQUE INDEX messages_unclaimed_path ON messages(sender, name)
+    WHERE spooled = 0 AND status IN ('pending', 'processing');
+CREATE INDEX messages_due ON messages(status, next_attempt_at);
+CREATE INDEX messages_archived_at ON messages(archived_at) WHERE status = 'archived';
+CREATE INDEX messages_failed_at ON messages(failed_at) WHERE status = 'failed';
+CREATE INDEX messages_thread ON messages(thread, id);
+CREATE INDEX messages_sender ON messages(sender, id);
+CREATE TABLE deliveries (
+    message_id   TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    recipient    TEXT NOT NULL,
+    delivered_at REAL NOT NULL,
+    PRIMARY KEY (message_id, recipient)
+) WITHOUT ROWID;
+CREATE INDEX deliveries_recipient ON deliveries(recipient, message_id);
+CREATE TABLE events (
+    seq        INTEGER PRIMARY KEY,
+    message_id TEXT,
+    at         REAL NOT NULL,
+    event      TEXT NOT NULL,
+    detail     TEXT,
+    actor      TEXT NOT NULL DEFAULT 'relay'
+);
+CREATE INDEX events_message ON events(message_id, seq);
+CREATE TABLE agents (
+    name       TEXT PRIMARY KEY,
+    first_seen REAL NOT NULL,
+    last_seen  REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE chain (
+    seq        INTEGER PRIMARY KEY,
+    message_id TEXT NOT NULL UNIQUE,
+    hash       TEXT NOT NULL
+);
+CREATE TABLE checkpoints (
+    seq     INTEGER PRIMARY KEY,
+    at      REAL NOT NULL,
+    upto    INTEGER NOT NULL,
+    head    TEXT NOT NULL,
+    removed INTEGER NOT NULL
+);
+"""),
+]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+GENESIS = "0" * 64
+
+
+def _checksum(sql):
+    return hashlib.sha256(sql.encode()).hexdigest()
+
+
+def chain_hash(prev, row):
+    """The hash of one archived record, covering the previous hash (relay verify)."""
+    doc = orjson.dumps([prev, row["id"], row["sender"], row["recipients"], row["discovered_at"],
+                        row["delivered_at"], row["archived_at"], row["sha256"], row["archive_path"]])
+    return hashlib.sha256(doc).hexdigest()
+
+
+class Ledger:
+    """One connection to the ledger. Not shared between threads."""
+
+    def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):
+        self.path = str(path)
+        self.readonly = readonly
+        self.durability = durability
+        self.busy_timeout_ms = busy_timeout_ms
+        self._thread = threading.get_ident()
+        try:
+            if readonly:
+                self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
+                                          check_same_thread=False)
+            else:
+                self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            self.db.execute("PRAGMA foreign_keys = ON")
+            if not readonly:
+                mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode.lower() != "wal":
+                    raise LedgerError(f"{self.path}: could not switch the ledger to WAL (got {mode})")
+                self.db.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise LedgerError(f"cannot open the ledger {self.path}: {e}") from None
+        self._head = None
+
+    def close(self):
+        self.db.close()
+
+    # -- schema -----------------------------------------------------------------------------
+
+    def _migrate(self):
+        db = self.db
+        has_table = db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'").fetchone()
+        applied = {}
+        if has_table:
+            for row in db.execute("SELECT version, name, checksum FROM schema_migrations"):
+                applied[row["version"]] = (row["name"], row["checksum"])
+        newest = max(applied, default=0)
+        if newest > SCHEMA_VERSION:
+            raise SchemaError(f"the ledger {self.path} has schema version {newest}, newer than this relay "
+                              f"knows ({SCHEMA_VERSION}); upgrade relay to use it (the ledger was not changed)")
+        for version, name, sql in MIGRATIONS:
+            if version in applied and applied[version][1] != _checksum(sql):
+                raise SchemaError(f"the ledger's migration {version} ({name}) does not match this relay's "
+                                  f"(checksum {applied[version][1][:12]} != {_checksum(sql)[:12]})")
+        todo = [m for m in MIGRATIONS if m[0] not in applied]
+        if not todo:
+            return
+        if self.readonly:
+            raise SchemaError(f"the ledger {self.path} needs migration to version {SCHEMA_VERSION}; "
+                              "start `relay run` once to apply it")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                       "name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at REAL NOT NULL)")
+            for version, name, sql in todo:
+                for stmt in sql.split(";"):
+                    if stmt.strip():
+                        db.execute(stmt)
+                db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, julianday('now'))",
+                           (version, name, _checksum(sql)))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def migrations(self):
+        """(version, name, checksum ok) for doctor."""
+        known = {v: _checksum(sql) for v, _, sql in MIGRATIONS}
+        return [(r["version"], r["name"], known.get(r["version"]) == r["checksum"])
+                for r in self.db.execute("SELECT * FROM schema_migrations ORDER BY version")]
+
+    def pragmas(self):
+        db = self.db
+        sync = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+        return {"journal_mode": db.execute("PRAGMA journal_mode").fetchone()[0],
+                "synchronous": sync.get(db.execute("PRAGMA synchronous").fetchone()[0], "?"),
+                "busy_timeout_ms": db.execute("PRAGMA busy_timeout").fetchone()[0],
+                "foreign_keys": bool(db.execute("PRAGMA foreign_keys").fetchone()[0])}
+
+    # -- transactions -----------------------------------------------------------------------
+
+    def transaction(self):
+        return _Transaction(self.db)
+
+    def _events(self, rows):
+        """rows: (message_id, at, event, detail[, actor])."""
+        self.db.executemany("INSERT INTO events (message_id, at, event, detail, actor) "
+                            "VALUES (?, ?, ?, ?, ?)",
+                            [r if len(r) == 5 else (*r, "relay") for r in rows])
+
+    # -- the pipeline ----------------------------------------------------------------------
+
+    def register_and_claim(self, found, now, limit, day):
+        """One transaction: insert newly found files as pending, claim up to `limit` due rows.
+
+        `found` is a list of (id, sender, name, sent_at). A file already registered at the same
+        outbox path (not yet in relay's custody) is skipped. Returns (registered ids, claimed rows).
+        """
+        db = self.db
+        registered = []
+        with self.transaction():
+            for mid, sender, name, sent_at in found:
+                row = db.execute(
+                    "INSERT INTO messages (id, sender, name, status, sent_at, discovered_at, next_attempt_at) "
+                    "VALUES (?, ?, ?, 'pending', ?, ?, 0) ON CONFLICT DO NOTHING RETURNING id",
+                    (mid, sender, name, sent_at, now)).fetchone()
+                if row:
+                    registered.append((mid, sender, name))
+            if registered:
+                self._events([(mid, now, "discovered", f"outbox/{s}/{n}") for mid, s, n in registered])
+                self._seen({s for _, s, _ in registered}, now)
+            claimed = self._claim(now, limit, day) if limit else []
+        return registered, claimed
+
+    def _claim(self, now, limit, day):
+        rows = self.db.execute(
+            "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1, "
+            "archive_path = 'archive/' || :day || '/' || sender || '/' || id || '--' || name "
+            "WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
+            "ORDER BY next_attempt_at, id LIMIT :limit) AND status = 'pending' "
+            "RETURNING id, sender, name, spooled, retries, attempts, archive_path, discovered_at",
+            {"now": now, "limit": limit, "day": day}).fetchall()
+        rows.sort(key=lambda r: r["id"])
+        self._events([(r["id"], now, "claimed", None) for r in rows])
+        return rows
+
+    def claim(self, now, limit, day):
+        with self.transaction():
+            return self._claim(now, limit, day)
+
+    def _seen(self, names, now):
+        self.db.executemany("INSERT INTO agents (name, first_seen, last_seen) VALUES (?, ?, ?) "
+                            "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen",
+                            [(n, now, now) for n in names])
+
+    def finish(self, now, outcomes):
+        """One transaction recording what a batch did. Each outcome is a dict with `id`, `state`
+        (archived, delivered, failed, retry, defer) and the columns that state sets."""
+        db = self.db
+        events = []
+        with self.transaction():
+            for o in outcomes:
+                state = o["state"]
+                mid = o["id"]
+                if state in ("archived", "delivered"):
+                    db.execute(
+                        "UPDATE messages SET status = :status, recipients = :recipients, kind = :kind, "
+                        "thread = :thread, subject = :subject, body = :body, headers = :headers, "
+                        "size = :size, sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, "
+                        "archived_at = :archived_at, spooled = :spooled, error = :error, "
+                        "archive_path = :archive_path, next_attempt_at = :next_at WHERE id = :id",
+                        {"status": state, "now": now, "archived_at": now if state == "archived" else None,
+                         "next_at": o.get("next_attempt_at", 0),
+                         "spooled": 0 if state == "archived" else 1, "error": o.get("error"),
+                         **{k: o.get(k) for k in ("recipients", "kind", "thread", "subject", "body",
+                                                  "headers", "size", "sha256", "sent_at", "archive_path", "id")}})
+                    recipients = orjson.loads(o["recipients"])
+                    db.executemany("INSERT OR IGNORE INTO deliveries VALUES (?, ?, ?)",
+                                   [(mid, r, now) for r in recipients])
+                    events.extend((mid, now, "delivered", r) for r in recipients)
+                    self._seen(recipients, now)
+                    if state == "archived":
+                        events.append((mid, now, "archived", o["archive_path"]))
+                        self._chain(mid)
+                    else:
+                        events.append((mid, now, "archive-failed", o.get("error")))
+                elif state == "archive":
+                    db.execute("UPDATE messages SET status = 'archived', archived_at = :now, spooled = 0, "
+                               "error = NULL, archive_path = :archive_path WHERE id = :id",
+                               {"now": now, "archive_path": o["archive_path"], "id": mid})
+                    events.append((mid, now, "archived", o["archive_path"]))
+                    self._chain(mid)
+                elif state == "archive-retry":
+                    db.execute("UPDATE messages SET error = :error, next_attempt_at = :at, retries = :retries "
+                               "WHERE id = :id", {"error": o["error"], "at": o["next_attempt_at"],
+                                                  "retries": o["retries"], "id": mid})
+                elif state == "failed":
+                    db.execute(
+                        "UPDATE messages SET status = 'failed', failed_at = :now, error = :error, "
+                        "failed_path = :failed_path, spooled = 0, archive_path = NULL, "
+                        "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
+                        "subject = coalesce(:subject, subject), size = coalesce(:size, size), "
+                        "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
+                        "sha256 = coalesce(:sha256, sha256), retries = coalesce(:retries, retries) "
+                        "WHERE id = :id",
+                        {"now": now, **{k: o.get(k) for k in ("error", "failed_path", "kind", "thread", "subject",
+                                                              "size", "sha256", "retries", "id",
+                                                              "recipients", "body")}})
+                    events.append((mid, now, o.get("event", "failed"), o["error"], o.get("actor", "relay")))
+                elif state == "retry":
+                    db.execute("UPDATE messages SET status = 'pending', retries = :retries, error = :error, "
+                               "next_attempt_at = :at, spooled = :spooled, archive_path = NULL WHERE id = :id",
+                               {"retries": o["retries"], "error": o["error"], "at": o["next_attempt_at"],
+                                "spooled": int(o["spooled"]), "id": mid})
+                    events.append((mid, now, "retried", o["error"]))
+                elif state == "defer":
+                    db.execute("UPDATE messages SET status = 'pending', next_attempt_at = :at, "
+                               "spooled = :spooled, archive_path = NULL WHERE id = :id",
+                               {"at": o["next_attempt_at"], "spooled": int(o["spooled"]), "id": mid})
+                    events.append((mid, now, "deferred", o.get("error")))
+                else:
+                    raise ValueError(f"unknown outcome state {state!r}")
+            self._events([e for e in events])
+
+    # -- hash chain -------------------------------------------------------------------------
+
+    def head(self):
+        """(seq, hash) of the chain's last record, or of the last checkpoint when it is empty."""
+        row = self.db.execute("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
+        if row:
+            return row["seq"], row["hash"]
+        cp = self.db.execute("SELECT upto, head FROM checkpoints ORDER BY seq DESC LIMIT 1").fetchone()
+        return (cp["upto"], cp["head"]) if cp else (0, GENESIS)
+
+    def _chain(self, mid):
+        if self._head is None:
+            self._head = self.head()
+        seq, prev = self._head
+        row = self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
+        h = chain_hash(prev, row)
+        self.db.execute("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", (seq + 1, mid, h))
+        self._head = (seq + 1, h)
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def processing(self):
+        return self.db.execute("SELECT * FROM messages WHERE status = 'processing' ORDER BY id").fetchall()
+
+    def reset(self, rows, now):
+        """Crash recovery: processing rows back to pending. rows: (id, spooled)."""
+        with self.transaction():
+            self.db.executemany("UPDATE messages SET status = 'pending', spooled = ?, archive_path = NULL, "
+                                "next_attempt_at = 0 WHERE id = ? AND status = 'processing'",
+                                [(int(s), mid) for mid, s in rows])
+            self._events([(mid, now, "recovered", "left processing by a stopped relay; back to pending")
+                          for mid, _ in rows])
+
+    def delivered_unarchived(self, limit=1000):
+        return self.db.execute("SELECT * FROM messages WHERE status = 'delivered' ORDER BY id LIMIT ?",
+                               (limit,)).fetchall()
+
+    def delivered_due(self, now, limit):
+        return self.db.execute("SELECT * FROM messages WHERE status = 'delivered' AND next_attempt_at <= ? "
+                               "ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall()
+
+    def next_archive_due(self):
+        return self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'delivered'"
+                               ).fetchone()[0]
+
+    def pending_spooled(self):
+        return self.db.execute("SELECT id, sender, name FROM messages WHERE status = 'pending' AND spooled = 1"
+                               ).fetchall()
+
+    def next_due(self):
+        row = self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'pending'").fetchone()
+        return row[0]
+
+    # -- operator actions -------------------------------------------------------------------
+
+    def get(self, mid):
+        return self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
+
+    def find(self, prefix):
+        """A message by id or unique id prefix."""
+        rows = self.db.execute("SELECT * FROM messages WHERE id >= ? AND id < ? ORDER BY id LIMIT 2",
+                               (prefix, prefix + "\x7f")).fetchall()
+        if len(rows) == 1 or (rows and rows[0]["id"] == prefix):
+            return rows[0]
+        return None if not rows else "ambiguous"
+
+    def events(self, mid):
+        return self.db.execute("SELECT * FROM events WHERE message_id = ? ORDER BY seq", (mid,)).fetchall()
+
+    def deliveries(self, mid):
+        return self.db.execute("SELECT * FROM deliveries WHERE message_id = ? ORDER BY recipient",
+                               (mid,)).fetchall()
+
+    def requeue(self, ids, now, actor):
+        """Failed messages back to pending (relay retry). The file is put back in the spool by the
+        caller first. Returns the ids changed."""
+        done = []
+        with self.transaction():
+            for mid in ids:
+                row = self.db.execute(
+                    "UPDATE messages SET status = 'pending', retries = 0, next_attempt_at = 0, error = NULL, "
+                    "failed_at = NULL, failed_path = NULL, spooled = 1 WHERE id = ? AND status = 'failed' "
+                    "RETURNING id", (mid,)).fetchone()
+                if row:
+                    done.append(mid)
+            self._events([(mid, now, "retry", "put back to pending by an operator", actor) for mid in done])
+        return done
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def counts(self):
+        counts = dict.fromkeys(STATUSES, 0)
+        for row in self.db.execute("SELECT status, count(*) AS n FROM messages GROUP BY status"):
+            counts[row["status"]] = row["n"]
+        return counts
+
+    def oldest_pending(self):
+        row = self.db.execute("SELECT min(discovered_at) FROM messages WHERE status IN ('pending', 'processing')"
+                              ).fetchone()
+        return row[0]
+
+    def agents(self):
+        return self.db.execute("SELECT * FROM agents ORDER BY name").fetchall()
+
+    def audit(self, sender=None, recipient=None, status=None, kind=None, thread=None, since=None,
+              until=None, grep=None, limit=None, oldest_first=False, since_id=None):
+        where, args = [], []
+        if sender:
+            where.append("m.sender = ?"); args.append(sender)
+        if recipient:
+            where.append("m.id IN (SELECT message_id FROM deliveries WHERE recipient = ?"
+                         " UNION SELECT id FROM messages WHERE recipients LIKE ?)")
+            args += [recipient, f'%"{recipient}"%']
+        if status:
+            where.append("m.status = ?"); args.append(str(status))
+        if kind:
+            where.append("m.kind = ?"); args.append(kind)
+        if thread:
+            where.append("m.thread = ?"); args.append(thread)
+        if since is not None:
+            where.append("m.discovered_at >= ?"); args.append(since)
+        if until is not None:
+            where.append("m.discovered_at < ?"); args.append(until)
+        if since_id:
+            where.append("m.id > ?"); args.append(since_id)
+        if grep:
+            where.append("(instr(lower(coalesce(m.subject, '')), lower(?)) OR instr(lower(coalesce(m.body, '')), lower(?))"
+                         " OR instr(lower(m.name), lower(?)))")
+            args += [grep, grep, grep]
+        sql = "SELECT m.* FROM messages m"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY m.id " + ("ASC" if oldest_first else "DESC")
+        if limit:
+            sql += " LIMIT ?"; args.append(int(limit))
+        return self.db.execute(sql, args)
+
+    def explain(self, sql, args=()):
+        return [r[-1] for r in self.db.execute("EXPLAIN QUERY PLAN " + sql, args)]
+
+
+class _Transaction:
+    def __init__(self, db):
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.db.execute("COMMIT")
+        else:
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+        return False
+
+
+def sweepable(ledger, cutoff, limit):
+    """(archived rows in chain order, failed rows) older than `cutoff`, at most `limit` of each.
+
+    Archived rows are taken as a prefix of the hash chain, so a checkpoint can stand for them.
+    """
+    db = ledger.db
+    archived = []
+    for row in db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path FROM chain c "
+                          "JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?", (limit,)):
+        if row["archived_at"] is None or row["archived_at"] >= cutoff:
+            break
+        archived.append(row)
+    failed = db.execute("SELECT id, failed_path FROM messages WHERE status = 'failed' AND failed_at < ? "
+                        "ORDER BY failed_at LIMIT ?", (cutoff, limit)).fetchall()
+    return archived, failed
+
+
+def sweep_delete(ledger, archived, failed, now):
+    """Delete swept rows (files are already gone) and leave a checkpoint of the chain head."""
+    db = ledger.db
+    ids = [r["id"] for r in archived] + [r["id"] for r in failed]
+    if not ids:
+        return
+    with ledger.transaction():
+        db.executemany("DELETE FROM events WHERE message_id = ?", [(i,) for i in ids])
+        db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
+        if archived:
+            last = archived[-1]
+            db.execute("DELETE FROM chain WHERE seq <= ?", (last["seq"],))
+            db.execute("INSERT INTO checkpoints (at, upto, head, removed) VALUES (?, ?, ?, ?)",
+                       (now, last["seq"], last["hash"], len(archived)))
+        detail = orjson.dumps({"archived": len(archived), "failed": len(failed),
+                               "first": min(ids), "last": max(ids)}).decode()
+        ledger._events([(None, now, "swept", detail)])

@@ -1,0 +1,208 @@
+"""Message files (SPEC section 2): header and JSON formats, validation, the inbox envelope.
+
+parse() turns a file's bytes into a Message or raises MessageRefused with a reason a human
+can act on. Nothing here touches the file system.
+"""
+import dataclasses
+import datetime
+
+import orjson
+
+from .config import AGENT_NAME, SYSTEM
+from .errors import MessageRefused
+
+BROADCAST = ("*", "Broadcast")
+CONTROL_KINDS = ("spawn", "release", "continuity")
+KNOWN_KINDS = ("message",) + CONTROL_KINDS
+CONTROL_KEYS = ("name", "cli", "cwd", "model", "action")
+KNOWN_KEYS = ("to", "kind", "thread", "subject", "body") + CONTROL_KEYS
+MAX_HEADER_LINE = 64 * 1024
+MAX_HEADER_BYTES = 256 * 1024
+MAX_RECIPIENTS = 10_000
+BOM = b"\xef\xbb\xbf"
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    to: tuple            # names as written: agents, "*"/"Broadcast", "System"
+    kind: str
+    thread: str | None
+    subject: str | None
+    body: str
+    headers: dict        # keys relay does not know, passed through
+    control: dict        # name/cli/cwd/model/action for control kinds
+    format: str          # "header" or "json"
+
+
+def iso(ts):
+    """UTC ISO 8601 with microseconds and a Z."""
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _kind_from_name(filename):
+    stem = filename.split(".", 1)[0].lower()
+    return stem if stem in KNOWN_KINDS else None
+
+
+def _split_names(value):
+    return [n.strip() for n in value.split(",") if n.strip()]
+
+
+def _text(key, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise MessageRefused(f"'{key}' must be text, not {type(value).__name__}")
+    return str(value)
+
+
+def _parse_json(text):
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise MessageRefused(f"invalid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise MessageRefused(f"a JSON message must be an object, not {type(data).__name__}")
+    fields, headers = {}, {}
+    for key, value in data.items():
+        low = key.lower()
+        if low in KNOWN_KEYS:
+            fields[low] = value
+        else:
+            headers[key] = value
+    to = fields.get("to")
+    if to is None:
+        names = []
+    elif isinstance(to, str):
+        names = _split_names(to)
+    elif isinstance(to, list):
+        if not all(isinstance(n, str) for n in to):
+            raise MessageRefused("'to' must be a name or a list of names; the list holds something else")
+        names = [n.strip() for n in to if n.strip()]
+    else:
+        raise MessageRefused(f"'to' must be a name or a list of names, not {type(to).__name__}")
+    body = fields.get("body", "")
+    if body is None:
+        body = ""
+    return names, {k: _text(k, v) for k, v in fields.items() if k not in ("to", "body")}, \
+        _text("body", body), headers, ("to" in fields)
+
+
+def _parse_header(text):
+    fields, headers = {}, {}
+    has_to = False
+    pos = 0
+    total = len(text)
+    lineno = 0
+    body = ""
+    while pos < total:
+        end = text.find("\n", pos)
+        if end < 0:
+            end = total
+        line = text[pos:end]
+        nxt = end + 1
+        lineno += 1
+        if len(line) > MAX_HEADER_LINE:
+            raise MessageRefused(f"header line {lineno} is {len(line)} characters long "
+                                 f"(at most {MAX_HEADER_LINE}); is the blank line after the headers missing?")
+        if pos > MAX_HEADER_BYTES:
+            raise MessageRefused(f"the headers are longer than {MAX_HEADER_BYTES} bytes; "
+                                 "is the blank line after the headers missing?")
+        if line.endswith("\r"):
+            line = line[:-1]
+        if not line.strip():
+            body = text[nxt:] if nxt <= total else ""
+            break
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if not sep or not key or " " in key:
+            raise MessageRefused(f"line {lineno} is not a 'Key: value' header ({line[:60]!r}); "
+                                 "headers come first, then one blank line, then the body")
+        low = key.lower()
+        value = value.strip()
+        if low == "to":
+            has_to = True
+            fields.setdefault("to", []).extend(_split_names(value))
+        elif low in KNOWN_KEYS and low != "body":
+            fields[low] = value
+        else:
+            headers[key] = value
+        pos = nxt
+    names = fields.pop("to", [])
+    return names, fields, body, headers, has_to
+
+
+def parse(data, filename, max_body_bytes):
+    """A Message from a file's bytes; MessageRefused with a human reason otherwise."""
+    if not data.strip():
+        raise MessageRefused("the file is empty")
+    if data.startswith(BOM):
+        data = data[len(BOM):]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MessageRefused(f"not UTF-8 text (invalid byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    if text.lstrip().startswith("{"):
+        names, fields, body, headers, has_to = _parse_json(text)
+        fmt = "json"
+    else:
+        names, fields, body, headers, has_to = _parse_header(text)
+        fmt = "header"
+        body = body.replace("\r\n", "\n") if "\r\n" in body else body
+    size = len(body.encode("utf-8"))
+    if size > max_body_bytes:
+        raise MessageRefused(f"the body is {size} bytes, over max_body_bytes ({max_body_bytes})")
+    kind = fields.get("kind") or None
+    if kind is None:
+        kind = "message" if has_to and names else _kind_from_name(filename)
+    if kind is None:
+        raise MessageRefused("no recipient: add a 'TO: <agent>' header (or \"to\" in JSON)")
+    if not names:
+        if kind in CONTROL_KINDS:
+            names = [SYSTEM]
+        else:
+            raise MessageRefused(f"no recipient for this {kind!r} message: add a 'TO: <agent>' header")
+    if len(names) > MAX_RECIPIENTS:
+        raise MessageRefused(f"{len(names)} recipients, more than {MAX_RECIPIENTS}; use '*' to reach everyone")
+    bad = [n for n in names if n not in BROADCAST and not AGENT_NAME.match(n)]
+    if bad:
+        shown = ", ".join(repr(n[:70]) for n in bad[:5]) + (" ..." if len(bad) > 5 else "")
+        raise MessageRefused(f"invalid recipient name {shown}: agent names match "
+                             "[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+    control = {k: fields[k] for k in CONTROL_KEYS if fields.get(k) is not None}
+    return Message(to=tuple(dict.fromkeys(names)), kind=kind, thread=fields.get("thread") or None,
+                   subject=fields.get("subject") or None, body=body, headers=headers,
+                   control=control, format=fmt)
+
+
+def resolve(message, sender, known, create_unknown=False):
+    """The recipient list: broadcast expanded, duplicates removed, unknown names refused.
+
+    Returns (recipients, created) where `created` are unknown names to create an inbox for.
+    """
+    out, unknown = [], []
+    for name in message.to:
+        if name in BROADCAST:
+            out.extend(sorted(a for a in known if a != sender))
+        elif name == SYSTEM or name in known:
+            out.append(name)
+        else:
+            unknown.append(name)
+    if unknown and not create_unknown:
+        shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+        agents = sorted(known)
+        listed = ", ".join(agents[:30]) + (f" ... ({len(agents)} in all)" if len(agents) > 30 else "")
+        raise MessageRefused(f"unknown recipient {shown}; known agents: {listed or '(none)'}")
+    recipients = list(dict.fromkeys(out + unknown))
+    if not recipients:
+        raise MessageRefused("broadcast with no other agent to receive it")
+    return recipients, unknown
+
+
+def envelope(message_id, sender, recipients, message, sent_at, relayed_at, source, sha256):
+    doc = {"id": message_id, "from": sender, "to": recipients, "kind": message.kind,
+           "thread": message.thread, "subject": message.subject, "body": message.body,
+           "headers": message.headers, "sent_at": iso(sent_at), "relayed_at": iso(relayed_at),
+           "source": source, "sha256": sha256}
+    doc.update(message.control)
+    return orjson.dumps(doc)

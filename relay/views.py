@@ -1,0 +1,90 @@
+"""How ledger rows look to people (tables, one message's story) and to tools (JSON records)."""
+import datetime
+import shutil
+
+import orjson
+
+from .message import iso
+
+
+def when(ts):
+    return iso(ts) if ts is not None else None
+
+
+def record(row):
+    """A message row as the JSON record of `relay audit --json` (SPEC section 5)."""
+    to = orjson.loads(row["recipients"]) if row["recipients"] else []
+    return {
+        "id": row["id"], "from": row["sender"], "to": to, "kind": row["kind"], "thread": row["thread"],
+        "subject": row["subject"], "status": row["status"], "retries": row["retries"], "error": row["error"],
+        "discovered_at": when(row["discovered_at"]), "delivered_at": when(row["delivered_at"]),
+        "archived_at": when(row["archived_at"]), "failed_at": when(row["failed_at"]),
+        "sent_at": when(row["sent_at"]),
+        "source_path": f"outbox/{row['sender']}/{row['name']}", "archive_path": row["archive_path"]
+        if row["status"] == "archived" else None, "failed_path": row["failed_path"],
+        "sha256": row["sha256"], "size": row["size"],
+    }
+
+
+def excerpt(row, width):
+    text = row["subject"] or (row["body"] or "").strip().replace("\n", " ") or (row["error"] or "")
+    return clip(text, width)
+
+
+def clip(text, width):
+    text = (text or "").replace("\n", " ").replace("\r", " ").replace("\t", " ")
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def short_time(ts):
+    if ts is None:
+        return ""
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%m-%d %H:%M:%S")
+
+
+def table(rows, width=None):
+    """The audit table: id, time, from → to, kind, thread, subject or excerpt, status."""
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    lines = []
+    head = ("ID", "TIME (UTC)", "FROM → TO", "KIND", "THREAD", "STATUS", "SUBJECT / BODY")
+    data = []
+    for row in rows:
+        to = orjson.loads(row["recipients"]) if row["recipients"] else []
+        route = f"{row['sender']} → {','.join(to) if to else '?'}"
+        data.append([row["id"], short_time(row["discovered_at"]), clip(route, 28), clip(row["kind"] or "", 10),
+                     clip(row["thread"] or "", 14), row["status"], row])
+    fixed = [26, 14, 28, 10, 14, 10]
+    used = [max([len(head[i])] + [len(d[i]) for d in data]) for i in range(6)]
+    used = [min(u, f) for u, f in zip(used, fixed)]
+    rest = max(16, width - sum(used) - 2 * 6)
+    fmt = "  ".join(f"{{:<{u}}}" for u in used) + "  {}"
+    lines.append(fmt.format(*head[:6], head[6]))
+    for d in data:
+        lines.append(fmt.format(*d[:6], excerpt(d[6], rest)))
+    return "\n".join(lines)
+
+
+def show(row, deliveries, events, paths, body):
+    """Everything about one message, for a person."""
+    rec = record(row)
+    out = [f"message {row['id']}"]
+    for key in ("from", "to", "kind", "thread", "subject", "status", "retries", "error", "sent_at",
+                "discovered_at", "delivered_at", "archived_at", "failed_at", "source_path", "archive_path",
+                "failed_path", "sha256", "size"):
+        value = rec[key]
+        if isinstance(value, list):
+            value = ", ".join(value)
+        if value not in (None, "", []):
+            out.append(f"  {key:<14} {value}")
+    if deliveries:
+        out.append("deliveries:")
+        for d in deliveries:
+            out.append(f"  {d['recipient']:<20} {iso(d['delivered_at'])}  {paths.get(d['recipient']) or '(taken from the inbox)'}")
+    out.append("events:")
+    for e in events:
+        detail = f"  {e['detail']}" if e["detail"] else ""
+        actor = f" [{e['actor']}]" if e["actor"] != "relay" else ""
+        out.append(f"  {iso(e['at'])}  {e['event']:<10}{actor}{detail}")
+    out.append("body:")
+    out.append(body if body is not None else "  (not recorded)")
+    return "\n".join(out)
