@@ -178,7 +178,7 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                        f"in {took:.2f}s")
             return
         from .service import serve
-        sys.exit(serve(cfg))
+        sys.exit(serve(cfg, {k: v for k, v in ctx.overrides.items() if v is not None}))
 
 
 @main.command()

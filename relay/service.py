@@ -1,0 +1,121 @@
+"""`relay run`: the daemon loop, signals, SIGHUP reload, systemd notify and watchdog pings."""
+import logging
+import os
+import signal
+import socket
+import time
+
+from . import __version__, config as config_mod
+from .daemon import Relay
+from .errors import ConfigError
+from .watcher import Watcher
+
+log = logging.getLogger(__name__)
+
+
+def notify(message):
+    """sd_notify(3) in a few lines: a datagram to $NOTIFY_SOCKET, when systemd set one."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(addr)
+            s.sendall(message.encode())
+        return True
+    except OSError as e:
+        log.debug("notify %r failed: %s", message, e)
+        return False
+
+
+class Daemon:
+    def __init__(self, cfg, clock=time.time):
+        self.cfg = cfg
+        self.relay = Relay(cfg, clock=clock)
+        self.watcher = Watcher(self.relay)
+        self.stopping = False
+        self.reload = False
+        usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
+        self.ping_every = usec / 2e6 if usec else None
+
+    def on_signal(self, signum, frame):
+        if signum == signal.SIGHUP:
+            self.reload = True
+        elif self.stopping:
+            # Second signal: stop now. What was claimed is recovered at the next start.
+            os._exit(1)
+        else:
+            self.stopping = True
+        self.relay.wake.set()
+
+    def do_reload(self):
+        self.reload = False
+        try:
+            new = config_mod.load(self.cfg.root, os.path.relpath(self.cfg.state_dir, self.cfg.root),
+                                  overrides=self.overrides)
+        except ConfigError as e:
+            log.error("SIGHUP: the new configuration is refused, the old one stays: %s", e)
+            return
+        relay = self.relay
+        relay.config = new
+        relay.outbox.settle = new.settle
+        relay.syncer.durable = new.durability == "full"
+        relay.ledger.db.execute(f"PRAGMA synchronous = {'FULL' if new.durability == 'full' else 'NORMAL'}")
+        self.cfg = new
+        log.info("SIGHUP: configuration reloaded from %s", new.source)
+
+    def run(self):
+        relay = self.relay
+        cfg = self.cfg
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.on_signal)
+        log.info("relay %s started (pid %d): root %s, state dir %s, durability %s, config from %s",
+                 __version__, os.getpid(), cfg.root, cfg.state_dir, cfg.durability, cfg.source)
+        recovered = relay.recover()
+        if recovered:
+            log.info("recovered %d message(s) left processing", recovered)
+        self.watcher.start()
+        notify("READY=1\nSTATUS=watching " + str(relay.layout.outbox))
+        next_ping = time.monotonic()
+        try:
+            while not self.stopping:
+                relay.wake.clear()
+                counts = relay.step()
+                if self.reload:
+                    self.do_reload()
+                if self.ping_every and time.monotonic() >= next_ping:
+                    notify("WATCHDOG=1")
+                    next_ping = time.monotonic() + self.ping_every
+                if not self.watcher.alive():
+                    self.watcher.restart()
+                if counts.busy or relay.hints:
+                    continue
+                relay.wake.wait(self.timeout())
+        finally:
+            notify("STOPPING=1")
+            self.watcher.stop()
+            relay.close()
+        log.info("relay stopped")
+        return 0
+
+    overrides = None
+
+    def timeout(self):
+        relay = self.relay
+        now = relay.clock()
+        deadlines = [relay._next_rescan, relay._next_sweep, relay._next_orphans, relay._next_archive_retry]
+        for d in (relay.outbox.next_deadline(), relay.ledger.next_due()):
+            if d is not None:
+                deadlines.append(d)
+        wait = min(deadlines) - now
+        if self.ping_every:
+            wait = min(wait, self.ping_every)
+        return max(0.0, min(wait, 3600.0))
+
+
+def serve(cfg, overrides=None):
+    daemon = Daemon(cfg)
+    daemon.overrides = overrides
+    return daemon.run()

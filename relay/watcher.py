@@ -1,0 +1,110 @@
+"""watchdog adapter. The handler only turns events into hints for the relay loop; the loop
+decides everything by looking at the file system itself (events are hints, never the truth)."""
+import logging
+import os
+
+from watchdog.events import (DirCreatedEvent, DirMovedEvent, FileClosedEvent, FileMovedEvent,
+                             FileSystemEventHandler)
+from watchdog.observers import Observer
+
+log = logging.getLogger(__name__)
+
+
+class _LostEvents(logging.Handler):
+    """watchdog recovers from an inotify queue overflow by itself but only logs it; relay
+    must rescan then, since events were dropped."""
+
+    def __init__(self, relay):
+        super().__init__(logging.WARNING)
+        self.relay = relay
+
+    def emit(self, record):
+        if "overflow" in record.getMessage().lower():
+            self.relay.hint("rescan")
+
+
+class Handler(FileSystemEventHandler):
+    def __init__(self, relay, outbox):
+        self.relay = relay
+        self.outbox = os.path.realpath(outbox)
+
+    def _where(self, path):
+        """(sender, path) for a file directly in an agent directory, (sender, None) for an
+        agent directory itself, None for anything else."""
+        rel = os.path.relpath(path, self.outbox)
+        parts = rel.split(os.sep)
+        if rel.startswith("..") or len(parts) > 2:
+            return None
+        if len(parts) == 1:
+            return parts[0], None
+        return parts[0], path
+
+    def dispatch(self, event):
+        path = event.dest_path if isinstance(event, (FileMovedEvent, DirMovedEvent)) else event.src_path
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        where = self._where(path)
+        if where is None:
+            return
+        sender, file_path = where
+        if event.is_directory:
+            if file_path is None and isinstance(event, (DirCreatedEvent, DirMovedEvent)):
+                self.relay.hint("dir", sender, os.path.join(self.outbox, sender))
+            return
+        if file_path is None:
+            return
+        if event.event_type == "deleted":
+            return
+        complete = isinstance(event, (FileMovedEvent, FileClosedEvent))
+        self.relay.hint("closed" if complete else "file", sender, file_path)
+
+
+class Watcher:
+    def __init__(self, relay):
+        self.relay = relay
+        self.observer = None
+        self.lost = _LostEvents(relay)
+
+    def start(self):
+        outbox = self.relay.layout.outbox
+        self.observer = Observer()
+        self.observer.schedule(Handler(self.relay, outbox), str(outbox), recursive=True)
+        for name, path, problem in self.relay.layout.outbox_dirs():
+            if problem is None and os.path.islink(path):
+                # inotify does not follow symlinked directories; watch the target too.
+                self.observer.schedule(_LinkedHandler(self.relay, name, path), os.path.realpath(path),
+                                       recursive=False)
+        logging.getLogger("watchdog").addHandler(self.lost)
+        self.observer.daemon = True
+        self.observer.start()
+
+    def alive(self):
+        return self.observer is not None and self.observer.is_alive()
+
+    def restart(self):
+        log.warning("the file watcher stopped; restarting it and rescanning every outbox")
+        self.stop()
+        self.start()
+        self.relay.hint("rescan")
+
+    def stop(self):
+        logging.getLogger("watchdog").removeHandler(self.lost)
+        if self.observer is not None:
+            self.observer.stop()
+            self.observer.join(timeout=5)
+            self.observer = None
+
+
+class _LinkedHandler(FileSystemEventHandler):
+    """Events inside a symlinked agent directory's target, mapped back to the agent."""
+
+    def __init__(self, relay, sender, link):
+        self.relay, self.sender, self.link = relay, sender, str(link)
+
+    def dispatch(self, event):
+        if event.is_directory or event.event_type == "deleted":
+            return
+        path = event.dest_path if isinstance(event, FileMovedEvent) else event.src_path
+        path = os.path.join(self.link, os.path.basename(os.fsdecode(path)))
+        complete = isinstance(event, (FileMovedEvent, FileClosedEvent))
+        self.relay.hint("closed" if complete else "file", self.sender, path)
