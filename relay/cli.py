@@ -432,6 +432,7 @@ def demo(ctx, outboxes, keep):
                 if f.is_file():
                     shutil.copyfile(f, layout.outbox / agent / f.name)
         setup_logging(cfg, quiet=True)
+        logging.getLogger("relay").setLevel("CRITICAL")
         relay = Relay(cfg)
         try:
             total = relay.drain(now_fn=lambda: time.time() + cfg.settle)

@@ -1,0 +1,130 @@
+import orjson
+import pytest
+
+from relay.errors import MessageRefused
+from relay.message import parse, resolve
+
+MAX = 1024 * 1024
+
+
+def p(text, name="msg", max_body=MAX):
+    return parse(text.encode() if isinstance(text, str) else text, name, max_body)
+
+
+def test_header_format_fields():
+    m = p("TO: Bob, Carol\nKIND: message\nTHREAD: review-42\nSUBJECT: tests are green\nX-Prio: high\n\nbody\nline 2\n")
+    assert m.to == ("Bob", "Carol")
+    assert (m.kind, m.thread, m.subject) == ("message", "review-42", "tests are green")
+    assert m.body == "body\nline 2\n"
+    assert m.headers == {"X-Prio": "high"}
+    assert m.format == "header"
+
+
+def test_header_keys_case_insensitive_values_trimmed_split_at_first_colon():
+    m = p("to:   Bob  \nSubject:  a: b  \nthread:t\n\nx")
+    assert m.to == ("Bob",) and m.subject == "a: b" and m.thread == "t"
+
+
+def test_crlf_and_bom_tolerated():
+    m = p(b"\xef\xbb\xbfTO: Bob\r\nSUBJECT: s\r\n\r\nline1\r\nline2")
+    assert m.to == ("Bob",) and m.subject == "s" and m.body == "line1\nline2"
+
+
+def test_control_keys_kept():
+    m = p("KIND: spawn\nNAME: Dana\nCLI: claude\nCWD: w/d\nMODEL: m\nACTION: start\n\nhi")
+    assert m.kind == "spawn" and m.to == ("System",)
+    assert m.control == {"name": "Dana", "cli": "claude", "cwd": "w/d", "model": "m", "action": "start"}
+
+
+def test_kind_defaults_to_message_with_to():
+    assert p("TO: Bob\n\nx").kind == "message"
+
+
+def test_kind_from_file_name_without_to():
+    m = p("NAME: Dana\n\nstart", name="spawn")
+    assert m.kind == "spawn" and m.to == ("System",)
+    assert p("NAME: Dana\n\nx", name="release.txt").kind == "release"
+
+
+def test_no_recipient_refused():
+    with pytest.raises(MessageRefused, match="no recipient"):
+        p("SUBJECT: hi\n\nbody", name="note")
+
+
+def test_json_format():
+    m = p('  {"to": ["Bob", "Carol"], "thread": "t", "subject": "s", "body": "b", "extra": {"a": 1}}')
+    assert m.to == ("Bob", "Carol") and m.body == "b" and m.headers == {"extra": {"a": 1}}
+    assert m.format == "json"
+    assert p('{"to": "Bob, Carol", "body": "x"}').to == ("Bob", "Carol")
+
+
+@pytest.mark.parametrize("doc,reason", [
+    ('{"to": 5, "body": "x"}', "'to' must be a name or a list"),
+    ('{"to": ["Bob", 3], "body": "x"}', "list holds something else"),
+    ('{"to": "Bob", "body": {"a": 1}}', "'body' must be text"),
+    ('{"to": "Bob", "body": "x"', "invalid JSON"),
+    ('[1, 2]', "not a 'Key: value' header"),
+    ('{"to": "Bob", "body": ' + "[" * 5000 + "]" * 5000 + "}", "invalid JSON|must be text"),
+])
+def test_json_refusals(doc, reason):
+    with pytest.raises(MessageRefused, match=reason):
+        p(doc)
+
+
+def test_empty_file_refused():
+    with pytest.raises(MessageRefused, match="empty"):
+        p(b"")
+    with pytest.raises(MessageRefused, match="empty"):
+        p(b"  \n\n ")
+
+
+def test_non_utf8_refused_with_offset():
+    with pytest.raises(MessageRefused, match=r"not UTF-8 .*0xff at offset 9"):
+        p(b"TO: Bob\n\n\xff\xfe")
+
+
+def test_body_over_limit_refused():
+    with pytest.raises(MessageRefused, match="over max_body_bytes"):
+        p("TO: Bob\n\n" + "x" * 101, max_body=100)
+    assert len(p("TO: Bob\n\n" + "x" * 100, max_body=100).body) == 100
+
+
+def test_megabyte_header_line_refused():
+    with pytest.raises(MessageRefused, match="header line 1 is"):
+        p("TO: " + "B" * 2_000_000 + "\n\nx")
+
+
+def test_line_that_is_not_a_header_refused():
+    with pytest.raises(MessageRefused, match="line 2 is not a 'Key: value' header"):
+        p("TO: Bob\nthis is prose without a blank line\n\nx")
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", "..", "Bob Smith", "-lead", "x" * 65])
+def test_invalid_recipient_names_refused(name):
+    with pytest.raises(MessageRefused, match="invalid recipient name"):
+        p(orjson.dumps({"to": [name], "body": "x"}))
+
+
+def test_thousands_of_recipients_refused_beyond_the_cap():
+    names = ",".join(f"a{i}" for i in range(10_001))
+    with pytest.raises(MessageRefused, match="more than 10000"):
+        p(f"TO: {names}\n\nx")
+
+
+def test_resolve_broadcast_excludes_sender_and_dedups():
+    m = p("TO: *, Bob\n\nx")
+    assert resolve(m, "Ann", {"Ann", "Bob", "Cy"}) == (["Bob", "Cy"], [])
+    m = p("TO: Broadcast\n\nx")
+    assert resolve(m, "Ann", {"Ann", "Bob"}) == (["Bob"], [])
+
+
+def test_resolve_system_and_unknown():
+    assert resolve(p("TO: System\n\nx"), "Ann", {"Bob"}) == (["System"], [])
+    with pytest.raises(MessageRefused, match="unknown recipient Zed; known agents: Ann, Bob"):
+        resolve(p("TO: Bob, Zed\n\nx"), "Ann", {"Ann", "Bob"})
+    assert resolve(p("TO: Bob, Zed\n\nx"), "Ann", {"Ann", "Bob"}, create_unknown=True) == (["Bob", "Zed"], ["Zed"])
+
+
+def test_broadcast_with_nobody_else_refused():
+    with pytest.raises(MessageRefused, match="no other agent"):
+        resolve(p("TO: *\n\nx"), "Ann", {"Ann"})

@@ -1,0 +1,370 @@
+"""The pipeline driven by step()/drain() on a real directory with an injected clock."""
+import errno
+import json
+import os
+import stat
+
+import pytest
+
+from relay.daemon import Relay
+from relay.errors import DurabilityError
+from relay.ledger import Ledger
+
+
+def events(relay, mid):
+    return [e["event"] for e in relay.ledger.events(mid)]
+
+
+def only_row(relay):
+    rows = list(relay.ledger.audit())
+    assert len(rows) == 1
+    return rows[0]
+
+
+def test_header_message_delivered_archived_and_recorded(project):
+    relay = project.relay()
+    project.drop("Ann", "msg", "TO: Ben\nTHREAD: t1\nSUBJECT: hi\n\nhello ben")
+    total = relay.drain()
+    assert (total.archived, total.failed) == (1, 0)
+    [env] = project.inbox("Ben")
+    assert env["from"] == "Ann" and env["to"] == ["Ben"] and env["body"] == "hello ben"
+    assert env["thread"] == "t1" and env["subject"] == "hi" and env["source"] == "msg"
+    row = only_row(relay)
+    assert row["status"] == "archived" and row["id"] == env["id"]
+    assert env["sha256"] == row["sha256"]
+    archived = project.state / row["archive_path"]
+    assert archived.read_text() == "TO: Ben\nTHREAD: t1\nSUBJECT: hi\n\nhello ben"
+    assert archived.name == f"{row['id']}--msg" and archived.parent.name == "Ann"
+    assert not list((project.state / "outbox/Ann").iterdir())
+    assert events(relay, row["id"]) == ["discovered", "claimed", "delivered", "archived"]
+    assert stat.S_IMODE(os.stat(project.state / "inbox/Ben/new" / f"{row['id']}.json").st_mode) & 0o022 == 0
+
+
+def test_broadcast_reaches_every_known_agent_but_the_sender(project):
+    relay = project.relay(agents=("Ann", "Ben", "Cy", "Dee"))
+    project.drop("Ann", "all", '{"to": "*", "body": "to everyone"}')
+    relay.drain()
+    assert [len(project.inbox(a)) for a in ("Ann", "Ben", "Cy", "Dee")] == [0, 1, 1, 1]
+    assert project.inbox("Ben")[0]["to"] == ["Ben", "Cy", "Dee"]
+
+
+def test_control_kind_goes_to_system(project):
+    relay = project.relay()
+    project.drop("Ann", "spawn", "NAME: Dana\nCLI: claude\n\nreview please")
+    relay.drain()
+    [env] = project.inbox("System")
+    assert env["kind"] == "spawn" and env["name"] == "Dana" and env["cli"] == "claude"
+
+
+def test_unknown_recipient_quarantined_with_reason(project):
+    relay = project.relay()
+    project.drop("Ann", "oops", "TO: Nobody\n\nlost")
+    total = relay.drain()
+    assert total.failed == 1
+    row = only_row(relay)
+    assert row["status"] == "failed" and "unknown recipient Nobody" in row["error"]
+    moved = project.state / row["failed_path"]
+    assert moved.read_text() == "TO: Nobody\n\nlost"
+    report = json.loads(moved.with_name(moved.name + ".error.json").read_text())
+    assert report["id"] == row["id"] and "Nobody" in report["reason"] and "Ann, Ben, Cy" in report["reason"]
+    assert "relay retry" in report["what_to_do"]
+    assert events(relay, row["id"])[-1] == "failed"
+
+
+def test_unknown_recipient_created_when_configured(project):
+    relay = project.relay(unknown_recipient="create")
+    project.drop("Ann", "m", "TO: Zed\n\nhi new agent")
+    relay.drain()
+    assert project.inbox("Zed")[0]["body"] == "hi new agent"
+
+
+def test_name_reuse_is_a_new_message(project):
+    relay = project.relay()
+    project.drop("Ann", "msg", "TO: Ben\n\none")
+    relay.drain()
+    project.drop("Ann", "msg", "TO: Ben\n\ntwo")
+    relay.drain()
+    bodies = sorted(e["body"] for e in project.inbox("Ben"))
+    assert bodies == ["one", "two"]
+    rows = list(relay.ledger.audit())
+    assert len({r["id"] for r in rows}) == 2 and all(r["status"] == "archived" for r in rows)
+
+
+def test_in_place_file_waits_for_settle(project, clock):
+    relay = project.relay(settle="5s")
+    path = project.drop("Ann", "m", "TO: Ben\n\npart", in_place=True)
+    now = os.stat(path).st_mtime
+    counts = relay.step(now + 1)
+    assert counts.registered == 0 and relay.outbox.next_deadline() == pytest.approx(now + 5)
+    counts = relay.step(now + 5.01)
+    assert counts.archived == 1
+
+
+def test_rewritten_while_held_stays_as_a_new_message(project):
+    """Content written to the same path after relay took the file is a new message."""
+    relay = project.relay()
+    project.drop("Ann", "msg", "TO: Ben\n\nfirst")
+    real_deliver = relay.inbox.deliver
+
+    def deliver_then_agent_writes_again(items):
+        out = real_deliver(items)
+        project.drop("Ann", "msg", "TO: Ben\n\nsecond")
+        return out
+
+    relay.inbox.deliver = deliver_then_agent_writes_again
+    relay.step()
+    relay.inbox.deliver = real_deliver
+    archived = project.files("archive")
+    assert [p.read_text() for p in archived] == ["TO: Ben\n\nfirst"]
+    assert (project.state / "outbox/Ann/msg").read_text() == "TO: Ben\n\nsecond"
+    relay.drain()
+    assert sorted(e["body"] for e in project.inbox("Ben")) == ["first", "second"]
+
+
+def test_in_progress_names_and_subdirectories_ignored(project):
+    relay = project.relay()
+    for name in (".hidden", "x.tmp", "x.part", "x.pending", "x.swp", "x~"):
+        project.drop("Ann", name, "TO: Ben\n\nno", in_place=True)
+    (project.state / "outbox/Ann/sub").mkdir()
+    (project.state / "outbox/Ann/sub/m").write_text("TO: Ben\n\nno")
+    total = relay.drain()
+    assert total.registered == 0 and project.inbox("Ben") == []
+
+
+def test_invalid_agent_directory_never_read(project):
+    relay = project.relay()
+    bad = project.state / "outbox" / "bad name"
+    bad.mkdir(parents=True)
+    (bad / "m").write_text("TO: Ben\n\nx")
+    assert relay.drain().registered == 0
+    assert (bad / "m").exists()
+
+
+def test_symlink_and_fifo_quarantined_never_opened(project, tmp_path):
+    relay = project.relay()
+    secret = tmp_path.parent / "outside-secret"
+    secret.write_text("TO: Ben\n\nsecret")
+    box = project.state / "outbox/Ann"
+    box.mkdir(parents=True, exist_ok=True)
+    os.symlink(secret, box / "link")
+    os.mkfifo(box / "fifo")
+    total = relay.drain()
+    assert total.failed == 2 and project.inbox("Ben") == []
+    reasons = sorted(r["error"] for r in relay.ledger.audit())
+    assert "a FIFO" in reasons[0] and "symbolic link" in reasons[1]
+    assert os.path.islink(project.state / "failed/Ann" / next(
+        p.name for p in (project.state / "failed/Ann").iterdir() if p.name.endswith("--link")))
+    secret.unlink()
+
+
+def test_transient_error_backs_off_then_delivers(project, clock, monkeypatch):
+    relay = project.relay(retry_backoff="10s")
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    real = relay.inbox._write
+    full = {"on": True}
+
+    def write(path, data):
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(relay.inbox, "_write", write)
+    counts = relay.step()
+    assert counts.retried == 1
+    row = only_row(relay)
+    assert row["status"] == "pending" and row["retries"] == 1 and "No space left" in row["error"]
+    assert row["next_attempt_at"] == pytest.approx(clock.now + 10)
+    assert relay.step().claimed == 0            # not due yet
+    full["on"] = False
+    clock.advance(10)
+    assert relay.step().archived == 1
+    assert len(project.inbox("Ben")) == 1
+    assert "retried" in events(relay, row["id"])
+
+
+def test_retries_exhausted_fails(project, clock, monkeypatch):
+    relay = project.relay(retry_backoff="1s", max_retries=2)
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+
+    def denied(path, data):
+        raise OSError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(relay.inbox, "_write", denied)
+    for _ in range(3):
+        relay.step()
+        clock.advance(100)
+    row = only_row(relay)
+    assert row["status"] == "failed" and "gave up after 3 attempts" in row["error"]
+    assert "Permission denied" in row["error"]
+    assert project.files("failed")
+
+
+def test_fsync_eio_fails_and_is_not_retried(project, monkeypatch):
+    relay = project.relay()
+    relay.syncer.mode = "file"
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    import relay.sync as sync_mod
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(sync_mod, "fsync", eio)
+    counts = relay.step()
+    assert counts.failed == 1 and counts.retried == 0
+    row = only_row(relay)
+    assert row["status"] == "failed" and "fsync" in row["error"] and "Input/output error" in row["error"]
+    assert project.inbox("Ben") == []
+    assert not list((project.state / "inbox/Ben/tmp").iterdir())
+
+
+def test_archive_move_failure_keeps_delivered_then_archives(project, clock, monkeypatch):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    real = relay.archive.store
+
+    def full(src, rel):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(relay.archive, "store", full)
+    relay.step()
+    row = only_row(relay)
+    assert row["status"] == "delivered" and len(project.inbox("Ben")) == 1
+    monkeypatch.setattr(relay.archive, "store", real)
+    clock.advance(60)
+    relay.step()
+    assert only_row(relay)["status"] == "archived" and len(project.inbox("Ben")) == 1
+
+
+class Crash(BaseException):
+    """Stands for the process dying: nothing after it runs."""
+
+
+def test_crash_between_inbox_link_and_ledger_update_redelivers_once(project, clock, monkeypatch):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben, Cy\n\nx")
+
+    def die(*a, **k):
+        raise Crash()
+
+    monkeypatch.setattr(relay.ledger, "finish", die)
+    with pytest.raises(Crash):
+        relay.step()
+    assert len(project.inbox("Ben")) == 1
+    assert only_row(relay)["status"] == "processing"
+    relay.close()
+    project.relays.remove(relay)
+    again = project.relay()
+    total = again.drain()
+    assert total.archived == 1
+    assert len(project.inbox("Ben")) == 1 and len(project.inbox("Cy")) == 1
+    row = only_row(again)
+    assert row["status"] == "archived" and "recovered" in events(again, row["id"])
+    assert len(project.files("archive")) == 1 and not project.files("spool")
+
+
+def test_redelivery_skips_a_recipient_that_already_took_it(project, monkeypatch):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    monkeypatch.setattr(relay.ledger, "finish", lambda *a, **k: (_ for _ in ()).throw(Crash()))
+    with pytest.raises(Crash):
+        relay.step()
+    [new] = (project.state / "inbox/Ben/new").iterdir()
+    os.rename(new, project.state / "inbox/Ben/cur" / (new.name + ":2,S"))
+    relay.close()
+    project.relays.remove(relay)
+    again = project.relay()
+    again.drain()
+    assert project.inbox("Ben") == [] and len(project.inbox("Ben", "cur")) == 1
+
+
+def test_vanished_before_claim_fails_with_reason(project, monkeypatch):
+    relay = project.relay()
+    path = project.drop("Ann", "m", "TO: Ben\n\nx")
+    real = relay.ledger.register_and_claim
+
+    def claim_then_vanish(*a, **k):
+        out = real(*a, **k)
+        path.unlink()
+        return out
+
+    monkeypatch.setattr(relay.ledger, "register_and_claim", claim_then_vanish)
+    relay.step()
+    row = only_row(relay)
+    assert row["status"] == "failed" and "disappeared before relay could read it" in row["error"]
+
+
+def test_sweep_by_injected_clock(project, clock):
+    relay = project.relay(retention="7d")
+    project.drop("Ann", "a", "TO: Ben\n\nx")
+    project.drop("Ann", "b", "TO: Nobody\n\nx")
+    relay.drain()
+    assert len(project.files("archive")) == 1 and len(project.files("failed")) == 2
+    assert relay.sweep(clock.now + 6 * 86400).archived == 0
+    dry = relay.sweep(clock.now + 8 * 86400, dry_run=True)
+    assert (dry.archived, dry.failed) == (1, 1) and len(project.files("archive")) == 1
+    result = relay.sweep(clock.now + 8 * 86400)
+    assert (result.archived, result.failed) == (1, 1)
+    assert project.files("archive") == [] and project.files("failed") == []
+    assert list(relay.ledger.audit()) == []
+    assert relay.ledger.db.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 1
+
+
+def test_retention_zero_keeps_forever(project, clock):
+    relay = project.relay(retention="0")
+    project.drop("Ann", "a", "TO: Ben\n\nx")
+    relay.drain()
+    assert relay.sweep(clock.now + 10**9).archived == 0 and len(project.files("archive")) == 1
+
+
+def test_orphan_tmp_files_removed_after_a_day(project, clock):
+    relay = project.relay()
+    tmp = project.state / "inbox/Ben/tmp/OLD.json"
+    tmp.write_text("{}")
+    os.utime(tmp, (clock.now - 2 * 86400, clock.now - 2 * 86400))
+    young = project.state / "inbox/Ben/tmp/YOUNG.json"
+    young.write_text("{}")
+    relay.recover()
+    assert not tmp.exists() and young.exists()
+
+
+def test_every_transition_recorded(project, clock, monkeypatch):
+    relay = project.relay(retry_backoff="1s")
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    real = relay.inbox._write
+    calls = {"n": 0}
+
+    def once_full(path, data):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(relay.inbox, "_write", once_full)
+    relay.step()
+    clock.advance(5)
+    relay.step()
+    mid = only_row(relay)["id"]
+    assert events(relay, mid) == ["discovered", "claimed", "retried", "claimed", "delivered", "archived"]
+
+
+def test_batches_commit_once_per_phase(project):
+    """A backlog is registered, claimed and finished in a handful of transactions."""
+    relay = project.relay(agents=("Ann", "Ben"))
+    for i in range(50):
+        project.drop("Ann", f"m{i}", "TO: Ben\n\nx")
+    commits = []
+    relay.ledger.db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    total = relay.drain()
+    assert total.archived == 50 and len(commits) <= 4
+
+
+def test_newer_schema_refused_and_untouched(project):
+    relay = project.relay()
+    relay.ledger.db.execute("INSERT INTO schema_migrations VALUES (99, 'future', 'x', 0)")
+    relay.close()
+    project.relays.remove(relay)
+    before = (project.state / "ledger.sqlite").read_bytes()
+    from relay.errors import SchemaError
+    with pytest.raises(SchemaError, match="schema version 99, newer"):
+        Ledger(project.state / "ledger.sqlite")
+    assert (project.state / "ledger.sqlite").read_bytes() == before
