@@ -1,0 +1,176 @@
+"""Every verb through click's CliRunner, in-process."""
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from relay.cli import main
+
+
+@pytest.fixture
+def cli(tmp_path):
+    runner = CliRunner()
+
+    def run(*args, input=None, ok=True):
+        result = runner.invoke(main, ["--root", str(tmp_path), *args], input=input, catch_exceptions=False)
+        if ok:
+            assert result.exit_code == 0, result.output
+        assert "Traceback" not in result.output
+        return result
+    run.root = tmp_path
+    run.state = tmp_path / ".relay"
+    return run
+
+
+def drop(cli, sender, name, text):
+    box = cli.state / "outbox" / sender
+    box.mkdir(parents=True, exist_ok=True)
+    (box / f".{name}.tmp").write_text(text)
+    os.rename(box / f".{name}.tmp", box / name)
+
+
+def test_every_verb_has_help_and_is_in_the_readme():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    runner = CliRunner()
+    for name, cmd in main.commands.items():
+        assert cmd.help, f"relay {name} has no help text"
+        result = runner.invoke(main, [name, "--help"])
+        assert result.exit_code == 0 and "Usage" in result.output
+        assert f"relay {name}" in readme, f"relay {name} is not in README.md"
+
+
+def test_init_is_idempotent(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("init", "--agent", "Ann")
+    for d in ("outbox/Ann", "inbox/Ann/new", "inbox/Ben/cur", "inbox/System/tmp", "archive", "failed"):
+        assert (cli.state / d).is_dir()
+    assert (cli.state / "ledger.sqlite").exists()
+    r = cli("init", "--agent", "../x", ok=False)
+    assert r.exit_code == 1 and "invalid agent name" in r.output
+
+
+def test_send_run_inbox_ack(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    path = cli("send", "--from", "Ann", "--to", "Ben", "--thread", "t", "--subject", "s", "hello").output.strip()
+    assert Path(path).parent == cli.state / "outbox/Ann" and Path(path).exists()
+    cli("send", "--from", "Ann", "--to", "Ben", "-", input="from stdin\n")
+    assert "relayed 2 message(s)" in cli("run", "--once", "-q").output
+    listing = cli("inbox", "Ben").output
+    assert listing.count("from Ann") == 2 and "[message/t]" in listing
+    docs = json.loads(cli("inbox", "Ben", "--json", "--ack").output)
+    assert sorted(d["body"] for d in docs) == ["from stdin\n", "hello"]
+    assert all(d["state"] == "cur" for d in docs)
+    assert "no new messages" in cli("inbox", "Ben").output
+    assert json.loads(cli("inbox", "Ben", "--all", "--json").output)[0]["state"] == "cur"
+    r = cli("inbox", "Nobody", ok=False)
+    assert r.exit_code == 1 and "no inbox" in r.output
+
+
+def test_send_refuses_multiline_header(cli):
+    r = cli("send", "--from", "Ann", "--to", "Ben", "--subject", "a\nb", "x", ok=False)
+    assert r.exit_code == 1 and "one line" in r.output
+
+
+def test_status_json_has_the_spec_keys(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    drop(cli, "Ann", "m", "TO: Ben\n\nx")
+    drop(cli, "Ann", "bad", "TO: Zed\n\nx")
+    cli("run", "--once", "-q")
+    doc = json.loads(cli("status", "--json").output)
+    assert doc["root"] == str(cli.root) and doc["state_dir"] == str(cli.state)
+    assert doc["daemon"] == {"running": False, "pid": None}
+    assert doc["counts"] == {"pending": 0, "processing": 0, "delivered": 0, "failed": 1, "archived": 1}
+    assert doc["agents"] == ["Ann", "Ben"] and doc["oldest_pending_age_s"] is None
+    assert doc["durability"]["journal_mode"] == "wal" and doc["durability"]["synchronous"] == "FULL"
+    assert doc["durability"]["foreign_keys"] is True and doc["durability"]["busy_timeout_ms"] > 0
+    assert "archived 1" in cli("status").output
+
+
+def test_audit_filters_json_and_table(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben", "--agent", "Cy")
+    drop(cli, "Ann", "a", "TO: Ben\nTHREAD: t1\nSUBJECT: first\n\nalpha")
+    drop(cli, "Ben", "b", "TO: Ann, Cy\nTHREAD: t1\nKIND: note\n\nbeta needle")
+    drop(cli, "Cy", "c", "TO: Nobody\n\ngamma")
+    cli("run", "--once", "-q")
+    records = json.loads(cli("audit", "--json").output)
+    keys = {"id", "from", "to", "kind", "thread", "subject", "status", "retries", "error", "discovered_at",
+            "delivered_at", "archived_at", "source_path", "archive_path", "sha256", "size"}
+    assert len(records) == 3 and keys <= set(records[0])
+    assert [r["id"] for r in records] == sorted((r["id"] for r in records), reverse=True)
+
+    def ids(*args):
+        return [r["from"] for r in json.loads(cli("audit", "--json", *args).output)]
+
+    assert ids("--from", "Ann") == ["Ann"]
+    assert ids("--to", "Cy") == ["Ben"]
+    assert ids("--status", "failed") == ["Cy"]
+    assert ids("--kind", "note") == ["Ben"]
+    assert ids("--thread", "t1") == ["Ann", "Ben"]        # a conversation reads oldest first
+    assert ids("--grep", "NEEDLE") == ["Ben"]
+    assert ids("--limit", "1") == ["Cy"]
+    assert len(ids("--since", "1h")) == 3 and ids("--until", "2000-01-01") == []
+    table = cli("audit").output
+    assert "FROM → TO" in table and "Ann → Ben" in table and "first" in table
+    lines = cli("audit", "--jsonl").output.strip().splitlines()
+    assert len(lines) == 3 and json.loads(lines[0])["from"] == "Cy"
+    csv_out = cli("audit", "--format", "csv").output.splitlines()
+    assert csv_out[0].startswith("id,from,to") and len(csv_out) == 4
+    r = cli("audit", "--since", "yesterday-ish", ok=False)
+    assert r.exit_code == 2 and "--since" in r.output
+
+
+def test_show_one_message(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    drop(cli, "Ann", "m", "TO: Ben\nSUBJECT: hello\n\nthe body text")
+    cli("run", "--once", "-q")
+    mid = json.loads(cli("audit", "--json").output)[0]["id"]
+    text = cli("show", mid[:20]).output
+    assert mid in text and "the body text" in text and "archived" in text
+    assert re.search(r"Ben\s+\S+Z\s+\S+inbox/Ben/new/" + mid, text)
+    doc = json.loads(cli("show", mid, "--json").output)
+    assert [e["event"] for e in doc["events"]] == ["discovered", "claimed", "delivered", "archived"]
+    assert doc["deliveries"][0]["inbox_path"].endswith(f"inbox/Ben/new/{mid}.json")
+    r = cli("show", "01NOPE", ok=False)
+    assert r.exit_code == 1 and "no message" in r.output
+
+
+def test_sweep_verb(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    drop(cli, "Ann", "m", "TO: Ben\n\nx")
+    cli("run", "--once", "-q")
+    assert "would delete 0 archived" in cli("sweep", "--dry-run").output
+    out = cli("sweep", "--older-than", "0.001s", "--dry-run").output
+    assert "would delete 1 archived" in out
+    assert len(list((cli.state / "archive").rglob("*--m"))) == 1
+    assert "deleted 1 archived" in cli("sweep", "--older-than", "0.001s").output
+    assert list((cli.state / "archive").rglob("*--m")) == []
+
+
+def test_bad_config_is_one_clear_line(cli):
+    cli("init")
+    (cli.state / "relay.toml").write_text("retension = '7d'\n")
+    r = cli("run", "--once", ok=False)
+    assert r.exit_code == 1 and "unknown configuration key 'retension'" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_read_only_verbs_without_ledger_say_what_to_do(cli):
+    r = cli("audit", ok=False)
+    assert r.exit_code == 1 and "relay init" in r.output
+    assert "no ledger yet" in cli("status").output
+
+
+def test_bad_usage_exits_2(cli):
+    assert cli("audit", "--status", "lost", ok=False).exit_code == 2
+    assert cli("send", "--to", "Ben", ok=False).exit_code == 2
+
+
+def test_demo_runs_the_examples(tmp_path):
+    examples = Path(__file__).parent.parent / "examples" / "outboxes"
+    r = CliRunner().invoke(main, ["demo", str(examples)])
+    assert r.exit_code == 0, r.output
+    assert "relayed 5 message(s)" in r.output and "1 quarantined" in r.output
+    assert "inbox/System/new: 1 message(s)" in r.output and "unknown recipient Zed" in r.output

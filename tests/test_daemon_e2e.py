@@ -1,0 +1,139 @@
+"""The real daemon as a process: files dropped by rename and in place, a new agent directory,
+a slow writer, signals, one daemon per state directory, kill -9 and restart."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def wait_for(predicate, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Daemon:
+    def __init__(self, root, *args):
+        self.root = root
+        self.state = root / ".relay"
+        self.sock_path = str(root / "notify.sock")
+        if os.path.exists(self.sock_path):
+            os.unlink(self.sock_path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.sock_path)
+        self.sock.settimeout(15)
+        env = dict(os.environ, RELAY_ROOT=str(root), NOTIFY_SOCKET=self.sock_path,
+                   RELAY_AGENTS="Ann,Ben,Cy", RELAY_SETTLE="200ms")
+        self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run", *args], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ready(self):
+        while True:
+            msg = self.sock.recv(4096).decode()
+            if "READY=1" in msg:
+                return msg
+
+    def stop(self, sig=signal.SIGTERM, timeout=15):
+        self.proc.send_signal(sig)
+        out, err = self.proc.communicate(timeout=timeout)
+        self.sock.close()
+        return self.proc.returncode, err
+
+    def inbox(self, agent):
+        d = self.state / "inbox" / agent / "new"
+        return [json.loads(p.read_bytes()) for p in d.iterdir()] if d.is_dir() else []
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    started = []
+
+    def start(*args):
+        d = Daemon(tmp_path, *args)
+        started.append(d)
+        return d
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+        d.sock.close()
+
+
+def rename_in(box, name, text):
+    box.mkdir(parents=True, exist_ok=True)
+    tmp = box / f".{name}.tmp"
+    tmp.write_text(text)
+    os.rename(tmp, box / name)
+
+
+def test_delivers_renamed_and_in_place_files_and_new_agent_dirs(daemon):
+    d = daemon()
+    d.ready()
+    outbox = d.state / "outbox"
+    rename_in(outbox / "Ann", "msg", "TO: Ben\n\nby rename")
+    (outbox / "Cy" / "note").write_text("TO: Ben\n\nin place")
+    wait_for(lambda: len(d.inbox("Ben")) == 2, what="two envelopes in Ben's inbox")
+    # An agent directory created while relay runs, with a file written the same instant.
+    (outbox / "Dee").mkdir()
+    (outbox / "Dee" / "msg").write_text("TO: Ann\n\nfrom a new agent")
+    wait_for(lambda: d.inbox("Ann"), what="the new agent's message")
+    code, err = d.stop()
+    assert code == 0, err
+    assert "started" in err and "relay stopped" in err
+    out = subprocess.run([sys.executable, "-m", "relay", "--root", str(d.root), "status", "--json"],
+                         capture_output=True, text=True, env=dict(os.environ, RELAY_AGENTS="Ann"))
+    counts = json.loads(out.stdout)["counts"]
+    assert counts["processing"] == 0 and counts["archived"] == 3
+
+
+def test_slow_writer_delivered_once_whole(daemon):
+    d = daemon()
+    d.ready()
+    path = d.state / "outbox" / "Ann" / "slow"
+    with open(path, "w") as f:
+        f.write("TO: Ben\n\npart one ")
+        f.flush()
+        time.sleep(1.0)          # the writer pauses, file open, for longer than the settle time
+        assert d.inbox("Ben") == []
+        f.write("part two")
+    [env] = wait_for(lambda: d.inbox("Ben"), what="the slow writer's message")
+    assert env["body"] == "part one part two"
+    assert d.stop()[0] == 0
+    assert len(d.inbox("Ben")) == 1
+
+
+def test_second_daemon_refused(daemon):
+    first = daemon()
+    first.ready()
+    second = subprocess.run([sys.executable, "-m", "relay", "--root", str(first.root), "run"],
+                            capture_output=True, text=True, timeout=30)
+    assert second.returncode == 1
+    assert f"pid {first.proc.pid}" in second.stderr and "Traceback" not in second.stderr
+    assert first.stop()[0] == 0
+
+
+def test_sigkill_then_restart_delivers_everything_once(daemon):
+    d = daemon()
+    d.ready()
+    box = d.state / "outbox" / "Ann"
+    for i in range(200):
+        rename_in(box, f"m{i}", f"TO: Ben, Cy\n\nmessage {i}")
+    d.stop(signal.SIGKILL)
+    again = daemon()
+    again.ready()
+    wait_for(lambda: len(again.inbox("Ben")) == 200 and len(again.inbox("Cy")) == 200, timeout=30,
+             what="all 200 messages after restart")
+    assert again.stop()[0] == 0
+    bodies = sorted(e["body"] for e in again.inbox("Ben"))
+    assert bodies == sorted(f"message {i}" for i in range(200))
+    assert not list(box.iterdir()) and not list((d.state / "spool").iterdir())
