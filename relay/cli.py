@@ -458,5 +458,22 @@ def demo(ctx, outboxes, keep):
             shutil.rmtree(project, ignore_errors=True)
 
 
+@main.command()
+@click.option("--dir", "base", type=click.Path(file_okay=False), help="Where to measure (default: a temp dir).")
+@click.option("--messages", type=click.IntRange(1), default=5000, show_default=True, help="Backlog size.")
+@click.option("--agents", type=click.IntRange(2), default=20, show_default=True, help="Agents in the backlog.")
+@click.option("--rate", type=click.FloatRange(1), default=100.0, show_default=True, help="Offered msg/s for latency.")
+@click.option("--seconds", type=click.FloatRange(0.5), default=5.0, show_default=True, help="Latency run length.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handle_errors
+def bench(base, messages, agents, rate, seconds, as_json):
+    """Measure this disk's limits and relay's throughput and latency side by side."""
+    from . import bench as bench_mod
+    result = bench_mod.run(base, messages, agents, rate, seconds,
+                           echo=(lambda *_: None) if as_json else click.echo)
+    if as_json:
+        out_json(result)
+
+
 def entry():
     main(prog_name="relay")

@@ -7,6 +7,11 @@ from watchdog.events import (DirCreatedEvent, DirMovedEvent, FileClosedEvent, Fi
                              FileSystemEventHandler)
 from watchdog.observers import Observer
 
+try:
+    from watchdog.observers.inotify_move_event_grouper import InotifyMoveEventGrouper
+except ImportError:  # other platforms, other watchdog versions
+    InotifyMoveEventGrouper = None
+
 log = logging.getLogger(__name__)
 
 
@@ -43,6 +48,8 @@ class Handler(FileSystemEventHandler):
         path = event.dest_path if isinstance(event, (FileMovedEvent, DirMovedEvent)) else event.src_path
         if isinstance(path, bytes):
             path = os.fsdecode(path)
+        if not path:        # the "from" half of a move reported on its own
+            return
         where = self._where(path)
         if where is None:
             return
@@ -67,7 +74,15 @@ class Watcher:
 
     def start(self):
         outbox = self.relay.layout.outbox
-        self.observer = Observer()
+        if InotifyMoveEventGrouper is not None:
+            # watchdog holds each IN_MOVED_FROM for 0.5 s to pair it with its IN_MOVED_TO, and its
+            # queue sleeps out that delay even when the pair arrives at once: every rename into
+            # an outbox would wait half a second. relay needs no pairing (it only wants the
+            # destination, which full events report on their own), so no delay.
+            InotifyMoveEventGrouper.delay = 0
+            self.observer = Observer(generate_full_events=True)
+        else:
+            self.observer = Observer()
         self.observer.schedule(Handler(self.relay, outbox), str(outbox), recursive=True)
         for name, path, problem in self.relay.layout.outbox_dirs():
             if problem is None and os.path.islink(path):
@@ -105,6 +120,8 @@ class _LinkedHandler(FileSystemEventHandler):
         if event.is_directory or event.event_type == "deleted":
             return
         path = event.dest_path if isinstance(event, FileMovedEvent) else event.src_path
+        if not path:
+            return
         path = os.path.join(self.link, os.path.basename(os.fsdecode(path)))
         complete = isinstance(event, (FileMovedEvent, FileClosedEvent))
         self.relay.hint("closed" if complete else "file", self.sender, path)

@@ -1,0 +1,259 @@
+"""`relay bench`: this disk's limits and relay's throughput and latency, side by side.
+
+Everything runs in a temporary directory on the file system under test. Figures, not verdicts:
+the targets are printed beside them so a reader can compare.
+"""
+import hashlib
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from . import config as config_mod
+from .daemon import Relay
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def disk(base, n=300):
+    """fsync'd file creates/s, directory fsyncs/s, renames/s."""
+    d = Path(tempfile.mkdtemp(dir=base, prefix="disk-"))
+    try:
+        t = time.perf_counter()
+        for i in range(n):
+            fd = os.open(d / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, b"x" * 300)
+            os.fsync(fd)
+            os.close(fd)
+        creates = n / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for i in range(n):
+            _fsync_dir(d)
+        dir_fsyncs = n / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for i in range(n):
+            os.rename(d / f"f{i}", d / f"g{i}")
+        renames = n / (time.perf_counter() - t)
+        return {"fsync_creates_per_s": round(creates), "dir_fsyncs_per_s": round(dir_fsyncs),
+                "renames_per_s": round(renames)}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def make_backlog(state, messages, agents, body_size=200):
+    names = [f"agent{i:03d}" for i in range(agents)]
+    for name in names:
+        (state / "outbox" / name).mkdir(parents=True, exist_ok=True)
+        for sub in ("tmp", "new", "cur"):
+            (state / "inbox" / name / sub).mkdir(parents=True, exist_ok=True)
+    old = time.time() - 60
+    body = "x" * body_size
+    for i in range(messages):
+        sender = names[i % agents]
+        to = names[(i + 1) % agents]
+        path = state / "outbox" / sender / f"m{i}"
+        path.write_text(f"TO: {to}\nSUBJECT: bench {i}\n\n{body}")
+        os.utime(path, (old, old))
+    return names
+
+
+def naive(base, messages, agents, durable):
+    """The simplest correct loop with no ledger: per file, read, write an envelope to tmp
+    (+fsync), rename into new/ (+fsync dir), move the original to the archive (+fsync dir)."""
+    root = Path(tempfile.mkdtemp(dir=base, prefix="naive-"))
+    try:
+        state = root / ".relay"
+        names = make_backlog(state, messages, agents)
+        archive = state / "archive"
+        for n in names:
+            (archive / n).mkdir(parents=True)
+        t = time.perf_counter()
+        for sender in names:
+            box = state / "outbox" / sender
+            for entry in os.scandir(box):
+                data = open(entry.path, "rb").read()
+                head, _, body = data.partition(b"\n\n")
+                to = head.split(b"\n", 1)[0].split(b":", 1)[1].strip().decode()
+                env = json.dumps({"from": sender, "to": [to], "body": body.decode(),
+                                  "sha256": hashlib.sha256(data).hexdigest()}).encode()
+                tmp = state / "inbox" / to / "tmp" / f"{entry.name}.json"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.write(fd, env)
+                if durable:
+                    os.fsync(fd)
+                os.close(fd)
+                os.rename(tmp, state / "inbox" / to / "new" / tmp.name)
+                if durable:
+                    _fsync_dir(state / "inbox" / to / "new")
+                os.rename(entry.path, archive / sender / entry.name)
+                if durable:
+                    _fsync_dir(archive / sender)
+        return messages / (time.perf_counter() - t)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def relay_once(base, messages, agents, durability, preload=0):
+    """relay run --once on a backlog; messages/s of the drain alone."""
+    root = Path(tempfile.mkdtemp(dir=base, prefix=f"relay-{durability}-"))
+    try:
+        state = root / ".relay"
+        make_backlog(state, messages, agents)
+        cfg = config_mod.load(root, ".relay", env={}, overrides={"durability": durability})
+        relay = Relay(cfg)
+        if preload:
+            preload_ledger(relay.ledger, preload)
+        try:
+            t = time.perf_counter()
+            total = relay.drain()
+            took = time.perf_counter() - t
+        finally:
+            relay.close()
+        if total.archived != messages:
+            raise RuntimeError(f"bench: relay archived {total.archived} of {messages} messages")
+        return messages / took
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def preload_ledger(ledger, rows, chunk=50_000):
+    """Fill the ledger with `rows` archived messages (as a long-running project would have)."""
+    db = ledger.db
+    now = time.time() - 3600
+    done = 0
+    while done < rows:
+        n = min(chunk, rows - done)
+        with ledger.transaction():
+            db.executemany(
+                "INSERT INTO messages (id, sender, name, status, recipients, kind, subject, body, size, "
+                "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, archive_path) "
+                "VALUES (?, ?, ?, 'archived', '[\"agent001\"]', 'message', 's', 'b', 10, 'h', ?, ?, ?, ?, ?, 1, ?)",
+                ((f"00000000{done + i:018d}", f"agent{(done + i) % 20:03d}", f"old{done + i}", now, now, now, now,
+                  now, f"archive/x/old{done + i}") for i in range(n)))
+            db.executemany("INSERT INTO events (message_id, at, event) VALUES (?, ?, 'archived')",
+                           ((f"00000000{done + i:018d}", now) for i in range(n)))
+        done += n
+
+
+def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full"):
+    """Offer `rate` messages/s from `agents` agents to a running daemon; time from each rename
+    into an outbox to its envelope appearing in the recipient's new/ (seen by inotify)."""
+    from watchdog.events import FileSystemEventHandler
+    from watchdog.observers import Observer
+
+    root = Path(tempfile.mkdtemp(dir=base, prefix="latency-"))
+    names = [f"agent{i}" for i in range(agents)]
+    seen = {}
+
+    class Seen(FileSystemEventHandler):
+        def on_any_event(self, event):
+            if event.event_type in ("created", "moved") and not event.is_directory:
+                path = event.dest_path if event.event_type == "moved" else event.src_path
+                if "/new/" in path:
+                    seen.setdefault(os.path.basename(path), time.time())
+
+    sock_path = str(root / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(30)
+    env = dict(os.environ, RELAY_ROOT=str(root), NOTIFY_SOCKET=sock_path, RELAY_AGENTS=",".join(names),
+               RELAY_DURABILITY=durability, RELAY_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env, stderr=subprocess.PIPE, text=True)
+    observer = Observer()
+    try:
+        while b"READY=1" not in sock.recv(4096):
+            pass
+        state = root / ".relay"
+        for n in names:
+            observer.schedule(Seen(), str(state / "inbox" / n / "new"))
+        observer.start()
+        sent = {}
+        count = int(rate * seconds)
+        t0 = time.time()
+        for i in range(count):
+            due = t0 + i / rate
+            delay = due - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            sender, to = names[i % agents], names[(i + 1) % agents]
+            box = state / "outbox" / sender
+            tmp = box / f".m{i}.tmp"
+            tmp.write_text(f"TO: {to}\n\ntoken {i}")
+            sent[i] = time.time()
+            os.rename(tmp, box / f"m{i}")
+        deadline = time.time() + 30
+        while len(seen) < count and time.time() < deadline:
+            time.sleep(0.05)
+        lat = []
+        for n in names:
+            for p in (state / "inbox" / n / "new").iterdir():
+                body = json.loads(p.read_bytes())["body"]
+                i = int(body.split()[1])
+                if p.name in seen:
+                    lat.append((seen[p.name] - sent[i]) * 1000)
+        # idle CPU: the daemon's CPU time over an idle second
+        before = _cpu(proc.pid)
+        time.sleep(2.0)
+        idle = (_cpu(proc.pid) - before) / 2.0 * 100
+    finally:
+        observer.stop()
+        observer.join()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        sock.close()
+        rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        shutil.rmtree(root, ignore_errors=True)
+    lat.sort()
+    if not lat:
+        raise RuntimeError("bench: no envelope was seen")
+
+    def pct(p):
+        return round(lat[min(len(lat) - 1, int(len(lat) * p))], 2)
+    return {"messages": count, "delivered": len(lat), "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+            "max_ms": round(lat[-1], 2), "idle_cpu_percent": round(idle, 3), "daemon_peak_rss_mb": round(rss_kb / 1024, 1)}
+
+
+def _cpu(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(base=None, messages=5000, agents=20, rate=100.0, seconds=5.0, echo=print):
+    logging.getLogger("relay").setLevel(logging.WARNING)
+    base = Path(base or tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    out = {"dir": str(base), "messages": messages, "agents": agents}
+    echo(f"relay bench in {base}: backlog {messages} messages from {agents} agents")
+    out["disk"] = d = disk(base)
+    echo(f"disk: {d['fsync_creates_per_s']} fsync'd creates/s, {d['dir_fsyncs_per_s']} dir fsyncs/s, "
+         f"{d['renames_per_s']} renames/s")
+    out["naive_durable_per_s"] = nd = round(naive(base, messages, agents, True))
+    out["naive_nosync_per_s"] = nn = round(naive(base, messages, agents, False))
+    echo(f"naive loop: {nd} msg/s with fsyncs, {nn} msg/s without")
+    out["relay_full_per_s"] = rf = round(relay_once(base, messages, agents, "full"))
+    out["relay_normal_per_s"] = rn = round(relay_once(base, messages, agents, "normal"))
+    out["ratio_full_to_naive_durable"] = round(rf / nd, 2)
+    out["ratio_normal_to_naive_nosync"] = round(rn / nn, 2)
+    echo(f"relay run --once: durability full {rf} msg/s ({rf / nd:.2f}x the naive durable loop; target 2x), "
+         f"normal {rn} msg/s ({rn / nn:.2f}x the naive loop without fsyncs; target 0.5x)")
+    out["latency"] = lat = latency(base, rate, seconds)
+    echo(f"daemon latency at {rate:g} msg/s from 8 agents (durability full): p50 {lat['p50_ms']} ms, "
+         f"p99 {lat['p99_ms']} ms, max {lat['max_ms']} ms ({lat['delivered']}/{lat['messages']} seen); "
+         f"idle CPU {lat['idle_cpu_percent']}%")
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    echo(f"peak RSS: bench process {out['peak_rss_mb']} MB, daemon {lat['daemon_peak_rss_mb']} MB")
+    return out
