@@ -25,6 +25,13 @@ def _transient(e, what):
     return TransientError(reason)
 
 
+def _unlink_quietly(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 class Inbox:
     def __init__(self, layout, syncer):
         self.layout = layout
@@ -53,9 +60,11 @@ class Inbox:
             mine = []
             try:
                 for r in item.recipients:
-                    if self.holder(r, item.id, item.thorough):
-                        continue
                     base = self.layout.inbox / r
+                    if self.holder(r, item.id, item.thorough):
+                        if item.thorough:   # a crash between link and unlink left the tmp file
+                            _unlink_quietly(base / "tmp" / f"{item.id}.json")
+                        continue
                     tmp = base / "tmp" / f"{item.id}.json"
                     mine.append((item, tmp, base / "new" / f"{item.id}.json"))
                     self._write(tmp, item.envelope)
@@ -110,10 +119,7 @@ class Inbox:
 
     def _discard(self, staged):
         for _, tmp, _ in staged:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _unlink_quietly(tmp)
 
     def _fail_all(self, live, staged, error):
         for item in live:

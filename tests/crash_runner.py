@@ -1,0 +1,76 @@
+"""Run the relay in this process and die hard (os._exit, as kill -9 would) at a named step
+boundary. Used by test_crash.py as a subprocess: python crash_runner.py ROOT BOUNDARY [sweep]."""
+import os
+import sys
+
+from relay import config as config_mod
+from relay import daemon as daemon_mod
+from relay import inbox as inbox_mod
+from relay import ledger as ledger_mod
+from relay.daemon import Relay
+
+CRASH = 137
+
+
+def die(*_a, **_k):
+    sys.stdout.flush()
+    os._exit(CRASH)
+
+
+def after(obj, name, nth=1, when=None):
+    """Die right after the nth call of obj.name (that matches `when`)."""
+    real = getattr(obj, name)
+    seen = {"n": 0}
+
+    def wrapper(*a, **k):
+        out = real(*a, **k)
+        if when is None or when(*a, **k):
+            seen["n"] += 1
+            if seen["n"] == nth:
+                die()
+        return out
+    setattr(obj, name, wrapper)
+
+
+def before(obj, name, when=None):
+    real = getattr(obj, name)
+
+    def wrapper(*a, **k):
+        if when is None or when(*a, **k):
+            die()
+        return real(*a, **k)
+    setattr(obj, name, wrapper)
+
+
+def main(root, boundary, phase="deliver"):
+    cfg = config_mod.load(root, ".relay", env={}, overrides={"agents": ["Ann", "Ben", "Cy"]})
+    relay = Relay(cfg, sync_mode="file")
+    flush = lambda what: (lambda w: w == what)  # noqa: E731
+    points = {
+        "registered-claimed": lambda: after(relay.ledger, "register_and_claim", when=lambda f, *a, **k: bool(f)),
+        "custody": lambda: after(daemon_mod, "move"),
+        "tmp-write-1": lambda: after(relay.inbox, "_write"),
+        "tmp-write-2": lambda: after(relay.inbox, "_write", nth=2),
+        "tmp-synced": lambda: after(relay.syncer, "flush", when=flush("inbox tmp files")),
+        "link-1": lambda: after(inbox_mod.os, "link"),
+        "link-3": lambda: after(inbox_mod.os, "link", nth=3),
+        "new-synced": lambda: after(relay.syncer, "flush", when=flush("inbox new/ directories")),
+        "archive-move-1": lambda: after(relay.archive, "store"),
+        "quarantine": lambda: after(relay.archive, "quarantine"),
+        "archive-synced": lambda: after(relay.syncer, "flush", when=flush("archive and outbox directories")),
+        "before-commit": lambda: before(relay.ledger, "finish"),
+        "after-commit": lambda: after(relay.ledger, "finish"),
+        "sweep-files": lambda: before(ledger_mod, "sweep_delete"),
+        "sweep-commit": lambda: after(ledger_mod, "sweep_delete"),
+    }
+    points[boundary]()
+    if phase == "sweep":
+        relay.sweep_all(now=relay.clock() + 30 * 86400)
+    else:
+        relay.drain(now_fn=lambda: relay.clock() + 10)
+    relay.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

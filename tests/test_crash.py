@@ -1,0 +1,102 @@
+"""A hard crash (os._exit, like kill -9) at every step boundary, then a restart: every recipient
+holds each message exactly once, the archive holds it once, the ledger agrees with the files."""
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relay import config as config_mod
+from relay.daemon import Relay
+
+RUNNER = Path(__file__).with_name("crash_runner.py")
+BOUNDARIES = ["registered-claimed", "custody", "tmp-write-1", "tmp-write-2", "tmp-synced", "link-1",
+              "link-3", "new-synced", "archive-move-1", "quarantine", "archive-synced", "before-commit",
+              "after-commit"]
+MESSAGES = {  # (sender, name): (text, recipients)
+    ("Ann", "msg"): ("TO: Ben, Cy\n\nann-1", ["Ben", "Cy"]),
+    ("Ann", "two.json"): ('{"to": "Ben", "body": "ann-2"}', ["Ben"]),
+    ("Ben", "msg"): ("TO: *\n\nben-1", ["Ann", "Cy"]),
+    ("Cy", "note"): ("TO: Ann\n\ncy-1", ["Ann"]),
+}
+BAD = ("Cy", "bad")
+
+
+def setup(root):
+    for (sender, name), (text, _) in MESSAGES.items():
+        box = root / ".relay/outbox" / sender
+        box.mkdir(parents=True, exist_ok=True)
+        (box / name).write_text(text)
+    (root / ".relay/outbox/Cy/bad").write_text("TO: Nobody\n\nbad")
+    old = 1_700_000_000
+    for p in (root / ".relay/outbox").rglob("*"):
+        if p.is_file():
+            os.utime(p, (old, old))
+
+
+def crash(root, boundary, phase="deliver"):
+    r = subprocess.run([sys.executable, str(RUNNER), str(root), boundary, phase], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(RUNNER.parent.parent)))
+    assert r.returncode == 137, f"{boundary}: the runner did not reach its crash point: {r.stderr[-500:]}"
+
+
+def restart(root, **kw):
+    cfg = config_mod.load(root, ".relay", env={}, overrides={"agents": ["Ann", "Ben", "Cy"]})
+    relay = Relay(cfg)
+    relay.drain(now_fn=lambda: relay.clock() + 10)
+    return relay
+
+
+def check(root, relay):
+    state = root / ".relay"
+    held = collections.Counter()
+    for agent in ("Ann", "Ben", "Cy"):
+        for sub in ("new", "cur"):
+            for p in (state / "inbox" / agent / sub).iterdir():
+                held[(agent, json.loads(p.read_bytes())["body"])] += 1
+    want = collections.Counter()
+    for (_, _), (text, recipients) in MESSAGES.items():
+        body = text.rsplit("\n", 1)[-1] if not text.startswith("{") else json.loads(text)["body"]
+        for r in recipients:
+            want[(r, body)] += 1
+    assert held == want, "inboxes do not hold each message exactly once"
+    archived = [p for p in (state / "archive").rglob("*") if p.is_file()]
+    assert len(archived) == len(MESSAGES)
+    assert not [p for p in (state / "outbox").rglob("*") if p.is_file()]
+    assert not list((state / "spool").iterdir())
+    assert not [p for a in ("Ann", "Ben", "Cy") for p in (state / "inbox" / a / "tmp").iterdir()]
+    counts = relay.ledger.counts()
+    assert counts == {"pending": 0, "processing": 0, "delivered": 0, "archived": len(MESSAGES), "failed": 1}
+    for row in relay.ledger.audit(status="archived"):
+        assert (state / row["archive_path"]).is_file()
+    [failed] = relay.ledger.audit(status="failed")
+    assert "unknown recipient Nobody" in failed["error"] and (state / failed["failed_path"]).is_file()
+
+
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_crash_at_each_boundary(tmp_path, boundary):
+    setup(tmp_path)
+    crash(tmp_path, boundary)
+    relay = restart(tmp_path)
+    try:
+        check(tmp_path, relay)
+    finally:
+        relay.close()
+
+
+@pytest.mark.parametrize("boundary", ["sweep-files", "sweep-commit"])
+def test_crash_during_sweep(tmp_path, boundary):
+    setup(tmp_path)
+    restart(tmp_path).close()
+    crash(tmp_path, boundary, "sweep")
+    relay = restart(tmp_path)
+    try:
+        relay.sweep_all(now=relay.clock() + 30 * 86400)
+        assert relay.ledger.counts() == dict.fromkeys(("pending", "processing", "delivered", "archived", "failed"), 0)
+        assert not [p for p in (tmp_path / ".relay/archive").rglob("*") if p.is_file()]
+        assert not [p for p in (tmp_path / ".relay/failed").rglob("*") if p.is_file()]
+    finally:
+        relay.close()
