@@ -114,6 +114,13 @@ class Context:
         return Ledger(path, readonly=True)
 
 
+    def writer(self):
+        path = self.layout.ledger
+        if not path.exists():
+            raise RelayError(f"no ledger at {path}: run `relay init` (or `relay run`) in the project first")
+        return Ledger(path, durability=self.cfg.durability)
+
+
 pass_ctx = click.make_pass_decorator(Context)
 
 
@@ -456,6 +463,150 @@ def demo(ctx, outboxes, keep):
     finally:
         if not keep:
             shutil.rmtree(project, ignore_errors=True)
+
+
+@main.command()
+@click.argument("ids", nargs=-1)
+@click.option("--failed", "all_failed", is_flag=True, help="Every failed message.")
+@pass_ctx
+@handle_errors
+def retry(ctx, ids, all_failed):
+    """Put failed messages back to pending: their files go back into the flow."""
+    from . import operator
+    if not ids and not all_failed:
+        raise click.UsageError("name message ids, or --failed for all failed messages")
+    led = ctx.writer()
+    try:
+        if all_failed:
+            ids = [r["id"] for r in led.audit(status="failed")]
+        done, problems = operator.retry(led, ctx.layout, ids)
+    finally:
+        led.close()
+    for mid in done:
+        click.echo(f"{mid}: back to pending")
+    for p in problems:
+        click.echo(p, err=True)
+    if problems:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("message_id")
+@pass_ctx
+@handle_errors
+def expire(ctx, message_id):
+    """A pending or failed message will not be delivered; its file moves to failed/."""
+    from . import operator
+    led = ctx.writer()
+    try:
+        mid = operator.expire(led, ctx.layout, message_id)
+    finally:
+        led.close()
+    click.echo(f"{mid}: expired; will not be delivered")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def verify(ctx, as_json):
+    """Check archive files against their sha256 and the ledger's hash chain."""
+    from . import operator
+    led = ctx.reader()
+    try:
+        checked, problems = operator.verify(led, ctx.layout)
+    finally:
+        led.close()
+    if as_json:
+        out_json({"checked": checked, "problems": problems, "ok": not problems})
+    else:
+        for p in problems:
+            click.echo(p)
+        click.echo(f"verified {checked} archived message(s): " + ("ok" if not problems else f"{len(problems)} problem(s)"))
+    if problems:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def doctor(ctx, as_json):
+    """Integrity, migrations, durability and ledger-vs-files reconciliation; exit 1 on a problem."""
+    from . import operator
+    led = ctx.reader()
+    try:
+        problems = operator.doctor(led, ctx.layout, holder(ctx.layout.lock))
+        migrations = led.migrations()
+    finally:
+        led.close()
+    if as_json:
+        out_json({"ok": not problems, "problems": problems,
+                  "migrations": [{"version": v, "name": n, "checksum_ok": ok} for v, n, ok in migrations]})
+    else:
+        for p in problems:
+            click.echo(p)
+        click.echo("doctor: " + ("no problems" if not problems else f"{len(problems)} problem(s)"))
+    if problems:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def agents(ctx, as_json):
+    """Each agent: outbox waiting, inbox new/cur, last seen, messages sent/received, last error."""
+    from . import operator
+    led = ctx.reader()
+    try:
+        rows = operator.agents_report(led, ctx.layout, ctx.layout.agent_names(ctx.cfg.agents))
+    finally:
+        led.close()
+    if as_json:
+        out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
+        return
+    click.echo(f"{'AGENT':<16} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6}  {'LAST SEEN':<15} LAST ERROR")
+    for r in rows:
+        click.echo(f"{r['agent']:<16} {r['outbox_waiting']:>6} {r['inbox_new']:>5} {r['inbox_cur']:>5} "
+                   f"{r['sent']:>6} {r['received']:>6}  {views.short_time(r['last_seen']):<15} "
+                   f"{views.clip(r['last_error'] or '', 60)}")
+
+
+@main.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing events as they happen.")
+@click.option("-n", "lines", type=click.IntRange(0), default=20, show_default=True, help="Events to show first.")
+@click.option("--timeout", help="With --follow: stop after this long (e.g. 10m).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
+@pass_ctx
+@handle_errors
+def tail(ctx, follow, lines, timeout, as_json):
+    """relay's lifecycle events as they happen (reads the ledger only)."""
+    led = ctx.reader()
+    stop_at = time.monotonic() + duration(timeout, "--timeout") if timeout else None
+    try:
+        db = led.db
+        last = db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+        seq = max(0, last - lines)
+        while True:
+            for e in db.execute("SELECT e.*, m.sender, m.recipients FROM events e LEFT JOIN messages m "
+                                "ON m.id = e.message_id WHERE e.seq > ? ORDER BY e.seq", (seq,)).fetchall():
+                seq = e["seq"]
+                if as_json:
+                    click.echo(orjson.dumps({"seq": seq, "at": views.when(e["at"]), "id": e["message_id"],
+                                             "event": e["event"], "detail": e["detail"], "actor": e["actor"],
+                                             "from": e["sender"]}).decode())
+                else:
+                    who = f" from {e['sender']}" if e["sender"] else ""
+                    detail = f": {e['detail']}" if e["detail"] else ""
+                    click.echo(f"{views.when(e['at'])}  {e['message_id'] or '-':<26}  {e['event']:<10}{who}{detail}")
+            if not follow or (stop_at is not None and time.monotonic() >= stop_at):
+                return
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        return
+    finally:
+        led.close()
 
 
 @main.command()

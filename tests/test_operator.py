@@ -1,0 +1,170 @@
+"""retry, expire, verify, doctor, agents, tail through the CLI."""
+import json
+import os
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+from relay.cli import main
+
+
+@pytest.fixture
+def cli(tmp_path):
+    runner = CliRunner()
+
+    def run(*args, ok=True):
+        r = runner.invoke(main, ["--root", str(tmp_path), *args], catch_exceptions=False)
+        if ok:
+            assert r.exit_code == 0, r.output
+        assert "Traceback" not in r.output
+        return r
+    run.state = tmp_path / ".relay"
+    run("init", "--agent", "Ann", "--agent", "Ben")
+    return run
+
+
+def drop(cli, sender, name, text):
+    box = cli.state / "outbox" / sender
+    (box / name).write_text(text)
+    os.utime(box / name, (1_700_000_000, 1_700_000_000))
+
+
+def ids(cli, *args):
+    return [r["id"] for r in json.loads(cli("audit", "--json", *args).output)]
+
+
+def db(cli):
+    return sqlite3.connect(cli.state / "ledger.sqlite", isolation_level=None)
+
+
+@pytest.fixture
+def relayed(cli):
+    for i in range(3):
+        drop(cli, "Ann", f"m{i}", f"TO: Ben\n\nbody {i}")
+    drop(cli, "Ann", "bad", "TO: Zed\n\nnobody")
+    cli("run", "--once", "-q")
+    return cli
+
+
+def test_retry_failed_after_fixing_the_cause(relayed):
+    cli = relayed
+    [failed] = ids(cli, "--status", "failed")
+    cli("init", "--agent", "Zed")
+    assert f"{failed}: back to pending" in cli("retry", failed).output
+    assert not list((cli.state / "failed").rglob("*"))[0:0] and not list((cli.state / "failed").rglob("*--bad"))
+    cli("run", "--once", "-q")
+    assert json.loads(cli("show", failed, "--json").output)["status"] == "archived"
+    events = [e["event"] for e in json.loads(cli("show", failed, "--json").output)["events"]]
+    assert "retry" in events and events[-1] == "archived"
+    r = cli("retry", failed, ok=False)
+    assert r.exit_code == 1 and "not failed" in r.output
+    assert cli("retry", ok=False).exit_code == 2
+
+
+def test_retry_all_failed(relayed):
+    out = relayed("retry", "--failed").output
+    assert "back to pending" in out
+
+
+def test_expire_pending_and_failed(cli):
+    cfg_ids = []
+    drop(cli, "Ann", "m", "TO: Ben\n\nnot wanted")
+    led = db(cli)
+    led.execute("INSERT INTO messages (id, sender, name, status, discovered_at) VALUES "
+                "('01AAAAAAAAAAAAAAAAAAAAAAAA', 'Ann', 'm', 'pending', 1)")
+    led.close()
+    out = cli("expire", "01AAAAAAAAAAAAAAAAAAAAAAAA").output
+    assert "expired" in out
+    rec = json.loads(cli("show", "01AAAAAAAAAAAAAAAAAAAAAAAA", "--json").output)
+    assert rec["status"] == "failed" and "expired by operator" in rec["error"]
+    assert rec["events"][-1]["event"] == "expired" and rec["events"][-1]["actor"].startswith("operator")
+    assert (cli.state / rec["failed_path"]).read_text() == "TO: Ben\n\nnot wanted"
+    assert not (cli.state / "outbox/Ann/m").exists()
+    assert cfg_ids == []
+
+
+def test_expire_refuses_archived(relayed):
+    archived = ids(relayed, "--status", "archived")[0]
+    r = relayed("expire", archived, ok=False)
+    assert r.exit_code == 1 and "only pending or failed" in r.output
+
+
+def test_verify_clean_then_catches_each_tampering(relayed):
+    cli = relayed
+    assert "verified 3 archived message(s): ok" in cli("verify").output
+    rows = json.loads(cli("audit", "--json", "--status", "archived").output)
+    a, b, c = rows
+    # a changed archive byte
+    path = cli.state / a["archive_path"]
+    path.write_bytes(path.read_bytes().replace(b"body", b"bodY"))
+    # a removed archive file
+    (cli.state / b["archive_path"]).unlink()
+    r = cli("verify", ok=False)
+    assert r.exit_code == 1
+    assert f"{a['id']}: archive file" in r.output and "does not match its sha256" in r.output
+    assert f"{b['id']}: archive file" in r.output and "missing" in r.output
+
+
+def test_verify_catches_edited_and_deleted_rows(relayed):
+    cli = relayed
+    a, b, c = json.loads(cli("audit", "--json", "--status", "archived").output)
+    led = db(cli)
+    led.execute("UPDATE messages SET sender = 'Mallory' WHERE id = ?", (a["id"],))
+    led.execute("PRAGMA foreign_keys = ON")
+    led.execute("DELETE FROM messages WHERE id = ?", (b["id"],))
+    led.close()
+    r = cli("verify", ok=False)
+    assert f"{a['id']}: its ledger record was altered" in r.output
+    assert f"{b['id']}: its ledger record was deleted" in r.output
+
+
+def test_verify_catches_inserted_record(relayed):
+    led = db(relayed)
+    led.execute("INSERT INTO messages (id, sender, name, status, discovered_at, archive_path) VALUES "
+                "('01BBBBBBBBBBBBBBBBBBBBBBBB', 'Ann', 'x', 'archived', 1, NULL)")
+    led.close()
+    r = relayed("verify", ok=False)
+    assert "01BBBBBBBBBBBBBBBBBBBBBBBB: archived record is not in the hash chain" in r.output
+
+
+def test_verify_passes_after_a_sweep(relayed):
+    cli = relayed
+    drop(cli, "Ann", "later", "TO: Ben\n\nlater")
+    cli("sweep", "--older-than", "0.001s")
+    cli("run", "--once", "-q")
+    out = cli("verify").output
+    assert "verified 1 archived message(s): ok" in out
+
+
+def test_doctor_clean_then_reports_problems(relayed):
+    cli = relayed
+    assert "doctor: no problems" in cli("doctor").output
+    (cli.state / "archive" / "stray").write_text("x")
+    (cli.state / "outbox" / "bad name").mkdir()
+    led = db(cli)
+    led.execute("UPDATE messages SET status = 'processing' WHERE id = (SELECT min(id) FROM messages)")
+    led.close()
+    r = cli("doctor", ok=False)
+    assert r.exit_code == 1
+    assert "archive/stray: a file no ledger record knows" in r.output
+    assert "outbox/bad name: invalid agent name" in r.output
+    assert "left processing by a stopped relay" in r.output
+    doc = json.loads(cli("doctor", "--json", ok=False).output)
+    assert doc["ok"] is False and doc["migrations"][0]["checksum_ok"] is True
+
+
+def test_agents(relayed):
+    rows = {r["agent"]: r for r in json.loads(relayed("agents", "--json").output)}
+    assert rows["Ann"]["sent"] == 4 and rows["Ben"]["received"] == 3 and rows["Ben"]["inbox_new"] == 3
+    assert "unknown recipient Zed" in rows["Ann"]["last_error"]
+    assert "Ann" in relayed("agents").output
+
+
+def test_tail_and_follow_with_a_deadline(relayed):
+    out = relayed("tail", "-n", "100").output
+    assert "discovered" in out and "archived" in out and "failed" in out
+    lines = relayed("tail", "--json", "-n", "3").output.strip().splitlines()
+    assert len(lines) == 3 and json.loads(lines[-1])["event"]
+    followed = relayed("tail", "--follow", "--timeout", "0.3s", "-n", "1").output
+    assert len(followed.strip().splitlines()) == 1
