@@ -25,7 +25,7 @@ from .config import SYSTEM
 from .errors import DurabilityError, MessageRefused, RelayError, TransientError
 from .ids import IdGenerator
 from .inbox import Inbox
-from .layout import Layout, move, valid_agent
+from .layout import Layout, is_inside, move, valid_agent
 from .ledger import Ledger
 from .message import envelope, parse, resolve
 from .outbox import OPEN_FLAGS, Outbox, ignore_lease_breaks
@@ -230,7 +230,8 @@ class Relay:
         return self._known
 
     def _process(self, rows, now, counts):
-        works = [self._take(row, now) for row in rows]
+        rows = self._readable(rows, now, counts)
+        works = [self._take_safely(row, now) for row in rows]
         ready = [w for w in works if not (w.refused or w.error or w.defer)]
         for w in self.inbox.deliver(ready):
             w.delivered = True
@@ -251,6 +252,25 @@ class Relay:
                 if w.archived:
                     w.archived, w.error = False, e
         self.ledger.finish(now, [self._outcome(w, now, counts) for w in works])
+
+    def _readable(self, rows, now, counts):
+        """Rows this build can read; any other is reported with its id and column, failed, and
+        the batch goes on without it."""
+        good, bad = [], []
+        for row in rows:
+            problem = _unreadable(row)
+            if problem is None:
+                good.append(row)
+                continue
+            column, value = problem
+            reason = (f"ledger row {row['id']!r}: column {column} holds {value!r}, which this relay "
+                      "cannot read; the row was skipped")
+            log.error("%s", reason)
+            bad.append({"id": row["id"], "state": "failed", "error": reason, "failed_path": None})
+            counts.failed += 1
+        if bad:
+            self.ledger.finish(now, bad)
+        return good
 
     def _retry_archive(self, now, counts):
         """Archive moves that failed after delivery (disk full, permissions) are tried again."""
@@ -279,6 +299,19 @@ class Relay:
             counts.archived += sum(1 for o in outcomes if o["state"] == "archive")
         nxt = self.ledger.next_archive_due()
         self._next_archive_retry = nxt if nxt is not None else float("inf")
+
+    def _take_safely(self, row, now):
+        """One message's unforeseen failure is logged with its id; the batch goes on."""
+        try:
+            return self._take(row, now)
+        except Exception as e:  # noqa: BLE001 - isolate the message, keep the daemon alive
+            log.exception("%s from %s: unexpected error while reading it", row["id"], row["sender"])
+            spooled = os.path.lexists(self.layout.spool / row["id"])
+            w = Work(id=row["id"], sender=row["sender"], name=row["name"], archive_rel=row["archive_path"],
+                     retries=row["retries"], thorough=True,
+                     path=str(self.layout.spool / row["id"]) if spooled else None)
+            w.error = TransientError(f"unexpected error: {e!r}"[:500])
+            return w
 
     def _take(self, row, now):
         """Take custody of a claimed message's file, read and parse it."""
@@ -332,6 +365,8 @@ class Relay:
             if self.outbox.leases.writers(fd):
                 w.defer = True
                 return
+            if st.st_mode & 0o022:      # the archived original is not writable by group/other
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
             limit = self.config.max_body_bytes + HEADER_ALLOWANCE
             if st.st_size > limit:
                 w.refused = (f"the file is {st.st_size} bytes, over max_body_bytes "
@@ -359,6 +394,9 @@ class Relay:
             if any(n not in known and n not in ("*", "Broadcast", SYSTEM) for n in w.message.to):
                 known = self.known_agents(refresh=True)
             w.recipients = list(w.message.to)
+            cwd = w.message.control.get("cwd")
+            if cwd is not None and not is_inside(self.layout.root / cwd, self.layout.root):
+                raise MessageRefused(f"CWD {cwd!r} is outside the project root {self.layout.root}")
             w.recipients, created = resolve(w.message, w.sender, known, create)
             for name in created:
                 self.layout.make_inbox(name)
@@ -480,6 +518,20 @@ class Relay:
             if deadline is None:
                 return total
             wait(max(0.0, min(deadline - now_fn(), max(self.config.settle, 0.05))))
+
+
+def _unreadable(row):
+    """(column, value) of the first column of a claimed row that this build cannot use."""
+    checks = (("sender", lambda v: isinstance(v, str) and valid_agent(v)),
+              ("name", lambda v: isinstance(v, str) and v and "/" not in v and v not in (".", "..")),
+              ("spooled", lambda v: v in (0, 1)),
+              ("retries", lambda v: isinstance(v, int) and v >= 0),
+              ("attempts", lambda v: isinstance(v, int) and v >= 0),
+              ("archive_path", lambda v: isinstance(v, str) and ".." not in v.split("/")))
+    for column, ok in checks:
+        if not ok(row[column]):
+            return column, row[column]
+    return None
 
 
 def _not_regular(path, st):

@@ -19,6 +19,7 @@ KNOWN_KEYS = ("to", "kind", "thread", "subject", "body") + CONTROL_KEYS
 MAX_HEADER_LINE = 64 * 1024
 MAX_HEADER_BYTES = 256 * 1024
 MAX_RECIPIENTS = 10_000
+MAX_DEPTH = 64
 BOM = b"\xef\xbb\xbf"
 
 
@@ -63,6 +64,8 @@ def _parse_json(text):
         raise MessageRefused(f"invalid JSON: {e}") from None
     if not isinstance(data, dict):
         raise MessageRefused(f"a JSON message must be an object, not {type(data).__name__}")
+    if _depth(data) > MAX_DEPTH:
+        raise MessageRefused(f"invalid JSON: nested deeper than {MAX_DEPTH} levels")
     fields, headers = {}, {}
     for key, value in data.items():
         low = key.lower()
@@ -86,6 +89,21 @@ def _parse_json(text):
         body = ""
     return names, {k: _text(k, v) for k, v in fields.items() if k not in ("to", "body")}, \
         _text("body", body), headers, ("to" in fields)
+
+
+def _depth(value):
+    """Nesting depth of a JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            return depth
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
 
 
 def _parse_header(text):

@@ -11,9 +11,21 @@ def when(ts):
     return iso(ts) if ts is not None else None
 
 
+def recipients(row):
+    """The recipient list of a row; a value this build cannot read is shown as it is."""
+    raw = row["recipients"]
+    if not raw:
+        return []
+    try:
+        value = orjson.loads(raw)
+        return value if isinstance(value, list) else [str(value)]
+    except orjson.JSONDecodeError:
+        return [f"(unreadable: {raw[:40]!r})"]
+
+
 def record(row):
     """A message row as the JSON record of `relay audit --json` (SPEC section 5)."""
-    to = orjson.loads(row["recipients"]) if row["recipients"] else []
+    to = recipients(row)
     return {
         "id": row["id"], "from": row["sender"], "to": to, "kind": row["kind"], "thread": row["thread"],
         "subject": row["subject"], "status": row["status"], "retries": row["retries"], "error": row["error"],
@@ -49,7 +61,7 @@ def table(rows, width=None):
     head = ("ID", "TIME (UTC)", "FROM → TO", "KIND", "THREAD", "STATUS", "SUBJECT / BODY")
     data = []
     for row in rows:
-        to = orjson.loads(row["recipients"]) if row["recipients"] else []
+        to = recipients(row)
         route = f"{row['sender']} → {','.join(to) if to else '?'}"
         data.append([row["id"], short_time(row["discovered_at"]), clip(route, 28), clip(row["kind"] or "", 10),
                      clip(row["thread"] or "", 14), row["status"], row])
