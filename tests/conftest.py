@@ -36,6 +36,16 @@ def no_leaked_threads():
 
 
 @pytest.fixture(autouse=True)
+def restore_logging():
+    """The CLI sets up the `relay` logger (its job in a real process); undo it between tests."""
+    import logging
+    logger = logging.getLogger("relay")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for key in list(os.environ):
         if key.startswith("RELAY_") or key in ("NOTIFY_SOCKET", "WATCHDOG_USEC"):

@@ -162,8 +162,7 @@ def test_another_process_holding_the_write_lock_is_waited_for(project):
 
 
 def test_a_row_this_build_cannot_read_is_reported_and_skipped(project, caplog):
-    import logging
-    logging.getLogger("relay").addHandler(caplog.handler)
+    caplog.set_level("ERROR", logger="relay")
     relay = project.relay()
     relay.ledger.db.execute(
         "INSERT INTO messages (id, sender, name, status, discovered_at, retries) "
@@ -173,5 +172,4 @@ def test_a_row_this_build_cannot_read_is_reported_and_skipped(project, caplog):
     assert total.archived == 1 and len(project.inbox("Ben")) == 1
     row = relay.ledger.get("01CCCCCCCCCCCCCCCCCCCCCCCC")
     assert row["status"] == "failed" and "column retries holds 'many'" in row["error"]
-    logging.getLogger("relay").removeHandler(caplog.handler)
     assert "01CCCCCCCCCCCCCCCCCCCCCCCC" in caplog.text and "column retries" in caplog.text
