@@ -2,6 +2,7 @@
 import datetime
 import logging
 import os
+from pathlib import Path
 
 import orjson
 
@@ -39,10 +40,12 @@ class Archive:
 
     def store(self, src, rel):
         """Move the original at `src` to state_dir/`rel` (the archive path)."""
-        dst = self.layout.state / rel
-        self._dir(dst.parent)
+        dst = f"{self.layout.state}/{rel}"
+        parent = os.path.dirname(dst)
+        if parent not in self._made:
+            self._dir(Path(parent))
         move(src, dst)
-        self.syncer.dir_changed(dst.parent)
+        self.syncer.dir_changed(parent)
         self.syncer.dir_changed(os.path.dirname(src))
         return dst
 

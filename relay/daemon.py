@@ -78,6 +78,7 @@ class Work:
     archive_rel: str
     retries: int
     thorough: bool
+    discovered_at: float = None
     path: str = None            # where the file is now (spool, or outbox when not regular)
     refused: str = None         # permanent reason
     error: Exception = None     # transient or durability error
@@ -108,6 +109,7 @@ class Relay:
         self.inbox = Inbox(self.layout, self.syncer)
         self.archive = Archive(self.layout, self.syncer)
         self.outbox = Outbox(self.layout, config.settle)
+        self._spool, self._outbox = str(self.layout.spool), str(self.layout.outbox)
         self.ids = IdGenerator()
         self.hints = collections.deque()        # (kind, sender, path) from the watcher
         self.wake = threading.Event()
@@ -316,14 +318,15 @@ class Relay:
     def _take(self, row, now):
         """Take custody of a claimed message's file, read and parse it."""
         w = Work(id=row["id"], sender=row["sender"], name=row["name"], archive_rel=row["archive_path"],
-                 retries=row["retries"], thorough=row["attempts"] > 1)
-        spool = self.layout.spool / w.id
+                 retries=row["retries"], thorough=row["attempts"] > 1, discovered_at=row["discovered_at"])
+        spool = f"{self._spool}/{w.id}"
         if row["spooled"]:
             if not os.path.lexists(spool):
                 w.refused = "the message file vanished from relay's spool before it was delivered"
                 return w
         else:
-            src = self.layout.outbox / w.sender / w.name
+            src_dir = f"{self._outbox}/{w.sender}"
+            src = f"{src_dir}/{w.name}"
             try:
                 st = os.lstat(src)
             except FileNotFoundError:
@@ -334,7 +337,7 @@ class Relay:
                 w.error = TransientError(f"cannot look at outbox/{w.sender}/{w.name}: {e.strerror}")
                 return w
             if not stat.S_ISREG(st.st_mode):
-                w.path = str(src)
+                w.path = src
                 w.refused = _not_regular(src, st)
                 return w
             try:
@@ -345,9 +348,9 @@ class Relay:
             except OSError as e:
                 w.error = TransientError(f"cannot take outbox/{w.sender}/{w.name}: {e.strerror}")
                 return w
-            self.syncer.dir_changed(src.parent)
-            self.syncer.dir_changed(self.layout.spool)
-        w.path = str(spool)
+            self.syncer.dir_changed(src_dir)
+            self.syncer.dir_changed(self._spool)
+        w.path = spool
         self._read(w, now)
         return w
 
@@ -444,7 +447,8 @@ class Relay:
             if w.archived:
                 counts.archived += 1
                 log.info("%s delivered from %s to %s; archived as %s", w.id, w.sender, to, w.archive_rel)
-                return {**fields, "state": "archived", "archive_path": w.archive_rel}
+                return {**fields, "state": "archived", "archive_path": w.archive_rel, "sender": w.sender,
+                        "discovered_at": w.discovered_at}
             log.warning("%s delivered from %s to %s; archive move failed, will retry: %s",
                         w.id, w.sender, to, w.error)
             return {**fields, "state": "delivered", "archive_path": w.archive_rel, "error": str(w.error),

@@ -55,19 +55,21 @@ class Inbox:
         Sets item.error to a TransientError or DurabilityError where delivery failed and
         returns the items delivered to every recipient (their envelopes durable in new/).
         """
-        staged = []   # (item, tmp path, new path)
+        staged = []   # (item, tmp path, new/ directory, new path)
+        inbox = str(self.layout.inbox)
         for item in items:
             mine = []
+            name = f"{item.id}.json"
             try:
                 for r in item.recipients:
-                    base = self.layout.inbox / r
-                    if self.holder(r, item.id, item.thorough):
-                        if item.thorough:   # a crash between link and unlink left the tmp file
-                            _unlink_quietly(base / "tmp" / f"{item.id}.json")
+                    base = f"{inbox}/{r}"
+                    # A message claimed for the first time has a new id: no inbox can hold it yet.
+                    if item.thorough and self.holder(r, item.id, True):
+                        _unlink_quietly(f"{base}/tmp/{name}")   # a crash between link and unlink
                         continue
-                    tmp = base / "tmp" / f"{item.id}.json"
-                    mine.append((item, tmp, base / "new" / f"{item.id}.json"))
-                    self._write(tmp, item.envelope)
+                    tmp = f"{base}/tmp/{name}"
+                    mine.append((item, tmp, f"{base}/new", f"{base}/new/{name}"))
+                    self._write(tmp, item.envelope, r)
             except OSError as e:
                 item.error = _transient(e, f"writing the envelope for {r}")
             except DurabilityError as e:
@@ -82,7 +84,7 @@ class Inbox:
         except DurabilityError as e:
             self._fail_all(live, staged, e)
             return []
-        for item, tmp, new in staged:
+        for item, tmp, new_dir, new in staged:
             if item.error:
                 continue
             try:
@@ -91,9 +93,9 @@ class Inbox:
                 except FileExistsError:
                     pass
                 os.unlink(tmp)
-                self.syncer.dir_changed(new.parent)
+                self.syncer.dir_changed(new_dir)
             except OSError as e:
-                item.error = _transient(e, f"linking {new.name} into {new.parent}")
+                item.error = _transient(e, f"linking {os.path.basename(new)} into {new_dir}")
         live = [i for i in items if not i.error]
         try:
             self.syncer.flush("inbox new/ directories")
@@ -103,11 +105,11 @@ class Inbox:
             return []
         return live
 
-    def _write(self, path, data):
+    def _write(self, path, data, recipient):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
         except FileNotFoundError:
-            self.layout.make_inbox(path.parent.parent.name)
+            self.layout.make_inbox(recipient)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
         try:
             view = memoryview(data)
@@ -118,8 +120,8 @@ class Inbox:
             os.close(fd)
 
     def _discard(self, staged):
-        for _, tmp, _ in staged:
-            _unlink_quietly(tmp)
+        for entry in staged:
+            _unlink_quietly(entry[1])
 
     def _fail_all(self, live, staged, error):
         for item in live:

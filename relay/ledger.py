@@ -61,7 +61,7 @@ CREATE TABLE messages (
 );
 CREATE UNIQUE INDEX messages_unclaimed_path ON messages(sender, name)
     WHERE spooled = 0 AND status IN ('pending', 'processing');
-CREATE INDEX messages_due ON messages(status, next_attempt_at);
+CREATE INDEX messages_due ON messages(status, next_attempt_at, id);
 CREATE INDEX messages_archived_at ON messages(archived_at) WHERE status = 'archived';
 CREATE INDEX messages_failed_at ON messages(failed_at) WHERE status = 'failed';
 CREATE INDEX messages_thread ON messages(thread, id);
@@ -222,13 +222,21 @@ class Ledger:
         db = self.db
         registered = []
         with self.transaction():
-            for mid, sender, name, sent_at in found:
-                row = db.execute(
+            if found:
+                cur = db.executemany(
                     "INSERT INTO messages (id, sender, name, status, sent_at, discovered_at, next_attempt_at) "
-                    "VALUES (?, ?, ?, 'pending', ?, ?, 0) ON CONFLICT DO NOTHING RETURNING id",
-                    (mid, sender, name, sent_at, now)).fetchone()
-                if row:
-                    registered.append((mid, sender, name))
+                    "VALUES (?, ?, ?, 'pending', ?, ?, 0) ON CONFLICT DO NOTHING",
+                    [(mid, sender, name, sent_at, now) for mid, sender, name, sent_at in found])
+                if cur.rowcount == len(found):
+                    registered = [(mid, sender, name) for mid, sender, name, _ in found]
+                else:   # some were registered already: find which rows are ours
+                    ours = set()
+                    ids = [f[0] for f in found]
+                    for i in range(0, len(ids), 500):
+                        chunk = ids[i:i + 500]
+                        ours.update(r[0] for r in db.execute(
+                            f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+                    registered = [(mid, sender, name) for mid, sender, name, _ in found if mid in ours]
             if registered:
                 self._events([(mid, now, "discovered", f"outbox/{s}/{n}") for mid, s, n in registered])
                 self._seen({s for _, s, _ in registered}, now)
@@ -262,9 +270,14 @@ class Ledger:
         db = self.db
         events = []
         with self.transaction():
+            bulk = [o for o in outcomes if o["state"] == "archived" and "discovered_at" in o]
+            if bulk:
+                self._archived(now, bulk, events)
             for o in outcomes:
                 state = o["state"]
                 mid = o["id"]
+                if state == "archived" and "discovered_at" in o:
+                    continue
                 if state in ("archived", "delivered"):
                     db.execute(
                         "UPDATE messages SET status = :status, recipients = :recipients, kind = :kind, "
@@ -325,6 +338,36 @@ class Ledger:
                     raise ValueError(f"unknown outcome state {state!r}")
             self._events([e for e in events])
 
+    def _archived(self, now, outcomes, events):
+        """The common case of a batch, in bulk: delivered to everyone and archived."""
+        db = self.db
+        db.executemany(
+            "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
+            "body = ?, headers = ?, size = ?, sha256 = ?, sent_at = ?, delivered_at = ?, archived_at = ?, "
+            "spooled = 0, error = NULL, archive_path = ?, next_attempt_at = 0 WHERE id = ?",
+            [(o["recipients"], o["kind"], o["thread"], o["subject"], o["body"], o["headers"], o["size"],
+              o["sha256"], o["sent_at"], now, now, o["archive_path"], o["id"]) for o in outcomes])
+        deliveries, everyone, links = [], set(), []
+        if self._head is None:
+            self._head = self.head()
+        seq, prev = self._head
+        for o in outcomes:
+            mid = o["id"]
+            recipients = orjson.loads(o["recipients"])
+            everyone.update(recipients)
+            deliveries.extend((mid, r, now) for r in recipients)
+            events.extend((mid, now, "delivered", r) for r in recipients)
+            events.append((mid, now, "archived", o["archive_path"]))
+            seq += 1
+            prev = chain_hash(prev, {"id": mid, "sender": o["sender"], "recipients": o["recipients"],
+                                     "discovered_at": o["discovered_at"], "delivered_at": now,
+                                     "archived_at": now, "sha256": o["sha256"], "archive_path": o["archive_path"]})
+            links.append((seq, mid, prev))
+        db.executemany("INSERT OR IGNORE INTO deliveries VALUES (?, ?, ?)", deliveries)
+        db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
+        self._head = (seq, prev)
+        self._seen(everyone, now)
+
     # -- hash chain -------------------------------------------------------------------------
 
     def head(self):
@@ -336,6 +379,7 @@ class Ledger:
         return (cp["upto"], cp["head"]) if cp else (0, GENESIS)
 
     def _chain(self, mid):
+        """Append one archived record to the chain (the bulk path does this in _archived)."""
         if self._head is None:
             self._head = self.head()
         seq, prev = self._head

@@ -163,10 +163,10 @@ def test_transient_error_backs_off_then_delivers(project, clock, monkeypatch):
     real = relay.inbox._write
     full = {"on": True}
 
-    def write(path, data):
+    def write(path, data, recipient):
         if full["on"]:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(path, data)
+        return real(path, data, recipient)
 
     monkeypatch.setattr(relay.inbox, "_write", write)
     counts = relay.step()
@@ -186,7 +186,7 @@ def test_retries_exhausted_fails(project, clock, monkeypatch):
     relay = project.relay(retry_backoff="1s", max_retries=2)
     project.drop("Ann", "m", "TO: Ben\n\nx")
 
-    def denied(path, data):
+    def denied(path, data, recipient):
         raise OSError(errno.EACCES, "Permission denied", str(path))
 
     monkeypatch.setattr(relay.inbox, "_write", denied)
@@ -333,11 +333,11 @@ def test_every_transition_recorded(project, clock, monkeypatch):
     real = relay.inbox._write
     calls = {"n": 0}
 
-    def once_full(path, data):
+    def once_full(path, data, recipient):
         calls["n"] += 1
         if calls["n"] == 1:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, data)
+        return real(path, data, recipient)
 
     monkeypatch.setattr(relay.inbox, "_write", once_full)
     relay.step()
