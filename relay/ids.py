@@ -9,12 +9,15 @@ import threading
 ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
+_PAIRS = [a + b for a in ALPHABET for b in ALPHABET]   # 10 bits -> 2 characters
+
+
 def _encode(value, length):
-    chars = []
-    for _ in range(length):
-        chars.append(ALPHABET[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
+    """`length` (even) base32 characters of `value`, most significant first."""
+    out = []
+    for shift in range(5 * (length - 2), -1, -10):
+        out.append(_PAIRS[(value >> shift) & 1023])
+    return "".join(out)
 
 
 class IdGenerator:

@@ -35,9 +35,19 @@ class Message:
     format: str          # "header" or "json"
 
 
+_iso_second = [None, ""]
+
+
 def iso(ts):
-    """UTC ISO 8601 with microseconds and a Z."""
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """UTC ISO 8601 with microseconds and a Z (the formatted second is reused)."""
+    second = int(ts // 1)
+    micro = int(round((ts - second) * 1e6))
+    if micro >= 1_000_000:
+        second, micro = second + 1, micro - 1_000_000
+    if _iso_second[0] != second:
+        _iso_second[:] = [second, datetime.datetime.fromtimestamp(second, datetime.timezone.utc)
+                          .strftime("%Y-%m-%dT%H:%M:%S")]
+    return f"{_iso_second[1]}.{micro:06d}Z"
 
 
 def _kind_from_name(filename):
