@@ -610,6 +610,25 @@ def tail(ctx, follow, lines, timeout, as_json):
 
 
 @main.command()
+@click.option("--since", help="Messages discovered since (a date, or a duration meaning that long ago).")
+@click.option("--html", "html_file", required=True, type=click.Path(dir_okay=False, writable=True),
+              help="Write the page to this file.")
+@pass_ctx
+@handle_errors
+def report(ctx, since, html_file):
+    """One self-contained HTML page: traffic matrix, messages per hour, failures, threads."""
+    from . import report as report_mod
+    led = ctx.reader()
+    try:
+        data = report_mod.collect(led, moment(since, "--since"))
+    finally:
+        led.close()
+    page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
+    Path(html_file).write_text(page, encoding="utf-8")
+    click.echo(f"wrote {html_file}")
+
+
+@main.command()
 @click.option("--dir", "base", type=click.Path(file_okay=False), help="Where to measure (default: a temp dir).")
 @click.option("--messages", type=click.IntRange(1), default=5000, show_default=True, help="Backlog size.")
 @click.option("--agents", type=click.IntRange(2), default=20, show_default=True, help="Agents in the backlog.")

@@ -1,0 +1,109 @@
+"""relay report: the page's numbers, and the page rendered in a real headless browser."""
+import os
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+
+import pytest
+from click.testing import CliRunner
+
+from relay.cli import main
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.fixture
+def page(project, tmp_path):
+    relay = project.relay(agents=("Ann", "Ben", "Cy"))
+    for i in range(3):
+        project.drop("Ann", f"a{i}", f"TO: Ben\nTHREAD: plan\n\nhello {i}")
+    project.drop("Ben", "b", "TO: Ann, Cy\nTHREAD: plan\n\nreply")
+    project.drop("Cy", "c", "TO: Zed\nTHREAD: <b>odd</b>\n\nlost")
+    relay.drain()
+    out = tmp_path / "report.html"
+    r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def cells(html, table):
+    body = re.search(rf"<table id=['\"]{table}['\"]>(.*?)</table>", html, re.S).group(1)
+    return [[re.sub("<[^>]+>", "", c) for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", body)]
+
+
+def test_report_numbers(page):
+    html = page.read_text()
+    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "") and "<script" not in html
+    matrix = cells(html, "matrix")
+    assert matrix[0] == ["from \\ to", "Ann", "Ben", "Cy", "total"]
+    assert ["Ann", "", "3", "", "3"] in matrix and ["Ben", "1", "", "1", "2"] in matrix
+    failures = cells(html, "failures")
+    assert len(failures) == 2 and failures[1][1:3] == ["Cy", "c"] and "unknown recipient Zed" in failures[1][3]
+    assert "&lt;b&gt;odd&lt;/b&gt;" in html and "<b>odd</b>" not in html
+    assert "<svg id='hours'" in html and "<title>" in html
+    assert re.search(r"<td>plan</td><td class='n'>4</td>", html)
+
+
+def _png_pixels(path):
+    """A tiny PNG decoder (8-bit RGB/RGBA, non-interlaced): (width, height, rows of bytes, channels)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", chunk[:10])
+            assert depth == 8 and color in (2, 6)
+            channels = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    rows, prev = [], bytearray(stride)
+    for y in range(height):
+        f = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b = prev[i]
+            c = prev[i - channels] if i >= channels else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    return width, height, rows, channels
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (Debian package `chromium`); .ci/run installs it")
+def test_report_renders_in_a_headless_browser(page, tmp_path):
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    url = page.as_uri()
+    shot = tmp_path / "shot.png"
+    subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1000,1400", url],
+                   capture_output=True, timeout=120, check=True)
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    matrix = cells(dom, "matrix")
+    assert ["Ann", "", "3", "", "3"] in matrix and ["Ben", "1", "", "1", "2"] in matrix
+    width, height, rows, ch = _png_pixels(shot)
+    assert (width, height) == (1000, 1400)
+    bar = bytes((43, 108, 176))             # the hour bars' fill, #2b6cb0
+    bar_pixels = sum(row[i:i + 3] == bar for row in rows for i in range(0, len(row), ch))
+    dark = sum(1 for row in rows[:200] for i in range(0, len(row), ch) if row[i] < 100)
+    assert bar_pixels > 200, "the per-hour chart was not painted"
+    assert dark > 500, "no text was painted"
