@@ -137,3 +137,36 @@ def test_sigkill_then_restart_delivers_everything_once(daemon):
     bodies = sorted(e["body"] for e in again.inbox("Ben"))
     assert bodies == sorted(f"message {i}" for i in range(200))
     assert not list(box.iterdir()) and not list((d.state / "spool").iterdir())
+
+
+def test_sighup_reloads_and_refuses_a_bad_config(daemon):
+    d = daemon()
+    d.ready()
+    toml = d.state / "relay.toml"
+    toml.write_text("retention = 'forever'\n")
+    d.proc.send_signal(signal.SIGHUP)
+    rename_in(d.state / "outbox" / "Ann", "m1", "TO: Ben\n\nstill running")
+    wait_for(lambda: d.inbox("Ben"), what="delivery after a refused reload")
+    toml.write_text("retention = '2d'\n")
+    d.proc.send_signal(signal.SIGHUP)
+    rename_in(d.state / "outbox" / "Ann", "m2", "TO: Ben\n\nafter reload")
+    wait_for(lambda: len(d.inbox("Ben")) == 2, what="delivery after a good reload")
+    code, err = d.stop()
+    assert code == 0
+    assert "refused, the old one stays" in err and "bad value for 'retention'" in err
+    assert "configuration reloaded" in err
+
+
+def test_second_signal_stops_at_once_and_restart_recovers(daemon):
+    d = daemon()
+    d.ready()
+    d.proc.send_signal(signal.SIGTERM)
+    d.proc.send_signal(signal.SIGTERM)
+    d.proc.wait(timeout=15)
+    assert d.proc.returncode in (0, 1)
+    d.sock.close()
+    again = daemon()
+    again.ready()
+    rename_in(again.state / "outbox" / "Ann", "m", "TO: Ben\n\nafter")
+    wait_for(lambda: again.inbox("Ben"), what="delivery after restart")
+    assert again.stop()[0] == 0
