@@ -128,6 +128,18 @@ def out_json(doc):
     click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
 
 
+def verdict(as_json, problems, extra, summary):
+    """Print one line per problem and a summary (or JSON); exit 1 when there is a problem."""
+    if as_json:
+        out_json({"ok": not problems, "problems": problems, **extra})
+    else:
+        for p in problems:
+            click.echo(p)
+        click.echo(summary)
+    if problems:
+        sys.exit(1)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="relay")
 @click.option("--root", type=click.Path(file_okay=False), help="Project root (env RELAY_ROOT; default: the current directory).")
@@ -269,14 +281,11 @@ def status(ctx, as_json):
     oldest = None
     pragmas = {}
     if with_ledger:
-        led = ctx.reader()
-        try:
+        with ctx.reader() as led:
             counts = led.counts()
             first = led.oldest_pending()
             oldest = round(time.time() - first, 3) if first is not None else None
             pragmas = led.pragmas()
-        finally:
-            led.close()
         pragmas["synchronous"] = "FULL" if cfg.durability == "full" else "NORMAL"
     doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
            "daemon": {"running": pid is not None, "pid": pid}, "counts": counts,
@@ -321,8 +330,7 @@ def _audit_options(fn):
 @handle_errors
 def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limit, as_json, jsonl, fmt):
     """The ledger, newest first, for humans (a thread: oldest first)."""
-    led = ctx.reader()
-    try:
+    with ctx.reader() as led:
         if limit is None and not (as_json or jsonl or fmt == "csv"):
             limit = 50
         rows = led.audit(sender=sender, recipient=recipient, status=status, kind=kind, thread=thread,
@@ -349,8 +357,6 @@ def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limi
                 click.echo("no messages match")
             else:
                 click.echo(views.table(rows))
-    finally:
-        led.close()
 
 
 @main.command()
@@ -475,13 +481,10 @@ def retry(ctx, ids, all_failed):
     from . import operator
     if not ids and not all_failed:
         raise click.UsageError("name message ids, or --failed for all failed messages")
-    led = ctx.writer()
-    try:
+    with ctx.writer() as led:
         if all_failed:
             ids = [r["id"] for r in led.audit(status="failed")]
         done, problems = operator.retry(led, ctx.layout, ids)
-    finally:
-        led.close()
     for mid in done:
         click.echo(f"{mid}: back to pending")
     for p in problems:
@@ -497,11 +500,8 @@ def retry(ctx, ids, all_failed):
 def expire(ctx, message_id):
     """A pending or failed message will not be delivered; its file moves to failed/."""
     from . import operator
-    led = ctx.writer()
-    try:
+    with ctx.writer() as led:
         mid = operator.expire(led, ctx.layout, message_id)
-    finally:
-        led.close()
     click.echo(f"{mid}: expired; will not be delivered")
 
 
@@ -512,19 +512,10 @@ def expire(ctx, message_id):
 def verify(ctx, as_json):
     """Check archive files against their sha256 and the ledger's hash chain."""
     from . import operator
-    led = ctx.reader()
-    try:
+    with ctx.reader() as led:
         checked, problems = operator.verify(led, ctx.layout)
-    finally:
-        led.close()
-    if as_json:
-        out_json({"checked": checked, "problems": problems, "ok": not problems})
-    else:
-        for p in problems:
-            click.echo(p)
-        click.echo(f"verified {checked} archived message(s): " + ("ok" if not problems else f"{len(problems)} problem(s)"))
-    if problems:
-        sys.exit(1)
+    verdict(as_json, problems, {"checked": checked},
+            f"verified {checked} archived message(s): " + ("ok" if not problems else f"{len(problems)} problem(s)"))
 
 
 @main.command()
@@ -534,21 +525,12 @@ def verify(ctx, as_json):
 def doctor(ctx, as_json):
     """Integrity, migrations, durability and ledger-vs-files reconciliation; exit 1 on a problem."""
     from . import operator
-    led = ctx.reader()
-    try:
+    with ctx.reader() as led:
         problems = operator.doctor(led, ctx.layout, holder(ctx.layout.lock))
         migrations = led.migrations()
-    finally:
-        led.close()
-    if as_json:
-        out_json({"ok": not problems, "problems": problems,
-                  "migrations": [{"version": v, "name": n, "checksum_ok": ok} for v, n, ok in migrations]})
-    else:
-        for p in problems:
-            click.echo(p)
-        click.echo("doctor: " + ("no problems" if not problems else f"{len(problems)} problem(s)"))
-    if problems:
-        sys.exit(1)
+    verdict(as_json, problems,
+            {"migrations": [{"version": v, "name": n, "checksum_ok": ok} for v, n, ok in migrations]},
+            "doctor: " + ("no problems" if not problems else f"{len(problems)} problem(s)"))
 
 
 @main.command()
@@ -558,11 +540,8 @@ def doctor(ctx, as_json):
 def agents(ctx, as_json):
     """Each agent: outbox waiting, inbox new/cur, last seen, messages sent/received, last error."""
     from . import operator
-    led = ctx.reader()
-    try:
+    with ctx.reader() as led:
         rows = operator.agents_report(led, ctx.layout, ctx.layout.agent_names(ctx.cfg.agents))
-    finally:
-        led.close()
     if as_json:
         out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
         return
@@ -618,11 +597,8 @@ def tail(ctx, follow, lines, timeout, as_json):
 def report(ctx, since, html_file):
     """One self-contained HTML page: traffic matrix, messages per hour, failures, threads."""
     from . import report as report_mod
-    led = ctx.reader()
-    try:
+    with ctx.reader() as led:
         data = report_mod.collect(led, moment(since, "--since"))
-    finally:
-        led.close()
     page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
     Path(html_file).write_text(page, encoding="utf-8")
     click.echo(f"wrote {html_file}")

@@ -147,6 +147,12 @@ class Ledger:
     def close(self):
         self.db.close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     # -- schema -----------------------------------------------------------------------------
 
     def _migrate(self):

@@ -70,7 +70,7 @@ def _hours(rows):
     span = list(range(first, last + 1))[-72:]
     counts = {r["h"]: r["n"] for r in rows}
     top = max(counts.get(h, 0) for h in span) or 1
-    w, h_px, bar = 720, 160, max(4, 720 // max(1, len(span)))
+    w, h_px, bar = 720, 160, max(4, min(48, 720 // max(1, len(span))))
     parts = [f"<svg id='hours' xmlns='http://www.w3.org/2000/svg' width='{w + 60}' height='{h_px + 40}' "
              f"role='img' aria-label='messages per hour'>",
              f"<line x1='40' y1='{h_px}' x2='{w + 40}' y2='{h_px}' stroke='#718096'/>",
