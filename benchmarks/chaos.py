@@ -67,7 +67,7 @@ def start(root):
 
 def settled(state):
     outbox_left = [p for p in (state / "outbox").rglob("*") if p.is_file()]
-    if outbox_left or list((state / "spool").iterdir()):
+    if outbox_left or [p for p in (state / "spool").rglob("*") if p.is_file()]:
         return False
     db = sqlite3.connect(f"file:{state / 'ledger.sqlite'}?mode=ro", uri=True)
     try:
@@ -110,7 +110,7 @@ def run(cycles, messages, seed, keep=False, echo=print):
     lost = sum(1 for k in expected if held[k] == 0)
     duplicated = sum(1 for k, n in held.items() if n > 1)
     unexpected = sum(1 for k in held if k not in expected)
-    left = len([p for p in (state / "outbox").rglob("*") if p.is_file()]) + len(list((state / "spool").iterdir()))
+    left = len([p for sub in ("outbox", "spool") for p in (state / sub).rglob("*") if p.is_file()])
     result = {"kills": kills, "messages": messages, "deliveries": sum(expected.values()), "lost": lost,
               "duplicated": duplicated, "unexpected": unexpected, "left": left, "dir": str(root)}
     echo(json.dumps(result))

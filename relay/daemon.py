@@ -135,32 +135,42 @@ class Relay:
 
     def recover(self, now=None):
         """Crash recovery: processing rows back to pending with their file put where the
-        pipeline looks for it; orphan tmp files removed. Returns the number of rows reset."""
+        pipeline looks for it; spooled files with no ledger record (a power loss between the
+        claim and its sync) registered again; orphan tmp files removed. Returns the number of
+        messages recovered."""
         now = self.clock() if now is None else now
-        rows = self.ledger.processing()
         reset = []
-        for row in rows:
-            mid = row["id"]
-            spool = self.layout.spool / mid
-            spooled = spool.exists()
+        for row in self.ledger.processing():
+            mid, sender, name = row["id"], row["sender"], row["name"]
+            spool = self.layout.spool_path(sender, mid, name)
+            spooled = os.path.lexists(spool)
             if not spooled:
                 # The archive or quarantine move may have happened before the ledger recorded
                 # it: put the file back in the spool; re-delivery is idempotent.
-                for rel in (row["archive_path"], self.layout.failed_rel(row["sender"], mid, row["name"])):
+                planned = row["archive_path"] or ""
+                day = planned.split("/")[1] if planned.count("/") >= 3 else None
+                for rel in ((self.layout.archive_rel(day, sender, mid, name) if day else None),
+                            self.layout.failed_rel(sender, mid, name)):
                     if rel and os.path.lexists(self.layout.state / rel):
+                        os.makedirs(os.path.dirname(spool), exist_ok=True)
                         move(self.layout.state / rel, spool)
                         spooled = True
                         break
             reset.append((mid, spooled))
-            log.warning("%s from %s was left processing by a stopped relay: back to pending", mid, row["sender"])
-        if reset:
+            log.warning("%s from %s was left processing by a stopped relay: back to pending", mid, sender)
+        orphans = [(mid, sender, name) for sender, mid, name, _ in self.layout.spooled()
+                   if self.ledger.get(mid) is None and valid_agent(sender)]
+        for mid, sender, name in orphans:
+            log.warning("%s from %s was in the spool with no ledger record: registered again", mid, sender)
+        if reset or orphans:
             self.syncer.dir_changed(self.layout.spool)
             self.syncer.flush("recovery moves")
             self.ledger.reset(reset, now)
+            self.ledger.readopt(orphans, now)
         self.remove_orphans(now)
         self._scan = None
         self._next_rescan = 0.0
-        return len(reset)
+        return len(reset) + len(orphans)
 
     def remove_orphans(self, now):
         removed = 0
@@ -182,8 +192,11 @@ class Relay:
         counts = Counts()
         found = self._gather(now)
         batch = self.batch
+        # With one file-system sync per batch, that sync also makes this transaction durable
+        # before anything depends on it: the commit need not fsync the WAL on its own.
         registered, claimed = self.ledger.register_and_claim(
-            [(self.ids.new(now), f.sender, f.name, f.sent_at) for f in found], now, batch, day_of(now))
+            [(self.ids.new(now), f.sender, f.name, f.sent_at) for f in found], now, batch, day_of(now),
+            lazy=self.syncer.durable and self.syncer.mode == "fs")
         counts.registered, counts.claimed = len(registered), len(claimed)
         for mid, sender, name in registered:
             log.info("%s discovered: outbox/%s/%s", mid, sender, name)
@@ -280,7 +293,7 @@ class Relay:
         outcomes = []
         for row in rows:
             rel = row["archive_path"] or self.layout.archive_rel(day_of(now), row["sender"], row["id"], row["name"])
-            spool = self.layout.spool / row["id"]
+            spool = self.layout.spool_path(row["sender"], row["id"], row["name"])
             try:
                 if os.path.lexists(spool):
                     self.archive.store(spool, rel)
@@ -308,10 +321,9 @@ class Relay:
             return self._take(row, now)
         except Exception as e:  # noqa: BLE001 - isolate the message, keep the daemon alive
             log.exception("%s from %s: unexpected error while reading it", row["id"], row["sender"])
-            spooled = os.path.lexists(self.layout.spool / row["id"])
+            spool = self.layout.spool_path(row["sender"], row["id"], row["name"])
             w = Work(id=row["id"], sender=row["sender"], name=row["name"], archive_rel=row["archive_path"],
-                     retries=row["retries"], thorough=True,
-                     path=str(self.layout.spool / row["id"]) if spooled else None)
+                     retries=row["retries"], thorough=True, path=spool if os.path.lexists(spool) else None)
             w.error = TransientError(f"unexpected error: {e!r}"[:500])
             return w
 
@@ -319,7 +331,7 @@ class Relay:
         """Take custody of a claimed message's file, read and parse it."""
         w = Work(id=row["id"], sender=row["sender"], name=row["name"], archive_rel=row["archive_path"],
                  retries=row["retries"], thorough=row["attempts"] > 1, discovered_at=row["discovered_at"])
-        spool = f"{self._spool}/{w.id}"
+        spool = self.layout.spool_path(w.sender, w.id, w.name)
         if row["spooled"]:
             if not os.path.lexists(spool):
                 w.refused = "the message file vanished from relay's spool before it was delivered"
@@ -341,7 +353,15 @@ class Relay:
                 w.refused = _not_regular(src, st)
                 return w
             try:
-                move(src, spool)
+                try:
+                    move(src, spool)
+                except FileNotFoundError:
+                    if os.path.lexists(src):        # the sender's spool directory is new
+                        os.makedirs(os.path.dirname(spool), exist_ok=True)
+                        self.syncer.dir_changed(self._spool)
+                        move(src, spool)
+                    else:
+                        raise
             except FileNotFoundError:
                 w.refused = f"outbox/{w.sender}/{w.name} disappeared before relay could read it"
                 return w
@@ -349,7 +369,7 @@ class Relay:
                 w.error = TransientError(f"cannot take outbox/{w.sender}/{w.name}: {e.strerror}")
                 return w
             self.syncer.dir_changed(src_dir)
-            self.syncer.dir_changed(self._spool)
+            self.syncer.dir_changed(os.path.dirname(spool))
         w.path = spool
         self._read(w, now)
         return w
@@ -459,7 +479,8 @@ class Relay:
         log.warning("%s from %s: %s; attempt %d of %d failed, next in %.1fs", w.id, w.sender, w.error,
                     retries, self.config.max_retries, backoff)
         return {"id": w.id, "state": "retry", "retries": retries, "error": str(w.error),
-                "next_attempt_at": now + backoff, "spooled": w.path == str(self.layout.spool / w.id)}
+                "next_attempt_at": now + backoff,
+                "spooled": w.path == self.layout.spool_path(w.sender, w.id, w.name)}
 
     # -- retention --------------------------------------------------------------------------
 

@@ -99,10 +99,41 @@ class Layout:
         return names
 
     def archive_rel(self, day, sender, message_id, name):
-        return f"archive/{day}/{sender}/{message_id}--{name}"
+        return f"archive/{day}/{sender}/{message_id}--{fit(name)}"
 
     def failed_rel(self, sender, message_id, name):
-        return f"failed/{sender}/{message_id}--{name}"
+        return f"failed/{sender}/{message_id}--{fit(name)}"
+
+    def spool_path(self, sender, message_id, name):
+        """Where a claimed message waits while relay delivers it. The name says whose and
+        which message it is, so a file found there with no ledger record can be registered
+        again after a power loss."""
+        return f"{self.spool}/{sender}/{message_id}--{fit(name)}"
+
+    def spooled(self):
+        """(sender, id, name, path) of every file in the spool."""
+        try:
+            senders = list(os.scandir(self.spool))
+        except FileNotFoundError:
+            return
+        for d in senders:
+            if not d.is_dir(follow_symlinks=False):
+                continue
+            for e in os.scandir(d.path):
+                mid, sep, name = e.name.partition("--")
+                if sep and len(mid) == 26:
+                    yield d.name, mid, name, e.path
+
+
+MAX_NAME = 255 - 26 - 2 - len(".error.json")
+
+
+def fit(name):
+    """A file name short enough to stand after `<id>--` (and before `.error.json`)."""
+    data = name.encode("utf-8", "surrogateescape")
+    if len(data) <= MAX_NAME:
+        return name
+    return data[:MAX_NAME].decode("utf-8", "ignore")
 
 
 def fsync_dir(path):

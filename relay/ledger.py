@@ -219,12 +219,25 @@ class Ledger:
 
     # -- the pipeline ----------------------------------------------------------------------
 
-    def register_and_claim(self, found, now, limit, day):
+    def register_and_claim(self, found, now, limit, day, lazy=False):
         """One transaction: insert newly found files as pending, claim up to `limit` due rows.
 
         `found` is a list of (id, sender, name, sent_at). A file already registered at the same
         outbox path (not yet in relay's custody) is skipped. Returns (registered ids, claimed rows).
+        `lazy`: commit without syncing the WAL (the caller syncs the file system before anything
+        depends on this transaction).
         """
+        db = self.db
+        registered = []
+        if lazy and self.durability == "full":
+            db.execute("PRAGMA synchronous = NORMAL")
+        try:
+            return self._register_and_claim(found, now, limit, day)
+        finally:
+            if lazy and self.durability == "full":
+                db.execute("PRAGMA synchronous = FULL")
+
+    def _register_and_claim(self, found, now, limit, day):
         db = self.db
         registered = []
         with self.transaction():
@@ -407,6 +420,18 @@ class Ledger:
                                 [(int(s), mid) for mid, s in rows])
             self._events([(mid, now, "recovered", "left processing by a stopped relay; back to pending")
                           for mid, _ in rows])
+
+    def readopt(self, found, now):
+        """Spooled files with no ledger record (id, sender, name): registered again as pending,
+        keeping their id so a recipient that already holds one is recognised."""
+        if not found:
+            return
+        with self.transaction():
+            self.db.executemany(
+                "INSERT OR IGNORE INTO messages (id, sender, name, status, spooled, discovered_at, attempts) "
+                "VALUES (?, ?, ?, 'pending', 1, ?, 1)", [(mid, s, n, now) for mid, s, n in found])
+            self._events([(mid, now, "recovered", "found in the spool with no ledger record; registered again")
+                          for mid, _, _ in found])
 
     def delivered_unarchived(self, limit=1000):
         return self.db.execute("SELECT * FROM messages WHERE status = 'delivered' ORDER BY id LIMIT ?",

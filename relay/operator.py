@@ -41,7 +41,9 @@ def retry(ledger, layout, ids, now=None):
         if src is None or not os.path.lexists(src):
             problems.append(f"{row['id']}: its file is gone ({row['error']}); write the message again")
             continue
-        move(src, layout.spool / row["id"])
+        spool = layout.spool_path(row["sender"], row["id"], row["name"])
+        os.makedirs(os.path.dirname(spool), exist_ok=True)
+        move(src, spool)
         try:
             os.unlink(f"{src}.error.json")
         except FileNotFoundError:
@@ -66,7 +68,8 @@ def expire(ledger, layout, mid, now=None):
         ledger._events([(row["id"], now, "expired", reason, actor())])
     archive = Archive(layout, Syncer("full", layout.state, mode="file"))
     if row["status"] == "pending":
-        src = layout.spool / row["id"] if changed["spooled"] else layout.outbox / row["sender"] / row["name"]
+        src = layout.spool_path(row["sender"], row["id"], row["name"]) if changed["spooled"] \
+            else layout.outbox / row["sender"] / row["name"]
         src = src if os.path.lexists(src) else None
     else:
         src = None  # already in failed/
@@ -159,9 +162,10 @@ def doctor(ledger, layout, daemon_pid, now=None):
                 if rel not in known:
                     out.append(f"{rel}: a file no ledger record knows; move it away or delete it")
     active = {r[0] for r in db.execute("SELECT id FROM messages WHERE status IN ('pending', 'processing', 'delivered')")}
-    for f in os.listdir(layout.spool) if layout.spool.is_dir() else []:
-        if f not in active:
-            out.append(f"spool/{f}: a spooled file with no pending message; move it into an outbox to send it")
+    for sender, mid, name, path in layout.spooled():
+        if mid not in active:
+            out.append(f"{os.path.relpath(path, layout.state)}: a spooled file with no pending message; "
+                       "`relay run` registers it again, or move it into an outbox to send it")
     for agent in os.listdir(layout.inbox) if layout.inbox.is_dir() else []:
         tmp = layout.inbox / agent / "tmp"
         for f in os.listdir(tmp) if tmp.is_dir() else []:

@@ -44,7 +44,7 @@ def before(obj, name, when=None):
 
 def main(root, boundary, phase="deliver"):
     cfg = config_mod.load(root, ".relay", env={}, overrides={"agents": ["Ann", "Ben", "Cy"]})
-    relay = Relay(cfg, sync_mode="file")
+    relay = Relay(cfg, sync_mode=os.environ.get("CRASH_SYNC_MODE", "file"))
     flush = lambda what: (lambda w: w == what)  # noqa: E731
     points = {
         "registered-claimed": lambda: after(relay.ledger, "register_and_claim", when=lambda f, *a, **k: bool(f)),

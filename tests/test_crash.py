@@ -37,9 +37,10 @@ def setup(root):
             os.utime(p, (old, old))
 
 
-def crash(root, boundary, phase="deliver"):
+def crash(root, boundary, phase="deliver", mode="file"):
     r = subprocess.run([sys.executable, str(RUNNER), str(root), boundary, phase], capture_output=True,
-                       text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(RUNNER.parent.parent)))
+                       text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(RUNNER.parent.parent),
+                                                        CRASH_SYNC_MODE=mode))
     assert r.returncode == 137, f"{boundary}: the runner did not reach its crash point: {r.stderr[-500:]}"
 
 
@@ -66,7 +67,7 @@ def check(root, relay):
     archived = [p for p in (state / "archive").rglob("*") if p.is_file()]
     assert len(archived) == len(MESSAGES)
     assert not [p for p in (state / "outbox").rglob("*") if p.is_file()]
-    assert not list((state / "spool").iterdir())
+    assert not [p for p in (state / "spool").rglob("*") if p.is_file()]
     assert not [p for a in ("Ann", "Ben", "Cy") for p in (state / "inbox" / a / "tmp").iterdir()]
     counts = relay.ledger.counts()
     assert counts == {"pending": 0, "processing": 0, "delivered": 0, "archived": len(MESSAGES), "failed": 1}
@@ -76,10 +77,12 @@ def check(root, relay):
     assert "unknown recipient Nobody" in failed["error"] and (state / failed["failed_path"]).is_file()
 
 
+@pytest.mark.parametrize("mode", ["file", "fs"])
 @pytest.mark.parametrize("boundary", BOUNDARIES)
-def test_crash_at_each_boundary(tmp_path, boundary):
+def test_crash_at_each_boundary(tmp_path, boundary, mode):
+    """mode: fsync file by file, or one syncfs per phase (the default on Linux)."""
     setup(tmp_path)
-    crash(tmp_path, boundary)
+    crash(tmp_path, boundary, mode=mode)
     relay = restart(tmp_path)
     try:
         check(tmp_path, relay)
@@ -98,5 +101,26 @@ def test_crash_during_sweep(tmp_path, boundary):
         assert relay.ledger.counts() == dict.fromkeys(("pending", "processing", "delivered", "archived", "failed"), 0)
         assert not [p for p in (tmp_path / ".relay/archive").rglob("*") if p.is_file()]
         assert not [p for p in (tmp_path / ".relay/failed").rglob("*") if p.is_file()]
+    finally:
+        relay.close()
+
+
+def test_spooled_file_with_no_ledger_record_is_registered_again(tmp_path):
+    """Power loss after the custody rename reached the disk but before the claim's commit did:
+    the file is in the spool and the ledger does not know it. Recovery registers it again,
+    with its id, and it is delivered once."""
+    setup(tmp_path)
+    relay = restart(tmp_path)
+    relay.close()
+    spool = tmp_path / ".relay/spool/Ann"
+    spool.mkdir(parents=True, exist_ok=True)
+    (spool / "01JAAAAAAAAAAAAAAAAAAAAAAA--late").write_text("TO: Ben\n\nfrom the spool")
+    relay = restart(tmp_path)
+    try:
+        row = relay.ledger.get("01JAAAAAAAAAAAAAAAAAAAAAAA")
+        assert row["status"] == "archived" and row["sender"] == "Ann" and row["name"] == "late"
+        assert [e["event"] for e in relay.ledger.events(row["id"])][0] == "recovered"
+        bodies = [json.loads(p.read_bytes())["body"] for p in (tmp_path / ".relay/inbox/Ben/new").iterdir()]
+        assert bodies.count("from the spool") == 1
     finally:
         relay.close()

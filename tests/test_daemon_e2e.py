@@ -136,7 +136,7 @@ def test_sigkill_then_restart_delivers_everything_once(daemon):
     assert again.stop()[0] == 0
     bodies = sorted(e["body"] for e in again.inbox("Ben"))
     assert bodies == sorted(f"message {i}" for i in range(200))
-    assert not list(box.iterdir()) and not list((d.state / "spool").iterdir())
+    assert not list(box.iterdir()) and not [p for p in (d.state / "spool").rglob("*") if p.is_file()]
 
 
 def test_sighup_reloads_and_refuses_a_bad_config(daemon):

@@ -368,3 +368,21 @@ def test_newer_schema_refused_and_untouched(project):
     with pytest.raises(SchemaError, match="schema version 99, newer"):
         Ledger(project.state / "ledger.sqlite")
     assert (project.state / "ledger.sqlite").read_bytes() == before
+
+
+def test_claim_commit_is_made_durable_by_the_batch_sync(project):
+    """With one syncfs per phase, the claim's commit skips its own WAL fsync (the sync that
+    follows covers it) and the ledger is back to synchronous=FULL for the batch's record."""
+    relay = project.relay()
+    if relay.syncer.mode != "fs":
+        pytest.skip("syncfs is not available here")
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    trace = []
+    relay.ledger.db.set_trace_callback(trace.append)
+    relay.step()
+    relay.ledger.db.set_trace_callback(None)
+    commits = [i for i, sql in enumerate(trace) if sql == "COMMIT"]
+    normal = trace.index("PRAGMA synchronous = NORMAL")
+    full = trace.index("PRAGMA synchronous = FULL")
+    assert normal < commits[0] < full < commits[1]
+    assert relay.ledger.pragmas()["synchronous"] == "FULL"
