@@ -3,8 +3,8 @@ decides everything by looking at the file system itself (events are hints, never
 import logging
 import os
 
-from watchdog.events import (DirCreatedEvent, DirMovedEvent, FileClosedEvent, FileMovedEvent,
-                             FileSystemEventHandler)
+from watchdog.events import (DirCreatedEvent, DirMovedEvent, FileClosedEvent, FileCreatedEvent,
+                             FileModifiedEvent, FileMovedEvent, FileSystemEventHandler)
 from watchdog.observers import Observer
 
 try:
@@ -13,6 +13,12 @@ except ImportError:  # other platforms, other watchdog versions
     InotifyMoveEventGrouper = None
 
 log = logging.getLogger(__name__)
+
+
+# The events that can mean "a message may be complete" or "a new agent directory": every other
+# kind (opened, closed without writing, deleted, attributes) is dropped before it costs anything.
+# Modifications are kept for writers in place, whose file the settle rule then watches.
+EVENTS = [FileMovedEvent, FileClosedEvent, FileCreatedEvent, FileModifiedEvent, DirCreatedEvent, DirMovedEvent]
 
 
 class _LostEvents(logging.Handler):
@@ -83,12 +89,12 @@ class Watcher:
             self.observer = Observer(generate_full_events=True)
         else:
             self.observer = Observer()
-        self.observer.schedule(Handler(self.relay, outbox), str(outbox), recursive=True)
+        self.observer.schedule(Handler(self.relay, outbox), str(outbox), recursive=True, event_filter=EVENTS)
         for name, path, problem in self.relay.layout.outbox_dirs():
             if problem is None and os.path.islink(path):
                 # inotify does not follow symlinked directories; watch the target too.
                 self.observer.schedule(_LinkedHandler(self.relay, name, path), os.path.realpath(path),
-                                       recursive=False)
+                                       recursive=False, event_filter=EVENTS)
         logging.getLogger("watchdog").addHandler(self.lost)
         self.observer.daemon = True
         self.observer.start()
