@@ -174,3 +174,15 @@ def test_demo_runs_the_examples(tmp_path):
     assert r.exit_code == 0, r.output
     assert "relayed 5 message(s)" in r.output and "1 quarantined" in r.output
     assert "inbox/System/new: 1 message(s)" in r.output and "unknown recipient Zed" in r.output
+
+
+def test_bench_prints_every_figure(tmp_path):
+    r = CliRunner().invoke(main, ["bench", "--dir", str(tmp_path), "--messages", "40", "--agents", "4",
+                                  "--rate", "50", "--seconds", "0.5", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    for key in ("disk", "naive_durable_per_s", "naive_nosync_per_s", "relay_full_per_s", "relay_normal_per_s",
+                "ratio_full_to_naive_durable", "ratio_normal_to_naive_nosync", "latency", "peak_rss_mb"):
+        assert key in doc, key
+    assert doc["latency"]["delivered"] == doc["latency"]["messages"] == 25
+    assert doc["relay_full_per_s"] > 0 and doc["disk"]["fsync_creates_per_s"] > 0
