@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def disk(base, n=300):
             os.close(fd)
         creates = n / (time.perf_counter() - t)
         t = time.perf_counter()
-        for i in range(n):
+        for _ in range(n):
             _fsync_dir(d)
         dir_fsyncs = n / (time.perf_counter() - t)
         t = time.perf_counter()

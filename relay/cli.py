@@ -15,7 +15,7 @@ import orjson
 
 from . import __version__, config as config_mod
 from .daemon import Relay
-from .errors import ConfigError, NotFound, RelayError
+from .errors import NotFound, RelayError
 from .ids import IdGenerator
 from .inbox import Inbox
 from .layout import Layout, valid_agent

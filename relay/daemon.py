@@ -19,23 +19,23 @@ import time
 
 import orjson
 
-from . import ledger as ledger_mod
+from . import retention
 from .archive import Archive, day_of
 from .config import SYSTEM
-from .errors import DurabilityError, MessageRefused, RelayError, TransientError
+from .errors import DurabilityError, MessageRefused, TransientError
 from .ids import IdGenerator
 from .inbox import Inbox
 from .layout import Layout, is_inside, move, valid_agent
 from .ledger import Ledger
 from .message import envelope, parse, resolve
-from .outbox import OPEN_FLAGS, Outbox, ignore_lease_breaks
+from .outbox import OPEN_FLAGS, Outbox, ignore_lease_breaks, not_regular
 from .sync import Syncer
 
 log = logging.getLogger(__name__)
 
 BATCH = 256              # messages claimed per transaction
 SCAN_BUDGET = 2048       # files registered per step
-SWEEP_BATCH = 500        # rows deleted per sweep transaction
+SWEEP_BATCH = retention.BATCH
 ORPHAN_AGE = 86400.0     # tmp/ files older than this are removed
 MAX_BACKOFF = 3600.0
 HEADER_ALLOWANCE = 256 * 1024
@@ -59,14 +59,6 @@ class Counts:
     @property
     def busy(self):
         return bool(self.registered or self.claimed or self.archived or self.swept)
-
-
-@dataclasses.dataclass
-class SweepResult:
-    archived: int = 0
-    failed: int = 0
-    ids: list = dataclasses.field(default_factory=list)
-    more: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -160,7 +152,7 @@ class Relay:
             log.warning("%s from %s was left processing by a stopped relay: back to pending", mid, sender)
         orphans = [(mid, sender, name) for sender, mid, name, _ in self.layout.spooled()
                    if self.ledger.get(mid) is None and valid_agent(sender)]
-        for mid, sender, name in orphans:
+        for mid, sender, _ in orphans:
             log.warning("%s from %s was in the spool with no ledger record: registered again", mid, sender)
         if reset or orphans:
             self.syncer.dir_changed(self.layout.spool)
@@ -350,7 +342,7 @@ class Relay:
                 return w
             if not stat.S_ISREG(st.st_mode):
                 w.path = src
-                w.refused = _not_regular(src, st)
+                w.refused = not_regular(src, st)
                 return w
             try:
                 try:
@@ -383,7 +375,7 @@ class Relay:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                w.refused = _not_regular(w.path, st)
+                w.refused = not_regular(w.path, st)
                 return
             if self.outbox.leases.writers(fd):
                 w.defer = True
@@ -488,36 +480,13 @@ class Relay:
         """One bounded batch of the retention sweep. `result.more` says another batch is due."""
         now = self.clock() if now is None else now
         keep = self.config.retention if older_than is None else older_than
-        result = SweepResult()
-        if not keep:
-            return result
-        archived, failed = ledger_mod.sweepable(self.ledger, now - keep, limit)
-        result.archived, result.failed = len(archived), len(failed)
-        result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
-        result.more = len(archived) == limit or len(failed) == limit
-        if dry_run or not result.ids:
-            return result
-        for row in archived:
-            if row["archive_path"]:
-                self.archive.remove(row["archive_path"])
-        for row in failed:
-            if row["failed_path"]:
-                self.archive.remove(row["failed_path"])
-        ledger_mod.sweep_delete(self.ledger, archived, failed, now)
-        log.info("retention sweep removed %d archived and %d failed messages older than %ss",
-                 len(archived), len(failed), int(keep))
-        return result
+        return retention.sweep(self.ledger, self.archive, now, keep, dry_run, limit)
 
     def sweep_all(self, now=None, older_than=None, dry_run=False):
         """The whole sweep, batch after batch (relay sweep)."""
-        total = SweepResult()
-        while True:
-            r = self.sweep(now, older_than, dry_run)
-            total.archived += r.archived
-            total.failed += r.failed
-            total.ids += r.ids
-            if dry_run or not r.more:
-                return total
+        now = self.clock() if now is None else now
+        keep = self.config.retention if older_than is None else older_than
+        return retention.sweep_all(self.ledger, self.archive, now, keep, dry_run)
 
     # -- loops ------------------------------------------------------------------------------
 
@@ -558,21 +527,3 @@ def _unreadable(row):
             return column, row[column]
     return None
 
-
-def _not_regular(path, st):
-    mode = st.st_mode
-    if stat.S_ISLNK(mode):
-        try:
-            target = os.readlink(path)
-        except OSError:
-            target = "?"
-        what = f"a symbolic link (to {target})"
-    elif stat.S_ISFIFO(mode):
-        what = "a FIFO (named pipe)"
-    elif stat.S_ISSOCK(mode):
-        what = "a socket"
-    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        what = "a device file"
-    else:
-        what = "not a regular file"
-    return f"{what}: relay only relays regular files and never opens these; write the message as a plain file"

@@ -228,7 +228,6 @@ class Ledger:
         depends on this transaction).
         """
         db = self.db
-        registered = []
         if lazy and self.durability == "full":
             db.execute("PRAGMA synchronous = NORMAL")
         try:
@@ -559,38 +558,3 @@ class _Transaction:
                 pass
         return False
 
-
-def sweepable(ledger, cutoff, limit):
-    """(archived rows in chain order, failed rows) older than `cutoff`, at most `limit` of each.
-
-    Archived rows are taken as a prefix of the hash chain, so a checkpoint can stand for them.
-    """
-    db = ledger.db
-    archived = []
-    for row in db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path FROM chain c "
-                          "JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?", (limit,)):
-        if row["archived_at"] is None or row["archived_at"] >= cutoff:
-            break
-        archived.append(row)
-    failed = db.execute("SELECT id, failed_path FROM messages WHERE status = 'failed' AND failed_at < ? "
-                        "ORDER BY failed_at LIMIT ?", (cutoff, limit)).fetchall()
-    return archived, failed
-
-
-def sweep_delete(ledger, archived, failed, now):
-    """Delete swept rows (files are already gone) and leave a checkpoint of the chain head."""
-    db = ledger.db
-    ids = [r["id"] for r in archived] + [r["id"] for r in failed]
-    if not ids:
-        return
-    with ledger.transaction():
-        db.executemany("DELETE FROM events WHERE message_id = ?", [(i,) for i in ids])
-        db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
-        if archived:
-            last = archived[-1]
-            db.execute("DELETE FROM chain WHERE seq <= ?", (last["seq"],))
-            db.execute("INSERT INTO checkpoints (at, upto, head, removed) VALUES (?, ?, ?, ?)",
-                       (now, last["seq"], last["hash"], len(archived)))
-        detail = orjson.dumps({"archived": len(archived), "failed": len(failed),
-                               "first": min(ids), "last": max(ids)}).decode()
-        ledger._events([(None, now, "swept", detail)])

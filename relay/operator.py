@@ -162,7 +162,7 @@ def doctor(ledger, layout, daemon_pid, now=None):
                 if rel not in known:
                     out.append(f"{rel}: a file no ledger record knows; move it away or delete it")
     active = {r[0] for r in db.execute("SELECT id FROM messages WHERE status IN ('pending', 'processing', 'delivered')")}
-    for sender, mid, name, path in layout.spooled():
+    for _, mid, _, path in layout.spooled():
         if mid not in active:
             out.append(f"{os.path.relpath(path, layout.state)}: a spooled file with no pending message; "
                        "`relay run` registers it again, or move it into an outbox to send it")

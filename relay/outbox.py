@@ -151,3 +151,22 @@ class Outbox:
 
     def next_deadline(self):
         return min((at for _, at in self.waiting.values()), default=None)
+
+
+def not_regular(path, st):
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        what = f"a symbolic link (to {target})"
+    elif stat.S_ISFIFO(mode):
+        what = "a FIFO (named pipe)"
+    elif stat.S_ISSOCK(mode):
+        what = "a socket"
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        what = "a device file"
+    else:
+        what = "not a regular file"
+    return f"{what}: relay only relays regular files and never opens these; write the message as a plain file"

@@ -67,7 +67,7 @@ def table(rows, width=None):
                      clip(row["thread"] or "", 14), row["status"], row])
     fixed = [26, 14, 28, 10, 14, 10]
     used = [max([len(head[i])] + [len(d[i]) for d in data]) for i in range(6)]
-    used = [min(u, f) for u, f in zip(used, fixed)]
+    used = [min(u, f) for u, f in zip(used, fixed, strict=True)]
     rest = max(16, width - sum(used) - 2 * 6)
     fmt = "  ".join(f"{{:<{u}}}" for u in used) + "  {}"
     lines.append(fmt.format(*head[:6], head[6]))

@@ -6,7 +6,7 @@ import sys
 from relay import config as config_mod
 from relay import daemon as daemon_mod
 from relay import inbox as inbox_mod
-from relay import ledger as ledger_mod
+from relay import retention as retention_mod
 from relay.daemon import Relay
 
 CRASH = 137
@@ -60,8 +60,8 @@ def main(root, boundary, phase="deliver"):
         "archive-synced": lambda: after(relay.syncer, "flush", when=flush("archive and outbox directories")),
         "before-commit": lambda: before(relay.ledger, "finish"),
         "after-commit": lambda: after(relay.ledger, "finish"),
-        "sweep-files": lambda: before(ledger_mod, "sweep_delete"),
-        "sweep-commit": lambda: after(ledger_mod, "sweep_delete"),
+        "sweep-files": lambda: before(retention_mod, "sweep_delete"),
+        "sweep-commit": lambda: after(retention_mod, "sweep_delete"),
     }
     points[boundary]()
     if phase == "sweep":

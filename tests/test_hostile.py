@@ -6,7 +6,6 @@ import socket
 import stat
 import threading
 
-import pytest
 
 from relay.ledger import Ledger
 

@@ -6,8 +6,6 @@ import stat
 
 import pytest
 
-from relay.daemon import Relay
-from relay.errors import DurabilityError
 from relay.ledger import Ledger
 
 

@@ -1,5 +1,4 @@
 """relay report: the page's numbers, and the page rendered in a real headless browser."""
-import os
 import re
 import shutil
 import struct

@@ -1,0 +1,104 @@
+"""Retention (SPEC section 3): archived and failed entries older than `retention` are deleted
+from disk and ledger in bounded batches, so a sweep never holds the write lock for long. A
+sweep leaves a checkpoint of the hash chain so that `relay verify` stays clean."""
+import dataclasses
+import logging
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+BATCH = 500          # rows deleted per transaction
+
+
+@dataclasses.dataclass
+class SweepResult:
+    archived: int = 0
+    failed: int = 0
+    ids: list = dataclasses.field(default_factory=list)
+    more: bool = False
+
+
+def sweep(ledger, archive, now, keep, dry_run=False, limit=BATCH):
+    """One batch: files first, then rows (a crash between them is finished by the next sweep)."""
+    result = SweepResult()
+    if not keep:
+        return result
+    archived, failed = sweepable(ledger, now - keep, limit)
+    result.archived, result.failed = len(archived), len(failed)
+    result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
+    result.more = len(archived) == limit or len(failed) == limit
+    if dry_run or not result.ids:
+        return result
+    for row in archived:
+        if row["archive_path"]:
+            archive.remove(row["archive_path"])
+    for row in failed:
+        if row["failed_path"]:
+            archive.remove(row["failed_path"])
+    sweep_delete(ledger, archived, failed, now)
+    log.info("retention sweep removed %d archived and %d failed messages older than %ss",
+             len(archived), len(failed), int(keep))
+    return result
+
+
+def sweep_all(ledger, archive, now, keep, dry_run=False):
+    """Batch after batch until nothing is left; a dry run counts everything it would delete."""
+    total = SweepResult()
+    if dry_run:
+        if keep:
+            total.archived, total.failed = count(ledger, now - keep)
+            total.ids = sweep(ledger, archive, now, keep, dry_run=True, limit=1000).ids
+        return total
+    while True:
+        r = sweep(ledger, archive, now, keep)
+        total.archived += r.archived
+        total.failed += r.failed
+        total.ids += r.ids
+        if not r.more:
+            return total
+
+
+def count(ledger, cutoff):
+    db = ledger.db
+    archived = db.execute("SELECT count(*) FROM messages WHERE status = 'archived' AND archived_at < ?",
+                          (cutoff,)).fetchone()[0]
+    failed = db.execute("SELECT count(*) FROM messages WHERE status = 'failed' AND failed_at < ?",
+                        (cutoff,)).fetchone()[0]
+    return archived, failed
+
+
+def sweepable(ledger, cutoff, limit):
+    """(archived rows in chain order, failed rows) older than `cutoff`, at most `limit` of each.
+
+    Archived rows are taken as a prefix of the hash chain, so a checkpoint can stand for them.
+    """
+    db = ledger.db
+    archived = []
+    for row in db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path FROM chain c "
+                          "JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?", (limit,)):
+        if row["archived_at"] is None or row["archived_at"] >= cutoff:
+            break
+        archived.append(row)
+    failed = db.execute("SELECT id, failed_path FROM messages WHERE status = 'failed' AND failed_at < ? "
+                        "ORDER BY failed_at LIMIT ?", (cutoff, limit)).fetchall()
+    return archived, failed
+
+
+def sweep_delete(ledger, archived, failed, now):
+    """Delete swept rows (files are already gone) and leave a checkpoint of the chain head."""
+    db = ledger.db
+    ids = [r["id"] for r in archived] + [r["id"] for r in failed]
+    if not ids:
+        return
+    with ledger.transaction():
+        db.executemany("DELETE FROM events WHERE message_id = ?", [(i,) for i in ids])
+        db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
+        if archived:
+            last = archived[-1]
+            db.execute("DELETE FROM chain WHERE seq <= ?", (last["seq"],))
+            db.execute("INSERT INTO checkpoints (at, upto, head, removed) VALUES (?, ?, ?, ?)",
+                       (now, last["seq"], last["hash"], len(archived)))
+        detail = orjson.dumps({"archived": len(archived), "failed": len(failed),
+                               "first": min(ids), "last": max(ids)}).decode()
+        ledger._events([(None, now, "swept", detail)])
