@@ -139,10 +139,7 @@ class Relay:
             if not spooled:
                 # The archive or quarantine move may have happened before the ledger recorded
                 # it: put the file back in the spool; re-delivery is idempotent.
-                planned = row["archive_path"] or ""
-                day = planned.split("/")[1] if planned.count("/") >= 3 else None
-                for rel in ((self.layout.archive_rel(day, sender, mid, name) if day else None),
-                            self.layout.failed_rel(sender, mid, name)):
+                for rel in (row["archive_path"], self.layout.failed_rel(sender, mid, name)):
                     if rel and os.path.lexists(self.layout.state / rel):
                         os.makedirs(os.path.dirname(spool), exist_ok=True)
                         move(self.layout.state / rel, spool)
@@ -186,8 +183,10 @@ class Relay:
         batch = self.batch
         # With one file-system sync per batch, that sync also makes this transaction durable
         # before anything depends on it: the commit need not fsync the WAL on its own.
+        day = day_of(now)
         registered, claimed = self.ledger.register_and_claim(
-            [(self.ids.new(now), f.sender, f.name, f.sent_at) for f in found], now, batch, day_of(now),
+            [(self.ids.new(now), f.sender, f.name, f.sent_at) for f in found], now, batch,
+            lambda sender, mid, name: self.layout.archive_rel(day, sender, mid, name),
             lazy=self.syncer.durable and self.syncer.mode == "fs")
         counts.registered, counts.claimed = len(registered), len(claimed)
         for mid, sender, name in registered:
@@ -463,6 +462,7 @@ class Relay:
                         "discovered_at": w.discovered_at}
             log.warning("%s delivered from %s to %s; archive move failed, will retry: %s",
                         w.id, w.sender, to, w.error)
+            self._next_archive_retry = min(self._next_archive_retry, now + self.config.retry_backoff)
             return {**fields, "state": "delivered", "archive_path": w.archive_rel, "error": str(w.error),
                     "next_attempt_at": now + self.config.retry_backoff}
         retries = w.retries + 1

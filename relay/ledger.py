@@ -219,7 +219,7 @@ class Ledger:
 
     # -- the pipeline ----------------------------------------------------------------------
 
-    def register_and_claim(self, found, now, limit, day, lazy=False):
+    def register_and_claim(self, found, now, limit, plan, lazy=False):
         """One transaction: insert newly found files as pending, claim up to `limit` due rows.
 
         `found` is a list of (id, sender, name, sent_at). A file already registered at the same
@@ -231,12 +231,12 @@ class Ledger:
         if lazy and self.durability == "full":
             db.execute("PRAGMA synchronous = NORMAL")
         try:
-            return self._register_and_claim(found, now, limit, day)
+            return self._register_and_claim(found, now, limit, plan)
         finally:
             if lazy and self.durability == "full":
                 db.execute("PRAGMA synchronous = FULL")
 
-    def _register_and_claim(self, found, now, limit, day):
+    def _register_and_claim(self, found, now, limit, plan):
         db = self.db
         registered = []
         with self.transaction():
@@ -258,24 +258,30 @@ class Ledger:
             if registered:
                 self._events([(mid, now, "discovered", f"outbox/{s}/{n}") for mid, s, n in registered])
                 self._seen({s for _, s, _ in registered}, now)
-            claimed = self._claim(now, limit, day) if limit else []
+            claimed = self._claim(now, limit, plan) if limit else []
         return registered, claimed
 
-    def _claim(self, now, limit, day):
+    def _claim(self, now, limit, plan):
+        """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
+        the claim so that recovery finds a file moved there before the batch was recorded."""
         rows = self.db.execute(
-            "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1, "
-            "archive_path = 'archive/' || :day || '/' || sender || '/' || id || '--' || name "
+            "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1 "
             "WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
             "ORDER BY next_attempt_at, id LIMIT :limit) AND status = 'pending' "
-            "RETURNING id, sender, name, spooled, retries, attempts, archive_path, discovered_at",
-            {"now": now, "limit": limit, "day": day}).fetchall()
-        rows.sort(key=lambda r: r["id"])
-        self._events([(r["id"], now, "claimed", None) for r in rows])
-        return rows
-
-    def claim(self, now, limit, day):
-        with self.transaction():
-            return self._claim(now, limit, day)
+            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at",
+            {"now": now, "limit": limit}).fetchall()
+        claimed = []
+        for r in sorted(rows, key=lambda r: r["id"]):
+            row = dict(zip(r.keys(), r, strict=True))
+            try:
+                row["archive_path"] = plan(row["sender"], row["id"], row["name"])
+            except (TypeError, ValueError, AttributeError):
+                row["archive_path"] = None      # an unreadable row: reported by the caller
+            claimed.append(row)
+        self.db.executemany("UPDATE messages SET archive_path = ? WHERE id = ?",
+                            [(r["archive_path"], r["id"]) for r in claimed])
+        self._events([(r["id"], now, "claimed", None) for r in claimed])
+        return claimed
 
     def _seen(self, names, now):
         self.db.executemany("INSERT INTO agents (name, first_seen, last_seen) VALUES (?, ?, ?) "

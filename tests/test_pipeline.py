@@ -384,3 +384,31 @@ def test_claim_commit_is_made_durable_by_the_batch_sync(project):
     full = trace.index("PRAGMA synchronous = FULL")
     assert normal < commits[0] < full < commits[1]
     assert relay.ledger.pragmas()["synchronous"] == "FULL"
+
+
+def test_archive_failure_in_a_later_step_is_retried(project, clock, monkeypatch):
+    relay = project.relay(retry_backoff="5s")
+    relay.step()                     # an idle step first: nothing was waiting to be archived
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.hint("rescan")
+    real = relay.archive.store
+
+    def full(src, rel):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(relay.archive, "store", full)
+    relay.step(clock.advance(1))
+    assert only_row(relay)["status"] == "delivered"
+    monkeypatch.setattr(relay.archive, "store", real)
+    relay.step(clock.advance(10))
+    assert only_row(relay)["status"] == "archived" and len(project.inbox("Ben")) == 1
+
+
+def test_a_very_long_file_name_is_fitted_in_the_archive(project):
+    relay = project.relay()
+    name = "n" * 250
+    project.drop("Ann", name, "TO: Ben\n\nlong name")
+    assert relay.drain().archived == 1
+    [archived] = project.files("archive")
+    assert len(archived.name.encode()) <= 255 and archived.name.startswith(only_row(relay)["id"] + "--nnn")
+    assert project.inbox("Ben")[0]["source"] == name
