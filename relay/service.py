@@ -83,10 +83,17 @@ class Daemon:
         self.watcher.start()
         notify("READY=1\nSTATUS=watching " + str(relay.layout.outbox))
         next_ping = time.monotonic()
+        relayed = failed = 0
+        next_status = 0.0
         try:
             while not self.stopping:
                 relay.wake.clear()
                 counts = relay.step()
+                relayed += counts.archived
+                failed += counts.failed
+                if (counts.archived or counts.failed) and time.monotonic() >= next_status:
+                    notify(f"STATUS=relayed {relayed}, failed {failed} since start")
+                    next_status = time.monotonic() + 5.0
                 if self.reload:
                     self.do_reload()
                 if self.ping_every and time.monotonic() >= next_ping:

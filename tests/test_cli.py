@@ -186,3 +186,15 @@ def test_bench_prints_every_figure(tmp_path):
         assert key in doc, key
     assert doc["latency"]["delivered"] == doc["latency"]["messages"] == 25
     assert doc["relay_full_per_s"] > 0 and doc["disk"]["fsync_creates_per_s"] > 0
+
+
+def test_json_logs_one_object_per_line(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    drop(cli, "Ann", "m", "TO: Ben\n\nx")
+    r = CliRunner().invoke(main, ["--root", str(cli.root), "run", "--once", "--log-format", "json"])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(line) for line in r.stderr.strip().splitlines()]
+    mid = json.loads(cli("audit", "--json").output)[0]["id"]
+    assert any(d["msg"].startswith(f"{mid} discovered") for d in lines)
+    assert any(mid in d["msg"] and "delivered from Ann to Ben" in d["msg"] for d in lines)
+    assert all({"ts", "level", "logger", "msg"} <= set(d) for d in lines)
