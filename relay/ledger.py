@@ -290,40 +290,35 @@ class Ledger:
 
     def finish(self, now, outcomes):
         """One transaction recording what a batch did. Each outcome is a dict with `id`, `state`
-        (archived, delivered, failed, retry, defer) and the columns that state sets."""
+        (archived, delivered, archive, archive-retry, failed, retry, defer) and the columns that
+        state sets."""
         db = self.db
         events = []
         with self.transaction():
-            bulk = [o for o in outcomes if o["state"] == "archived" and "discovered_at" in o]
+            bulk = [o for o in outcomes if o["state"] == "archived"]
             if bulk:
                 self._archived(now, bulk, events)
             for o in outcomes:
                 state = o["state"]
                 mid = o["id"]
-                if state == "archived" and "discovered_at" in o:
+                if state == "archived":
                     continue
-                if state in ("archived", "delivered"):
+                if state == "delivered":        # to everyone, but the archive move failed
                     db.execute(
-                        "UPDATE messages SET status = :status, recipients = :recipients, kind = :kind, "
+                        "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
                         "thread = :thread, subject = :subject, body = :body, headers = :headers, "
                         "size = :size, sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, "
-                        "archived_at = :archived_at, spooled = :spooled, error = :error, "
-                        "archive_path = :archive_path, next_attempt_at = :next_at WHERE id = :id",
-                        {"status": state, "now": now, "archived_at": now if state == "archived" else None,
-                         "next_at": o.get("next_attempt_at", 0),
-                         "spooled": 0 if state == "archived" else 1, "error": o.get("error"),
-                         **{k: o.get(k) for k in ("recipients", "kind", "thread", "subject", "body",
-                                                  "headers", "size", "sha256", "sent_at", "archive_path", "id")}})
+                        "spooled = 1, error = :error, archive_path = :archive_path, "
+                        "next_attempt_at = :next_attempt_at WHERE id = :id",
+                        {"now": now, **{k: o.get(k) for k in (
+                            "recipients", "kind", "thread", "subject", "body", "headers", "size", "sha256",
+                            "sent_at", "archive_path", "id", "error", "next_attempt_at")}})
                     recipients = orjson.loads(o["recipients"])
                     db.executemany("INSERT OR IGNORE INTO deliveries VALUES (?, ?, ?)",
                                    [(mid, r, now) for r in recipients])
                     events.extend((mid, now, "delivered", r) for r in recipients)
+                    events.append((mid, now, "archive-failed", o.get("error")))
                     self._seen(recipients, now)
-                    if state == "archived":
-                        events.append((mid, now, "archived", o["archive_path"]))
-                        self._chain(mid)
-                    else:
-                        events.append((mid, now, "archive-failed", o.get("error")))
                 elif state == "archive":
                     db.execute("UPDATE messages SET status = 'archived', archived_at = :now, spooled = 0, "
                                "error = NULL, archive_path = :archive_path WHERE id = :id",
@@ -360,7 +355,7 @@ class Ledger:
                     events.append((mid, now, "deferred", o.get("error")))
                 else:
                     raise ValueError(f"unknown outcome state {state!r}")
-            self._events([e for e in events])
+            self._events(events)
 
     def _archived(self, now, outcomes, events):
         """The common case of a batch, in bulk: delivered to everyone and archived."""
