@@ -112,15 +112,12 @@ def relay_once(base, messages, agents, durability, preload=0):
         state = root / ".relay"
         make_backlog(state, messages, agents)
         cfg = config_mod.load(root, ".relay", env={}, overrides={"durability": durability})
-        relay = Relay(cfg)
-        if preload:
-            preload_ledger(relay.ledger, preload)
-        try:
+        with Relay(cfg) as relay:
+            if preload:
+                preload_ledger(relay.ledger, preload)
             t = time.perf_counter()
             total = relay.drain()
             took = time.perf_counter() - t
-        finally:
-            relay.close()
         if total.archived != messages:
             raise RuntimeError(f"bench: relay archived {total.archived} of {messages} messages")
         return messages / took
@@ -164,9 +161,10 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full"):
                 if "/new/" in path:
                     seen.setdefault(os.path.basename(path), time.time())
 
-    sock_path = str(root / "notify.sock")
+    # An abstract socket: no path, so no length limit from a deep benchmark directory.
+    sock_path = f"@relay-bench-{os.getpid()}-{os.urandom(4).hex()}"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(sock_path)
+    sock.bind("\0" + sock_path[1:])
     sock.settimeout(30)
     env = dict(os.environ, RELAY_ROOT=str(root), NOTIFY_SOCKET=sock_path, RELAY_AGENTS=",".join(names),
                RELAY_DURABILITY=durability, RELAY_LOG_LEVEL="WARNING")

@@ -186,13 +186,10 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     layout.state.mkdir(parents=True, exist_ok=True)
     with DaemonLock(layout.lock):
         if once:
-            relay = Relay(cfg)
-            try:
+            with Relay(cfg) as relay:
                 t0 = time.monotonic()
                 total = relay.drain()
                 took = time.monotonic() - t0
-            finally:
-                relay.close()
             click.echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry, "
                        f"in {took:.2f}s")
             return
@@ -408,11 +405,8 @@ def sweep(ctx, older_than, dry_run, as_json):
         click.echo("retention is 0 (keep forever): nothing to sweep")
         return
     layout = Layout(cfg.root, cfg.state_dir)
-    relay = Relay(cfg)
-    try:
+    with Relay(cfg) as relay:
         result = relay.sweep_all(older_than=keep, dry_run=dry_run)
-    finally:
-        relay.close()
     if as_json:
         out_json({"dry_run": dry_run, "archived": result.archived, "failed": result.failed, "ids": result.ids})
         return
@@ -446,12 +440,9 @@ def demo(ctx, outboxes, keep):
                     shutil.copyfile(f, layout.outbox / agent / f.name)
         setup_logging(cfg, quiet=True)
         logging.getLogger("relay").setLevel("CRITICAL")
-        relay = Relay(cfg)
-        try:
+        with Relay(cfg) as relay:
             total = relay.drain(now_fn=lambda: time.time() + cfg.settle)
             rows = list(relay.ledger.audit(oldest_first=True))
-        finally:
-            relay.close()
         click.echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} quarantined\n")
         box = Inbox(layout, None)
         for agent in ["System"] + agents:
@@ -605,18 +596,25 @@ def report(ctx, since, html_file):
 
 
 @main.command()
-@click.option("--dir", "base", type=click.Path(file_okay=False), help="Where to measure (default: a temp dir).")
+@click.option("--dir", "base", type=click.Path(file_okay=False),
+              help="Where to measure (default: a temporary directory in the project root, so on its file system).")
 @click.option("--messages", type=click.IntRange(1), default=5000, show_default=True, help="Backlog size.")
 @click.option("--agents", type=click.IntRange(2), default=20, show_default=True, help="Agents in the backlog.")
 @click.option("--rate", type=click.FloatRange(1), default=100.0, show_default=True, help="Offered msg/s for latency.")
 @click.option("--seconds", type=click.FloatRange(0.5), default=5.0, show_default=True, help="Latency run length.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
 @handle_errors
-def bench(base, messages, agents, rate, seconds, as_json):
+def bench(ctx, base, messages, agents, rate, seconds, as_json):
     """Measure this disk's limits and relay's throughput and latency side by side."""
     from . import bench as bench_mod
-    result = bench_mod.run(base, messages, agents, rate, seconds,
-                           echo=(lambda *_: None) if as_json else click.echo)
+    root, _ = config_mod.resolve_dirs(ctx.root, ctx.state_dir)
+    work = Path(tempfile.mkdtemp(prefix=".relay-bench-", dir=base or root))
+    try:
+        result = bench_mod.run(work, messages, agents, rate, seconds,
+                               echo=(lambda *_: None) if as_json else click.echo)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     if as_json:
         out_json(result)
 

@@ -116,6 +116,12 @@ class Relay:
     def close(self):
         self.ledger.close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     # -- hints from the watcher (any thread) -------------------------------------------------
 
     def hint(self, kind, sender=None, path=None):
