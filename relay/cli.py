@@ -505,8 +505,11 @@ def verify(ctx, as_json):
     from . import operator
     with ctx.reader() as led:
         checked, problems = operator.verify(led, ctx.layout)
-    verdict(as_json, problems, {"checked": checked},
-            f"verified {checked} archived message(s): " + ("ok" if not problems else f"{len(problems)} problem(s)"))
+        seq, head = led.head()
+    # The head, noted somewhere else, also reveals records removed from the end of the chain.
+    verdict(as_json, problems, {"checked": checked, "head": {"seq": seq, "hash": head}},
+            f"verified {checked} archived message(s): " + ("ok" if not problems else f"{len(problems)} problem(s)")
+            + f"; chain head {seq}:{head[:16]}")
 
 
 @main.command()
