@@ -121,7 +121,23 @@ class Context:
         return Ledger(path, durability=self.cfg.durability)
 
 
-pass_ctx = click.make_pass_decorator(Context)
+_pass_context = click.make_pass_decorator(Context)
+
+
+def pass_ctx(fn):
+    """Pass the Context, and accept --root/--state-dir after the verb too
+    (`relay run --state-dir .agent-relay`), overriding any given before it."""
+    @click.option("--state-dir", "state_dir_", help="State directory, relative to the root (as before the verb).")
+    @click.option("--root", "root_", type=click.Path(file_okay=False), help="Project root (as before the verb).")
+    @_pass_context
+    @functools.wraps(fn)
+    def wrapper(ctx, *args, root_=None, state_dir_=None, **kwargs):
+        if root_:
+            ctx.root = root_
+        if state_dir_:
+            ctx.state_dir = state_dir_
+        return fn(ctx, *args, **kwargs)
+    return wrapper
 
 
 def out_json(doc):

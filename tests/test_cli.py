@@ -198,3 +198,17 @@ def test_json_logs_one_object_per_line(cli):
     assert any(d["msg"].startswith(f"{mid} discovered") for d in lines)
     assert any(mid in d["msg"] and "delivered from Ann to Ben" in d["msg"] for d in lines)
     assert all({"ts", "level", "logger", "msg"} <= set(d) for d in lines)
+
+
+def test_state_dir_after_the_verb_for_agent_relay_projects(cli):
+    """`relay run --state-dir .agent-relay` works on an agent-relay 2.x layout."""
+    box = cli.root / ".agent-relay" / "outbox"
+    for agent in ("Alice", "Bob"):
+        (box / agent).mkdir(parents=True)
+    (box / "Alice" / "msg").write_text("TO: Bob\nKIND: message\n\nfrom agent-relay")
+    os.utime(box / "Alice" / "msg", (1_700_000_000, 1_700_000_000))
+    assert "relayed 1 message(s)" in cli("run", "--once", "-q", "--state-dir", ".agent-relay").output
+    [env] = (cli.root / ".agent-relay" / "inbox" / "Bob" / "new").iterdir()
+    assert json.loads(env.read_text())["body"] == "from agent-relay"
+    assert json.loads(cli("status", "--json", "--state-dir", ".agent-relay").output)["counts"]["archived"] == 1
+    assert not (cli.root / ".relay").exists()
