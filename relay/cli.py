@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import sys
 import tempfile
 import time
@@ -62,6 +63,8 @@ def handle_errors(fn):
         except OSError as e:
             where = f" ({e.filename})" if e.filename else ""
             raise click.ClickException(f"{e.strerror or e}{where}") from None
+        except sqlite3.Error as e:
+            raise click.ClickException(f"ledger error: {e} (is another process holding the ledger locked?)") from None
     return wrapper
 
 

@@ -7,7 +7,7 @@ import sys
 import time
 
 from . import __version__, config as config_mod
-from .daemon import Relay
+from .daemon import Counts, Relay
 from .errors import ConfigError
 from .watcher import Watcher
 
@@ -63,6 +63,7 @@ class Daemon:
         relay.config = new
         relay.outbox.settle = new.settle
         relay.syncer.durable = new.durability == "full"
+        relay.ledger.durability = new.durability
         relay.ledger.db.execute(f"PRAGMA synchronous = {'FULL' if new.durability == 'full' else 'NORMAL'}")
         self.cfg = new
         log.info("SIGHUP: configuration reloaded from %s", new.source)
@@ -88,7 +89,7 @@ class Daemon:
         try:
             while not self.stopping:
                 relay.wake.clear()
-                counts = relay.step()
+                counts = self.step()
                 relayed += counts.archived
                 failed += counts.failed
                 if (counts.archived or counts.failed) and time.monotonic() >= next_status:
@@ -112,6 +113,25 @@ class Daemon:
         return 0
 
     overrides = None
+
+    def step(self):
+        """One step; an unforeseen error (a ledger locked past busy_timeout, a full disk under
+        the ledger) is logged, waited out, and what the step had claimed is recovered."""
+        try:
+            counts = self.relay.step()
+            self.pause = 1.0
+            return counts
+        except Exception:  # noqa: BLE001 - the daemon must outlive any one bad moment
+            log.exception("the relay step failed; retrying in %.0fs", self.pause)
+            self.relay.wake.wait(self.pause)
+            self.pause = min(self.pause * 2, 60.0)
+            try:
+                self.relay.recover()
+            except Exception:  # noqa: BLE001
+                log.exception("recovery after the failed step failed too; will try again")
+            return Counts()
+
+    pause = 1.0
 
     def timeout(self):
         relay = self.relay

@@ -172,3 +172,35 @@ def test_a_row_this_build_cannot_read_is_reported_and_skipped(project, caplog):
     row = relay.ledger.get("01CCCCCCCCCCCCCCCCCCCCCCCC")
     assert row["status"] == "failed" and "column retries holds 'many'" in row["error"]
     assert "01CCCCCCCCCCCCCCCCCCCCCCCC" in caplog.text and "column retries" in caplog.text
+
+
+def test_daemon_step_outlives_a_ledger_locked_too_long(project, monkeypatch):
+    """A step that fails (here: the ledger locked past busy_timeout) is logged and waited out;
+    what it had claimed is recovered and delivered by the next step."""
+    import sqlite3
+
+    from relay.service import Daemon
+
+    project.relay().close()
+    daemon = Daemon(project.config(agents=["Ann", "Ben"]), clock=project.clock)
+    daemon.pause = 0.0
+    relay = daemon.relay
+    try:
+        project.drop("Ann", "m", "TO: Ben\n\nx")
+        real = relay.ledger.finish
+        calls = {"n": 0}
+
+        def locked(*a, **k):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise sqlite3.OperationalError("database is locked")
+            return real(*a, **k)
+
+        monkeypatch.setattr(relay.ledger, "finish", locked)
+        assert daemon.step().archived == 0
+        assert relay.ledger.counts()["processing"] == 0        # recovered
+        relay.hint("rescan")
+        assert daemon.step().archived == 1
+        assert len(project.inbox("Ben")) == 1
+    finally:
+        relay.close()
