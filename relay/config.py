@@ -129,10 +129,6 @@ class Config:
     log_level: str = "INFO"
     source: str = "defaults"
 
-    @property
-    def config_file(self):
-        return self.state_dir / "relay.toml"
-
 
 def _clean(values, where):
     out = {}
@@ -189,14 +185,3 @@ def load(root=None, state_dir=None, env=None, overrides=None):
     state = (state or root / ".relay").absolute()
     return Config(root=root, state_dir=state, source=" + ".join(sources) or "defaults", **values)
 
-
-def read_toml(path):
-    """Parse and validate a relay.toml (for SIGHUP reload); raises ConfigError."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        return {}
-    except (tomllib.TOMLDecodeError, OSError) as e:
-        raise ConfigError(f"cannot read {path}: {e}") from None
-    return _clean(data, str(path))

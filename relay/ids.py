@@ -38,10 +38,3 @@ class IdGenerator:
             self._last_ms, self._last_rand = ms, rand
         return _encode(ms, 10) + _encode(rand, 16)
 
-
-def id_time(message_id):
-    """The epoch seconds encoded in an id."""
-    value = 0
-    for ch in message_id[:10]:
-        value = value * 32 + ALPHABET.index(ch)
-    return value / 1000.0

@@ -136,13 +136,6 @@ def fit(name):
     return data[:MAX_NAME].decode("utf-8", "ignore")
 
 
-def fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 def move(src, dst):
     """Rename `src` to `dst`; copy + fsync + unlink only across file systems."""

@@ -8,7 +8,6 @@ import enum
 import hashlib
 import logging
 import sqlite3
-import threading
 
 import orjson
 
@@ -124,7 +123,6 @@ class Ledger:
         self.readonly = readonly
         self.durability = durability
         self.busy_timeout_ms = busy_timeout_ms
-        self._thread = threading.get_ident()
         try:
             if readonly:
                 self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
@@ -433,10 +431,6 @@ class Ledger:
             self._events([(mid, now, "recovered", "found in the spool with no ledger record; registered again")
                           for mid, _, _ in found])
 
-    def delivered_unarchived(self, limit=1000):
-        return self.db.execute("SELECT * FROM messages WHERE status = 'delivered' ORDER BY id LIMIT ?",
-                               (limit,)).fetchall()
-
     def delivered_due(self, now, limit):
         return self.db.execute("SELECT * FROM messages WHERE status = 'delivered' AND next_attempt_at <= ? "
                                "ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall()
@@ -444,10 +438,6 @@ class Ledger:
     def next_archive_due(self):
         return self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'delivered'"
                                ).fetchone()[0]
-
-    def pending_spooled(self):
-        return self.db.execute("SELECT id, sender, name FROM messages WHERE status = 'pending' AND spooled = 1"
-                               ).fetchall()
 
     def next_due(self):
         row = self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'pending'").fetchone()

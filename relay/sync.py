@@ -51,7 +51,6 @@ class Syncer:
             mode = "fs" if _syncfs_fn() is not None else "file"
         self.mode = mode
         self.dirs = set()
-        self.files = []
 
     def file_written(self, fd):
         """Called with the fd of each file written, before it is closed."""
