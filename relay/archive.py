@@ -1,100 +1,105 @@
-"""The archive and quarantine (SPEC section 3): moves of originals, error reports, retention sweep."""
+"""The archive and the quarantine (SPEC section 3): moves of originals into archive/ and failed/,
+error reports, and removal of swept files. Every path goes through the confined file system."""
 import datetime
+import errno
 import logging
 import os
-from pathlib import Path
 
 import orjson
 
-from .layout import move
+from .fs import Unsafe, split, write_all
 from .message import iso
 
 log = logging.getLogger(__name__)
 
 
 def day_of(ts):
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d")
+    try:
+        return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d")
+    except (OverflowError, OSError, ValueError):
+        return "0001-01-01"
+
+
+def parent(rel):
+    return rel.rpartition("/")[0]
+
+
+def check_rel(rel, *tops):
+    """A stored relative path, refused unless it lies under one of `tops` (no '..', no '/')."""
+    parts = split(rel)
+    if parts[0] not in tops or len(parts) < 2:
+        raise Unsafe(errno.EINVAL, f"{rel!r} is not a path under {' or '.join(tops)}/")
+    return rel
 
 
 class Archive:
     def __init__(self, layout, syncer):
         self.layout = layout
+        self.fs = layout.fs
         self.syncer = syncer
-        self._made = set()
 
-    def _dir(self, path):
-        """Make the directory (and note new ones' parents as changed)."""
-        key = str(path)
-        if key in self._made:
-            return
-        if not os.path.isdir(path):
-            missing = []
-            p = path
-            while not os.path.isdir(p):
-                missing.append(p)
-                p = p.parent
-            os.makedirs(path, exist_ok=True)
-            for m in missing:
-                self.syncer.dir_changed(m.parent)
-        self._made.add(key)
+    def move(self, src, dst):
+        """Rename `src` to `dst` (both relative), making missing parents of `dst`."""
+        self.fs.rename(src, dst, make_parents=True)
+        self.syncer.dir_changed(parent(dst))
+        self.syncer.dir_changed(parent(src))
 
     def store(self, src, rel):
-        """Move the original at `src` to state_dir/`rel` (the archive path)."""
-        dst = f"{self.layout.state}/{rel}"
-        parent = os.path.dirname(dst)
-        if parent not in self._made:
-            self._dir(Path(parent))
-        move(src, dst)
-        self.syncer.dir_changed(parent)
-        self.syncer.dir_changed(os.path.dirname(src))
-        return dst
+        """Move the original at `src` (relative) to `rel` (its archive path)."""
+        self.move(src, check_rel(rel, "archive"))
+        return rel
 
     def quarantine(self, src, sender, mid, name, report):
         """Move the original (when there is one) to failed/ and write the .error.json beside it."""
         rel = self.layout.failed_rel(sender, mid, name)
-        dst = self.layout.state / rel
-        self._dir(dst.parent)
         if src is not None:
             try:
-                move(src, dst)
-                self.syncer.dir_changed(os.path.dirname(src))
+                self.move(src, rel)
             except FileNotFoundError:
                 report["file"] = None
-        fd = os.open(f"{dst}.error.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        try:
-            os.write(fd, orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-            self.syncer.file_written(fd)
-        finally:
-            os.close(fd)
-        self.syncer.dir_changed(dst.parent)
+        self.write_report(rel, report)
         return rel
 
+    def write_report(self, rel, report):
+        fd = self.fs.create(f"{rel}.error.json", 0o644, make_parents=True)
+        try:
+            write_all(fd, orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.syncer.file_written(fd)
+        self.syncer.dir_changed(parent(rel))
+
     @staticmethod
-    def report(mid, sender, name, reason, now, attempts=None):
-        return {
+    def report(mid, sender, name, reason, now, attempts=None, delivered_to=None):
+        doc = {
             "id": mid, "from": sender, "file": name, "reason": reason, "failed_at": iso(now),
             "attempts": attempts,
             "what_to_do": (f"fix the cause, then run `relay retry {mid}` to deliver it again, or write a "
                            f"corrected file into outbox/{sender}/"),
         }
+        if delivered_to:
+            doc["delivered_to"] = delivered_to
+            doc["what_to_do"] += "; recipients that already have it do not get it again"
+        return doc
 
     def remove(self, rel):
         """Delete an archived or quarantined file and empty parents up to archive/ or failed/."""
-        path = self.layout.state / rel
+        check_rel(rel, "archive", "failed")
         removed = False
-        for p in (path, path.with_name(path.name + ".error.json")):
+        for p in (rel, f"{rel}.error.json"):
             try:
-                os.unlink(p)
+                self.fs.unlink(p)
                 removed = True
             except FileNotFoundError:
                 pass
-        parent = path.parent
+        d = parent(rel)
         for _ in range(2):
-            if parent in (self.layout.archive, self.layout.failed):
+            if d in ("archive", "failed"):
                 break
             try:
-                os.rmdir(parent)
+                self.fs.rmdir(d)
             except OSError:
                 break
-            parent = parent.parent
+            d = parent(d)
         return removed

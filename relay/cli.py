@@ -241,14 +241,9 @@ def send(ctx, sender, to, kind, thread, subject, body):
         lines.append(f"{key}: {value}")
     data = ("\n".join(lines) + "\n\n" + body).encode("utf-8")
     layout = ctx.layout
-    outbox = layout.outbox / sender
-    outbox.mkdir(parents=True, exist_ok=True)
     name = f"msg-{IdGenerator().new(time.time()).lower()}"
-    tmp = outbox / f".{name}.tmp"
-    from .layout import write_file
-    write_file(tmp, data)
-    os.rename(tmp, outbox / name)
-    click.echo(str(outbox / name))
+    layout.fs.put(f"outbox/{sender}/{name}", data)
+    click.echo(str(layout.outbox / sender / name))
 
 
 @main.command()
@@ -263,7 +258,7 @@ def inbox(ctx, agent, show_all, ack, as_json):
     layout = ctx.layout
     if not (layout.inbox / agent).is_dir():
         raise NotFound(f"no inbox for agent {agent!r} in {layout.inbox}")
-    box = Inbox(layout, Syncer("normal", layout.state))
+    box = Inbox(layout, Syncer("normal", layout.fs))
     items = box.list(agent, include_cur=show_all)
     docs = []
     for where, path, doc in items:

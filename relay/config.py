@@ -103,6 +103,8 @@ _PARSERS = {
     "rescan_interval": parse_duration,
     "sweep_interval": parse_duration,
     "max_body_bytes": parse_size,
+    "retry_period": parse_duration,
+    "batch_bytes": parse_size,
     "durability": _choice("full", "normal"),
     "unknown_recipient": _choice("fail", "create"),
     "agents": _agents,
@@ -122,6 +124,8 @@ class Config:
     rescan_interval: float = 30.0
     sweep_interval: float = 3600.0
     max_body_bytes: int = 1024 * 1024
+    retry_period: float = 3600.0        # transient failures are retried at least this long
+    batch_bytes: int = 64 * 1024 * 1024  # message bytes one batch holds in memory at most
     durability: str = "full"
     unknown_recipient: str = "fail"
     agents: tuple = ()

@@ -1,23 +1,29 @@
 """Maildir delivery (SPEC section 3): tmp/<id>.json, sync, link into new/, sync the directory.
 
-Delivery is idempotent: a recipient whose new/<id>.json or cur/<id>.json* exists already has
-the message. Readers take messages by moving them from new/ to cur/.
+Each recipient's delivery stands on its own: a recipient whose inbox fails is retried while the
+others are delivered. A recipient the ledger already records is never written again. On a
+message tried before (after a crash or a retry) a recipient that holds a complete envelope
+of this message (it parses, its id and the original's sha256 match) already has it; an empty
+or truncated one (left by a power cut) is written again. Existence alone proves nothing.
+Readers take messages by moving them from new/ to cur/.
 """
 import errno
-import glob
+import hashlib
 import logging
 import os
 
 import orjson
 
 from .errors import DurabilityError, TransientError
+from .fs import Unsafe, write_all
 
 log = logging.getLogger(__name__)
 
 FILE_MODE = 0o644
+MAX_ENVELOPE_READ = 64 << 20
 
 
-def _transient(e, what):
+def transient(e, what):
     """EIO means the data may be lost: never retried. Anything else may pass: retried."""
     reason = f"{what}: {e.strerror or e}"
     if e.errno == errno.EIO:
@@ -25,150 +31,168 @@ def _transient(e, what):
     return TransientError(reason)
 
 
-def _unlink_quietly(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+def digest(data):
+    return len(data), hashlib.sha256(data).hexdigest()
 
 
 class Inbox:
     def __init__(self, layout, syncer):
         self.layout = layout
+        self.fs = layout.fs
         self.syncer = syncer
 
-    def holder(self, recipient, mid, thorough):
-        """The path of the envelope the recipient already holds, or None."""
-        base = self.layout.inbox / recipient
-        new = base / "new" / f"{mid}.json"
-        if os.path.exists(new):
-            return new
-        if thorough:
-            hits = glob.glob(glob.escape(str(base / "cur" / f"{mid}.json")) + "*")
-            if hits:
-                return hits[0]
-        return None
+    # -- delivery ---------------------------------------------------------------------------
 
-    def deliver(self, items):
-        """Deliver a batch. items: objects with .id, .recipients, .envelope, .thorough, .error.
-
-        Sets item.error to a TransientError or DurabilityError where delivery failed and
-        returns the items delivered to every recipient (their envelopes durable in new/).
-        """
-        staged = []   # (item, tmp path, new/ directory, new path)
-        inbox = str(self.layout.inbox)
-        for item in items:
-            mine = []
-            name = f"{item.id}.json"
-            try:
-                for r in item.recipients:
-                    base = f"{inbox}/{r}"
-                    # A message claimed for the first time has a new id: no inbox can hold it yet.
-                    if item.thorough and self.holder(r, item.id, True):
-                        _unlink_quietly(f"{base}/tmp/{name}")   # a crash between link and unlink
-                        continue
-                    tmp = f"{base}/tmp/{name}"
-                    mine.append((item, tmp, f"{base}/new", f"{base}/new/{name}"))
-                    self._write(tmp, item.envelope, r)
-            except OSError as e:
-                item.error = _transient(e, f"writing the envelope for {r}")
-            except DurabilityError as e:
-                item.error = e
-            if item.error:
-                self._discard(mine)
-            else:
-                staged.extend(mine)
-        live = [i for i in items if not i.error]
+    def deliver(self, works):
+        """Deliver a batch. Fills each work's `got` (recipient -> (size, sha256) of the durable
+        envelope) and `missed` (recipient -> error)."""
+        fs = self.fs
+        staged = []     # (work, recipient, tmp, new)
+        for w in works:
+            name = f"{w.id}.json"
+            for r in w.recipients:
+                if r in w.had:
+                    continue
+                try:
+                    tmp, new = f"inbox/{r}/tmp/{name}", f"inbox/{r}/new/{name}"
+                    if w.thorough:
+                        held = self.held(r, w)
+                        if held is not None:
+                            w.got[r] = held
+                            fs.unlink_quietly(tmp)      # a crash between link and unlink
+                            continue
+                    self._write(tmp, w.envelope, r)
+                    staged.append((w, r, tmp, new))
+                except OSError as e:
+                    w.missed[r] = transient(e, f"writing the envelope for {r}")
+                except DurabilityError as e:
+                    w.missed[r] = e
         try:
             self.syncer.flush("inbox tmp files")
         except DurabilityError as e:
-            self._fail_all(live, staged, e)
-            return []
-        for item, tmp, new_dir, new in staged:
-            if item.error:
-                continue
+            for w, r, tmp, _ in staged:
+                w.missed[r] = e
+                fs.unlink_quietly(tmp)
+            return
+        linked = []
+        for w, r, tmp, new in staged:
             try:
                 try:
-                    os.link(tmp, new)
+                    fs.link(tmp, new)
+                    fs.unlink_quietly(tmp)
                 except FileExistsError:
-                    pass
-                os.unlink(tmp)
-                self.syncer.dir_changed(new_dir)
+                    fs.rename(tmp, new)     # not a complete envelope of this message: replace it
+                self.syncer.dir_changed(f"inbox/{r}/new")
+                linked.append((w, r))
             except OSError as e:
-                item.error = _transient(e, f"linking {os.path.basename(new)} into {new_dir}")
-        live = [i for i in items if not i.error]
+                w.missed[r] = transient(e, f"linking {w.id}.json into inbox/{r}/new")
+                fs.unlink_quietly(tmp)
         try:
             self.syncer.flush("inbox new/ directories")
         except DurabilityError as e:
-            for item in live:
-                item.error = e
-            return []
-        return live
+            for w, r in linked:
+                w.missed[r] = e
+            return
+        for w, r in linked:
+            w.got[r] = (len(w.envelope), w.envelope_sha256)
 
-    def _write(self, path, data, recipient):
+    def _write(self, rel, data, recipient):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+            fd = self.fs.create(rel, FILE_MODE)
         except FileNotFoundError:
             self.layout.make_inbox(recipient)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+            fd = self.fs.create(rel, FILE_MODE)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            self.syncer.file_written(fd)
-        finally:
+            write_all(fd, data)
+        except BaseException:
             os.close(fd)
+            self.fs.unlink_quietly(rel)
+            raise
+        self.syncer.file_written(fd)
 
-    def _discard(self, staged):
-        for entry in staged:
-            _unlink_quietly(entry[1])
-
-    def _fail_all(self, live, staged, error):
-        for item in live:
-            item.error = error
-        self._discard(staged)
+    def held(self, recipient, w):
+        """(size, sha256) of a complete envelope of this message the recipient holds, or None."""
+        name = f"{w.id}.json"
+        candidates = [f"inbox/{recipient}/new/{name}"]
+        try:
+            candidates += [f"inbox/{recipient}/cur/{n}" for n in self.fs.names(f"inbox/{recipient}/cur")
+                           if n.startswith(name)]
+        except OSError:
+            pass
+        for rel in candidates:
+            try:
+                data = self.fs.read(rel, MAX_ENVELOPE_READ)
+                doc = orjson.loads(data)
+            except (OSError, orjson.JSONDecodeError):
+                continue
+            if isinstance(doc, dict) and doc.get("id") == w.id and doc.get("sha256") == w.sha256:
+                return digest(data)
+        return None
 
     # -- readers ----------------------------------------------------------------------------
 
+    def holder(self, recipient, mid, thorough=True):
+        """The path of an envelope of this id the recipient holds (new/ or, when thorough,
+        cur/), or None. For people (relay show): it does not check the content."""
+        name = f"{mid}.json"
+        if self.fs.exists(f"inbox/{recipient}/new/{name}"):
+            return self.fs.abspath(f"inbox/{recipient}/new/{name}")
+        if thorough:
+            try:
+                for n in self.fs.names(f"inbox/{recipient}/cur"):
+                    if n.startswith(name):
+                        return self.fs.abspath(f"inbox/{recipient}/cur/{n}")
+            except OSError:
+                pass
+        return None
+
     def list(self, agent, include_cur=False):
-        base = self.layout.inbox / agent
-        if not base.is_dir():
-            return []
+        """(sub, path, envelope) of an agent's messages, oldest first."""
         out = []
         for sub in ("new", "cur") if include_cur else ("new",):
-            d = base / sub
-            for entry in sorted(os.scandir(d), key=lambda e: e.name) if d.is_dir() else []:
+            try:
+                entries = self.fs.scandir(f"inbox/{agent}/{sub}")
+            except OSError:
+                continue
+            for entry in sorted(entries, key=lambda e: e.name):
                 if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
                     continue
+                rel = f"inbox/{agent}/{sub}/{entry.name}"
                 try:
-                    doc = orjson.loads(open(entry.path, "rb").read())
+                    doc = orjson.loads(self.fs.read(rel, MAX_ENVELOPE_READ))
                 except (OSError, orjson.JSONDecodeError) as e:
                     doc = {"id": entry.name.split(".")[0], "error": f"unreadable envelope: {e}"}
-                out.append((sub, entry.path, doc))
+                out.append((sub, self.fs.abspath(rel), doc))
         return out
 
     def ack(self, path):
         """Move one envelope from new/ to cur/ (Maildir 'seen')."""
-        path = str(path)
-        dest = os.path.join(os.path.dirname(os.path.dirname(path)), "cur", os.path.basename(path) + ":2,S")
-        os.rename(path, dest)
-        return dest
+        rel = os.path.relpath(str(path), self.fs.path)
+        parts = rel.split("/")
+        if len(parts) != 4 or parts[0] != "inbox" or parts[2] != "new":
+            raise Unsafe(errno.EINVAL, f"{rel} is not an envelope in an inbox's new/")
+        dest = f"inbox/{parts[1]}/cur/{parts[3]}:2,S"
+        self.fs.rename(rel, dest)
+        return self.fs.abspath(dest)
 
     def orphans(self, older_than):
-        """tmp/ files older than `older_than` (epoch seconds)."""
+        """Relative paths of tmp/ files older than `older_than` (epoch seconds). A link or an
+        odd entry under inbox/ is never followed."""
         try:
-            agents = list(os.scandir(self.layout.inbox))
-        except FileNotFoundError:
+            agents = self.fs.scandir("inbox")
+        except OSError:
             return
         for agent in agents:
-            tmp = os.path.join(agent.path, "tmp")
+            if not agent.is_dir(follow_symlinks=False):
+                continue
+            tmp = f"inbox/{agent.name}/tmp"
             try:
-                entries = list(os.scandir(tmp))
-            except (FileNotFoundError, NotADirectoryError):
+                entries = self.fs.scandir(tmp)
+            except OSError:
                 continue
             for e in entries:
                 try:
                     if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_mtime < older_than:
-                        yield e.path
-                except FileNotFoundError:
+                        yield f"{tmp}/{e.name}"
+                except OSError:
                     continue

@@ -1,9 +1,14 @@
-"""The state directory's layout (SPEC section 1) and the small file-system helpers it needs."""
-import errno
+"""The state directory's layout (SPEC section 1): where each thing lives, and which entries relay
+serves."""
+import logging
 import os
 from pathlib import Path
 
 from .config import AGENT_NAME, SYSTEM
+from .fs import StateDir, bad_name, shown
+from .ids import ALPHABET
+
+log = logging.getLogger(__name__)
 
 IGNORED_SUFFIXES = (".tmp", ".part", ".pending", ".swp", "~")
 
@@ -27,7 +32,8 @@ def is_inside(path, root):
 
 
 class Layout:
-    """Where everything lives under the state directory."""
+    """Where everything lives under the state directory. Paths for people (`Path` objects) and
+    relative paths for the confined file system (`self.fs`, opened on first use)."""
 
     def __init__(self, root, state_dir):
         self.root = Path(root)
@@ -39,61 +45,59 @@ class Layout:
         self.spool = self.state / "spool"
         self.ledger = self.state / "ledger.sqlite"
         self.lock = self.state / "relay.lock"
+        self._fs = None
+
+    @property
+    def fs(self):
+        if self._fs is None:
+            self._fs = StateDir(self.state)
+        return self._fs
+
+    def close(self):
+        if self._fs is not None:
+            self._fs.close()
+            self._fs = None
 
     def init(self, agents=()):
         """Create the layout and each agent's outbox and inbox. Idempotent."""
-        for d in (self.state, self.outbox, self.inbox, self.archive, self.failed, self.spool):
-            d.mkdir(parents=True, exist_ok=True)
+        for d in ("outbox", "inbox", "archive", "failed", "spool"):
+            self.fs.makedirs(d)
         self.make_inbox(SYSTEM)
         for name in agents:
-            (self.outbox / name).mkdir(exist_ok=True)
+            self.fs.makedirs(f"outbox/{name}")
             self.make_inbox(name)
 
     def make_inbox(self, agent):
-        base = self.inbox / agent
         for sub in ("tmp", "new", "cur"):
-            (base / sub).mkdir(parents=True, exist_ok=True)
-        return base
+            self.fs.makedirs(f"inbox/{agent}/{sub}")
+        return self.inbox / agent
 
     def outbox_dirs(self):
-        """(name, path, problem) for each entry of outbox/: problem is None for a served agent."""
+        """(name, rel, problem) for each entry of outbox/: problem is None for a served agent."""
         try:
-            entries = list(os.scandir(self.outbox))
-        except FileNotFoundError:
+            entries = self.fs.scandir("outbox")
+        except OSError:
             return []
         out = []
         for entry in sorted(entries, key=lambda e: e.name):
-            problem = self.outbox_problem(entry.name, entry.path)
+            problem = outbox_problem(entry)
             if problem == "not a directory":
                 continue
-            out.append((entry.name, Path(entry.path), problem))
+            out.append((entry.name, f"outbox/{entry.name}", problem))
         return out
 
-    def outbox_problem(self, name, path):
-        """Why relay will not read this outbox directory, or None."""
-        if not valid_agent(name):
-            return "invalid agent name (must match [A-Za-z0-9][A-Za-z0-9._-]{0,63})"
-        if os.path.islink(path):
-            if not is_inside(path, self.root):
-                return f"symlink to {os.path.realpath(path)}, outside the project root"
-            if not os.path.isdir(path):
-                return "not a directory"
-            return None
-        if not os.path.isdir(path):
-            return "not a directory"
-        return None
-
     def agent_names(self, configured=()):
-        """Known agents: an outbox or inbox directory, or listed in config (SPEC section 2)."""
+        """Known agents: an outbox or inbox directory, or listed in config (SPEC section 2).
+        A symbolic link is no agent directory."""
         names = set(configured)
         for name, _, problem in self.outbox_dirs():
             if problem is None:
                 names.add(name)
         try:
-            for entry in os.scandir(self.inbox):
-                if entry.is_dir() and valid_agent(entry.name):
+            for entry in self.fs.scandir("inbox"):
+                if valid_agent(entry.name) and entry.is_dir(follow_symlinks=False):
                     names.add(entry.name)
-        except FileNotFoundError:
+        except OSError:
             pass
         names.discard(SYSTEM)
         return names
@@ -104,25 +108,54 @@ class Layout:
     def failed_rel(self, sender, message_id, name):
         return f"failed/{sender}/{message_id}--{fit(name)}"
 
-    def spool_path(self, sender, message_id, name):
+    def spool_rel(self, sender, message_id, name):
         """Where a claimed message waits while relay delivers it. The name says whose and
         which message it is, so a file found there with no ledger record can be registered
         again after a power loss."""
-        return f"{self.spool}/{sender}/{message_id}--{fit(name)}"
+        return f"spool/{sender}/{message_id}--{fit(name)}"
+
+    def spool_path(self, sender, message_id, name):
+        return f"{self.state}/{self.spool_rel(sender, message_id, name)}"
 
     def spooled(self):
-        """(sender, id, name, path) of every file in the spool."""
+        """(sender, id, name, rel) of every file in the spool whose name relay made. Anything
+        else there (a planted link, an odd name) is skipped and logged, never fatal."""
         try:
-            senders = list(os.scandir(self.spool))
-        except FileNotFoundError:
+            senders = self.fs.scandir("spool")
+        except OSError:
             return
         for d in senders:
-            if not d.is_dir(follow_symlinks=False):
+            if not valid_agent(d.name) or not d.is_dir(follow_symlinks=False):
+                log.warning("spool/%s is not a directory relay made; it is left alone", shown(d.name))
                 continue
-            for e in os.scandir(d.path):
+            try:
+                entries = self.fs.scandir(f"spool/{d.name}")
+            except OSError as e:
+                log.warning("cannot list spool/%s: %s", d.name, e.strerror or e)
+                continue
+            for e in entries:
                 mid, sep, name = e.name.partition("--")
-                if sep and len(mid) == 26:
-                    yield d.name, mid, name, e.path
+                if sep and valid_id(mid) and name and bad_name(name) is None and not e.is_dir(follow_symlinks=False):
+                    yield d.name, mid, name, f"spool/{d.name}/{e.name}"
+                else:
+                    log.warning("spool/%s/%s is not a file relay made; it is left alone", d.name, shown(e.name))
+
+
+def outbox_problem(entry):
+    """Why relay will not read this entry of outbox/ as an agent's outbox, or None."""
+    if not valid_agent(entry.name):
+        return "invalid agent name (must match [A-Za-z0-9][A-Za-z0-9._-]{0,63})"
+    if entry.name == SYSTEM:
+        return f"{SYSTEM} is relay's own name; no agent sends as {SYSTEM}"
+    if entry.is_symlink():
+        return "a symbolic link; relay never follows links under its state directory"
+    if not entry.is_dir(follow_symlinks=False):
+        return "not a directory"
+    return None
+
+
+def valid_id(mid):
+    return len(mid) == 26 and all(c in ALPHABET for c in mid)
 
 
 MAX_NAME = 255 - 26 - 2 - len(".error.json")
@@ -134,34 +167,3 @@ def fit(name):
     if len(data) <= MAX_NAME:
         return name
     return data[:MAX_NAME].decode("utf-8", "ignore")
-
-
-
-def move(src, dst):
-    """Rename `src` to `dst`; copy + fsync + unlink only across file systems."""
-    try:
-        os.rename(src, dst)
-    except OSError as e:
-        if e.errno != errno.EXDEV:
-            raise
-        with open(src, "rb") as fin, open(dst, "xb") as fout:
-            while chunk := fin.read(1 << 20):
-                fout.write(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
-        os.unlink(src)
-
-
-def write_file(path, data, mode=0o644, sync=True):
-    """Write `data` to a new file at `path` (truncating a stale one), fsync when asked."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)

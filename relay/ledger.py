@@ -99,6 +99,11 @@ CREATE TABLE checkpoints (
     removed INTEGER NOT NULL
 );
 """),
+    (2, "per-recipient deliveries", """
+ALTER TABLE deliveries ADD COLUMN size INTEGER;
+ALTER TABLE deliveries ADD COLUMN sha256 TEXT;
+ALTER TABLE messages ADD COLUMN failing_since REAL;
+"""),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 GENESIS = "0" * 64
@@ -217,24 +222,13 @@ class Ledger:
 
     # -- the pipeline ----------------------------------------------------------------------
 
-    def register_and_claim(self, found, now, limit, plan, lazy=False):
+    def register_and_claim(self, found, now, limit, plan):
         """One transaction: insert newly found files as pending, claim up to `limit` due rows.
 
         `found` is a list of (id, sender, name, sent_at). A file already registered at the same
-        outbox path (not yet in relay's custody) is skipped. Returns (registered ids, claimed rows).
-        `lazy`: commit without syncing the WAL (the caller syncs the file system before anything
-        depends on this transaction).
+        outbox path (not yet in relay's custody) is skipped. Returns (registered ids, claimed
+        rows). The commit is durable before the caller moves any file the claim refers to.
         """
-        db = self.db
-        if lazy and self.durability == "full":
-            db.execute("PRAGMA synchronous = NORMAL")
-        try:
-            return self._register_and_claim(found, now, limit, plan)
-        finally:
-            if lazy and self.durability == "full":
-                db.execute("PRAGMA synchronous = FULL")
-
-    def _register_and_claim(self, found, now, limit, plan):
         db = self.db
         registered = []
         with self.transaction():
@@ -259,6 +253,14 @@ class Ledger:
             claimed = self._claim(now, limit, plan) if limit else []
         return registered, claimed
 
+    def refuse_found(self, mid, sender, name, now, reason, failed_path):
+        """A file refused before any claim (its name is unfit): recorded straight as failed."""
+        with self.transaction():
+            self.db.execute("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, "
+                            "failed_path) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?)",
+                            (mid, sender, name, now, now, reason, failed_path))
+            self._events([(mid, now, "discovered", f"outbox/{sender}/{name}"), (mid, now, "failed", reason)])
+
     def _claim(self, now, limit, plan):
         """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
         the claim so that recovery finds a file moved there before the batch was recorded."""
@@ -266,7 +268,7 @@ class Ledger:
             "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1 "
             "WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
             "ORDER BY next_attempt_at, id LIMIT :limit) AND status = 'pending' "
-            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at",
+            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since",
             {"now": now, "limit": limit}).fetchall()
         claimed = []
         for r in sorted(rows, key=lambda r: r["id"]):
@@ -286,104 +288,136 @@ class Ledger:
                             "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen",
                             [(n, now, now) for n in names])
 
-    def finish(self, now, outcomes):
-        """One transaction recording what a batch did. Each outcome is a dict with `id`, `state`
-        (archived, delivered, archive, archive-retry, failed, retry, defer) and the columns that
-        state sets."""
-        db = self.db
+    def record(self, now, works):
+        """One transaction recording what a batch did: each work by its Outcome, and every
+        recipient's delivery that became durable in it."""
         events = []
         with self.transaction():
-            bulk = [o for o in outcomes if o["state"] == "archived"]
-            if bulk:
-                self._archived(now, bulk, events)
-            for o in outcomes:
-                state = o["state"]
-                mid = o["id"]
-                if state == "archived":
-                    continue
-                if state == "delivered":        # to everyone, but the archive move failed
-                    db.execute(
-                        "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
-                        "thread = :thread, subject = :subject, body = :body, headers = :headers, "
-                        "size = :size, sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, "
-                        "spooled = 1, error = :error, archive_path = :archive_path, "
-                        "next_attempt_at = :next_attempt_at WHERE id = :id",
-                        {"now": now, **{k: o.get(k) for k in (
-                            "recipients", "kind", "thread", "subject", "body", "headers", "size", "sha256",
-                            "sent_at", "archive_path", "id", "error", "next_attempt_at")}})
-                    recipients = orjson.loads(o["recipients"])
-                    db.executemany("INSERT OR IGNORE INTO deliveries VALUES (?, ?, ?)",
-                                   [(mid, r, now) for r in recipients])
-                    events.extend((mid, now, "delivered", r) for r in recipients)
-                    events.append((mid, now, "archive-failed", o.get("error")))
-                    self._seen(recipients, now)
-                elif state == "archive":
-                    db.execute("UPDATE messages SET status = 'archived', archived_at = :now, spooled = 0, "
-                               "error = NULL, archive_path = :archive_path WHERE id = :id",
-                               {"now": now, "archive_path": o["archive_path"], "id": mid})
-                    events.append((mid, now, "archived", o["archive_path"]))
-                    self._chain(mid)
-                elif state == "archive-retry":
-                    db.execute("UPDATE messages SET error = :error, next_attempt_at = :at, retries = :retries "
-                               "WHERE id = :id", {"error": o["error"], "at": o["next_attempt_at"],
-                                                  "retries": o["retries"], "id": mid})
-                elif state == "failed":
-                    db.execute(
-                        "UPDATE messages SET status = 'failed', failed_at = :now, error = :error, "
-                        "failed_path = :failed_path, spooled = 0, archive_path = NULL, "
-                        "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
-                        "subject = coalesce(:subject, subject), size = coalesce(:size, size), "
-                        "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
-                        "sha256 = coalesce(:sha256, sha256), retries = coalesce(:retries, retries) "
-                        "WHERE id = :id",
-                        {"now": now, **{k: o.get(k) for k in ("error", "failed_path", "kind", "thread", "subject",
-                                                              "size", "sha256", "retries", "id",
-                                                              "recipients", "body")}})
-                    events.append((mid, now, o.get("event", "failed"), o["error"], o.get("actor", "relay")))
-                elif state == "retry":
-                    db.execute("UPDATE messages SET status = 'pending', retries = :retries, error = :error, "
-                               "next_attempt_at = :at, spooled = :spooled, archive_path = NULL WHERE id = :id",
-                               {"retries": o["retries"], "error": o["error"], "at": o["next_attempt_at"],
-                                "spooled": int(o["spooled"]), "id": mid})
-                    events.append((mid, now, "retried", o["error"]))
-                elif state == "defer":
-                    db.execute("UPDATE messages SET status = 'pending', next_attempt_at = :at, "
-                               "spooled = :spooled, archive_path = NULL WHERE id = :id",
-                               {"at": o["next_attempt_at"], "spooled": int(o["spooled"]), "id": mid})
-                    events.append((mid, now, "deferred", o.get("error")))
-                else:
-                    raise ValueError(f"unknown outcome state {state!r}")
+            deliveries = [(w.id, r, now, size, sha) for w in works for r, (size, sha) in w.got.items()]
+            if deliveries:
+                self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "
+                                    "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
+                events.extend((mid, now, "delivered", r) for mid, r, _, _, _ in deliveries)
+                self._seen({d[1] for d in deliveries}, now)
+            by_kind = {}
+            for w in works:
+                by_kind.setdefault(w.outcome, []).append(w)
+            for outcome, group in by_kind.items():
+                getattr(self, f"_record_{outcome.value}")(now, group, events)
             self._events(events)
 
-    def _archived(self, now, outcomes, events):
-        """The common case of a batch, in bulk: delivered to everyone and archived."""
-        db = self.db
-        db.executemany(
-            "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
-            "body = ?, headers = ?, size = ?, sha256 = ?, sent_at = ?, delivered_at = ?, archived_at = ?, "
-            "spooled = 0, error = NULL, archive_path = ?, next_attempt_at = 0 WHERE id = ?",
-            [(o["recipients"], o["kind"], o["thread"], o["subject"], o["body"], o["headers"], o["size"],
-              o["sha256"], o["sent_at"], now, now, o["archive_path"], o["id"]) for o in outcomes])
-        deliveries, everyone, links = [], set(), []
+    @staticmethod
+    def _fields(w):
+        m = w.message
+        if m is None:
+            return dict.fromkeys(("kind", "thread", "subject", "body", "headers", "recipients"))
+        return {"kind": m.kind, "thread": m.thread, "subject": m.subject, "body": m.body,
+                "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(w.recipients).decode()}
+
+    def _record_archived(self, now, works, events):
+        """The common case, in bulk: delivered to everyone and archived; chained for verify."""
+        rows = []
         if self._head is None:
             self._head = self.head()
         seq, prev = self._head
-        for o in outcomes:
-            mid = o["id"]
-            recipients = orjson.loads(o["recipients"])
-            everyone.update(recipients)
-            deliveries.extend((mid, r, now) for r in recipients)
-            events.extend((mid, now, "delivered", r) for r in recipients)
-            events.append((mid, now, "archived", o["archive_path"]))
+        links = []
+        for w in works:
+            f = self._fields(w)
+            rows.append((f["recipients"], f["kind"], f["thread"], f["subject"], f["body"], f["headers"], w.size,
+                         w.sha256, w.sent_at, now, now, w.archive_rel, w.id))
+            events.append((w.id, now, "archived", w.archive_rel))
             seq += 1
-            prev = chain_hash(prev, {"id": mid, "sender": o["sender"], "recipients": o["recipients"],
-                                     "discovered_at": o["discovered_at"], "delivered_at": now,
-                                     "archived_at": now, "sha256": o["sha256"], "archive_path": o["archive_path"]})
-            links.append((seq, mid, prev))
-        db.executemany("INSERT OR IGNORE INTO deliveries VALUES (?, ?, ?)", deliveries)
-        db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
+            prev = chain_hash(prev, {"id": w.id, "sender": w.sender, "recipients": f["recipients"],
+                                     "discovered_at": w.discovered_at, "delivered_at": now, "archived_at": now,
+                                     "sha256": w.sha256, "archive_path": w.archive_rel})
+            links.append((seq, w.id, prev))
+        self.db.executemany(
+            "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
+            "body = ?, headers = ?, size = ?, sha256 = ?, sent_at = ?, delivered_at = ?, archived_at = ?, "
+            "spooled = 0, error = NULL, archive_path = ?, next_attempt_at = 0, failing_since = NULL "
+            "WHERE id = ?", rows)
+        self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
         self._head = (seq, prev)
-        self._seen(everyone, now)
+
+    def _record_delivered(self, now, works, events):
+        """Delivered to everyone, but the archive move failed: retried by archive_due()."""
+        for w in works:
+            self.db.execute(
+                "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
+                "thread = :thread, subject = :subject, body = :body, headers = :headers, size = :size, "
+                "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
+                "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
+                {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at, "now": now,
+                 "error": str(w.error), "archive_path": w.archive_rel, "at": w.next_attempt_at, "id": w.id})
+            events.append((w.id, now, "archive-failed", str(w.error)))
+
+    def _record_retry(self, now, works, events):
+        """Back to pending after a transient failure (of the message, or of some recipients)."""
+        for w in works:
+            f = self._fields(w)
+            self.db.execute(
+                "UPDATE messages SET status = 'pending', retries = :retries, error = :error, "
+                "next_attempt_at = :at, spooled = :spooled, archive_path = NULL, "
+                "failing_since = coalesce(failing_since, :now), recipients = coalesce(:recipients, recipients), "
+                "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
+                "subject = coalesce(:subject, subject), body = coalesce(:body, body), "
+                "headers = coalesce(:headers, headers), size = coalesce(:size, size), "
+                "sha256 = coalesce(:sha256, sha256), sent_at = coalesce(:sent_at, sent_at) WHERE id = :id",
+                {**f, "retries": w.retries + 1, "error": w.error_text, "at": w.next_attempt_at,
+                 "spooled": int(w.spooled), "now": now, "size": w.size or None, "sha256": w.sha256,
+                 "sent_at": w.sent_at, "id": w.id})
+            events.append((w.id, now, "retried", w.error_text))
+
+    def _record_defer(self, now, works, events):
+        self.db.executemany("UPDATE messages SET status = 'pending', next_attempt_at = ?, spooled = ?, "
+                            "archive_path = NULL WHERE id = ?",
+                            [(w.next_attempt_at, int(w.spooled), w.id) for w in works])
+        events.extend((w.id, now, "deferred", w.error_text) for w in works)
+
+    def _record_failed(self, now, works, events):
+        for w in works:
+            f = self._fields(w)
+            self.db.execute(
+                "UPDATE messages SET status = 'failed', failed_at = :now, error = :error, "
+                "failed_path = :failed_path, spooled = 0, archive_path = NULL, "
+                "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
+                "subject = coalesce(:subject, subject), size = coalesce(:size, size), "
+                "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
+                "headers = coalesce(:headers, headers), sha256 = coalesce(:sha256, sha256), "
+                "sent_at = coalesce(:sent_at, sent_at), retries = :retries WHERE id = :id",
+                {**f, "now": now, "error": w.refused, "failed_path": w.failed_rel, "size": w.size or None,
+                 "sha256": w.sha256, "sent_at": w.sent_at, "retries": w.retries + (1 if w.error else 0),
+                 "id": w.id})
+            events.append((w.id, now, "failed", w.refused))
+
+    def fail_unreadable(self, now, problems):
+        """Claimed rows this build cannot read: failed with the reason. problems: (id, reason)."""
+        with self.transaction():
+            self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, spooled = 0 "
+                                "WHERE id = ?", [(now, reason, mid) for mid, reason in problems])
+            self._events([(mid, now, "failed", reason) for mid, reason in problems])
+
+    def archived_late(self, now, done, retry):
+        """Archive moves retried after delivery. done: (id, archive_path); retry: (id, error,
+        next_attempt_at, retries)."""
+        with self.transaction():
+            for mid, rel in done:
+                self.db.execute("UPDATE messages SET status = 'archived', archived_at = ?, spooled = 0, "
+                                "error = NULL, archive_path = ? WHERE id = ?", (now, rel, mid))
+                self._events([(mid, now, "archived", rel)])
+                self._chain(mid)
+            self.db.executemany("UPDATE messages SET error = ?, next_attempt_at = ?, retries = ? WHERE id = ?",
+                                [(err, at, retries, mid) for mid, err, at, retries in retry])
+
+    def delivered_to(self, ids):
+        """{id: {recipient: (size, sha256)}} of the deliveries recorded for these messages."""
+        out = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            for r in self.db.execute("SELECT message_id, recipient, size, sha256 FROM deliveries WHERE message_id "
+                                     f"IN ({','.join('?' * len(chunk))})", chunk):
+                out.setdefault(r[0], {})[r[1]] = (r[2], r[3])
+        return out
 
     # -- hash chain -------------------------------------------------------------------------
 
@@ -430,6 +464,25 @@ class Ledger:
                 "VALUES (?, ?, ?, 'pending', 1, ?, 1)", [(mid, s, n, now) for mid, s, n in found])
             self._events([(mid, now, "recovered", "found in the spool with no ledger record; registered again")
                           for mid, _, _ in found])
+
+    def unknown(self, ids):
+        """The ids among `ids` that no row holds."""
+        known = set()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            known.update(r[0] for r in self.db.execute(
+                f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+        return set(ids) - known
+
+    def latest_archived_at(self):
+        return self.db.execute("SELECT max(archived_at) FROM messages WHERE status = 'archived'").fetchone()[0]
+
+    def waiting(self, now, horizon):
+        """(what, why) of pending messages due within `horizon` seconds (what run --once left)."""
+        return [(f"{r['id']} from {r['sender']} (spool)" if r["spooled"] else f"outbox/{r['sender']}/{r['name']}",
+                 r["error"] or "pending")
+                for r in self.db.execute("SELECT id, sender, name, spooled, error FROM messages WHERE status = "
+                                         "'pending' AND next_attempt_at <= ? ORDER BY id", (now + horizon,))]
 
     def delivered_due(self, now, limit):
         return self.db.execute("SELECT * FROM messages WHERE status = 'delivered' AND next_attempt_at <= ? "

@@ -38,8 +38,14 @@ class Message:
 _iso_second = [None, ""]
 
 
+MIN_TS, MAX_TS = -62135596800.0, 253402300799.0     # 0001-01-01 .. 9999-12-31T23:59:59
+
+
 def iso(ts):
-    """UTC ISO 8601 with microseconds and a Z (the formatted second is reused)."""
+    """UTC ISO 8601 with microseconds and a Z (the formatted second is reused). A time beyond
+    what the calendar can show (a file dated year 30000) is shown at the calendar's end."""
+    if not MIN_TS <= ts <= MAX_TS:
+        ts = MIN_TS if ts < MIN_TS else MAX_TS
     second = int(ts // 1)
     micro = int(round((ts - second) * 1e6))
     if micro >= 1_000_000:

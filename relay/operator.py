@@ -4,9 +4,9 @@ import hashlib
 import os
 import time
 
-from .archive import Archive
+from .archive import Archive, check_rel
 from .errors import NotFound, RelayError
-from .layout import is_in_progress_name, move
+from .layout import is_in_progress_name
 from .ledger import GENESIS, chain_hash
 from .sync import Syncer
 
@@ -37,17 +37,18 @@ def retry(ledger, layout, ids, now=None):
         if row["status"] != "failed":
             problems.append(f"{row['id']}: is {row['status']}, not failed; nothing to retry")
             continue
-        src = layout.state / row["failed_path"] if row["failed_path"] else None
-        if src is None or not os.path.lexists(src):
+        src = row["failed_path"]
+        try:
+            present = bool(src) and layout.fs.exists(check_rel(src, "failed"))
+        except OSError:
+            present = False
+        if not present:
             problems.append(f"{row['id']}: its file is gone ({row['error']}); write the message again")
             continue
-        spool = layout.spool_path(row["sender"], row["id"], row["name"])
-        os.makedirs(os.path.dirname(spool), exist_ok=True)
-        move(src, spool)
-        try:
-            os.unlink(f"{src}.error.json")
-        except FileNotFoundError:
-            pass
+        archive = Archive(layout, Syncer("full", layout.fs))
+        archive.move(src, layout.spool_rel(row["sender"], row["id"], row["name"]))
+        layout.fs.unlink_quietly(f"{src}.error.json")
+        archive.syncer.flush("the retried message's move back to the spool")
         done += ledger.requeue([row["id"]], now, actor())
     return done, problems
 
@@ -66,20 +67,18 @@ def expire(ledger, layout, mid, now=None):
         if changed is None:
             raise RelayError(f"{row['id']} was claimed for delivery meanwhile; try again")
         ledger._events([(row["id"], now, "expired", reason, actor())])
-    archive = Archive(layout, Syncer("full", layout.state, mode="file"))
+    archive = Archive(layout, Syncer("full", layout.fs))
+    src = None      # a failed message is in failed/ already
     if row["status"] == "pending":
-        src = layout.spool_path(row["sender"], row["id"], row["name"]) if changed["spooled"] \
-            else layout.outbox / row["sender"] / row["name"]
-        src = src if os.path.lexists(src) else None
-    else:
-        src = None  # already in failed/
+        spool = layout.spool_rel(row["sender"], row["id"], row["name"])
+        src = spool if layout.fs.exists(spool) else f"outbox/{row['sender']}/{row['name']}"
+        src = src if layout.fs.exists(src) else None
     report = archive.report(row["id"], row["sender"], row["name"], reason, now)
-    rel = archive.quarantine(src, row["sender"], row["id"], row["name"], report) if src or not row["failed_path"] \
-        else row["failed_path"]
-    if row["status"] == "failed":
-        with open(layout.state / f"{rel}.error.json", "wb") as f:
-            import orjson
-            f.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    if src or not row["failed_path"]:
+        rel = archive.quarantine(src, row["sender"], row["id"], row["name"], report)
+    else:
+        rel = row["failed_path"]
+        archive.write_report(rel, report)
     archive.syncer.flush("expired message")
     with ledger.transaction() as db:
         db.execute("UPDATE messages SET failed_path = ?, spooled = 0 WHERE id = ?", (rel, row["id"]))

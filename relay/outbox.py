@@ -1,17 +1,25 @@
-"""Outbox scanning: which files are messages, and which of them are complete (SPEC section 2).
+"""Outbox files: which are messages, which are complete (SPEC section 2), custody and reading.
 
-A regular file is complete when an event said so (renamed in, closed after writing) or its
-mtime is at least `settle` old, and, on Linux, no process holds it open for writing (a read
-lease can be taken). Files that are not regular are reported at once so they can be
-quarantined; they are never opened.
+A regular file is complete when an event said so (renamed in, closed after writing) or it has
+stayed the same for `settle`, and, on Linux, no process holds it open for writing (a read lease
+can be taken). Its mtime only says how long it has stayed the same when that mtime lies in the
+past: a file dated in the future is watched by relay's own clock instead. A file with other
+hard links waits out a writer's link-then-unlink moment, then is delivered from a private copy.
+Files that are not regular are reported at once so they can be quarantined; they are never
+opened. A name that is not UTF-8 or holds control characters is quarantined without a claim.
+
+Custody: a claimed file is renamed into `spool/<agent>/<id>--<name>` before it is read.
 """
 import dataclasses
 import errno
+import hashlib
 import logging
 import os
 import signal
 import stat
 
+from .errors import TransientError
+from .fs import Unsafe, bad_name, shown, write_all
 from .layout import is_in_progress_name
 
 log = logging.getLogger(__name__)
@@ -23,16 +31,17 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None
     F_SETLEASE = None
 
-OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+MIN_RECHECK = 0.05          # seconds before a busy file is looked at again
+HEADER_ALLOWANCE = 256 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
 class Found:
     sender: str
     name: str
-    path: str
     sent_at: float
-    regular: bool
+    regular: bool = True
+    bad: str = None             # why the name itself is refused
 
 
 def ignore_lease_breaks():
@@ -66,101 +75,222 @@ class Leases:
         fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
         return False
 
-    def busy(self, path):
-        try:
-            fd = os.open(path, OPEN_FLAGS)
-        except OSError:
-            return False
-        try:
-            return self.writers(fd)
-        finally:
-            os.close(fd)
-
 
 class Outbox:
-    """Finds complete message files in outbox/<agent>/ directories."""
+    """Finds complete message files in outbox/<agent>/ directories and takes custody of them."""
 
-    def __init__(self, layout, settle, leases=None):
+    def __init__(self, layout, settle, syncer, leases=None):
         self.layout = layout
+        self.fs = layout.fs
         self.settle = settle
+        self.syncer = syncer
         self.leases = leases or Leases()
-        self.waiting = {}        # path -> time at which to look again
+        self.waiting = {}        # (sender, name) -> (time to look again, why, waiting since)
+        self.seen = {}           # (sender, name) -> ((size, mtime_ns, ino), first seen) for future mtimes
         self.reported = set()    # bad directories already logged
 
+    # -- finding ----------------------------------------------------------------------------
+
     def agent_dirs(self):
-        for name, path, problem in self.layout.outbox_dirs():
+        for name, rel, problem in self.layout.outbox_dirs():
             if problem:
                 if name not in self.reported:
                     self.reported.add(name)
-                    log.warning("outbox/%s is not read: %s", name, problem)
+                    log.warning("outbox/%s is not read: %s", shown(name), problem)
                 continue
-            yield name, path
+            yield name
 
     def scan_all(self, now):
         """Every complete file in every valid outbox (a generator)."""
-        for name, path in self.agent_dirs():
-            yield from self.scan_dir(name, path, now)
+        for name in self.agent_dirs():
+            yield from self.scan_dir(name, now)
 
-    def scan_dir(self, sender, path, now):
+    def scan_dir(self, sender, now):
         try:
-            entries = os.scandir(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return
+            entries = self.fs.scandir(f"outbox/{sender}")
         except OSError as e:
-            log.warning("cannot list outbox/%s: %s", sender, e)
+            if e.errno != errno.ENOENT:
+                log.warning("cannot list outbox/%s: %s", sender, e.strerror or e)
             return
-        with entries:
-            for entry in entries:
-                if is_in_progress_name(entry.name):
-                    continue
-                found = self.check(sender, entry.path, now)
-                if found:
-                    yield found
+        for entry in entries:
+            if is_in_progress_name(entry.name):
+                continue
+            found = self.check(sender, entry.name, now)
+            if found:
+                yield found
 
-    def check(self, sender, path, now, hinted=False):
-        """A Found when the file at `path` is ready to be taken, else None (maybe waiting)."""
-        name = os.path.basename(path)
+    def check(self, sender, name, now, hinted=False):
+        """A Found when the file is ready to be taken, else None (maybe waiting)."""
         if is_in_progress_name(name):
             return None
+        key = (sender, name)
         try:
-            st = os.lstat(path)
-        except OSError:
-            self.waiting.pop(path, None)
+            st = self.fs.lstat(f"outbox/{sender}/{name}")
+        except (OSError, ValueError):
+            self._forget(key)
             return None
         if stat.S_ISDIR(st.st_mode):
             return None
-        if not stat.S_ISREG(st.st_mode):
-            self.waiting.pop(path, None)
-            return Found(sender, name, path, st.st_mtime, regular=False)
-        if not hinted and now - st.st_mtime < self.settle:
-            self.waiting[path] = (sender, st.st_mtime + self.settle)
-            return None
-        if self.leases.busy(path):
-            self.waiting[path] = (sender, now + max(self.settle, 0.05))
-            return None
-        self.waiting.pop(path, None)
-        return Found(sender, name, path, st.st_mtime, regular=True)
+        reason = bad_name(name)
+        if reason or not stat.S_ISREG(st.st_mode):
+            self._forget(key)
+            return Found(sender, name, st.st_mtime, regular=stat.S_ISREG(st.st_mode), bad=reason)
+        age = now - st.st_mtime
+        if st.st_nlink > 1 and not hinted and age < self.settle:
+            return self._wait(key, now, st.st_mtime + self.settle, "has other hard links")
+        if age < 0 and not hinted:                      # dated in the future: relay's clock decides
+            mark = (st.st_size, st.st_mtime_ns, st.st_ino)
+            first = self.seen.get(key)
+            if first is None or first[0] != mark:
+                self.seen[key] = (mark, now)
+                return self._wait(key, now, now + self.settle, "settling (dated in the future)")
+            if now - first[1] < self.settle:
+                return self._wait(key, now, first[1] + self.settle, "settling (dated in the future)")
+        elif not hinted and age < self.settle:
+            return self._wait(key, now, st.st_mtime + self.settle, "settling")
+        if self._busy(sender, name):
+            return self._wait(key, now, now + max(self.settle, MIN_RECHECK), "held open for writing")
+        self._forget(key)
+        return Found(sender, name, st.st_mtime)
+
+    def _wait(self, key, now, at, why):
+        since = self.waiting.get(key, (None, None, now))[2]
+        self.waiting[key] = (at, why, since)
+        return None
+
+    def _forget(self, key):
+        self.waiting.pop(key, None)
+        self.seen.pop(key, None)
+
+    def _busy(self, sender, name):
+        try:
+            fd = self.fs.open_read(f"outbox/{sender}/{name}")
+        except OSError:
+            return False
+        try:
+            return self.leases.writers(fd)
+        finally:
+            os.close(fd)
 
     def due_waiting(self, now):
         """Waiting files whose time to look again has come."""
-        due = [(p, s) for p, (s, at) in self.waiting.items() if at <= now]
-        for path, sender in due:
-            found = self.check(sender, path, now)
+        due = [key for key, (at, _, _) in self.waiting.items() if at <= now]
+        for sender, name in due:
+            found = self.check(sender, name, now)
             if found:
                 yield found
 
     def next_deadline(self):
-        return min((at for _, at in self.waiting.values()), default=None)
+        return min((at for at, _, _ in self.waiting.values()), default=None)
+
+    def left(self, now, patience):
+        """(rel path, why, seconds waited) of files waiting longer than `patience`."""
+        return [(f"outbox/{s}/{n}", why, now - since) for (s, n), (_, why, since) in sorted(self.waiting.items())
+                if now - since >= patience]
+
+    # -- custody and reading ----------------------------------------------------------------
+
+    def take(self, w):
+        """Take custody of a claimed message: its file into the spool. Sets w.path, or
+        w.refused / w.error."""
+        spool = self.layout.spool_rel(w.sender, w.id, w.name)
+        fs = self.fs
+        if fs.exists(spool):            # taken by an earlier attempt (its record may be lost)
+            w.path = spool
+            return
+        if w.spooled:
+            w.refused = "the message file vanished from relay's spool before it was delivered"
+            return
+        src = f"outbox/{w.sender}/{w.name}"
+        try:
+            st = fs.lstat(src)
+        except FileNotFoundError:
+            w.refused = (f"outbox/{w.sender}/{w.name} disappeared before relay could read it "
+                         "(deleted or moved away by someone else)")
+            return
+        except OSError as e:
+            w.error = TransientError(f"cannot look at outbox/{w.sender}/{w.name}: {e.strerror or e}")
+            return
+        if not stat.S_ISREG(st.st_mode):
+            w.path = src
+            w.refused = not_regular(st)
+            return
+        try:
+            fs.rename(src, spool, make_parents=True)
+        except FileNotFoundError:
+            w.refused = f"outbox/{w.sender}/{w.name} disappeared before relay could read it"
+            return
+        except OSError as e:
+            w.error = TransientError(f"cannot take outbox/{w.sender}/{w.name} into spool/{w.sender}: "
+                                     f"{e.strerror or e}")
+            return
+        self.syncer.dir_changed(f"outbox/{w.sender}")
+        self.syncer.dir_changed(f"spool/{w.sender}")
+        w.path = spool
+
+    def read(self, w, max_body_bytes):
+        """Read the spooled file into w.data (bounded), or set w.refused / w.error / w.defer."""
+        try:
+            fd = self.fs.open_read(w.path)
+        except OSError as e:
+            w.error = TransientError(f"cannot open the message: {e.strerror or e}")
+            return
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                w.refused = not_regular(st)
+                return
+            if self.leases.writers(fd):
+                w.defer = True
+                return
+            limit = max_body_bytes + HEADER_ALLOWANCE
+            if st.st_size > limit:
+                w.refused = (f"the file is {st.st_size} bytes, over max_body_bytes "
+                             f"({max_body_bytes}) plus room for headers")
+                return
+            chunks, total = [], 0
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+                total += len(chunk)
+                if total > limit:
+                    w.refused = f"the file grew past {limit} bytes while relay read it"
+                    return
+            if st.st_nlink > 1:
+                data = b"".join(chunks)
+                self._private_copy(w, data, stat.S_IMODE(st.st_mode) & ~0o022)
+                chunks = [data]
+            elif st.st_mode & 0o022:    # the archived original is not writable by group/other
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+            w.data = b"".join(chunks)
+            w.sent_at = st.st_mtime
+        except OSError as e:
+            w.error = TransientError(f"reading the message: {e.strerror or e}")
+            return
+        finally:
+            os.close(fd)
+        w.size = len(w.data)
+        w.sha256 = hashlib.sha256(w.data).hexdigest()
+
+    def _private_copy(self, w, data, mode):
+        """The file shares its inode with another name (maybe outside the state directory):
+        deliver and archive a copy of its bytes that relay alone holds; the other names, and
+        the inode they share, are left as they are."""
+        tmp = f"spool/{w.sender}/.copy-{w.id}"
+        fd = self.fs.create(tmp, mode)
+        try:
+            write_all(fd, data)
+            self.syncer.sync_now(fd, f"the private copy of {w.id}")
+        finally:
+            os.close(fd)
+        self.fs.rename(tmp, w.path)
+        self.syncer.dir_changed(f"spool/{w.sender}")
+        log.info("%s from %s has other hard links: relay delivers and archives a private copy", w.id, w.sender)
 
 
-def not_regular(path, st):
+def not_regular(st):
     mode = st.st_mode
     if stat.S_ISLNK(mode):
-        try:
-            target = os.readlink(path)
-        except OSError:
-            target = "?"
-        what = f"a symbolic link (to {target})"
+        what = "a symbolic link"
     elif stat.S_ISFIFO(mode):
         what = "a FIFO (named pipe)"
     elif stat.S_ISSOCK(mode):
@@ -170,3 +300,6 @@ def not_regular(path, st):
     else:
         what = "not a regular file"
     return f"{what}: relay only relays regular files and never opens these; write the message as a plain file"
+
+
+__all__ = ["Found", "Leases", "Outbox", "Unsafe", "ignore_lease_breaks", "not_regular"]

@@ -30,12 +30,12 @@ def sweep(ledger, archive, now, keep, dry_run=False, limit=BATCH):
     result.more = len(archived) == limit or len(failed) == limit
     if dry_run or not result.ids:
         return result
-    for row in archived:
-        if row["archive_path"]:
-            archive.remove(row["archive_path"])
-    for row in failed:
-        if row["failed_path"]:
-            archive.remove(row["failed_path"])
+    for rel in [r["archive_path"] for r in archived] + [r["failed_path"] for r in failed]:
+        if rel:
+            try:
+                archive.remove(rel)
+            except OSError as e:
+                log.error("retention sweep: cannot remove %r: %s", rel, e.strerror or e)
     sweep_delete(ledger, archived, failed, now)
     log.info("retention sweep removed %d archived and %d failed messages older than %ss",
              len(archived), len(failed), int(keep))

@@ -89,14 +89,14 @@ class Daemon:
         try:
             while not self.stopping:
                 relay.wake.clear()
+                if self.reload:         # before the step: what arrives after a SIGHUP sees the new config
+                    self.do_reload()
                 counts = self.step()
                 relayed += counts.archived
                 failed += counts.failed
                 if (counts.archived or counts.failed) and time.monotonic() >= next_status:
                     notify(f"STATUS=relayed {relayed}, failed {failed} since start")
                     next_status = time.monotonic() + 5.0
-                if self.reload:
-                    self.do_reload()
                 if self.ping_every and time.monotonic() >= next_ping:
                     notify("WATCHDOG=1")
                     next_ping = time.monotonic() + self.ping_every

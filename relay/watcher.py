@@ -62,14 +62,14 @@ class Handler(FileSystemEventHandler):
         sender, file_path = where
         if event.is_directory:
             if file_path is None and isinstance(event, (DirCreatedEvent, DirMovedEvent)):
-                self.relay.hint("dir", sender, os.path.join(self.outbox, sender))
+                self.relay.hint("dir", sender)
             return
         if file_path is None:
             return
         if event.event_type == "deleted":
             return
         complete = isinstance(event, (FileMovedEvent, FileClosedEvent))
-        self.relay.hint("closed" if complete else "file", sender, file_path)
+        self.relay.hint("closed" if complete else "file", sender, os.path.basename(file_path))
 
 
 class Watcher:
@@ -90,11 +90,6 @@ class Watcher:
         else:
             self.observer = Observer()
         self.observer.schedule(Handler(self.relay, outbox), str(outbox), recursive=True, event_filter=EVENTS)
-        for name, path, problem in self.relay.layout.outbox_dirs():
-            if problem is None and os.path.islink(path):
-                # inotify does not follow symlinked directories; watch the target too.
-                self.observer.schedule(_LinkedHandler(self.relay, name, path), os.path.realpath(path),
-                                       recursive=False, event_filter=EVENTS)
         logging.getLogger("watchdog").addHandler(self.lost)
         self.observer.daemon = True
         self.observer.start()
@@ -114,20 +109,3 @@ class Watcher:
             self.observer.stop()
             self.observer.join(timeout=5)
             self.observer = None
-
-
-class _LinkedHandler(FileSystemEventHandler):
-    """Events inside a symlinked agent directory's target, mapped back to the agent."""
-
-    def __init__(self, relay, sender, link):
-        self.relay, self.sender, self.link = relay, sender, str(link)
-
-    def dispatch(self, event):
-        if event.is_directory or event.event_type == "deleted":
-            return
-        path = event.dest_path if isinstance(event, FileMovedEvent) else event.src_path
-        if not path:
-            return
-        path = os.path.join(self.link, os.path.basename(os.fsdecode(path)))
-        complete = isinstance(event, (FileMovedEvent, FileClosedEvent))
-        self.relay.hint("closed" if complete else "file", self.sender, path)

@@ -67,9 +67,9 @@ class Project:
     def config(self, **values):
         return config_mod.load(self.root, ".relay", env={}, overrides=values)
 
-    def relay(self, agents=("Ann", "Ben", "Cy"), **values):
+    def relay(self, agents=("Ann", "Ben", "Cy"), fsync=None, sync_mode=None, **values):
         values.setdefault("agents", list(agents))
-        relay = Relay(self.config(**values), clock=self.clock)
+        relay = Relay(self.config(**values), clock=self.clock, fsync=fsync, sync_mode=sync_mode)
         self.relays.append(relay)
         return relay
 
@@ -93,6 +93,21 @@ class Project:
 
     def files(self, sub):
         return sorted(p for p in (self.state / sub).rglob("*") if p.is_file())
+
+
+def failing_create(relay, error, when=lambda rel: rel.startswith("inbox/")):
+    """Make the relay's confined file system refuse to create matching files with `error`
+    (an OSError) while `switch["on"]`; returns the switch."""
+    real = relay.fs.create
+    switch = {"on": True}
+
+    def create(rel, *a, **k):
+        if switch["on"] and when(rel):
+            raise error
+        return real(rel, *a, **k)
+
+    relay.fs.create = create
+    return switch
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ import os
 import sys
 
 from relay import config as config_mod
-from relay import daemon as daemon_mod
-from relay import inbox as inbox_mod
 from relay import retention as retention_mod
 from relay.daemon import Relay
 
@@ -48,18 +46,18 @@ def main(root, boundary, phase="deliver"):
     flush = lambda what: (lambda w: w == what)  # noqa: E731
     points = {
         "registered-claimed": lambda: after(relay.ledger, "register_and_claim", when=lambda f, *a, **k: bool(f)),
-        "custody": lambda: after(daemon_mod, "move"),
-        "tmp-write-1": lambda: after(relay.inbox, "_write"),
-        "tmp-write-2": lambda: after(relay.inbox, "_write", nth=2),
+        "custody": lambda: after(relay.fs, "rename", when=lambda src, dst, **k: src.startswith("outbox/")),
+        "tmp-write-1": lambda: after(relay.fs, "create", when=lambda rel, *a, **k: rel.startswith("inbox/")),
+        "tmp-write-2": lambda: after(relay.fs, "create", nth=2, when=lambda rel, *a, **k: rel.startswith("inbox/")),
         "tmp-synced": lambda: after(relay.syncer, "flush", when=flush("inbox tmp files")),
-        "link-1": lambda: after(inbox_mod.os, "link"),
-        "link-3": lambda: after(inbox_mod.os, "link", nth=3),
+        "link-1": lambda: after(relay.fs, "link"),
+        "link-3": lambda: after(relay.fs, "link", nth=3),
         "new-synced": lambda: after(relay.syncer, "flush", when=flush("inbox new/ directories")),
         "archive-move-1": lambda: after(relay.archive, "store"),
         "quarantine": lambda: after(relay.archive, "quarantine"),
         "archive-synced": lambda: after(relay.syncer, "flush", when=flush("archive and outbox directories")),
-        "before-commit": lambda: before(relay.ledger, "finish"),
-        "after-commit": lambda: after(relay.ledger, "finish"),
+        "before-commit": lambda: before(relay.ledger, "record"),
+        "after-commit": lambda: after(relay.ledger, "record"),
         "sweep-files": lambda: before(retention_mod, "sweep_delete"),
         "sweep-commit": lambda: after(retention_mod, "sweep_delete"),
     }

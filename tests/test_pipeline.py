@@ -4,7 +4,9 @@ import json
 import os
 import stat
 
+import orjson
 import pytest
+from conftest import failing_create
 
 from relay.ledger import Ledger
 
@@ -43,7 +45,8 @@ def test_broadcast_reaches_every_known_agent_but_the_sender(project):
     project.drop("Ann", "all", '{"to": "*", "body": "to everyone"}')
     relay.drain()
     assert [len(project.inbox(a)) for a in ("Ann", "Ben", "Cy", "Dee")] == [0, 1, 1, 1]
-    assert project.inbox("Ben")[0]["to"] == ["Ben", "Cy", "Dee"]
+    assert project.inbox("Ben")[0]["to"] == ["*"]          # the same envelope for every agent
+    assert orjson.loads(only_row(relay)["recipients"]) == ["Ben", "Cy", "Dee"]
 
 
 def test_control_kind_goes_to_system(project):
@@ -158,15 +161,7 @@ def test_symlink_and_fifo_quarantined_never_opened(project, tmp_path):
 def test_transient_error_backs_off_then_delivers(project, clock, monkeypatch):
     relay = project.relay(retry_backoff="10s")
     project.drop("Ann", "m", "TO: Ben\n\nx")
-    real = relay.inbox._write
-    full = {"on": True}
-
-    def write(path, data, recipient):
-        if full["on"]:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(path, data, recipient)
-
-    monkeypatch.setattr(relay.inbox, "_write", write)
+    full = failing_create(relay, OSError(errno.ENOSPC, "No space left on device"))
     counts = relay.step()
     assert counts.retried == 1
     row = only_row(relay)
@@ -181,13 +176,9 @@ def test_transient_error_backs_off_then_delivers(project, clock, monkeypatch):
 
 
 def test_retries_exhausted_fails(project, clock, monkeypatch):
-    relay = project.relay(retry_backoff="1s", max_retries=2)
+    relay = project.relay(retry_backoff="1s", max_retries=2, retry_period="0s")
     project.drop("Ann", "m", "TO: Ben\n\nx")
-
-    def denied(path, data, recipient):
-        raise OSError(errno.EACCES, "Permission denied", str(path))
-
-    monkeypatch.setattr(relay.inbox, "_write", denied)
+    failing_create(relay, OSError(errno.EACCES, "Permission denied"))
     for _ in range(3):
         relay.step()
         clock.advance(100)
@@ -198,15 +189,12 @@ def test_retries_exhausted_fails(project, clock, monkeypatch):
 
 
 def test_fsync_eio_fails_and_is_not_retried(project, monkeypatch):
-    relay = project.relay()
-    relay.syncer.mode = "file"
-    project.drop("Ann", "m", "TO: Ben\n\nx")
-    import relay.sync as sync_mod
-
     def eio(fd):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(sync_mod, "fsync", eio)
+    relay = project.relay(sync_mode="file")
+    relay.syncer.fsync = eio
+    project.drop("Ann", "m", "TO: Ben\n\nx")
     counts = relay.step()
     assert counts.failed == 1 and counts.retried == 0
     row = only_row(relay)
@@ -244,7 +232,7 @@ def test_crash_between_inbox_link_and_ledger_update_redelivers_once(project, clo
     def die(*a, **k):
         raise Crash()
 
-    monkeypatch.setattr(relay.ledger, "finish", die)
+    monkeypatch.setattr(relay.ledger, "record", die)
     with pytest.raises(Crash):
         relay.step()
     assert len(project.inbox("Ben")) == 1
@@ -263,7 +251,7 @@ def test_crash_between_inbox_link_and_ledger_update_redelivers_once(project, clo
 def test_redelivery_skips_a_recipient_that_already_took_it(project, monkeypatch):
     relay = project.relay()
     project.drop("Ann", "m", "TO: Ben\n\nx")
-    monkeypatch.setattr(relay.ledger, "finish", lambda *a, **k: (_ for _ in ()).throw(Crash()))
+    monkeypatch.setattr(relay.ledger, "record", lambda *a, **k: (_ for _ in ()).throw(Crash()))
     with pytest.raises(Crash):
         relay.step()
     [new] = (project.state / "inbox/Ben/new").iterdir()
@@ -368,21 +356,20 @@ def test_newer_schema_refused_and_untouched(project):
     assert (project.state / "ledger.sqlite").read_bytes() == before
 
 
-def test_claim_commit_is_made_durable_by_the_batch_sync(project):
-    """With one syncfs per phase, the claim's commit skips its own WAL fsync (the sync that
-    follows covers it) and the ledger is back to synchronous=FULL for the batch's record."""
-    relay = project.relay()
-    if relay.syncer.mode != "fs":
-        pytest.skip("syncfs is not available here")
+@pytest.mark.parametrize("mode", ["fs", "file"])
+def test_claim_commit_is_durable_before_custody(project, mode):
+    """The custody rename depends on the claim's record: the claim commits at synchronous=FULL
+    (its WAL fsynced) before any file moves, whatever the file system's sync mode."""
+    relay = project.relay(sync_mode=mode)
     project.drop("Ann", "m", "TO: Ben\n\nx")
-    trace = []
-    relay.ledger.db.set_trace_callback(trace.append)
+    order = []
+    relay.ledger.db.set_trace_callback(lambda sql: order.append(sql))
+    real = relay.fs.rename
+    relay.fs.rename = lambda src, dst, **k: (order.append(f"rename {src}"), real(src, dst, **k))[1]
     relay.step()
     relay.ledger.db.set_trace_callback(None)
-    commits = [i for i, sql in enumerate(trace) if sql == "COMMIT"]
-    normal = trace.index("PRAGMA synchronous = NORMAL")
-    full = trace.index("PRAGMA synchronous = FULL")
-    assert normal < commits[0] < full < commits[1]
+    assert "PRAGMA synchronous = NORMAL" not in order
+    assert order.index("COMMIT") < order.index("rename outbox/Ann/m")
     assert relay.ledger.pragmas()["synchronous"] == "FULL"
 
 

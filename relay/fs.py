@@ -1,0 +1,263 @@
+"""The confined file system: every operation relay makes inside the state directory.
+
+Paths are relative to the state directory ("inbox/Bob/new/<id>.json") and are walked from a
+descriptor of the state directory one component at a time with `O_NOFOLLOW | O_DIRECTORY`, so
+a symbolic link at any level (an agent directory, `inbox/<x>`, `new/`, `archive`, a day of the
+archive) is refused, never followed, and nothing outside the state directory is ever read,
+written, renamed or deleted. The last component is always acted on with `dir_fd=` and
+`follow_symlinks=False` (or `O_NOFOLLOW`).
+
+Directory descriptors are cached while a batch runs; `forget()` closes them (the relay calls
+it at the start of every step), so a directory an agent swaps for a link between two steps is
+seen as it is now.
+
+Names are str as the OS gives them (undecodable bytes as surrogate escapes); `bad_name` tells
+whether one is fit for the ledger, the logs and an envelope, and `shown` escapes any name for a
+log line or a report.
+"""
+import errno
+import os
+import stat
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_MODE = 0o755
+
+
+class Unsafe(OSError):
+    """A path component is a symbolic link or not a directory: relay does not go there."""
+
+
+def bad_name(name):
+    """Why a file name cannot be taken as a message name (not UTF-8, control characters), or None."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "its name is not valid UTF-8"
+    if any(c < " " or c == "\x7f" for c in name):
+        return "its name holds control characters"
+    return None
+
+
+def shown(name):
+    """A name fit for one log line or report: undecodable bytes and control characters escaped."""
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    out = []
+    for c in name:
+        o = ord(c)
+        if 0xDC80 <= o <= 0xDCFF:           # an undecodable byte (surrogate escape)
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif o < 32 or o == 0x7F or 0xD800 <= o <= 0xDFFF:
+            out.append(f"\\x{o:02x}" if o < 256 else f"\\u{o:04x}")
+        elif c == "\\":
+            out.append("\\\\")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def split(rel):
+    """The components of a relative path, each checked: no empty, '.', '..' or NUL."""
+    parts = rel.split("/") if isinstance(rel, str) else list(rel)
+    for p in parts:
+        if not p or p in (".", "..") or "\0" in p or "/" in p:
+            raise Unsafe(errno.EINVAL, f"{shown('/'.join(parts))!r} is not a path inside the state directory")
+    return parts
+
+
+def _refusal(e, where):
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return Unsafe(e.errno, f"{shown(where)} is a symbolic link or not a directory; relay never follows links "
+                               "under its state directory")
+    return e
+
+
+class StateDir:
+    """A descriptor of the state directory and confined operations relative to it."""
+
+    def __init__(self, path, on_dir_created=None):
+        self.path = str(path)
+        os.makedirs(self.path, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._dirs = {(): self.fd}
+        # Called with the relative path of a directory whose entries changed because relay
+        # created a sub-directory in it (the syncer makes that change durable).
+        self.on_dir_created = on_dir_created
+
+    def close(self):
+        self.forget()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def forget(self):
+        """Close cached directory descriptors: the next operation walks from the top again."""
+        for key, fd in list(self._dirs.items()):
+            if key:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._dirs = {(): self.fd}
+
+    def abspath(self, rel):
+        return os.path.join(self.path, rel) if rel else self.path
+
+    # -- directories ------------------------------------------------------------------------
+
+    def dir(self, rel, create=False):
+        """A descriptor of the directory at `rel` (cached; do not close it). With `create`,
+        missing components are made (each creation noted for the syncer)."""
+        parts = tuple(split(rel)) if rel else ()
+        fd = self._dirs.get(parts)
+        if fd is not None:
+            return fd
+        i = len(parts)
+        while i > 0 and parts[:i] not in self._dirs:
+            i -= 1
+        fd = self._dirs[parts[:i]]
+        for j in range(i, len(parts)):
+            name = parts[j]
+            try:
+                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(name, DIR_MODE, dir_fd=fd)
+                    if self.on_dir_created is not None:
+                        self.on_dir_created("/".join(parts[:j]))
+                except FileExistsError:
+                    pass
+                try:
+                    child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    raise _refusal(e, "/".join(parts[:j + 1])) from None
+            except OSError as e:
+                raise _refusal(e, "/".join(parts[:j + 1])) from None
+            self._dirs[parts[:j + 1]] = child
+            fd = child
+        return fd
+
+    def _at(self, rel, create=False):
+        """(directory fd, last component) of `rel`."""
+        parts = split(rel)
+        return self.dir("/".join(parts[:-1]), create=create) if len(parts) > 1 else self.fd, parts[-1]
+
+    def makedirs(self, rel):
+        self.dir(rel, create=True)
+
+    def isdir(self, rel):
+        try:
+            self.dir(rel)
+            return True
+        except OSError:
+            return False
+
+    def scandir(self, rel):
+        """The entries of the directory at `rel` (DirEntry objects; their .path is the name)."""
+        fd = self.dir(rel)
+        with os.scandir(fd) as it:
+            return list(it)
+
+    def names(self, rel):
+        return [e.name for e in self.scandir(rel)]
+
+    # -- files ------------------------------------------------------------------------------
+
+    def lstat(self, rel):
+        fd, name = self._at(rel)
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+
+    def exists(self, rel):
+        try:
+            self.lstat(rel)
+            return True
+        except OSError:
+            return False
+
+    def open_read(self, rel):
+        """A read-only descriptor of the file at `rel`, never through a link, never blocking
+        on a FIFO. The caller closes it."""
+        fd, name = self._at(rel)
+        return os.open(name, READ_FLAGS, dir_fd=fd)
+
+    def read(self, rel, limit=None):
+        fd = self.open_read(rel)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise Unsafe(errno.EINVAL, f"{shown(rel)} is not a regular file")
+            chunks, total = [], 0
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+                total += len(chunk)
+                if limit is not None and total > limit:
+                    break
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def create(self, rel, mode=0o644, make_parents=False):
+        """A new file at `rel` opened for writing. A file already there (a stale temporary, or
+        something planted) is unlinked first, never truncated: it may be a hard link to a file
+        outside. The caller writes, syncs (see sync.Syncer) and closes."""
+        dfd, name = self._at(rel, create=make_parents)
+        try:
+            return os.open(name, CREATE_FLAGS, mode, dir_fd=dfd)
+        except FileExistsError:
+            os.unlink(name, dir_fd=dfd)
+            return os.open(name, CREATE_FLAGS, mode, dir_fd=dfd)
+
+    def put(self, rel, data, mode=0o644, fsync=os.fsync):
+        """Write a whole new file at `rel` durably and atomically: a hidden temporary beside it,
+        written in full, synced, renamed into place, the directory synced."""
+        parts = split(rel)
+        tmp = "/".join(parts[:-1] + [f".{parts[-1]}.tmp"])
+        fd = self.create(tmp, mode, make_parents=True)
+        try:
+            write_all(fd, data)
+            if fsync:
+                fsync(fd)
+        finally:
+            os.close(fd)
+        self.rename(tmp, rel)
+        if fsync:
+            fsync(self.dir("/".join(parts[:-1])))
+
+    def rename(self, src, dst, make_parents=False):
+        sfd, sname = self._at(src)
+        dfd, dname = self._at(dst, create=make_parents)
+        os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+
+    def link(self, src, dst):
+        sfd, sname = self._at(src)
+        dfd, dname = self._at(dst)
+        os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+
+    def unlink(self, rel):
+        fd, name = self._at(rel)
+        os.unlink(name, dir_fd=fd)
+
+    def unlink_quietly(self, rel):
+        try:
+            self.unlink(rel)
+            return True
+        except OSError:
+            return False
+
+    def rmdir(self, rel):
+        parts = tuple(split(rel))
+        fd, name = self._at(rel)
+        os.rmdir(name, dir_fd=fd)
+        stale = self._dirs.pop(parts, None)
+        if stale is not None:
+            os.close(stale)
+
+
+def write_all(fd, data):
+    """Write every byte of `data` to `fd` (a short write is continued)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -1,0 +1,78 @@
+"""The values a batch passes between rooms: what a step did, and one claimed message on its way."""
+import dataclasses
+import enum
+
+
+class Outcome(str, enum.Enum):
+    """What became of a claimed message in one batch (the ledger records each kind)."""
+    ARCHIVED = "archived"       # delivered to every recipient, original archived
+    DELIVERED = "delivered"     # delivered to every recipient, the archive move failed
+    RETRY = "retry"             # some or all recipients are tried again after a backoff
+    DEFER = "defer"             # still open for writing, or left for the next batch
+    FAILED = "failed"           # quarantined
+
+    def __str__(self):
+        return self.value
+
+
+@dataclasses.dataclass
+class Counts:
+    registered: int = 0
+    claimed: int = 0
+    delivered: int = 0
+    archived: int = 0
+    failed: int = 0
+    retried: int = 0
+    deferred: int = 0
+    swept: int = 0
+
+    def add(self, other):
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def busy(self):
+        return bool(self.registered or self.claimed or self.archived or self.swept)
+
+
+@dataclasses.dataclass(eq=False)
+class Work:
+    """One claimed message on its way through a batch."""
+    id: str
+    sender: str
+    name: str
+    archive_rel: str
+    retries: int
+    thorough: bool                  # an earlier attempt may have delivered to some recipients
+    spooled: bool = False
+    discovered_at: float = None
+    failing_since: float = None
+    path: str = None                # relative path of the file now (spool, or outbox when not regular)
+    refused: str = None             # permanent reason: quarantined
+    error: Exception = None         # transient or durability error of the message as a whole
+    defer: bool = False
+    data: bytes = b""
+    size: int = 0
+    sha256: str = None
+    sent_at: float = None
+    message: object = None
+    recipients: list = ()
+    envelope: bytes = b""
+    envelope_sha256: str = None
+    had: dict = dataclasses.field(default_factory=dict)        # recipient -> (size, sha256) already recorded
+    got: dict = dataclasses.field(default_factory=dict)        # recipient -> (size, sha256) delivered now
+    missed: dict = dataclasses.field(default_factory=dict)     # recipient -> error
+    archived: bool = False
+    failed_rel: str = None
+    next_attempt_at: float = 0.0
+    outcome: Outcome = None
+
+    @property
+    def error_text(self):
+        return None if self.error is None else str(self.error)
+
+    @property
+    def complete(self):
+        """Every recipient holds it (recorded before, or delivered in this batch)."""
+        return bool(self.recipients) and not self.missed and all(
+            r in self.got or r in self.had for r in self.recipients)
