@@ -15,15 +15,18 @@ import click
 import orjson
 
 from . import __version__, config as config_mod
-from .daemon import Relay
+from .daemon import DRAIN_PATIENCE, Relay
 from .errors import NotFound, RelayError
 from .ids import IdGenerator
 from .inbox import Inbox
+from .fs import shown
 from .layout import Layout, valid_agent
 from .ledger import STATUSES, Ledger
 from .lock import DaemonLock, holder
 from .sync import Syncer
 from . import views
+
+EXIT_LEFT = 3       # run --once finished but left files that made no progress (held open, changing)
 
 log = logging.getLogger("relay")
 
@@ -209,8 +212,15 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 t0 = time.monotonic()
                 total = relay.drain()
                 took = time.monotonic() - t0
+                left = relay.left
             click.echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry, "
                        f"in {took:.2f}s")
+            if left:
+                shown_left = "; ".join(f"{shown(what)} ({why})" for what, why in left[:20])
+                more = f" and {len(left) - 20} more" if len(left) > 20 else ""
+                click.echo(f"relay: left {len(left)} file(s) for a later run, no progress in "
+                           f"{DRAIN_PATIENCE:.0f}s: {shown_left}{more}", err=True)
+                sys.exit(EXIT_LEFT)
             return
         from .service import serve
         sys.exit(serve(cfg, {k: v for k, v in ctx.overrides.items() if v is not None}))

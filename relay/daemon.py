@@ -257,7 +257,7 @@ class Relay:
         mid = self.ids.new(now)
         name = fit(shown(f.name))
         rel = self.layout.failed_rel(f.sender, mid, name)
-        reason = f"{f.bad} ({name!r}); rename it with a plain UTF-8 name and no control characters"
+        reason = f"{f.bad} ('{name}'); rename it with a plain UTF-8 name and no control characters"
         try:
             self.archive.move(f"outbox/{f.sender}/{f.name}", rel)
             self.archive.write_report(rel, self.archive.report(mid, f.sender, name, reason, now, 0))
@@ -481,14 +481,14 @@ class Relay:
         self.left = []
         self.recover(now_fn())
         self._next_sweep = 0.0
-        progress_at = now_fn()
-        stalls = 0
+        progress_at = last_wait = now_fn()
+        frozen = 0
         while True:
             counts = self.step(now_fn())
             total.add(counts)
             now = now_fn()
             if counts.busy or counts.delivered or counts.failed:
-                progress_at, stalls = now, 0
+                progress_at = now
             if counts.busy or self.hints or self._scan is not None:
                 continue
             deadline = self.outbox.next_deadline()
@@ -497,10 +497,11 @@ class Relay:
                 deadline = min(deadline if deadline is not None else due, due)
             if deadline is None:
                 return total
-            stalls += 1
-            if now - progress_at >= patience or stalls > 10_000:
+            frozen = frozen + 1 if now <= last_wait else 0
+            if now - progress_at >= patience or frozen > 3:     # a clock that never moves: give up too
                 self.left = [(p, why) for p, why, _ in self.outbox.left(now, 0)] + self.ledger.waiting(now, 1.0)
                 return total
+            last_wait = now
             wait(max(0.0, min(deadline - now, max(self.config.settle, DRAIN_MIN_WAIT))))
 
 

@@ -51,8 +51,8 @@ def iso(ts):
     if micro >= 1_000_000:
         second, micro = second + 1, micro - 1_000_000
     if _iso_second[0] != second:
-        _iso_second[:] = [second, datetime.datetime.fromtimestamp(second, datetime.timezone.utc)
-                          .strftime("%Y-%m-%dT%H:%M:%S")]
+        d = datetime.datetime.fromtimestamp(second, datetime.timezone.utc)
+        _iso_second[:] = [second, f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}"]
     return f"{_iso_second[1]}.{micro:06d}Z"
 
 
