@@ -6,6 +6,8 @@ import time
 
 from .archive import Archive, check_rel
 from .errors import NotFound, RelayError
+from .fs import shown
+from .inbox import Inbox
 from .layout import is_in_progress_name
 from .ledger import GENESIS, chain_hash
 from .sync import Syncer
@@ -85,12 +87,49 @@ def expire(ledger, layout, mid, now=None):
     return row["id"]
 
 
-def _sha256(path):
+def _sha256(fs, rel):
+    """sha256 of a file under the state directory, read through the confined file system."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
+    fd = fs.open_read(rel)
+    try:
+        while chunk := os.read(fd, 1 << 20):
             h.update(chunk)
+    finally:
+        os.close(fd)
     return h.hexdigest()
+
+
+def envelopes(ledger, layout):
+    """Problems with the envelopes relay recorded as delivered: one that is still in the inbox
+    (new/ or cur/) but is not the complete envelope relay wrote (size and sha256) is named.
+    One the agent has deleted is no problem."""
+    fs = layout.fs
+    problems, index = [], {}
+    for d in ledger.db.execute("SELECT message_id, recipient, size, sha256 FROM deliveries "
+                               "WHERE sha256 IS NOT NULL ORDER BY recipient, message_id"):
+        r, mid = d["recipient"], d["message_id"]
+        if r not in index:
+            index[r] = {}
+            try:
+                for n in fs.names(f"inbox/{r}/cur"):
+                    index[r].setdefault(n.split(".", 1)[0], f"inbox/{r}/cur/{n}")
+            except OSError:
+                pass
+        rel = f"inbox/{r}/new/{mid}.json"
+        if not fs.exists(rel):
+            rel = index[r].get(mid)
+        if rel is None:
+            continue
+        try:
+            size = fs.lstat(rel).st_size
+            digest = _sha256(fs, rel)
+        except OSError as e:
+            problems.append(f"{mid}: cannot read {rel}: {e.strerror or e}")
+            continue
+        if (size, digest) != (d["size"], d["sha256"]):
+            problems.append(f"{mid}: {rel} is not the envelope relay delivered ({size} bytes, expected "
+                            f"{d['size']}); `relay retry` cannot help, restore it from the archive")
+    return problems
 
 
 def verify(ledger, layout):
@@ -115,14 +154,20 @@ def verify(ledger, layout):
         prev = link["hash"]
         if row is not None and row["archive_path"]:
             checked += 1
-            path = layout.state / row["archive_path"]
-            if not path.is_file():
+            try:
+                digest = _sha256(layout.fs, check_rel(row["archive_path"], "archive"))
+            except FileNotFoundError:
                 problems.append(f"{row['id']}: archive file {row['archive_path']} is missing")
-            elif _sha256(path) != row["sha256"]:
+                continue
+            except OSError as e:
+                problems.append(f"{row['id']}: archive file {row['archive_path']} cannot be read: {e.strerror or e}")
+                continue
+            if digest != row["sha256"]:
                 problems.append(f"{row['id']}: archive file {row['archive_path']} does not match its sha256")
     for row in db.execute("SELECT id FROM messages WHERE status = 'archived' AND id NOT IN "
                           "(SELECT message_id FROM chain)"):
         problems.append(f"{row['id']}: archived record is not in the hash chain (inserted?)")
+    problems += envelopes(ledger, layout)
     return checked, problems
 
 
@@ -161,18 +206,16 @@ def doctor(ledger, layout, daemon_pid, now=None):
                 if rel not in known:
                     out.append(f"{rel}: a file no ledger record knows; move it away or delete it")
     active = {r[0] for r in db.execute("SELECT id FROM messages WHERE status IN ('pending', 'processing', 'delivered')")}
-    for _, mid, _, path in layout.spooled():
+    for _, mid, _, rel in layout.spooled():
         if mid not in active:
-            out.append(f"{os.path.relpath(path, layout.state)}: a spooled file with no pending message; "
+            out.append(f"{rel}: a spooled file with no pending message; "
                        "`relay run` registers it again, or move it into an outbox to send it")
-    for agent in os.listdir(layout.inbox) if layout.inbox.is_dir() else []:
-        tmp = layout.inbox / agent / "tmp"
-        for f in os.listdir(tmp) if tmp.is_dir() else []:
-            if os.lstat(tmp / f).st_mtime < now - 86400:
-                out.append(f"inbox/{agent}/tmp/{f}: orphaned temporary file; `relay run` removes it")
+    for rel in Inbox(layout, None).orphans(now - 86400):
+        out.append(f"{shown(rel)}: orphaned temporary file; `relay run` removes it")
     for name, _, problem in layout.outbox_dirs():
         if problem:
-            out.append(f"outbox/{name}: {problem}; rename or remove it")
+            out.append(f"outbox/{shown(name)}: {problem}; rename or remove it")
+    out += envelopes(ledger, layout)
     return out
 
 

@@ -1,0 +1,151 @@
+"""States a power cut can leave (files in outbox, spool, archive or inbox, with or without their
+ledger rows), each built by hand, each recovered with every recipient holding the message
+exactly once. Existence of a file proves nothing: an envelope counts when it is complete."""
+import json
+
+import pytest
+
+from relay import operator
+
+
+class Crash(BaseException):
+    """Stands for the power going: nothing after it runs."""
+
+
+def die(*a, **k):
+    raise Crash()
+
+
+def crash_before_record(project, text="TO: Ben, Cy\n\npower"):
+    """A batch that delivered and archived, cut before its ledger record."""
+    relay = project.relay()
+    project.drop("Ann", "m", text)
+    relay.ledger.record = die
+    with pytest.raises(Crash):
+        relay.step()
+    [row] = relay.ledger.audit()
+    relay.close()
+    project.relays.remove(relay)
+    return row["id"]
+
+
+def held(project, agent, mid):
+    """The envelopes of `mid` the agent holds, parsed (new/ and cur/)."""
+    out = []
+    for sub in ("new", "cur"):
+        for p in (project.state / "inbox" / agent / sub).iterdir():
+            if p.name.startswith(mid):
+                out.append(json.loads(p.read_bytes()))
+    return out
+
+
+def once_each(project, mid, agents=("Ben", "Cy")):
+    for a in agents:
+        got = held(project, a, mid)
+        assert len(got) == 1 and got[0]["body"] == "power", (a, got)
+
+
+@pytest.mark.parametrize("damage", [b"", b'{"id": "01', b"garbage"])
+def test_an_empty_or_truncated_envelope_in_new_is_written_again(project, damage):
+    mid = crash_before_record(project)
+    (project.state / f"inbox/Ben/new/{mid}.json").write_bytes(damage)
+    relay = project.relay()
+    relay.drain()
+    once_each(project, mid)
+    assert relay.ledger.get(mid)["status"] == "archived"
+    assert operator.verify(relay.ledger, relay.layout)[1] == []
+
+
+def test_an_archived_file_with_no_row_is_delivered_once(project):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben, Cy\n\npower")
+    relay.drain()
+    [row] = relay.ledger.audit()
+    mid = row["id"]
+    (project.state / f"inbox/Cy/new/{mid}.json").unlink()       # Cy's copy never reached the disk
+    db = relay.ledger.db
+    for table, column in (("chain", "message_id"), ("events", "message_id"), ("deliveries", "message_id"),
+                          ("messages", "id")):
+        db.execute(f"DELETE FROM {table} WHERE {column} = ?", (mid,))
+    relay.close()
+    project.relays.remove(relay)
+    again = project.relay()
+    again.drain()
+    once_each(project, mid)
+    row = again.ledger.get(mid)
+    assert row["status"] == "archived" and row["sender"] == "Ann" and row["name"] == "m"
+    assert len(project.files("archive")) == 1 and not project.files("spool")
+
+
+def test_a_spooled_file_whose_row_says_outbox_is_delivered_once(project):
+    relay = project.relay()
+    path = project.drop("Ann", "m", "TO: Ben, Cy\n\npower")
+    mid = relay.ids.new(relay.clock())
+    relay.ledger.register_and_claim([(mid, "Ann", "m", 0.0)], relay.clock(), 0, None)
+    spool = project.state / "spool/Ann"
+    spool.mkdir(parents=True, exist_ok=True)
+    path.rename(spool / f"{mid}--m")
+    assert relay.ledger.get(mid)["spooled"] == 0
+    relay.drain()
+    once_each(project, mid)
+    assert relay.ledger.get(mid)["status"] == "archived" and not project.files("spool")
+
+
+def test_a_claimed_row_whose_file_is_in_the_archive_is_delivered_once(project):
+    mid = crash_before_record(project)
+    assert len(project.files("archive")) == 1
+    (project.state / f"inbox/Cy/new/{mid}.json").unlink()
+    relay = project.relay()
+    assert relay.ledger.get(mid)["status"] == "processing"
+    relay.drain()
+    once_each(project, mid)
+    assert relay.ledger.get(mid)["status"] == "archived" and len(project.files("archive")) == 1
+
+
+def test_a_recorded_recipient_is_never_written_again_even_after_deleting_it(project):
+    """The ledger recorded Ben's delivery (an earlier batch), Ben read and deleted it, then the
+    power went before the message was archived: recovery writes Cy's copy only."""
+    mid = crash_before_record(project)
+    relay = project.relay()
+    relay.ledger.db.execute("INSERT INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
+                            "VALUES (?, 'Ben', 0, 1, 'x')", (mid,))
+    (project.state / f"inbox/Ben/new/{mid}.json").unlink()
+    (project.state / f"inbox/Cy/new/{mid}.json").unlink()
+    relay.drain()
+    assert held(project, "Ben", mid) == [] and len(held(project, "Cy", mid)) == 1
+    assert relay.ledger.get(mid)["status"] == "archived"
+
+
+def test_doctor_and_verify_name_an_envelope_that_does_not_match(project, cli_in):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.drain()
+    [env] = (project.state / "inbox/Ben/new").iterdir()
+    env.write_bytes(env.read_bytes()[:10])
+    _, problems = operator.verify(relay.ledger, relay.layout)
+    assert len(problems) == 1 and f"inbox/Ben/new/{env.name} is not the envelope relay delivered" in problems[0]
+    assert any("is not the envelope relay delivered" in p for p in operator.doctor(relay.ledger, relay.layout, None))
+    r = cli_in(project.root, "verify")
+    assert r.exit_code == 1 and "is not the envelope relay delivered" in r.output
+
+
+def test_deliveries_record_each_envelopes_size_and_hash(project):
+    import hashlib
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben, Cy\n\nx")
+    relay.drain()
+    [row] = relay.ledger.audit()
+    for d in relay.ledger.deliveries(row["id"]):
+        data = (project.state / f"inbox/{d['recipient']}/new/{row['id']}.json").read_bytes()
+        assert (d["size"], d["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+
+
+@pytest.fixture
+def cli_in():
+    from click.testing import CliRunner
+
+    from relay.cli import main
+
+    def run(root, *args):
+        return CliRunner().invoke(main, ["--root", str(root), *args])
+    return run
