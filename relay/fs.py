@@ -81,7 +81,7 @@ class StateDir:
         self.path = str(path)
         os.makedirs(self.path, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._dirs = {(): self.fd}
+        self._dirs = {"": self.fd}
         # Called with the relative path of a directory whose entries changed because relay
         # created a sub-directory in it (the syncer makes that change durable).
         self.on_dir_created = on_dir_created
@@ -100,7 +100,7 @@ class StateDir:
                     os.close(fd)
                 except OSError:
                     pass
-        self._dirs = {(): self.fd}
+        self._dirs = {"": self.fd}
 
     def abspath(self, rel):
         return os.path.join(self.path, rel) if rel else self.path
@@ -110,16 +110,16 @@ class StateDir:
     def dir(self, rel, create=False):
         """A descriptor of the directory at `rel` (cached; do not close it). With `create`,
         missing components are made (each creation noted for the syncer)."""
-        parts = tuple(split(rel)) if rel else ()
-        fd = self._dirs.get(parts)
+        fd = self._dirs.get(rel)
         if fd is not None:
             return fd
+        parts = split(rel)
         i = len(parts)
-        while i > 0 and parts[:i] not in self._dirs:
+        while i > 0 and "/".join(parts[:i]) not in self._dirs:
             i -= 1
-        fd = self._dirs[parts[:i]]
+        fd = self._dirs["/".join(parts[:i])]
         for j in range(i, len(parts)):
-            name = parts[j]
+            name, here = parts[j], "/".join(parts[:j + 1])
             try:
                 child = os.open(name, DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -134,17 +134,20 @@ class StateDir:
                 try:
                     child = os.open(name, DIR_FLAGS, dir_fd=fd)
                 except OSError as e:
-                    raise _refusal(e, "/".join(parts[:j + 1])) from None
+                    raise _refusal(e, here) from None
             except OSError as e:
-                raise _refusal(e, "/".join(parts[:j + 1])) from None
-            self._dirs[parts[:j + 1]] = child
+                raise _refusal(e, here) from None
+            self._dirs[here] = child
             fd = child
         return fd
 
     def _at(self, rel, create=False):
         """(directory fd, last component) of `rel`."""
-        parts = split(rel)
-        return self.dir("/".join(parts[:-1]), create=create) if len(parts) > 1 else self.fd, parts[-1]
+        d, _, name = rel.rpartition("/")
+        if not name or name in (".", "..") or "\0" in name:
+            split(rel)              # raises with the reason
+        fd = self._dirs.get(d)
+        return (fd if fd is not None else self.dir(d, create=create)), name
 
     def makedirs(self, rel):
         self.dir(rel, create=True)
@@ -248,10 +251,9 @@ class StateDir:
             return False
 
     def rmdir(self, rel):
-        parts = tuple(split(rel))
         fd, name = self._at(rel)
         os.rmdir(name, dir_fd=fd)
-        stale = self._dirs.pop(parts, None)
+        stale = self._dirs.pop(rel, None)
         if stale is not None:
             os.close(stale)
 

@@ -195,7 +195,7 @@ class Outbox:
         w.refused / w.error."""
         spool = self.layout.spool_rel(w.sender, w.id, w.name)
         fs = self.fs
-        if fs.exists(spool):            # taken by an earlier attempt (its record may be lost)
+        if (w.thorough or w.spooled) and fs.exists(spool):    # taken by an earlier attempt
             w.path = spool
             return
         if w.spooled:
@@ -205,6 +205,9 @@ class Outbox:
         try:
             st = fs.lstat(src)
         except FileNotFoundError:
+            if fs.exists(spool):        # taken before a power cut that the row did not see
+                w.path = spool
+                return
             w.refused = (f"outbox/{w.sender}/{w.name} disappeared before relay could read it "
                          "(deleted or moved away by someone else)")
             return
