@@ -23,6 +23,7 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 DIR_MODE = 0o755
+MAX_CACHED = 256         # directory descriptors kept open between operations
 
 
 class Unsafe(OSError):
@@ -102,6 +103,16 @@ class StateDir:
                     pass
         self._dirs = {"": self.fd}
 
+    def _trim(self):
+        """Keep the cache bounded; called before an operation, never in the middle of one."""
+        if len(self._dirs) > MAX_CACHED:
+            self.forget()
+
+    def open_dir(self, rel):
+        """A descriptor of the directory at `rel` that the caller owns (and closes)."""
+        self._trim()
+        return os.dup(self.dir(rel))
+
     def abspath(self, rel):
         return os.path.join(self.path, rel) if rel else self.path
 
@@ -150,6 +161,7 @@ class StateDir:
         return (fd if fd is not None else self.dir(d, create=create)), name
 
     def makedirs(self, rel):
+        self._trim()
         self.dir(rel, create=True)
 
     def isdir(self, rel):
@@ -161,6 +173,7 @@ class StateDir:
 
     def scandir(self, rel):
         """The entries of the directory at `rel` (DirEntry objects; their .path is the name)."""
+        self._trim()
         fd = self.dir(rel)
         with os.scandir(fd) as it:
             return list(it)
@@ -171,6 +184,7 @@ class StateDir:
     # -- files ------------------------------------------------------------------------------
 
     def lstat(self, rel):
+        self._trim()
         fd, name = self._at(rel)
         return os.stat(name, dir_fd=fd, follow_symlinks=False)
 
@@ -184,6 +198,7 @@ class StateDir:
     def open_read(self, rel):
         """A read-only descriptor of the file at `rel`, never through a link, never blocking
         on a FIFO. The caller closes it."""
+        self._trim()
         fd, name = self._at(rel)
         return os.open(name, READ_FLAGS, dir_fd=fd)
 
@@ -206,6 +221,7 @@ class StateDir:
         """A new file at `rel` opened for writing. A file already there (a stale temporary, or
         something planted) is unlinked first, never truncated: it may be a hard link to a file
         outside. The caller writes, syncs (see sync.Syncer) and closes."""
+        self._trim()
         dfd, name = self._at(rel, create=make_parents)
         try:
             return os.open(name, CREATE_FLAGS, mode, dir_fd=dfd)
@@ -230,16 +246,19 @@ class StateDir:
             fsync(self.dir("/".join(parts[:-1])))
 
     def rename(self, src, dst, make_parents=False):
+        self._trim()
         sfd, sname = self._at(src)
         dfd, dname = self._at(dst, create=make_parents)
         os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
 
     def link(self, src, dst):
+        self._trim()
         sfd, sname = self._at(src)
         dfd, dname = self._at(dst)
         os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
 
     def unlink(self, rel):
+        self._trim()
         fd, name = self._at(rel)
         os.unlink(name, dir_fd=fd)
 

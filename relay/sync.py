@@ -35,7 +35,7 @@ from .errors import DurabilityError
 # statfs f_type of file systems whose syncfs(2) writes back every dirty page and inode.
 SYNCFS_HONOURED = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs"}
 POOL_SIZE = 16
-MAX_HELD = 512           # files held open for the batch's sync before an early flush
+MAX_HELD = 256           # files held open for the batch's sync before an early flush
 
 _libc = None
 
@@ -154,15 +154,21 @@ class Syncer:
                 os.close(fd)
 
     def _sync_dirs(self, what):
-        jobs = []
-        for rel in sorted(self.dirs):
+        rels = sorted(self.dirs)
+        for i in range(0, len(rels), MAX_HELD):
+            jobs = []
             try:
-                jobs.append((self.state.dir(rel), f"{what} ({rel or '.'})"))
-            except FileNotFoundError:
-                continue        # removed since (an emptied archive day): nothing to make durable
-            except OSError as e:
-                raise DurabilityError(f"cannot open {rel} to sync it: {e.strerror or e}") from e
-        self._all(jobs)
+                for rel in rels[i:i + MAX_HELD]:
+                    try:
+                        jobs.append((self.state.open_dir(rel), f"{what} ({rel or '.'})"))
+                    except FileNotFoundError:
+                        continue    # removed since (an emptied archive day): nothing to make durable
+                    except OSError as e:
+                        raise DurabilityError(f"cannot open {rel} to sync it: {e.strerror or e}") from e
+                self._all(jobs)
+            finally:
+                for fd, _ in jobs:
+                    os.close(fd)
 
     def _all(self, jobs):
         """fsync every (fd, what), many at once; the first error is raised after all ran."""
