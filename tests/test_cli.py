@@ -176,6 +176,7 @@ def test_demo_runs_the_examples(tmp_path):
     assert "inbox/System/new: 1 message(s)" in r.output and "unknown recipient Zed" in r.output
 
 
+@pytest.mark.soak
 def test_bench_prints_every_figure(tmp_path):
     r = CliRunner().invoke(main, ["bench", "--dir", str(tmp_path), "--messages", "40", "--agents", "4",
                                   "--rate", "50", "--seconds", "0.5", "--json"])

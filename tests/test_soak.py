@@ -3,6 +3,10 @@ write (by rename and in place, reusing `msg`, some to `*`); each message arrives
 import importlib.util
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.soak
+
 spec = importlib.util.spec_from_file_location("chaos", Path(__file__).parent.parent / "benchmarks" / "chaos.py")
 chaos = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(chaos)
