@@ -3,6 +3,9 @@ import json
 import os
 import re
 import sqlite3
+import subprocess
+import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -146,8 +149,9 @@ def test_verify_clean_then_catches_each_tampering(relayed):
     (cli.state / b["archive_path"]).unlink()
     r = cli("verify", ok=False)
     assert r.exit_code == 1
-    assert f"{a['id']}: archive file" in r.output and "does not match its sha256" in r.output
-    assert f"{b['id']}: archive file" in r.output and "missing" in r.output
+    assert f"{a['id']}: archive file {a['archive_path']} does not match its sha256" in r.output
+    assert f"{b['id']}: archive file {b['archive_path']} is missing" in r.output
+    assert c["id"] not in r.output
 
 
 def test_verify_catches_edited_and_deleted_rows(relayed):
@@ -210,5 +214,23 @@ def test_tail_and_follow_with_a_deadline(relayed):
     assert "discovered" in out and "archived" in out and "failed" in out
     lines = relayed("tail", "--json", "-n", "3").output.strip().splitlines()
     assert len(lines) == 3 and json.loads(lines[-1])["event"]
+    started = time.monotonic()
     followed = relayed("tail", "--follow", "--timeout", "0.3s", "-n", "1").output
-    assert len(followed.strip().splitlines()) == 1
+    assert len(followed.strip().splitlines()) == 1 and time.monotonic() - started >= 0.3
+    # --follow prints an event written while it runs (by another process), then stops at --timeout.
+    [failed] = ids(relayed, "--status", "failed")
+    tail = subprocess.Popen([sys.executable, "-m", "relay", "--root", str(relayed.state.parent), "tail",
+                             "--follow", "--timeout", "2s", "--json", "-n", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(tail.stdout.readline())        # tail is following from here on
+        relayed("expire", failed)
+        out, err = tail.communicate(timeout=30)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.communicate()
+    assert tail.returncode == 0, err
+    later = [json.loads(line) for line in out.splitlines()]
+    assert [(e["id"], e["event"]) for e in later] == [(failed, "expired")]
+    assert later[0]["seq"] > first["seq"]
