@@ -39,7 +39,7 @@ def test_every_verb_has_help_and_is_in_the_readme():
         assert cmd.help, f"relay {name} has no help text"
         result = runner.invoke(main, [name, "--help"])
         assert result.exit_code == 0 and "Usage" in result.output
-        assert f"relay {name}" in readme, f"relay {name} is not in README.md"
+        assert re.search(rf"\brelay {name}\b", readme), f"relay {name} is not in README.md"
 
 
 def test_init_is_idempotent(cli):
