@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.soak
+# chaos.run waits up to 120 s for the relay to settle, then reports what is lost or left over.
+pytestmark = [pytest.mark.soak, pytest.mark.timeout_s(180)]
 
 spec = importlib.util.spec_from_file_location("chaos", Path(__file__).parent.parent / "benchmarks" / "chaos.py")
 chaos = importlib.util.module_from_spec(spec)
