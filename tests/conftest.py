@@ -1,6 +1,9 @@
 import os
+import signal
+import sys
 import threading
 import time
+import traceback
 
 import pytest
 
@@ -20,6 +23,66 @@ class Clock:
     def advance(self, seconds):
         self.now += seconds
         return self.now
+
+
+DEFAULT_TIME_LIMIT_S = 60.0
+_deadline = pytest.StashKey[float]()
+
+
+def time_limit(item):
+    mark = item.get_closest_marker("timeout_s")
+    return float(mark.args[0]) if mark else DEFAULT_TIME_LIMIT_S
+
+
+class _Alarm:
+    """Fail the running phase of a test when its time is up: SIGALRM raises pytest's failure in
+    the main thread, wherever the test is waiting, so a hang fails fast with its traceback."""
+
+    def __init__(self, item, deadline):
+        self.item = item
+        self.deadline = deadline
+        self.armed = (hasattr(signal, "setitimer")
+                      and threading.current_thread() is threading.main_thread())
+
+    def __enter__(self):
+        if self.armed:
+            self.previous = signal.signal(signal.SIGALRM, self.expired)
+            signal.setitimer(signal.ITIMER_REAL, max(self.deadline - time.monotonic(), 0.001))
+        return self
+
+    def __exit__(self, *exc):
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+
+    def expired(self, signum, frame):
+        limit = time_limit(self.item)
+        frames = sys._current_frames()
+        others = "".join(f"\nthread {t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
+                         for t in threading.enumerate()
+                         if t is not threading.current_thread() and t.ident in frames)
+        pytest.fail(f"{self.item.nodeid} ran past its time limit of {limit:g} s "
+                    f"(@pytest.mark.timeout_s(N) gives a test N seconds){others}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_deadline] = time.monotonic() + time_limit(item)
+    with _Alarm(item, item.stash[_deadline]):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _Alarm(item, item.stash[_deadline]):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    # Teardown gets a time limit of its own, so what a timed-out test started is still cleaned up.
+    with _Alarm(item, time.monotonic() + time_limit(item)):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -33,8 +34,11 @@ class Daemon:
         self.sock.settimeout(15)
         env = dict(os.environ, RELAY_ROOT=str(root), NOTIFY_SOCKET=self.sock_path,
                    RELAY_AGENTS="Ann,Ben,Cy", RELAY_SETTLE="200ms")
-        self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run", *args], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # The log goes to a file, so a test can wait for a line while the daemon runs.
+        fd, self.log_path = tempfile.mkstemp(dir=root, prefix="relay-", suffix=".log")
+        with os.fdopen(fd, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run", *args], env=env,
+                                         stdout=subprocess.DEVNULL, stderr=log)
 
     def ready(self):
         while True:
@@ -42,11 +46,15 @@ class Daemon:
             if "READY=1" in msg:
                 return msg
 
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
     def stop(self, sig=signal.SIGTERM, timeout=15):
         self.proc.send_signal(sig)
-        out, err = self.proc.communicate(timeout=timeout)
+        self.proc.wait(timeout=timeout)
         self.sock.close()
-        return self.proc.returncode, err
+        return self.proc.returncode, self.log()
 
     def inbox(self, agent):
         d = self.state / "inbox" / agent / "new"
@@ -145,10 +153,12 @@ def test_sighup_reloads_and_refuses_a_bad_config(daemon):
     toml = d.state / "relay.toml"
     toml.write_text("retention = 'forever'\n")
     d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "refused, the old one stays" in d.log(), what="the bad configuration refused")
     rename_in(d.state / "outbox" / "Ann", "m1", "TO: Ben\n\nstill running")
     wait_for(lambda: d.inbox("Ben"), what="delivery after a refused reload")
     toml.write_text("retention = '2d'\n")
     d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "configuration reloaded" in d.log(), what="the good configuration loaded")
     rename_in(d.state / "outbox" / "Ann", "m2", "TO: Ben\n\nafter reload")
     wait_for(lambda: len(d.inbox("Ben")) == 2, what="delivery after a good reload")
     code, err = d.stop()

@@ -1,7 +1,11 @@
 """retry, expire, verify, doctor, agents, tail through the CLI."""
 import json
 import os
+import re
 import sqlite3
+import subprocess
+import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -47,14 +51,27 @@ def relayed(cli):
     return cli
 
 
+def files(cli, sub):
+    return sorted(str(p.relative_to(cli.state)) for p in (cli.state / sub).rglob("*") if p.is_file())
+
+
+def status(cli, mid):
+    return json.loads(cli("show", mid, "--json").output)["status"]
+
+
 def test_retry_failed_after_fixing_the_cause(relayed):
     cli = relayed
     [failed] = ids(cli, "--status", "failed")
+    assert files(cli, "failed") == [f"failed/Ann/{failed}--bad", f"failed/Ann/{failed}--bad.error.json"]
     cli("init", "--agent", "Zed")
     assert f"{failed}: back to pending" in cli("retry", failed).output
-    assert not list((cli.state / "failed").rglob("*"))[0:0] and not list((cli.state / "failed").rglob("*--bad"))
+    assert status(cli, failed) == "pending"
+    assert files(cli, "failed") == []                       # the file and its .error.json are gone
+    assert files(cli, "spool") == [f"spool/Ann/{failed}--bad"]
     cli("run", "--once", "-q")
-    assert json.loads(cli("show", failed, "--json").output)["status"] == "archived"
+    assert status(cli, failed) == "archived"
+    [env] = json.loads(cli("inbox", "Zed", "--json").output)
+    assert env["id"] == failed and env["body"] == "nobody"
     events = [e["event"] for e in json.loads(cli("show", failed, "--json").output)["events"]]
     assert "retry" in events and events[-1] == "archived"
     r = cli("retry", failed, ok=False)
@@ -63,25 +80,55 @@ def test_retry_failed_after_fixing_the_cause(relayed):
 
 
 def test_retry_all_failed(relayed):
-    out = relayed("retry", "--failed").output
-    assert "back to pending" in out
+    cli = relayed
+    drop(cli, "Ben", "lost", "TO: Yan\n\nnobody either")
+    cli("run", "--once", "-q")
+    failed = ids(cli, "--status", "failed")
+    archived = ids(cli, "--status", "archived")
+    assert len(failed) == 2 and len(archived) == 3
+    out = cli("retry", "--failed").output
+    assert sorted(re.findall(r"^(\w+): back to pending$", out, re.M)) == sorted(failed)
+    assert sorted(ids(cli, "--status", "pending")) == sorted(failed)
+    assert ids(cli, "--status", "failed") == [] and ids(cli, "--status", "archived") == archived
+    assert files(cli, "failed") == [] and len(files(cli, "spool")) == 2
+    assert cli("retry", "--failed").output == ""          # nothing failed now; pending ones are left alone
 
 
-def test_expire_pending_and_failed(cli):
-    cfg_ids = []
+def test_expire_pending_and_failed(relayed):
+    cli = relayed
+    # pending: its file leaves the outbox for failed/ and is never delivered
     drop(cli, "Ann", "m", "TO: Ben\n\nnot wanted")
     led = db(cli)
     led.execute("INSERT INTO messages (id, sender, name, status, discovered_at) VALUES "
                 "('01AAAAAAAAAAAAAAAAAAAAAAAA', 'Ann', 'm', 'pending', 1)")
     led.close()
-    out = cli("expire", "01AAAAAAAAAAAAAAAAAAAAAAAA").output
-    assert "expired" in out
+    assert "01AAAAAAAAAAAAAAAAAAAAAAAA: expired" in cli("expire", "01AAAAAAAAAAAAAAAAAAAAAAAA").output
     rec = json.loads(cli("show", "01AAAAAAAAAAAAAAAAAAAAAAAA", "--json").output)
     assert rec["status"] == "failed" and "expired by operator" in rec["error"]
     assert rec["events"][-1]["event"] == "expired" and rec["events"][-1]["actor"].startswith("operator")
     assert (cli.state / rec["failed_path"]).read_text() == "TO: Ben\n\nnot wanted"
+    report = json.loads((cli.state / f"{rec['failed_path']}.error.json").read_text())
+    assert report["id"] == rec["id"] and "expired by operator" in report["reason"]
     assert not (cli.state / "outbox/Ann/m").exists()
-    assert cfg_ids == []
+    inbox_before = json.loads(cli("inbox", "Ben", "--json").output)
+    cli("run", "--once", "-q")
+    assert status(cli, rec["id"]) == "failed"
+    assert json.loads(cli("inbox", "Ben", "--json").output) == inbox_before
+    # failed: it stays in failed/ where it is; the reason, event and .error.json say it was expired
+    [failed] = [i for i in ids(cli, "--status", "failed") if i != rec["id"]]
+    before = json.loads(cli("show", failed, "--json").output)
+    assert "unknown recipient Zed" in before["error"]
+    assert f"{failed}: expired" in cli("expire", failed).output
+    rec = json.loads(cli("show", failed, "--json").output)
+    assert rec["status"] == "failed" and "expired by operator" in rec["error"]
+    assert rec["events"][-1]["event"] == "expired" and rec["events"][-1]["actor"].startswith("operator")
+    assert rec["failed_path"] == before["failed_path"]
+    assert (cli.state / rec["failed_path"]).read_text() == "TO: Zed\n\nnobody"
+    report = json.loads((cli.state / f"{rec['failed_path']}.error.json").read_text())
+    assert "expired by operator" in report["reason"] and "unknown recipient" not in report["reason"]
+    assert files(cli, "failed") == sorted(["failed/Ann/01AAAAAAAAAAAAAAAAAAAAAAAA--m",
+                                           "failed/Ann/01AAAAAAAAAAAAAAAAAAAAAAAA--m.error.json",
+                                           rec["failed_path"], f"{rec['failed_path']}.error.json"])
 
 
 def test_expire_refuses_archived(relayed):
@@ -102,8 +149,9 @@ def test_verify_clean_then_catches_each_tampering(relayed):
     (cli.state / b["archive_path"]).unlink()
     r = cli("verify", ok=False)
     assert r.exit_code == 1
-    assert f"{a['id']}: archive file" in r.output and "does not match its sha256" in r.output
-    assert f"{b['id']}: archive file" in r.output and "missing" in r.output
+    assert f"{a['id']}: archive file {a['archive_path']} does not match its sha256" in r.output
+    assert f"{b['id']}: archive file {b['archive_path']} is missing" in r.output
+    assert c["id"] not in r.output
 
 
 def test_verify_catches_edited_and_deleted_rows(relayed):
@@ -166,5 +214,23 @@ def test_tail_and_follow_with_a_deadline(relayed):
     assert "discovered" in out and "archived" in out and "failed" in out
     lines = relayed("tail", "--json", "-n", "3").output.strip().splitlines()
     assert len(lines) == 3 and json.loads(lines[-1])["event"]
+    started = time.monotonic()
     followed = relayed("tail", "--follow", "--timeout", "0.3s", "-n", "1").output
-    assert len(followed.strip().splitlines()) == 1
+    assert len(followed.strip().splitlines()) == 1 and time.monotonic() - started >= 0.3
+    # --follow prints an event written while it runs (by another process), then stops at --timeout.
+    [failed] = ids(relayed, "--status", "failed")
+    tail = subprocess.Popen([sys.executable, "-m", "relay", "--root", str(relayed.state.parent), "tail",
+                             "--follow", "--timeout", "2s", "--json", "-n", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(tail.stdout.readline())        # tail is following from here on
+        relayed("expire", failed)
+        out, err = tail.communicate(timeout=30)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.communicate()
+    assert tail.returncode == 0, err
+    later = [json.loads(line) for line in out.splitlines()]
+    assert [(e["id"], e["event"]) for e in later] == [(failed, "expired")]
+    assert later[0]["seq"] > first["seq"]

@@ -1,5 +1,6 @@
 """The pipeline driven by step()/drain() on a real directory with an injected clock."""
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -31,9 +32,9 @@ def test_header_message_delivered_archived_and_recorded(project):
     assert env["thread"] == "t1" and env["subject"] == "hi" and env["source"] == "msg"
     row = only_row(relay)
     assert row["status"] == "archived" and row["id"] == env["id"]
-    assert env["sha256"] == row["sha256"]
     archived = project.state / row["archive_path"]
     assert archived.read_text() == "TO: Ben\nTHREAD: t1\nSUBJECT: hi\n\nhello ben"
+    assert env["sha256"] == row["sha256"] == hashlib.sha256(archived.read_bytes()).hexdigest()
     assert archived.name == f"{row['id']}--msg" and archived.parent.name == "Ann"
     assert not list((project.state / "outbox/Ann").iterdir())
     assert events(relay, row["id"]) == ["discovered", "claimed", "delivered", "archived"]
@@ -341,7 +342,7 @@ def test_batches_commit_once_per_phase(project):
     commits = []
     relay.ledger.db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
     total = relay.drain()
-    assert total.archived == 50 and len(commits) <= 4
+    assert total.archived == 50 and 1 <= len(commits) <= 4
 
 
 def test_newer_schema_refused_and_untouched(project):
