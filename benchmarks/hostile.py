@@ -1,0 +1,395 @@
+"""Hostile soak: while the daemon runs and well-behaved producers send messages, hostile agents
+keep planting, at random, what SPEC section 4 says relay must survive: symlinks at every level of
+.relay/, hard links to files outside the project, names that are not UTF-8 or hold control
+characters, 250-byte names, names starting with '-', far-future and far-past mtimes, files held
+open for writing, FIFOs, directories in outboxes and an outbox named System.
+
+    python benchmarks/hostile.py --seconds 20 --seed 1 --producers 3 --rate 10 [--skip bad-utf8]
+
+A decoy tree beside the project and the project's own files are checksummed before and after.
+Exits 1 when anything outside .relay/ changed, a producer's message was lost, duplicated or
+misdelivered, a decoy or project file or a half-written or oddly named file was delivered, or the
+daemon died or did not exit 0 on SIGTERM.
+"""
+import argparse
+import collections
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+AGENTS = ["A0", "A1", "A2", "A3"]
+OLD = time.time() - 2 * 86400
+HOSTILES = 3
+KINDS = {"file-link": 3, "agent-link": 2, "ghost-inbox": 1, "swap": 2, "hardlink": 2, "bad-utf8": 2,
+         "control-name": 2, "long-name": 2, "dash-name": 2, "future-mtime": 2, "past-mtime": 2,
+         "held-open": 1, "fifo": 2, "dir": 1, "system-outbox": 1}
+BUSY, BUSY_LOCK = set(), threading.Lock()     # directories a hostile has swapped for a symlink
+
+
+def write(path, text, mtime=None):
+    with open(path, "wb") as f:
+        f.write(text.encode())
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+def make_decoy(base, project):
+    """Files and directories outside the state dir that relay must never touch."""
+    d = base / "decoy"
+    for sub in ("box/old", "maildir/tmp", "maildir/new", "maildir/cur", "linked", "empty"):
+        (d / sub).mkdir(parents=True)
+    for i in range(4):
+        write(d / "box" / f"d{i}", f"TO: A{i}\n\nDECOY-box-{i}", OLD if i % 2 else None)
+        write(d / "linked" / f"L{i}", f"TO: A{(i + 1) % 4}\n\nLINKED-{i}")
+    write(d / "box" / "d.json", json.dumps({"to": "A1", "body": "DECOY-json"}))
+    write(d / "box" / "old" / "o1", "TO: A2\n\nDECOY-old", OLD)
+    write(d / "maildir" / "tmp" / "stale.json", json.dumps({"body": "DECOY-tmp"}), OLD)
+    write(d / "maildir" / "new" / "e1.json", json.dumps({"to": ["A1"], "body": "DECOY-env"}), OLD)
+    write(d / "secret.txt", "TO: A0\n\nDECOY-secret", OLD)
+    os.chmod(d / "secret.txt", 0o600)
+    write(project / "README.md", "TO: A1\n\nPROJECT-readme")
+    (project / "src").mkdir()
+    write(project / "src" / "main.py", "TO: A2\n\nPROJECT-main", OLD)
+    files = [p for p in d.rglob("*") if p.is_file() and p.parent.name != "linked"]
+    dirs = [d / "box", d / "maildir", d / "maildir" / "new", d / "maildir" / "tmp", d / "empty"]
+    return files, dirs, sorted((d / "linked").iterdir())
+
+
+def snapshot(base, state, skip):
+    """rel path -> its attributes, for everything under base outside the state dir."""
+    inside = collections.Counter()                # regular-file inodes named inside the state dir
+    for dirpath, dirs, files in os.walk(os.fsencode(state)):
+        for n in dirs + files:
+            st = os.lstat(os.path.join(dirpath, n))
+            inside[(st.st_dev, st.st_ino)] += stat.S_ISREG(st.st_mode)
+    out, state_b, skip_b = {}, os.fsencode(state), os.fsencode(skip)
+    for dirpath, dirs, files in os.walk(os.fsencode(base)):
+        dirs[:] = [n for n in dirs if os.path.join(dirpath, n) != state_b]
+        for p in (os.path.join(dirpath, n) for n in dirs + files if os.path.join(dirpath, n) != skip_b):
+            st = os.lstat(p)
+            rec = {"mode": oct(st.st_mode), "mtime": st.st_mtime_ns}
+            if stat.S_ISREG(st.st_mode):
+                with open(p, "rb") as f:
+                    rec["sha"] = hashlib.sha256(f.read()).hexdigest()[:16]
+                rec["links"] = st.st_nlink - inside[(st.st_dev, st.st_ino)]
+            elif stat.S_ISLNK(st.st_mode):
+                rec["target"] = os.readlink(p)
+            out[os.path.relpath(p, os.fsencode(base))] = rec
+    return out
+
+
+def differences(before, after):
+    for k in sorted(set(before) | set(after)):
+        b, a = before.get(k), after.get(k)
+        if b is None or a is None:
+            yield k, "created" if b is None else "removed", a or b
+        elif a != b:
+            yield k, "changed", {f: (b.get(f), a.get(f)) for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)}
+
+
+def restore(real, aside):
+    """Put a directory moved aside back, merging into one relay may have created meanwhile."""
+    if os.path.islink(real):
+        os.unlink(real)
+    if not os.path.lexists(real):
+        return os.rename(aside, real)
+    for n in os.listdir(aside):
+        s, d = os.path.join(aside, n), os.path.join(real, n)
+        if os.path.isdir(s) and not os.path.islink(s) and os.path.isdir(d) and not os.path.islink(d):
+            restore(d, s)
+        elif not os.path.lexists(d):
+            os.rename(s, d)
+    os.rmdir(aside)
+
+
+class Hostile:
+    def __init__(self, n, project, decoy, seed):
+        self.n, self.project, self.state = n, project, project / ".relay"
+        self.files, self.dirs, self.linked = decoy
+        self.rnd = random.Random(f"{seed}-hostile-{n}")
+        self.planted = collections.Counter()
+        self.held, self.asides, self.count = [], [], 0     # held: (file, rest, when to finish it)
+
+    def box(self):
+        return self.state / "outbox" / self.rnd.choice(AGENTS)
+
+    def body(self, kind):
+        ghosts = [p.name for p in (self.state / "inbox").iterdir() if p.name.startswith("G")]
+        to = self.rnd.choice(AGENTS + ["*", "System"] + ghosts[-2:])
+        return f"TO: {to}\n\nhostile-{kind}-{self.n}-{self.count}"
+
+    def drop(self, kind, name, mtime=None, box=None):
+        """A hostile message renamed into an outbox under `name` (bytes), its mtime set first."""
+        box = os.fsencode(box or self.box())
+        tmp = os.path.join(box, b".h%d-%d.tmp" % (self.n, self.count))
+        write(tmp, self.body(kind))
+        if mtime is not None:             # a file system may clamp it (ext4: year 2446)
+            os.utime(tmp, (mtime, mtime))
+        os.rename(tmp, os.path.join(box, name))
+
+    def agent_link(self):
+        targets = {"decoy": self.rnd.choice(self.dirs), "root": self.project, "state": self.state,
+                   "inbox-new": self.state / "inbox" / self.rnd.choice(AGENTS) / "new"}
+        days = [p for p in (self.state / "archive").glob("20*") if p.is_dir() and not p.is_symlink()]
+        if days:
+            d = self.rnd.choice(days)
+            targets["archive-day"] = self.rnd.choice([d] + [p for p in d.iterdir() if p.is_dir()])
+        kind = self.rnd.choice(sorted(targets))
+        os.symlink(targets[kind], self.state / "outbox" / f"H{self.n}x{self.count}")
+        return "agent-link:" + kind
+
+    def swap(self):
+        """Move a directory relay owns aside, put a symlink to a decoy dir there for a moment."""
+        a = self.rnd.choice(AGENTS)
+        kind, real = self.rnd.choice([("inbox-tmp", self.state / "inbox" / a / "tmp"),
+                                      ("inbox-new", self.state / "inbox" / a / "new"),
+                                      ("spool", self.state / "spool" / a),
+                                      ("archive", self.state / "archive"), ("failed", self.state / "failed")])
+        with BUSY_LOCK:
+            if real in BUSY or os.path.islink(real) or not os.path.isdir(real):
+                return None
+            BUSY.add(real)
+        try:
+            aside = real.with_name(f".{real.name}.aside-{self.n}-{self.count}")
+            os.rename(real, aside)
+            self.asides.append((real, aside))
+            try:
+                os.symlink(self.rnd.choice(self.dirs), real)
+            except FileExistsError:       # relay made the directory again meanwhile
+                pass
+            time.sleep(self.rnd.uniform(0.05, 0.5))
+            restore(real, aside)
+            self.asides.remove((real, aside))
+        finally:
+            with BUSY_LOCK:
+                BUSY.discard(real)
+        return "swap:" + kind
+
+    def held_open(self, path):
+        """Half a message written, the file held open for seconds, then finished."""
+        text = self.body("open") + "-" + "x" * 300 + "-END"
+        f = open(path, "w")
+        f.write(text[: len(text) // 2])
+        f.flush()
+        self.held.append((f, text[len(text) // 2:], time.monotonic() + self.rnd.uniform(1, 8)))
+
+    def plant(self, kind):
+        r, n, c, box, outbox = self.rnd, self.n, self.count, self.box(), self.state / "outbox"
+        self.count += 1
+        tag = b"%d-%d" % (n, c)
+        long_name = (f"long-{n}-{c}-" + "\u00e9" * 125).encode()[:249].decode(errors="ignore").encode()
+        act = {"file-link": lambda: os.symlink(r.choice(self.files), box / f"s-{n}-{c}"),
+               "agent-link": self.agent_link,
+               "ghost-inbox": lambda: os.symlink(r.choice(self.dirs[:2]), self.state / "inbox" / f"G{n}x{c}"),
+               "swap": self.swap,
+               "hardlink": lambda: os.link(r.choice(self.linked), box / f"h-{n}-{c}"),
+               "bad-utf8": lambda: self.drop(kind, b"bad\xff\xfe-" + tag),
+               "control-name": lambda: self.drop(kind, b"ctl\n%d\x01%d\t\x1b[31m\r" % (n, c)),
+               "long-name": lambda: self.drop(kind, long_name + b"x" * (250 - len(long_name))),
+               "dash-name": lambda: self.drop(kind, r.choice([b"-rf-", b"--help-", b"-"]) + tag),
+               "future-mtime": lambda: self.drop(kind, b"fut-" + tag, r.choice([4102444800, 2 ** 40, 2 ** 62])),
+               "past-mtime": lambda: self.drop(kind, b"past-" + tag, r.choice([0, 1, -2 ** 31, -10 ** 12])),
+               "held-open": lambda: self.held_open(box / f"open-{n}-{c}"),
+               "fifo": lambda: os.mkfifo(box / f"fifo-{n}-{c}"),
+               "dir": lambda: (os.mkdir(box / f"d-{n}-{c}"), write(box / f"d-{n}-{c}" / "in", self.body(kind))),
+               "system-outbox": lambda: (os.makedirs(outbox / "System", exist_ok=True),
+                                         self.drop(kind, b"sys-" + tag, box=outbox / "System"))}[kind]()
+        kind = act if kind in ("agent-link", "swap") else kind      # these two say which, or None
+        if kind:
+            self.planted[kind] += 1
+
+    def attempt(self, kind):
+        try:
+            self.plant(kind)
+        except OSError:                   # e.g. the file system refused a name or an mtime
+            self.planted["error:" + kind] += 1
+
+    def finish_held(self, now=float("inf")):
+        for item in [h for h in self.held if h[2] <= now]:
+            item[0].write(item[1])
+            item[0].close()
+            self.held.remove(item)
+
+    def run(self, stop, skip=()):
+        kinds = [k for k in KINDS if k not in skip]
+        while kinds and not stop.is_set():
+            self.attempt(self.rnd.choices(kinds, [KINDS[k] for k in kinds])[0])
+            self.finish_held(time.monotonic())
+            stop.wait(self.rnd.uniform(0.02, 0.2))
+        self.finish_held()
+        for real, aside in self.asides:           # a restore that failed above
+            restore(real, aside)
+
+
+def producer(state, idx, rate, seed, stop, sent):
+    rnd = random.Random(f"{seed}-producer-{idx}")
+    i = 0
+    while not stop.is_set():
+        sender = rnd.choice(AGENTS)
+        recipients = rnd.sample([a for a in AGENTS if a != sender], rnd.choice([1, 1, 2, 3]))
+        token, box = f"p{idx}-{i}-s{seed}", state / "outbox" / sender
+        write(box / f".m-{token}.tmp", f"TO: {', '.join(recipients)}\n\n{token}")
+        os.rename(box / f".m-{token}.tmp", box / f"m-{token}")
+        sent.extend((r, token) for r in recipients)
+        i += 1
+        stop.wait(rnd.expovariate(rate))
+
+
+def inboxes(state, seen):
+    """(agent, body) -> envelopes held in the producers' inboxes, and how many were unreadable.
+    `seen` caches each envelope's body by path (a complete envelope never changes)."""
+    got, bad = collections.Counter(), 0
+    for d in (state / "inbox" / a / sub for a in AGENTS for sub in ("new", "cur")):
+        for p in (d.iterdir() if d.is_dir() and not d.is_symlink() else ()):
+            if p not in seen:
+                try:
+                    if not stat.S_ISREG(os.lstat(p).st_mode):
+                        raise ValueError("not a regular file")
+                    seen[p] = str(json.loads(p.read_bytes())["body"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    bad += 1
+                    continue
+            got[(d.parent.name, seen[p])] += 1
+    return got, bad
+
+
+def run(seconds, seed, producers, rate, settle, skip=(), keep=False):
+    base = Path(tempfile.mkdtemp(prefix="relay-hostile-"))
+    project, log = base / "project", base / "daemon.log"
+    state = project / ".relay"
+    project.mkdir()
+    cli = [sys.executable, "-m", "relay", "--root", str(project)]
+    init = subprocess.run(cli + ["init", *sum((["--agent", a] for a in AGENTS), [])],
+                          capture_output=True, text=True)
+    if init.returncode:
+        shutil.rmtree(base, ignore_errors=True)
+        sys.exit(f"relay init failed: {init.stderr.strip()[-500:]}")
+    decoy = make_decoy(base, project)
+    env = dict(os.environ, RELAY_ROOT=str(project), RELAY_AGENTS=",".join(AGENTS), RELAY_SETTLE="100ms",
+               RELAY_RESCAN_INTERVAL="1s", RELAY_MAX_RETRIES="8", RELAY_RETRY_BACKOFF="50ms",
+               RELAY_LOG_LEVEL="ERROR")
+    logf = open(log, "wb")
+    before = snapshot(base, state, log)
+    hostiles = [Hostile(n, project, decoy, seed) for n in range(HOSTILES)]
+    for kind in KINDS:                    # one of each before the start: start-up recovery meets them
+        if kind not in ("swap", "held-open", *skip):
+            hostiles[0].attempt(kind)
+    proc = subprocess.Popen(cli + ["run"], env=env, stdout=logf, stderr=subprocess.STDOUT)
+    stop, sent, seen = threading.Event(), [], {}
+    threads = [threading.Thread(target=h.run, args=(stop, skip)) for h in hostiles]
+    threads += [threading.Thread(target=producer, args=(state, i, rate, seed, stop, sent))
+                for i in range(producers)]
+    try:
+        for t in threads:
+            t.start()
+        stop.wait(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        expected = collections.Counter(sent)
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline and proc.poll() is None:
+            got = inboxes(state, seen)[0]
+            if all(got[k] for k in expected):
+                break
+            time.sleep(0.5)
+        try:
+            out = subprocess.run(cli + ["status", "--json"], capture_output=True, text=True, timeout=60)
+            status = out.stdout or out.stderr
+        except subprocess.TimeoutExpired:
+            status = "relay status timed out"
+        alive = proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = "hung on SIGTERM"
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        logf.close()
+    diffs = list(differences(before, snapshot(base, state, log)))
+    planted = sum((h.planted for h in hostiles), collections.Counter())
+    failed = report(planted, diffs, status, inboxes(state, seen), expected, alive, rc, log, base)
+    if not keep:
+        shutil.rmtree(base, ignore_errors=True)
+    return not failed
+
+
+def report(planted, diffs, status, inbox, expected, alive, rc, log, base):
+    print("planted:", " ".join(f"{k}={v}" for k, v in sorted(planted.items())))
+    groups = collections.defaultdict(list)
+    for path, what, detail in diffs:
+        groups[(os.path.dirname(path), what)].append((path, detail))
+    print(f"outside the state dir: {len(diffs)} differences" + ", in the first 30 places:" * (len(groups) > 30))
+    for (parent, what), items in sorted(groups.items())[:30]:
+        more = f" (and {len(items) - 1} more there)" if len(items) > 1 else ""
+        print(f"  {what} {os.fsdecode(items[0][0])!r}{more}: {items[0][1]}")
+    try:
+        print("relay status:", json.dumps({k: json.loads(status)[k] for k in ("daemon", "counts")}))
+    except (ValueError, KeyError):
+        print("relay status:", status.strip()[-300:])
+    got, bad = inbox
+    odd = ("hostile-bad-utf8", "hostile-control")
+    result = {"messages": len({t for _, t in expected}), "deliveries": sum(expected.values()),
+              "lost": sum(1 for k in expected if not got[k]),
+              "duplicated": sum(1 for k, n in got.items() if k in expected and n > 1),
+              "unexpected": sum(1 for k in got if k[1].startswith("p") and k not in expected),
+              "followed": sum(n for k, n in got.items() if k[1].startswith(("DECOY", "PROJECT"))),
+              "partial": sum(n for k, n in got.items() if k[1].startswith("hostile-open") and k[1][-3:] != "END"),
+              "odd_names_delivered": sum(n for k, n in got.items() if k[1].startswith(odd)),
+              "decoy_changes": sum(1 for d in diffs if d[0].startswith(b"decoy")),
+              "outside_created_removed": sum(1 for d in diffs if d[1] != "changed"),
+              "bad_envelopes": bad,
+              "hostile_deliveries": sum(n for k, n in got.items() if not k[1].startswith("p")),
+              "daemon_alive": alive, "daemon_exit": rc, "dir": str(base)}
+    failed = [k for k in ("lost", "duplicated", "unexpected", "followed", "partial", "odd_names_delivered",
+                          "decoy_changes", "outside_created_removed") if result[k]]
+    failed += [] if alive and rc == 0 else ["daemon"]
+    for what, keys in (("lost", [k for k in expected if not got[k]]),
+                       ("duplicated", [k for k in expected if got[k] > 1])):
+        if keys:
+            print(f"{what} (recipient, body), e.g.:", sorted(keys)[:5])
+    if failed:
+        lines = log.read_text(errors="replace").splitlines()
+        errors = collections.Counter(x for x in lines if re.match(r"[\w.]*(Error|Exception)\b", x))
+        print(f"daemon log: {len(lines)} lines",
+              *(f"  {n} x {x[:250]}" for x, n in errors.most_common(5)), "its last lines:",
+              *("  " + x[:250] for x in lines[-4:]), sep="\n")
+    print(json.dumps(result))
+    print("FAIL: " + ", ".join(failed) if failed else "OK")
+    return failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=20, help="how long producers and hostiles run (default 20)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--producers", type=int, default=3, help="well-behaved producer threads (default 3)")
+    ap.add_argument("--rate", type=float, default=10, help="messages per second per producer (default 10)")
+    ap.add_argument("--settle", type=float, default=60, help="wait at most this for delivery (default 60)")
+    ap.add_argument("--skip", default="", help="plant kinds left out, comma-separated: " + ",".join(KINDS))
+    ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # stop the daemon on the way out
+    skip = [k for k in args.skip.split(",") if k]
+    if set(skip) - set(KINDS):
+        ap.error(f"unknown kind in --skip: {', '.join(set(skip) - set(KINDS))}")
+    sys.exit(0 if run(args.seconds, args.seed, args.producers, args.rate, args.settle, skip, args.keep) else 1)
+
+
+if __name__ == "__main__":
+    main()
