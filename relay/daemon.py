@@ -57,7 +57,8 @@ class Relay:
         self.syncer = Syncer(config.durability, self.fs, mode=sync_mode, fsync=fsync)
         self.fs.on_dir_created = self.syncer.dir_changed
         try:
-            self.layout.init(config.agents)
+            for problem in self.layout.init(config.agents):
+                log.warning("%s", problem)
             self.syncer.flush("the state directory's layout")
             self.ledger = Ledger(self.layout.ledger, durability=config.durability)
         except BaseException:

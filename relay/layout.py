@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 from .config import AGENT_NAME, SYSTEM
-from .fs import StateDir, bad_name, shown
+from .fs import StateDir, Unsafe, bad_name, shown
 from .ids import ALPHABET
 
 log = logging.getLogger(__name__)
@@ -59,13 +59,17 @@ class Layout:
             self._fs = None
 
     def init(self, agents=()):
-        """Create the layout and each agent's outbox and inbox. Idempotent."""
-        for d in ("outbox", "inbox", "archive", "failed", "spool"):
-            self.fs.makedirs(d)
-        self.make_inbox(SYSTEM)
-        for name in agents:
-            self.fs.makedirs(f"outbox/{name}")
-            self.make_inbox(name)
+        """Create the layout and each agent's outbox and inbox. Idempotent. A place that is a
+        symbolic link (or not a directory) is left as it is and returned as a problem: the
+        steps that use it wait until it is a directory again."""
+        problems = []
+        for rel in ["outbox", "inbox", "archive", "failed", "spool"] + [f"outbox/{a}" for a in agents] + [
+                f"inbox/{a}/{sub}" for a in (SYSTEM, *agents) for sub in ("tmp", "new", "cur")]:
+            try:
+                self.fs.makedirs(rel)
+            except Unsafe as e:
+                problems.append(str(e))
+        return problems
 
     def make_inbox(self, agent):
         for sub in ("tmp", "new", "cur"):

@@ -198,8 +198,9 @@ class Outbox:
         if (w.thorough or w.spooled) and fs.exists(spool):    # taken by an earlier attempt
             w.path = spool
             return
-        if w.spooled:
-            w.refused = "the message file vanished from relay's spool before it was delivered"
+        if w.spooled:       # moved aside, or its directory swapped: looked for again later
+            w.error = TransientError(f"{spool} is not there (moved away, or spool/{w.sender} replaced); "
+                                     "relay looks for it again")
             return
         src = f"outbox/{w.sender}/{w.name}"
         try:

@@ -360,3 +360,32 @@ def test_a_newline_in_a_name_cannot_forge_a_log_line(project, caplog):
         relay.drain()
     assert not any("\n" in r.getMessage() for r in caplog.records)
     assert any("x\\x0a2026" in r.getMessage() for r in caplog.records)
+
+
+def test_a_place_swapped_for_a_link_at_start_does_not_stop_relay(project, decoy):
+    project.relay().close()
+    before = tree(decoy)
+    shutil.rmtree(project.state / "failed")
+    os.symlink(decoy, project.state / "failed")
+    relay = project.relay()                         # starts, with a warning
+    project.drop("Ann", "m", "TO: Ben\n\nfine")
+    project.drop("Ann", "bad", "TO: Nobody\n\nrefused")
+    relay.drain()
+    assert bodies(project, "Ben") == ["fine"] and tree(decoy) == before
+
+
+def test_a_spooled_file_moved_aside_for_a_moment_is_looked_for_again(project, clock):
+    relay = project.relay(retry_backoff="1s")
+    project.drop("Ann", "m", "TO: Ben, Cy\n\nback again")
+    switch = failing_create(relay, OSError(errno.EACCES, "Permission denied"),
+                            when=lambda rel: rel.startswith("inbox/Cy/"))
+    relay.step()
+    os.rename(project.state / "spool/Ann", project.state / "aside")
+    switch["on"] = False
+    relay.step(clock.advance(5))
+    [row] = relay.ledger.audit()
+    assert row["status"] == "pending" and "not there" in row["error"]
+    os.rename(project.state / "aside", project.state / "spool/Ann")
+    relay.step(clock.advance(60))
+    assert bodies(project, "Ben") == ["back again"] and bodies(project, "Cy") == ["back again"]
+    assert relay.ledger.get(row["id"])["status"] == "archived"
