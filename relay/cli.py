@@ -18,10 +18,10 @@ import orjson
 from . import __version__, config as config_mod
 from .daemon import Relay
 from .errors import NotFound, RelayError
-from .guards import duration, handle_errors
+from .guards import agent_name, checked, duration, handle_errors, recipient_names, sender_name
 from .ids import IdGenerator
 from .inbox import Inbox
-from .layout import Layout, valid_agent
+from .layout import Layout, is_inside
 from .ledger import STATUSES, Ledger
 from .lock import DaemonLock, holder
 from .sync import Syncer
@@ -132,14 +132,12 @@ def main(ctx, root, state_dir):
 
 
 @main.command()
-@click.option("--agent", "agents", multiple=True, help="Create this agent's outbox and inbox (repeatable).")
+@click.option("--agent", "agents", multiple=True, callback=checked(sender_name),
+              help="Create this agent's outbox and inbox (repeatable).")
 @pass_ctx
 @handle_errors
 def init(ctx, agents):
     """Create the layout (idempotent), with an outbox and inbox for each agent."""
-    for name in agents:
-        if not valid_agent(name):
-            fail(f"invalid agent name {name!r}: names match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
     cfg = ctx.cfg
     layout = Layout(cfg.root, cfg.state_dir)
     layout.init(agents)
@@ -179,8 +177,10 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
 
 
 @main.command()
-@click.option("--from", "sender", required=True, help="The sending agent (its outbox).")
-@click.option("--to", "to", required=True, help="Recipient(s): NAME[,NAME...], '*' or System.")
+@click.option("--from", "sender", required=True, callback=checked(sender_name),
+              help="The sending agent (its outbox).")
+@click.option("--to", "to", required=True, callback=checked(recipient_names),
+              help="Recipient(s): NAME[,NAME...], '*' or System.")
 @click.option("--kind", help="Message kind (default: message).")
 @click.option("--thread", help="Thread id.")
 @click.option("--subject", help="Subject line.")
@@ -189,8 +189,6 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
 @handle_errors
 def send(ctx, sender, to, kind, thread, subject, body):
     """Drop a message atomically into SENDER's outbox and print its path. BODY '-' reads stdin."""
-    if not valid_agent(sender):
-        fail(f"invalid sender {sender!r}: agent names match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
     if body is None or body == "-":
         body = sys.stdin.read()
     headers = [("TO", to), ("KIND", kind), ("THREAD", thread), ("SUBJECT", subject)]
@@ -214,7 +212,7 @@ def send(ctx, sender, to, kind, thread, subject, body):
 
 
 @main.command()
-@click.argument("agent")
+@click.argument("agent", callback=checked(agent_name))
 @click.option("--all", "show_all", is_flag=True, help="Include messages already taken (cur/).")
 @click.option("--ack", is_flag=True, help="Take the new messages: move them new/ -> cur/.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -225,6 +223,10 @@ def inbox(ctx, agent, show_all, ack, as_json):
     layout = ctx.layout
     if not (layout.inbox / agent).is_dir():
         raise NotFound(f"no inbox for agent {agent!r} in {layout.inbox}")
+    for where in (layout.inbox / agent, layout.inbox / agent / "new", layout.inbox / agent / "cur"):
+        if not is_inside(where, layout.state):
+            raise RelayError(f"{where} leads outside the state directory ({os.path.realpath(where)}); "
+                             "relay reads and moves only files inside it")
     box = Inbox(layout, Syncer("normal", layout.state))
     items = box.list(agent, include_cur=show_all)
     docs = []

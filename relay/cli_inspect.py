@@ -10,7 +10,7 @@ import orjson
 from . import views
 from .cli import fail, main, out_json, pass_ctx, verdict
 from .errors import NotFound
-from .guards import duration, handle_errors, moment
+from .guards import agent_name, checked, duration, handle_errors, moment
 from .inbox import Inbox
 from .ledger import STATUSES
 from .lock import holder
@@ -18,8 +18,8 @@ from .lock import holder
 
 def _audit_options(fn):
     for opt in reversed([
-        click.option("--from", "sender", help="Sent by this agent."),
-        click.option("--to", "recipient", help="Addressed to this agent."),
+        click.option("--from", "sender", callback=checked(agent_name), help="Sent by this agent."),
+        click.option("--to", "recipient", callback=checked(agent_name), help="Addressed to this agent."),
         click.option("--status", type=click.Choice(STATUSES), help="In this state."),
         click.option("--kind", help="Of this kind."),
         click.option("--thread", help="In this thread (shown oldest first, as a conversation)."),

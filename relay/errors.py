@@ -40,5 +40,9 @@ class DurabilityError(RelayError):
     """An fsync failed: the data may not be on disk. Never retried into success."""
 
 
+class InvalidName(RelayError):
+    """An agent name given on the command line is not a valid agent name, or not allowed there."""
+
+
 class NotFound(RelayError):
     """A message id or agent the user named does not exist."""

@@ -1,5 +1,6 @@
-"""The CLI's edge: how a verb's failure becomes one line on stderr (exit 1), and how the
-duration and date flags are read (exit 2 for a bad one)."""
+"""The CLI's edge: agent names are checked before a verb touches anything, a verb's failure
+becomes one line on stderr (exit 1), and the duration and date flags are read (exit 2 for a bad
+one)."""
 import datetime
 import functools
 import sqlite3
@@ -8,7 +9,53 @@ import time
 import click
 
 from . import config as config_mod
-from .errors import RelayError
+from .config import AGENT_NAME, SYSTEM
+from .errors import InvalidName, RelayError
+
+NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+
+
+def agent_name(name, where="agent"):
+    """`name` when it is an agent name (never a path: no `/`, no leading `.`); InvalidName else."""
+    if not AGENT_NAME.match(name):
+        raise InvalidName(f"invalid agent name {name!r} ({where}): agent names match {NAME_RULE}")
+    return name
+
+
+def sender_name(name, where="sender"):
+    """An agent that may have an outbox: any agent name but System, relay's own."""
+    agent_name(name, where)
+    if name == SYSTEM:
+        raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender ({where}): "
+                          "only agents have outboxes")
+    return name
+
+
+def recipient_names(value, where="recipients"):
+    """A TO value: NAME[,NAME...], where a name may also be `*`."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise InvalidName(f"no recipient in {value!r} ({where}): give NAME[,NAME...], '*' or {SYSTEM}")
+    for name in names:
+        if name != "*":
+            agent_name(name, where)
+    return value
+
+
+def checked(check):
+    """A click callback that runs `check(value, where)` on a parameter's value (each value of
+    a repeated option) while the command line is read, before the verb runs; a refusal is one
+    line and exit 1, like every other error."""
+    def callback(ctx, param, value):
+        where = param.opts[0] if param.param_type_name == "option" else param.human_readable_name
+        try:
+            for v in value if isinstance(value, tuple) else [value]:
+                if v is not None:
+                    check(v, where)
+        except RelayError as e:
+            raise click.ClickException(str(e)) from None
+        return value
+    return callback
 
 
 def handle_errors(fn):

@@ -1,0 +1,89 @@
+"""Holes a hostile tester found: names that are paths, System as a sender, `sweep --older-than
+0s`, a full disk, a lock or ledger removed under a running daemon, a corrupt ledger, operator
+verbs that left a running daemon asleep."""
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from relay.cli import main
+
+
+@pytest.fixture
+def cli(tmp_path):
+    runner = CliRunner()
+
+    def run(*args, input=None, ok=True):
+        result = runner.invoke(main, ["--root", str(tmp_path), *args], input=input, catch_exceptions=False)
+        if ok:
+            assert result.exit_code == 0, result.output
+        assert "Traceback" not in result.output
+        return result
+    run.root = tmp_path
+    run.state = tmp_path / ".relay"
+    return run
+
+
+def tree(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+# -- 1. agent names are names, never paths --------------------------------------------------
+
+def test_inbox_ack_refuses_a_path_for_a_name(cli):
+    cli("init", "--agent", "Ann")
+    victim = cli.root / "victim"
+    for sub in ("tmp", "new", "cur"):
+        (victim / sub).mkdir(parents=True)
+    (victim / "new" / "m.json").write_text(json.dumps({"id": "m", "body": "not relay's"}))
+    r = cli("inbox", "../../victim", "--ack", ok=False)
+    assert r.exit_code == 1
+    assert r.output.count("\n") == 1 and "invalid agent name '../../victim'" in r.output
+    assert tree(victim) == ["cur", "new", "new/m.json", "tmp"]
+
+
+def test_inbox_refuses_an_inbox_that_leads_outside_the_state_directory(cli):
+    cli("init", "--agent", "Ann")
+    victim = cli.root / "victim"
+    for sub in ("tmp", "new", "cur"):
+        (victim / sub).mkdir(parents=True)
+    (victim / "new" / "m.json").write_text(json.dumps({"id": "m", "body": "not relay's"}))
+    (cli.state / "inbox" / "Evil").symlink_to(victim)
+    r = cli("inbox", "Evil", "--ack", ok=False)
+    assert r.exit_code == 1 and "leads outside the state directory" in r.output
+    assert tree(victim) == ["cur", "new", "new/m.json", "tmp"]
+
+
+@pytest.mark.parametrize("args, bad", [
+    (["inbox", "../x"], "../x"),
+    (["inbox", "--all", ".hidden"], ".hidden"),
+    (["send", "--from", "../x", "--to", "Ann", "hi"], "../x"),
+    (["send", "--from", "Ann", "--to", "Ben,../../x", "hi"], "../../x"),
+    (["send", "--from", "Ann", "--to", "a/b", "hi"], "a/b"),
+    (["audit", "--from", "../x"], "../x"),
+    (["audit", "--to", "x/../../y"], "x/../../y"),
+    (["init", "--agent", "Ann", "--agent", "../x"], "../x"),
+])
+def test_every_verb_that_takes_an_agent_name_refuses_a_bad_one_before_touching_anything(cli, args, bad):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    before = tree(cli.root)
+    r = cli(*args, ok=False)
+    assert r.exit_code == 1, r.output
+    assert r.output.count("\n") == 1 and f"invalid agent name {bad!r}" in r.output
+    assert tree(cli.root) == before
+
+
+# -- 2. System is never a sender ------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["send", "--from", "System", "--to", "Ann", "spoofed"],
+    ["init", "--agent", "System"],
+])
+def test_system_is_never_a_sender(cli, args):
+    cli("init", "--agent", "Ann")
+    r = cli(*args, ok=False)
+    assert r.exit_code == 1
+    assert r.output.count("\n") == 1 and "'System' is relay's own name and never a sender" in r.output
+    assert not (cli.state / "outbox" / "System").exists()
+    cli("send", "--from", "Ann", "--to", "System", "--kind", "spawn", "to relay")     # as a recipient: fine
