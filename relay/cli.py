@@ -286,21 +286,24 @@ def status(ctx, as_json):
 
 
 @main.command()
-@click.option("--older-than", help="Sweep entries older than this instead of `retention` (e.g. 7d).")
+@click.option("--older-than", help="Sweep entries older than this instead of `retention` (e.g. 7d; 0s sweeps everything).")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 @handle_errors
 def sweep(ctx, older_than, dry_run, as_json):
     """The retention sweep now: delete archived and failed entries older than retention."""
+    from . import retention
     cfg = ctx.cfg
+    # Only the `retention` key's 0 keeps forever; an explicit --older-than 0s means everything.
     keep = duration(older_than, "--older-than") if older_than is not None else cfg.retention
-    if not keep:
+    if older_than is None and not keep:
         click.echo("retention is 0 (keep forever): nothing to sweep")
         return
     layout = Layout(cfg.root, cfg.state_dir)
     with Relay(cfg) as relay:
-        result = relay.sweep_all(older_than=keep, dry_run=dry_run)
+        now = relay.clock()
+        result = retention.sweep_all_before(relay.ledger, relay.archive, now, now - keep, dry_run=dry_run)
     if as_json:
         out_json({"dry_run": dry_run, "archived": result.archived, "failed": result.failed, "ids": result.ids})
         return

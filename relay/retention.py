@@ -20,11 +20,24 @@ class SweepResult:
 
 
 def sweep(ledger, archive, now, keep, dry_run=False, limit=BATCH):
-    """One batch: files first, then rows (a crash between them is finished by the next sweep)."""
-    result = SweepResult()
+    """One batch under the `retention` setting `keep` (seconds; 0 keeps forever)."""
     if not keep:
-        return result
-    archived, failed = sweepable(ledger, now - keep, limit)
+        return SweepResult()
+    return sweep_before(ledger, archive, now, now - keep, dry_run, limit)
+
+
+def sweep_all(ledger, archive, now, keep, dry_run=False):
+    """The whole sweep under the `retention` setting `keep` (seconds; 0 keeps forever)."""
+    if not keep:
+        return SweepResult()
+    return sweep_all_before(ledger, archive, now, now - keep, dry_run)
+
+
+def sweep_before(ledger, archive, now, cutoff, dry_run=False, limit=BATCH):
+    """One batch of entries archived or failed before `cutoff`: files first, then rows (a crash
+    between them is finished by the next sweep)."""
+    result = SweepResult()
+    archived, failed = sweepable(ledger, cutoff, limit)
     result.archived, result.failed = len(archived), len(failed)
     result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
     result.more = len(archived) == limit or len(failed) == limit
@@ -38,20 +51,20 @@ def sweep(ledger, archive, now, keep, dry_run=False, limit=BATCH):
             archive.remove(row["failed_path"])
     sweep_delete(ledger, archived, failed, now)
     log.info("retention sweep removed %d archived and %d failed messages older than %ss",
-             len(archived), len(failed), int(keep))
+             len(archived), len(failed), int(now - cutoff))
     return result
 
 
-def sweep_all(ledger, archive, now, keep, dry_run=False):
-    """Batch after batch until nothing is left; a dry run counts everything it would delete."""
+def sweep_all_before(ledger, archive, now, cutoff, dry_run=False):
+    """Batch after batch until nothing before `cutoff` is left; a dry run counts everything it
+    would delete. `relay sweep --older-than D` is this with cutoff now - D (0s: everything)."""
     total = SweepResult()
     if dry_run:
-        if keep:
-            total.archived, total.failed = count(ledger, now - keep)
-            total.ids = sweep(ledger, archive, now, keep, dry_run=True, limit=1000).ids
+        total.archived, total.failed = count(ledger, cutoff)
+        total.ids = sweep_before(ledger, archive, now, cutoff, dry_run=True, limit=1000).ids
         return total
     while True:
-        r = sweep(ledger, archive, now, keep)
+        r = sweep_before(ledger, archive, now, cutoff)
         total.archived += r.archived
         total.failed += r.failed
         total.ids += r.ids

@@ -87,3 +87,38 @@ def test_system_is_never_a_sender(cli, args):
     assert r.output.count("\n") == 1 and "'System' is relay's own name and never a sender" in r.output
     assert not (cli.state / "outbox" / "System").exists()
     cli("send", "--from", "Ann", "--to", "System", "--kind", "spawn", "to relay")     # as a recipient: fine
+
+
+# -- 3. sweep --older-than 0s sweeps everything; only the key retention = 0 keeps forever -----
+
+def relayed_two(cli):
+    """One archived and one failed message, relayed just now."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "kept?")
+    cli("send", "--from", "Ann", "--to", "Zed", "nobody by that name")
+    assert "relayed 1 message(s), 1 failed" in cli("run", "--once", "-q").output
+    status = json.loads(cli("status", "--json").output)["counts"]
+    assert (status["archived"], status["failed"]) == (1, 1)
+
+
+def test_sweep_older_than_0s_sweeps_everything_even_with_retention_0(cli):
+    relayed_two(cli)
+    (cli.state / "relay.toml").write_text("retention = 0\n")
+    assert "keep forever" in cli("sweep").output
+    dry = cli("sweep", "--older-than", "0s", "--dry-run").output
+    assert "would delete 1 archived and 1 failed" in dry
+    assert "deleted 1 archived and 1 failed" in cli("sweep", "--older-than", "0s").output
+    counts = json.loads(cli("status", "--json").output)["counts"]
+    assert counts["archived"] == counts["failed"] == 0
+    assert not [p for p in (cli.state / "archive").rglob("*") if p.is_file()]
+    assert not [p for p in (cli.state / "failed").rglob("*") if p.is_file()]
+    assert "ok" in cli("verify").output                 # the sweep left a checkpoint
+
+
+def test_retention_0_in_the_configuration_still_keeps_forever(cli):
+    relayed_two(cli)
+    (cli.state / "relay.toml").write_text("retention = 0\n")
+    assert "keep forever" in cli("sweep").output
+    cli("run", "--once", "-q")                          # the daemon's sweep too
+    counts = json.loads(cli("status", "--json").output)["counts"]
+    assert (counts["archived"], counts["failed"]) == (1, 1)
