@@ -2,6 +2,7 @@
 becomes one line on stderr (exit 1), and the duration and date flags are read (exit 2 for a bad
 one)."""
 import datetime
+import errno
 import functools
 import sqlite3
 import time
@@ -10,7 +11,7 @@ import click
 
 from . import config as config_mod
 from .config import AGENT_NAME, SYSTEM
-from .errors import InvalidName, RelayError
+from .errors import FREE_SPACE, InvalidName, LedgerCorrupt, RelayError, sqlite_cause
 
 NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 
@@ -58,19 +59,46 @@ def checked(check):
     return callback
 
 
+def explain(error, ledger=None):
+    """The one line a failure becomes: what happened and, where it helps, what to do.
+    `ledger`: the ledger's path, when known."""
+    if isinstance(error, RelayError):
+        return str(error)
+    if isinstance(error, OSError):
+        where = f" ({error.filename})" if error.filename else ""
+        what = f"{error.strerror or error}{where}"
+        if error.errno == errno.ENOSPC:
+            return f"the disk is full: {what}; {FREE_SPACE}"
+        if error.errno == errno.EDQUOT:
+            return f"the disk quota is used up: {what}; {FREE_SPACE} (or raise the quota)"
+        return what
+    cause = sqlite_cause(error)
+    if cause == "full":
+        return f"the disk holding {ledger or 'the ledger'} (or the temporary directory) is full ({error}); {FREE_SPACE}"
+    if cause == "corrupt":
+        return str(LedgerCorrupt(ledger or "ledger.sqlite", error))
+    if cause == "locked":
+        return f"ledger error: {error} (is another process holding the ledger locked?)"
+    return f"ledger error: {error}"
+
+
 def handle_errors(fn):
+    """A verb's RelayError, OSError or sqlite3 error leaves as one line on stderr and exit 1."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except RelayError as e:
-            raise click.ClickException(str(e)) from None
-        except OSError as e:
-            where = f" ({e.filename})" if e.filename else ""
-            raise click.ClickException(f"{e.strerror or e}{where}") from None
-        except sqlite3.Error as e:
-            raise click.ClickException(f"ledger error: {e} (is another process holding the ledger locked?)") from None
+        except (RelayError, OSError, sqlite3.Error) as e:
+            raise click.ClickException(explain(e, _ledger_path(args))) from None
     return wrapper
+
+
+def _ledger_path(args):
+    """The ledger's path from a verb's Context (its first argument), if it can tell."""
+    try:
+        return str(args[0].layout.ledger)
+    except (IndexError, AttributeError, RelayError, OSError):
+        return None
 
 
 def duration(value, what):

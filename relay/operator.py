@@ -5,7 +5,7 @@ import os
 import time
 
 from .archive import Archive
-from .errors import NotFound, RelayError
+from .errors import LedgerCorrupt, NotFound, RelayError
 from .layout import is_in_progress_name, move
 from .ledger import GENESIS, chain_hash
 from .sync import Syncer
@@ -132,9 +132,11 @@ def doctor(ledger, layout, daemon_pid, now=None):
     now = time.time() if now is None else now
     db = ledger.db
     out = []
-    result = db.execute("PRAGMA integrity_check").fetchone()[0]
-    if result != "ok":
-        out.append(f"ledger integrity check failed: {result}; restore {layout.ledger} from a backup")
+    result = [r[0] for r in db.execute("PRAGMA integrity_check")]
+    if result != ["ok"]:
+        found = [r for r in result if not r.startswith("***")] or result
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        out.append(str(LedgerCorrupt(layout.ledger, f"integrity check: {found[0]}{more}")))
     for version, name, ok in ledger.migrations():
         if not ok:
             out.append(f"migration {version} ({name}) has a different checksum than this relay's; "

@@ -3,6 +3,7 @@
 verbs that left a running daemon asleep."""
 import json
 import os
+import sqlite3
 
 import pytest
 from click.testing import CliRunner
@@ -122,3 +123,103 @@ def test_retention_0_in_the_configuration_still_keeps_forever(cli):
     cli("run", "--once", "-q")                          # the daemon's sweep too
     counts = json.loads(cli("status", "--json").output)["counts"]
     assert (counts["archived"], counts["failed"]) == (1, 1)
+
+
+# -- 4. a full disk is reported as a full disk ----------------------------------------------
+
+@pytest.fixture
+def ledger_cannot_grow(monkeypatch):
+    """Call it, and every ledger connection opened from then on may not grow the database by a
+    page: SQLite itself answers SQLITE_FULL, "database or disk is full", as on a full disk."""
+    real = sqlite3.connect
+
+    def connect(*args, **kwargs):
+        db = real(*args, **kwargs)
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {max(pages, 1)}")
+        return db
+    return lambda: monkeypatch.setattr(sqlite3, "connect", connect)
+
+
+def test_a_full_disk_under_a_file_is_reported_as_a_full_disk(cli):
+    cli("init", "--agent", "Ann")
+    r = cli("report", "--html", "/dev/full", ok=False)      # the kernel answers ENOSPC
+    assert r.exit_code == 1 and r.output.count("\n") == 1
+    assert "the disk is full: No space left on device; free some space" in r.output
+
+
+def test_a_full_disk_under_the_ledger_is_reported_as_a_full_disk(cli, ledger_cannot_grow):
+    ledger_cannot_grow()
+    r = cli("init", "--agent", "Ann", ok=False)
+    assert r.exit_code == 1 and r.output.count("\n") == 1
+    assert f"cannot open the ledger {cli.state / 'ledger.sqlite'}: the disk holding it" in r.output
+    assert "is full (database or disk is full); free some space" in r.output and "locked" not in r.output
+
+
+def test_a_full_disk_while_a_verb_writes_the_ledger_is_reported_as_a_full_disk(cli, ledger_cannot_grow):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    for i in range(100):
+        cli("send", "--from", "Ann", "--to", "Ben", f"message {i} " + "x" * 2000)
+    ledger_cannot_grow()
+    r = cli("run", "--once", "-q", ok=False)
+    assert r.exit_code == 1 and r.output.count("\n") == 1
+    assert f"the disk holding {cli.state / 'ledger.sqlite'} (or the temporary directory) is full" in r.output
+    assert "locked" not in r.output
+
+
+# -- 6. a corrupt ledger is refused with what happened and what to do ----------------------
+
+def not_a_database(path):
+    path.write_bytes(b"this is not a ledger\n" * 500)
+
+
+def malformed(path):
+    data = bytearray(path.read_bytes())
+    data[100:4096] = b"\xa5" * 3996                 # page 1's b-tree (the schema) destroyed
+    path.write_bytes(data)
+
+
+VERBS = [["status"], ["audit"], ["show", "01"], ["retry", "--failed"], ["expire", "01"], ["verify"],
+         ["doctor"], ["agents"], ["tail"], ["report", "--html", "r.html"], ["sweep"], ["run", "--once"],
+         ["init"]]
+
+
+@pytest.mark.parametrize("damage", [not_a_database, malformed])
+@pytest.mark.parametrize("verb", VERBS, ids=lambda v: v[0])
+def test_a_corrupt_ledger_is_refused_by_every_verb_with_what_to_do(cli, damage, verb):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "hello")
+    cli("run", "--once", "-q")
+    ledger = cli.state / "ledger.sqlite"
+    assert not (cli.state / "ledger.sqlite-wal").exists()
+    damage(ledger)
+    r = cli(*verb, ok=False)
+    assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
+    line = r.output
+    assert f"the ledger {ledger} is damaged" in line
+    assert "the archive and inboxes are intact" in line
+    assert f'sqlite3 {ledger} ".recover" | sqlite3 recovered.sqlite' in line and "restore a backup" in line
+    assert len(cli("inbox", "Ben", "--json").output) > 2    # the inbox is still there to read
+
+
+@pytest.mark.parametrize("verb", [["status"], ["audit"], ["doctor"], ["retry", "--failed"]], ids=lambda v: v[0])
+def test_a_ledger_damaged_past_its_first_page_is_refused_with_what_to_do(cli, verb):
+    """The ledger opens; the damage shows when a verb reads the table (or doctor checks it)."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    for i in range(20):
+        cli("send", "--from", "Ann", "--to", "Ben", f"message {i} " + "x" * 1000)
+    cli("run", "--once", "-q")
+    ledger = cli.state / "ledger.sqlite"
+    with sqlite3.connect(ledger) as db:
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        roots = [r[0] for r in db.execute("SELECT rootpage FROM sqlite_master WHERE tbl_name = 'messages'")]
+    db.close()
+    data = bytearray(ledger.read_bytes())
+    for root in roots:                              # the table and its indexes
+        start = (root - 1) * page_size
+        data[start:start + 8] = b"\xa5" * 8          # the b-tree page header: no such page type
+    ledger.write_bytes(data)
+    r = cli(*verb, ok=False)
+    assert r.exit_code == 1, r.output
+    assert f"the ledger {ledger} is damaged" in r.output and "the archive and inboxes are intact" in r.output
+    assert ".recover" in r.output
