@@ -163,7 +163,7 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     setup_logging(cfg, quiet)
     layout = Layout(cfg.root, cfg.state_dir)
     layout.state.mkdir(parents=True, exist_ok=True)
-    with DaemonLock(layout.lock):
+    with DaemonLock(layout.lock) as lock:
         if once:
             with Relay(cfg) as relay:
                 t0 = time.monotonic()
@@ -173,7 +173,7 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                        f"in {took:.2f}s")
             return
         from .service import serve
-        sys.exit(serve(cfg, {k: v for k, v in ctx.overrides.items() if v is not None}))
+        sys.exit(serve(cfg, {k: v for k, v in ctx.overrides.items() if v is not None}, lock))
 
 
 @main.command()

@@ -66,6 +66,10 @@ class DaemonRunning(RelayError):
         super().__init__(f"another relay (pid {pid}) is running on this state directory ({lock_path})")
 
 
+class StateLost(RelayError):
+    """The daemon's relay.lock or ledger was removed or replaced while it ran."""
+
+
 class MessageRefused(RelayError):
     """A message can never be delivered as it is (bad format, unknown recipient, too large).
 

@@ -23,6 +23,15 @@ class DaemonLock:
         self.fd = fd
         return self
 
+    def held(self):
+        """True while this lock still guards the state directory: the flock'ed file is still
+        linked and still the one at the path. Once it is removed or replaced, another daemon can
+        take a new lock there."""
+        if self.fd is None:
+            return False
+        st = os.fstat(self.fd)
+        return st.st_nlink > 0 and identity(self.path) == (st.st_dev, st.st_ino)
+
     def release(self):
         if self.fd is not None:
             os.close(self.fd)
@@ -51,3 +60,14 @@ def holder(path):
         return None
     finally:
         os.close(fd)
+
+
+def identity(path):
+    """(st_dev, st_ino) of the file at `path` (symlinks followed, as open() does), or None when
+    there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+

@@ -1,4 +1,5 @@
-"""`relay run`: the daemon loop, signals, SIGHUP reload, systemd notify and watchdog pings."""
+"""`relay run`: the daemon loop, signals, SIGHUP reload, the hold on the state directory,
+systemd notify and watchdog pings."""
 import logging
 import os
 import signal
@@ -8,10 +9,13 @@ import time
 
 from . import __version__, config as config_mod
 from .daemon import Counts, Relay
-from .errors import ConfigError
+from .errors import ConfigError, StateLost
+from .lock import identity
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
+
+HOLD_CHECK = 1.0        # seconds between checks of the lock and the ledger while the loop is idle
 
 
 def notify(message):
@@ -32,9 +36,12 @@ def notify(message):
 
 
 class Daemon:
-    def __init__(self, cfg, clock=time.time):
+    def __init__(self, cfg, clock=time.time, lock=None):
         self.cfg = cfg
         self.relay = Relay(cfg, clock=clock)
+        # The ledger file the connection has just opened; `lock`: the DaemonLock held.
+        self.ledger_identity = identity(self.relay.ledger.path)
+        self.lock = lock
         self.watcher = Watcher(self.relay)
         self.stopping = False
         self.reload = False
@@ -88,6 +95,7 @@ class Daemon:
         next_status = 0.0
         try:
             while not self.stopping:
+                self.hold()
                 relay.wake.clear()
                 counts = self.step()
                 relayed += counts.archived
@@ -104,7 +112,7 @@ class Daemon:
                     self.watcher.restart()
                 if counts.busy or relay.hints:
                     continue
-                relay.wake.wait(self.timeout())
+                self.idle(self.timeout())
         finally:
             notify("STOPPING=1")
             self.watcher.stop()
@@ -113,6 +121,33 @@ class Daemon:
         return 0
 
     overrides = None
+
+    def lost(self):
+        """Why this daemon must stop working on its state directory, or None: its relay.lock
+        or its ledger was removed or replaced while it ran."""
+        if self.lock is not None and not self.lock.held():
+            return (f"{self.lock.path} was removed or replaced while this daemon ran; stopping so that "
+                    "two daemons never run on one state directory")
+        if identity(self.relay.ledger.path) != self.ledger_identity:
+            return (f"{self.relay.ledger.path} was removed or replaced while this daemon ran; stopping, "
+                    "since what it records would go to a file no other process reads")
+        return None
+
+    def hold(self):
+        """Raise StateLost (logged) when lost() has a reason; cheap: a few stat calls."""
+        reason = self.lost()
+        if reason:
+            log.error("%s", reason)
+            raise StateLost(reason)
+
+    def idle(self, timeout):
+        """Wait until woken or `timeout` passes, checking the hold every HOLD_CHECK seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.relay.wake.wait(min(left, HOLD_CHECK)):
+                return
+            self.hold()
 
     def step(self):
         """One step; an unforeseen error (a ledger locked past busy_timeout, a full disk under
@@ -146,7 +181,7 @@ class Daemon:
         return max(0.0, min(wait, 3600.0))
 
 
-def serve(cfg, overrides=None):
-    daemon = Daemon(cfg)
+def serve(cfg, overrides=None, lock=None):
+    daemon = Daemon(cfg, lock=lock)
     daemon.overrides = overrides
     return daemon.run()

@@ -3,12 +3,20 @@
 verbs that left a running daemon asleep."""
 import json
 import os
+import shutil
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
+from relay.errors import StateLost
+from relay.ledger import Ledger
+from relay.lock import DaemonLock
+from relay.service import Daemon
+from test_daemon_e2e import daemon, rename_in, wait_for  # noqa: F401  (daemon: the fixture)
 
 
 @pytest.fixture
@@ -223,3 +231,61 @@ def test_a_ledger_damaged_past_its_first_page_is_refused_with_what_to_do(cli, ve
     assert r.exit_code == 1, r.output
     assert f"the ledger {ledger} is damaged" in r.output and "the archive and inboxes are intact" in r.output
     assert ".recover" in r.output
+
+
+# -- 5. a daemon whose lock or ledger is removed or replaced stops ---------------------------
+
+def test_the_lock_knows_when_it_is_removed_or_replaced(tmp_path):
+    path = tmp_path / "relay.lock"
+    with DaemonLock(path) as lock:
+        assert lock.held()
+        os.link(path, tmp_path / "again")
+        os.replace(tmp_path / "again", path)        # the same file, moved back: still held
+        assert lock.held()
+        path.unlink()
+        assert not lock.held()
+    with DaemonLock(path) as lock:
+        (tmp_path / "other").write_text("1\n")
+        os.replace(tmp_path / "other", path)
+        assert not lock.held()
+    assert not lock.held()                          # released
+
+
+def remove(path):
+    path.unlink()
+
+
+def replace_with_a_copy(path):
+    shutil.copyfile(path, f"{path}.copy")
+    os.replace(f"{path}.copy", path)
+
+
+@pytest.mark.parametrize("name", ["relay.lock", "ledger.sqlite"])
+@pytest.mark.parametrize("change", [remove, replace_with_a_copy])
+def test_the_daemon_knows_when_its_lock_or_ledger_is_lost(project, name, change):
+    project.relay().close()
+    with DaemonLock(project.state / "relay.lock") as lock:
+        d = Daemon(project.config(agents=["Ann"]), clock=project.clock, lock=lock)
+        try:
+            assert d.lost() is None
+            d.hold()
+            change(project.state / name)
+            reason = d.lost()
+            assert reason.startswith(f"{project.state / name} was removed or replaced while this daemon ran; stopping")
+            with pytest.raises(StateLost, match="was removed or replaced"):
+                d.hold()
+        finally:
+            d.relay.close()
+
+
+def test_a_running_daemon_whose_lock_is_removed_exits_1_saying_so(daemon):  # noqa: F811
+    d = daemon()
+    d.ready()
+    (d.state / "relay.lock").unlink()
+    _, err = d.proc.communicate(timeout=15)
+    d.sock.close()
+    assert d.proc.returncode == 1, err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == (f"Error: {d.state / 'relay.lock'} was removed or replaced while this daemon "
+                                    "ran; stopping so that two daemons never run on one state directory")
+
