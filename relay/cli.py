@@ -23,7 +23,7 @@ from .ids import IdGenerator
 from .inbox import Inbox
 from .layout import Layout, is_inside
 from .ledger import STATUSES, Ledger
-from .lock import DaemonLock, holder
+from .lock import DaemonLock, holder, wake
 from .sync import Syncer
 from . import views
 
@@ -373,6 +373,8 @@ def retry(ctx, ids, all_failed):
         if all_failed:
             ids = [r["id"] for r in led.audit(status="failed")]
         done, problems = operator.retry(led, ctx.layout, ids)
+    if done:
+        wake(ctx.layout.lock)       # a running daemon takes them now, not at its next rescan
     for mid in done:
         click.echo(f"{mid}: back to pending")
     for p in problems:
@@ -390,6 +392,7 @@ def expire(ctx, message_id):
     from . import operator
     with ctx.writer() as led:
         mid = operator.expire(led, ctx.layout, message_id)
+    wake(ctx.layout.lock)
     click.echo(f"{mid}: expired; will not be delivered")
 
 

@@ -1,5 +1,5 @@
-"""`relay run`: the daemon loop, signals, SIGHUP reload, the hold on the state directory,
-systemd notify and watchdog pings."""
+"""`relay run`: the daemon loop, signals (SIGHUP reload, SIGUSR1 look at the ledger now), the
+hold on the state directory, systemd notify and watchdog pings."""
 import logging
 import os
 import signal
@@ -45,12 +45,15 @@ class Daemon:
         self.watcher = Watcher(self.relay)
         self.stopping = False
         self.reload = False
+        self.poked = False
         usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
         self.ping_every = usec / 2e6 if usec else None
 
     def on_signal(self, signum, frame):
         if signum == signal.SIGHUP:
             self.reload = True
+        elif signum == signal.SIGUSR1:
+            self.poked = True
         elif self.stopping:
             # Second signal: stop now. What was claimed is recovered at the next start.
             os._exit(1)
@@ -81,7 +84,7 @@ class Daemon:
         # The watcher's threads hand events to this loop; a short GIL switch interval lets the
         # loop run as soon as it is woken instead of waiting out another thread's 5 ms slice.
         sys.setswitchinterval(0.0005)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, self.on_signal)
         log.info("relay %s started (pid %d): root %s, state dir %s, durability %s, config from %s",
                  __version__, os.getpid(), cfg.root, cfg.state_dir, cfg.durability, cfg.source)
@@ -97,6 +100,11 @@ class Daemon:
             while not self.stopping:
                 self.hold()
                 relay.wake.clear()
+                if self.poked:
+                    # An operator changed the ledger (relay retry, expire): the step below
+                    # claims what is due there, without waiting for the next deadline.
+                    self.poked = False
+                    log.info("SIGUSR1: looking at the ledger now")
                 counts = self.step()
                 relayed += counts.archived
                 failed += counts.failed

@@ -289,3 +289,72 @@ def test_a_running_daemon_whose_lock_is_removed_exits_1_saying_so(daemon):  # no
     assert err.splitlines()[-1] == (f"Error: {d.state / 'relay.lock'} was removed or replaced while this daemon "
                                     "ran; stopping so that two daemons never run on one state directory")
 
+
+# -- 7. operator verbs wake a running daemon at once -----------------------------------------
+
+def failed_count(state):
+    with Ledger(state / "ledger.sqlite", readonly=True) as led:
+        return led.counts()["failed"]
+
+
+def test_retry_wakes_a_running_daemon_long_before_its_rescan(daemon, tmp_path):  # noqa: F811
+    state = tmp_path / ".relay"
+    state.mkdir()
+    (state / "relay.toml").write_text('rescan_interval = "1h"\nsweep_interval = "1h"\n')
+    d = daemon()
+    d.ready()
+    rename_in(state / "outbox" / "Ann", "m", "TO: Zed\n\nfor Zed, who has no inbox yet")
+    wait_for(lambda: failed_count(state) == 1, what="the message to an unknown agent failed")
+    for sub in ("tmp", "new", "cur"):
+        (state / "inbox" / "Zed" / sub).mkdir(parents=True)    # not watched: nothing wakes the daemon
+    r = subprocess.run([sys.executable, "-m", "relay", "--root", str(tmp_path), "retry", "--failed"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "back to pending" in r.stdout, r.stderr
+    [env] = wait_for(lambda: d.inbox("Zed"), timeout=20, what="the retried message (rescan is 1h away)")
+    assert env["from"] == "Ann" and env["body"] == "for Zed, who has no inbox yet"
+    code, err = d.stop()
+    assert code == 0 and "SIGUSR1: looking at the ledger now" in err
+
+
+def test_wake_signals_no_one_when_no_daemon_holds_the_lock(tmp_path):
+    from relay.lock import wake
+    assert wake(tmp_path / "relay.lock") is None                # no lock file
+    (tmp_path / "relay.lock").write_text(f"{os.getppid()}\n")   # a pid, but no flock
+    assert wake(tmp_path / "relay.lock") is None
+
+
+HOLDER = """
+import fcntl, os, signal, sys
+if sys.argv[2] == "catches":
+    signal.signal(signal.SIGUSR1, lambda *_: print("woken", flush=True))
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, f"{os.getpid()}\\n".encode())
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("catches", [True, False])
+def test_wake_signals_only_a_lock_holder_that_catches_sigusr1(tmp_path, catches):
+    """A process holding relay.lock that does not catch SIGUSR1 (a relay from before it was
+    used) would be ended by it: it is left alone, and finds the work at its next rescan."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("without /proc, wake() cannot tell which signals a process catches")
+    from relay.lock import holder, wake
+    lock = tmp_path / "relay.lock"
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), "catches" if catches else "-"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "held\n"
+        assert holder(lock) == child.pid
+        assert wake(lock) == (child.pid if catches else None)
+        if catches:
+            assert child.stdout.readline() == "woken\n"
+        child.stdin.close()
+        assert child.wait(timeout=15) == 0          # alive until told to finish, not ended by a signal
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
