@@ -105,14 +105,15 @@ class Daemon:
                     # claims what is due there, without waiting for the next deadline.
                     self.poked = False
                     log.info("SIGUSR1: looking at the ledger now")
+                if self.reload:
+                    # Before the step, so that the step this SIGHUP woke runs with the new file.
+                    self.do_reload()
                 counts = self.step()
                 relayed += counts.archived
                 failed += counts.failed
                 if (counts.archived or counts.failed) and time.monotonic() >= next_status:
                     notify(f"STATUS=relayed {relayed}, failed {failed} since start")
                     next_status = time.monotonic() + 5.0
-                if self.reload:
-                    self.do_reload()
                 if self.ping_every and time.monotonic() >= next_ping:
                     notify("WATCHDOG=1")
                     next_ping = time.monotonic() + self.ping_every
