@@ -77,12 +77,12 @@ def wake(path, sig=signal.SIGUSR1):
     """Tell the daemon holding the lock at `path` to look at the ledger now (after an operator
     changed it). Returns the pid signalled, or None: no daemon holds the lock, or it cannot be
     signalled (it then finds the work at its next rescan)."""
-    pid = holder(path)
-    if pid is None or pid <= 0 or pid == os.getpid() or not _expects(pid, path, sig):
-        return None
     try:
+        pid = holder(path)
+        if pid is None or pid <= 0 or pid == os.getpid() or not _expects(pid, path, sig):
+            return None
         os.kill(pid, sig)
-    except OSError:        # gone meanwhile, or another user's daemon
+    except OSError:        # a lock file not ours to read, a daemon gone meanwhile or another user's
         return None
     return pid
 

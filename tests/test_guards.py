@@ -358,3 +358,46 @@ def test_wake_signals_only_a_lock_holder_that_catches_sigusr1(tmp_path, catches)
             child.kill()
             child.wait()
         child.stdout.close()
+
+
+def test_wake_leaves_another_users_daemon_alone_without_failing(tmp_path):
+    """`relay retry` by a user who may not signal the daemon: the retry stands, the daemon
+    finds it at its next rescan, and wake() neither fails nor signals."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the caller as another user (nobody); as an ordinary user every "
+                    "process this test can start is the user's own and may be signalled")
+    import pwd
+    import tempfile
+    from relay.lock import wake
+    nobody = pwd.getpwnam("nobody")
+    shared = tempfile.mkdtemp(prefix="relay-wake-")          # tmp_path is not reachable by nobody
+    try:
+        os.chmod(shared, 0o755)
+        lock = os.path.join(shared, "relay.lock")
+        child = subprocess.Popen([sys.executable, "-c", HOLDER, lock, "catches"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline() == "held\n"
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:                                    # the caller, as nobody
+                try:
+                    os.setgid(nobody.pw_gid)
+                    os.setuid(nobody.pw_uid)
+                    os.write(w, repr(wake(lock)).encode())
+                finally:
+                    os._exit(0)
+            os.close(w)
+            _, status = os.waitpid(pid, 0)
+            with os.fdopen(r) as f:
+                assert f.read() == "None" and status == 0
+            child.stdin.close()
+            assert child.wait(timeout=15) == 0
+            assert child.stdout.read() == ""                # never woken
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            child.stdout.close()
+    finally:
+        shutil.rmtree(shared)
