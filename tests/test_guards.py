@@ -1,6 +1,6 @@
-"""Holes a hostile tester found: names that are paths, System as a sender, `sweep --older-than
-0s`, a full disk, a lock or ledger removed under a running daemon, a corrupt ledger, operator
-verbs that left a running daemon asleep."""
+"""Guards at relay's edges: agent names that are paths, System as a sender, `sweep --older-than
+0s`, a full disk, a damaged ledger, a lock or ledger removed under a running daemon, and the
+operator verbs that wake a running daemon."""
 import json
 import os
 import shutil
@@ -38,7 +38,7 @@ def tree(path):
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
-# -- 1. agent names are names, never paths --------------------------------------------------
+# -- agent names are names, never paths --------------------------------------------------------
 
 def test_inbox_ack_refuses_a_path_for_a_name(cli):
     cli("init", "--agent", "Ann")
@@ -83,7 +83,7 @@ def test_every_verb_that_takes_an_agent_name_refuses_a_bad_one_before_touching_a
     assert tree(cli.root) == before
 
 
-# -- 2. System is never a sender ------------------------------------------------------------
+# -- System is never a sender ------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [
     ["send", "--from", "System", "--to", "Ann", "spoofed"],
@@ -98,7 +98,7 @@ def test_system_is_never_a_sender(cli, args):
     cli("send", "--from", "Ann", "--to", "System", "--kind", "spawn", "to relay")     # as a recipient: fine
 
 
-# -- 3. sweep --older-than 0s sweeps everything; only the key retention = 0 keeps forever -----
+# -- sweep --older-than 0s sweeps everything; only the key retention = 0 keeps forever ---------
 
 def relayed_two(cli):
     """One archived and one failed message, relayed just now."""
@@ -133,7 +133,7 @@ def test_retention_0_in_the_configuration_still_keeps_forever(cli):
     assert (counts["archived"], counts["failed"]) == (1, 1)
 
 
-# -- 4. a full disk is reported as a full disk ----------------------------------------------
+# -- a full disk is reported as a full disk ----------------------------------------------------
 
 @pytest.fixture
 def ledger_cannot_grow(monkeypatch):
@@ -175,7 +175,7 @@ def test_a_full_disk_while_a_verb_writes_the_ledger_is_reported_as_a_full_disk(c
     assert "locked" not in r.output
 
 
-# -- 6. a corrupt ledger is refused with what happened and what to do ----------------------
+# -- a corrupt ledger is refused with what happened and what to do -----------------------------
 
 def not_a_database(path):
     path.write_bytes(b"this is not a ledger\n" * 500)
@@ -233,7 +233,7 @@ def test_a_ledger_damaged_past_its_first_page_is_refused_with_what_to_do(cli, ve
     assert ".recover" in r.output
 
 
-# -- 5. a daemon whose lock or ledger is removed or replaced stops ---------------------------
+# -- a daemon whose lock or ledger is removed or replaced stops --------------------------------
 
 def test_the_lock_knows_when_it_is_removed_or_replaced(tmp_path):
     path = tmp_path / "relay.lock"
@@ -290,7 +290,7 @@ def test_a_running_daemon_whose_lock_is_removed_exits_1_saying_so(daemon):  # no
                                     "ran; stopping so that two daemons never run on one state directory")
 
 
-# -- 7. operator verbs wake a running daemon at once -----------------------------------------
+# -- operator verbs wake a running daemon at once ----------------------------------------------
 
 def failed_count(state):
     with Ledger(state / "ledger.sqlite", readonly=True) as led:
