@@ -7,11 +7,14 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
 
+from relay import config as config_mod
 from relay.cli import main
+from relay.daemon import Relay
 from relay.errors import StateLost
 from relay.ledger import Ledger
 from relay.lock import DaemonLock
@@ -192,14 +195,29 @@ VERBS = [["status"], ["audit"], ["show", "01"], ["retry", "--failed"], ["expire"
          ["init"]]
 
 
+@pytest.fixture(scope="module")
+def relayed_state(tmp_path_factory):
+    """A state directory after 20 messages from Ann to Ben were relayed (built once)."""
+    root = tmp_path_factory.mktemp("relayed")
+    with Relay(config_mod.load(root, ".relay", env={}, overrides={"agents": ["Ann", "Ben"]})) as relay:
+        for i in range(20):
+            rename_in(relay.layout.outbox / "Ann", f"m{i}", f"TO: Ben\n\nmessage {i} " + "x" * 1000)
+        assert relay.drain(now_fn=lambda: time.time() + 1.0).archived == 20
+    return root / ".relay"
+
+
+@pytest.fixture
+def relayed(cli, relayed_state):
+    """The relayed state directory in this test's project; returns its ledger's path."""
+    shutil.copytree(relayed_state, cli.state)
+    assert not (cli.state / "ledger.sqlite-wal").exists()
+    return cli.state / "ledger.sqlite"
+
+
 @pytest.mark.parametrize("damage", [not_a_database, malformed])
 @pytest.mark.parametrize("verb", VERBS, ids=lambda v: v[0])
-def test_a_corrupt_ledger_is_refused_by_every_verb_with_what_to_do(cli, damage, verb):
-    cli("init", "--agent", "Ann", "--agent", "Ben")
-    cli("send", "--from", "Ann", "--to", "Ben", "hello")
-    cli("run", "--once", "-q")
-    ledger = cli.state / "ledger.sqlite"
-    assert not (cli.state / "ledger.sqlite-wal").exists()
+def test_a_corrupt_ledger_is_refused_by_every_verb_with_what_to_do(cli, relayed, damage, verb):
+    ledger = relayed
     damage(ledger)
     r = cli(*verb, ok=False)
     assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
@@ -207,17 +225,13 @@ def test_a_corrupt_ledger_is_refused_by_every_verb_with_what_to_do(cli, damage, 
     assert f"the ledger {ledger} is damaged" in line
     assert "the archive and inboxes are intact" in line
     assert f'sqlite3 {ledger} ".recover" | sqlite3 recovered.sqlite' in line and "restore a backup" in line
-    assert len(cli("inbox", "Ben", "--json").output) > 2    # the inbox is still there to read
+    assert len(json.loads(cli("inbox", "Ben", "--json").output)) == 20    # the inbox is still there to read
 
 
 @pytest.mark.parametrize("verb", [["status"], ["audit"], ["doctor"], ["retry", "--failed"]], ids=lambda v: v[0])
-def test_a_ledger_damaged_past_its_first_page_is_refused_with_what_to_do(cli, verb):
+def test_a_ledger_damaged_past_its_first_page_is_refused_with_what_to_do(cli, relayed, verb):
     """The ledger opens; the damage shows when a verb reads the table (or doctor checks it)."""
-    cli("init", "--agent", "Ann", "--agent", "Ben")
-    for i in range(20):
-        cli("send", "--from", "Ann", "--to", "Ben", f"message {i} " + "x" * 1000)
-    cli("run", "--once", "-q")
-    ledger = cli.state / "ledger.sqlite"
+    ledger = relayed
     with sqlite3.connect(ledger) as db:
         page_size = db.execute("PRAGMA page_size").fetchone()[0]
         roots = [r[0] for r in db.execute("SELECT rootpage FROM sqlite_master WHERE tbl_name = 'messages'")]
