@@ -97,9 +97,13 @@ class Daemon:
         relayed = failed = 0
         next_status = 0.0
         try:
-            while not self.stopping:
-                self.hold()
+            while True:
+                # Cleared before the flags are read: a signal from here on leaves the event set,
+                # and the idle wait below returns at once instead of sleeping past it.
                 relay.wake.clear()
+                if self.stopping:
+                    break
+                self.hold()
                 if self.poked:
                     # An operator changed the ledger (relay retry, expire): the step below
                     # claims what is due there, without waiting for the next deadline.
@@ -152,7 +156,7 @@ class Daemon:
     def idle(self, timeout):
         """Wait until woken or `timeout` passes, checking the hold every HOLD_CHECK seconds."""
         deadline = time.monotonic() + timeout
-        while True:
+        while not self.stopping:
             left = deadline - time.monotonic()
             if left <= 0 or self.relay.wake.wait(min(left, HOLD_CHECK)):
                 return
