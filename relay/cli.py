@@ -1,11 +1,12 @@
-"""The `relay` command. The only place that sets up logging and turns RelayError into exit 1."""
+"""The `relay` command: the click group, what every verb shares, and the verbs that change
+something. The read-only verbs are in cli_inspect.py; guards.py turns a failure into one line
+(exit 1). The only place that sets up logging."""
 import datetime
 import functools
 import json
 import logging
 import os
 import shutil
-import sqlite3
 import sys
 import tempfile
 import time
@@ -17,12 +18,13 @@ import orjson
 from . import __version__, config as config_mod
 from .daemon import DRAIN_PATIENCE, Relay
 from .errors import NotFound, RelayError
+from .guards import agent_name, checked, duration, handle_errors, recipient_names, sender_name
 from .ids import IdGenerator
 from .inbox import Inbox
-from .fs import shown
-from .layout import Layout, valid_agent
+from .fs import Unsafe, shown
+from .layout import Layout
 from .ledger import STATUSES, Ledger
-from .lock import DaemonLock, holder
+from .lock import DaemonLock, holder, wake
 from .sync import Syncer
 from . import views
 
@@ -54,46 +56,6 @@ def setup_logging(cfg, quiet=False):
 
 def fail(message):
     raise click.ClickException(message)
-
-
-def handle_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except RelayError as e:
-            raise click.ClickException(str(e)) from None
-        except OSError as e:
-            where = f" ({e.filename})" if e.filename else ""
-            raise click.ClickException(f"{e.strerror or e}{where}") from None
-        except sqlite3.Error as e:
-            raise click.ClickException(f"ledger error: {e} (is another process holding the ledger locked?)") from None
-    return wrapper
-
-
-def duration(value, what):
-    try:
-        return config_mod.parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint=what) from None
-
-
-def moment(value, what):
-    """An instant: ISO date/time (UTC) or a duration meaning that long ago."""
-    if value is None:
-        return None
-    try:
-        return time.time() - config_mod.parse_duration(value)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is neither a date (2026-11-30, 2026-11-30T10:00) "
-                                 "nor a duration (90s, 15m, 12h, 7d)", param_hint=what) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=datetime.timezone.utc)
-    return dt.timestamp()
 
 
 class Context:
@@ -173,17 +135,17 @@ def main(ctx, root, state_dir):
 
 
 @main.command()
-@click.option("--agent", "agents", multiple=True, help="Create this agent's outbox and inbox (repeatable).")
+@click.option("--agent", "agents", multiple=True, callback=checked(sender_name),
+              help="Create this agent's outbox and inbox (repeatable).")
 @pass_ctx
 @handle_errors
 def init(ctx, agents):
     """Create the layout (idempotent), with an outbox and inbox for each agent."""
-    for name in agents:
-        if not valid_agent(name):
-            fail(f"invalid agent name {name!r}: names match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
     cfg = ctx.cfg
     layout = Layout(cfg.root, cfg.state_dir)
-    layout.init(agents)
+    problems = layout.init(agents)
+    if problems:
+        raise RelayError("; ".join(problems))
     Ledger(layout.ledger, durability=cfg.durability).close()
     click.echo(f"initialised {layout.state}" + (f" with agents {', '.join(agents)}" if agents else ""))
 
@@ -206,7 +168,7 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     setup_logging(cfg, quiet)
     layout = Layout(cfg.root, cfg.state_dir)
     layout.state.mkdir(parents=True, exist_ok=True)
-    with DaemonLock(layout.lock):
+    with DaemonLock(layout.lock) as lock:
         if once:
             with Relay(cfg) as relay:
                 t0 = time.monotonic()
@@ -223,12 +185,14 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 sys.exit(EXIT_LEFT)
             return
         from .service import serve
-        sys.exit(serve(cfg, {k: v for k, v in ctx.overrides.items() if v is not None}))
+        sys.exit(serve(cfg, {k: v for k, v in ctx.overrides.items() if v is not None}, lock))
 
 
 @main.command()
-@click.option("--from", "sender", required=True, help="The sending agent (its outbox).")
-@click.option("--to", "to", required=True, help="Recipient(s): NAME[,NAME...], '*' or System.")
+@click.option("--from", "sender", required=True, callback=checked(sender_name),
+              help="The sending agent (its outbox).")
+@click.option("--to", "to", required=True, callback=checked(recipient_names),
+              help="Recipient(s): NAME[,NAME...], '*' or System.")
 @click.option("--kind", help="Message kind (default: message).")
 @click.option("--thread", help="Thread id.")
 @click.option("--subject", help="Subject line.")
@@ -237,8 +201,6 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
 @handle_errors
 def send(ctx, sender, to, kind, thread, subject, body):
     """Drop a message atomically into SENDER's outbox and print its path. BODY '-' reads stdin."""
-    if not valid_agent(sender):
-        fail(f"invalid sender {sender!r}: agent names match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
     if body is None or body == "-":
         body = sys.stdin.read()
     headers = [("TO", to), ("KIND", kind), ("THREAD", thread), ("SUBJECT", subject)]
@@ -257,7 +219,7 @@ def send(ctx, sender, to, kind, thread, subject, body):
 
 
 @main.command()
-@click.argument("agent")
+@click.argument("agent", callback=checked(agent_name))
 @click.option("--all", "show_all", is_flag=True, help="Include messages already taken (cur/).")
 @click.option("--ack", is_flag=True, help="Take the new messages: move them new/ -> cur/.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -268,6 +230,14 @@ def inbox(ctx, agent, show_all, ack, as_json):
     layout = ctx.layout
     if not (layout.inbox / agent).is_dir():
         raise NotFound(f"no inbox for agent {agent!r} in {layout.inbox}")
+    for where in (f"inbox/{agent}", f"inbox/{agent}/new", f"inbox/{agent}/cur"):
+        try:
+            layout.fs.dir(where)
+        except Unsafe as e:
+            raise RelayError(f"{e.strerror}: it may lead outside the state directory, and relay reads and "
+                             "moves only files inside it") from None
+        except FileNotFoundError:
+            pass
     box = Inbox(layout, Syncer("normal", layout.fs))
     items = box.list(agent, include_cur=show_all)
     docs = []
@@ -326,111 +296,25 @@ def status(ctx, as_json):
         click.echo("no ledger yet: run `relay init` or `relay run`")
 
 
-def _audit_options(fn):
-    for opt in reversed([
-        click.option("--from", "sender", help="Sent by this agent."),
-        click.option("--to", "recipient", help="Addressed to this agent."),
-        click.option("--status", type=click.Choice(STATUSES), help="In this state."),
-        click.option("--kind", help="Of this kind."),
-        click.option("--thread", help="In this thread (shown oldest first, as a conversation)."),
-        click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago)."),
-        click.option("--until", help="Discovered before (same forms as --since)."),
-        click.option("--grep", help="Subject, body or file name contains TEXT (case-insensitive)."),
-        click.option("--limit", type=click.IntRange(1), default=None, help="At most N messages (default 50 in the table)."),
-    ]):
-        fn = opt(fn)
-    return fn
-
-
 @main.command()
-@_audit_options
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of message records.")
-@click.option("--jsonl", is_flag=True, help="Print one JSON record per line.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv"]), default="table", help="Table or CSV.")
-@pass_ctx
-@handle_errors
-def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limit, as_json, jsonl, fmt):
-    """The ledger, newest first, for humans (a thread: oldest first)."""
-    with ctx.reader() as led:
-        if limit is None and not (as_json or jsonl or fmt == "csv"):
-            limit = 50
-        rows = led.audit(sender=sender, recipient=recipient, status=status, kind=kind, thread=thread,
-                         since=moment(since, "--since"), until=moment(until, "--until"), grep=grep,
-                         limit=limit, oldest_first=bool(thread))
-        if as_json:
-            out_json([views.record(r) for r in rows])
-        elif jsonl:
-            for r in rows:
-                click.echo(orjson.dumps(views.record(r)).decode())
-        elif fmt == "csv":
-            import csv
-            writer = None
-            for r in rows:
-                rec = views.record(r)
-                rec["to"] = ",".join(rec["to"])
-                if writer is None:
-                    writer = csv.DictWriter(sys.stdout, fieldnames=list(rec))
-                    writer.writeheader()
-                writer.writerow(rec)
-        else:
-            rows = list(rows)
-            if not rows:
-                click.echo("no messages match")
-            else:
-                click.echo(views.table(rows))
-
-
-@main.command()
-@click.argument("message_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_ctx
-@handle_errors
-def show(ctx, message_id, as_json):
-    """One message: every field, deliveries, lifecycle events, files and body."""
-    led = ctx.reader()
-    layout = ctx.layout
-    try:
-        row = led.find(message_id.upper())
-        if row == "ambiguous":
-            fail(f"{message_id!r} matches more than one message; give more of the id")
-        if row is None:
-            raise NotFound(f"no message with id {message_id!r} in the ledger")
-        deliveries = led.deliveries(row["id"])
-        events = led.events(row["id"])
-        box = Inbox(layout, None)
-        paths = {}
-        for d in deliveries:
-            held = box.holder(d["recipient"], row["id"], thorough=True)
-            paths[d["recipient"]] = str(held) if held else None
-        body = row["body"]
-        if as_json:
-            out_json({**views.record(row), "body": body, "headers": orjson.loads(row["headers"] or "{}"),
-                      "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),
-                                      "inbox_path": paths.get(d["recipient"])} for d in deliveries],
-                      "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
-                                  "actor": e["actor"]} for e in events]})
-        else:
-            click.echo(views.show(row, deliveries, events, paths, body))
-    finally:
-        led.close()
-
-
-@main.command()
-@click.option("--older-than", help="Sweep entries older than this instead of `retention` (e.g. 7d).")
+@click.option("--older-than", help="Sweep entries older than this instead of `retention` (e.g. 7d; 0s sweeps everything).")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 @handle_errors
 def sweep(ctx, older_than, dry_run, as_json):
     """The retention sweep now: delete archived and failed entries older than retention."""
+    from . import retention
     cfg = ctx.cfg
+    # Only the `retention` key's 0 keeps forever; an explicit --older-than 0s means everything.
     keep = duration(older_than, "--older-than") if older_than is not None else cfg.retention
-    if not keep:
+    if older_than is None and not keep:
         click.echo("retention is 0 (keep forever): nothing to sweep")
         return
     layout = Layout(cfg.root, cfg.state_dir)
     with Relay(cfg) as relay:
-        result = relay.sweep_all(older_than=keep, dry_run=dry_run)
+        now = relay.clock()
+        result = retention.sweep_all_before(relay.ledger, relay.archive, now, now - keep, dry_run=dry_run)
     if as_json:
         out_json({"dry_run": dry_run, "archived": result.archived, "failed": result.failed, "ids": result.ids})
         return
@@ -500,6 +384,8 @@ def retry(ctx, ids, all_failed):
         if all_failed:
             ids = [r["id"] for r in led.audit(status="failed")]
         done, problems = operator.retry(led, ctx.layout, ids)
+    if done:
+        wake(ctx.layout.lock)       # a running daemon takes them now, not at its next rescan
     for mid in done:
         click.echo(f"{mid}: back to pending")
     for p in problems:
@@ -517,109 +403,8 @@ def expire(ctx, message_id):
     from . import operator
     with ctx.writer() as led:
         mid = operator.expire(led, ctx.layout, message_id)
+    wake(ctx.layout.lock)
     click.echo(f"{mid}: expired; will not be delivered")
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_ctx
-@handle_errors
-def verify(ctx, as_json):
-    """Check archive files against their sha256 and the ledger's hash chain."""
-    from . import operator
-    with ctx.reader() as led:
-        checked, problems = operator.verify(led, ctx.layout)
-        seq, head = led.head()
-    # The head, noted somewhere else, also reveals records removed from the end of the chain.
-    verdict(as_json, problems, {"checked": checked, "head": {"seq": seq, "hash": head}},
-            f"verified {checked} archived message(s): " + ("ok" if not problems else f"{len(problems)} problem(s)")
-            + f"; chain head {seq}:{head[:16]}")
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_ctx
-@handle_errors
-def doctor(ctx, as_json):
-    """Integrity, migrations, durability and ledger-vs-files reconciliation; exit 1 on a problem."""
-    from . import operator
-    with ctx.reader() as led:
-        problems = operator.doctor(led, ctx.layout, holder(ctx.layout.lock))
-        migrations = led.migrations()
-    verdict(as_json, problems,
-            {"migrations": [{"version": v, "name": n, "checksum_ok": ok} for v, n, ok in migrations]},
-            "doctor: " + ("no problems" if not problems else f"{len(problems)} problem(s)"))
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_ctx
-@handle_errors
-def agents(ctx, as_json):
-    """Each agent: outbox waiting, inbox new/cur, last seen, messages sent/received, last error."""
-    from . import operator
-    with ctx.reader() as led:
-        rows = operator.agents_report(led, ctx.layout, ctx.layout.agent_names(ctx.cfg.agents))
-    if as_json:
-        out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
-        return
-    click.echo(f"{'AGENT':<16} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6}  {'LAST SEEN':<15} LAST ERROR")
-    for r in rows:
-        click.echo(f"{r['agent']:<16} {r['outbox_waiting']:>6} {r['inbox_new']:>5} {r['inbox_cur']:>5} "
-                   f"{r['sent']:>6} {r['received']:>6}  {views.short_time(r['last_seen']):<15} "
-                   f"{views.clip(r['last_error'] or '', 60)}")
-
-
-@main.command()
-@click.option("--follow", "-f", is_flag=True, help="Keep printing events as they happen.")
-@click.option("-n", "lines", type=click.IntRange(0), default=20, show_default=True, help="Events to show first.")
-@click.option("--timeout", help="With --follow: stop after this long (e.g. 10m).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
-@pass_ctx
-@handle_errors
-def tail(ctx, follow, lines, timeout, as_json):
-    """relay's lifecycle events as they happen (reads the ledger only)."""
-    led = ctx.reader()
-    stop_at = time.monotonic() + duration(timeout, "--timeout") if timeout else None
-    try:
-        db = led.db
-        last = db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
-        seq = max(0, last - lines)
-        while True:
-            for e in db.execute("SELECT e.*, m.sender, m.recipients FROM events e LEFT JOIN messages m "
-                                "ON m.id = e.message_id WHERE e.seq > ? ORDER BY e.seq", (seq,)).fetchall():
-                seq = e["seq"]
-                if as_json:
-                    click.echo(orjson.dumps({"seq": seq, "at": views.when(e["at"]), "id": e["message_id"],
-                                             "event": e["event"], "detail": e["detail"], "actor": e["actor"],
-                                             "from": e["sender"]}).decode())
-                else:
-                    who = f" from {e['sender']}" if e["sender"] else ""
-                    detail = f": {e['detail']}" if e["detail"] else ""
-                    click.echo(f"{views.when(e['at'])}  {e['message_id'] or '-':<26}  {e['event']:<10}{who}{detail}")
-            if not follow or (stop_at is not None and time.monotonic() >= stop_at):
-                return
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        return
-    finally:
-        led.close()
-
-
-@main.command()
-@click.option("--since", help="Messages discovered since (a date, or a duration meaning that long ago).")
-@click.option("--html", "html_file", required=True, type=click.Path(dir_okay=False, writable=True),
-              help="Write the page to this file.")
-@pass_ctx
-@handle_errors
-def report(ctx, since, html_file):
-    """One self-contained HTML page: traffic matrix, messages per hour, failures, threads."""
-    from . import report as report_mod
-    with ctx.reader() as led:
-        data = report_mod.collect(led, moment(since, "--since"))
-    page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
-    Path(html_file).write_text(page, encoding="utf-8")
-    click.echo(f"wrote {html_file}")
 
 
 @main.command()
@@ -648,3 +433,6 @@ def bench(ctx, base, messages, agents, rate, seconds, as_json):
 
 def entry():
     main(prog_name="relay")
+
+
+from . import cli_inspect  # noqa: E402,F401  (registers the read-only verbs on `main`)

@@ -9,8 +9,49 @@ class ConfigError(RelayError):
     """A configuration key or value is wrong; the message names the key."""
 
 
+FREE_SPACE = "free some space, then run the command again"
+
+
+def sqlite_cause(error):
+    """'full', 'corrupt', 'locked' or None: what a sqlite3 error means, by its primary result
+    code (SQLITE_FULL 13, SQLITE_CORRUPT 11, SQLITE_NOTADB 26, SQLITE_BUSY 5, SQLITE_LOCKED 6),
+    else by its text."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return {13: "full", 11: "corrupt", 26: "corrupt", 5: "locked", 6: "locked"}.get(code & 0xFF)
+    text = str(error).lower()
+    if "disk is full" in text:
+        return "full"
+    if "not a database" in text or "malformed" in text:
+        return "corrupt"
+    if "locked" in text or "busy" in text:
+        return "locked"
+    return None
+
+
 class LedgerError(RelayError):
     """The ledger cannot be opened or used as it is."""
+
+    @staticmethod
+    def opening(path, error):
+        """The error to raise when SQLite fails while the ledger at `path` is opened."""
+        cause = sqlite_cause(error)
+        if cause == "corrupt":
+            return LedgerCorrupt(path, error)
+        if cause == "full":
+            return LedgerError(f"cannot open the ledger {path}: the disk holding it (or the temporary "
+                               f"directory) is full ({error}); {FREE_SPACE}")
+        return LedgerError(f"cannot open the ledger {path}: {error}")
+
+
+class LedgerCorrupt(LedgerError):
+    """The ledger file is not a SQLite database any more, or its pages are damaged."""
+
+    def __init__(self, path, detail):
+        super().__init__(
+            f"the ledger {path} is damaged ({detail}); the archive and inboxes are intact. To recover, "
+            f"with no daemon running: sqlite3 {path} \".recover\" | sqlite3 recovered.sqlite, then move "
+            f"recovered.sqlite to {path} and delete {path}-wal and {path}-shm; or restore a backup of it")
 
 
 class SchemaError(LedgerError):
@@ -23,6 +64,10 @@ class DaemonRunning(RelayError):
     def __init__(self, pid, lock_path):
         self.pid = pid
         super().__init__(f"another relay (pid {pid}) is running on this state directory ({lock_path})")
+
+
+class StateLost(RelayError):
+    """The daemon's relay.lock or ledger was removed or replaced while it ran."""
 
 
 class MessageRefused(RelayError):
@@ -38,6 +83,10 @@ class TransientError(RelayError):
 
 class DurabilityError(RelayError):
     """An fsync failed: the data may not be on disk. Never retried into success."""
+
+
+class InvalidName(RelayError):
+    """An agent name given on the command line is not a valid agent name, or not allowed there."""
 
 
 class NotFound(RelayError):

@@ -144,7 +144,7 @@ class Ledger:
                 self.db.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")
             self._migrate()
         except sqlite3.DatabaseError as e:
-            raise LedgerError(f"cannot open the ledger {self.path}: {e}") from None
+            raise LedgerError.opening(self.path, e) from None
         self._head = None
 
     def close(self):

@@ -5,7 +5,7 @@ import os
 import time
 
 from .archive import Archive, check_rel
-from .errors import NotFound, RelayError
+from .errors import LedgerCorrupt, NotFound, RelayError
 from .fs import shown
 from .inbox import Inbox
 from .layout import is_in_progress_name
@@ -176,9 +176,11 @@ def doctor(ledger, layout, daemon_pid, now=None):
     now = time.time() if now is None else now
     db = ledger.db
     out = []
-    result = db.execute("PRAGMA integrity_check").fetchone()[0]
-    if result != "ok":
-        out.append(f"ledger integrity check failed: {result}; restore {layout.ledger} from a backup")
+    result = [r[0] for r in db.execute("PRAGMA integrity_check")]
+    if result != ["ok"]:
+        found = [r for r in result if not r.startswith("***")] or result
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        out.append(str(LedgerCorrupt(layout.ledger, f"integrity check: {found[0]}{more}")))
     for version, name, ok in ledger.migrations():
         if not ok:
             out.append(f"migration {version} ({name}) has a different checksum than this relay's; "

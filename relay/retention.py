@@ -20,38 +20,71 @@ class SweepResult:
 
 
 def sweep(ledger, archive, now, keep, dry_run=False, limit=BATCH):
-    """One batch: files first, then rows (a crash between them is finished by the next sweep)."""
-    result = SweepResult()
+    """One batch under the `retention` setting `keep` (seconds; 0 keeps forever)."""
     if not keep:
-        return result
-    archived, failed = sweepable(ledger, now - keep, limit)
+        return SweepResult()
+    return sweep_before(ledger, archive, now, now - keep, dry_run, limit)
+
+
+def sweep_all(ledger, archive, now, keep, dry_run=False):
+    """The whole sweep under the `retention` setting `keep` (seconds; 0 keeps forever)."""
+    if not keep:
+        return SweepResult()
+    return sweep_all_before(ledger, archive, now, now - keep, dry_run)
+
+
+def sweep_before(ledger, archive, now, cutoff, dry_run=False, limit=BATCH):
+    """One batch of entries archived or failed before `cutoff`: files first, then rows (a crash
+    between them is finished by the next sweep)."""
+    result = SweepResult()
+    archived, failed = sweepable(ledger, cutoff, limit)
     result.archived, result.failed = len(archived), len(failed)
     result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
     result.more = len(archived) == limit or len(failed) == limit
     if dry_run or not result.ids:
         return result
-    for rel in [r["archive_path"] for r in archived] + [r["failed_path"] for r in failed]:
-        if rel:
-            try:
-                archive.remove(rel)
-            except OSError as e:
-                log.error("retention sweep: cannot remove %r: %s", rel, e.strerror or e)
+    # A row goes only with its file: one that cannot be removed (a link planted in its path)
+    # keeps its row, so that the file is never taken for a message the ledger lost. Archived
+    # rows stop at the first such one, to stay a prefix of the hash chain.
+    kept = 0
+    for i, row in enumerate(archived):
+        if not _removed(archive, row["archive_path"]):
+            kept += len(archived) - i
+            archived = archived[:i]
+            break
+    kept_failed = [r for r in failed if not _removed(archive, r["failed_path"])]
+    failed = [r for r in failed if r not in kept_failed]
+    kept += len(kept_failed)
+    result.archived, result.failed = len(archived), len(failed)
+    result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
+    result.more = result.more and not kept
     sweep_delete(ledger, archived, failed, now)
     log.info("retention sweep removed %d archived and %d failed messages older than %ss",
-             len(archived), len(failed), int(keep))
+             len(archived), len(failed), int(now - cutoff))
     return result
 
 
-def sweep_all(ledger, archive, now, keep, dry_run=False):
-    """Batch after batch until nothing is left; a dry run counts everything it would delete."""
+def _removed(archive, rel):
+    if not rel:
+        return True
+    try:
+        archive.remove(rel)
+        return True
+    except OSError as e:
+        log.error("retention sweep: cannot remove %r (%s); its ledger row stays until it can", rel, e.strerror or e)
+        return False
+
+
+def sweep_all_before(ledger, archive, now, cutoff, dry_run=False):
+    """Batch after batch until nothing before `cutoff` is left; a dry run counts everything it
+    would delete. `relay sweep --older-than D` is this with cutoff now - D (0s: everything)."""
     total = SweepResult()
     if dry_run:
-        if keep:
-            total.archived, total.failed = count(ledger, now - keep)
-            total.ids = sweep(ledger, archive, now, keep, dry_run=True, limit=1000).ids
+        total.archived, total.failed = count(ledger, cutoff)
+        total.ids = sweep_before(ledger, archive, now, cutoff, dry_run=True, limit=1000).ids
         return total
     while True:
-        r = sweep(ledger, archive, now, keep)
+        r = sweep_before(ledger, archive, now, cutoff)
         total.archived += r.archived
         total.failed += r.failed
         total.ids += r.ids

@@ -1,4 +1,5 @@
-"""`relay run`: the daemon loop, signals, SIGHUP reload, systemd notify and watchdog pings."""
+"""`relay run`: the daemon loop, signals (SIGHUP reload, SIGUSR1 look at the ledger now), the
+hold on the state directory, systemd notify and watchdog pings."""
 import logging
 import os
 import signal
@@ -8,10 +9,13 @@ import time
 
 from . import __version__, config as config_mod
 from .daemon import Counts, Relay
-from .errors import ConfigError
+from .errors import ConfigError, StateLost
+from .lock import identity
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
+
+HOLD_CHECK = 1.0        # seconds between checks of the lock and the ledger while the loop is idle
 
 
 def notify(message):
@@ -32,18 +36,24 @@ def notify(message):
 
 
 class Daemon:
-    def __init__(self, cfg, clock=time.time):
+    def __init__(self, cfg, clock=time.time, lock=None):
         self.cfg = cfg
         self.relay = Relay(cfg, clock=clock)
+        # The ledger file the connection has just opened; `lock`: the DaemonLock held.
+        self.ledger_identity = identity(self.relay.ledger.path)
+        self.lock = lock
         self.watcher = Watcher(self.relay)
         self.stopping = False
         self.reload = False
+        self.poked = False
         usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
         self.ping_every = usec / 2e6 if usec else None
 
     def on_signal(self, signum, frame):
         if signum == signal.SIGHUP:
             self.reload = True
+        elif signum == signal.SIGUSR1:
+            self.poked = True
         elif self.stopping:
             # Second signal: stop now. What was claimed is recovered at the next start.
             os._exit(1)
@@ -74,7 +84,7 @@ class Daemon:
         # The watcher's threads hand events to this loop; a short GIL switch interval lets the
         # loop run as soon as it is woken instead of waiting out another thread's 5 ms slice.
         sys.setswitchinterval(0.0005)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, self.on_signal)
         log.info("relay %s started (pid %d): root %s, state dir %s, durability %s, config from %s",
                  __version__, os.getpid(), cfg.root, cfg.state_dir, cfg.durability, cfg.source)
@@ -87,9 +97,20 @@ class Daemon:
         relayed = failed = 0
         next_status = 0.0
         try:
-            while not self.stopping:
+            while True:
+                # Cleared before the flags are read: a signal from here on leaves the event set,
+                # and the idle wait below returns at once instead of sleeping past it.
                 relay.wake.clear()
-                if self.reload:         # before the step: what arrives after a SIGHUP sees the new config
+                if self.stopping:
+                    break
+                self.hold()
+                if self.poked:
+                    # An operator changed the ledger (relay retry, expire): the step below
+                    # claims what is due there, without waiting for the next deadline.
+                    self.poked = False
+                    log.info("SIGUSR1: looking at the ledger now")
+                if self.reload:
+                    # Before the step, so that the step this SIGHUP woke runs with the new file.
                     self.do_reload()
                 counts = self.step()
                 relayed += counts.archived
@@ -104,7 +125,7 @@ class Daemon:
                     self.watcher.restart()
                 if counts.busy or relay.hints:
                     continue
-                relay.wake.wait(self.timeout())
+                self.idle(self.timeout())
         finally:
             notify("STOPPING=1")
             self.watcher.stop()
@@ -113,6 +134,33 @@ class Daemon:
         return 0
 
     overrides = None
+
+    def lost(self):
+        """Why this daemon must stop working on its state directory, or None: its relay.lock
+        or its ledger was removed or replaced while it ran."""
+        if self.lock is not None and not self.lock.held():
+            return (f"{self.lock.path} was removed or replaced while this daemon ran; stopping so that "
+                    "two daemons never run on one state directory")
+        if identity(self.relay.ledger.path) != self.ledger_identity:
+            return (f"{self.relay.ledger.path} was removed or replaced while this daemon ran; stopping, "
+                    "since what it records would go to a file no other process reads")
+        return None
+
+    def hold(self):
+        """Raise StateLost (logged) when lost() has a reason; cheap: a few stat calls."""
+        reason = self.lost()
+        if reason:
+            log.error("%s", reason)
+            raise StateLost(reason)
+
+    def idle(self, timeout):
+        """Wait until woken or `timeout` passes, checking the hold every HOLD_CHECK seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.relay.wake.wait(min(left, HOLD_CHECK)):
+                return
+            self.hold()
 
     def step(self):
         """One step; an unforeseen error (a ledger locked past busy_timeout, a full disk under
@@ -146,7 +194,7 @@ class Daemon:
         return max(0.0, min(wait, 3600.0))
 
 
-def serve(cfg, overrides=None):
-    daemon = Daemon(cfg)
+def serve(cfg, overrides=None, lock=None):
+    daemon = Daemon(cfg, lock=lock)
     daemon.overrides = overrides
     return daemon.run()

@@ -1,0 +1,207 @@
+"""The verbs that look without changing anything: audit, show, verify, doctor, agents, tail,
+report. They open the ledger read-only, so they work beside a running daemon."""
+import sys
+import time
+from pathlib import Path
+
+import click
+import orjson
+
+from . import views
+from .cli import fail, main, out_json, pass_ctx, verdict
+from .errors import NotFound
+from .guards import agent_name, checked, duration, handle_errors, moment
+from .inbox import Inbox
+from .ledger import STATUSES
+from .lock import holder
+
+
+def _audit_options(fn):
+    for opt in reversed([
+        click.option("--from", "sender", callback=checked(agent_name), help="Sent by this agent."),
+        click.option("--to", "recipient", callback=checked(agent_name), help="Addressed to this agent."),
+        click.option("--status", type=click.Choice(STATUSES), help="In this state."),
+        click.option("--kind", help="Of this kind."),
+        click.option("--thread", help="In this thread (shown oldest first, as a conversation)."),
+        click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago)."),
+        click.option("--until", help="Discovered before (same forms as --since)."),
+        click.option("--grep", help="Subject, body or file name contains TEXT (case-insensitive)."),
+        click.option("--limit", type=click.IntRange(1), default=None, help="At most N messages (default 50 in the table)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+@main.command()
+@_audit_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of message records.")
+@click.option("--jsonl", is_flag=True, help="Print one JSON record per line.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv"]), default="table", help="Table or CSV.")
+@pass_ctx
+@handle_errors
+def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limit, as_json, jsonl, fmt):
+    """The ledger, newest first, for humans (a thread: oldest first)."""
+    with ctx.reader() as led:
+        if limit is None and not (as_json or jsonl or fmt == "csv"):
+            limit = 50
+        rows = led.audit(sender=sender, recipient=recipient, status=status, kind=kind, thread=thread,
+                         since=moment(since, "--since"), until=moment(until, "--until"), grep=grep,
+                         limit=limit, oldest_first=bool(thread))
+        if as_json:
+            out_json([views.record(r) for r in rows])
+        elif jsonl:
+            for r in rows:
+                click.echo(orjson.dumps(views.record(r)).decode())
+        elif fmt == "csv":
+            import csv
+            writer = None
+            for r in rows:
+                rec = views.record(r)
+                rec["to"] = ",".join(rec["to"])
+                if writer is None:
+                    writer = csv.DictWriter(sys.stdout, fieldnames=list(rec))
+                    writer.writeheader()
+                writer.writerow(rec)
+        else:
+            rows = list(rows)
+            if not rows:
+                click.echo("no messages match")
+            else:
+                click.echo(views.table(rows))
+
+
+@main.command()
+@click.argument("message_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def show(ctx, message_id, as_json):
+    """One message: every field, deliveries, lifecycle events, files and body."""
+    led = ctx.reader()
+    layout = ctx.layout
+    try:
+        row = led.find(message_id.upper())
+        if row == "ambiguous":
+            fail(f"{message_id!r} matches more than one message; give more of the id")
+        if row is None:
+            raise NotFound(f"no message with id {message_id!r} in the ledger")
+        deliveries = led.deliveries(row["id"])
+        events = led.events(row["id"])
+        box = Inbox(layout, None)
+        paths = {}
+        for d in deliveries:
+            held = box.holder(d["recipient"], row["id"], thorough=True)
+            paths[d["recipient"]] = str(held) if held else None
+        body = row["body"]
+        if as_json:
+            out_json({**views.record(row), "body": body, "headers": orjson.loads(row["headers"] or "{}"),
+                      "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),
+                                      "inbox_path": paths.get(d["recipient"])} for d in deliveries],
+                      "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
+                                  "actor": e["actor"]} for e in events]})
+        else:
+            click.echo(views.show(row, deliveries, events, paths, body))
+    finally:
+        led.close()
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def verify(ctx, as_json):
+    """Check archive files against their sha256 and the ledger's hash chain."""
+    from . import operator
+    with ctx.reader() as led:
+        checked, problems = operator.verify(led, ctx.layout)
+        seq, head = led.head()
+    # The head, noted somewhere else, also reveals records removed from the end of the chain.
+    verdict(as_json, problems, {"checked": checked, "head": {"seq": seq, "hash": head}},
+            f"verified {checked} archived message(s): " + ("ok" if not problems else f"{len(problems)} problem(s)")
+            + f"; chain head {seq}:{head[:16]}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def doctor(ctx, as_json):
+    """Integrity, migrations, durability and ledger-vs-files reconciliation; exit 1 on a problem."""
+    from . import operator
+    with ctx.reader() as led:
+        problems = operator.doctor(led, ctx.layout, holder(ctx.layout.lock))
+        migrations = led.migrations()
+    verdict(as_json, problems,
+            {"migrations": [{"version": v, "name": n, "checksum_ok": ok} for v, n, ok in migrations]},
+            "doctor: " + ("no problems" if not problems else f"{len(problems)} problem(s)"))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def agents(ctx, as_json):
+    """Each agent: outbox waiting, inbox new/cur, last seen, messages sent/received, last error."""
+    from . import operator
+    with ctx.reader() as led:
+        rows = operator.agents_report(led, ctx.layout, ctx.layout.agent_names(ctx.cfg.agents))
+    if as_json:
+        out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
+        return
+    click.echo(f"{'AGENT':<16} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6}  {'LAST SEEN':<15} LAST ERROR")
+    for r in rows:
+        click.echo(f"{r['agent']:<16} {r['outbox_waiting']:>6} {r['inbox_new']:>5} {r['inbox_cur']:>5} "
+                   f"{r['sent']:>6} {r['received']:>6}  {views.short_time(r['last_seen']):<15} "
+                   f"{views.clip(r['last_error'] or '', 60)}")
+
+
+@main.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing events as they happen.")
+@click.option("-n", "lines", type=click.IntRange(0), default=20, show_default=True, help="Events to show first.")
+@click.option("--timeout", help="With --follow: stop after this long (e.g. 10m).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
+@pass_ctx
+@handle_errors
+def tail(ctx, follow, lines, timeout, as_json):
+    """relay's lifecycle events as they happen (reads the ledger only)."""
+    led = ctx.reader()
+    stop_at = time.monotonic() + duration(timeout, "--timeout") if timeout else None
+    try:
+        db = led.db
+        last = db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+        seq = max(0, last - lines)
+        while True:
+            for e in db.execute("SELECT e.*, m.sender, m.recipients FROM events e LEFT JOIN messages m "
+                                "ON m.id = e.message_id WHERE e.seq > ? ORDER BY e.seq", (seq,)).fetchall():
+                seq = e["seq"]
+                if as_json:
+                    click.echo(orjson.dumps({"seq": seq, "at": views.when(e["at"]), "id": e["message_id"],
+                                             "event": e["event"], "detail": e["detail"], "actor": e["actor"],
+                                             "from": e["sender"]}).decode())
+                else:
+                    who = f" from {e['sender']}" if e["sender"] else ""
+                    detail = f": {e['detail']}" if e["detail"] else ""
+                    click.echo(f"{views.when(e['at'])}  {e['message_id'] or '-':<26}  {e['event']:<10}{who}{detail}")
+            if not follow or (stop_at is not None and time.monotonic() >= stop_at):
+                return
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        return
+    finally:
+        led.close()
+
+
+@main.command()
+@click.option("--since", help="Messages discovered since (a date, or a duration meaning that long ago).")
+@click.option("--html", "html_file", required=True, type=click.Path(dir_okay=False, writable=True),
+              help="Write the page to this file.")
+@pass_ctx
+@handle_errors
+def report(ctx, since, html_file):
+    """One self-contained HTML page: traffic matrix, messages per hour, failures, threads."""
+    from . import report as report_mod
+    with ctx.reader() as led:
+        data = report_mod.collect(led, moment(since, "--since"))
+    page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
+    Path(html_file).write_text(page, encoding="utf-8")
+    click.echo(f"wrote {html_file}")

@@ -1,0 +1,126 @@
+"""The CLI's edge: agent names are checked before a verb touches anything, a verb's failure
+becomes one line on stderr (exit 1), and the duration and date flags are read (exit 2 for a bad
+one)."""
+import datetime
+import errno
+import functools
+import sqlite3
+import time
+
+import click
+
+from . import config as config_mod
+from .config import AGENT_NAME, SYSTEM
+from .errors import FREE_SPACE, InvalidName, LedgerCorrupt, RelayError, sqlite_cause
+
+NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+
+
+def agent_name(name, where="agent"):
+    """`name` when it is an agent name (never a path: no `/`, no leading `.`); InvalidName else."""
+    if not AGENT_NAME.match(name):
+        raise InvalidName(f"invalid agent name {name!r} ({where}): agent names match {NAME_RULE}")
+    return name
+
+
+def sender_name(name, where="sender"):
+    """An agent that may have an outbox: any agent name but System, relay's own."""
+    agent_name(name, where)
+    if name == SYSTEM:
+        raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender ({where}): "
+                          "only agents have outboxes")
+    return name
+
+
+def recipient_names(value, where="recipients"):
+    """A TO value: NAME[,NAME...], where a name may also be `*`."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise InvalidName(f"no recipient in {value!r} ({where}): give NAME[,NAME...], '*' or {SYSTEM}")
+    for name in names:
+        if name != "*":
+            agent_name(name, where)
+    return value
+
+
+def checked(check):
+    """A click callback that runs `check(value, where)` on a parameter's value (each value of
+    a repeated option) while the command line is read, before the verb runs; a refusal is one
+    line and exit 1, like every other error."""
+    def callback(ctx, param, value):
+        where = param.opts[0] if param.param_type_name == "option" else param.human_readable_name
+        try:
+            for v in value if isinstance(value, tuple) else [value]:
+                if v is not None:
+                    check(v, where)
+        except RelayError as e:
+            raise click.ClickException(str(e)) from None
+        return value
+    return callback
+
+
+def explain(error, ledger=None):
+    """The one line a failure becomes: what happened and, where it helps, what to do.
+    `ledger`: the ledger's path, when known."""
+    if isinstance(error, RelayError):
+        return str(error)
+    if isinstance(error, OSError):
+        where = f" ({error.filename})" if error.filename else ""
+        what = f"{error.strerror or error}{where}"
+        if error.errno == errno.ENOSPC:
+            return f"the disk is full: {what}; {FREE_SPACE}"
+        if error.errno == errno.EDQUOT:
+            return f"the disk quota is used up: {what}; {FREE_SPACE} (or raise the quota)"
+        return what
+    cause = sqlite_cause(error)
+    if cause == "full":
+        return f"the disk holding {ledger or 'the ledger'} (or the temporary directory) is full ({error}); {FREE_SPACE}"
+    if cause == "corrupt":
+        return str(LedgerCorrupt(ledger or "ledger.sqlite", error))
+    if cause == "locked":
+        return f"ledger error: {error} (is another process holding the ledger locked?)"
+    return f"ledger error: {error}"
+
+
+def handle_errors(fn):
+    """A verb's RelayError, OSError or sqlite3 error leaves as one line on stderr and exit 1."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (RelayError, OSError, sqlite3.Error) as e:
+            raise click.ClickException(explain(e, _ledger_path(args))) from None
+    return wrapper
+
+
+def _ledger_path(args):
+    """The ledger's path from a verb's Context (its first argument), if it can tell."""
+    try:
+        return str(args[0].layout.ledger)
+    except (IndexError, AttributeError, RelayError, OSError):
+        return None
+
+
+def duration(value, what):
+    try:
+        return config_mod.parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=what) from None
+
+
+def moment(value, what):
+    """An instant: ISO date/time (UTC) or a duration meaning that long ago."""
+    if value is None:
+        return None
+    try:
+        return time.time() - config_mod.parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a date (2026-11-30, 2026-11-30T10:00) "
+                                 "nor a duration (90s, 15m, 12h, 7d)", param_hint=what) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.timezone.utc)
+    return dt.timestamp()
