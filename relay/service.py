@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 from . import __version__, config as config_mod
@@ -59,7 +60,10 @@ class Daemon:
             os._exit(1)
         else:
             self.stopping = True
-        self.relay.wake.set()
+        # Not wake.set() here: the handler runs on the loop's thread, maybe while that thread
+        # holds the event's lock (in wake.clear() or wake.wait()), and the lock is not
+        # re-entrant. A short thread sets it once the loop lets go.
+        threading.Thread(target=self.relay.wake.set, name="relay-signal", daemon=True).start()
 
     def do_reload(self):
         self.reload = False
