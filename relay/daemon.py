@@ -286,16 +286,23 @@ class Relay:
                 continue
             self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
-        self.inbox.deliver([w for w in works if not (w.refused or w.error or w.defer)])
+        linked = self.inbox.deliver([w for w in works if not (w.refused or w.error or w.defer)])
         for w in works:
             self._settle(w, now)
+        # One sync for the links into new/ and the archive moves: an original archived before its
+        # links are durable is found there by recovery (its claim names the path) and delivered
+        # again, idempotently.
         try:
-            self.syncer.flush("archive and outbox directories")
+            self.syncer.flush("inbox new/, archive and outbox directories")
         except DurabilityError as e:
+            self.inbox.unlink(linked, e)
             for w in works:
-                if w.outcome is Outcome.ARCHIVED:
-                    w.outcome, w.error = Outcome.DELIVERED, e
-                    w.next_attempt_at = now + self.config.retry_backoff
+                if w.outcome in (Outcome.ARCHIVED, Outcome.DELIVERED, Outcome.RETRY):
+                    if w.outcome is Outcome.ARCHIVED:
+                        w.path = w.archive_rel
+                    w.outcome, w.refused = Outcome.FAILED, f"{e}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
+                    w.failed_rel = None
+                    log.error("%s: %s; the original stays at %s", w.id, e, w.path)
         self.ledger.record(now, works)
         for w in works:
             self._report(w, now, counts)

@@ -44,8 +44,10 @@ class Inbox:
     # -- delivery ---------------------------------------------------------------------------
 
     def deliver(self, works):
-        """Deliver a batch. Fills each work's `got` (recipient -> (size, sha256) of the durable
-        envelope) and `missed` (recipient -> error)."""
+        """Deliver a batch up to the links into new/. Fills each work's `got` (recipient ->
+        (size, sha256) of its envelope) and `missed` (recipient -> error), and returns the
+        (work, recipient) pairs linked now: their new/ directories are noted with the syncer,
+        and they count only once the caller's next flush succeeds (`unlink` otherwise)."""
         fs = self.fs
         staged = []     # (work, recipient, tmp, new)
         for w in works:
@@ -73,7 +75,7 @@ class Inbox:
             for w, r, tmp, _ in staged:
                 w.missed[r] = e
                 fs.unlink_quietly(tmp)
-            return
+            return []
         linked = []
         for w, r, tmp, new in staged:
             try:
@@ -87,14 +89,16 @@ class Inbox:
             except OSError as e:
                 w.missed[r] = transient(e, f"linking {w.id}.json into inbox/{r}/new")
                 fs.unlink_quietly(tmp)
-        try:
-            self.syncer.flush("inbox new/ directories")
-        except DurabilityError as e:
-            for w, r in linked:
-                w.missed[r] = e
-            return
         for w, r in linked:
             w.got[r] = (len(w.envelope), w.envelope_sha256)
+        return linked
+
+    @staticmethod
+    def unlink(linked, error):
+        """The flush after the links failed: those deliveries are not durable."""
+        for w, r in linked:
+            w.got.pop(r, None)
+            w.missed[r] = error
 
     def _write(self, rel, data, recipient):
         try:

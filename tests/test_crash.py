@@ -14,7 +14,7 @@ from relay.daemon import Relay
 
 RUNNER = Path(__file__).with_name("crash_runner.py")
 BOUNDARIES = ["registered-claimed", "custody", "tmp-write-1", "tmp-write-2", "tmp-synced", "link-1",
-              "link-3", "new-synced", "archive-move-1", "quarantine", "archive-synced", "before-commit",
+              "link-3", "archive-move-1", "quarantine", "batch-synced", "before-commit",
               "after-commit"]
 MESSAGES = {  # (sender, name): (text, recipients)
     ("Ann", "msg"): ("TO: Ben, Cy\n\nann-1", ["Ben", "Cy"]),

@@ -1,7 +1,9 @@
 """States a power cut can leave (files in outbox, spool, archive or inbox, with or without their
 ledger rows), each built by hand, each recovered with every recipient holding the message
 exactly once. Existence of a file proves nothing: an envelope counts when it is complete."""
+import errno
 import json
+import os
 
 import pytest
 
@@ -149,3 +151,50 @@ def cli_in():
     def run(root, *args):
         return CliRunner().invoke(main, ["--root", str(root), *args])
     return run
+
+
+def recording_fsync(log):
+    """An fsync seam that notes which file or directory each call synced."""
+    def fsync(fd):
+        log.append(os.readlink(f"/proc/self/fd/{fd}"))
+        os.fsync(fd)
+    return fsync
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
+def test_file_mode_syncs_each_envelope_and_directory_before_the_record(project):
+    """Where syncfs is not trusted (FUSE, network file systems): every envelope and every
+    directory the batch changed is fsynced, and all of it before the ledger records anything."""
+    relay = project.relay(sync_mode="file")
+    synced = []
+    relay.syncer.fsync = recording_fsync(synced)
+    real = relay.ledger.record
+    relay.ledger.record = lambda *a, **k: (synced.append("RECORD"), real(*a, **k))[1]
+    project.drop("Ann", "m", "TO: Ben, Cy\n\nx")
+    relay.step()
+    [row] = relay.ledger.audit()
+    state = str(project.state.resolve())
+    before = [p[len(state) + 1:] for p in synced[:synced.index("RECORD")] if p.startswith(state)]
+    day = row["archive_path"].split("/")[1]
+    for rel in (f"inbox/Ben/tmp/{row['id']}.json", f"inbox/Cy/tmp/{row['id']}.json", "inbox/Ben/new",
+                "inbox/Cy/new", f"archive/{day}/Ann", "outbox/Ann", "spool/Ann"):
+        assert rel in before, (rel, before)
+    assert relay.ledger.get(row["id"])["status"] == "archived"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
+def test_an_fsync_error_on_new_fails_the_message_and_is_not_retried(project):
+    relay = project.relay(sync_mode="file")
+
+    def eio_on_new(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/inbox/Ben/new"):
+            raise OSError(errno.EIO, "Input/output error")
+        os.fsync(fd)
+
+    relay.syncer.fsync = eio_on_new
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    counts = relay.step()
+    [row] = relay.ledger.audit()
+    assert counts.failed == 1 and counts.retried == 0 and counts.archived == 0
+    assert row["status"] == "failed" and "Input/output error" in row["error"]
+    assert relay.ledger.deliveries(row["id"]) == []
