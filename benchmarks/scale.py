@@ -76,7 +76,7 @@ def cmd_startup(args):
                 break
         took = time.perf_counter() - t
         first = relay.step()
-        registered = relay.ledger.counts()["pending"] + first.claimed
+        registered = relay.history.counts()["pending"] + first.claimed
         relay.close()
         print(json.dumps({"figure": "start-up: recovery + reconciliation + first scan", "rows": args.rows,
                           "files": args.files, "registered": registered, "seconds": round(took, 2),

@@ -22,8 +22,9 @@ from .guards import agent_name, checked, duration, handle_errors, recipient_name
 from .ids import IdGenerator
 from .inbox import Inbox
 from .fs import Unsafe, shown
+from .history import History
 from .layout import Layout
-from .ledger import STATUSES, Ledger
+from .ledger import STATUSES, Ledger, Status
 from .lock import DaemonLock, holder, wake
 from .sync import Syncer
 from . import views
@@ -75,11 +76,11 @@ class Context:
         return Layout(self.cfg.root, self.cfg.state_dir)
 
     def reader(self):
-        """The ledger, read-only (works beside a running daemon)."""
+        """The ledger's history, read-only (works beside a running daemon)."""
         path = self.layout.ledger
         if not path.exists():
             raise RelayError(f"no ledger at {path}: run `relay init` (or `relay run`) in the project first")
-        return Ledger(path, readonly=True)
+        return History(Ledger(path, readonly=True))
 
 
     def writer(self):
@@ -350,7 +351,7 @@ def demo(ctx, outboxes, keep):
         logging.getLogger("relay").setLevel("CRITICAL")
         with Relay(cfg) as relay:
             total = relay.drain(now_fn=lambda: time.time() + cfg.settle)
-            rows = list(relay.ledger.audit(oldest_first=True))
+            rows = list(relay.history.audit(oldest_first=True))
         click.echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} quarantined\n")
         box = Inbox(layout, None)
         for agent in ["System"] + agents:
@@ -382,7 +383,7 @@ def retry(ctx, ids, all_failed):
         raise click.UsageError("name message ids, or --failed for all failed messages")
     with ctx.writer() as led:
         if all_failed:
-            ids = [r["id"] for r in led.audit(status="failed")]
+            ids = [r["id"] for r in History(led).audit(status=Status.FAILED)]
         done, problems = operator.retry(led, ctx.layout, ids)
     if done:
         wake(ctx.layout.lock)       # a running daemon takes them now, not at its next rescan

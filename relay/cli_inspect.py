@@ -8,8 +8,7 @@ import click
 import orjson
 
 from . import views
-from .cli import fail, main, out_json, pass_ctx, verdict
-from .errors import NotFound
+from .cli import main, out_json, pass_ctx, verdict
 from .guards import agent_name, checked, duration, handle_errors, moment
 from .inbox import Inbox
 from .ledger import STATUSES
@@ -80,11 +79,7 @@ def show(ctx, message_id, as_json):
     led = ctx.reader()
     layout = ctx.layout
     try:
-        row = led.find(message_id.upper())
-        if row == "ambiguous":
-            fail(f"{message_id!r} matches more than one message; give more of the id")
-        if row is None:
-            raise NotFound(f"no message with id {message_id!r} in the ledger")
+        row = led.find(message_id)
         deliveries = led.deliveries(row["id"])
         events = led.events(row["id"])
         box = Inbox(layout, None)
@@ -167,12 +162,10 @@ def tail(ctx, follow, lines, timeout, as_json):
     led = ctx.reader()
     stop_at = time.monotonic() + duration(timeout, "--timeout") if timeout else None
     try:
-        db = led.db
-        last = db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+        last = led.last_event()
         seq = max(0, last - lines)
         while True:
-            for e in db.execute("SELECT e.*, m.sender, m.recipients FROM events e LEFT JOIN messages m "
-                                "ON m.id = e.message_id WHERE e.seq > ? ORDER BY e.seq", (seq,)).fetchall():
+            for e in led.events_after(seq):
                 seq = e["seq"]
                 if as_json:
                     click.echo(orjson.dumps({"seq": seq, "at": views.when(e["at"]), "id": e["message_id"],
@@ -201,7 +194,7 @@ def report(ctx, since, html_file):
     """One self-contained HTML page: traffic matrix, messages per hour, failures, threads."""
     from . import report as report_mod
     with ctx.reader() as led:
-        data = report_mod.collect(led, moment(since, "--since"))
+        data = led.figures(moment(since, "--since"))
     page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
     Path(html_file).write_text(page, encoding="utf-8")
     click.echo(f"wrote {html_file}")

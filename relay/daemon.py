@@ -19,6 +19,7 @@ from .archive import Archive, check_rel, day_of
 from .config import SYSTEM
 from .errors import DurabilityError, MessageRefused, TransientError
 from .fs import shown
+from .history import History
 from .ids import IdGenerator
 from .inbox import Inbox
 from .layout import Layout, fit, is_inside, valid_agent, valid_id
@@ -65,6 +66,7 @@ class Relay:
             self.syncer.close()
             self.layout.close()
             raise
+        self.history = History(self.ledger)
         self.inbox = Inbox(self.layout, self.syncer)
         self.archive = Archive(self.layout, self.syncer)
         self.outbox = Outbox(self.layout, config.settle, self.syncer)
@@ -109,7 +111,7 @@ class Relay:
         now = self.clock() if now is None else now
         self.fs.forget()
         reset = []
-        for row in self.ledger.processing():
+        for row in self.history.processing():
             mid, sender, name = row["id"], row["sender"], row["name"]
             try:
                 reset.append((mid, self._respool(row, self.layout.spool_rel(sender, mid, name))))
@@ -118,7 +120,7 @@ class Relay:
                 reset.append((mid, False))
             log.warning("%s from %s was left processing by a stopped relay: back to pending", mid, sender)
         spooled = list(self.layout.spooled())
-        unknown = self.ledger.unknown([mid for _, mid, _, _ in spooled])
+        unknown = self.history.unknown([mid for _, mid, _, _ in spooled])
         orphans = [(mid, sender, name) for sender, mid, name, _ in spooled if mid in unknown]
         for mid, sender, _ in orphans:
             log.warning("%s from %s was in the spool with no ledger record: registered again", mid, sender)
@@ -150,7 +152,7 @@ class Relay:
     def _adopt_archived(self):
         """Originals in the archive's latest days that no ledger row knows (the ledger lost
         them): moved back to the spool, to be delivered (idempotently) and archived again."""
-        latest = self.ledger.latest_archived_at()
+        latest = self.history.latest_archived_at()
         first_day = day_of(latest - 86400) if latest is not None else ""
         found = []
         try:
@@ -171,7 +173,7 @@ class Relay:
                     continue
                 parsed = [(n.partition("--")[0], n.partition("--")[2], n) for n in files]
                 parsed = [p for p in parsed if valid_id(p[0]) and p[1]]
-                unknown = self.ledger.unknown([p[0] for p in parsed])
+                unknown = self.history.unknown([p[0] for p in parsed])
                 for mid, name, file in parsed:
                     if mid not in unknown:
                         continue
@@ -277,7 +279,7 @@ class Relay:
 
     def _process(self, rows, now, counts):
         works = [_work(row) for row in self._readable(rows, now, counts)]
-        had = self.ledger.delivered_to([w.id for w in works if w.thorough])
+        had = self.history.delivered_to([w.id for w in works if w.thorough])
         budget = self.config.batch_bytes
         for w in works:
             w.had = had.get(w.id, {})
@@ -437,7 +439,7 @@ class Relay:
     def _retry_archive(self, now, counts):
         """Archive moves that failed after delivery (disk full, permissions) are tried again."""
         done, retry = [], []
-        for row in self.ledger.delivered_due(now, self.batch):
+        for row in self.history.delivered_due(now, self.batch):
             rel = row["archive_path"] or self.layout.archive_rel(day_of(now), row["sender"], row["id"], row["name"])
             spool = self.layout.spool_rel(row["sender"], row["id"], row["name"])
             try:
@@ -457,7 +459,7 @@ class Relay:
                 done = []
             self.ledger.archived_late(now, done, retry)
             counts.archived += len(done)
-        nxt = self.ledger.next_archive_due()
+        nxt = self.history.next_archive_due()
         self._next_archive_retry = nxt if nxt is not None else float("inf")
 
     # -- retention --------------------------------------------------------------------------
@@ -500,14 +502,14 @@ class Relay:
             if counts.busy or self.hints or self._scan is not None:
                 continue
             deadline = self.outbox.next_deadline()
-            due = self.ledger.next_due()
+            due = self.history.next_due()
             if due is not None and due - now <= max(self.config.settle, 1.0):
                 deadline = min(deadline if deadline is not None else due, due)
             if deadline is None:
                 return total
             frozen = frozen + 1 if now <= last_wait else 0
             if now - progress_at >= patience or frozen > 3:     # a clock that never moves: give up too
-                self.left = [(p, why) for p, why, _ in self.outbox.left(now, 0)] + self.ledger.waiting(now, 1.0)
+                self.left = [(p, why) for p, why, _ in self.outbox.left(now, 0)] + self.history.waiting(now, 1.0)
                 return total
             last_wait = now
             wait(max(0.0, min(deadline - now, max(self.config.settle, DRAIN_MIN_WAIT))))

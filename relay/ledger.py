@@ -109,7 +109,7 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 GENESIS = "0" * 64
 
 
-def _checksum(sql):
+def checksum(sql):
     return hashlib.sha256(sql.encode()).hexdigest()
 
 
@@ -171,9 +171,9 @@ class Ledger:
             raise SchemaError(f"the ledger {self.path} has schema version {newest}, newer than this relay "
                               f"knows ({SCHEMA_VERSION}); upgrade relay to use it (the ledger was not changed)")
         for version, name, sql in MIGRATIONS:
-            if version in applied and applied[version][1] != _checksum(sql):
+            if version in applied and applied[version][1] != checksum(sql):
                 raise SchemaError(f"the ledger's migration {version} ({name}) does not match this relay's "
-                                  f"(checksum {applied[version][1][:12]} != {_checksum(sql)[:12]})")
+                                  f"(checksum {applied[version][1][:12]} != {checksum(sql)[:12]})")
         todo = [m for m in MIGRATIONS if m[0] not in applied]
         if not todo:
             return
@@ -189,25 +189,11 @@ class Ledger:
                     if stmt.strip():
                         db.execute(stmt)
                 db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, julianday('now'))",
-                           (version, name, _checksum(sql)))
+                           (version, name, checksum(sql)))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
-
-    def migrations(self):
-        """(version, name, checksum ok) for doctor."""
-        known = {v: _checksum(sql) for v, _, sql in MIGRATIONS}
-        return [(r["version"], r["name"], known.get(r["version"]) == r["checksum"])
-                for r in self.db.execute("SELECT * FROM schema_migrations ORDER BY version")]
-
-    def pragmas(self):
-        db = self.db
-        sync = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
-        return {"journal_mode": db.execute("PRAGMA journal_mode").fetchone()[0],
-                "synchronous": sync.get(db.execute("PRAGMA synchronous").fetchone()[0], "?"),
-                "busy_timeout_ms": db.execute("PRAGMA busy_timeout").fetchone()[0],
-                "foreign_keys": bool(db.execute("PRAGMA foreign_keys").fetchone()[0])}
 
     # -- transactions -----------------------------------------------------------------------
 
@@ -409,16 +395,6 @@ class Ledger:
             self.db.executemany("UPDATE messages SET error = ?, next_attempt_at = ?, retries = ? WHERE id = ?",
                                 [(err, at, retries, mid) for mid, err, at, retries in retry])
 
-    def delivered_to(self, ids):
-        """{id: {recipient: (size, sha256)}} of the deliveries recorded for these messages."""
-        out = {}
-        for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
-            for r in self.db.execute("SELECT message_id, recipient, size, sha256 FROM deliveries WHERE message_id "
-                                     f"IN ({','.join('?' * len(chunk))})", chunk):
-                out.setdefault(r[0], {})[r[1]] = (r[2], r[3])
-        return out
-
     # -- hash chain -------------------------------------------------------------------------
 
     def head(self):
@@ -441,9 +417,6 @@ class Ledger:
 
     # -- recovery ---------------------------------------------------------------------------
 
-    def processing(self):
-        return self.db.execute("SELECT * FROM messages WHERE status = 'processing' ORDER BY id").fetchall()
-
     def reset(self, rows, now):
         """Crash recovery: processing rows back to pending. rows: (id, spooled)."""
         with self.transaction():
@@ -465,56 +438,7 @@ class Ledger:
             self._events([(mid, now, "recovered", "found in the spool with no ledger record; registered again")
                           for mid, _, _ in found])
 
-    def unknown(self, ids):
-        """The ids among `ids` that no row holds."""
-        known = set()
-        for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
-            known.update(r[0] for r in self.db.execute(
-                f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
-        return set(ids) - known
-
-    def latest_archived_at(self):
-        return self.db.execute("SELECT max(archived_at) FROM messages WHERE status = 'archived'").fetchone()[0]
-
-    def waiting(self, now, horizon):
-        """(what, why) of pending messages due within `horizon` seconds (what run --once left)."""
-        return [(f"{r['id']} from {r['sender']} (spool)" if r["spooled"] else f"outbox/{r['sender']}/{r['name']}",
-                 r["error"] or "pending")
-                for r in self.db.execute("SELECT id, sender, name, spooled, error FROM messages WHERE status = "
-                                         "'pending' AND next_attempt_at <= ? ORDER BY id", (now + horizon,))]
-
-    def delivered_due(self, now, limit):
-        return self.db.execute("SELECT * FROM messages WHERE status = 'delivered' AND next_attempt_at <= ? "
-                               "ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall()
-
-    def next_archive_due(self):
-        return self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'delivered'"
-                               ).fetchone()[0]
-
-    def next_due(self):
-        row = self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'pending'").fetchone()
-        return row[0]
-
     # -- operator actions -------------------------------------------------------------------
-
-    def get(self, mid):
-        return self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
-
-    def find(self, prefix):
-        """A message by id or unique id prefix."""
-        rows = self.db.execute("SELECT * FROM messages WHERE id >= ? AND id < ? ORDER BY id LIMIT 2",
-                               (prefix, prefix + "\x7f")).fetchall()
-        if len(rows) == 1 or (rows and rows[0]["id"] == prefix):
-            return rows[0]
-        return None if not rows else "ambiguous"
-
-    def events(self, mid):
-        return self.db.execute("SELECT * FROM events WHERE message_id = ? ORDER BY seq", (mid,)).fetchall()
-
-    def deliveries(self, mid):
-        return self.db.execute("SELECT * FROM deliveries WHERE message_id = ? ORDER BY recipient",
-                               (mid,)).fetchall()
 
     def requeue(self, ids, now, actor):
         """Failed messages back to pending (relay retry). The file is put back in the spool by the
@@ -530,59 +454,6 @@ class Ledger:
                     done.append(mid)
             self._events([(mid, now, "retry", "put back to pending by an operator", actor) for mid in done])
         return done
-
-    # -- reading ----------------------------------------------------------------------------
-
-    def counts(self):
-        counts = dict.fromkeys(STATUSES, 0)
-        for row in self.db.execute("SELECT status, count(*) AS n FROM messages GROUP BY status"):
-            counts[row["status"]] = row["n"]
-        return counts
-
-    def oldest_pending(self):
-        row = self.db.execute("SELECT min(discovered_at) FROM messages WHERE status IN ('pending', 'processing')"
-                              ).fetchone()
-        return row[0]
-
-    def agents(self):
-        return self.db.execute("SELECT * FROM agents ORDER BY name").fetchall()
-
-    def audit(self, sender=None, recipient=None, status=None, kind=None, thread=None, since=None,
-              until=None, grep=None, limit=None, oldest_first=False, since_id=None):
-        where, args = [], []
-        if sender:
-            where.append("m.sender = ?"); args.append(sender)
-        if recipient:
-            where.append("m.id IN (SELECT message_id FROM deliveries WHERE recipient = ?"
-                         " UNION SELECT id FROM messages WHERE recipients LIKE ?)")
-            args += [recipient, f'%"{recipient}"%']
-        if status:
-            where.append("m.status = ?"); args.append(str(status))
-        if kind:
-            where.append("m.kind = ?"); args.append(kind)
-        if thread:
-            where.append("m.thread = ?"); args.append(thread)
-        if since is not None:
-            where.append("m.discovered_at >= ?"); args.append(since)
-        if until is not None:
-            where.append("m.discovered_at < ?"); args.append(until)
-        if since_id:
-            where.append("m.id > ?"); args.append(since_id)
-        if grep:
-            where.append("(instr(lower(coalesce(m.subject, '')), lower(?)) OR instr(lower(coalesce(m.body, '')), lower(?))"
-                         " OR instr(lower(m.name), lower(?)))")
-            args += [grep, grep, grep]
-        sql = "SELECT m.* FROM messages m"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY m.id " + ("ASC" if oldest_first else "DESC")
-        if limit:
-            sql += " LIMIT ?"; args.append(int(limit))
-        return self.db.execute(sql, args)
-
-    def explain(self, sql, args=()):
-        return [r[-1] for r in self.db.execute("EXPLAIN QUERY PLAN " + sql, args)]
-
 
 class _Transaction:
     def __init__(self, db):

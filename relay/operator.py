@@ -5,11 +5,12 @@ import os
 import time
 
 from .archive import Archive, check_rel
-from .errors import LedgerCorrupt, NotFound, RelayError
+from .errors import LedgerCorrupt, RelayError
 from .fs import shown
+from .history import History
 from .inbox import Inbox
 from .layout import is_in_progress_name
-from .ledger import GENESIS, chain_hash
+from .ledger import Status
 from .sync import Syncer
 
 
@@ -20,22 +21,14 @@ def actor():
         return "operator"
 
 
-def _row(ledger, mid):
-    row = ledger.find(mid.upper())
-    if row == "ambiguous":
-        raise RelayError(f"{mid!r} matches more than one message; give more of the id")
-    if row is None:
-        raise NotFound(f"no message with id {mid!r} in the ledger")
-    return row
-
-
 def retry(ledger, layout, ids, now=None):
     """Put failed messages back to pending, their files back into the spool. Returns
     (done ids, problems)."""
     now = time.time() if now is None else now
     done, problems = [], []
+    history = History(ledger)
     for mid in ids:
-        row = _row(ledger, mid)
+        row = history.find(mid)
         if row["status"] != "failed":
             problems.append(f"{row['id']}: is {row['status']}, not failed; nothing to retry")
             continue
@@ -58,7 +51,7 @@ def retry(ledger, layout, ids, now=None):
 def expire(ledger, layout, mid, now=None):
     """A pending or failed message will not be delivered: it is failed, its file in failed/."""
     now = time.time() if now is None else now
-    row = _row(ledger, mid)
+    row = History(ledger).find(mid)
     if row["status"] not in ("pending", "failed"):
         raise RelayError(f"{row['id']} is {row['status']}: only pending or failed messages can be expired")
     reason = f"expired by {actor()}: will not be delivered"
@@ -99,14 +92,13 @@ def _sha256(fs, rel):
     return h.hexdigest()
 
 
-def envelopes(ledger, layout):
+def envelopes(history, layout):
     """Problems with the envelopes relay recorded as delivered: one that is still in the inbox
     (new/ or cur/) but is not the complete envelope relay wrote (size and sha256) is named.
     One the agent has deleted is no problem."""
     fs = layout.fs
     problems, index = [], {}
-    for d in ledger.db.execute("SELECT message_id, recipient, size, sha256 FROM deliveries "
-                               "WHERE sha256 IS NOT NULL ORDER BY recipient, message_id"):
+    for d in history.recorded_envelopes():
         r, mid = d["recipient"], d["message_id"]
         if r not in index:
             index[r] = {}
@@ -132,26 +124,18 @@ def envelopes(ledger, layout):
     return problems
 
 
-def verify(ledger, layout):
+def verify(history, layout):
     """Recompute the hash chain and re-hash every archive file. Returns (checked, problems)."""
-    db = ledger.db
     problems = []
-    cp = db.execute("SELECT upto, head FROM checkpoints ORDER BY seq DESC LIMIT 1").fetchone()
-    seq, prev = (cp["upto"], cp["head"]) if cp else (0, GENESIS)
-    chained = set()
     checked = 0
-    for link in db.execute("SELECT seq, message_id, hash FROM chain WHERE seq > ? ORDER BY seq", (seq,)):
-        if link["seq"] != seq + 1:
-            problems.append(f"chain records {seq + 1}..{link['seq'] - 1} are missing: archived records "
+    for link, row, gap, intact in history.chain():
+        if gap:
+            problems.append(f"chain records {gap[0]}..{gap[1]} are missing: archived records "
                             f"were removed from the ledger (before {link['message_id']})")
-        seq = link["seq"]
-        chained.add(link["message_id"])
-        row = ledger.get(link["message_id"])
         if row is None:
             problems.append(f"{link['message_id']}: its ledger record was deleted")
-        elif row["status"] != "archived" or chain_hash(prev, row) != link["hash"]:
+        elif not intact:
             problems.append(f"{link['message_id']}: its ledger record was altered (hash chain mismatch)")
-        prev = link["hash"]
         if row is not None and row["archive_path"]:
             checked += 1
             try:
@@ -164,41 +148,38 @@ def verify(ledger, layout):
                 continue
             if digest != row["sha256"]:
                 problems.append(f"{row['id']}: archive file {row['archive_path']} does not match its sha256")
-    for row in db.execute("SELECT id FROM messages WHERE status = 'archived' AND id NOT IN "
-                          "(SELECT message_id FROM chain)"):
-        problems.append(f"{row['id']}: archived record is not in the hash chain (inserted?)")
-    problems += envelopes(ledger, layout)
+    for mid in history.unchained():
+        problems.append(f"{mid}: archived record is not in the hash chain (inserted?)")
+    problems += envelopes(history, layout)
     return checked, problems
 
 
-def doctor(ledger, layout, daemon_pid, now=None):
+def doctor(history, layout, daemon_pid, now=None):
     """Problems, each one line with what to do about it."""
     now = time.time() if now is None else now
-    db = ledger.db
     out = []
-    result = [r[0] for r in db.execute("PRAGMA integrity_check")]
+    result = history.integrity_check()
     if result != ["ok"]:
         found = [r for r in result if not r.startswith("***")] or result
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         out.append(str(LedgerCorrupt(layout.ledger, f"integrity check: {found[0]}{more}")))
-    for version, name, ok in ledger.migrations():
+    for version, name, ok in history.migrations():
         if not ok:
             out.append(f"migration {version} ({name}) has a different checksum than this relay's; "
                        "the ledger was made by another build")
-    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+    if history.journal_mode().lower() != "wal":
         out.append("the ledger is not in WAL mode; start `relay run` once to set it")
     if daemon_pid is None:
-        n = db.execute("SELECT count(*) FROM messages WHERE status = 'processing'").fetchone()[0]
+        n = history.counts()[Status.PROCESSING]
         if n:
             out.append(f"{n} message(s) left processing by a stopped relay; `relay run` recovers them")
-    for row in db.execute("SELECT id, archive_path FROM messages WHERE status = 'archived'"):
+    for row in history.archived():
         if row["archive_path"] and not os.path.lexists(layout.state / row["archive_path"]):
             out.append(f"{row['id']}: archived file {row['archive_path']} is missing; `relay verify` for detail")
-    for row in db.execute("SELECT id, failed_path FROM messages WHERE status = 'failed' AND failed_path IS NOT NULL"):
+    for row in history.quarantined():
         if not os.path.lexists(layout.state / row["failed_path"]):
             out.append(f"{row['id']}: quarantined file {row['failed_path']} is missing; `relay expire` or ignore")
-    known = {r[0] for r in db.execute("SELECT archive_path FROM messages WHERE archive_path IS NOT NULL")}
-    known |= {r[0] for r in db.execute("SELECT failed_path FROM messages WHERE failed_path IS NOT NULL")}
+    known = history.recorded_paths()
     for base in (layout.archive, layout.failed):
         for dirpath, _, files in os.walk(base):
             for f in files:
@@ -207,7 +188,7 @@ def doctor(ledger, layout, daemon_pid, now=None):
                     rel = rel[: -len(".error.json")]
                 if rel not in known:
                     out.append(f"{rel}: a file no ledger record knows; move it away or delete it")
-    active = {r[0] for r in db.execute("SELECT id FROM messages WHERE status IN ('pending', 'processing', 'delivered')")}
+    active = history.active_ids()
     for _, mid, _, rel in layout.spooled():
         if mid not in active:
             out.append(f"{rel}: a spooled file with no pending message; "
@@ -217,13 +198,13 @@ def doctor(ledger, layout, daemon_pid, now=None):
     for name, _, problem in layout.outbox_dirs():
         if problem:
             out.append(f"outbox/{shown(name)}: {problem}; rename or remove it")
-    out += envelopes(ledger, layout)
+    out += envelopes(history, layout)
     return out
 
 
-def agents_report(ledger, layout, known):
+def agents_report(history, layout, known):
     rows = []
-    seen = {r["name"]: r for r in ledger.agents()}
+    seen = {r["name"]: r for r in history.agents()}
     for name in sorted(set(known) | set(seen) | {"System"}):
         box = layout.outbox / name
         waiting = sum(1 for e in os.scandir(box) if e.is_file(follow_symlinks=False)
@@ -232,10 +213,7 @@ def agents_report(ledger, layout, known):
         for sub in ("new", "cur"):
             d = layout.inbox / name / sub
             counts[sub] = len(os.listdir(d)) if d.is_dir() else 0
-        sent = ledger.db.execute("SELECT count(*) FROM messages WHERE sender = ?", (name,)).fetchone()[0]
-        received = ledger.db.execute("SELECT count(*) FROM deliveries WHERE recipient = ?", (name,)).fetchone()[0]
-        err = ledger.db.execute("SELECT id, error FROM messages WHERE sender = ? AND status = 'failed' "
-                                "ORDER BY id DESC LIMIT 1", (name,)).fetchone()
+        sent, received, err = history.agent_figures(name)
         rows.append({"agent": name, "outbox_waiting": waiting, "inbox_new": counts["new"], "inbox_cur": counts["cur"],
                      "last_seen": seen[name]["last_seen"] if name in seen else None, "sent": sent,
                      "received": received, "last_error": f"{err['id']}: {err['error']}" if err else None})

@@ -1,5 +1,6 @@
 """`relay report --html FILE`: one self-contained page (inline CSS and SVG, no network) for a
-person: who told whom how much, traffic per hour, failures with reasons, threads."""
+person: who told whom how much, traffic per hour, failures with reasons, threads. The figures
+come from History.figures()."""
 import datetime
 import html
 
@@ -18,28 +19,6 @@ th{background:#f7fafc} td.n{text-align:right;font-variant-numeric:tabular-nums}
 
 def _e(value):
     return html.escape("" if value is None else str(value))
-
-
-def collect(ledger, since=None):
-    db = ledger.db
-    since = since or 0
-    data = {"since": since}
-    data["counts"] = {r[0]: r[1] for r in db.execute(
-        "SELECT status, count(*) FROM messages WHERE discovered_at >= ? GROUP BY status", (since,))}
-    data["matrix"] = db.execute(
-        "SELECT m.sender, d.recipient, count(*) AS n FROM deliveries d JOIN messages m ON m.id = d.message_id "
-        "WHERE m.discovered_at >= ? GROUP BY m.sender, d.recipient", (since,)).fetchall()
-    data["hours"] = db.execute(
-        "SELECT CAST(discovered_at / 3600 AS INTEGER) AS h, count(*) AS n FROM messages WHERE discovered_at >= ? "
-        "GROUP BY h ORDER BY h", (since,)).fetchall()
-    data["failures"] = db.execute(
-        "SELECT id, sender, name, error, failed_at FROM messages WHERE status = 'failed' AND discovered_at >= ? "
-        "ORDER BY id DESC LIMIT 200", (since,)).fetchall()
-    data["threads"] = db.execute(
-        "SELECT thread, count(*) AS n, min(discovered_at) AS first, max(discovered_at) AS last, "
-        "group_concat(DISTINCT sender) AS senders FROM messages WHERE thread IS NOT NULL AND discovered_at >= ? "
-        "GROUP BY thread ORDER BY last DESC LIMIT 100", (since,)).fetchall()
-    return data
 
 
 def _matrix(rows):

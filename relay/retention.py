@@ -6,6 +6,8 @@ import logging
 
 import orjson
 
+from .history import History
+
 log = logging.getLogger(__name__)
 
 BATCH = 500          # rows deleted per transaction
@@ -37,7 +39,7 @@ def sweep_before(ledger, archive, now, cutoff, dry_run=False, limit=BATCH):
     """One batch of entries archived or failed before `cutoff`: files first, then rows (a crash
     between them is finished by the next sweep)."""
     result = SweepResult()
-    archived, failed = sweepable(ledger, cutoff, limit)
+    archived, failed = History(ledger).sweepable(cutoff, limit)
     result.archived, result.failed = len(archived), len(failed)
     result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
     result.more = len(archived) == limit or len(failed) == limit
@@ -80,7 +82,7 @@ def sweep_all_before(ledger, archive, now, cutoff, dry_run=False):
     would delete. `relay sweep --older-than D` is this with cutoff now - D (0s: everything)."""
     total = SweepResult()
     if dry_run:
-        total.archived, total.failed = count(ledger, cutoff)
+        total.archived, total.failed = History(ledger).count_sweepable(cutoff)
         total.ids = sweep_before(ledger, archive, now, cutoff, dry_run=True, limit=1000).ids
         return total
     while True:
@@ -90,32 +92,6 @@ def sweep_all_before(ledger, archive, now, cutoff, dry_run=False):
         total.ids += r.ids
         if not r.more:
             return total
-
-
-def count(ledger, cutoff):
-    db = ledger.db
-    archived = db.execute("SELECT count(*) FROM messages WHERE status = 'archived' AND archived_at < ?",
-                          (cutoff,)).fetchone()[0]
-    failed = db.execute("SELECT count(*) FROM messages WHERE status = 'failed' AND failed_at < ?",
-                        (cutoff,)).fetchone()[0]
-    return archived, failed
-
-
-def sweepable(ledger, cutoff, limit):
-    """(archived rows in chain order, failed rows) older than `cutoff`, at most `limit` of each.
-
-    Archived rows are taken as a prefix of the hash chain, so a checkpoint can stand for them.
-    """
-    db = ledger.db
-    archived = []
-    for row in db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path FROM chain c "
-                          "JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?", (limit,)):
-        if row["archived_at"] is None or row["archived_at"] >= cutoff:
-            break
-        archived.append(row)
-    failed = db.execute("SELECT id, failed_path FROM messages WHERE status = 'failed' AND failed_at < ? "
-                        "ORDER BY failed_at LIMIT ?", (cutoff, limit)).fetchall()
-    return archived, failed
 
 
 def sweep_delete(ledger, archived, failed, now):

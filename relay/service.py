@@ -189,7 +189,7 @@ class Daemon:
         relay = self.relay
         now = relay.clock()
         deadlines = [relay._next_rescan, relay._next_sweep, relay._next_orphans, relay._next_archive_retry]
-        for d in (relay.outbox.next_deadline(), relay.ledger.next_due()):
+        for d in (relay.outbox.next_deadline(), relay.history.next_due()):
             if d is not None:
                 deadlines.append(d)
         wait = min(deadlines) - now

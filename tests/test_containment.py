@@ -70,14 +70,14 @@ def test_an_inbox_swapped_for_a_link_receives_nothing_and_waits(project, decoy, 
     relay.drain()
     assert tree(decoy) == before
     assert bodies(project, "Cy") == ["hello"]               # the other recipient is not held up
-    [row] = relay.ledger.audit()
+    [row] = relay.history.audit()
     assert row["status"] == "pending" and "symbolic link" in row["error"] and "Ben" in row["error"]
     os.unlink(target)
     os.rename(project.state / "aside", target)
     relay.hint("rescan")
     relay.step(project.clock.advance(60))
     assert bodies(project, "Ben") == ["hello"] and bodies(project, "Cy") == ["hello"]
-    assert relay.ledger.get(row["id"])["status"] == "archived"
+    assert relay.history.get(row["id"])["status"] == "archived"
 
 
 @pytest.mark.parametrize("where", ["archive", "failed", "spool/Ann", "spool"])
@@ -116,7 +116,7 @@ def test_agent_directory_linked_inside_the_root_is_never_followed(project, targe
     if target in ("inbox/Ben/new", "archive-day"):
         after = tree(where)
         assert {k: after.get(k) for k in before} == before
-    assert not [r for r in relay.ledger.audit() if r["sender"] == "Evil"]
+    assert not [r for r in relay.history.audit() if r["sender"] == "Evil"]
     assert not (project.state / "failed" / "Evil").exists()
     assert bodies(project, "Ann") == ["later", "once"]      # nothing replayed, nothing twice
     assert "Evil" not in relay.known_agents(refresh=True)
@@ -136,7 +136,7 @@ def test_hard_link_to_a_file_outside_is_delivered_from_a_private_copy(project, d
     assert os.stat(archived).st_ino != os.stat(outside).st_ino and os.stat(outside).st_nlink == 1
     outside.write_text("changed by someone else")
     assert archived.read_text() == "TO: Ben\n\nfrom a hard link"
-    assert relay.ledger.get(json.loads(next((project.state / "inbox/Ben/new").iterdir()).read_bytes())["id"])[
+    assert relay.history.get(json.loads(next((project.state / "inbox/Ben/new").iterdir()).read_bytes())["id"])[
         "sha256"] == hashlib.sha256(archived.read_bytes()).hexdigest()
 
 
@@ -161,7 +161,7 @@ def test_names_that_are_not_utf8_are_quarantined_and_stop_nothing(project):
     total = relay.drain()
     assert total.archived == 1 and total.failed == 1
     assert bodies(project, "Ben") == ["fine"]
-    [row] = relay.ledger.audit(status="failed")
+    [row] = relay.history.audit(status="failed")
     assert row["name"] == "bad\\xff\\xfename" and "not valid UTF-8" in row["error"]
     assert (project.state / row["failed_path"]).read_bytes() == b"TO: Ben\n\nodd name"
     assert not os.listdir(box)
@@ -197,7 +197,7 @@ def test_a_future_mtime_is_handled_now(project, clock):
     assert bodies(project, "Ben") == ["from the future"] and not relay.left
     [env] = project.inbox("Ben")
     assert env["sent_at"].startswith("2100-01-01")
-    assert relay.ledger.get(env["id"])["sent_at"] == 4_102_444_800
+    assert relay.history.get(env["id"])["sent_at"] == 4_102_444_800
 
 
 def test_times_beyond_the_calendar_are_shown_at_its_ends():
@@ -259,14 +259,14 @@ def test_one_recipient_failing_never_makes_the_other_receive_twice(project, cloc
     switch = failing_create(relay, OSError(errno.EACCES, "Permission denied"),
                             when=lambda rel: rel.startswith("inbox/Cy/"))
     relay.step()
-    [row] = relay.ledger.audit()
+    [row] = relay.history.audit()
     assert row["status"] == "pending" and bodies(project, "Ben") == ["once each"]
-    assert [d["recipient"] for d in relay.ledger.deliveries(row["id"])] == ["Ben"]
+    assert [d["recipient"] for d in relay.history.deliveries(row["id"])] == ["Ben"]
     [ben] = (project.state / "inbox/Ben/new").iterdir()
     ben.unlink()                                     # Ben read it and deleted it
     for _ in range(12):
         relay.step(clock.advance(60))
-    row = relay.ledger.get(row["id"])
+    row = relay.history.get(row["id"])
     assert row["status"] == "failed" and "not delivered to Cy" in row["error"]
     report = json.loads((project.state / f"{row['failed_path']}.error.json").read_text())
     assert report["delivered_to"] == ["Ben"]
@@ -275,7 +275,7 @@ def test_one_recipient_failing_never_makes_the_other_receive_twice(project, cloc
     assert operator.retry(relay.ledger, relay.layout, [row["id"]])[0] == [row["id"]]
     relay.step(clock.advance(1))
     assert bodies(project, "Cy") == ["once each"] and bodies(project, "Ben") == []
-    assert relay.ledger.get(row["id"])["status"] == "archived"
+    assert relay.history.get(row["id"])["status"] == "archived"
 
 
 def test_a_passing_fault_on_one_inbox_is_retried_for_an_hour(project, clock):
@@ -288,11 +288,11 @@ def test_a_passing_fault_on_one_inbox_is_retried_for_an_hour(project, clock):
     for _ in range(10):                           # ten minutes of an operator's mistake
         relay.step(clock.advance(60))
     assert bodies(project, "Ben") == [f"m{i}" for i in range(5)]
-    assert relay.ledger.counts()["failed"] == 0
+    assert relay.history.counts()["failed"] == 0
     switch["on"] = False
     relay.step(clock.advance(300))
     assert bodies(project, "Cy") == [f"m{i}" for i in range(5)]
-    assert relay.ledger.counts()["archived"] == 5 and bodies(project, "Ben") == [f"m{i}" for i in range(5)]
+    assert relay.history.counts()["archived"] == 5 and bodies(project, "Ben") == [f"m{i}" for i in range(5)]
 
 
 ORDINARY = textwrap.dedent("""
@@ -305,11 +305,11 @@ ORDINARY = textwrap.dedent("""
     open(root + "/.relay/outbox/Ann/m", "w").write("TO: Ben, Cy\\n\\nhello")
     os.utime(root + "/.relay/outbox/Ann/m", (1_700_000_000, 1_700_000_000))
     relay.drain()
-    row = next(iter(relay.ledger.audit()))
+    row = next(iter(relay.history.audit()))
     print(row["status"], sorted(os.listdir(root + "/.relay/inbox/Ben/new")) != [], os.listdir(root + "/.relay/inbox/Cy/new"))
     os.chmod(root + "/.relay/inbox/Cy/tmp", 0o755)
     relay.step(relay.clock() + 60)
-    print(relay.ledger.get(row["id"])["status"], len(os.listdir(root + "/.relay/inbox/Cy/new")))
+    print(relay.history.get(row["id"])["status"], len(os.listdir(root + "/.relay/inbox/Cy/new")))
     relay.close()
 """)
 
@@ -383,9 +383,9 @@ def test_a_spooled_file_moved_aside_for_a_moment_is_looked_for_again(project, cl
     os.rename(project.state / "spool/Ann", project.state / "aside")
     switch["on"] = False
     relay.step(clock.advance(5))
-    [row] = relay.ledger.audit()
+    [row] = relay.history.audit()
     assert row["status"] == "pending" and "not there" in row["error"]
     os.rename(project.state / "aside", project.state / "spool/Ann")
     relay.step(clock.advance(60))
     assert bodies(project, "Ben") == ["back again"] and bodies(project, "Cy") == ["back again"]
-    assert relay.ledger.get(row["id"])["status"] == "archived"
+    assert relay.history.get(row["id"])["status"] == "archived"

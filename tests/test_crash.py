@@ -69,11 +69,11 @@ def check(root, relay):
     assert not [p for p in (state / "outbox").rglob("*") if p.is_file()]
     assert not [p for p in (state / "spool").rglob("*") if p.is_file()]
     assert not [p for a in ("Ann", "Ben", "Cy") for p in (state / "inbox" / a / "tmp").iterdir()]
-    counts = relay.ledger.counts()
+    counts = relay.history.counts()
     assert counts == {"pending": 0, "processing": 0, "delivered": 0, "archived": len(MESSAGES), "failed": 1}
-    for row in relay.ledger.audit(status="archived"):
+    for row in relay.history.audit(status="archived"):
         assert (state / row["archive_path"]).is_file()
-    [failed] = relay.ledger.audit(status="failed")
+    [failed] = relay.history.audit(status="failed")
     assert "unknown recipient Nobody" in failed["error"] and (state / failed["failed_path"]).is_file()
 
 
@@ -98,7 +98,7 @@ def test_crash_during_sweep(tmp_path, boundary):
     relay = restart(tmp_path)
     try:
         relay.sweep_all(now=relay.clock() + 30 * 86400)
-        assert relay.ledger.counts() == dict.fromkeys(("pending", "processing", "delivered", "archived", "failed"), 0)
+        assert relay.history.counts() == dict.fromkeys(("pending", "processing", "delivered", "archived", "failed"), 0)
         assert not [p for p in (tmp_path / ".relay/archive").rglob("*") if p.is_file()]
         assert not [p for p in (tmp_path / ".relay/failed").rglob("*") if p.is_file()]
     finally:
@@ -117,9 +117,9 @@ def test_spooled_file_with_no_ledger_record_is_registered_again(tmp_path):
     (spool / "01JAAAAAAAAAAAAAAAAAAAAAAA--late").write_text("TO: Ben\n\nfrom the spool")
     relay = restart(tmp_path)
     try:
-        row = relay.ledger.get("01JAAAAAAAAAAAAAAAAAAAAAAA")
+        row = relay.history.get("01JAAAAAAAAAAAAAAAAAAAAAAA")
         assert row["status"] == "archived" and row["sender"] == "Ann" and row["name"] == "late"
-        assert [e["event"] for e in relay.ledger.events(row["id"])][0] == "recovered"
+        assert [e["event"] for e in relay.history.events(row["id"])][0] == "recovered"
         bodies = [json.loads(p.read_bytes())["body"] for p in (tmp_path / ".relay/inbox/Ben/new").iterdir()]
         assert bodies.count("from the spool") == 1
     finally:

@@ -16,6 +16,7 @@ from relay import config as config_mod
 from relay.cli import main
 from relay.daemon import Relay
 from relay.errors import StateLost
+from relay.history import History
 from relay.ledger import Ledger
 from relay.lock import DaemonLock
 from relay.service import Daemon
@@ -308,8 +309,8 @@ def test_a_running_daemon_whose_lock_is_removed_exits_1_saying_so(daemon):  # no
 # -- operator verbs wake a running daemon at once ----------------------------------------------
 
 def failed_count(state):
-    with Ledger(state / "ledger.sqlite", readonly=True) as led:
-        return led.counts()["failed"]
+    with History(Ledger(state / "ledger.sqlite", readonly=True)) as history:
+        return history.counts()["failed"]
 
 
 def test_retry_wakes_a_running_daemon_long_before_its_rescan(daemon, tmp_path):  # noqa: F811

@@ -11,7 +11,7 @@ from relay.ledger import Ledger
 
 
 def reasons(relay):
-    return {r["name"]: (r["status"], r["error"]) for r in relay.ledger.audit()}
+    return {r["name"]: (r["status"], r["error"]) for r in relay.history.audit()}
 
 
 def test_hostile_batch_never_stops_the_relay(project, tmp_path):
@@ -67,7 +67,7 @@ def test_file_names_with_spaces_newlines_and_non_ascii(project):
     assert {p.name.split("--", 1)[1] for p in project.files("archive")} == set(names)
     quarantined = {p.name.split("--", 1)[1] for p in project.files("failed") if not p.name.endswith(".json")}
     assert quarantined == {"new\\x0aline", "tab\\x09here"}
-    errors = {r["name"]: r["error"] for r in relay.ledger.audit(status="failed")}
+    errors = {r["name"]: r["error"] for r in relay.history.audit(status="failed")}
     assert "control characters" in errors["new\\x0aline"]
 
 
@@ -177,7 +177,7 @@ def test_a_row_this_build_cannot_read_is_reported_and_skipped(project, caplog):
     project.drop("Ann", "m", "TO: Ben\n\ngood")
     total = relay.drain()
     assert total.archived == 1 and len(project.inbox("Ben")) == 1
-    row = relay.ledger.get("01CCCCCCCCCCCCCCCCCCCCCCCC")
+    row = relay.history.get("01CCCCCCCCCCCCCCCCCCCCCCCC")
     assert row["status"] == "failed" and "column retries holds 'many'" in row["error"]
     assert "01CCCCCCCCCCCCCCCCCCCCCCCC" in caplog.text and "column retries" in caplog.text
 
@@ -206,7 +206,7 @@ def test_daemon_step_outlives_a_ledger_locked_too_long(project, monkeypatch):
 
         monkeypatch.setattr(relay.ledger, "record", locked)
         assert daemon.step().archived == 0
-        assert relay.ledger.counts()["processing"] == 0        # recovered
+        assert relay.history.counts()["processing"] == 0        # recovered
         relay.hint("rescan")
         assert daemon.step().archived == 1
         assert len(project.inbox("Ben")) == 1

@@ -13,11 +13,11 @@ from relay.ledger import Ledger
 
 
 def events(relay, mid):
-    return [e["event"] for e in relay.ledger.events(mid)]
+    return [e["event"] for e in relay.history.events(mid)]
 
 
 def only_row(relay):
-    rows = list(relay.ledger.audit())
+    rows = list(relay.history.audit())
     assert len(rows) == 1
     return rows[0]
 
@@ -88,7 +88,7 @@ def test_name_reuse_is_a_new_message(project):
     relay.drain()
     bodies = sorted(e["body"] for e in project.inbox("Ben"))
     assert bodies == ["one", "two"]
-    rows = list(relay.ledger.audit())
+    rows = list(relay.history.audit())
     assert len({r["id"] for r in rows}) == 2 and all(r["status"] == "archived" for r in rows)
 
 
@@ -152,7 +152,7 @@ def test_symlink_and_fifo_quarantined_never_opened(project, tmp_path):
     os.mkfifo(box / "fifo")
     total = relay.drain()
     assert total.failed == 2 and project.inbox("Ben") == []
-    reasons = sorted(r["error"] for r in relay.ledger.audit())
+    reasons = sorted(r["error"] for r in relay.history.audit())
     assert "a FIFO" in reasons[0] and "symbolic link" in reasons[1]
     assert os.path.islink(project.state / "failed/Ann" / next(
         p.name for p in (project.state / "failed/Ann").iterdir() if p.name.endswith("--link")))
@@ -292,7 +292,7 @@ def test_sweep_by_injected_clock(project, clock):
     result = relay.sweep(clock.now + 8 * 86400)
     assert (result.archived, result.failed) == (1, 1)
     assert project.files("archive") == [] and project.files("failed") == []
-    assert list(relay.ledger.audit()) == []
+    assert list(relay.history.audit()) == []
     assert relay.ledger.db.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 1
 
 
@@ -371,7 +371,7 @@ def test_claim_commit_is_durable_before_custody(project, mode):
     relay.ledger.db.set_trace_callback(None)
     assert "PRAGMA synchronous = NORMAL" not in order
     assert order.index("COMMIT") < order.index("rename outbox/Ann/m")
-    assert relay.ledger.pragmas()["synchronous"] == "FULL"
+    assert relay.history.pragmas()["synchronous"] == "FULL"
 
 
 def test_archive_failure_in_a_later_step_is_retried(project, clock, monkeypatch):

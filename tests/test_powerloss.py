@@ -25,7 +25,7 @@ def crash_before_record(project, text="TO: Ben, Cy\n\npower"):
     relay.ledger.record = die
     with pytest.raises(Crash):
         relay.step()
-    [row] = relay.ledger.audit()
+    [row] = relay.history.audit()
     relay.close()
     project.relays.remove(relay)
     return row["id"]
@@ -54,15 +54,15 @@ def test_an_empty_or_truncated_envelope_in_new_is_written_again(project, damage)
     relay = project.relay()
     relay.drain()
     once_each(project, mid)
-    assert relay.ledger.get(mid)["status"] == "archived"
-    assert operator.verify(relay.ledger, relay.layout)[1] == []
+    assert relay.history.get(mid)["status"] == "archived"
+    assert operator.verify(relay.history, relay.layout)[1] == []
 
 
 def test_an_archived_file_with_no_row_is_delivered_once(project):
     relay = project.relay()
     project.drop("Ann", "m", "TO: Ben, Cy\n\npower")
     relay.drain()
-    [row] = relay.ledger.audit()
+    [row] = relay.history.audit()
     mid = row["id"]
     (project.state / f"inbox/Cy/new/{mid}.json").unlink()       # Cy's copy never reached the disk
     db = relay.ledger.db
@@ -74,7 +74,7 @@ def test_an_archived_file_with_no_row_is_delivered_once(project):
     again = project.relay()
     again.drain()
     once_each(project, mid)
-    row = again.ledger.get(mid)
+    row = again.history.get(mid)
     assert row["status"] == "archived" and row["sender"] == "Ann" and row["name"] == "m"
     assert len(project.files("archive")) == 1 and not project.files("spool")
 
@@ -87,10 +87,10 @@ def test_a_spooled_file_whose_row_says_outbox_is_delivered_once(project):
     spool = project.state / "spool/Ann"
     spool.mkdir(parents=True, exist_ok=True)
     path.rename(spool / f"{mid}--m")
-    assert relay.ledger.get(mid)["spooled"] == 0
+    assert relay.history.get(mid)["spooled"] == 0
     relay.drain()
     once_each(project, mid)
-    assert relay.ledger.get(mid)["status"] == "archived" and not project.files("spool")
+    assert relay.history.get(mid)["status"] == "archived" and not project.files("spool")
 
 
 def test_a_claimed_row_whose_file_is_in_the_archive_is_delivered_once(project):
@@ -98,10 +98,10 @@ def test_a_claimed_row_whose_file_is_in_the_archive_is_delivered_once(project):
     assert len(project.files("archive")) == 1
     (project.state / f"inbox/Cy/new/{mid}.json").unlink()
     relay = project.relay()
-    assert relay.ledger.get(mid)["status"] == "processing"
+    assert relay.history.get(mid)["status"] == "processing"
     relay.drain()
     once_each(project, mid)
-    assert relay.ledger.get(mid)["status"] == "archived" and len(project.files("archive")) == 1
+    assert relay.history.get(mid)["status"] == "archived" and len(project.files("archive")) == 1
 
 
 def test_a_recorded_recipient_is_never_written_again_even_after_deleting_it(project):
@@ -115,7 +115,7 @@ def test_a_recorded_recipient_is_never_written_again_even_after_deleting_it(proj
     (project.state / f"inbox/Cy/new/{mid}.json").unlink()
     relay.drain()
     assert held(project, "Ben", mid) == [] and len(held(project, "Cy", mid)) == 1
-    assert relay.ledger.get(mid)["status"] == "archived"
+    assert relay.history.get(mid)["status"] == "archived"
 
 
 def test_doctor_and_verify_name_an_envelope_that_does_not_match(project, cli_in):
@@ -124,9 +124,9 @@ def test_doctor_and_verify_name_an_envelope_that_does_not_match(project, cli_in)
     relay.drain()
     [env] = (project.state / "inbox/Ben/new").iterdir()
     env.write_bytes(env.read_bytes()[:10])
-    _, problems = operator.verify(relay.ledger, relay.layout)
+    _, problems = operator.verify(relay.history, relay.layout)
     assert len(problems) == 1 and f"inbox/Ben/new/{env.name} is not the envelope relay delivered" in problems[0]
-    assert any("is not the envelope relay delivered" in p for p in operator.doctor(relay.ledger, relay.layout, None))
+    assert any("is not the envelope relay delivered" in p for p in operator.doctor(relay.history, relay.layout, None))
     r = cli_in(project.root, "verify")
     assert r.exit_code == 1 and "is not the envelope relay delivered" in r.output
 
@@ -136,8 +136,8 @@ def test_deliveries_record_each_envelopes_size_and_hash(project):
     relay = project.relay()
     project.drop("Ann", "m", "TO: Ben, Cy\n\nx")
     relay.drain()
-    [row] = relay.ledger.audit()
-    for d in relay.ledger.deliveries(row["id"]):
+    [row] = relay.history.audit()
+    for d in relay.history.deliveries(row["id"]):
         data = (project.state / f"inbox/{d['recipient']}/new/{row['id']}.json").read_bytes()
         assert (d["size"], d["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
 
@@ -172,14 +172,14 @@ def test_file_mode_syncs_each_envelope_and_directory_before_the_record(project):
     relay.ledger.record = lambda *a, **k: (synced.append("RECORD"), real(*a, **k))[1]
     project.drop("Ann", "m", "TO: Ben, Cy\n\nx")
     relay.step()
-    [row] = relay.ledger.audit()
+    [row] = relay.history.audit()
     state = str(project.state.resolve())
     before = [p[len(state) + 1:] for p in synced[:synced.index("RECORD")] if p.startswith(state)]
     day = row["archive_path"].split("/")[1]
     for rel in (f"inbox/Ben/tmp/{row['id']}.json", f"inbox/Cy/tmp/{row['id']}.json", "inbox/Ben/new",
                 "inbox/Cy/new", f"archive/{day}/Ann", "outbox/Ann", "spool/Ann"):
         assert rel in before, (rel, before)
-    assert relay.ledger.get(row["id"])["status"] == "archived"
+    assert relay.history.get(row["id"])["status"] == "archived"
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
@@ -194,7 +194,7 @@ def test_an_fsync_error_on_new_fails_the_message_and_is_not_retried(project):
     relay.syncer.fsync = eio_on_new
     project.drop("Ann", "m", "TO: Ben\n\nx")
     counts = relay.step()
-    [row] = relay.ledger.audit()
+    [row] = relay.history.audit()
     assert counts.failed == 1 and counts.retried == 0 and counts.archived == 0
     assert row["status"] == "failed" and "Input/output error" in row["error"]
-    assert relay.ledger.deliveries(row["id"]) == []
+    assert relay.history.deliveries(row["id"]) == []
