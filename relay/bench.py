@@ -127,20 +127,13 @@ def relay_once(base, messages, agents, durability, preload=0):
 
 def preload_ledger(ledger, rows, chunk=50_000):
     """Fill the ledger with `rows` archived messages (as a long-running project would have)."""
-    db = ledger.db
     now = time.time() - 3600
     done = 0
     while done < rows:
         n = min(chunk, rows - done)
-        with ledger.transaction():
-            db.executemany(
-                "INSERT INTO messages (id, sender, name, status, recipients, kind, subject, body, size, "
-                "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, archive_path) "
-                "VALUES (?, ?, ?, 'archived', '[\"agent001\"]', 'message', 's', 'b', 10, 'h', ?, ?, ?, ?, ?, 1, ?)",
-                ((f"00000000{done + i:018d}", f"agent{(done + i) % 20:03d}", f"old{done + i}", now, now, now, now,
-                  now, f"archive/x/old{done + i}") for i in range(n)))
-            db.executemany("INSERT INTO events (message_id, at, event) VALUES (?, ?, 'archived')",
-                           ((f"00000000{done + i:018d}", now) for i in range(n)))
+        ledger.add_archived((f"00000000{done + i:018d}", f"agent{(done + i) % 20:03d}", f"old{done + i}",
+                             '["agent001"]', "message", "s", "b", 10, "h", now, f"archive/x/old{done + i}")
+                            for i in range(n))
         done += n
 
 

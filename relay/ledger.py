@@ -141,7 +141,7 @@ class Ledger:
                 mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if mode.lower() != "wal":
                     raise LedgerError(f"{self.path}: could not switch the ledger to WAL (got {mode})")
-                self.db.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")
+                self.set_durability(durability)
             self._migrate()
         except sqlite3.DatabaseError as e:
             raise LedgerError.opening(self.path, e) from None
@@ -149,6 +149,11 @@ class Ledger:
 
     def close(self):
         self.db.close()
+
+    def set_durability(self, durability):
+        """"full": every commit is on disk when it returns (synchronous = FULL); "normal": not."""
+        self.durability = durability
+        self.db.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")
 
     def __enter__(self):
         return self
@@ -454,6 +459,57 @@ class Ledger:
                     done.append(mid)
             self._events([(mid, now, "retry", "put back to pending by an operator", actor) for mid in done])
         return done
+
+    def expire(self, mid, now, reason, actor):
+        """A pending or failed message will not be delivered: failed with `reason`. False when
+        it is neither (claimed meanwhile): nothing changed."""
+        with self.transaction():
+            changed = self.db.execute("UPDATE messages SET status = 'failed', failed_at = ?, error = ? "
+                                      "WHERE id = ? AND status IN ('pending', 'failed') RETURNING spooled",
+                                      (now, reason, mid)).fetchone()
+            if changed is None:
+                return False
+            self._events([(mid, now, "expired", reason, actor)])
+        return True
+
+    def quarantined(self, mid, rel):
+        """A failed message's file is now at `rel` in failed/ (relay expire moved it there)."""
+        with self.transaction():
+            self.db.execute("UPDATE messages SET failed_path = ?, spooled = 0 WHERE id = ?", (rel, mid))
+
+    # -- retention --------------------------------------------------------------------------
+
+    def sweep(self, now, archived, failed):
+        """Delete swept rows (their files are already gone) and leave a checkpoint of the chain
+        head. archived: (seq, hash, id) rows, a prefix of the chain; failed: rows with an id."""
+        ids = [r["id"] for r in archived] + [r["id"] for r in failed]
+        if not ids:
+            return
+        with self.transaction():
+            self.db.executemany("DELETE FROM events WHERE message_id = ?", [(i,) for i in ids])
+            self.db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
+            if archived:
+                last = archived[-1]
+                self.db.execute("DELETE FROM chain WHERE seq <= ?", (last["seq"],))
+                self.db.execute("INSERT INTO checkpoints (at, upto, head, removed) VALUES (?, ?, ?, ?)",
+                                (now, last["seq"], last["hash"], len(archived)))
+            detail = orjson.dumps({"archived": len(archived), "failed": len(failed),
+                                   "first": min(ids), "last": max(ids)}).decode()
+            self._events([(None, now, "swept", detail)])
+
+    def add_archived(self, rows):
+        """Archived records written in as they are, each with its "archived" event, in one
+        transaction (relay bench fills a ledger as a long-running project's would be). rows:
+        (id, sender, name, recipients, kind, subject, body, size, sha256, at, archive_path),
+        `at` standing for every time the record holds."""
+        rows = list(rows)
+        with self.transaction():
+            self.db.executemany(
+                "INSERT INTO messages (id, sender, name, status, recipients, kind, subject, body, size, "
+                "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, archive_path) "
+                "VALUES (?, ?, ?, 'archived', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
+                [(*r[:9], r[9], r[9], r[9], r[9], r[9], r[10]) for r in rows])
+            self._events([(r[0], r[9], "archived", None) for r in rows])
 
 class _Transaction:
     def __init__(self, db):

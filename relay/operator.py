@@ -54,14 +54,10 @@ def expire(ledger, layout, mid, now=None):
     row = History(ledger).find(mid)
     if row["status"] not in ("pending", "failed"):
         raise RelayError(f"{row['id']} is {row['status']}: only pending or failed messages can be expired")
-    reason = f"expired by {actor()}: will not be delivered"
-    with ledger.transaction() as db:
-        changed = db.execute("UPDATE messages SET status = 'failed', failed_at = ?, error = ? "
-                             "WHERE id = ? AND status IN ('pending', 'failed') RETURNING spooled",
-                             (now, reason, row["id"])).fetchone()
-        if changed is None:
-            raise RelayError(f"{row['id']} was claimed for delivery meanwhile; try again")
-        ledger._events([(row["id"], now, "expired", reason, actor())])
+    who = actor()
+    reason = f"expired by {who}: will not be delivered"
+    if not ledger.expire(row["id"], now, reason, who):
+        raise RelayError(f"{row['id']} was claimed for delivery meanwhile; try again")
     archive = Archive(layout, Syncer("full", layout.fs))
     src = None      # a failed message is in failed/ already
     if row["status"] == "pending":
@@ -75,8 +71,7 @@ def expire(ledger, layout, mid, now=None):
         rel = row["failed_path"]
         archive.write_report(rel, report)
     archive.syncer.flush("expired message")
-    with ledger.transaction() as db:
-        db.execute("UPDATE messages SET failed_path = ?, spooled = 0 WHERE id = ?", (rel, row["id"]))
+    ledger.quarantined(row["id"], rel)
     return row["id"]
 
 

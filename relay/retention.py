@@ -4,8 +4,6 @@ sweep leaves a checkpoint of the hash chain so that `relay verify` stays clean."
 import dataclasses
 import logging
 
-import orjson
-
 from .history import History
 
 log = logging.getLogger(__name__)
@@ -60,7 +58,7 @@ def sweep_before(ledger, archive, now, cutoff, dry_run=False, limit=BATCH):
     result.archived, result.failed = len(archived), len(failed)
     result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
     result.more = result.more and not kept
-    sweep_delete(ledger, archived, failed, now)
+    ledger.sweep(now, archived, failed)
     log.info("retention sweep removed %d archived and %d failed messages older than %ss",
              len(archived), len(failed), int(now - cutoff))
     return result
@@ -93,21 +91,3 @@ def sweep_all_before(ledger, archive, now, cutoff, dry_run=False):
         if not r.more:
             return total
 
-
-def sweep_delete(ledger, archived, failed, now):
-    """Delete swept rows (files are already gone) and leave a checkpoint of the chain head."""
-    db = ledger.db
-    ids = [r["id"] for r in archived] + [r["id"] for r in failed]
-    if not ids:
-        return
-    with ledger.transaction():
-        db.executemany("DELETE FROM events WHERE message_id = ?", [(i,) for i in ids])
-        db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
-        if archived:
-            last = archived[-1]
-            db.execute("DELETE FROM chain WHERE seq <= ?", (last["seq"],))
-            db.execute("INSERT INTO checkpoints (at, upto, head, removed) VALUES (?, ?, ?, ?)",
-                       (now, last["seq"], last["hash"], len(archived)))
-        detail = orjson.dumps({"archived": len(archived), "failed": len(failed),
-                               "first": min(ids), "last": max(ids)}).decode()
-        ledger._events([(None, now, "swept", detail)])

@@ -77,8 +77,7 @@ class Daemon:
         relay.config = new
         relay.outbox.settle = new.settle
         relay.syncer.durable = new.durability == "full"
-        relay.ledger.durability = new.durability
-        relay.ledger.db.execute(f"PRAGMA synchronous = {'FULL' if new.durability == 'full' else 'NORMAL'}")
+        relay.ledger.set_durability(new.durability)
         self.cfg = new
         log.info("SIGHUP: configuration reloaded from %s", new.source)
 

@@ -4,7 +4,6 @@ import os
 import sys
 
 from relay import config as config_mod
-from relay import retention as retention_mod
 from relay.daemon import Relay
 
 CRASH = 137
@@ -57,8 +56,8 @@ def main(root, boundary, phase="deliver"):
         "batch-synced": lambda: after(relay.syncer, "flush", when=flush("inbox new/, archive and outbox directories")),
         "before-commit": lambda: before(relay.ledger, "record"),
         "after-commit": lambda: after(relay.ledger, "record"),
-        "sweep-files": lambda: before(retention_mod, "sweep_delete"),
-        "sweep-commit": lambda: after(retention_mod, "sweep_delete"),
+        "sweep-files": lambda: before(relay.ledger, "sweep"),
+        "sweep-commit": lambda: after(relay.ledger, "sweep"),
     }
     points[boundary]()
     if phase == "sweep":
