@@ -1,0 +1,35 @@
+"""The house rules that keep each concern in its room, checked on the source."""
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent.parent / "relay"
+TESTS = Path(__file__).parent
+
+SQL = [re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE)\b.*\b(FROM|INTO|SET)\b"),
+       re.compile(r"\bPRAGMA\b"),
+       re.compile(r"\.execute(many|script)?\(")]
+LEDGER_INSIDES = re.compile(r"\b(ledger|led|history)\._\w+|\b(ledger|led)\.db\b")
+
+
+def lines(path):
+    return enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+
+
+def offences(paths, patterns):
+    return [f"{p.relative_to(PACKAGE.parent)}:{n}: {line.strip()}"
+            for p in paths for n, line in lines(p) if any(pat.search(line) for pat in patterns)]
+
+
+def test_sql_is_written_only_in_the_ledger_and_the_history():
+    """Writes are in ledger.py, reads in history.py; no other module holds a statement."""
+    others = [p for p in sorted(PACKAGE.glob("*.py")) if p.name not in ("ledger.py", "history.py")]
+    found = offences(others, SQL)
+    assert not found, "SQL outside relay/ledger.py and relay/history.py:\n" + "\n".join(found)
+
+
+def test_no_module_reaches_into_the_ledger():
+    """Other modules use the Ledger's and the History's methods, never their connection or a
+    private member."""
+    others = [p for p in sorted(PACKAGE.glob("*.py")) if p.name not in ("ledger.py", "history.py")]
+    found = offences(others, [LEDGER_INSIDES])
+    assert not found, "a private part of the ledger used outside it:\n" + "\n".join(found)
