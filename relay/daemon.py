@@ -22,9 +22,9 @@ from .fs import shown
 from .history import History
 from .ids import IdGenerator
 from .inbox import Inbox
-from .layout import Layout, fit, is_inside, valid_agent, valid_id
+from .layout import Layout, fit, valid_agent, valid_id
 from .ledger import Ledger
-from .message import envelope, parse, resolve
+from .message import accept
 from .outbox import Outbox, ignore_lease_breaks
 from .sync import Syncer
 from .work import Counts, Outcome, Work
@@ -327,27 +327,19 @@ class Relay:
 
     def _parse(self, w, now):
         try:
-            w.message = parse(w.data, w.name, self.config.max_body_bytes)
-            create = self.config.unknown_recipient == "create"
-            known = self.known_agents()
-            if any(n not in known and n not in ("*", "Broadcast", SYSTEM) for n in w.message.to):
-                known = self.known_agents(refresh=True)
-            cwd = w.message.control.get("cwd")
-            if cwd is not None and not is_inside(self.layout.root / cwd, self.layout.root):
-                raise MessageRefused(f"CWD {cwd!r} is outside the project root {self.layout.root}")
-            w.recipients, created = resolve(w.message, w.sender, known, create)
-            for name in created:
-                self.layout.make_inbox(name)
-                self._known = None
-                log.info("%s: created the inbox of new agent %s", w.id, name)
+            accepted = accept(w.data, w.name, w.sender, self.known_agents, self.config, mid=w.id,
+                              sent_at=w.sent_at, relayed_at=now, sha256=w.sha256)
         except MessageRefused as e:
-            w.refused = str(e)
+            w.message, w.refused = e.parsed, str(e)
             return
         finally:
             w.data = b""            # the bytes are hashed and parsed; the batch need not hold them
-        addressed = ["*" if n in ("*", "Broadcast") else n for n in w.message.to]
-        to = list(dict.fromkeys(addressed)) if "*" in addressed else w.recipients
-        w.envelope = envelope(w.id, w.sender, to, w.message, w.sent_at, now, w.name, w.sha256)
+        w.message, w.recipients = accepted.message, accepted.recipients
+        for name in accepted.created:
+            self.layout.make_inbox(name)
+            self._known = None
+            log.info("%s: created the inbox of new agent %s", w.id, name)
+        w.envelope = accepted.envelope
         w.envelope_sha256 = hashlib.sha256(w.envelope).hexdigest()
 
     def _settle(self, w, now):

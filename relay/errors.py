@@ -74,7 +74,10 @@ class MessageRefused(RelayError):
     """A message can never be delivered as it is (bad format, unknown recipient, too large).
 
     The reason is written for the human who reads failed/<agent>/<id>--<name>.error.json.
+    `parsed` is the Message when the file was readable but its recipients or CWD are refused.
     """
+
+    parsed = None
 
 
 class TransientError(RelayError):

@@ -1,7 +1,10 @@
-"""Message files (SPEC section 2): header and JSON formats, validation, the inbox envelope.
+"""Message files (SPEC section 2): header and JSON formats, validation, recipient resolution,
+the CWD policy, the inbox envelope.
 
-parse() turns a file's bytes into a Message or raises MessageRefused with a reason a human
-can act on. Nothing here touches the file system.
+accept() turns a file's bytes into what relay delivers (the Message, its recipients, the
+envelope) or raises MessageRefused with a reason a human can act on; parse() and resolve() are
+its two halves. Nothing here opens a file; the CWD policy resolves the path a control message
+names to see that it lies inside the project root.
 """
 import dataclasses
 import datetime
@@ -10,6 +13,7 @@ import orjson
 
 from .config import AGENT_NAME, SYSTEM
 from .errors import MessageRefused
+from .layout import is_inside
 
 BROADCAST = ("*", "Broadcast")
 CONTROL_KINDS = ("spawn", "release", "continuity")
@@ -231,6 +235,41 @@ def resolve(message, sender, known, create_unknown=False):
     if not recipients:
         raise MessageRefused("broadcast with no other agent to receive it")
     return recipients, unknown
+
+
+@dataclasses.dataclass(frozen=True)
+class Accepted:
+    """A message relay will deliver."""
+    message: Message
+    recipients: list     # every recipient, broadcast expanded
+    created: list        # unknown names whose inbox is to be made (unknown_recipient = "create")
+    envelope: bytes      # what each recipient's inbox gets
+
+
+def accept(data, name, sender, known, config, *, mid, sent_at, relayed_at, sha256):
+    """Parse the bytes of the file `name` from `sender`, resolve its recipients and apply the
+    CWD policy (a control message's CWD lies inside the project root); returns Accepted.
+
+    `known(refresh=False)` gives the known agents' names; it is asked again, refreshed, when a
+    recipient is not among them. `config` gives max_body_bytes, unknown_recipient and root.
+    MessageRefused otherwise, its `parsed` the Message when the file itself was readable."""
+    message = parse(data, name, config.max_body_bytes)
+    try:
+        create = config.unknown_recipient == "create"
+        names = known()
+        if any(n not in names and n not in BROADCAST and n != SYSTEM for n in message.to):
+            names = known(refresh=True)
+        cwd = message.control.get("cwd")
+        if cwd is not None and not is_inside(config.root / cwd, config.root):
+            raise MessageRefused(f"CWD {cwd!r} is outside the project root {config.root}")
+        recipients, created = resolve(message, sender, names, create)
+    except MessageRefused as e:
+        e.parsed = message
+        raise
+    addressed = ["*" if n in BROADCAST else n for n in message.to]
+    to = list(dict.fromkeys(addressed)) if "*" in addressed else recipients
+    return Accepted(message, recipients, created,
+                    envelope(mid, sender, to, message, sent_at, relayed_at, name, sha256))
 
 
 def envelope(message_id, sender, recipients, message, sent_at, relayed_at, source, sha256):
