@@ -22,10 +22,11 @@ from .fs import shown
 from .history import History
 from .ids import IdGenerator
 from .inbox import Inbox
-from .layout import Layout, fit, valid_agent, valid_id
+from .layout import Layout, fit, valid_agent
 from .ledger import Ledger
 from .message import accept
 from .outbox import Outbox, ignore_lease_breaks
+from .recovery import Recovery
 from .sync import Syncer
 from .work import Counts, Outcome, Work
 
@@ -34,8 +35,7 @@ log = logging.getLogger(__name__)
 BATCH = 256              # messages claimed per transaction
 SCAN_BUDGET = 2048       # files registered per step
 SWEEP_BATCH = retention.BATCH
-ORPHAN_AGE = 86400.0     # tmp/ files older than this are removed
-ORPHAN_INTERVAL = 3600.0
+ORPHAN_INTERVAL = 3600.0  # seconds between two removals of orphaned inbox tmp/ files
 MAX_BACKOFF = 300.0      # the longest wait between two attempts
 DRAIN_PATIENCE = 10.0    # run --once waits this long for files that make no progress
 DRAIN_MIN_WAIT = 0.05
@@ -70,6 +70,7 @@ class Relay:
         self.inbox = Inbox(self.layout, self.syncer)
         self.archive = Archive(self.layout, self.syncer)
         self.outbox = Outbox(self.layout, config.settle, self.syncer)
+        self.recovery = Recovery(self.layout, self.ledger, self.history, self.archive, self.inbox, self.syncer)
         self.ids = IdGenerator()
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
         self.wake = threading.Event()
@@ -103,96 +104,19 @@ class Relay:
     # -- start ------------------------------------------------------------------------------
 
     def recover(self, now=None):
-        """Crash and power-loss recovery. Rows left processing go back to pending with their
-        file put back in the spool wherever it was found (outbox, spool, archive, failed/);
-        files in the spool, or in the latest days of the archive, that no row knows are
-        registered again under their id; orphan tmp files are removed. Returns the number of
-        messages recovered."""
+        """Crash and power-loss recovery (recovery.py), then a full rescan. Returns the number
+        of messages recovered."""
         now = self.clock() if now is None else now
-        self.fs.forget()
-        reset = []
-        for row in self.history.processing():
-            mid, sender, name = row["id"], row["sender"], row["name"]
-            try:
-                reset.append((mid, self._respool(row, self.layout.spool_rel(sender, mid, name))))
-            except OSError as e:
-                log.error("%s: cannot recover its file (%s); it stays where it is", mid, e)
-                reset.append((mid, False))
-            log.warning("%s from %s was left processing by a stopped relay: back to pending", mid, sender)
-        spooled = list(self.layout.spooled())
-        unknown = self.history.unknown([mid for _, mid, _, _ in spooled])
-        orphans = [(mid, sender, name) for sender, mid, name, _ in spooled if mid in unknown]
-        for mid, sender, _ in orphans:
-            log.warning("%s from %s was in the spool with no ledger record: registered again", mid, sender)
-        orphans += self._adopt_archived()
-        if reset or orphans:
-            self.syncer.flush("recovery moves")
-            self.ledger.reset(reset, now)
-            self.ledger.readopt(orphans, now)
-        self.remove_orphans(now)
+        recovered = self.recovery.recover(now)
+        self._next_orphans = now + ORPHAN_INTERVAL
         self._scan = None
         self._next_rescan = 0.0
         self._next_archive_retry = 0.0
-        return len(reset) + len(orphans)
-
-    def _respool(self, row, spool):
-        """Put a processing row's file back in the spool when an archive or quarantine move
-        ran ahead of the ledger. True when the file is in the spool."""
-        if self.fs.exists(spool):
-            return True
-        for rel in (row["archive_path"], self.layout.failed_rel(row["sender"], row["id"], row["name"])):
-            try:
-                if rel and self.fs.exists(check_rel(rel, "archive", "failed")):
-                    self.archive.move(rel, spool)
-                    return True
-            except OSError:
-                continue
-        return False
-
-    def _adopt_archived(self):
-        """Originals in the archive's latest days that no ledger row knows (the ledger lost
-        them): moved back to the spool, to be delivered (idempotently) and archived again."""
-        latest = self.history.latest_archived_at()
-        first_day = day_of(latest - 86400) if latest is not None else ""
-        found = []
-        try:
-            days = sorted(e.name for e in self.fs.scandir("archive") if e.is_dir(follow_symlinks=False)
-                          and e.name >= first_day)
-        except OSError:
-            return found
-        for day in days:
-            try:
-                senders = [e.name for e in self.fs.scandir(f"archive/{day}")
-                           if valid_agent(e.name) and e.is_dir(follow_symlinks=False)]
-            except OSError:
-                continue
-            for sender in senders:
-                try:
-                    files = [e.name for e in self.fs.scandir(f"archive/{day}/{sender}") if e.is_file(follow_symlinks=False)]
-                except OSError:
-                    continue
-                parsed = [(n.partition("--")[0], n.partition("--")[2], n) for n in files]
-                parsed = [p for p in parsed if valid_id(p[0]) and p[1]]
-                unknown = self.history.unknown([p[0] for p in parsed])
-                for mid, name, file in parsed:
-                    if mid not in unknown:
-                        continue
-                    try:
-                        self.archive.move(f"archive/{day}/{sender}/{file}", self.layout.spool_rel(sender, mid, name))
-                    except OSError as e:
-                        log.error("archive/%s/%s/%s has no ledger record and cannot be moved back: %s",
-                                  day, sender, shown(file), e)
-                        continue
-                    log.warning("%s from %s was archived with no ledger record: registered again", mid, sender)
-                    found.append((mid, sender, name))
-        return found
+        return recovered
 
     def remove_orphans(self, now):
-        removed = 0
-        for rel in self.inbox.orphans(now - ORPHAN_AGE):
-            if self.fs.unlink_quietly(rel):
-                removed += 1
-                log.info("removed orphaned inbox file %s", shown(rel))
+        """Orphaned inbox tmp/ files removed now (recovery.py); the next time is scheduled."""
+        removed = self.recovery.remove_orphans(now)
         self._next_orphans = now + ORPHAN_INTERVAL
         return removed
 

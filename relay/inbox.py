@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 FILE_MODE = 0o644
 MAX_ENVELOPE_READ = 64 << 20
+ORPHAN_AGE = 86400.0        # a tmp/ file older than this was left by a delivery that never finished
 
 
 def transient(e, what):

@@ -8,7 +8,7 @@ from .archive import Archive, check_rel
 from .errors import LedgerCorrupt, RelayError
 from .fs import shown
 from .history import History
-from .inbox import Inbox
+from .inbox import ORPHAN_AGE, Inbox
 from .layout import is_in_progress_name
 from .ledger import Status
 from .sync import Syncer
@@ -188,7 +188,7 @@ def doctor(history, layout, daemon_pid, now=None):
         if mid not in active:
             out.append(f"{rel}: a spooled file with no pending message; "
                        "`relay run` registers it again, or move it into an outbox to send it")
-    for rel in Inbox(layout, None).orphans(now - 86400):
+    for rel in Inbox(layout, None).orphans(now - ORPHAN_AGE):
         out.append(f"{shown(rel)}: orphaned temporary file; `relay run` removes it")
     for name, _, problem in layout.outbox_dirs():
         if problem:
