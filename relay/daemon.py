@@ -1,11 +1,13 @@
-"""The relay: one `step(now)` moves every message it can one batch further.
+"""The relay over one state directory: `step(now)` moves every message it can one batch further.
 
-    found files -> [T1: register + claim, durable] -> custody (outbox -> spool) -> read, parse
-      -> inbox tmp writes -> sync files -> links into new/ -> sync directories
-      -> spool -> archive (or failed/) -> sync -> [T2: deliveries per recipient, outcomes]
+    found files -> [T1: register + claim, durable] -> custody (outbox -> spool) -> read, accept
+      -> inbox tmp writes -> sync files -> links into new/ -> spool -> archive (or failed/)
+      -> sync directories -> [T2: deliveries per recipient, outcomes]
 
-`drain()` repeats steps until nothing is left (relay run --once); the daemon's loop in
-service.py calls `step()` when the watcher's hints, the settle deadlines or scheduled work say so.
+`drain()` repeats steps until nothing present is left (relay run --once); `run(stop)` is the
+daemon's loop: it steps when the watcher's hints, a signal or `next_deadline()` say so, while
+service.py supplies what only a process has. Relay composes the rooms: recovery.py, message.py,
+retention.py and the file and ledger rooms below them.
 """
 import collections
 import hashlib
@@ -28,7 +30,7 @@ from .message import accept
 from .outbox import Outbox, ignore_lease_breaks
 from .recovery import Recovery
 from .sync import Syncer
-from .work import Counts, Outcome, Work
+from .work import Counts, Outcome, Work, unreadable
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,12 @@ ORPHAN_INTERVAL = 3600.0  # seconds between two removals of orphaned inbox tmp/ 
 MAX_BACKOFF = 300.0      # the longest wait between two attempts
 DRAIN_PATIENCE = 10.0    # run --once waits this long for files that make no progress
 DRAIN_MIN_WAIT = 0.05
+DRAIN_DUE = 1.0          # run --once waits for a message due within this long (or settle, if longer)
+DRAIN_FROZEN = 3         # waits in a row without the clock moving after which run --once gives up
+MAX_IDLE = 3600.0        # the longest the daemon's loop waits when nothing is due
+CHECK_EVERY = 1.0        # while the loop waits, seconds between two calls of the process's check
+STEP_PAUSE = 1.0         # the wait after a failed step, doubled for each failure in a row
+MAX_STEP_PAUSE = 60.0
 
 
 def backoff(base, retries):
@@ -75,6 +83,7 @@ class Relay:
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
         self.wake = threading.Event()
         self.left = []                          # what drain() gave up waiting for
+        self.pause = STEP_PAUSE                 # the wait after the next failed step (run)
         self._scan = None                       # the full rescan in progress (a generator)
         self._known = None
         self._next_rescan = 0.0
@@ -202,7 +211,7 @@ class Relay:
         return self._known
 
     def _process(self, rows, now, counts):
-        works = [_work(row) for row in self._readable(rows, now, counts)]
+        works = [Work.claimed(row) for row in self._readable(rows, now, counts)]
         had = self.history.delivered_to([w.id for w in works if w.thorough])
         budget = self.config.batch_bytes
         for w in works:
@@ -338,7 +347,7 @@ class Relay:
         the batch goes on without it."""
         good, bad = [], []
         for row in rows:
-            problem = _unreadable(row)
+            problem = unreadable(row)
             if problem is None:
                 good.append(row)
                 continue
@@ -417,37 +426,89 @@ class Relay:
                 progress_at = now
             if counts.busy or self.hints or self._scan is not None:
                 continue
-            deadline = self.outbox.next_deadline()
-            due = self.history.next_due()
-            if due is not None and due - now <= max(self.config.settle, 1.0):
-                deadline = min(deadline if deadline is not None else due, due)
+            deadline = self.next_deadline(now, horizon=max(self.config.settle, DRAIN_DUE))
             if deadline is None:
                 return total
             frozen = frozen + 1 if now <= last_wait else 0
-            if now - progress_at >= patience or frozen > 3:     # a clock that never moves: give up too
-                self.left = [(p, why) for p, why, _ in self.outbox.left(now, 0)] + self.history.waiting(now, 1.0)
+            if now - progress_at >= patience or frozen > DRAIN_FROZEN:     # a clock that never moves: give up too
+                self.left = [(p, why) for p, why, _ in self.outbox.left(now, 0)] + self.history.waiting(now, DRAIN_DUE)
                 return total
             last_wait = now
             wait(max(0.0, min(deadline - now, max(self.config.settle, DRAIN_MIN_WAIT))))
 
+    def run(self, stop, before=None, after=None, check=None, max_wait=None):
+        """The daemon's loop (relay run; recover() first): step whenever woken (the watcher's
+        hints, a signal) or when next_deadline() comes, until `stop.is_set()` (set it, then
+        `wake`). What only a process has comes in as callbacks on this thread: `before()` at
+        the top of each turn (it may raise to end the loop), `after(counts)` after each step,
+        `check()` every CHECK_EVERY seconds of a wait, which `max_wait` caps."""
+        total = Counts()
+        while True:
+            # Cleared before the flags are read: a signal from here on leaves the event set,
+            # and the idle wait below returns at once instead of sleeping past it.
+            self.wake.clear()
+            if stop.is_set():
+                return total
+            if before is not None:
+                before()
+            counts = self.guarded_step()
+            total.add(counts)
+            if after is not None:
+                after(counts)
+            if counts.busy or self.hints:
+                continue
+            now = self.clock()
+            wait = self.next_deadline(now) - now
+            if max_wait:
+                wait = min(wait, max_wait)
+            self._idle(max(0.0, min(wait, MAX_IDLE)), stop, check)
 
-def _work(row):
-    return Work(id=row["id"], sender=row["sender"], name=row["name"], archive_rel=row["archive_path"],
-                retries=row["retries"], thorough=row["attempts"] > 1, spooled=bool(row["spooled"]),
-                discovered_at=row["discovered_at"], failing_since=row["failing_since"])
+    def guarded_step(self):
+        """One step of the daemon's loop: an unforeseen error (a ledger locked past
+        busy_timeout, a full disk under the ledger) is logged and waited out (`pause`, doubled
+        for each failure in a row; a wake ends it), and what the step had claimed is recovered."""
+        try:
+            counts = self.step()
+            self.pause = STEP_PAUSE
+            return counts
+        except Exception:  # noqa: BLE001 - the daemon must outlive any one bad moment
+            log.exception("the relay step failed; retrying in %.0fs", self.pause)
+            self.wake.wait(self.pause)
+            self.pause = min(self.pause * 2, MAX_STEP_PAUSE)
+            try:
+                self.recover()
+            except Exception:  # noqa: BLE001
+                log.exception("recovery after the failed step failed too; will try again")
+            return Counts()
 
+    def _idle(self, timeout, stop, check):
+        """Wait until woken, stopped or `timeout` passes, calling `check()` every CHECK_EVERY."""
+        deadline = time.monotonic() + timeout
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self.wake.wait(min(left, CHECK_EVERY)):
+                return
+            if check is not None:
+                check()
 
-def _unreadable(row):
-    """(column, value) of the first column of a claimed row that this build cannot use."""
-    checks = (("sender", lambda v: isinstance(v, str) and valid_agent(v)),
-              ("name", lambda v: isinstance(v, str) and v and "/" not in v and v not in (".", "..")
-               and "\0" not in v),
-              ("spooled", lambda v: v in (0, 1)),
-              ("retries", lambda v: isinstance(v, int) and v >= 0),
-              ("attempts", lambda v: isinstance(v, int) and v >= 0),
-              ("failing_since", lambda v: v is None or isinstance(v, (int, float))),
-              ("archive_path", lambda v: isinstance(v, str) and ".." not in v.split("/")))
-    for column, ok in checks:
-        if not ok(row[column]):
-            return column, row[column]
-    return None
+    def next_deadline(self, now, horizon=None):
+        """When the next step has work, or None: the next look at a file still settling, the
+        next pending message due and the scheduled work (rescan, sweep, orphans, archive
+        retries). With `horizon` (drain), only the messages present count, and a pending one
+        only when it is due within `horizon` seconds of `now`."""
+        deadlines = [d for d in (self.outbox.next_deadline(),) if d is not None]
+        due = self.history.next_due()
+        if due is not None and (horizon is None or due - now <= horizon):
+            deadlines.append(due)
+        if horizon is None:
+            deadlines += [self._next_rescan, self._next_sweep, self._next_orphans, self._next_archive_retry]
+        return min(deadlines, default=None)
+
+    def reconfigure(self, config):
+        """Apply a new configuration of the same state directory (a SIGHUP reload) between two
+        steps: the settle time, durability, and every value a step reads from `config`."""
+        self.config = config
+        self.outbox.settle = config.settle
+        self.syncer.durable = config.durability == "full"
+        self.ledger.set_durability(config.durability)
+

@@ -1,5 +1,8 @@
-"""`relay run`: the daemon loop, signals (SIGHUP reload, SIGUSR1 look at the ledger now), the
-hold on the state directory, systemd notify and watchdog pings."""
+"""`relay run` as a process: what only a process has around the loop (Relay.run, daemon.py).
+Signal handlers that set flags (SIGTERM/SIGINT stop, a second one at once; SIGHUP reloads
+relay.toml; SIGUSR1 looks at the ledger now), systemd notify (READY, STATUS, STOPPING) and
+watchdog pings, the file watcher, and the hold on the state directory: its relay.lock and
+ledger must stay the files it opened."""
 import logging
 import os
 import signal
@@ -9,14 +12,15 @@ import threading
 import time
 
 from . import __version__, config as config_mod
-from .daemon import Counts, Relay
+from .daemon import Relay
 from .errors import ConfigError, StateLost
 from .lock import identity
 from .watcher import Watcher
 
 log = logging.getLogger(__name__)
 
-HOLD_CHECK = 1.0        # seconds between checks of the lock and the ledger while the loop is idle
+SWITCH_INTERVAL = 0.0005    # seconds: the GIL's switch interval while the daemon runs
+STATUS_EVERY = 5.0          # seconds between two systemd STATUS lines while messages flow
 
 
 def notify(message):
@@ -36,6 +40,20 @@ def notify(message):
         return False
 
 
+class Signals:
+    """What the signal handlers asked for: plain attributes, set by a handler that may take no
+    lock (it runs on the loop's thread, maybe while that thread holds one) and read by the loop."""
+
+    def __init__(self):
+        self.stop = False       # SIGTERM, SIGINT
+        self.reload = False     # SIGHUP: read relay.toml again
+        self.poke = False       # SIGUSR1: an operator changed the ledger
+
+    def is_set(self):
+        """Whether a stop was asked for (Relay.run's `stop`)."""
+        return self.stop
+
+
 class Daemon:
     def __init__(self, cfg, clock=time.time, lock=None):
         self.cfg = cfg
@@ -44,40 +62,36 @@ class Daemon:
         self.ledger_identity = identity(self.relay.ledger.path)
         self.lock = lock
         self.watcher = Watcher(self.relay)
-        self.stopping = False
-        self.reload = False
-        self.poked = False
+        self.signals = Signals()
         usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
-        self.ping_every = usec / 2e6 if usec else None
+        self.ping_every = usec / 2e6 if usec else None      # twice per watchdog interval
+        self.next_ping = self.next_status = 0.0
+        self.relayed = self.failed = 0
 
     def on_signal(self, signum, frame):
         if signum == signal.SIGHUP:
-            self.reload = True
+            self.signals.reload = True
         elif signum == signal.SIGUSR1:
-            self.poked = True
-        elif self.stopping:
+            self.signals.poke = True
+        elif self.signals.stop:
             # Second signal: stop now. What was claimed is recovered at the next start.
             os._exit(1)
         else:
-            self.stopping = True
+            self.signals.stop = True
         # Not wake.set() here: the handler runs on the loop's thread, maybe while that thread
         # holds the event's lock (in wake.clear() or wake.wait()), and the lock is not
         # re-entrant. A short thread sets it once the loop lets go.
         threading.Thread(target=self.relay.wake.set, name="relay-signal", daemon=True).start()
 
     def do_reload(self):
-        self.reload = False
+        self.signals.reload = False
         try:
             new = config_mod.load(self.cfg.root, os.path.relpath(self.cfg.state_dir, self.cfg.root),
                                   overrides=self.overrides)
         except ConfigError as e:
             log.error("SIGHUP: the new configuration is refused, the old one stays: %s", e)
             return
-        relay = self.relay
-        relay.config = new
-        relay.outbox.settle = new.settle
-        relay.syncer.durable = new.durability == "full"
-        relay.ledger.set_durability(new.durability)
+        self.relay.reconfigure(new)
         self.cfg = new
         log.info("SIGHUP: configuration reloaded from %s", new.source)
 
@@ -86,7 +100,7 @@ class Daemon:
         cfg = self.cfg
         # The watcher's threads hand events to this loop; a short GIL switch interval lets the
         # loop run as soon as it is woken instead of waiting out another thread's 5 ms slice.
-        sys.setswitchinterval(0.0005)
+        sys.setswitchinterval(SWITCH_INTERVAL)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, self.on_signal)
         log.info("relay %s started (pid %d): root %s, state dir %s, durability %s, config from %s",
@@ -96,39 +110,10 @@ class Daemon:
             log.info("recovered %d message(s) left processing", recovered)
         self.watcher.start()
         notify("READY=1\nSTATUS=watching " + str(relay.layout.outbox))
-        next_ping = time.monotonic()
-        relayed = failed = 0
-        next_status = 0.0
+        self.next_ping = time.monotonic()
         try:
-            while True:
-                # Cleared before the flags are read: a signal from here on leaves the event set,
-                # and the idle wait below returns at once instead of sleeping past it.
-                relay.wake.clear()
-                if self.stopping:
-                    break
-                self.hold()
-                if self.poked:
-                    # An operator changed the ledger (relay retry, expire): the step below
-                    # claims what is due there, without waiting for the next deadline.
-                    self.poked = False
-                    log.info("SIGUSR1: looking at the ledger now")
-                if self.reload:
-                    # Before the step, so that the step this SIGHUP woke runs with the new file.
-                    self.do_reload()
-                counts = self.step()
-                relayed += counts.archived
-                failed += counts.failed
-                if (counts.archived or counts.failed) and time.monotonic() >= next_status:
-                    notify(f"STATUS=relayed {relayed}, failed {failed} since start")
-                    next_status = time.monotonic() + 5.0
-                if self.ping_every and time.monotonic() >= next_ping:
-                    notify("WATCHDOG=1")
-                    next_ping = time.monotonic() + self.ping_every
-                if not self.watcher.alive():
-                    self.watcher.restart()
-                if counts.busy or relay.hints:
-                    continue
-                self.idle(self.timeout())
+            relay.run(self.signals, before=self.turn, after=self.stepped, check=self.hold,
+                      max_wait=self.ping_every)
         finally:
             notify("STOPPING=1")
             self.watcher.stop()
@@ -137,6 +122,31 @@ class Daemon:
         return 0
 
     overrides = None
+
+    def turn(self):
+        """The top of each turn of the loop: the hold checked, then what signals asked for."""
+        self.hold()
+        if self.signals.poke:
+            # An operator changed the ledger (relay retry, expire): the step that follows
+            # claims what is due there, without waiting for the next deadline.
+            self.signals.poke = False
+            log.info("SIGUSR1: looking at the ledger now")
+        if self.signals.reload:
+            # Before the step, so that the step this SIGHUP woke runs with the new file.
+            self.do_reload()
+
+    def stepped(self, counts):
+        """After each step: systemd's status line and watchdog ping; a stopped watcher restarted."""
+        self.relayed += counts.archived
+        self.failed += counts.failed
+        if (counts.archived or counts.failed) and time.monotonic() >= self.next_status:
+            notify(f"STATUS=relayed {self.relayed}, failed {self.failed} since start")
+            self.next_status = time.monotonic() + STATUS_EVERY
+        if self.ping_every and time.monotonic() >= self.next_ping:
+            notify("WATCHDOG=1")
+            self.next_ping = time.monotonic() + self.ping_every
+        if not self.watcher.alive():
+            self.watcher.restart()
 
     def lost(self):
         """Why this daemon must stop working on its state directory, or None: its relay.lock
@@ -150,51 +160,12 @@ class Daemon:
         return None
 
     def hold(self):
-        """Raise StateLost (logged) when lost() has a reason; cheap: a few stat calls."""
+        """Raise StateLost (logged) when lost() has a reason; cheap: a few stat calls. Run at
+        every turn of the loop and every second while it waits."""
         reason = self.lost()
         if reason:
             log.error("%s", reason)
             raise StateLost(reason)
-
-    def idle(self, timeout):
-        """Wait until woken or `timeout` passes, checking the hold every HOLD_CHECK seconds."""
-        deadline = time.monotonic() + timeout
-        while not self.stopping:
-            left = deadline - time.monotonic()
-            if left <= 0 or self.relay.wake.wait(min(left, HOLD_CHECK)):
-                return
-            self.hold()
-
-    def step(self):
-        """One step; an unforeseen error (a ledger locked past busy_timeout, a full disk under
-        the ledger) is logged, waited out, and what the step had claimed is recovered."""
-        try:
-            counts = self.relay.step()
-            self.pause = 1.0
-            return counts
-        except Exception:  # noqa: BLE001 - the daemon must outlive any one bad moment
-            log.exception("the relay step failed; retrying in %.0fs", self.pause)
-            self.relay.wake.wait(self.pause)
-            self.pause = min(self.pause * 2, 60.0)
-            try:
-                self.relay.recover()
-            except Exception:  # noqa: BLE001
-                log.exception("recovery after the failed step failed too; will try again")
-            return Counts()
-
-    pause = 1.0
-
-    def timeout(self):
-        relay = self.relay
-        now = relay.clock()
-        deadlines = [relay._next_rescan, relay._next_sweep, relay._next_orphans, relay._next_archive_retry]
-        for d in (relay.outbox.next_deadline(), relay.history.next_due()):
-            if d is not None:
-                deadlines.append(d)
-        wait = min(deadlines) - now
-        if self.ping_every:
-            wait = min(wait, self.ping_every)
-        return max(0.0, min(wait, 3600.0))
 
 
 def serve(cfg, overrides=None, lock=None):

@@ -2,6 +2,8 @@
 import dataclasses
 import enum
 
+from .layout import valid_agent
+
 
 class Outcome(str, enum.Enum):
     """What became of a claimed message in one batch (the ledger records each kind)."""
@@ -67,6 +69,13 @@ class Work:
     next_attempt_at: float = 0.0
     outcome: Outcome = None
 
+    @classmethod
+    def claimed(cls, row):
+        """The Work of a row the ledger's claim returned."""
+        return cls(id=row["id"], sender=row["sender"], name=row["name"], archive_rel=row["archive_path"],
+                   retries=row["retries"], thorough=row["attempts"] > 1, spooled=bool(row["spooled"]),
+                   discovered_at=row["discovered_at"], failing_since=row["failing_since"])
+
     @property
     def error_text(self):
         return None if self.error is None else str(self.error)
@@ -76,3 +85,19 @@ class Work:
         """Every recipient holds it (recorded before, or delivered in this batch)."""
         return bool(self.recipients) and not self.missed and all(
             r in self.got or r in self.had for r in self.recipients)
+
+
+def unreadable(row):
+    """(column, value) of the first column of a claimed row that this build cannot use."""
+    checks = (("sender", lambda v: isinstance(v, str) and valid_agent(v)),
+              ("name", lambda v: isinstance(v, str) and v and "/" not in v and v not in (".", "..")
+               and "\0" not in v),
+              ("spooled", lambda v: v in (0, 1)),
+              ("retries", lambda v: isinstance(v, int) and v >= 0),
+              ("attempts", lambda v: isinstance(v, int) and v >= 0),
+              ("failing_since", lambda v: v is None or isinstance(v, (int, float))),
+              ("archive_path", lambda v: isinstance(v, str) and ".." not in v.split("/")))
+    for column, ok in checks:
+        if not ok(row[column]):
+            return column, row[column]
+    return None

@@ -183,32 +183,25 @@ def test_a_row_this_build_cannot_read_is_reported_and_skipped(project, caplog):
 
 
 def test_daemon_step_outlives_a_ledger_locked_too_long(project, monkeypatch):
-    """A step that fails (here: the ledger locked past busy_timeout) is logged and waited out;
-    what it had claimed is recovered and delivered by the next step."""
+    """A step of the daemon's loop that fails (here: the ledger locked past busy_timeout) is
+    logged and waited out; what it had claimed is recovered and delivered by the next step."""
     import sqlite3
 
-    from relay.service import Daemon
+    relay = project.relay(agents=("Ann", "Ben"))
+    relay.pause = 0.0
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    real = relay.ledger.record
+    calls = {"n": 0}
 
-    project.relay().close()
-    daemon = Daemon(project.config(agents=["Ann", "Ben"]), clock=project.clock)
-    daemon.pause = 0.0
-    relay = daemon.relay
-    try:
-        project.drop("Ann", "m", "TO: Ben\n\nx")
-        real = relay.ledger.record
-        calls = {"n": 0}
+    def locked(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise sqlite3.OperationalError("database is locked")
+        return real(*a, **k)
 
-        def locked(*a, **k):
-            calls["n"] += 1
-            if calls["n"] == 1:
-                raise sqlite3.OperationalError("database is locked")
-            return real(*a, **k)
-
-        monkeypatch.setattr(relay.ledger, "record", locked)
-        assert daemon.step().archived == 0
-        assert relay.history.counts()["processing"] == 0        # recovered
-        relay.hint("rescan")
-        assert daemon.step().archived == 1
-        assert len(project.inbox("Ben")) == 1
-    finally:
-        relay.close()
+    monkeypatch.setattr(relay.ledger, "record", locked)
+    assert relay.guarded_step().archived == 0
+    assert relay.history.counts()["processing"] == 0        # recovered
+    relay.hint("rescan")
+    assert relay.guarded_step().archived == 1
+    assert len(project.inbox("Ben")) == 1
