@@ -4,16 +4,14 @@ The ledger knows rows and states, nothing about files or message formats. Every 
 in an explicit `BEGIN IMMEDIATE` transaction on the connection's own thread; one transaction
 covers a whole batch.
 """
+import contextlib
 import enum
 import hashlib
-import logging
 import sqlite3
 
 import orjson
 
 from .errors import LedgerError, SchemaError
-
-log = logging.getLogger(__name__)
 
 
 class Status(str, enum.Enum):
@@ -202,8 +200,19 @@ class Ledger:
 
     # -- transactions -----------------------------------------------------------------------
 
+    @contextlib.contextmanager
     def transaction(self):
-        return _Transaction(self.db)
+        """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK when the block raises."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+        self.db.execute("COMMIT")
 
     def _events(self, rows):
         """rows: (message_id, at, event, detail[, actor])."""
@@ -498,10 +507,8 @@ class Ledger:
             self._events([(None, now, "swept", detail)])
 
     def add_archived(self, rows):
-        """Archived records written in as they are, each with its "archived" event, in one
-        transaction (relay bench fills a ledger as a long-running project's would be). rows:
-        (id, sender, name, recipients, kind, subject, body, size, sha256, at, archive_path),
-        `at` standing for every time the record holds."""
+        """Archived records as they are, with their event (relay bench's long-running ledger).
+        rows: (id, sender, name, recipients, kind, subject, body, size, sha256, at, archive_path)."""
         rows = list(rows)
         with self.transaction():
             self.db.executemany(
@@ -510,22 +517,3 @@ class Ledger:
                 "VALUES (?, ?, ?, 'archived', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
                 [(*r[:9], r[9], r[9], r[9], r[9], r[9], r[10]) for r in rows])
             self._events([(r[0], r[9], "archived", None) for r in rows])
-
-class _Transaction:
-    def __init__(self, db):
-        self.db = db
-
-    def __enter__(self):
-        self.db.execute("BEGIN IMMEDIATE")
-        return self.db
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.db.execute("COMMIT")
-        else:
-            try:
-                self.db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-        return False
-
