@@ -10,7 +10,8 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+AGENT_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"     # agent names (SPEC section 1), as people read it
+AGENT_NAME = re.compile(AGENT_NAME_RULE + r"\Z")
 SYSTEM = "System"
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -77,7 +78,7 @@ def _agents(value):
         raise ValueError(f"{value!r} is not a list of agent names")
     for name in value:
         if not isinstance(name, str) or not AGENT_NAME.match(name):
-            raise ValueError(f"{name!r} is not a valid agent name ([A-Za-z0-9][A-Za-z0-9._-]{{0,63}})")
+            raise ValueError(f"{name!r} is not a valid agent name ({AGENT_NAME_RULE})")
     return tuple(value)
 
 

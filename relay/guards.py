@@ -10,16 +10,14 @@ import time
 import click
 
 from . import config as config_mod
-from .config import AGENT_NAME, SYSTEM
+from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
 from .errors import FREE_SPACE, InvalidName, LedgerCorrupt, RelayError, sqlite_cause
-
-NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 
 
 def agent_name(name, where="agent"):
     """`name` when it is an agent name (never a path: no `/`, no leading `.`); InvalidName else."""
     if not AGENT_NAME.match(name):
-        raise InvalidName(f"invalid agent name {name!r} ({where}): agent names match {NAME_RULE}")
+        raise InvalidName(f"invalid agent name {name!r} ({where}): agent names match {AGENT_NAME_RULE}")
     return name
 
 

@@ -4,7 +4,7 @@ import logging
 import os
 from pathlib import Path
 
-from .config import AGENT_NAME, SYSTEM
+from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
 from .fs import StateDir, Unsafe, bad_name, shown
 from .ids import ALPHABET
 
@@ -148,7 +148,7 @@ class Layout:
 def outbox_problem(entry):
     """Why relay will not read this entry of outbox/ as an agent's outbox, or None."""
     if not valid_agent(entry.name):
-        return "invalid agent name (must match [A-Za-z0-9][A-Za-z0-9._-]{0,63})"
+        return f"invalid agent name (must match {AGENT_NAME_RULE})"
     if entry.name == SYSTEM:
         return f"{SYSTEM} is relay's own name; no agent sends as {SYSTEM}"
     if entry.is_symlink():

@@ -11,7 +11,7 @@ import datetime
 
 import orjson
 
-from .config import AGENT_NAME, SYSTEM
+from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
 from .errors import MessageRefused
 from .layout import is_inside
 
@@ -205,8 +205,7 @@ def parse(data, filename, max_body_bytes):
     bad = [n for n in names if n not in BROADCAST and not AGENT_NAME.match(n)]
     if bad:
         shown = ", ".join(repr(n[:70]) for n in bad[:5]) + (" ..." if len(bad) > 5 else "")
-        raise MessageRefused(f"invalid recipient name {shown}: agent names match "
-                             "[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+        raise MessageRefused(f"invalid recipient name {shown}: agent names match {AGENT_NAME_RULE}")
     control = {k: fields[k] for k in CONTROL_KEYS if fields.get(k) is not None}
     return Message(to=tuple(dict.fromkeys(names)), kind=kind, thread=fields.get("thread") or None,
                    subject=fields.get("subject") or None, body=body, headers=headers,
