@@ -46,12 +46,12 @@ DRAIN_FROZEN = 3         # waits in a row without the clock moving after which r
 MAX_IDLE = 3600.0        # the longest the daemon's loop waits when nothing is due
 CHECK_EVERY = 1.0        # while the loop waits, seconds between two calls of the process's check
 STEP_PAUSE = 1.0         # the wait after a failed step, doubled for each failure in a row
-MAX_STEP_PAUSE = 60.0
+MAX_STEP_PAUSE = 60.0    # and at most this
 
 
-def backoff(base, retries):
+def backoff(base, retries, cap=MAX_BACKOFF):
     """Seconds before the next attempt after `retries` failed ones: doubling, capped."""
-    return min(base * 2 ** min(retries, 30), MAX_BACKOFF)
+    return min(base * 2 ** min(retries, 30), cap)
 
 
 class Relay:
@@ -83,7 +83,8 @@ class Relay:
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
         self.wake = threading.Event()
         self.left = []                          # what drain() gave up waiting for
-        self.pause = STEP_PAUSE                 # the wait after the next failed step (run)
+        self.step_pause = STEP_PAUSE            # the wait after a failed step of run(), doubled
+        self.failures = 0                       # steps of run() failed in a row
         self._scan = None                       # the full rescan in progress (a generator)
         self._known = None
         self._next_rescan = 0.0
@@ -465,16 +466,17 @@ class Relay:
 
     def guarded_step(self):
         """One step of the daemon's loop: an unforeseen error (a ledger locked past
-        busy_timeout, a full disk under the ledger) is logged and waited out (`pause`, doubled
-        for each failure in a row; a wake ends it), and what the step had claimed is recovered."""
+        busy_timeout, a full disk under the ledger) is logged and waited out (`step_pause`,
+        backing off; a wake ends it), and what the step had claimed is recovered."""
         try:
             counts = self.step()
-            self.pause = STEP_PAUSE
+            self.failures = 0
             return counts
         except Exception:  # noqa: BLE001 - the daemon must outlive any one bad moment
-            log.exception("the relay step failed; retrying in %.0fs", self.pause)
-            self.wake.wait(self.pause)
-            self.pause = min(self.pause * 2, MAX_STEP_PAUSE)
+            pause = backoff(self.step_pause, self.failures, MAX_STEP_PAUSE)
+            log.exception("the relay step failed; retrying in %.0fs", pause)
+            self.wake.wait(pause)
+            self.failures += 1
             try:
                 self.recover()
             except Exception:  # noqa: BLE001

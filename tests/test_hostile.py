@@ -188,7 +188,7 @@ def test_daemon_step_outlives_a_ledger_locked_too_long(project, monkeypatch):
     import sqlite3
 
     relay = project.relay(agents=("Ann", "Ben"))
-    relay.pause = 0.0
+    relay.step_pause = 0.0
     project.drop("Ann", "m", "TO: Ben\n\nx")
     real = relay.ledger.record
     calls = {"n": 0}
