@@ -29,7 +29,7 @@ def retry(ledger, layout, ids, now=None):
     history = History(ledger)
     for mid in ids:
         row = history.find(mid)
-        if row["status"] != "failed":
+        if row["status"] != Status.FAILED:
             problems.append(f"{row['id']}: is {row['status']}, not failed; nothing to retry")
             continue
         src = row["failed_path"]
@@ -52,7 +52,7 @@ def expire(ledger, layout, mid, now=None):
     """A pending or failed message will not be delivered: it is failed, its file in failed/."""
     now = time.time() if now is None else now
     row = History(ledger).find(mid)
-    if row["status"] not in ("pending", "failed"):
+    if row["status"] not in (Status.PENDING, Status.FAILED):
         raise RelayError(f"{row['id']} is {row['status']}: only pending or failed messages can be expired")
     who = actor()
     reason = f"expired by {who}: will not be delivered"
@@ -60,7 +60,7 @@ def expire(ledger, layout, mid, now=None):
         raise RelayError(f"{row['id']} was claimed for delivery meanwhile; try again")
     archive = Archive(layout, Syncer("full", layout.fs))
     src = None      # a failed message is in failed/ already
-    if row["status"] == "pending":
+    if row["status"] == Status.PENDING:
         spool = layout.spool_rel(row["sender"], row["id"], row["name"])
         src = spool if layout.fs.exists(spool) else f"outbox/{row['sender']}/{row['name']}"
         src = src if layout.fs.exists(src) else None

@@ -4,6 +4,7 @@ come from History.figures()."""
 import datetime
 import html
 
+from .ledger import Status
 from .message import iso
 
 CSS = """
@@ -75,7 +76,7 @@ def render(data, title="relay report", now=None):
     total = sum(counts.values())
     since = f"since {iso(data['since'])}" if data["since"] else "all time"
     cards = "".join(f"<div class='card'><b>{counts.get(k, 0)}</b>{k}</div>"
-                    for k in ("archived", "failed", "pending", "processing", "delivered"))
+                    for k in (Status.ARCHIVED, Status.FAILED, Status.PENDING, Status.PROCESSING, Status.DELIVERED))
     failures = "".join(
         f"<tr><td><code>{_e(r['id'])}</code></td><td>{_e(r['sender'])}</td><td>{_e(r['name'])}</td>"
         f"<td class='err'>{_e(r['error'])}</td><td>{_e(iso(r['failed_at']) if r['failed_at'] else '')}</td></tr>"

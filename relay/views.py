@@ -4,6 +4,7 @@ import shutil
 
 import orjson
 
+from .ledger import Status
 from .message import iso
 
 
@@ -33,7 +34,7 @@ def record(row):
         "archived_at": when(row["archived_at"]), "failed_at": when(row["failed_at"]),
         "sent_at": when(row["sent_at"]),
         "source_path": f"outbox/{row['sender']}/{row['name']}", "archive_path": row["archive_path"]
-        if row["status"] == "archived" else None, "failed_path": row["failed_path"],
+        if row["status"] == Status.ARCHIVED else None, "failed_path": row["failed_path"],
         "sha256": row["sha256"], "size": row["size"],
     }
 
