@@ -33,3 +33,12 @@ def test_no_module_reaches_into_the_ledger():
     others = [p for p in sorted(PACKAGE.glob("*.py")) if p.name not in ("ledger.py", "history.py")]
     found = offences(others, [LEDGER_INSIDES])
     assert not found, "a private part of the ledger used outside it:\n" + "\n".join(found)
+
+
+def test_the_package_exports_its_public_api():
+    import relay
+    from relay import errors
+    foreseen = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, errors.RelayError)}
+    assert foreseen <= set(relay.__all__)
+    assert {"Config", "load", "Relay", "Counts", "Status", "__version__"} <= set(relay.__all__)
+    assert all(getattr(relay, name, None) is not None for name in relay.__all__)
