@@ -42,3 +42,18 @@ def test_the_package_exports_its_public_api():
     assert foreseen <= set(relay.__all__)
     assert {"Config", "load", "Relay", "Counts", "Status", "__version__"} <= set(relay.__all__)
     assert all(getattr(relay, name, None) is not None for name in relay.__all__)
+
+
+PRIVATE_PATCHES = [re.compile(r"""\bsetattr\([^,]+,\s*["']_"""),        # monkeypatch.setattr(x, "_name", ...)
+                   re.compile(r"""\bsetattr\(["'][\w.]*\._"""),          # monkeypatch.setattr("mod._name", ...)
+                   re.compile(r"\.\_[A-Za-z]\w*\s*=(?!=)")]             # x._name = ...
+
+
+def test_no_test_patches_a_private_name():
+    """Tests change behaviour through the seams that exist (relay.fs, relay.syncer.fsync,
+    Relay(fsync=..., sync_mode=...), relay.ledger.record, conftest.failing_create), never
+    through a private name."""
+    tests = [p for p in sorted(TESTS.glob("*.py")) if p.name != "test_house.py"]     # not its own patterns
+    found = [f"tests/{p.name}:{n}: {line.strip()}" for p in tests for n, line in lines(p)
+             if any(pat.search(line) for pat in PRIVATE_PATCHES)]
+    assert not found, "a test patches a private name:\n" + "\n".join(found)

@@ -314,20 +314,12 @@ def test_orphan_tmp_files_removed_after_a_day(project, clock):
     assert not tmp.exists() and young.exists()
 
 
-def test_every_transition_recorded(project, clock, monkeypatch):
+def test_every_transition_recorded(project, clock):
     relay = project.relay(retry_backoff="1s")
     project.drop("Ann", "m", "TO: Ben\n\nx")
-    real = relay.inbox._write
-    calls = {"n": 0}
-
-    def once_full(path, data, recipient):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, data, recipient)
-
-    monkeypatch.setattr(relay.inbox, "_write", once_full)
+    full = failing_create(relay, OSError(errno.ENOSPC, "No space left on device"))
     relay.step()
+    full["on"] = False
     clock.advance(5)
     relay.step()
     mid = only_row(relay)["id"]
