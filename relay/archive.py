@@ -1,5 +1,7 @@
-"""The archive and the quarantine (SPEC section 3): moves of originals into archive/ and failed/,
-error reports, and removal of swept files. Every path goes through the confined file system."""
+"""The archive and the quarantine (SPEC section 3): originals moved into archive/ and failed/
+(and back into the spool by recovery and relay retry), the error report beside a quarantined
+file, and removal of swept files. Every path goes through the confined file system; each
+directory a move changes is noted with the syncer, whose next flush makes it durable."""
 import datetime
 import errno
 import logging

@@ -1,6 +1,8 @@
-"""The `relay` command: the click group, what every verb shares, and the verbs that change
-something. The read-only verbs are in cli_inspect.py; guards.py turns a failure into one line
-(exit 1). The only place that sets up logging."""
+"""The `relay` command: the click group and what every verb shares (the Context, JSON output, a
+verdict's exit code); the verbs that run relay or change something (init, run, send, inbox,
+sweep, retry, expire), status, demo and bench. The verbs that only look at the ledger are in
+cli_inspect.py; guards.py checks names and turns a failure into one line (exit 1). The only
+place that sets up logging."""
 import datetime
 import functools
 import json

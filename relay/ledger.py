@@ -1,8 +1,11 @@
-"""The SQLite ledger: schema and migrations, batched transactions, claims and recovery.
+"""The SQLite ledger and every write to it: the connection and its settings, schema and
+migrations, discovery and claims, each batch's outcomes, recovery, the hash chain, the
+retention sweep and its checkpoints, operator changes (retry, expire). The read-only queries
+are in history.py.
 
-The ledger knows rows and states, nothing about files or message formats. Every write happens
-in an explicit `BEGIN IMMEDIATE` transaction on the connection's own thread; one transaction
-covers a whole batch.
+The ledger knows rows and states, nothing about files. Every write happens in an explicit
+`BEGIN IMMEDIATE` transaction on the connection's own thread; one transaction covers a whole
+batch.
 """
 import contextlib
 import enum
@@ -340,7 +343,8 @@ class Ledger:
         self._head = (seq, prev)
 
     def _record_delivered(self, now, works, events):
-        """Delivered to everyone, but the archive move failed: retried by archive_due()."""
+        """Delivered to everyone, but the archive move failed: retried when History.delivered_due()
+        returns it."""
         for w in works:
             self.db.execute(
                 "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
@@ -420,7 +424,7 @@ class Ledger:
         return (cp["upto"], cp["head"]) if cp else (0, GENESIS)
 
     def _chain(self, mid):
-        """Append one archived record to the chain (the bulk path does this in _archived)."""
+        """Append one archived record to the chain (the bulk path does this in _record_archived)."""
         if self._head is None:
             self._head = self.head()
         seq, prev = self._head

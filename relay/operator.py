@@ -1,4 +1,5 @@
-"""What operators do beside the daemon: retry, expire, verify the archive, doctor."""
+"""What operators do beside the daemon: retry and expire (through the Ledger's writes), verify
+the archive and the hash chain, doctor, the agents table (through the History's reads)."""
 import getpass
 import hashlib
 import os

@@ -1,4 +1,5 @@
-"""Crash and power-loss recovery (SPEC section 3), run at start and after a failed step.
+"""Crash and power-loss recovery (SPEC section 3), run at every start (relay run, run --once)
+and after a failed step of the daemon's loop.
 
 Rows left processing go back to pending with their file put back in the spool wherever it was
 found (outbox, spool, archive, failed/); files in the spool, or in the latest days of the

@@ -1,4 +1,5 @@
-"""The values a batch passes between rooms: what a step did, and one claimed message on its way."""
+"""The values a batch passes between rooms: what a step did, one claimed message on its way, and
+the check that a claimed row is one this build can read."""
 import dataclasses
 import enum
 
