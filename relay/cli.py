@@ -245,7 +245,7 @@ def inbox(ctx, agent, show_all, ack, as_json):
     items = box.list(agent, include_cur=show_all)
     docs = []
     for where, path, doc in items:
-        if ack and where == "new":
+        if ack and where == "new" and "error" not in doc:     # an unreadable envelope is left for a person
             path = box.ack(path)
             where = "cur"
         docs.append({**doc, "state": where, "path": str(path)})
@@ -256,9 +256,10 @@ def inbox(ctx, agent, show_all, ack, as_json):
         click.echo(f"no {'messages' if show_all else 'new messages'} for {agent}")
     for d in docs:
         mark = "*" if d["state"] == "new" else " "
-        title = d.get("subject") or views.clip(d.get("body") or "", 60)
-        click.echo(f"{mark} {d.get('id')}  {d.get('sent_at', '')[:19]}  from {d.get('from')}  "
-                   f"[{d.get('kind')}{'/' + d['thread'] if d.get('thread') else ''}]  {title}")
+        title = views.clip(d.get("subject") or d.get("body") or d.get("error"), 60)
+        thread = f"/{views.plain(d['thread'])}" if d.get("thread") else ""
+        click.echo(f"{mark} {views.plain(d.get('id'))}  {views.plain(d.get('sent_at'))[:19]}  "
+                   f"from {views.plain(d.get('from'))}  [{views.plain(d.get('kind'))}{thread}]  {title}")
 
 
 @main.command()

@@ -25,7 +25,7 @@ def _audit_options(fn):
         click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago)."),
         click.option("--until", help="Discovered before (same forms as --since)."),
         click.option("--grep", help="Subject, body or file name contains TEXT (case-insensitive)."),
-        click.option("--limit", type=click.IntRange(1), default=None, help="At most N messages (default 50 in the table)."),
+        click.option("--limit", type=click.IntRange(1, 10**12), default=None, help="At most N messages (default 50 in the table)."),
     ]):
         fn = opt(fn)
     return fn

@@ -3,7 +3,9 @@
 An unknown key or a bad value raises ConfigError naming the key and where it came from.
 """
 import dataclasses
+import errno
 import os
+import stat
 import re
 import tomllib
 from pathlib import Path
@@ -157,6 +159,30 @@ def resolve_dirs(root=None, state_dir=None, env=None):
     return root, (root / state if state else None)
 
 
+def _read_toml(path):
+    """The parsed relay.toml, or None when there is none. Read without following a link and
+    without blocking on a FIFO: it lies where agents can write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ConfigError(f"{path} is a symbolic link; relay reads its configuration only from a plain "
+                              "file there") from None
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path} is not a regular file; relay reads its configuration only from a "
+                              "plain file there")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return tomllib.load(f)
+    except (tomllib.TOMLDecodeError, OSError) as e:
+        raise ConfigError(f"cannot read {path}: {e}") from None
+    finally:
+        os.close(fd)
+
+
 def load(root=None, state_dir=None, env=None, overrides=None):
     """Build the Config. `overrides` are flag values (None means not given)."""
     env = os.environ if env is None else env
@@ -167,16 +193,19 @@ def load(root=None, state_dir=None, env=None, overrides=None):
     # the file is looked for in the default state dir then.
     candidate = state or root / ".relay"
     toml_path = candidate / "relay.toml"
-    if toml_path.is_file():
-        try:
-            with open(toml_path, "rb") as f:
-                data = tomllib.load(f)
-        except (tomllib.TOMLDecodeError, OSError) as e:
-            raise ConfigError(f"cannot read {toml_path}: {e}") from None
+    data = _read_toml(toml_path)
+    if data is not None:
         values.update(_clean(data, str(toml_path)))
         sources.append(str(toml_path))
         if state is None and "state_dir" in values:
-            state = root / values["state_dir"]
+            where = Path(values["state_dir"])
+            # relay.toml lies where agents can write: from there the state directory may only
+            # move to another place inside the project.
+            if where.is_absolute() or ".." in where.parts:
+                raise ConfigError(f"bad value for 'state_dir' in {toml_path}: {values['state_dir']!r} must be a "
+                                  "relative path inside the project root (use --state-dir or "
+                                  "RELAY_STATE_DIR for any other place)")
+            state = root / where
     env_values = {k[len("RELAY_"):].lower(): v for k, v in env.items()
                   if k.startswith("RELAY_") and k not in ("RELAY_ROOT", "RELAY_STATE_DIR")}
     if env_values:

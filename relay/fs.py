@@ -181,6 +181,25 @@ class StateDir:
     def names(self, rel):
         return [e.name for e in self.scandir(rel)]
 
+    def count(self, rel, keep=lambda entry: True):
+        """How many entries of the directory at `rel` pass `keep` (0 when it is not one)."""
+        try:
+            return sum(1 for e in self.scandir(rel) if keep(e))
+        except OSError:
+            return 0
+
+    def walk_files(self, rel):
+        """Relative paths of every file under `rel` (not following links, never leaving it)."""
+        try:
+            entries = self.scandir(rel)
+        except OSError:
+            return
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                yield from self.walk_files(f"{rel}/{e.name}")
+            else:
+                yield f"{rel}/{e.name}"
+
     # -- files ------------------------------------------------------------------------------
 
     def lstat(self, rel):

@@ -88,6 +88,9 @@ def handle_errors(fn):
             return fn(*args, **kwargs)
         except (RelayError, OSError, sqlite3.Error) as e:
             raise click.ClickException(explain(e, _ledger_path(args))) from None
+        except UnicodeError as e:
+            raise click.ClickException(f"{e.object[e.start:e.end]!r} in an argument or on standard input is "
+                                       "not valid UTF-8; relay takes names, ids and text as UTF-8") from None
     return wrapper
 
 

@@ -165,7 +165,9 @@ class Inbox:
                 rel = f"inbox/{agent}/{sub}/{entry.name}"
                 try:
                     doc = orjson.loads(self.fs.read(rel, MAX_ENVELOPE_READ))
-                except (OSError, orjson.JSONDecodeError) as e:
+                    if not isinstance(doc, dict):
+                        raise ValueError("not a JSON object")
+                except (OSError, ValueError) as e:
                     doc = {"id": entry.name.split(".")[0], "error": f"unreadable envelope: {e}"}
                 out.append((sub, self.fs.abspath(rel), doc))
         return out

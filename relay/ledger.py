@@ -10,7 +10,10 @@ batch.
 import contextlib
 import enum
 import hashlib
+import os
 import sqlite3
+import stat
+import urllib.parse
 
 import orjson
 
@@ -110,6 +113,21 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 GENESIS = "0" * 64
 
 
+def _refuse_links(path):
+    """The ledger and its -wal and -shm lie where agents can write: a link there would make
+    SQLite write elsewhere. Refused, with what to do."""
+    for p in (path, f"{path}-wal", f"{path}-shm"):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else \
+                "not a regular file" if not stat.S_ISREG(st.st_mode) else "a file with other hard links"
+            raise LedgerError(f"{p} is {what}; relay never opens its ledger through one. Move the real "
+                              "ledger file there (no daemon running), or remove the link")
+
+
 def checksum(sql):
     return hashlib.sha256(sql.encode()).hexdigest()
 
@@ -129,10 +147,11 @@ class Ledger:
         self.readonly = readonly
         self.durability = durability
         self.busy_timeout_ms = busy_timeout_ms
+        _refuse_links(self.path)
         try:
             if readonly:
-                self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
-                                          check_same_thread=False)
+                self.db = sqlite3.connect(f"file:{urllib.parse.quote(self.path)}?mode=ro", uri=True,
+                                          isolation_level=None, check_same_thread=False)
             else:
                 self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self.db.row_factory = sqlite3.Row

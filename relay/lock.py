@@ -1,9 +1,37 @@
-"""One daemon per state directory: an flock on relay.lock, which holds the daemon's pid."""
+"""One daemon per state directory: an flock on relay.lock, which holds the daemon's pid.
+
+relay.lock lies where agents can write: it is opened without following a link and without
+blocking (a FIFO planted there), and used only while it is a regular file with no other link;
+anything else is refused with what to do, never truncated or written.
+"""
+import errno
 import fcntl
 import os
 import signal
+import stat
 
-from .errors import DaemonRunning
+from .errors import DaemonRunning, RelayError
+
+OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _checked(fd, path):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise RelayError(f"{path} is not a plain file of relay's ({'not a regular file' if not stat.S_ISREG(st.st_mode) else 'it has other hard links'}); "
+                         "relay never writes through it: remove it and start again")
+    return fd
+
+
+def _open(path, flags, mode=0o644):
+    try:
+        return _checked(os.open(path, flags | OPEN, mode), path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RelayError(f"{path} is a symbolic link; relay never writes through it: remove it and "
+                             "start again") from None
+        raise
 
 
 class DaemonLock:
@@ -12,7 +40,7 @@ class DaemonLock:
         self.fd = None
 
     def acquire(self):
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _open(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -48,8 +76,8 @@ class DaemonLock:
 def holder(path):
     """The pid of the running daemon, or None when no daemon holds the lock."""
     try:
-        fd = os.open(str(path), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd = _open(str(path), os.O_RDONLY)
+    except (FileNotFoundError, RelayError):
         return None
     try:
         try:
@@ -63,11 +91,11 @@ def holder(path):
         os.close(fd)
 
 
-def identity(path):
-    """(st_dev, st_ino) of the file at `path` (symlinks followed, as open() does), or None when
-    there is none."""
+def identity(path, follow=False):
+    """(st_dev, st_ino) of the file at `path` itself (a link is followed only when asked, as
+    for /proc/<pid>/fd/<n>), or None when there is none."""
     try:
-        st = os.stat(path)
+        st = os.stat(path) if follow else os.lstat(path)
     except OSError:
         return None
     return st.st_dev, st.st_ino
@@ -105,4 +133,4 @@ def _expects(pid, path, sig):
     except OSError:
         return True                                 # not ours to read: the signal check stands
     lock = identity(path)
-    return any(identity(f"/proc/{pid}/fd/{fd}") == lock for fd in fds)
+    return any(identity(f"/proc/{pid}/fd/{fd}", follow=True) == lock for fd in fds)

@@ -170,20 +170,18 @@ def doctor(history, layout, daemon_pid, now=None):
         if n:
             out.append(f"{n} message(s) left processing by a stopped relay; `relay run` recovers them")
     for row in history.archived():
-        if row["archive_path"] and not os.path.lexists(layout.state / row["archive_path"]):
+        if row["archive_path"] and not layout.fs.exists(row["archive_path"]):
             out.append(f"{row['id']}: archived file {row['archive_path']} is missing; `relay verify` for detail")
     for row in history.quarantined():
-        if not os.path.lexists(layout.state / row["failed_path"]):
+        if not layout.fs.exists(row["failed_path"]):
             out.append(f"{row['id']}: quarantined file {row['failed_path']} is missing; `relay expire` or ignore")
     known = history.recorded_paths()
-    for base in (layout.archive, layout.failed):
-        for dirpath, _, files in os.walk(base):
-            for f in files:
-                rel = os.path.relpath(os.path.join(dirpath, f), layout.state)
-                if rel.endswith(".error.json"):
-                    rel = rel[: -len(".error.json")]
-                if rel not in known:
-                    out.append(f"{rel}: a file no ledger record knows; move it away or delete it")
+    for base in ("archive", "failed"):
+        for rel in layout.fs.walk_files(base):
+            if base == "failed" and rel.endswith(".error.json"):
+                rel = rel[: -len(".error.json")]
+            if rel not in known:
+                out.append(f"{shown(rel)}: a file no ledger record knows; move it away or delete it")
     active = history.active_ids()
     for _, mid, _, rel in layout.spooled():
         if mid not in active:
@@ -202,13 +200,9 @@ def agents_report(history, layout, known):
     rows = []
     seen = {r["name"]: r for r in history.agents()}
     for name in sorted(set(known) | set(seen) | {"System"}):
-        box = layout.outbox / name
-        waiting = sum(1 for e in os.scandir(box) if e.is_file(follow_symlinks=False)
-                      and not is_in_progress_name(e.name)) if box.is_dir() else 0
-        counts = {}
-        for sub in ("new", "cur"):
-            d = layout.inbox / name / sub
-            counts[sub] = len(os.listdir(d)) if d.is_dir() else 0
+        waiting = layout.fs.count(f"outbox/{name}", lambda e: e.is_file(follow_symlinks=False)
+                                  and not is_in_progress_name(e.name))
+        counts = {sub: layout.fs.count(f"inbox/{name}/{sub}") for sub in ("new", "cur")}
         sent, received, err = history.agent_figures(name)
         rows.append({"agent": name, "outbox_waiting": waiting, "inbox_new": counts["new"], "inbox_cur": counts["cur"],
                      "last_seen": seen[name]["last_seen"] if name in seen else None, "sent": sent,

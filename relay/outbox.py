@@ -237,6 +237,13 @@ class Outbox:
         try:
             fd = self.fs.open_read(w.path)
         except OSError as e:
+            try:
+                st = self.fs.lstat(w.path)
+                if not stat.S_ISREG(st.st_mode):    # a link or a FIFO put in its place
+                    w.refused = not_regular(st)
+                    return
+            except OSError:
+                pass
             w.error = TransientError(f"cannot open the message: {e.strerror or e}")
             return
         try:

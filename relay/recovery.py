@@ -73,8 +73,19 @@ class Recovery:
         """Originals in the archive's latest days that no ledger row knows (the ledger lost
         them): moved back to the spool, to be delivered (idempotently) and archived again."""
         latest = self.history.latest_archived_at()
-        first_day = day_of(latest - ADOPT_LOOKBACK) if latest is not None else ""
         found = []
+        if latest is None:
+            # No archived row at all: a new ledger. If the archive holds originals the ledger was
+            # replaced or lost; delivering them all again would repeat what agents already read.
+            try:
+                archived = bool(self.fs.names("archive"))
+            except OSError:
+                archived = False
+            if archived:
+                log.warning("archive/ holds originals but the ledger records no archived message: was the "
+                            "ledger replaced? They are not delivered again; `relay doctor` lists them")
+            return found
+        first_day = day_of(latest - ADOPT_LOOKBACK)
         try:
             days = sorted(e.name for e in self.fs.scandir("archive") if e.is_dir(follow_symlinks=False)
                           and e.name >= first_day)

@@ -25,12 +25,16 @@ import concurrent.futures
 import ctypes
 import ctypes.util
 import errno
+import logging
 import os
 import struct
 import sys
 import threading
 
 from .errors import DurabilityError
+from .fs import Unsafe
+
+log = logging.getLogger(__name__)
 
 # statfs f_type of file systems whose syncfs(2) writes back every dirty page and inode.
 SYNCFS_HONOURED = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs"}
@@ -163,6 +167,11 @@ class Syncer:
                         jobs.append((self.state.open_dir(rel), f"{what} ({rel or '.'})"))
                     except FileNotFoundError:
                         continue    # removed since (an emptied archive day): nothing to make durable
+                    except Unsafe as e:
+                        # Swapped for a link by an agent since the batch changed it: what the batch
+                        # put there went away with the directory the agent moved.
+                        log.warning("%s; not synced", e.strerror)
+                        continue
                     except OSError as e:
                         raise DurabilityError(f"cannot open {rel} to sync it: {e.strerror or e}") from e
                 self._all(jobs)

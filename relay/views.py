@@ -44,8 +44,18 @@ def excerpt(row, width):
     return clip(text, width)
 
 
+_CONTROLS = {c: " " for c in range(32)} | {0x7F: " ", 0x1B: "\\e"} | {c: " " for c in range(0x80, 0xA0)} | {
+    c: " " for c in (0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E, 0x2066, 0x2067, 0x2068, 0x2069)}
+
+
+def plain(value):
+    """Any stored value as one line of plain text: no terminal escape or bidi control from a
+    message reaches the terminal."""
+    return ("" if value is None else str(value)).translate(_CONTROLS)
+
+
 def clip(text, width):
-    text = (text or "").replace("\n", " ").replace("\r", " ").replace("\t", " ")
+    text = plain(text)
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 

@@ -61,9 +61,9 @@ def test_an_empty_or_truncated_envelope_in_new_is_written_again(project, damage)
 def test_an_archived_file_with_no_row_is_delivered_once(project):
     relay = project.relay()
     project.drop("Ann", "m", "TO: Ben, Cy\n\npower")
+    project.drop("Cy", "other", "TO: Ann\n\nkept")
     relay.drain()
-    [row] = relay.history.audit()
-    mid = row["id"]
+    mid = next(r["id"] for r in relay.history.audit() if r["name"] == "m")
     (project.state / f"inbox/Cy/new/{mid}.json").unlink()       # Cy's copy never reached the disk
     db = relay.ledger.db
     for table, column in (("chain", "message_id"), ("events", "message_id"), ("deliveries", "message_id"),
@@ -76,7 +76,25 @@ def test_an_archived_file_with_no_row_is_delivered_once(project):
     once_each(project, mid)
     row = again.history.get(mid)
     assert row["status"] == "archived" and row["sender"] == "Ann" and row["name"] == "m"
-    assert len(project.files("archive")) == 1 and not project.files("spool")
+    assert len(project.files("archive")) == 2 and not project.files("spool")
+
+
+def test_a_new_ledger_beside_a_full_archive_delivers_nothing_again(project, caplog):
+    """The ledger deleted (or replaced): the archive's originals were delivered and read long
+    ago; relay warns and does not deliver them all again."""
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nonce")
+    relay.drain()
+    for p in (project.state / "inbox/Ben/new").iterdir():
+        p.unlink()                                  # read and deleted
+    relay.close()
+    project.relays.remove(relay)
+    for p in project.state.glob("ledger.sqlite*"):
+        p.unlink()
+    again = project.relay()
+    again.drain()
+    assert project.inbox("Ben") == [] and len(project.files("archive")) == 1
+    assert any("ledger records no archived message" in r.getMessage() for r in caplog.records)
 
 
 def test_a_spooled_file_whose_row_says_outbox_is_delivered_once(project):
