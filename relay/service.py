@@ -55,6 +55,8 @@ class Signals:
 
 
 class Daemon:
+    """`relay run`: one Relay, run by its loop inside this process."""
+
     def __init__(self, cfg, clock=time.time, lock=None):
         self.cfg = cfg
         self.relay = Relay(cfg, clock=clock)
