@@ -1,8 +1,9 @@
 import orjson
 import pytest
 
+from relay import config as config_mod
 from relay.errors import MessageRefused
-from relay.message import parse, resolve
+from relay.message import accept, parse, resolve
 
 MAX = 1024 * 1024
 
@@ -128,3 +129,46 @@ def test_resolve_system_and_unknown():
 def test_broadcast_with_nobody_else_refused():
     with pytest.raises(MessageRefused, match="no other agent"):
         resolve(p("TO: *\n\nx"), "Ann", {"Ann"})
+
+
+class Known:
+    """The known agents, counting how often they were asked for afresh."""
+
+    def __init__(self, names):
+        self.names, self.refreshed = set(names), 0
+
+    def __call__(self, refresh=False):
+        self.refreshed += bool(refresh)
+        return self.names
+
+
+def accepted(text, known, tmp_path, name="msg", **config):
+    cfg = config_mod.load(tmp_path, ".relay", env={}, overrides=config)
+    return accept(text.encode(), name, "Ann", known, cfg, mid="01JAAAAAAAAAAAAAAAAAAAAAAA", sent_at=0.0,
+                  relayed_at=1.0, sha256="0" * 64)
+
+
+def test_accept_gives_the_recipients_and_the_envelope(tmp_path):
+    known = Known({"Ann", "Ben", "Cy"})
+    a = accepted("TO: *\nSUBJECT: s\n\nhello", known, tmp_path)
+    assert a.recipients == ["Ben", "Cy"] and a.created == [] and known.refreshed == 0
+    env = orjson.loads(a.envelope)
+    assert env["to"] == ["*"] and env["from"] == "Ann" and env["body"] == "hello" and env["source"] == "msg"
+
+
+def test_accept_asks_again_for_an_unknown_name_then_refuses_it_or_creates_it(tmp_path):
+    known = Known({"Ann", "Ben"})
+    with pytest.raises(MessageRefused, match="unknown recipient Zed") as e:
+        accepted("TO: Zed\nSUBJECT: s\n\nx", known, tmp_path)
+    assert known.refreshed == 1 and e.value.parsed.subject == "s"       # what the ledger records
+    assert accepted("TO: Zed\n\nx", known, tmp_path, unknown_recipient="create").created == ["Zed"]
+
+
+def test_accept_refuses_a_cwd_outside_the_project(tmp_path):
+    with pytest.raises(MessageRefused, match="CWD '../x' is outside the project root") as e:
+        accepted("CWD: ../x\nNAME: Dana\n\nstart", Known({"Ann"}), tmp_path, name="spawn")
+    assert e.value.parsed.kind == "spawn" and e.value.parsed.control["cwd"] == "../x"
+    with pytest.raises(MessageRefused, match="the file is empty") as e:
+        accepted("", Known({"Ann"}), tmp_path)
+    assert e.value.parsed is None
+
