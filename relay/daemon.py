@@ -513,4 +513,3 @@ class Relay:
         self.outbox.settle = config.settle
         self.syncer.durable = config.durability == "full"
         self.ledger.set_durability(config.durability)
-

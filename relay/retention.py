@@ -90,4 +90,3 @@ def sweep_all_before(ledger, archive, now, cutoff, dry_run=False):
         total.ids += r.ids
         if not r.more:
             return total
-

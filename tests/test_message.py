@@ -171,4 +171,3 @@ def test_accept_refuses_a_cwd_outside_the_project(tmp_path):
     with pytest.raises(MessageRefused, match="the file is empty") as e:
         accepted("", Known({"Ann"}), tmp_path)
     assert e.value.parsed is None
-
