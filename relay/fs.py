@@ -248,9 +248,12 @@ class StateDir:
             os.unlink(name, dir_fd=dfd)
             return os.open(name, CREATE_FLAGS, mode, dir_fd=dfd)
 
-    def put(self, rel, data, mode=0o644, fsync=os.fsync):
+    def put(self, rel, data, mode=0o644, fsync=None):
         """Write a whole new file at `rel` durably and atomically: a hidden temporary beside it,
-        written in full, synced, renamed into place, the directory synced."""
+        written in full, synced, renamed into place, the directory synced. `fsync`: the sync
+        to use (default: the platform's, F_FULLFSYNC on macOS); False syncs nothing."""
+        if fsync is None:
+            from .sync import default_fsync as fsync
         parts = split(rel)
         tmp = "/".join(parts[:-1] + [f".{parts[-1]}.tmp"])
         fd = self.create(tmp, mode, make_parents=True)
