@@ -7,7 +7,6 @@ import datetime
 import functools
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile

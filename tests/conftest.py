@@ -182,3 +182,22 @@ def project(tmp_path, clock):
             r.close()
         except Exception:
             pass
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """The CLI in-process on a project at tmp_path; a traceback in the output fails the test."""
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    runner = CliRunner()
+
+    def run(*args, input=None, ok=True):
+        result = runner.invoke(main, ["--root", str(tmp_path), *args], input=input, catch_exceptions=False)
+        if ok:
+            assert result.exit_code == 0, result.output
+        assert "Traceback" not in result.output
+        return result
+    run.root = tmp_path
+    run.state = tmp_path / ".relay"
+    return run

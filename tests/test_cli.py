@@ -10,19 +10,6 @@ from click.testing import CliRunner
 from relay.cli import main
 
 
-@pytest.fixture
-def cli(tmp_path):
-    runner = CliRunner()
-
-    def run(*args, input=None, ok=True):
-        result = runner.invoke(main, ["--root", str(tmp_path), *args], input=input, catch_exceptions=False)
-        if ok:
-            assert result.exit_code == 0, result.output
-        assert "Traceback" not in result.output
-        return result
-    run.root = tmp_path
-    run.state = tmp_path / ".relay"
-    return run
 
 
 def drop(cli, sender, name, text):

@@ -10,10 +10,8 @@ import sys
 import time
 
 import pytest
-from click.testing import CliRunner
 
 from relay import config as config_mod
-from relay.cli import main
 from relay.daemon import Relay
 from relay.errors import StateLost
 from relay.history import History
@@ -23,19 +21,6 @@ from relay.service import Daemon
 from test_daemon_e2e import daemon, rename_in, wait_for  # noqa: F401  (daemon: the fixture)
 
 
-@pytest.fixture
-def cli(tmp_path):
-    runner = CliRunner()
-
-    def run(*args, input=None, ok=True):
-        result = runner.invoke(main, ["--root", str(tmp_path), *args], input=input, catch_exceptions=False)
-        if ok:
-            assert result.exit_code == 0, result.output
-        assert "Traceback" not in result.output
-        return result
-    run.root = tmp_path
-    run.state = tmp_path / ".relay"
-    return run
 
 
 def tree(path):
