@@ -17,7 +17,7 @@ import threading
 import time
 
 from . import retention
-from .archive import Archive, check_rel, day_of
+from .archive import Archive, day_of
 from .config import SYSTEM
 from .errors import DurabilityError, MessageRefused, TransientError
 from .fs import shown
@@ -30,7 +30,7 @@ from .message import accept
 from .outbox import Outbox, ignore_lease_breaks
 from .recovery import Recovery
 from .sync import Syncer
-from .work import Counts, Outcome, Work, unreadable
+from .work import Counts, Outcome, Work, backoff, unreadable
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ BATCH = 256              # messages claimed per transaction
 SCAN_BUDGET = 2048       # files registered per step
 SWEEP_BATCH = retention.BATCH
 ORPHAN_INTERVAL = 3600.0  # seconds between two removals of orphaned inbox tmp/ files
-MAX_BACKOFF = 300.0      # the longest wait between two attempts
 DRAIN_PATIENCE = 10.0    # run --once waits this long for files that make no progress
 DRAIN_MIN_WAIT = 0.05
 DRAIN_DUE = 1.0          # run --once waits for a message due within this long (or settle, if longer)
@@ -47,11 +46,6 @@ MAX_IDLE = 3600.0        # the longest the daemon's loop waits when nothing is d
 CHECK_EVERY = 1.0        # while the loop waits, seconds between two calls of the process's check
 STEP_PAUSE = 1.0         # the wait after a failed step, doubled for each failure in a row
 MAX_STEP_PAUSE = 60.0    # and at most this
-
-
-def backoff(base, retries, cap=MAX_BACKOFF):
-    """Seconds before the next attempt after `retries` failed ones: doubling, capped."""
-    return min(base * 2 ** min(retries, 30), cap)
 
 
 class Relay:
@@ -363,28 +357,7 @@ class Relay:
         return good
 
     def _retry_archive(self, now, counts):
-        """Archive moves that failed after delivery (disk full, permissions) are tried again."""
-        done, retry = [], []
-        for row in self.history.delivered_due(now, self.batch):
-            rel = row["archive_path"] or self.layout.archive_rel(day_of(now), row["sender"], row["id"], row["name"])
-            spool = self.layout.spool_rel(row["sender"], row["id"], row["name"])
-            try:
-                if self.fs.exists(spool):
-                    self.archive.store(spool, rel)
-                elif not self.fs.exists(check_rel(rel, "archive")):
-                    raise FileNotFoundError(2, "the original is in neither the spool nor the archive")
-                done.append((row["id"], rel))
-            except OSError as e:
-                retry.append((row["id"], f"archive: {e.strerror or e}",
-                              now + backoff(self.config.retry_backoff, row["retries"] + 1), row["retries"] + 1))
-        if done or retry:
-            try:
-                self.syncer.flush("archive directories")
-            except DurabilityError as e:
-                retry += [(mid, str(e), now + MAX_BACKOFF, 0) for mid, _ in done]
-                done = []
-            self.ledger.archived_late(now, done, retry)
-            counts.archived += len(done)
+        counts.archived += self.recovery.retry_archive(now, self.batch, self.config.retry_backoff)
         nxt = self.history.next_archive_due()
         self._next_archive_retry = nxt if nxt is not None else float("inf")
 

@@ -7,7 +7,8 @@ A History reads through a Ledger's connection: the relay's own (so the loop read
 writes left), or one a read-only verb opened beside a running daemon.
 """
 from .errors import NotFound, RelayError
-from .ledger import GENESIS, MIGRATIONS, STATUSES, Status, chain_hash, checksum
+from .ledger import GENESIS, STATUSES, Status, chain_hash, checksum
+from .schema import MIGRATIONS
 
 CHUNK = 500         # ids per `IN (...)` query
 

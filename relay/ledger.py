@@ -18,6 +18,7 @@ import urllib.parse
 import orjson
 
 from .errors import LedgerError, SchemaError
+from .schema import MIGRATIONS, SCHEMA_VERSION
 
 
 class Status(str, enum.Enum):
@@ -33,83 +34,6 @@ class Status(str, enum.Enum):
 
 STATUSES = tuple(s.value for s in Status)
 
-MIGRATIONS = [
-    (1, "initial schema", """
-CREATE TABLE messages (
-    id              TEXT PRIMARY KEY,
-    sender          TEXT NOT NULL,
-    name            TEXT NOT NULL,
-    status          TEXT NOT NULL,
-    spooled         INTEGER NOT NULL DEFAULT 0,
-    recipients      TEXT,
-    kind            TEXT,
-    thread          TEXT,
-    subject         TEXT,
-    body            TEXT,
-    headers         TEXT,
-    size            INTEGER,
-    sha256          TEXT,
-    sent_at         REAL,
-    discovered_at   REAL NOT NULL,
-    claimed_at      REAL,
-    delivered_at    REAL,
-    archived_at     REAL,
-    failed_at       REAL,
-    retries         INTEGER NOT NULL DEFAULT 0,
-    attempts        INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at REAL NOT NULL DEFAULT 0,
-    error           TEXT,
-    archive_path    TEXT,
-    failed_path     TEXT
-);
-CREATE UNIQUE INDEX messages_unclaimed_path ON messages(sender, name)
-    WHERE spooled = 0 AND status IN ('pending', 'processing');
-CREATE INDEX messages_due ON messages(status, next_attempt_at, id);
-CREATE INDEX messages_archived_at ON messages(archived_at) WHERE status = 'archived';
-CREATE INDEX messages_failed_at ON messages(failed_at) WHERE status = 'failed';
-CREATE INDEX messages_thread ON messages(thread, id);
-CREATE INDEX messages_sender ON messages(sender, id);
-CREATE TABLE deliveries (
-    message_id   TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-    recipient    TEXT NOT NULL,
-    delivered_at REAL NOT NULL,
-    PRIMARY KEY (message_id, recipient)
-) WITHOUT ROWID;
-CREATE INDEX deliveries_recipient ON deliveries(recipient, message_id);
-CREATE TABLE events (
-    seq        INTEGER PRIMARY KEY,
-    message_id TEXT,
-    at         REAL NOT NULL,
-    event      TEXT NOT NULL,
-    detail     TEXT,
-    actor      TEXT NOT NULL DEFAULT 'relay'
-);
-CREATE INDEX events_message ON events(message_id, seq);
-CREATE TABLE agents (
-    name       TEXT PRIMARY KEY,
-    first_seen REAL NOT NULL,
-    last_seen  REAL NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE chain (
-    seq        INTEGER PRIMARY KEY,
-    message_id TEXT NOT NULL UNIQUE,
-    hash       TEXT NOT NULL
-);
-CREATE TABLE checkpoints (
-    seq     INTEGER PRIMARY KEY,
-    at      REAL NOT NULL,
-    upto    INTEGER NOT NULL,
-    head    TEXT NOT NULL,
-    removed INTEGER NOT NULL
-);
-"""),
-    (2, "per-recipient deliveries", """
-ALTER TABLE deliveries ADD COLUMN size INTEGER;
-ALTER TABLE deliveries ADD COLUMN sha256 TEXT;
-ALTER TABLE messages ADD COLUMN failing_since REAL;
-"""),
-]
-SCHEMA_VERSION = MIGRATIONS[-1][0]
 GENESIS = "0" * 64
 
 

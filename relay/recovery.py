@@ -9,9 +9,11 @@ one already is recognised); orphaned inbox tmp/ files are removed.
 import logging
 
 from .archive import check_rel, day_of
+from .errors import DurabilityError
 from .fs import shown
 from .inbox import ORPHAN_AGE
 from .layout import valid_agent, valid_id
+from .work import MAX_BACKOFF, backoff
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,31 @@ class Recovery:
         self.archive = archive
         self.inbox = inbox
         self.syncer = syncer
+
+    def retry_archive(self, now, limit, base):
+        """Archive moves that failed after delivery (disk full, permissions) tried again.
+        Returns how many were archived now."""
+        done, retry = [], []
+        for row in self.history.delivered_due(now, limit):
+            rel = row["archive_path"] or self.layout.archive_rel(day_of(now), row["sender"], row["id"], row["name"])
+            spool = self.layout.spool_rel(row["sender"], row["id"], row["name"])
+            try:
+                if self.fs.exists(spool):
+                    self.archive.store(spool, rel)
+                elif not self.fs.exists(check_rel(rel, "archive")):
+                    raise FileNotFoundError(2, "the original is in neither the spool nor the archive")
+                done.append((row["id"], rel))
+            except OSError as e:
+                retry.append((row["id"], f"archive: {e.strerror or e}", now + backoff(base, row["retries"] + 1),
+                              row["retries"] + 1))
+        if done or retry:
+            try:
+                self.syncer.flush("archive directories")
+            except DurabilityError as e:
+                retry += [(mid, str(e), now + MAX_BACKOFF, 0) for mid, _ in done]
+                done = []
+            self.ledger.archived_late(now, done, retry)
+        return len(done)
 
     def recover(self, now):
         """Put back in the flow what a stopped relay left; returns the number of messages

@@ -6,6 +6,14 @@ import enum
 from .layout import valid_agent
 
 
+MAX_BACKOFF = 300.0      # the longest wait between two attempts
+
+
+def backoff(base, retries, cap=MAX_BACKOFF):
+    """Seconds before the next attempt after `retries` failed ones: doubling, capped."""
+    return min(base * 2 ** min(retries, 30), cap)
+
+
 class Outcome(str, enum.Enum):
     """What became of a claimed message in one batch (the ledger records each kind)."""
     ARCHIVED = "archived"       # delivered to every recipient, original archived

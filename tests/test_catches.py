@@ -10,7 +10,7 @@ import os
 import pytest
 
 from relay import operator
-from relay.daemon import MAX_BACKOFF, backoff
+from relay.work import MAX_BACKOFF, backoff
 from relay.fs import StateDir
 from relay.outbox import HEADER_ALLOWANCE
 
