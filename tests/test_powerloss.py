@@ -216,3 +216,30 @@ def test_an_fsync_error_on_new_fails_the_message_and_is_not_retried(project):
     assert counts.failed == 1 and counts.retried == 0 and counts.archived == 0
     assert row["status"] == "failed" and "Input/output error" in row["error"]
     assert relay.history.deliveries(row["id"]) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
+def test_a_deferred_message_is_durable_in_the_spool_before_the_record_says_so(project):
+    """A file taken into the spool and found still open for writing stays there; the ledger
+    records it as spooled only after both directories of the custody rename are synced."""
+    relay = project.relay(sync_mode="file")
+    synced = []
+    relay.syncer.fsync = recording_fsync(synced)
+    real_record, real_rename = relay.ledger.record, relay.fs.rename
+    relay.ledger.record = lambda *a, **k: (synced.append("RECORD"), real_record(*a, **k))[1]
+    held = []
+
+    def rename(src, dst, **k):
+        real_rename(src, dst, **k)
+        if src.startswith("outbox/"):
+            held.append(open(project.state / dst, "a"))
+
+    relay.fs.rename = rename
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    try:
+        assert relay.step().deferred == 1
+    finally:
+        held[0].close()
+    state = str(project.state.resolve())
+    before = [p[len(state) + 1:] for p in synced[:synced.index("RECORD")] if p.startswith(state)]
+    assert "spool/Ann" in before and "outbox/Ann" in before, before
