@@ -243,3 +243,28 @@ def test_a_deferred_message_is_durable_in_the_spool_before_the_record_says_so(pr
     state = str(project.state.resolve())
     before = [p[len(state) + 1:] for p in synced[:synced.index("RECORD")] if p.startswith(state)]
     assert "spool/Ann" in before and "outbox/Ann" in before, before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
+def test_a_late_archive_move_syncs_both_directories_before_the_record(project, clock):
+    relay = project.relay(sync_mode="file", retry_backoff="1s")
+    real_store = relay.archive.store
+
+    def full(src, rel):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    relay.archive.store = full
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.step()
+    relay.archive.store = real_store
+    synced = []
+    relay.syncer.fsync = recording_fsync(synced)
+    real = relay.ledger.archived_late
+    relay.ledger.archived_late = lambda *a, **k: (synced.append("RECORD"), real(*a, **k))[1]
+    relay.step(clock.advance(60))
+    [row] = relay.history.audit()
+    assert row["status"] == "archived"
+    state = str(project.state.resolve())
+    before = [p[len(state) + 1:] for p in synced[:synced.index("RECORD")] if p.startswith(state)]
+    day = row["archive_path"].split("/")[1]
+    assert "spool/Ann" in before and f"archive/{day}/Ann" in before, before
