@@ -215,6 +215,8 @@ def send(ctx, sender, to, kind, thread, subject, body):
         lines.append(f"{key}: {value}")
     data = ("\n".join(lines) + "\n\n" + body).encode("utf-8")
     layout = ctx.layout
+    if not layout.state.is_dir():
+        raise RelayError(f"no relay state directory at {layout.state}: run `relay init` in the project first")
     name = f"msg-{IdGenerator().new(time.time()).lower()}"
     layout.fs.put(f"outbox/{sender}/{name}", data)
     click.echo(str(layout.outbox / sender / name))

@@ -55,7 +55,7 @@ class Relay:
         self.config = config
         self.clock = clock
         self.batch = batch
-        self.layout = Layout(config.root, config.state_dir)
+        self.layout = Layout(config.root, config.state_dir).create()
         self.fs = self.layout.fs
         self.syncer = Syncer(config.durability, self.fs, mode=sync_mode, fsync=fsync)
         self.fs.on_dir_created = self.syncer.dir_changed

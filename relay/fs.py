@@ -80,7 +80,6 @@ class StateDir:
 
     def __init__(self, path, on_dir_created=None):
         self.path = str(path)
-        os.makedirs(self.path, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._dirs = {"": self.fd}
         # Called with the relative path of a directory whose entries changed because relay

@@ -49,6 +49,7 @@ class Layout:
 
     @property
     def fs(self):
+        """The confined file system of the state directory (which must exist: `create()`)."""
         if self._fs is None:
             self._fs = StateDir(self.state)
         return self._fs
@@ -58,10 +59,16 @@ class Layout:
             self._fs.close()
             self._fs = None
 
+    def create(self):
+        """Make the state directory itself (the operator chose where it is)."""
+        os.makedirs(self.state, exist_ok=True)
+        return self
+
     def init(self, agents=()):
         """Create the layout and each agent's outbox and inbox. Idempotent. A place that is a
         symbolic link (or not a directory) is left as it is and returned as a problem: the
         steps that use it wait until it is a directory again."""
+        self.create()
         problems = []
         for rel in ["outbox", "inbox", "archive", "failed", "spool"] + [f"outbox/{a}" for a in agents] + [
                 f"inbox/{a}/{sub}" for a in (SYSTEM, *agents) for sub in ("tmp", "new", "cur")]:
