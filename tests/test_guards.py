@@ -4,6 +4,7 @@ operator verbs that wake a running daemon."""
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -326,12 +327,17 @@ def test_wake_signals_no_one_when_no_daemon_holds_the_lock(tmp_path):
 
 HOLDER = """
 import fcntl, os, signal, sys
-if sys.argv[2] == "catches":
-    signal.signal(signal.SIGUSR1, lambda *_: print("woken", flush=True))
+catches = sys.argv[2] == "catches"
+if catches:
+    signal.signal(signal.SIGUSR1, lambda *_: None)              # caught, as `relay run` does
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # and kept pending for sigwait
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.write(fd, f"{os.getpid()}\\n".encode())
 print("held", flush=True)
+if catches:
+    signal.sigwait({signal.SIGUSR1})
+    print("woken", flush=True)
 sys.stdin.read()
 """
 
@@ -392,9 +398,10 @@ def test_wake_leaves_another_users_daemon_alone_without_failing(tmp_path):
             _, status = os.waitpid(pid, 0)
             with os.fdopen(r) as f:
                 assert f.read() == "None" and status == 0
+            os.kill(child.pid, signal.SIGUSR1)             # alive, still waiting: release it
+            assert child.stdout.readline() == "woken\n"
             child.stdin.close()
             assert child.wait(timeout=15) == 0
-            assert child.stdout.read() == ""                # never woken
         finally:
             if child.poll() is None:
                 child.kill()
