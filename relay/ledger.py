@@ -88,6 +88,8 @@ class Ledger:
                 self.set_durability(durability)
             self._migrate()
         except sqlite3.DatabaseError as e:
+            if getattr(self, "db", None) is not None:
+                self.db.close()         # no file descriptor left open on a ledger refused
             raise LedgerError.opening(self.path, e) from None
         self._head = None
 
