@@ -13,13 +13,14 @@ import collections
 import hashlib
 import itertools
 import logging
+import sqlite3
 import threading
 import time
 
 from . import retention
 from .archive import Archive, day_of
 from .config import SYSTEM
-from .errors import DurabilityError, MessageRefused, TransientError
+from .errors import DurabilityError, LedgerCorrupt, MessageRefused, TransientError, sqlite_cause
 from .fs import shown
 from .history import History
 from .ids import IdGenerator
@@ -445,16 +446,24 @@ class Relay:
             counts = self.step()
             self.failures = 0
             return counts
+        except sqlite3.DatabaseError as e:
+            if sqlite_cause(e) == "corrupt":      # no wait mends it: stop with what to do
+                raise LedgerCorrupt(self.ledger.path, e) from None
+            return self._failed_step()
         except Exception:  # noqa: BLE001 - the daemon must outlive any one bad moment
-            pause = backoff(self.step_pause, self.failures, MAX_STEP_PAUSE)
-            log.exception("the relay step failed; retrying in %.0fs", pause)
-            self.wake.wait(pause)
-            self.failures += 1
-            try:
-                self.recover()
-            except Exception:  # noqa: BLE001
-                log.exception("recovery after the failed step failed too; will try again")
-            return Counts()
+            return self._failed_step()
+
+    def _failed_step(self):
+        """Log the failure (with its traceback: it was not foreseen), wait, recover."""
+        pause = backoff(self.step_pause, self.failures, MAX_STEP_PAUSE)
+        log.exception("the relay step failed; retrying in %.0fs", pause)
+        self.wake.wait(pause)
+        self.failures += 1
+        try:
+            self.recover()
+        except Exception:  # noqa: BLE001
+            log.exception("recovery after the failed step failed too; will try again")
+        return Counts()
 
     def _idle(self, timeout, stop, check):
         """Wait until woken, stopped or `timeout` passes, calling `check()` every CHECK_EVERY."""

@@ -409,3 +409,20 @@ def test_wake_leaves_another_users_daemon_alone_without_failing(tmp_path):
             child.stdout.close()
     finally:
         shutil.rmtree(shared)
+
+
+def test_a_ledger_damaged_under_a_running_daemon_stops_it_with_what_to_do(project):
+    """No wait mends a damaged ledger: the loop's step raises LedgerCorrupt (one line, exit 1
+    from `relay run`) instead of retrying forever with a traceback."""
+    import sqlite3
+
+    from relay.errors import LedgerCorrupt
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+
+    def damaged(*a, **k):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    relay.ledger.record = damaged
+    with pytest.raises(LedgerCorrupt, match="is damaged .* the archive and inboxes are intact"):
+        relay.guarded_step()
