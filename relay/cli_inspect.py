@@ -85,7 +85,7 @@ def show(ctx, message_id, as_json):
         box = Inbox(layout, None)
         paths = {}
         for d in deliveries:
-            held = box.holder(d["recipient"], row["id"], thorough=True)
+            held = box.holder(d["recipient"], row["id"])
             paths[d["recipient"]] = str(held) if held else None
         body = row["body"]
         if as_json:

@@ -163,13 +163,6 @@ class StateDir:
         self._trim()
         self.dir(rel, create=True)
 
-    def isdir(self, rel):
-        try:
-            self.dir(rel)
-            return True
-        except OSError:
-            return False
-
     def scandir(self, rel):
         """The entries of the directory at `rel` (DirEntry objects; their .path is the name)."""
         self._trim()

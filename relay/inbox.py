@@ -117,14 +117,7 @@ class Inbox:
 
     def held(self, recipient, w):
         """(size, sha256) of a complete envelope of this message the recipient holds, or None."""
-        name = f"{w.id}.json"
-        candidates = [f"inbox/{recipient}/new/{name}"]
-        try:
-            candidates += [f"inbox/{recipient}/cur/{n}" for n in self.fs.names(f"inbox/{recipient}/cur")
-                           if n.startswith(name)]
-        except OSError:
-            pass
-        for rel in candidates:
+        for rel in self._copies(recipient, w.id):
             try:
                 data = self.fs.read(rel, MAX_ENVELOPE_READ)
                 doc = orjson.loads(data)
@@ -136,20 +129,22 @@ class Inbox:
 
     # -- readers ----------------------------------------------------------------------------
 
-    def holder(self, recipient, mid, thorough=True):
-        """The path of an envelope of this id the recipient holds (new/ or, when thorough,
-        cur/), or None. For people (relay show): it does not check the content."""
+    def _copies(self, recipient, mid):
+        """Relative paths where the recipient may hold this message: new/, then cur/ (listed
+        only when asked for)."""
         name = f"{mid}.json"
-        if self.fs.exists(f"inbox/{recipient}/new/{name}"):
-            return self.fs.abspath(f"inbox/{recipient}/new/{name}")
-        if thorough:
-            try:
-                for n in self.fs.names(f"inbox/{recipient}/cur"):
-                    if n.startswith(name):
-                        return self.fs.abspath(f"inbox/{recipient}/cur/{n}")
-            except OSError:
-                pass
-        return None
+        yield f"inbox/{recipient}/new/{name}"
+        try:
+            names = self.fs.names(f"inbox/{recipient}/cur")
+        except OSError:
+            return
+        yield from (f"inbox/{recipient}/cur/{n}" for n in names if n.startswith(name))
+
+    def holder(self, recipient, mid):
+        """The path of an envelope of this id the recipient holds, or None. For people (relay
+        show): it does not check the content."""
+        rel = next((r for r in self._copies(recipient, mid) if self.fs.exists(r)), None)
+        return None if rel is None else self.fs.abspath(rel)
 
     def list(self, agent, include_cur=False):
         """(sub, path, envelope) of an agent's messages, oldest first."""

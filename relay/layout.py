@@ -125,9 +125,6 @@ class Layout:
         again after a power loss."""
         return f"spool/{sender}/{message_id}--{fit(name)}"
 
-    def spool_path(self, sender, message_id, name):
-        return f"{self.state}/{self.spool_rel(sender, message_id, name)}"
-
     def spooled(self):
         """(sender, id, name, rel) of every file in the spool whose name relay made. Anything
         else there (a planted link, an odd name) is skipped and logged, never fatal."""
