@@ -1,19 +1,22 @@
 """relay: a filesystem outbox relay for teams of agents.
 
-The public API: `load()` a Config, open a Relay on it and `step()`, `drain()` or `run()` it.
+For agents: `Agent(name)` sends, reads, waits and replies (api.py).
+For running relay: `load()` a Config, open a Relay on it and `step()`, `drain()` or `run()` it.
 What a step did comes back as Counts, a message's state is a Status, and every failure relay
 foresees is a RelayError or one of its children. Everything else is inside.
 """
 __version__ = "0.1.0"
 
+from .api import Agent, Project, Received, agents  # noqa: E402
 from .config import Config, load  # noqa: E402
 from .daemon import Relay  # noqa: E402
 from .errors import (ConfigError, DaemonRunning, DurabilityError, InvalidName, LedgerCorrupt,  # noqa: E402
-                     LedgerError, MessageRefused, NotFound, RelayError, SchemaError, StateLost,
-                     TransientError)
+                     LedgerError, MessageRefused, NotFound, NotInProject, RelayError, SchemaError,
+                     StateLost, TransientError, UnknownAgent)
 from .ledger import Status  # noqa: E402
 from .work import Counts  # noqa: E402
 
-__all__ = ["__version__", "Config", "load", "Relay", "Counts", "Status",
+__all__ = ["__version__", "Agent", "Project", "Received", "agents", "Config", "load", "Relay", "Counts", "Status",
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",
-           "StateLost", "MessageRefused", "TransientError", "DurabilityError", "InvalidName", "NotFound"]
+           "StateLost", "MessageRefused", "TransientError", "DurabilityError", "InvalidName", "NotFound",
+           "NotInProject", "UnknownAgent"]

@@ -1,7 +1,7 @@
 """The `relay` command: the click group and what every verb shares (the Context, JSON output, a
-verdict's exit code); the verbs that run relay or change something (init, run, send, inbox,
-sweep, retry, expire), status, demo and bench. The verbs that only look at the ledger are in
-cli_inspect.py; guards.py checks names and turns a failure into one line (exit 1). The only
+verdict's exit code); the verbs that run relay or change something (init, run, sweep, retry,
+expire), status, demo and bench. The agents' verbs (send, inbox, read) are in cli_agent.py, the
+verbs that only look at the ledger in cli_inspect.py; guards.py checks names and turns a failure into one line (exit 1). The only
 place that sets up logging."""
 import datetime
 import functools
@@ -18,16 +18,14 @@ import orjson
 
 from . import __version__, config as config_mod
 from .daemon import DRAIN_PATIENCE, Relay
-from .errors import NotFound, RelayError
-from .guards import agent_name, checked, duration, handle_errors, recipient_names, sender_name
-from .ids import IdGenerator
+from .errors import NotInProject, RelayError
+from .guards import checked, duration, handle_errors, sender_name
 from .inbox import Inbox
-from .fs import Unsafe, shown
+from .fs import shown
 from .history import History
 from .layout import Layout
 from .ledger import STATUSES, Ledger, Status
 from .lock import DaemonLock, holder, wake
-from .sync import Syncer
 from . import views
 
 EXIT_LEFT = 3       # run --once finished but left files that made no progress (held open, changing)
@@ -64,12 +62,19 @@ class Context:
     def __init__(self, root, state_dir, overrides=None):
         self.root, self.state_dir = root, state_dir
         self.overrides = overrides or {}
+        self.new_project = False    # relay init: the current directory when no project is found
         self._cfg = None
 
     @property
     def cfg(self):
         if self._cfg is None:
-            self._cfg = config_mod.load(self.root, self.state_dir, overrides=self.overrides)
+            try:
+                root = config_mod.discover(self.root, self.state_dir)
+            except NotInProject:
+                if not self.new_project:
+                    raise
+                root = None
+            self._cfg = config_mod.load(root, self.state_dir, overrides=self.overrides)
         return self._cfg
 
     @property
@@ -142,7 +147,9 @@ def main(ctx, root, state_dir):
 @pass_ctx
 @handle_errors
 def init(ctx, agents):
-    """Create the layout (idempotent), with an outbox and inbox for each agent."""
+    """Create the layout (idempotent), with an outbox and inbox for each agent. In a
+    directory inside a project, that project; elsewhere, the current directory."""
+    ctx.new_project = True
     cfg = ctx.cfg
     layout = Layout(cfg.root, cfg.state_dir)
     problems = layout.init(agents)
@@ -188,79 +195,6 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
             return
         from .service import serve
         sys.exit(serve(cfg, {k: v for k, v in ctx.overrides.items() if v is not None}, lock))
-
-
-@main.command()
-@click.option("--from", "sender", required=True, callback=checked(sender_name),
-              help="The sending agent (its outbox).")
-@click.option("--to", "to", required=True, callback=checked(recipient_names),
-              help="Recipient(s): NAME[,NAME...], '*' or System.")
-@click.option("--kind", help="Message kind (default: message).")
-@click.option("--thread", help="Thread id.")
-@click.option("--subject", help="Subject line.")
-@click.argument("body", required=False)
-@pass_ctx
-@handle_errors
-def send(ctx, sender, to, kind, thread, subject, body):
-    """Drop a message atomically into SENDER's outbox and print its path. BODY '-' reads stdin."""
-    if body is None or body == "-":
-        body = sys.stdin.read()
-    headers = [("TO", to), ("KIND", kind), ("THREAD", thread), ("SUBJECT", subject)]
-    lines = []
-    for key, value in headers:
-        if value is None:
-            continue
-        if "\n" in value or "\r" in value:
-            fail(f"--{key.lower()} must be one line")
-        lines.append(f"{key}: {value}")
-    data = ("\n".join(lines) + "\n\n" + body).encode("utf-8")
-    layout = ctx.layout
-    if not layout.state.is_dir():
-        raise RelayError(f"no relay state directory at {layout.state}: run `relay init` in the project first")
-    name = f"msg-{IdGenerator().new(time.time()).lower()}"
-    layout.fs.put(f"outbox/{sender}/{name}", data)
-    click.echo(str(layout.outbox / sender / name))
-
-
-@main.command()
-@click.argument("agent", callback=checked(agent_name))
-@click.option("--all", "show_all", is_flag=True, help="Include messages already taken (cur/).")
-@click.option("--ack", is_flag=True, help="Take the new messages: move them new/ -> cur/.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_ctx
-@handle_errors
-def inbox(ctx, agent, show_all, ack, as_json):
-    """List an agent's messages (with --ack, take them)."""
-    layout = ctx.layout
-    if not (layout.inbox / agent).is_dir():
-        raise NotFound(f"no inbox for agent {agent!r} in {layout.inbox}")
-    for where in (f"inbox/{agent}", f"inbox/{agent}/new", f"inbox/{agent}/cur"):
-        try:
-            layout.fs.dir(where)
-        except Unsafe as e:
-            raise RelayError(f"{e.strerror}: it may lead outside the state directory, and relay reads and "
-                             "moves only files inside it") from None
-        except FileNotFoundError:
-            pass
-    box = Inbox(layout, Syncer("normal", layout.fs))
-    items = box.list(agent, include_cur=show_all)
-    docs = []
-    for where, path, doc in items:
-        if ack and where == "new" and "error" not in doc:     # an unreadable envelope is left for a person
-            path = box.ack(path)
-            where = "cur"
-        docs.append({**doc, "state": where, "path": str(path)})
-    if as_json:
-        out_json(docs)
-        return
-    if not docs:
-        click.echo(f"no {'messages' if show_all else 'new messages'} for {agent}")
-    for d in docs:
-        mark = "*" if d["state"] == "new" else " "
-        title = views.clip(d.get("subject") or d.get("body") or d.get("error"), 60)
-        thread = f"/{views.plain(d['thread'])}" if d.get("thread") else ""
-        click.echo(f"{mark} {views.plain(d.get('id'))}  {views.plain(d.get('sent_at'))[:19]}  "
-                   f"from {views.plain(d.get('from'))}  [{views.plain(d.get('kind'))}{thread}]  {title}")
 
 
 @main.command()
@@ -440,4 +374,4 @@ def entry():
     main(prog_name="relay")
 
 
-from . import cli_inspect  # noqa: E402,F401  (registers the read-only verbs on `main`)
+from . import cli_agent, cli_inspect  # noqa: E402,F401  (register the agents' and the read-only verbs on `main`)

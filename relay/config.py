@@ -10,7 +10,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, NotInProject
 
 AGENT_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"     # agent names (SPEC section 1), as people read it
 AGENT_NAME = re.compile(AGENT_NAME_RULE + r"\Z")
@@ -157,6 +157,24 @@ def resolve_dirs(root=None, state_dir=None, env=None):
     root = Path(root or env.get("RELAY_ROOT") or os.getcwd()).absolute()
     state = state_dir or env.get("RELAY_STATE_DIR") or None
     return root, (root / state if state else None)
+
+
+def discover(root=None, state_dir=None, env=None, cwd=None):
+    """The project root as every verb finds it, like git: `root` (a flag) or RELAY_ROOT when
+    given, else the current directory or its nearest parent holding the state directory
+    (`.relay/`, or the name given by `state_dir` / RELAY_STATE_DIR). NotInProject when none."""
+    env = os.environ if env is None else env
+    given = root or env.get("RELAY_ROOT")
+    if given:
+        return Path(given).absolute()
+    name = state_dir or env.get("RELAY_STATE_DIR") or ".relay"
+    start = Path(cwd or os.getcwd()).absolute()
+    if Path(name).is_absolute():
+        return start
+    for place in (start, *start.parents):
+        if (place / name).is_dir():
+            return place
+    raise NotInProject(f"not in a relay project (no {name.rstrip('/')}/ here or above); run relay init")
 
 
 def _read_toml(path):

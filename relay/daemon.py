@@ -24,6 +24,7 @@ from .errors import DurabilityError, LedgerCorrupt, MessageRefused, TransientErr
 from .fs import shown
 from .history import History
 from .ids import IdGenerator
+from .identity import identify
 from .inbox import Inbox
 from .layout import Layout, fit, valid_agent
 from .ledger import Ledger
@@ -217,7 +218,8 @@ class Relay:
                 continue
             self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
-        linked = self.inbox.deliver([w for w in works if not (w.refused or w.error or w.defer)])
+        identify(self.ledger, self.layout, works, now)
+        linked = self.inbox.deliver([w for w in works if not (w.refused or w.error or w.defer or w.duplicate_of)])
         for w in works:
             self._settle(w, now)
         # One sync for the links into new/ and the archive moves: an original archived before its
@@ -324,6 +326,10 @@ class Relay:
             counts.deferred += 1
             if w.path:
                 log.info("%s from %s is still open for writing; looking again shortly", w.id, w.sender)
+        elif w.duplicate_of:
+            counts.archived += 1
+            log.info("%s from %s repeats %s (request id %r): not delivered again; archived as %s",
+                     w.id, w.sender, w.duplicate_of, w.request_id, w.archive_rel)
         elif w.outcome is Outcome.ARCHIVED:
             counts.delivered += 1
             counts.archived += 1

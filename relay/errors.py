@@ -94,3 +94,11 @@ class InvalidName(RelayError):
 
 class NotFound(RelayError):
     """A message id or agent the user named does not exist."""
+
+
+class NotInProject(RelayError):
+    """No state directory in the current directory or any parent (and no --root)."""
+
+
+class UnknownAgent(RelayError):
+    """A name that is no known agent, where relay can say so before writing anything."""

@@ -43,6 +43,13 @@ class History:
             raise RelayError(f"{mid!r} matches more than one message; give more of the id")
         raise NotFound(f"no message with id {mid!r} in the ledger")
 
+    def by_request(self, sender, request_id):
+        """The id of the sender's message with this request id that did not fail, or None."""
+        row = self.db.execute("SELECT id FROM messages WHERE sender = ? AND request_id = ? AND duplicate_of IS NULL "
+                              "AND status != 'failed' ORDER BY discovered_at, id LIMIT 1",
+                              (sender, request_id)).fetchone()
+        return row[0] if row else None
+
     def events(self, mid):
         return self.db.execute("SELECT * FROM events WHERE message_id = ? ORDER BY seq", (mid,)).fetchall()
 
@@ -66,12 +73,15 @@ class History:
         return self.db.execute("SELECT * FROM messages WHERE status = 'processing' ORDER BY id").fetchall()
 
     def unknown(self, ids):
-        """The ids among `ids` that no row holds."""
+        """The ids among `ids` that no row holds, as its id or as the id its spool file is
+        named by."""
         known = set()
         for i in range(0, len(ids), CHUNK):
             chunk = ids[i:i + CHUNK]
+            marks = ','.join('?' * len(chunk))
             known.update(r[0] for r in self.db.execute(
-                f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+                f"SELECT id FROM messages WHERE id IN ({marks}) UNION "
+                f"SELECT spool_id FROM messages WHERE spool_id IN ({marks})", chunk + chunk))
         return set(ids) - known
 
     def latest_archived_at(self):

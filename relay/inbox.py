@@ -140,6 +140,17 @@ class Inbox:
             return
         yield from (f"inbox/{recipient}/cur/{n}" for n in names if n.startswith(name))
 
+    def envelope(self, recipient, mid):
+        """(state, path, envelope) of the recipient's copy of a message, or None."""
+        for rel in self._copies(recipient, mid):
+            try:
+                doc = orjson.loads(self.fs.read(rel, MAX_ENVELOPE_READ))
+            except (OSError, orjson.JSONDecodeError):
+                continue
+            if isinstance(doc, dict):
+                return rel.split("/")[2], self.fs.abspath(rel), doc
+        return None
+
     def holder(self, recipient, mid):
         """The path of an envelope of this id the recipient holds, or None. For people (relay
         show): it does not check the content."""
@@ -176,6 +187,11 @@ class Inbox:
         dest = f"inbox/{parts[1]}/cur/{parts[3]}:2,S"
         self.fs.rename(rel, dest)
         return self.fs.abspath(dest)
+
+    def read_path(self, path):
+        """Where ack() moves the envelope at `path`."""
+        head, name = os.path.split(str(path))
+        return os.path.join(os.path.dirname(head), "cur", f"{name}:2,S")
 
     def orphans(self, older_than):
         """Relative paths of tmp/ files older than `older_than` (epoch seconds). A link or an

@@ -125,6 +125,11 @@ class Layout:
         again after a power loss."""
         return f"spool/{sender}/{message_id}--{fit(name)}"
 
+    def spool_of(self, row):
+        """The spool path of a ledger row: named by the id relay gave the file when it found it,
+        which a sender-chosen id (`spool_id` keeps the first) does not change."""
+        return self.spool_rel(row["sender"], row["spool_id"] or row["id"], row["name"])
+
     def spooled(self):
         """(sender, id, name, rel) of every file in the spool whose name relay made. Anything
         else there (a planted link, an odd name) is skipped and logged, never fatal."""

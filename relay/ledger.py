@@ -201,6 +201,41 @@ class Ledger:
             claimed = self._claim(now, limit, plan) if limit else []
         return registered, claimed
 
+    def identify(self, now, items, plan):
+        """One transaction for the messages of a batch that name their own id or a request id,
+        in order. items: (id, sender, name, chosen id or None, request id or None). A chosen
+        id not used by any row becomes the row's id (its events follow; `spool_id` keeps the
+        id its spool file is named by; the archive path is planned again by `plan(sender, id,
+        name)`). A request id already held by an earlier message of the same sender that did
+        not fail makes this one its duplicate. Returns {id: (new id, archive path or None,
+        duplicate_of or None, refusal or None)}."""
+        out = {}
+        db = self.db
+        with self.transaction():
+            for mid, sender, name, chosen, request in items:
+                new, path, first, refusal = mid, None, None, None
+                if chosen and chosen != mid:
+                    if db.execute("SELECT 1 FROM messages WHERE id = ? OR spool_id = ?", (chosen, chosen)).fetchone():
+                        refusal = (f"the id {chosen} is already used by another message; choose another, "
+                                   "or leave ID out and relay gives one")
+                    else:
+                        path = plan(sender, chosen, name)
+                        db.execute("UPDATE messages SET id = ?, spool_id = coalesce(spool_id, id), archive_path = ? "
+                                   "WHERE id = ?", (chosen, path, mid))
+                        db.execute("UPDATE events SET message_id = ? WHERE message_id = ?", (chosen, mid))
+                        self._events([(chosen, now, "identified", f"the id its sender chose (found as {mid})")])
+                        new = chosen
+                if request and refusal is None:
+                    row = db.execute("SELECT id FROM messages WHERE sender = ? AND request_id = ? AND id != ? "
+                                     "AND duplicate_of IS NULL AND status != 'failed' ORDER BY discovered_at, id "
+                                     "LIMIT 1", (sender, request, new)).fetchone()
+                    first = row[0] if row else None
+                    db.execute("UPDATE messages SET request_id = ?, duplicate_of = ? WHERE id = ?", (request, first, new))
+                    if first:
+                        self._events([(new, now, "duplicate", f"request id {request!r} was sent before as {first}")])
+                out[mid] = (new, path, first, refusal)
+        return out
+
     def refuse_found(self, mid, sender, name, now, reason, failed_path):
         """A file refused before any claim (its name is unfit): recorded straight as failed."""
         with self.transaction():
@@ -216,7 +251,7 @@ class Ledger:
             "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1 "
             "WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
             "ORDER BY next_attempt_at, id LIMIT :limit) AND status = 'pending' "
-            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since",
+            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since, spool_id",
             {"now": now, "limit": limit}).fetchall()
         claimed = []
         for r in sorted(rows, key=lambda r: r["id"]):

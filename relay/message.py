@@ -13,13 +13,16 @@ import orjson
 
 from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
 from .errors import MessageRefused
-from .layout import is_inside
+from .ids import ALPHABET
+from .layout import is_inside, valid_id
 
 BROADCAST = ("*", "Broadcast")
 CONTROL_KINDS = ("spawn", "release", "continuity")
 KNOWN_KINDS = ("message",) + CONTROL_KINDS
 CONTROL_KEYS = ("name", "cli", "cwd", "model", "action")
-KNOWN_KEYS = ("to", "kind", "thread", "subject", "body") + CONTROL_KEYS
+KNOWN_KEYS = ("to", "kind", "thread", "subject", "body", "id", "request_id") + CONTROL_KEYS
+ALIASES = {"request-id": "request_id"}     # header spelling -> key
+MAX_REQUEST_ID = 200
 MAX_HEADER_LINE = 64 * 1024
 MAX_HEADER_BYTES = 256 * 1024
 MAX_RECIPIENTS = 10_000
@@ -37,6 +40,8 @@ class Message:
     headers: dict        # keys relay does not know, passed through
     control: dict        # name/cli/cwd/model/action for control kinds
     format: str          # "header" or "json"
+    id: str = None       # the id the sender chose (checked by the relay against the ledger)
+    request_id: str = None
 
 
 _iso_second = [None, ""]
@@ -88,7 +93,7 @@ def _parse_json(text):
         raise MessageRefused(f"invalid JSON: nested deeper than {MAX_DEPTH} levels")
     fields, headers = {}, {}
     for key, value in data.items():
-        low = key.lower()
+        low = ALIASES.get(key.lower(), key.lower())
         if low in KNOWN_KEYS:
             fields[low] = value
         else:
@@ -156,7 +161,7 @@ def _parse_header(text):
         if not sep or not key or " " in key:
             raise MessageRefused(f"line {lineno} is not a 'Key: value' header ({line[:60]!r}); "
                                  "headers come first, then one blank line, then the body")
-        low = key.lower()
+        low = ALIASES.get(key.lower(), key.lower())
         value = value.strip()
         if low == "to":
             has_to = True
@@ -209,7 +214,31 @@ def parse(data, filename, max_body_bytes):
     control = {k: fields[k] for k in CONTROL_KEYS if fields.get(k) is not None}
     return Message(to=tuple(dict.fromkeys(names)), kind=kind, thread=fields.get("thread") or None,
                    subject=fields.get("subject") or None, body=body, headers=headers,
-                   control=control, format=fmt)
+                   control=control, format=fmt, id=chosen_id(fields.get("id")),
+                   request_id=request_id(fields.get("request_id")))
+
+
+def chosen_id(value):
+    """The id a sender chose, in relay's form (upper case), or None; MessageRefused when it is
+    not an id relay could give."""
+    if value is None or value == "":
+        return None
+    mid = value.strip().upper()
+    if not valid_id(mid):
+        raise MessageRefused(f"the id {value[:60]!r} is not a relay id (26 characters of "
+                             f"{ALPHABET}); leave ID out and relay gives one")
+    return mid
+
+
+def request_id(value):
+    """A request id as given (one line of text), or None; MessageRefused when it is unfit."""
+    if value is None or value.strip() == "":
+        return None
+    value = value.strip()
+    if len(value) > MAX_REQUEST_ID or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise MessageRefused(f"the request id {value[:60]!r} is unfit: at most {MAX_REQUEST_ID} characters "
+                             "of text on one line")
+    return value
 
 
 def resolve(message, sender, known, create_unknown=False):

@@ -42,7 +42,7 @@ def retry(ledger, layout, ids, now=None):
             problems.append(f"{row['id']}: its file is gone ({row['error']}); write the message again")
             continue
         archive = Archive(layout, Syncer("full", layout.fs))
-        archive.move(src, layout.spool_rel(row["sender"], row["id"], row["name"]))
+        archive.move(src, layout.spool_of(row))
         layout.fs.unlink_quietly(f"{src}.error.json")
         archive.syncer.flush("the retried message's move back to the spool")
         done += ledger.requeue([row["id"]], now, actor())
@@ -62,7 +62,7 @@ def expire(ledger, layout, mid, now=None):
     archive = Archive(layout, Syncer("full", layout.fs))
     src = None      # a failed message is in failed/ already
     if row["status"] == Status.PENDING:
-        spool = layout.spool_rel(row["sender"], row["id"], row["name"])
+        spool = layout.spool_of(row)
         src = spool if layout.fs.exists(spool) else f"outbox/{row['sender']}/{row['name']}"
         src = src if layout.fs.exists(src) else None
     report = archive.report(row["id"], row["sender"], row["name"], reason, now)

@@ -193,7 +193,7 @@ class Outbox:
     def take(self, w):
         """Take custody of a claimed message: its file into the spool. Sets w.path, or
         w.refused / w.error."""
-        spool = self.layout.spool_rel(w.sender, w.id, w.name)
+        spool = self.layout.spool_rel(w.sender, w.spool_id or w.id, w.name)
         fs = self.fs
         if (w.thorough or w.spooled) and fs.exists(spool):    # taken by an earlier attempt
             w.path = spool

@@ -37,7 +37,7 @@ class Recovery:
         done, retry = [], []
         for row in self.history.delivered_due(now, limit):
             rel = row["archive_path"] or self.layout.archive_rel(day_of(now), row["sender"], row["id"], row["name"])
-            spool = self.layout.spool_rel(row["sender"], row["id"], row["name"])
+            spool = self.layout.spool_of(row)
             try:
                 if self.fs.exists(spool):
                     self.archive.store(spool, rel)
@@ -62,9 +62,9 @@ class Recovery:
         self.fs.forget()
         reset = []
         for row in self.history.processing():
-            mid, sender, name = row["id"], row["sender"], row["name"]
+            mid, sender = row["id"], row["sender"]
             try:
-                reset.append((mid, self._respool(row, self.layout.spool_rel(sender, mid, name))))
+                reset.append((mid, self._respool(row, self.layout.spool_of(row))))
             except OSError as e:
                 log.error("%s: cannot recover its file (%s); it stays where it is", mid, e)
                 reset.append((mid, False))

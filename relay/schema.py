@@ -76,5 +76,12 @@ ALTER TABLE deliveries ADD COLUMN size INTEGER;
 ALTER TABLE deliveries ADD COLUMN sha256 TEXT;
 ALTER TABLE messages ADD COLUMN failing_since REAL;
 """),
+    (3, "ids chosen by senders, request ids", """
+ALTER TABLE messages ADD COLUMN spool_id TEXT;
+ALTER TABLE messages ADD COLUMN request_id TEXT;
+ALTER TABLE messages ADD COLUMN duplicate_of TEXT;
+CREATE INDEX messages_spool_id ON messages(spool_id) WHERE spool_id IS NOT NULL;
+CREATE INDEX messages_request ON messages(sender, request_id) WHERE request_id IS NOT NULL
+"""),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]

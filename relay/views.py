@@ -111,3 +111,23 @@ def show(row, deliveries, events, paths, body):
     out.append("body:")
     out.append(body if body is not None else "  (not recorded)")
     return "\n".join(out)
+
+
+def message_text(m, number=1, total=1):
+    """One message whole, as `relay inbox` and `relay read` print it (a Received)."""
+    head = f"--- message {number} of {total}: {plain(m.id)} ({'unread' if m.state == 'new' else plain(m.state)}) ---"
+    lines = [head]
+    if m.error:
+        lines.append(f"error:   {plain(m.error)}")
+        return "\n".join(lines)
+    fields = [("from", m.sender), ("to", ", ".join(m.to)), ("thread", m.thread), ("subject", m.subject),
+              ("kind", m.kind if m.kind != "message" else None), ("sent", m.sent_at), ("id", m.id)]
+    lines += [f"{k + ':':<9}{plain(v)}" for k, v in fields if v]
+    lines.append("")
+    lines.append(body_text(m.body))
+    return "\n".join(lines)
+
+
+def body_text(body):
+    """A body as text for a terminal: its lines kept, terminal escapes and other controls removed."""
+    return "\n".join(plain(line) for line in (body or "").replace("\r\n", "\n").split("\n")).rstrip("\n")

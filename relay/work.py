@@ -58,6 +58,9 @@ class Work:
     spooled: bool = False
     discovered_at: float = None
     failing_since: float = None
+    spool_id: str = None            # the id its spool file is named by, when a sender chose another
+    request_id: str = None
+    duplicate_of: str = None        # the id of the message this one repeats (same request id)
     path: str = None                # relative path of the file now (spool, or outbox when not regular)
     refused: str = None             # permanent reason: quarantined
     error: Exception = None         # transient or durability error of the message as a whole
@@ -83,7 +86,8 @@ class Work:
         """The Work of a row the ledger's claim returned."""
         return cls(id=row["id"], sender=row["sender"], name=row["name"], archive_rel=row["archive_path"],
                    retries=row["retries"], thorough=row["attempts"] > 1, spooled=bool(row["spooled"]),
-                   discovered_at=row["discovered_at"], failing_since=row["failing_since"])
+                   discovered_at=row["discovered_at"], failing_since=row["failing_since"],
+                   spool_id=row["spool_id"])
 
     @property
     def error_text(self):
@@ -91,7 +95,10 @@ class Work:
 
     @property
     def complete(self):
-        """Every recipient holds it (recorded before, or delivered in this batch)."""
+        """Every recipient holds it (recorded before, or delivered in this batch), or it
+        repeats a message sent before and is not delivered again."""
+        if self.duplicate_of is not None:
+            return not self.missed
         return bool(self.recipients) and not self.missed and all(
             r in self.got or r in self.had for r in self.recipients)
 

@@ -41,22 +41,26 @@ def test_init_is_idempotent(cli):
 
 def test_send_run_inbox_ack(cli):
     cli("init", "--agent", "Ann", "--agent", "Ben")
-    path = cli("send", "--from", "Ann", "--to", "Ben", "--thread", "t", "--subject", "s", "hello").output.strip()
-    assert Path(path).parent == cli.state / "outbox/Ann" and Path(path).exists()
+    mid = cli("send", "--from", "Ann", "--to", "Ben", "--thread", "t", "--subject", "s", "hello").output.strip()
+    assert [p.name for p in (cli.state / "outbox/Ann").iterdir()] == [f"msg-{mid.lower()}"]
     cli("send", "--from", "Ann", "--to", "Ben", "-", input="from stdin\n")
     assert "relayed 2 message(s)" in cli("run", "--once", "-q").output
+    assert json.loads(cli("show", mid, "--json").output)["id"] == mid
     listing = cli("inbox", "Ben").output
-    assert listing.count("from Ann") == 2 and "[message/t]" in listing
+    assert listing.count("from:    Ann") == 2 and "thread:  t" in listing and "subject: s" in listing
+    assert "\nhello\n" in listing and f"id:      {mid}" in listing and "from stdin" in listing
+    assert "no new messages" not in cli("inbox", "Ben").output     # printing marked nothing read
     docs = json.loads(cli("inbox", "Ben", "--json", "--ack").output)
     assert sorted(d["body"] for d in docs) == ["from stdin\n", "hello"]
-    assert all(d["state"] == "cur" for d in docs)
+    assert all(d["state"] == "cur" and Path(d["path"]).exists() for d in docs)
     assert "no new messages" in cli("inbox", "Ben").output
     assert json.loads(cli("inbox", "Ben", "--all", "--json").output)[0]["state"] == "cur"
     r = cli("inbox", "Nobody", ok=False)
-    assert r.exit_code == 1 and "no inbox" in r.output
+    assert r.exit_code == 1 and "unknown agent 'Nobody'" in r.output
 
 
 def test_send_refuses_multiline_header(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
     r = cli("send", "--from", "Ann", "--to", "Ben", "--subject", "a\nb", "x", ok=False)
     assert r.exit_code == 1 and "one line" in r.output
 

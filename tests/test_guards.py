@@ -49,8 +49,12 @@ def test_inbox_refuses_an_inbox_that_leads_outside_the_state_directory(cli):
         (victim / sub).mkdir(parents=True)
     (victim / "new" / "m.json").write_text(json.dumps({"id": "m", "body": "not relay's"}))
     (cli.state / "inbox" / "Evil").symlink_to(victim)
-    r = cli("inbox", "Evil", "--ack", ok=False)
-    assert r.exit_code == 1 and "inbox/Evil is a symbolic link" in r.output and "outside the state directory" in r.output
+    r = cli("inbox", "Evil", "--ack", ok=False)      # a link is no agent directory
+    assert r.exit_code == 1 and "unknown agent 'Evil'" in r.output
+    (cli.state / "outbox" / "Evil").mkdir()           # known by its outbox now
+    for args in (["inbox", "Evil", "--ack"], ["inbox", "Evil", "--wait", "1"], ["read", "01KC3000000000000000000000", "--agent", "Evil"]):
+        r = cli(*args, ok=False)
+        assert r.exit_code == 1 and "inbox/Evil is a symbolic link" in r.output and "outside the state directory" in r.output
     assert tree(victim) == ["cur", "new", "new/m.json", "tmp"]
 
 
@@ -94,7 +98,7 @@ def relayed_two(cli):
     """One archived and one failed message, relayed just now."""
     cli("init", "--agent", "Ann", "--agent", "Ben")
     cli("send", "--from", "Ann", "--to", "Ben", "kept?")
-    cli("send", "--from", "Ann", "--to", "Zed", "nobody by that name")
+    (cli.state / "outbox/Ann/to-zed").write_text("TO: Zed\n\nnobody by that name")
     assert "relayed 1 message(s), 1 failed" in cli("run", "--once", "-q").output
     status = json.loads(cli("status", "--json").output)["counts"]
     assert (status["archived"], status["failed"]) == (1, 1)

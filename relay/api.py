@@ -1,0 +1,376 @@
+"""The agent's side of relay, for programs: send, read, wait, acknowledge, reply.
+
+    import relay
+    me = relay.Agent("bob")                 # finds .relay/ here or in a parent, like git
+    mid = me.send("alice", "the tests are green", subject="review", thread="review-42")
+    for m in me.wait(timeout=60):           # blocks until a message is there; [] on timeout
+        print(m.sender, m.subject, m.body)
+        me.reply(m, "thanks")
+    me.ack(...)                             # marks read what was shown
+
+The CLI's agent verbs (send, inbox, read) are built on this, so both check the same things:
+names against the known agents (an unknown one is refused with the closest match), an id that
+`relay show` finds at once (the sender's file carries it), request ids that make a repeated send
+harmless. Messages are written the way SPEC section 2 asks: a hidden temporary, synced, renamed
+into the outbox under a name no other message uses.
+"""
+import dataclasses
+import difflib
+import os
+import threading
+import time
+
+import orjson
+
+from . import config as config_mod
+from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
+from .errors import InvalidName, NotFound, RelayError, UnknownAgent
+from .fs import Unsafe
+from .history import History
+from .ids import IdGenerator
+from .inbox import Inbox
+from .layout import Layout
+from .ledger import Ledger
+from .message import MAX_REQUEST_ID, iso, request_id as checked_request_id
+from .sync import Syncer
+
+_ids = IdGenerator()
+
+
+@dataclasses.dataclass(frozen=True)
+class Received:
+    """One message in an agent's inbox (its envelope, SPEC section 3)."""
+    id: str
+    sender: str
+    to: list
+    kind: str
+    thread: str
+    subject: str
+    body: str
+    headers: dict
+    sent_at: str
+    relayed_at: str
+    state: str              # "new" (not read yet) or "cur" (read)
+    path: str
+    error: str = None       # an envelope relay could not read: shown, never marked read
+
+    @classmethod
+    def of(cls, doc, state, path):
+        def text(key):
+            value = doc.get(key)
+            return value if isinstance(value, str) else None
+        to = doc.get("to")
+        return cls(id=text("id") or os.path.basename(str(path)).split(".")[0], sender=text("from"),
+                   to=[t for t in to if isinstance(t, str)] if isinstance(to, list) else [],
+                   kind=text("kind"), thread=text("thread"), subject=text("subject"), body=text("body") or "",
+                   headers=doc.get("headers") if isinstance(doc.get("headers"), dict) else {},
+                   sent_at=text("sent_at"), relayed_at=text("relayed_at"), state=state, path=str(path),
+                   error=text("error"))
+
+    def as_dict(self):
+        """The envelope's fields (`from` for the sender), with `state` and `path`."""
+        doc = {"id": self.id, "from": self.sender, "to": self.to, "kind": self.kind, "thread": self.thread,
+               "subject": self.subject, "body": self.body, "headers": self.headers, "sent_at": self.sent_at,
+               "relayed_at": self.relayed_at, "state": self.state, "path": self.path}
+        if self.error:
+            doc["error"] = self.error
+        return doc
+
+    @property
+    def reply_thread(self):
+        """The thread a reply belongs to: this message's, or its id when it had none."""
+        return self.thread or self.id
+
+
+def closest(name, known):
+    """The known name closest to `name`: the same but for case, else the nearest spelling."""
+    by_case = [k for k in known if k.lower() == name.lower()]
+    if by_case:
+        return by_case[0]
+    lowered = {k.lower(): k for k in known}
+    near = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[near[0]] if near else None
+
+
+def check_known(name, known, role):
+    """`name` when it is a known agent; UnknownAgent naming the closest match and the known
+    ones otherwise."""
+    if not AGENT_NAME.match(name):
+        raise InvalidName(f"invalid agent name {name!r} ({role}): agent names match {AGENT_NAME_RULE}")
+    if name in known:
+        return name
+    near = closest(name, known)
+    hint = f"; did you mean {near}?" if near else ";"
+    names = sorted(known)
+    listed = ", ".join(names[:30]) + (f" ... ({len(names)} in all)" if len(names) > 30 else "")
+    raise UnknownAgent(f"unknown {role} {name!r}{hint} known agents: {listed or '(none)'} "
+                       "(--create adds a new agent on purpose)")
+
+
+def one_line(value, what):
+    if value is not None and ("\n" in value or "\r" in value):
+        raise RelayError(f"{what} must be one line")
+    return value
+
+
+def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=None):
+    """The bytes of a message file in the header format (SPEC section 2)."""
+    lines = [f"ID: {mid}", f"TO: {', '.join(to)}"]
+    for key, value in (("KIND", kind), ("THREAD", thread), ("SUBJECT", subject), ("REQUEST-ID", request_id)):
+        if value is not None:
+            lines.append(f"{key}: {one_line(value, key.lower())}")
+    return ("\n".join(lines) + "\n\n" + body).encode("utf-8")
+
+
+class Project:
+    """A relay project found like git: `root` when given, else RELAY_ROOT, else the current
+    directory or its nearest parent holding the state directory."""
+
+    def __init__(self, root=None, state_dir=None, env=None, cwd=None, config=None):
+        if config is None:
+            found = config_mod.discover(root, state_dir, env, cwd=cwd)
+            config = config_mod.load(found, state_dir, env=env)
+        self.config = config
+        self.layout = Layout(self.config.root, self.config.state_dir)
+
+    def agents(self):
+        """The known agents, sorted (SPEC section 2)."""
+        return sorted(self.layout.agent_names(self.config.agents))
+
+    def history(self):
+        """The ledger read-only (close it, or use `with`); None when there is no ledger yet."""
+        if not self.layout.ledger.exists():
+            return None
+        return History(Ledger(self.layout.ledger, readonly=True))
+
+    def message(self, mid):
+        """A message from any recipient's inbox, or from the ledger when no inbox holds it."""
+        history = self.history()
+        if history is None:
+            raise NotFound(f"no message with id {mid!r}: the project has no ledger yet")
+        with history:
+            row = history.find(mid)
+        box = Inbox(self.layout, None)
+        for recipient in _recipients(row):
+            found = box.envelope(recipient, row["id"])
+            if found is not None:
+                return Received.of(found[2], found[0], found[1])
+        return Received(id=row["id"], sender=row["sender"], to=_recipients(row), kind=row["kind"],
+                        thread=row["thread"], subject=row["subject"], body=row["body"] or "",
+                        headers=_json(row["headers"]) or {}, sent_at=_when(row["sent_at"]),
+                        relayed_at=_when(row["delivered_at"]), state=row["status"], path=None,
+                        error=row["error"])
+
+    def thread(self, thread):
+        """The messages of a thread, oldest first, as ledger records."""
+        from . import views
+        history = self.history()
+        if history is None:
+            return []
+        with history:
+            return [views.record(r) | {"body": r["body"]} for r in history.audit(thread=thread, oldest_first=True)]
+
+
+class Agent:
+    """One agent's side: its outbox to send from, its inbox to read."""
+
+    def __init__(self, name, root=None, *, state_dir=None, create=False, project=None, role="agent"):
+        self.project = project or Project(root, state_dir)
+        self.repeated = False       # the last send's request id was used before: nothing was sent
+        self.layout = self.project.layout
+        self.inbox_ = Inbox(self.layout, Syncer("normal", self.layout.fs))
+        if not self.layout.state.is_dir():
+            raise RelayError(f"no relay state directory at {self.layout.state}: run `relay init` first")
+        if name == SYSTEM:
+            raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender: only agents have outboxes")
+        if create:
+            _create(self.layout, [name])
+        self.name = check_known(name, self.project.agents(), role)
+
+    def __repr__(self):
+        return f"Agent({self.name!r}, root={str(self.project.config.root)!r})"
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False):
+        """Write a message into this agent's outbox; returns its id, which `relay show` finds.
+        `to`: a name, a list of names, "*" or "System". With a request id used before by this
+        agent (on a message that did not fail), nothing is written and that message's id is
+        returned: a send retried after a timeout is not delivered twice."""
+        names = [n.strip() for n in (to.split(",") if isinstance(to, str) else to) if n.strip()]
+        if not names:
+            raise RelayError("no recipient: give a name, a list of names, '*' or System")
+        known = set(self.project.agents())
+        unknown = [n for n in names if n not in ("*", SYSTEM) and n not in known]
+        if unknown and create:
+            _create(self.layout, unknown)
+            known |= set(unknown)
+        for n in names:
+            if n not in ("*", SYSTEM):
+                check_known(n, known, "recipient")
+        if request_id is not None:
+            try:
+                request_id = checked_request_id(request_id)
+            except RelayError:
+                raise RelayError(f"--request-id must be one line of at most {MAX_REQUEST_ID} characters") from None
+            first = self.sent_before(request_id)
+            self.repeated = first is not None
+            if first:
+                return first
+        if not isinstance(body, str):
+            raise RelayError(f"the body must be text, not {type(body).__name__}")
+        mid = _ids.new(time.time())
+        data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id)
+        self.layout.fs.put(f"outbox/{self.name}/msg-{mid.lower()}", data)
+        return mid
+
+    def reply(self, message, body, *, to=None, thread=None, subject=None, **kw):
+        """Answer `message` (a Received or an id): to its sender (or `to`), in its thread (or
+        `thread`), subject "Re: " and its subject (or `subject`)."""
+        if not isinstance(message, Received):
+            message = self.find(message)
+        if subject is None and message.subject:
+            subject = message.subject if message.subject.lower().startswith("re:") else f"Re: {message.subject}"
+        if not message.sender:
+            raise RelayError(f"{message.id} names no sender to reply to")
+        return self.send(to or message.sender, body, thread=thread or message.reply_thread, subject=subject, **kw)
+
+    def find(self, mid):
+        """A message by id: this agent's copy, else the project's (the ledger's)."""
+        try:
+            return self.read(mid)
+        except NotFound:
+            return self.project.message(mid)
+
+    def sent_before(self, request_id):
+        """The id of this agent's message with this request id (not failed), or None."""
+        history = self.project.history()
+        if history is None:
+            return None
+        with history:
+            return history.by_request(self.name, request_id)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def inbox(self, ack=False, include_read=False):
+        """The new messages (with `include_read`, the read ones too), oldest first. With `ack`
+        the new ones returned are marked read; nothing else is."""
+        self._check_inbox()
+        items = [Received.of(doc, sub, path) for sub, path, doc in self.inbox_.list(self.name, include_read)]
+        return self.ack(items) if ack else items
+
+    def _check_inbox(self):
+        """The agent's inbox is plain directories inside the state directory, or RelayError."""
+        for where in (f"inbox/{self.name}", f"inbox/{self.name}/new", f"inbox/{self.name}/cur"):
+            try:
+                self.layout.fs.dir(where)
+            except Unsafe as e:
+                raise RelayError(f"{e.strerror}: it may lead outside the state directory, and relay reads and "
+                                 "moves only files inside it") from None
+            except FileNotFoundError:
+                pass
+
+    def ack(self, messages):
+        """Mark these messages read (new/ -> cur/); returns them as they are now. A message
+        read already, or an envelope relay could not read, is left as it is."""
+        out = []
+        for m in [messages] if isinstance(messages, Received) else messages:
+            if m.state == "new" and not m.error:
+                m = dataclasses.replace(m, state="cur", path=str(self.inbox_.ack(m.path)))
+            out.append(m)
+        return out
+
+    def read(self, mid, ack=False):
+        """One message of this agent's inbox by id (or unique prefix of it)."""
+        self._check_inbox()
+        found = self.inbox_.envelope(self.name, mid.upper())
+        if found is None:
+            raise NotFound(f"no message {mid!r} in the inbox of {self.name}")
+        m = Received.of(found[2], found[0], found[1])
+        return self.ack([m])[0] if ack else m
+
+    def wait(self, timeout=None, ack=False):
+        """Block until at least one new message is there and return the new ones (marked read
+        with `ack`); [] when `timeout` seconds pass first. Woken by inotify (watchdog), not a
+        polling loop."""
+        got = self.inbox(ack=ack)
+        if got:
+            return got
+        self.layout.make_inbox(self.name)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with NewMail(self.layout.inbox / self.name / "new") as mail:
+            while True:
+                got = self.inbox(ack=ack)
+                if got:
+                    return got
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return []
+                mail.wait(left)
+
+
+class NewMail:
+    """Woken when a file arrives in a directory (watchdog: inotify on Linux)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.arrived = threading.Event()
+        self.observer = None
+
+    def __enter__(self):
+        from watchdog.events import FileCreatedEvent, FileMovedEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        arrived = self.arrived
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event):
+                arrived.set()
+
+        self.observer = Observer()
+        self.observer.schedule(Handler(), self.path, recursive=False,
+                               event_filter=[FileCreatedEvent, FileMovedEvent])
+        self.observer.daemon = True
+        self.observer.start()
+        return self
+
+    def wait(self, timeout):
+        self.arrived.wait(timeout)
+        self.arrived.clear()
+
+    def __exit__(self, *exc):
+        self.observer.stop()
+        self.observer.join(timeout=5)
+
+
+def agents(root=None, state_dir=None):
+    """The known agents of the project found from the current directory (or `root`)."""
+    return Project(root, state_dir).agents()
+
+
+def _create(layout, names):
+    for name in names:
+        if not AGENT_NAME.match(name) or name == SYSTEM:
+            raise InvalidName(f"invalid agent name {name!r}: agent names match {AGENT_NAME_RULE}")
+    problems = layout.init(names)
+    if problems:
+        raise RelayError("; ".join(problems))
+
+
+def _json(raw):
+    try:
+        return orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _recipients(row):
+    value = _json(row["recipients"])
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _when(ts):
+    return iso(ts) if isinstance(ts, (int, float)) else None
+
+
+__all__ = ["Agent", "Project", "Received", "agents"]

@@ -1,0 +1,40 @@
+"""Ids chosen by senders and request ids, settled for a batch after its files are read and
+before anything is delivered: a sender-chosen id becomes the message id (unused and well formed,
+or the message is refused with the reason), and a message whose request id its sender used
+before (on a message that did not fail) is a duplicate of that one: archived, never delivered
+again. One ledger transaction per batch, only when a message of the batch names either."""
+import hashlib
+
+import orjson
+
+from .archive import day_of
+
+
+def identify(ledger, layout, works, now):
+    """Apply the ledger's verdict on each work whose file names an id or a request id."""
+    todo = [w for w in works if w.message is not None and (w.message.id or w.message.request_id)
+            and w.error is None and not w.defer]
+    if not todo:
+        return
+    day = day_of(now)
+    items = [(w.id, w.sender, w.name, w.message.id, None if w.refused else w.message.request_id) for w in todo]
+    verdicts = ledger.identify(now, items, lambda sender, mid, name: layout.archive_rel(day, sender, mid, name))
+    for w in todo:
+        new, path, first, refusal = verdicts[w.id]
+        if refusal:
+            w.refused = refusal
+            continue
+        if new != w.id:
+            w.spool_id = w.spool_id or w.id
+            w.id, w.archive_rel = new, path
+            if w.envelope:
+                w.envelope = renamed(w.envelope, new)
+                w.envelope_sha256 = hashlib.sha256(w.envelope).hexdigest()
+        w.request_id, w.duplicate_of = w.message.request_id, first
+
+
+def renamed(envelope, mid):
+    """An envelope with its id replaced."""
+    doc = orjson.loads(envelope)
+    doc["id"] = mid
+    return orjson.dumps(doc)
