@@ -441,3 +441,4 @@ def entry():
 
 
 from . import cli_inspect  # noqa: E402,F401  (registers the read-only verbs on `main`)
+from . import cli_adopt  # noqa: E402,F401  (registers `relay adopt`)
