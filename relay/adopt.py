@@ -13,10 +13,13 @@ The file lies outside the state directory, where agents write, so it is handled 
 through fs.py: the directory is opened once and everything after goes through its descriptor;
 the file is read with O_NOFOLLOW (a symbolic link is refused, never written through) and must
 be a regular file; the new text goes to a temporary file beside it, synced, renamed over the
-old one only if that is still the file that was read, and the directory is synced.
+old one only if that is still the file that was read, and the directory is synced. Two adopt
+runs take turns (flock on the directory); a hand edit made while one runs, up to the instant
+of its rename, is noticed and not overwritten.
 """
 import difflib
 import errno
+import fcntl
 import os
 import re
 import secrets
@@ -159,6 +162,8 @@ def blocks(text, where):
     found, open_, offset = {}, None, 0
     for number, line in enumerate(text.split("\n"), 1):
         start, offset = offset, offset + len(line) + 1
+        if number == 1 and line.startswith("\ufeff"):     # a byte order mark stays where it is
+            start, line = 1, line[1:]
         bare = line.strip()
         if not MARKER.match(bare):
             continue
@@ -245,6 +250,7 @@ def update(path, me, new_block, fsync=None):
     path = Path(path)
     dfd = open_parent(path)
     try:
+        fcntl.flock(dfd, fcntl.LOCK_EX)         # two adopt runs on one directory take turns
         old, seen = read(dfd, path)
         new = place(old or "", me, new_block, path)
         if new == old:

@@ -247,3 +247,62 @@ def test_the_snippet_is_the_template_rendered_for_a_placeholder_agent():
     for told in ("relay inbox YOUR_NAME --wait", "--reply-to ID", "msg-$(date +%s%N)-$$",
                  "--status failed", "error.json", "claude mcp add"):
         assert told in adopt.snippet(), told
+
+
+def test_a_marker_after_a_byte_order_mark_is_found(tmp_path):
+    path = tmp_path / "AGENTS.md"
+    path.write_text("\ufeff" + adopt.block("bob", set()) + "tail\n", encoding="utf-8")
+    assert adopt.update(path, "bob", adopt.block("bob", {"alice"})) == "updated"
+    assert path.read_text(encoding="utf-8") == "\ufeff" + adopt.block("bob", {"alice"}) + "tail\n"
+
+
+def test_adopt_runs_at_once_on_one_file_take_turns(tmp_path):
+    import threading
+    path = tmp_path / "AGENTS.md"
+    path.write_text("top\n")
+    names = [f"agent{i}" for i in range(8)]
+    errors = []
+
+    def one(name):
+        try:
+            adopt.update(path, name, adopt.block(name, set(names) - {name}))
+        except Exception as e:              # noqa: BLE001  (kept for the assertion below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    found = adopt.blocks(path.read_text(), path)
+    assert sorted(found) == names
+    assert path.read_text().startswith("top\n\n<!-- relay:begin agent=")
+
+
+KILLER = """
+import os, signal, sys
+from relay import adopt
+calls = []
+def fsync(fd):
+    calls.append(fd)
+    if len(calls) == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.fsync(fd)
+adopt.update(sys.argv[1], "bob", adopt.block("bob", {"alice"}), fsync=fsync)
+"""
+
+
+@pytest.mark.parametrize("at, whole", [(1, "old"), (2, "new")])
+def test_kill_9_at_each_sync_leaves_the_old_file_or_the_new_one_whole(tmp_path, at, whole):
+    import subprocess
+    import sys
+    path = tmp_path / "AGENTS.md"
+    old = "keep\n\n" + adopt.block("bob", set())
+    path.write_text(old)
+    done = subprocess.run([sys.executable, "-c", KILLER, str(path), str(at)], capture_output=True, timeout=30)
+    assert done.returncode == -9, done.stderr
+    new = "keep\n\n" + adopt.block("bob", {"alice"})
+    assert path.read_text() == {"old": old, "new": new}[whole]
+    adopt.update(path, "bob", adopt.block("bob", {"alice"}))        # a later run finishes the job
+    assert path.read_text() == new
