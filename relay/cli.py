@@ -374,4 +374,4 @@ def entry():
     main(prog_name="relay")
 
 
-from . import cli_agent, cli_inspect  # noqa: E402,F401  (register the agents' and the read-only verbs on `main`)
+from . import cli_adopt, cli_agent, cli_inspect  # noqa: E402,F401  (register the verbs of those modules on `main`)

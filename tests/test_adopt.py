@@ -1,0 +1,308 @@
+"""relay adopt: an agent's instructions in a marked block, written and updated in place, and the
+contributed snippet rendered from the same template."""
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from relay import adopt
+from relay.errors import RelayError
+
+SNIPPET = Path(__file__).parent.parent / "contrib" / "AGENT_SNIPPET.md"
+
+
+@pytest.fixture
+def team(cli):
+    cli("init", "--agent", "alice", "--agent", "bob", "--agent", "carol")
+    return cli
+
+
+def error(result):
+    """The one line a refusal prints (click's 'Error: ' prefix taken off)."""
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith("Error: ")
+    return lines[0][len("Error: "):]
+
+
+def test_adopt_writes_the_block_after_the_text_there(team):
+    agents_md = team.root / "AGENTS.md"
+    agents_md.write_text("# Project\n\nRun the tests before you push.\n")
+    out = team("adopt", "bob").output
+    assert out == f"added the relay block for bob to {agents_md}\n"
+    text = agents_md.read_text()
+    assert text == "# Project\n\nRun the tests before you push.\n\n" + adopt.block("bob", {"alice", "carol"})
+    block = adopt.block("bob", {"alice", "carol"})
+    assert block.startswith("<!-- relay:begin agent=bob -->\n") and block.endswith("<!-- relay:end agent=bob -->\n")
+    for told in ("You are agent `bob`", "`alice`, `carol` (when this was written",
+                 "relay inbox bob --wait 600 --ack", "relay send --from bob --to alice",
+                 "relay send --from bob --reply-to ID", "relay audit --from bob --status failed",
+                 ".relay/failed/bob/<id>--<name>` beside `<id>--<name>.error.json",
+                 "d=.relay/outbox/bob; n=msg-$(date +%s%N)-$$", 'relay.Agent("bob")', "me.reply(m,",
+                 "claude mcp add relay-bob -- \"$(command -v relay)\" mcp --agent bob --root \"$PWD\"",
+                 '"args": ["mcp", "--agent", "bob", "--root", "/abs/path/to/project"]'):
+        assert told in text, told
+    assert "{{" not in text and "YOUR_NAME" not in text
+
+
+def test_a_missing_file_is_created_with_the_block_alone(team):
+    team("adopt", "alice")
+    assert (team.root / "AGENTS.md").read_text() == adopt.block("alice", {"bob", "carol"})
+
+
+def test_a_second_run_changes_nothing_and_a_new_agent_updates_the_block_in_place(team):
+    path = team.root / "AGENTS.md"
+    before, after = "# Rules\n\nBe brief.\n\n", "\n## Later notes\n\nKeep this.\n"
+    path.write_text(before + adopt.block("bob", {"alice"}) + after)     # an old block, mid-file
+    assert "updated" in team("adopt", "bob").output
+    assert path.read_text() == before + adopt.block("bob", {"alice", "carol"}) + after
+    inode, mtime = path.stat().st_ino, path.stat().st_mtime_ns
+    assert team("adopt", "bob").output == f"the relay block for bob in {path} is up to date\n"
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (inode, mtime)     # not even rewritten
+    team("init", "--agent", "dave")
+    team("adopt", "bob")
+    assert path.read_text() == before + adopt.block("bob", {"alice", "carol", "dave"}) + after
+
+
+def test_two_agents_blocks_coexist_and_each_update_leaves_the_other_alone(team):
+    path = team.root / "CLAUDE.md"
+    path.write_text("intro\n")
+    team("adopt", "bob", "--file", "CLAUDE.md")
+    team("adopt", "alice", "--file", "CLAUDE.md")
+    both = "intro\n\n" + adopt.block("bob", {"alice", "carol"}) + "\n" + adopt.block("alice", {"bob", "carol"})
+    assert path.read_text() == both
+    team("init", "--agent", "dave")
+    team("adopt", "bob", "--file", "CLAUDE.md")
+    assert path.read_text() == both.replace(adopt.block("bob", {"alice", "carol"}),
+                                            adopt.block("bob", {"alice", "carol", "dave"}))
+    assert not (team.root / "AGENTS.md").exists()
+
+
+def test_crlf_files_and_a_last_line_without_newline_keep_their_form(team):
+    path = team.root / "AGENTS.md"
+    block = adopt.block("bob", {"alice"}).replace("\n", "\r\n")
+    path.write_bytes(("top\r\n\r\n" + block[:-2]).encode())        # the end marker ends the file
+    team("adopt", "bob")
+    assert path.read_bytes() == ("top\r\n\r\n" + adopt.block("bob", {"alice", "carol"}).replace("\n", "\r\n")[:-2]).encode()
+
+
+BEGIN, END = "<!-- relay:begin agent={} -->", "<!-- relay:end agent={} -->"
+
+
+@pytest.mark.parametrize("lines, message", [
+    ([BEGIN.format("bob"), "half a block"],
+     "AGENTS.md:2: the begin marker for bob has no end marker"),
+    (["text", END.format("bob")],
+     "AGENTS.md:3: an end marker for bob with no begin marker for bob before it"),
+    ([BEGIN.format("bob"), BEGIN.format("alice"), END.format("alice"), END.format("bob")],
+     "AGENTS.md:3: a begin marker for alice inside the block of bob, whose end marker is missing"),
+    ([BEGIN.format("bob"), END.format("alice")],
+     "AGENTS.md:3: an end marker for alice with no begin marker for alice before it"),
+    ([BEGIN.format("bob"), END.format("bob"), BEGIN.format("bob"), END.format("bob")],
+     "AGENTS.md:4: a second block for agent bob"),
+    (["<!--relay:begin bob-->"],
+     "AGENTS.md:2: '<!--relay:begin bob-->' is not a relay marker adopt can read (expected "
+     "'<!-- relay:begin agent=NAME -->' or '<!-- relay:end agent=NAME -->')"),
+])
+def test_broken_markers_are_refused_and_the_file_is_left_as_it_is(team, lines, message):
+    path = team.root / "AGENTS.md"
+    data = ("# top\n" + "\n".join(lines) + "\n").encode()
+    path.write_bytes(data)
+    for agent in ("bob", "carol"):          # whichever agent: a broken file is nobody's to rewrite
+        line = error(team("adopt", agent, ok=False))
+        assert line == f"{team.root}/{message}; mend the markers by hand (the file is left as it is)"
+        assert path.read_bytes() == data
+    assert sorted(os.listdir(team.root)) == [".relay", "AGENTS.md"]           # no temporary left
+
+
+def test_a_marker_mentioned_inside_a_line_is_text(team):
+    path = team.root / "AGENTS.md"
+    path.write_text("Blocks start with `<!-- relay:begin agent=NAME -->`.\n")
+    team("adopt", "bob")
+    assert path.read_text().startswith("Blocks start with `<!-- relay:begin agent=NAME -->`.\n\n<!-- relay:begin")
+
+
+def test_a_symlinked_file_is_refused_and_nothing_is_written_through_it(team, tmp_path_factory):
+    outside = tmp_path_factory.mktemp("outside") / "bashrc"
+    outside.write_text("export SECRET=1\n")
+    link = team.root / "AGENTS.md"
+    link.symlink_to(outside)
+    assert error(team("adopt", "bob", ok=False)) == (
+        f"{link} is a symbolic link; relay adopt never writes through one (agents can plant them): "
+        "give --file the real path, or remove the link")
+    assert outside.read_text() == "export SECRET=1\n" and link.is_symlink()
+    dangling = team.root / "CLAUDE.md"
+    dangling.symlink_to(outside.parent / "not-yet")
+    assert "is a symbolic link" in error(team("adopt", "bob", "--file", "CLAUDE.md", ok=False))
+    assert not (outside.parent / "not-yet").exists()
+
+
+def test_a_hard_linked_file_is_replaced_not_written_into(team, tmp_path_factory):
+    outside = tmp_path_factory.mktemp("outside") / "notes.md"
+    outside.write_text("mine\n")
+    os.link(outside, team.root / "AGENTS.md")
+    team("adopt", "bob")
+    assert outside.read_text() == "mine\n"
+    assert (team.root / "AGENTS.md").read_text().startswith("mine\n\n<!-- relay:begin agent=bob -->")
+
+
+def test_what_is_not_a_text_file_is_refused(team):
+    (team.root / "dir.md").mkdir()
+    assert error(team("adopt", "bob", "--file", "dir.md", ok=False)) == (
+        f"{team.root / 'dir.md'} is not a regular file; relay adopt writes only a plain text file")
+    os.mkfifo(team.root / "fifo.md")
+    assert "is not a regular file" in error(team("adopt", "bob", "--file", "fifo.md", ok=False))
+    (team.root / "latin1.md").write_bytes(b"caf\xe9\n")
+    assert error(team("adopt", "bob", "--file", "latin1.md", ok=False)) == (
+        f"{team.root / 'latin1.md'} is not UTF-8 text (byte 0xe9 at offset 3); relay adopt changes only a text file")
+    assert (team.root / "latin1.md").read_bytes() == b"caf\xe9\n"
+    assert error(team("adopt", "bob", "--file", "no/such/dir/AGENTS.md", ok=False)) == (
+        f"no directory {team.root / 'no/such/dir'} to write AGENTS.md in")
+
+
+def test_a_file_inside_the_state_directory_is_refused(team):
+    line = error(team("adopt", "bob", "--file", ".relay/outbox/bob/AGENTS.md", ok=False))
+    assert line == (f"{team.state / 'outbox/bob/AGENTS.md'} is inside the state directory {team.state}; relay "
+                    "adopt writes an instructions file of the project (e.g. AGENTS.md or CLAUDE.md)")
+    assert "inside the state directory" in error(team("adopt", "bob", "--file", "sub/../.relay", ok=False))
+    assert os.listdir(team.state / "outbox" / "bob") == []
+
+
+def test_an_absolute_file_and_the_mode_of_an_existing_one(team, tmp_path_factory):
+    path = tmp_path_factory.mktemp("elsewhere") / "CLAUDE.md"
+    path.write_text("x\n")
+    path.chmod(0o600)
+    team("adopt", "carol", "--file", str(path))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_text() == "x\n\n" + adopt.block("carol", {"alice", "bob"})
+
+
+def test_unknown_and_invalid_agents(team):
+    assert error(team("adopt", "Bob", ok=False)) == (
+        "unknown agent 'Bob'; known agents: alice, bob, carol; did you mean bob? "
+        "(relay adopt --create Bob adds a new agent on purpose)")
+    assert error(team("adopt", "dave", ok=False)) == (
+        "unknown agent 'dave'; known agents: alice, bob, carol (relay adopt --create dave adds a new agent on purpose)")
+    assert error(team("adopt", "System", ok=False)) == (
+        "'System' is relay's own name and never a sender (AGENT): only agents have outboxes")
+    assert "invalid agent name '../x'" in error(team("adopt", "../x", ok=False))
+    assert not (team.root / "AGENTS.md").exists()
+
+
+def test_create_adds_the_agent_unless_the_file_would_be_refused(team):
+    path = team.root / "AGENTS.md"
+    path.write_text(BEGIN.format("alice") + "\n")
+    assert "has no end marker" in error(team("adopt", "dave", "--create", ok=False))
+    assert not (team.state / "outbox" / "dave").exists()
+    path.unlink()
+    team("adopt", "dave", "--create")
+    assert (team.state / "outbox" / "dave").is_dir() and (team.state / "inbox" / "dave" / "new").is_dir()
+    assert path.read_text() == adopt.block("dave", {"alice", "bob", "carol"})
+
+
+def test_outside_a_project(cli):
+    assert error(cli("adopt", "bob", ok=False)) == (
+        f"no relay state directory at {cli.state}: run `relay init` in the project first")
+    assert not (cli.root / "AGENTS.md").exists()
+
+
+def test_a_file_changed_while_adopt_writes_is_not_overwritten(tmp_path):
+    path = tmp_path / "AGENTS.md"
+    path.write_text("before\n")
+
+    def fsync_while_someone_writes(fd):     # the seam runs between writing the new text and the rename
+        path.write_text("an agent's edit\n")
+
+    with pytest.raises(RelayError, match="changed while relay adopt ran; nothing was written: run it again"):
+        adopt.update(path, "bob", adopt.block("bob", {"alice"}), fsync=fsync_while_someone_writes)
+    assert path.read_text() == "an agent's edit\n"
+    assert os.listdir(tmp_path) == ["AGENTS.md"]
+
+
+def test_a_failed_sync_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "AGENTS.md"
+    path.write_text("before\n")
+
+    def broken_fsync(fd):
+        raise OSError(5, "Input/output error")
+
+    with pytest.raises(OSError):
+        adopt.update(path, "bob", adopt.block("bob", set()), fsync=broken_fsync)
+    assert path.read_text() == "before\n" and os.listdir(tmp_path) == ["AGENTS.md"]
+
+
+def test_an_agent_with_no_others_and_a_long_team():
+    alone = adopt.render("solo", set())
+    assert "The other agents: none yet (`relay agents` lists who is there now)." in alone
+    assert "--to OTHER_NAME" in alone
+    many = adopt.render("a0", {f"a{i}" for i in range(1, 100)})
+    assert "`a1`, `a10`" in many and "and 59 more (when this was written" in many
+
+
+def test_the_snippet_is_the_template_rendered_for_a_placeholder_agent():
+    assert SNIPPET.read_text(encoding="utf-8") == adopt.snippet(), (
+        "contrib/AGENT_SNIPPET.md differs from the template: python -m relay.adopt > contrib/AGENT_SNIPPET.md")
+    assert adopt.render(adopt.PLACEHOLDER) in adopt.snippet()
+    for told in ("relay inbox YOUR_NAME --wait", "--reply-to ID", "msg-$(date +%s%N)-$$",
+                 "--status failed", "error.json", "claude mcp add"):
+        assert told in adopt.snippet(), told
+
+
+def test_a_marker_after_a_byte_order_mark_is_found(tmp_path):
+    path = tmp_path / "AGENTS.md"
+    path.write_text("\ufeff" + adopt.block("bob", set()) + "tail\n", encoding="utf-8")
+    assert adopt.update(path, "bob", adopt.block("bob", {"alice"})) == "updated"
+    assert path.read_text(encoding="utf-8") == "\ufeff" + adopt.block("bob", {"alice"}) + "tail\n"
+
+
+def test_adopt_runs_at_once_on_one_file_take_turns(tmp_path):
+    import threading
+    path = tmp_path / "AGENTS.md"
+    path.write_text("top\n")
+    names = [f"agent{i}" for i in range(8)]
+    errors = []
+
+    def one(name):
+        try:
+            adopt.update(path, name, adopt.block(name, set(names) - {name}))
+        except Exception as e:              # noqa: BLE001  (kept for the assertion below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    found = adopt.blocks(path.read_text(), path)
+    assert sorted(found) == names
+    assert path.read_text().startswith("top\n\n<!-- relay:begin agent=")
+
+
+KILLER = """
+import os, signal, sys
+from relay import adopt
+calls = []
+def fsync(fd):
+    calls.append(fd)
+    if len(calls) == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.fsync(fd)
+adopt.update(sys.argv[1], "bob", adopt.block("bob", {"alice"}), fsync=fsync)
+"""
+
+
+@pytest.mark.parametrize("at, whole", [(1, "old"), (2, "new")])
+def test_kill_9_at_each_sync_leaves_the_old_file_or_the_new_one_whole(tmp_path, at, whole):
+    import subprocess
+    import sys
+    path = tmp_path / "AGENTS.md"
+    old = "keep\n\n" + adopt.block("bob", set())
+    path.write_text(old)
+    done = subprocess.run([sys.executable, "-c", KILLER, str(path), str(at)], capture_output=True, timeout=30)
+    assert done.returncode == -9, done.stderr
+    new = "keep\n\n" + adopt.block("bob", {"alice"})
+    assert path.read_text() == {"old": old, "new": new}[whole]
+    adopt.update(path, "bob", adopt.block("bob", {"alice"}))        # a later run finishes the job
+    assert path.read_text() == new
