@@ -17,7 +17,6 @@ old one only if that is still the file that was read, and the directory is synce
 runs take turns (flock on the directory); a hand edit made while one runs, up to the instant
 of its rename, is noticed and not overwritten.
 """
-import difflib
 import errno
 import fcntl
 import os
@@ -27,7 +26,8 @@ import stat
 import sys
 from pathlib import Path
 
-from .errors import NotFound, RelayError
+from .api import check_known
+from .errors import RelayError
 from .fs import write_all
 from .layout import is_inside
 
@@ -339,24 +339,13 @@ def replace(dfd, path, data, seen, fsync):
 
 # -- the agent ----------------------------------------------------------------------------------
 
-def unknown(agent, known):
-    """The one line for an agent relay does not know."""
-    names = sorted(known)
-    listed = ", ".join(names[:30]) + (f" ... ({len(names)} in all)" if len(names) > 30 else "")
-    same_case = [n for n in names if n.lower() == agent.lower()]
-    close = same_case or difflib.get_close_matches(agent, names, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    return NotFound(f"unknown agent {agent!r}; known agents: {listed or '(none)'}{hint} "
-                    f"(relay adopt --create {agent} adds a new agent on purpose)")
-
-
 def adopt(layout, configured, agent, path, create=False, fsync=None):
     """Write agent `agent`'s block into `path`. An agent relay does not know is refused unless
     `create`, which makes its outbox and inbox. Returns 'added', 'updated' or 'unchanged'."""
     known = layout.agent_names(configured)
     if agent not in known:
         if not create:
-            raise unknown(agent, known)
+            check_known(agent, known, "agent")
         check(path)                             # a file adopt would refuse creates no agent
         problems = layout.init([agent])
         if problems:

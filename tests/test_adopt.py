@@ -180,10 +180,9 @@ def test_an_absolute_file_and_the_mode_of_an_existing_one(team, tmp_path_factory
 
 def test_unknown_and_invalid_agents(team):
     assert error(team("adopt", "Bob", ok=False)) == (
-        "unknown agent 'Bob'; known agents: alice, bob, carol; did you mean bob? "
-        "(relay adopt --create Bob adds a new agent on purpose)")
+        "unknown agent 'Bob'; did you mean bob? known agents: alice, bob, carol (--create adds a new agent on purpose)")
     assert error(team("adopt", "dave", ok=False)) == (
-        "unknown agent 'dave'; known agents: alice, bob, carol (relay adopt --create dave adds a new agent on purpose)")
+        "unknown agent 'dave'; known agents: alice, bob, carol (--create adds a new agent on purpose)")
     assert error(team("adopt", "System", ok=False)) == (
         "'System' is relay's own name and never a sender (AGENT): only agents have outboxes")
     assert "invalid agent name '../x'" in error(team("adopt", "../x", ok=False))
