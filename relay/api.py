@@ -289,16 +289,18 @@ class Agent:
         m = Received.of(found[2], found[0], found[1])
         return self.ack([m])[0] if ack else m
 
-    def wait(self, timeout=None, ack=False):
+    def wait(self, timeout=None, ack=False, listening=None):
         """Block until at least one new message is there and return the new ones (marked read
         with `ack`); [] when `timeout` seconds pass first. Woken by inotify (watchdog), not a
-        polling loop."""
+        polling loop. `listening` (a threading.Event) is set once an arrival would wake it."""
         got = self.inbox(ack=ack)
         if got:
             return got
         self.layout.make_inbox(self.name)
         deadline = None if timeout is None else time.monotonic() + timeout
         with NewMail(self.layout.inbox / self.name / "new") as mail:
+            if listening is not None:
+                listening.set()
             while True:
                 got = self.inbox(ack=ack)
                 if got:

@@ -42,7 +42,7 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, b
         raise click.UsageError("give --to NAME[,NAME...] (or --reply-to ID)")
     if body is None or body == "-":
         body = sys.stdin.read()
-    me = Agent(sender, project=_project(ctx), create=create, role="sender (--from)")
+    me = Agent(sender, project=_project(ctx), create=create, role="sender")
     if reply_to is not None:
         original = me.find(reply_to)
         mid = me.reply(original, body, to=to, kind=kind, thread=thread, subject=subject,
@@ -90,7 +90,7 @@ def read(ctx, message_id, agent, as_json):
     """Print one message whole: from an agent's inbox, or as the ledger has it."""
     project = _project(ctx)
     if agent:
-        me = Agent(agent, project=project, role="agent (--agent)")
+        me = Agent(agent, project=project, role="agent")
         _show(me, [me.read(message_id)], True, as_json, False, single=True)
     else:
         _show(None, [project.message(message_id)], False, as_json, False, single=True)

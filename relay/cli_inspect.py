@@ -10,6 +10,7 @@ import orjson
 from . import views
 from .cli import main, out_json, pass_ctx, verdict
 from .guards import agent_name, checked, duration, handle_errors, moment
+from .errors import NotFound
 from .inbox import Inbox
 from .ledger import STATUSES
 from .lock import holder
@@ -79,7 +80,18 @@ def show(ctx, message_id, as_json):
     led = ctx.reader()
     layout = ctx.layout
     try:
-        row = led.find(message_id)
+        try:
+            row = led.find(message_id)
+        except NotFound:
+            waiting = _waiting(layout, message_id)
+            if waiting is None:
+                raise
+            if as_json:
+                out_json({"id": message_id.upper(), "status": "waiting", "source_path": waiting})
+            else:
+                click.echo(f"message {message_id.upper()}\n  status         waiting in {waiting}: relay has not "
+                           "taken it yet (is the daemon running? see relay status)")
+            return
         deliveries = led.deliveries(row["id"])
         events = led.events(row["id"])
         box = Inbox(layout, None)
@@ -98,6 +110,15 @@ def show(ctx, message_id, as_json):
             click.echo(views.show(row, deliveries, events, paths, body))
     finally:
         led.close()
+
+
+def _waiting(layout, mid):
+    """The outbox path of a message `relay send` wrote that relay has not taken yet, or None."""
+    name = f"msg-{mid.lower()}"
+    for agent, _, problem in layout.outbox_dirs():
+        if problem is None and layout.fs.exists(f"outbox/{agent}/{name}"):
+            return f"outbox/{agent}/{name}"
+    return None
 
 
 @main.command()

@@ -16,6 +16,9 @@ def identify(ledger, layout, works, now):
             and w.error is None and not w.defer]
     if not todo:
         return
+    # In the order they were written, as far as ids tell (relay send's ids are time-sorted):
+    # of two files with one request id in a batch, the earlier is the one delivered.
+    todo.sort(key=lambda w: w.message.id or w.id)
     day = day_of(now)
     items = [(w.id, w.sender, w.name, w.message.id, None if w.refused else w.message.request_id) for w in todo]
     verdicts = ledger.identify(now, items, lambda sender, mid, name: layout.archive_rel(day, sender, mid, name))

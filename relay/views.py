@@ -36,6 +36,7 @@ def record(row):
         "source_path": f"outbox/{row['sender']}/{row['name']}", "archive_path": row["archive_path"]
         if row["status"] == Status.ARCHIVED else None, "failed_path": row["failed_path"],
         "sha256": row["sha256"], "size": row["size"],
+        "request_id": row["request_id"], "duplicate_of": row["duplicate_of"],
     }
 
 
@@ -93,7 +94,7 @@ def show(row, deliveries, events, paths, body):
     out = [f"message {row['id']}"]
     for key in ("from", "to", "kind", "thread", "subject", "status", "retries", "error", "sent_at",
                 "discovered_at", "delivered_at", "archived_at", "failed_at", "source_path", "archive_path",
-                "failed_path", "sha256", "size"):
+                "failed_path", "sha256", "size", "request_id", "duplicate_of"):
         value = rec[key]
         if isinstance(value, list):
             value = ", ".join(value)
