@@ -16,7 +16,9 @@ into the outbox under a name no other message uses.
 """
 import dataclasses
 import difflib
+import fcntl
 import os
+import select
 import threading
 import time
 
@@ -175,17 +177,17 @@ class Agent:
     """One agent's side: its outbox to send from, its inbox to read."""
 
     def __init__(self, name, root=None, *, state_dir=None, create=False, project=None, role="agent"):
+        self._mail = None           # the inbox watch wait() keeps
         self.project = project or Project(root, state_dir)
         self.repeated = False       # the last send's request id was used before: nothing was sent
         self.layout = self.project.layout
         self.inbox_ = Inbox(self.layout, Syncer("normal", self.layout.fs))
         if not self.layout.state.is_dir():
             raise RelayError(f"no relay state directory at {self.layout.state}: run `relay init` first")
-        if name == SYSTEM:
-            raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender: only agents have outboxes")
-        if create:
+        if create and name != SYSTEM:
             _create(self.layout, [name])
-        self.name = check_known(name, self.project.agents(), role)
+        # System, relay's own inbox (control messages), may be read; it never sends.
+        self.name = name if name == SYSTEM else check_known(name, self.project.agents(), role)
 
     def __repr__(self):
         return f"Agent({self.name!r}, root={str(self.project.config.root)!r})"
@@ -197,6 +199,8 @@ class Agent:
         `to`: a name, a list of names, "*" or "System". With a request id used before by this
         agent (on a message that did not fail), nothing is written and that message's id is
         returned: a send retried after a timeout is not delivered twice."""
+        if self.name == SYSTEM:
+            raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender: only agents have outboxes")
         names = [n.strip() for n in (to.split(",") if isinstance(to, str) else to) if n.strip()]
         if not names:
             raise RelayError("no recipient: give a name, a list of names, '*' or System")
@@ -296,53 +300,96 @@ class Agent:
         got = self.inbox(ack=ack)
         if got:
             return got
-        self.layout.make_inbox(self.name)
+        if self._mail is None:
+            self.layout.make_inbox(self.name)
+            self._mail = NewMail(self.layout.inbox / self.name / "new").open()
         deadline = None if timeout is None else time.monotonic() + timeout
-        with NewMail(self.layout.inbox / self.name / "new") as mail:
-            if listening is not None:
-                listening.set()
-            while True:
-                got = self.inbox(ack=ack)
-                if got:
-                    return got
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return []
-                mail.wait(left)
+        if listening is not None:
+            listening.set()
+        while True:
+            got = self.inbox(ack=ack)
+            if got:
+                return got
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return []
+            self._mail.wait(left)
+
+    def close(self):
+        """Stop watching the inbox (wait() keeps its watch for the next call: closing an inotify
+        descriptor waits for the kernel, some milliseconds)."""
+        if self._mail is not None:
+            self._mail.close()
+            self._mail = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
 
 
 class NewMail:
-    """Woken when a file arrives in a directory (watchdog: inotify on Linux)."""
+    """Woken when a file arrives in a directory. On Linux the waiting thread itself blocks on an
+    inotify descriptor (watchdog's bindings): no thread, no hand-off. Elsewhere a watchdog
+    Observer sets an event."""
 
     def __init__(self, path):
         self.path = str(path)
         self.arrived = threading.Event()
-        self.observer = None
+        self.observer = self.fd = None
 
-    def __enter__(self):
+    def open(self):
+        try:
+            from watchdog.observers.inotify_c import InotifyConstants as K, inotify_add_watch, inotify_init
+        except ImportError:
+            return self._observe()
+        fd = inotify_init()
+        if fd < 0:
+            return self._observe()
+        self.fd = fd
+        fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+        if inotify_add_watch(fd, os.fsencode(self.path), K.IN_CREATE | K.IN_MOVED_TO | K.IN_ONLYDIR) < 0:
+            os.close(fd)
+            self.fd = None
+            return self._observe()
+        return self
+
+    def _observe(self):
         from watchdog.events import FileCreatedEvent, FileMovedEvent, FileSystemEventHandler
-        from watchdog.observers import Observer
 
+        from .watcher import observer
         arrived = self.arrived
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event):
                 arrived.set()
 
-        self.observer = Observer()
-        self.observer.schedule(Handler(), self.path, recursive=False,
-                               event_filter=[FileCreatedEvent, FileMovedEvent])
+        self.observer = observer()
+        self.observer.schedule(Handler(), self.path, recursive=False, event_filter=[FileCreatedEvent, FileMovedEvent])
         self.observer.daemon = True
         self.observer.start()
         return self
 
     def wait(self, timeout):
+        if self.fd is not None:
+            if select.select([self.fd], [], [], timeout)[0]:
+                os.read(self.fd, 65536)         # what arrived matters, not its name: looked for after
+            return
         self.arrived.wait(timeout)
         self.arrived.clear()
 
-    def __exit__(self, *exc):
-        self.observer.stop()
-        self.observer.join(timeout=5)
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.observer is not None:
+            self.observer.stop()
+            self.observer.join(timeout=5)
+            self.observer = None
 
 
 def agents(root=None, state_dir=None):

@@ -21,6 +21,18 @@ log = logging.getLogger(__name__)
 EVENTS = [FileMovedEvent, FileClosedEvent, FileCreatedEvent, FileModifiedEvent, DirCreatedEvent, DirMovedEvent]
 
 
+def observer():
+    """A watchdog Observer that hands on each event at once."""
+    if InotifyMoveEventGrouper is None:
+        return Observer()
+    # watchdog holds each IN_MOVED_FROM for 0.5 s to pair it with its IN_MOVED_TO, and its
+    # queue sleeps out that delay even when the pair arrives at once: every rename would wait
+    # half a second. relay needs no pairing (it only wants the destination, which full events
+    # report on their own), so no delay.
+    InotifyMoveEventGrouper.delay = 0
+    return Observer(generate_full_events=True)
+
+
 class _LostEvents(logging.Handler):
     """watchdog recovers from an inotify queue overflow by itself but only logs it; relay
     must rescan then, since events were dropped."""
@@ -80,15 +92,7 @@ class Watcher:
 
     def start(self):
         outbox = self.relay.layout.outbox
-        if InotifyMoveEventGrouper is not None:
-            # watchdog holds each IN_MOVED_FROM for 0.5 s to pair it with its IN_MOVED_TO, and its
-            # queue sleeps out that delay even when the pair arrives at once: every rename into
-            # an outbox would wait half a second. relay needs no pairing (it only wants the
-            # destination, which full events report on their own), so no delay.
-            InotifyMoveEventGrouper.delay = 0
-            self.observer = Observer(generate_full_events=True)
-        else:
-            self.observer = Observer()
+        self.observer = observer()
         self.observer.schedule(Handler(self.relay, outbox), str(outbox), recursive=True, event_filter=EVENTS)
         logging.getLogger("watchdog").addHandler(self.lost)
         self.observer.daemon = True

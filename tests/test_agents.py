@@ -280,3 +280,13 @@ def test_reply_goes_to_the_sender_in_the_thread(team):
     again = bob.reply(q, "more")        # Python: the same thread and subject
     drain(team.root)
     assert [(m.thread, m.subject) for m in alice.inbox()][-1] == (q.id, "Re: review") and again
+
+
+def test_system_inbox_is_read_but_system_never_sends(team):
+    (team.state / "outbox" / "Alice" / "spawn").write_text("NAME: worker\nCLI: claude\n")
+    drain(team.root)
+    assert "kind:    spawn" in team("inbox", "System").output
+    r = team("send", "--from", "System", "--to", "Bob", "x", ok=False)
+    assert error_line(r) == "'System' is relay's own name and never a sender (--from): only agents have outboxes"
+    with pytest.raises(relay.InvalidName):
+        relay.Agent("System", root=team.root).send("Bob", "x")
