@@ -91,7 +91,7 @@ class Relay:
         ignore_lease_breaks()
 
     def close(self):
-        self.hooks.stop(self.config.on_deliver_timeout)
+        self.hooks.stop()
         self.ledger.close()
         self.syncer.close()
         self.layout.close()

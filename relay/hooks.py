@@ -14,8 +14,8 @@ limit is killed with its whole process group and logged. Neither delays or fails
   project root, in a session of its own, stdin /dev/null, stdout and stderr captured together
   (the last OUTPUT_TAIL bytes kept), no descriptor of relay's inherited, with the relay's
   environment plus RELAY_ROOT, RELAY_STATE_DIR and the delivery's RELAY_* variables.
-- `stop(grace)` (relay's stop, the end of run --once) waits up to `grace` for what is queued and
-  running, then drops the rest and kills what still runs.
+- `stop()` (relay's stop, the end of run --once) waits a second past `on_deliver_timeout` (at
+  most STOP_GRACE) for what is queued and running, then drops the rest and kills what still runs.
 """
 import dataclasses
 import logging
@@ -39,6 +39,7 @@ VALUE_MAX = 1024        # characters of a subject, thread or kind passed in the 
 TICK = 0.1              # without pidfd_open: how often a hook's exit is looked for while a child holds its output
 REAP_WAIT = 5.0         # how long a killed hook may take to die
 DROP_LOG_EVERY = 10.0   # seconds between two log lines about dropped hooks
+STOP_GRACE = 30.0       # the longest stop() waits for hooks (within a service manager's stop timeout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,15 +120,18 @@ class Hooks:
             return 0
         queued = 0
         inbox = os.path.join(self.state_dir, "inbox")
-        for w in works:
-            m = w.message
-            for r in w.got:
-                if r == SYSTEM and not self.system:
-                    continue
-                d = Delivery(w.id, w.sender, r, os.path.join(inbox, r, "new", f"{w.id}.json"),
-                             plain(getattr(m, "subject", None)), plain(getattr(m, "thread", None)),
-                             plain(getattr(m, "kind", None)))
-                queued += self.fire(d)
+        try:
+            for w in works:
+                m = w.message
+                for r in w.got:
+                    if r == SYSTEM and not self.system:
+                        continue
+                    d = Delivery(w.id, w.sender, r, os.path.join(inbox, r, "new", f"{w.id}.json"),
+                                 plain(getattr(m, "subject", None)), plain(getattr(m, "thread", None)),
+                                 plain(getattr(m, "kind", None)))
+                    queued += self.fire(d)
+        except Exception:  # noqa: BLE001 - the deliveries are recorded: nothing here may fail the step
+            log.exception("on_deliver: hooks of this batch not queued")
         return queued
 
     def fire(self, delivery):
@@ -176,9 +180,12 @@ class Hooks:
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
-    def stop(self, grace):
-        """Wait up to `grace` seconds for the hooks queued and running; then drop those queued,
-        kill those running, and end the workers. Nothing is queued after this."""
+    def stop(self, grace=None):
+        """Wait up to `grace` seconds for the hooks queued and running (default: a second past
+        the time limit, so that a hook just started meets its own limit first; at most
+        STOP_GRACE); then drop those queued, kill those running, and end the workers. Nothing is
+        queued after this."""
+        grace = min(self.timeout + 1.0, STOP_GRACE) if grace is None else grace
         with self._lock:
             self._closing = True
             busy = self._pending
