@@ -356,14 +356,14 @@ def readme_hook():
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def test_the_readme_tmux_hook_types_into_the_agent_s_window(project):
-    """A tmux server of the test's own; Ben's window reads one line, writes it to a file and
-    signals the test through tmux's wait-for."""
-    sock, typed = f"relay-test-{os.getpid()}", project.root / "typed"
-    tmux = ["tmux", "-L", sock, "-f", "/dev/null"]
-    pane = f"read line; printf '%s\\n' \"$line\" > {typed}; tmux -L {sock} wait-for -S typed; sleep 600"
+    """A tmux server of the test's own, its socket in the test's directory; Ben's window reads
+    one line, writes it to a file and signals the test through tmux's wait-for."""
+    sock, typed = project.root / "tmux.sock", project.root / "typed"
+    tmux = ["tmux", "-S", str(sock), "-f", "/dev/null"]
+    pane = f"read line; printf '%s\\n' \"$line\" > {typed}; tmux -S {sock} wait-for -S typed; sleep 600"
     subprocess.run(tmux + ["new-session", "-d", "-s", "agents", "-n", "Ben", "-x", "250", "-y", "10", pane], check=True)
     try:
-        relay = project.relay(on_deliver=readme_hook().replace("tmux ", f"tmux -L {sock} "))
+        relay = project.relay(on_deliver=readme_hook().replace("tmux ", f"tmux -S {sock} "))
         project.drop("Ann", "m", "TO: Ben\nSUBJECT: review\n\nplease look")
         assert relay.step().archived == 1 and relay.hooks.join(30)
         assert relay.hooks.ran == 1
