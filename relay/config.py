@@ -91,6 +91,36 @@ def _level(value):
     return value
 
 
+def _command(value):
+    """on_deliver: a string for /bin/sh -c, or a list taken as argv; an empty string is none."""
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ValueError("a command cannot hold a NUL byte")
+        return value if value.strip() else None
+    if isinstance(value, list) and value and all(isinstance(a, str) and a and "\0" not in a for a in value):
+        return tuple(value)
+    raise ValueError(f"{value!r} is not a command (a string run by /bin/sh -c, or a non-empty list of "
+                     "non-empty strings taken as its arguments)")
+
+
+def _positive_duration(value):
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be longer than 0s")
+    return seconds
+
+
+def _bool(value):
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("true", "yes", "on", "1"):
+        return True
+    if word in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"{value!r} is not true or false")
+
+
 def _state_dir(value):
     if not isinstance(value, str) or not value:
         raise ValueError(f"{value!r} is not a directory path")
@@ -113,7 +143,15 @@ _PARSERS = {
     "agents": _agents,
     "log_format": _choice("text", "json"),
     "log_level": _level,
+    "on_deliver": _command,
+    "on_deliver_timeout": _positive_duration,
+    "on_deliver_system": _bool,
 }
+
+# Set by relay for an on_deliver hook (hooks.py), not configuration: a hook that runs relay
+# inherits them.
+HOOK_VARIABLES = frozenset({"RELAY_MESSAGE_ID", "RELAY_SENDER", "RELAY_RECIPIENT", "RELAY_ENVELOPE",
+                            "RELAY_SUBJECT", "RELAY_THREAD", "RELAY_KIND"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +172,9 @@ class Config:
     agents: tuple = ()
     log_format: str = "text"
     log_level: str = "INFO"
+    on_deliver: object = None           # a command run per delivered envelope (hooks.py): str or tuple
+    on_deliver_timeout: float = 10.0
+    on_deliver_system: bool = False     # also for envelopes delivered to System's inbox
     source: str = "defaults"
 
 
@@ -225,7 +266,8 @@ def load(root=None, state_dir=None, env=None, overrides=None):
                                   "RELAY_STATE_DIR for any other place)")
             state = root / where
     env_values = {k[len("RELAY_"):].lower(): v for k, v in env.items()
-                  if k.startswith("RELAY_") and k not in ("RELAY_ROOT", "RELAY_STATE_DIR")}
+                  if k.startswith("RELAY_") and k not in ("RELAY_ROOT", "RELAY_STATE_DIR")
+                  and k not in HOOK_VARIABLES}
     if env_values:
         values.update(_clean(env_values, "environment (RELAY_<KEY>)"))
         sources.append("environment")

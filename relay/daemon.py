@@ -23,6 +23,7 @@ from .config import SYSTEM
 from .errors import DurabilityError, LedgerCorrupt, MessageRefused, TransientError, sqlite_cause
 from .fs import shown
 from .history import History
+from .hooks import Hooks
 from .ids import IdGenerator
 from .identity import identify
 from .inbox import Inbox
@@ -76,6 +77,7 @@ class Relay:
         self.outbox = Outbox(self.layout, config.settle, self.syncer)
         self.recovery = Recovery(self.layout, self.ledger, self.history, self.archive, self.inbox, self.syncer)
         self.ids = IdGenerator()
+        self.hooks = Hooks(config)              # on_deliver, run off this thread (hooks.py)
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
         self.wake = threading.Event()
         self.left = []                          # what drain() gave up waiting for
@@ -90,6 +92,7 @@ class Relay:
         ignore_lease_breaks()
 
     def close(self):
+        self.hooks.stop()
         self.ledger.close()
         self.syncer.close()
         self.layout.close()
@@ -237,6 +240,7 @@ class Relay:
                     w.failed_rel = None
                     log.error("%s: %s; the original stays at %s", w.id, e, w.path)
         self.ledger.record(now, works)
+        self.hooks.delivered(works)     # durable now: each new recipient's hook is queued
         for w in works:
             self._report(w, now, counts)
 
@@ -496,8 +500,9 @@ class Relay:
 
     def reconfigure(self, config):
         """Apply a new configuration of the same state directory (a SIGHUP reload) between two
-        steps: the settle time, durability, and every value a step reads from `config`."""
+        steps: the settle time, durability, the on_deliver hook and every value a step reads."""
         self.config = config
         self.outbox.settle = config.settle
         self.syncer.durable = config.durability == "full"
         self.ledger.set_durability(config.durability)
+        self.hooks.configure(config)

@@ -76,7 +76,9 @@ class Daemon:
         elif signum == signal.SIGUSR1:
             self.signals.poke = True
         elif self.signals.stop:
-            # Second signal: stop now. What was claimed is recovered at the next start.
+            # Second signal: stop now. What was claimed is recovered at the next start; running
+            # on_deliver hooks are killed, not left behind.
+            self.relay.hooks.kill()
             os._exit(1)
         else:
             self.signals.stop = True
