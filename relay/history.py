@@ -5,12 +5,156 @@ in ledger.py.
 
 A History reads through a Ledger's connection: the relay's own (so the loop reads what its
 writes left), or one a read-only verb opened beside a running daemon.
+
+A stored row this build cannot read (an unknown status, a time that is no number, a malformed
+id or name, a path outside its place in the state directory) is never fatal: `unreadable(row)`
+names its first bad column, `BadRow` says so in one line with the row's id, and `sift()` passes
+on the readable rows of a query while it collects the others, for every verb to report and go on
+without them. `bad_rows()` walks the whole ledger that way (doctor, verify, report).
 """
+import dataclasses
+
+import orjson
+
 from .errors import NotFound, RelayError
+from .fs import Unsafe, split
+from .layout import valid_agent, valid_id
 from .ledger import GENESIS, STATUSES, Status, chain_hash, checksum
 from .schema import MIGRATIONS
 
 CHUNK = 500         # ids per `IN (...)` query
+NUMERIC = "typeof({0}) IN ('integer', 'real')"      # a column that holds a number (times)
+
+
+# -- rows this build can read ---------------------------------------------------------------
+
+def _number(v):
+    return isinstance(v, (int, float))
+
+
+def _maybe(check):
+    return lambda v: v is None or check(v)
+
+
+def _count(v):
+    return isinstance(v, int) and v >= 0
+
+
+def _text(v):
+    return isinstance(v, str)
+
+
+def _id(v):
+    return isinstance(v, str) and valid_id(v)
+
+
+def _agent(v):
+    return isinstance(v, str) and valid_agent(v)
+
+
+def _file_name(v):
+    return isinstance(v, str) and v not in ("", ".", "..") and "/" not in v and "\0" not in v
+
+
+def _under(top):
+    """A stored relative path that lies under `top`/ inside the state directory."""
+    def check(v):
+        if not isinstance(v, str):
+            return False
+        try:
+            parts = split(v)
+        except Unsafe:
+            return False
+        return len(parts) >= 2 and parts[0] == top
+    return check
+
+
+def _json(kind):
+    def check(v):
+        if not isinstance(v, str):
+            return False
+        try:
+            value = orjson.loads(v)
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(value, kind) and (kind is not list or all(isinstance(x, str) for x in value))
+    return check
+
+
+def _sha256(v):
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+
+
+CHECKS = {
+    "messages": {
+        "id": _id, "sender": _agent, "name": _file_name, "status": lambda v: v in STATUSES,
+        "spooled": lambda v: v in (0, 1), "recipients": _maybe(_json(list)), "kind": _maybe(_text),
+        "thread": _maybe(_text), "subject": _maybe(_text), "body": _maybe(_text), "headers": _maybe(_json(dict)),
+        "size": _maybe(_count), "sha256": _maybe(_sha256), "sent_at": _maybe(_number),
+        "discovered_at": _number, "claimed_at": _maybe(_number), "delivered_at": _maybe(_number),
+        "archived_at": _maybe(_number), "failed_at": _maybe(_number), "retries": _count, "attempts": _count,
+        "interrupted": _count, "next_attempt_at": _number, "failing_since": _maybe(_number),
+        "error": _maybe(_text), "archive_path": _maybe(_under("archive")), "failed_path": _maybe(_under("failed")),
+    },
+    "events": {
+        "seq": _count, "message_id": _maybe(_id), "at": _number, "event": _text, "detail": _maybe(_text),
+        "actor": _text, "sender": _maybe(_agent), "recipients": _maybe(_json(list)),
+    },
+    "deliveries": {
+        "message_id": _id, "recipient": _agent, "delivered_at": _number, "size": _maybe(_count),
+        "sha256": _maybe(_sha256),
+    },
+    "agents": {"name": _agent, "first_seen": _number, "last_seen": _number},
+}
+KEYS = {"messages": "id", "events": "seq", "deliveries": "message_id", "agents": "name"}
+
+
+def unreadable(row, table="messages", need=()):
+    """(column, value) of the first column of `row` (any of `table`'s columns it holds) that
+    this build cannot read, or None. Columns in `need` must also not be NULL."""
+    checks = CHECKS[table]
+    for column in row.keys():
+        check = checks.get(column)
+        value = row[column]
+        if check is not None and not check(value) or column in need and value is None:
+            return column, value
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BadRow:
+    """A stored row this build cannot read: which (table and key) and where (column, value)."""
+    table: str
+    key: object
+    column: str
+    value: object
+
+    @classmethod
+    def of(cls, row, table="messages", need=()):
+        """The BadRow of `row`, or None when this build can read it."""
+        problem = unreadable(row, table, need)
+        if problem is None:
+            return None
+        key = KEYS[table]
+        return cls(table, row[key] if key in row.keys() else None, *problem)
+
+    def __str__(self):
+        value = repr(self.value)
+        value = value if len(value) <= 60 else value[:59] + "…"
+        what = f"message {self.key!r}" if self.table == "messages" else f"{self.table} row {self.key!r}"
+        if self.table == "deliveries":
+            what = f"delivery of message {self.key!r}"
+        return f"ledger {what}: column {self.column} holds {value}, which this relay cannot read; skipped"
+
+
+def sift(rows, bad, table="messages"):
+    """The rows this build can read, in order; each other one is appended to `bad` as a BadRow."""
+    for row in rows:
+        problem = BadRow.of(row, table)
+        if problem is None:
+            yield row
+        else:
+            bad.append(problem)
 
 
 class History:
@@ -75,7 +219,8 @@ class History:
         return set(ids) - known
 
     def latest_archived_at(self):
-        return self.db.execute("SELECT max(archived_at) FROM messages WHERE status = 'archived'").fetchone()[0]
+        return self.db.execute("SELECT max(archived_at) FROM messages WHERE status = 'archived' AND "
+                               + NUMERIC.format("archived_at")).fetchone()[0]
 
     def waiting(self, now, horizon):
         """(what, why) of pending messages due within `horizon` seconds (what run --once left)."""
@@ -89,11 +234,13 @@ class History:
                                "ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall()
 
     def next_archive_due(self):
-        return self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'delivered'"
-                               ).fetchone()[0]
+        return self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'delivered' AND "
+                               + NUMERIC.format("next_attempt_at")).fetchone()[0]
 
     def next_due(self):
-        row = self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'pending'").fetchone()
+        """When the next pending message is due (a row whose time is no number never is)."""
+        row = self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'pending' AND "
+                              + NUMERIC.format("next_attempt_at")).fetchone()
         return row[0]
 
     # -- retention --------------------------------------------------------------------------
@@ -124,18 +271,42 @@ class History:
     # -- for people -------------------------------------------------------------------------
 
     def counts(self):
+        """Messages per state this build knows (`unknown_statuses()` counts the others)."""
         counts = dict.fromkeys(STATUSES, 0)
         for row in self.db.execute("SELECT status, count(*) AS n FROM messages GROUP BY status"):
-            counts[row["status"]] = row["n"]
+            if row["status"] in counts:
+                counts[row["status"]] = row["n"]
         return counts
 
+    def unknown_statuses(self, limit=20):
+        """(count, [BadRow...] of at most `limit`) of messages whose status this build does not know."""
+        marks = ",".join("?" * len(STATUSES))
+        n = self.db.execute(f"SELECT count(*) FROM messages WHERE status NOT IN ({marks})", STATUSES).fetchone()[0]
+        rows = self.db.execute(f"SELECT id, status FROM messages WHERE status NOT IN ({marks}) ORDER BY id LIMIT ?",
+                               (*STATUSES, limit)) if n else []
+        return n, [BadRow("messages", r["id"], "status", r["status"]) for r in rows]
+
     def oldest_pending(self):
-        row = self.db.execute("SELECT min(discovered_at) FROM messages WHERE status IN ('pending', 'processing')"
-                              ).fetchone()
+        """The discovery time of the oldest message on its way (a time that is no number is left out)."""
+        row = self.db.execute("SELECT min(discovered_at) FROM messages WHERE status IN ('pending', 'processing') "
+                              "AND " + NUMERIC.format("discovered_at")).fetchone()
         return row[0]
 
     def agents(self):
         return self.db.execute("SELECT * FROM agents ORDER BY name").fetchall()
+
+    def attestation(self):
+        """The newest attestation a relay recorded of its writer connection's settings, or None."""
+        return self.db.execute("SELECT * FROM attestations ORDER BY seq DESC LIMIT 1").fetchone()
+
+    def bad_rows(self, since=None):
+        """Every stored row this build cannot read, as BadRows: messages (discovered since
+        `since`, when given), their events and deliveries, and agents."""
+        where, args = ("", ()) if since is None else (" WHERE discovered_at >= ?", (since,))
+        yield from _bad(self.db.execute("SELECT * FROM messages" + where, args), "messages")
+        yield from _bad(self.db.execute("SELECT * FROM deliveries"), "deliveries")
+        yield from _bad(self.db.execute("SELECT * FROM events"), "events")
+        yield from _bad(self.db.execute("SELECT * FROM agents"), "agents")
 
     def agent_figures(self, name):
         """(messages sent, deliveries received, the row of the last failed message sent or None)."""
@@ -188,25 +359,30 @@ class History:
                                "ON m.id = e.message_id WHERE e.seq > ? ORDER BY e.seq", (seq,)).fetchall()
 
     def figures(self, since=None):
-        """The numbers of `relay report`: counts, who told whom, messages per hour, failures, threads."""
+        """The numbers of `relay report`: counts, who told whom, messages per hour, failures, threads.
+        A row whose status or times this build cannot read counts in none of them;
+        `data["unreadable"]` lists every BadRow of the period (`bad_rows()`)."""
         db = self.db
         since = since or 0
-        data = {"since": since}
+        data = {"since": since, "unreadable": list(self.bad_rows(since or None))}
+        known = "m.status IN (" + ",".join("?" * len(STATUSES)) + ") AND " + NUMERIC.format("m.discovered_at") \
+            + " AND m.discovered_at >= ?"
+        args = (*STATUSES, since)
         data["counts"] = {r[0]: r[1] for r in db.execute(
-            "SELECT status, count(*) FROM messages WHERE discovered_at >= ? GROUP BY status", (since,))}
+            f"SELECT status, count(*) FROM messages m WHERE {known} GROUP BY status", args)}
         data["matrix"] = db.execute(
             "SELECT m.sender, d.recipient, count(*) AS n FROM deliveries d JOIN messages m ON m.id = d.message_id "
-            "WHERE m.discovered_at >= ? GROUP BY m.sender, d.recipient", (since,)).fetchall()
+            f"WHERE {known} GROUP BY m.sender, d.recipient", args).fetchall()
         data["hours"] = db.execute(
-            "SELECT CAST(discovered_at / 3600 AS INTEGER) AS h, count(*) AS n FROM messages WHERE discovered_at >= ? "
-            "GROUP BY h ORDER BY h", (since,)).fetchall()
-        data["failures"] = db.execute(
-            "SELECT id, sender, name, error, failed_at FROM messages WHERE status = 'failed' AND discovered_at >= ? "
-            "ORDER BY id DESC LIMIT 200", (since,)).fetchall()
+            f"SELECT CAST(discovered_at / 3600 AS INTEGER) AS h, count(*) AS n FROM messages m WHERE {known} "
+            "GROUP BY h ORDER BY h", args).fetchall()
+        data["failures"] = list(sift(db.execute(
+            f"SELECT id, sender, name, error, failed_at FROM messages m WHERE m.status = 'failed' AND {known} "
+            "ORDER BY id DESC LIMIT 200", args), []))
         data["threads"] = db.execute(
             "SELECT thread, count(*) AS n, min(discovered_at) AS first, max(discovered_at) AS last, "
-            "group_concat(DISTINCT sender) AS senders FROM messages WHERE thread IS NOT NULL AND discovered_at >= ? "
-            "GROUP BY thread ORDER BY last DESC LIMIT 100", (since,)).fetchall()
+            f"group_concat(DISTINCT sender) AS senders FROM messages m WHERE thread IS NOT NULL AND {known} "
+            "GROUP BY thread ORDER BY last DESC LIMIT 100", args).fetchall()
         return data
 
     # -- verification -----------------------------------------------------------------------
@@ -282,3 +458,10 @@ class History:
 
     def explain(self, sql, args=()):
         return [r[-1] for r in self.db.execute("EXPLAIN QUERY PLAN " + sql, args)]
+
+
+def _bad(rows, table):
+    for row in rows:
+        problem = BadRow.of(row, table)
+        if problem is not None:
+            yield problem

@@ -35,6 +35,7 @@ class Status(str, enum.Enum):
 STATUSES = tuple(s.value for s in Status)
 
 GENESIS = "0" * 64
+ATTESTATIONS_KEPT = 100     # the newest attestations kept in the ledger
 
 
 def _refuse_links(path):
@@ -61,6 +62,16 @@ def chain_hash(prev, row):
     doc = orjson.dumps([prev, row["id"], row["sender"], row["recipients"], row["discovered_at"],
                         row["delivered_at"], row["archived_at"], row["sha256"], row["archive_path"]])
     return hashlib.sha256(doc).hexdigest()
+
+
+def _delivered(w, now):
+    """When this batch delivered work `w` (its links into new/ made), or `now`."""
+    return w.delivered_at if w.delivered_at is not None else now
+
+
+def _settled(w, now):
+    """When work `w`'s outcome happened in this batch (its file moved, the retry decided), or `now`."""
+    return w.settled_at if w.settled_at is not None else now
 
 
 class Ledger:
@@ -106,6 +117,22 @@ class Ledger:
 
     def __exit__(self, *exc):
         self.close()
+
+    # -- attestation ------------------------------------------------------------------------
+
+    def attest(self, now, facts):
+        """Record what this (writer) connection reports about its settings, with the process
+        that holds it: `facts` has pid, host, version, mode (daemon | once), event (start |
+        reload), durability (configured), journal_mode, synchronous, busy_timeout_ms and
+        foreign_keys. The newest ATTESTATIONS_KEPT are kept."""
+        with self.transaction():
+            self.db.execute(
+                "INSERT INTO attestations (at, pid, host, version, mode, event, durability, journal_mode, "
+                "synchronous, busy_timeout_ms, foreign_keys) VALUES (:at, :pid, :host, :version, :mode, :event, "
+                ":durability, :journal_mode, :synchronous, :busy_timeout_ms, :foreign_keys)",
+                {**facts, "at": now, "foreign_keys": int(bool(facts["foreign_keys"]))})
+            self.db.execute("DELETE FROM attestations WHERE seq <= (SELECT max(seq) FROM attestations) - ?",
+                            (ATTESTATIONS_KEPT,))
 
     # -- schema -----------------------------------------------------------------------------
 
@@ -216,7 +243,7 @@ class Ledger:
             "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1 "
             "WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
             "ORDER BY next_attempt_at, id LIMIT :limit) AND status = 'pending' "
-            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since",
+            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since, interrupted",
             {"now": now, "limit": limit}).fetchall()
         claimed = []
         for r in sorted(rows, key=lambda r: r["id"]):
@@ -238,15 +265,17 @@ class Ledger:
 
     def record(self, now, works):
         """One transaction recording what a batch did: each work by its Outcome, and every
-        recipient's delivery that became durable in it."""
+        recipient's delivery that became durable in it. Each event keeps the instant it
+        happened: a work's `delivered_at` (its links made) and `settled_at` (its outcome: the
+        archive or quarantine move, the retry decided); `now` stands in for one not taken."""
         events = []
         with self.transaction():
-            deliveries = [(w.id, r, now, size, sha) for w in works for r, (size, sha) in w.got.items()]
+            deliveries = [(w.id, r, _delivered(w, now), size, sha) for w in works for r, (size, sha) in w.got.items()]
             if deliveries:
                 self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "
                                     "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
-                events.extend((mid, now, "delivered", r) for mid, r, _, _, _ in deliveries)
-                self._seen({d[1] for d in deliveries}, now)
+                events.extend((mid, at, "delivered", r) for mid, r, at, _, _ in deliveries)
+                self._seen({d[1] for d in deliveries}, max(d[2] for d in deliveries))
             by_kind = {}
             for w in works:
                 by_kind.setdefault(w.outcome, []).append(w)
@@ -271,13 +300,14 @@ class Ledger:
         links = []
         for w in works:
             f = self._fields(w)
+            delivered, archived = _delivered(w, now), _settled(w, now)
             rows.append((f["recipients"], f["kind"], f["thread"], f["subject"], f["body"], f["headers"], w.size,
-                         w.sha256, w.sent_at, now, now, w.archive_rel, w.id))
-            events.append((w.id, now, "archived", w.archive_rel))
+                         w.sha256, w.sent_at, delivered, archived, w.archive_rel, w.id))
+            events.append((w.id, archived, "archived", w.archive_rel))
             seq += 1
             prev = chain_hash(prev, {"id": w.id, "sender": w.sender, "recipients": f["recipients"],
-                                     "discovered_at": w.discovered_at, "delivered_at": now, "archived_at": now,
-                                     "sha256": w.sha256, "archive_path": w.archive_rel})
+                                     "discovered_at": w.discovered_at, "delivered_at": delivered,
+                                     "archived_at": archived, "sha256": w.sha256, "archive_path": w.archive_rel})
             links.append((seq, w.id, prev))
         self.db.executemany(
             "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
@@ -296,9 +326,10 @@ class Ledger:
                 "thread = :thread, subject = :subject, body = :body, headers = :headers, size = :size, "
                 "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
                 "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
-                {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at, "now": now,
-                 "error": str(w.error), "archive_path": w.archive_rel, "at": w.next_attempt_at, "id": w.id})
-            events.append((w.id, now, "archive-failed", str(w.error)))
+                {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at,
+                 "now": _delivered(w, now), "error": str(w.error), "archive_path": w.archive_rel,
+                 "at": w.next_attempt_at, "id": w.id})
+            events.append((w.id, _settled(w, now), "archive-failed", str(w.error)))
 
     def _record_retry(self, now, works, events):
         """Back to pending after a transient failure (of the message, or of some recipients)."""
@@ -313,15 +344,15 @@ class Ledger:
                 "headers = coalesce(:headers, headers), size = coalesce(:size, size), "
                 "sha256 = coalesce(:sha256, sha256), sent_at = coalesce(:sent_at, sent_at) WHERE id = :id",
                 {**f, "retries": w.retries + 1, "error": w.error_text, "at": w.next_attempt_at,
-                 "spooled": int(w.spooled), "now": now, "size": w.size or None, "sha256": w.sha256,
+                 "spooled": int(w.spooled), "now": _settled(w, now), "size": w.size or None, "sha256": w.sha256,
                  "sent_at": w.sent_at, "id": w.id})
-            events.append((w.id, now, "retried", w.error_text))
+            events.append((w.id, _settled(w, now), "retried", w.error_text))
 
     def _record_defer(self, now, works, events):
         self.db.executemany("UPDATE messages SET status = 'pending', next_attempt_at = ?, spooled = ?, "
                             "archive_path = NULL WHERE id = ?",
                             [(w.next_attempt_at, int(w.spooled), w.id) for w in works])
-        events.extend((w.id, now, "deferred", w.error_text) for w in works)
+        events.extend((w.id, _settled(w, now), "deferred", w.error_text) for w in works)
 
     def _record_failed(self, now, works, events):
         for w in works:
@@ -334,10 +365,10 @@ class Ledger:
                 "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
                 "headers = coalesce(:headers, headers), sha256 = coalesce(:sha256, sha256), "
                 "sent_at = coalesce(:sent_at, sent_at), retries = :retries WHERE id = :id",
-                {**f, "now": now, "error": w.refused, "failed_path": w.failed_rel, "size": w.size or None,
-                 "sha256": w.sha256, "sent_at": w.sent_at, "retries": w.retries + (1 if w.error else 0),
-                 "id": w.id})
-            events.append((w.id, now, "failed", w.refused))
+                {**f, "now": _settled(w, now), "error": w.refused, "failed_path": w.failed_rel,
+                 "size": w.size or None, "sha256": w.sha256, "sent_at": w.sent_at,
+                 "retries": w.retries + (1 if w.error else 0), "id": w.id})
+            events.append((w.id, _settled(w, now), "failed", w.refused))
 
     def fail_unreadable(self, now, problems):
         """Claimed rows this build cannot read: failed with the reason. problems: (id, reason)."""
@@ -380,14 +411,23 @@ class Ledger:
 
     # -- recovery ---------------------------------------------------------------------------
 
-    def reset(self, rows, now):
-        """Crash recovery: processing rows back to pending. rows: (id, spooled)."""
+    def reset(self, rows, now, stopped=()):
+        """Crash recovery, one transaction. rows: (id, spooled) of processing rows back to pending;
+        each was being handled when relay stopped, which counts as an attempt (`retries`) and an
+        interruption. stopped: (id, reason, failed_path) of processing rows whose interruptions
+        used up the claim budget: failed (quarantined) instead."""
         with self.transaction():
             self.db.executemany("UPDATE messages SET status = 'pending', spooled = ?, archive_path = NULL, "
-                                "next_attempt_at = 0 WHERE id = ? AND status = 'processing'",
+                                "next_attempt_at = 0, retries = retries + 1, interrupted = interrupted + 1 "
+                                "WHERE id = ? AND status = 'processing'",
                                 [(int(s), mid) for mid, s in rows])
             self._events([(mid, now, "recovered", "left processing by a stopped relay; back to pending")
                           for mid, _ in rows])
+            self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, failed_path = ?, "
+                                "spooled = 0, archive_path = NULL, retries = retries + 1, "
+                                "interrupted = interrupted + 1 WHERE id = ? AND status = 'processing'",
+                                [(now, reason, rel, mid) for mid, reason, rel in stopped])
+            self._events([(mid, now, "failed", reason) for mid, reason, _ in stopped])
 
     def readopt(self, found, now):
         """Spooled files with no ledger record (id, sender, name): registered again as pending,
@@ -410,8 +450,8 @@ class Ledger:
         with self.transaction():
             for mid in ids:
                 row = self.db.execute(
-                    "UPDATE messages SET status = 'pending', retries = 0, next_attempt_at = 0, error = NULL, "
-                    "failed_at = NULL, failed_path = NULL, spooled = 1 WHERE id = ? AND status = 'failed' "
+                    "UPDATE messages SET status = 'pending', retries = 0, interrupted = 0, next_attempt_at = 0, "
+                    "error = NULL, failed_at = NULL, failed_path = NULL, spooled = 1 WHERE id = ? AND status = 'failed' "
                     "RETURNING id", (mid,)).fetchone()
                 if row:
                     done.append(mid)

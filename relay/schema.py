@@ -76,5 +76,25 @@ ALTER TABLE deliveries ADD COLUMN size INTEGER;
 ALTER TABLE deliveries ADD COLUMN sha256 TEXT;
 ALTER TABLE messages ADD COLUMN failing_since REAL;
 """),
+    # Numbered 5 on purpose: 3 and 4 come from other changes. The runner keys migrations by
+    # version and applies each one a ledger lacks, so the order of arrival does not matter.
+    (5, "attested durability; interrupted attempts", """
+CREATE TABLE attestations (
+    seq             INTEGER PRIMARY KEY,
+    at              REAL NOT NULL,
+    pid             INTEGER NOT NULL,
+    host            TEXT NOT NULL,
+    version         TEXT NOT NULL,
+    mode            TEXT NOT NULL,
+    event           TEXT NOT NULL,
+    durability      TEXT NOT NULL,
+    journal_mode    TEXT NOT NULL,
+    synchronous     TEXT NOT NULL,
+    busy_timeout_ms INTEGER NOT NULL,
+    foreign_keys    INTEGER NOT NULL
+);
+ALTER TABLE messages ADD COLUMN interrupted INTEGER NOT NULL DEFAULT 0;
+"""),
 ]
+MIGRATIONS.sort(key=lambda m: m[0])
 SCHEMA_VERSION = MIGRATIONS[-1][0]
