@@ -14,18 +14,16 @@ import dataclasses
 import hashlib
 import itertools
 import logging
-import os
-import socket
 import sqlite3
 import threading
 import time
 
-from . import __version__, retention
+from . import health, retention
 from .archive import Archive, day_of
 from .config import SYSTEM
 from .errors import DurabilityError, LedgerCorrupt, MessageRefused, TransientError, sqlite_cause
 from .fs import shown
-from .history import BadRow, History
+from .history import History
 from .ids import IdGenerator
 from .inbox import Inbox
 from .layout import Layout, fit, valid_agent
@@ -114,18 +112,11 @@ class Relay:
     # -- start ------------------------------------------------------------------------------
 
     def attest(self, mode, event="start", now=None):
-        """Record in the ledger what the writer connection reports of its settings (journal
-        mode, synchronous, busy timeout, foreign keys), with this process's pid, host and relay
-        version, `mode` ("daemon" or "once"), `event` ("start" or "reload") and the configured
-        durability: what `relay status` and `relay doctor` show. Returns what was recorded."""
-        now = self.clock() if now is None else now
-        facts = {"pid": os.getpid(), "host": socket.gethostname(), "version": __version__, "mode": mode,
-                 "event": event, "durability": self.config.durability, **self.history.pragmas()}
-        self.ledger.attest(now, facts)
-        log.info("attested the ledger's settings (%s): journal_mode=%s synchronous=%s busy_timeout=%sms "
-                 "foreign_keys=%s", event, facts["journal_mode"], facts["synchronous"], facts["busy_timeout_ms"],
-                 facts["foreign_keys"])
-        return facts
+        """Record in the ledger what its writer connection reports of its settings, with this
+        process and the configured durability (health.attest): what `relay status` and
+        `relay doctor` show. `mode`: "daemon" or "once"; `event`: "start" or "reload"."""
+        return health.attest(self.ledger, self.history, self.config, mode, event,
+                             self.clock() if now is None else now)
 
     def recover(self, now=None):
         """Crash and power-loss recovery (recovery.py), then a full rescan. Returns the number
@@ -233,7 +224,9 @@ class Relay:
         return self._known
 
     def _process(self, rows, now, counts):
-        works = [Work.claimed(row) for row in self._readable(rows, now, counts)]
+        readable = self.recovery.readable(rows, now, need=("archive_path",))
+        counts.failed += len(rows) - len(readable)
+        works = [Work.claimed(row) for row in readable]
         had = self.history.delivered_to([w.id for w in works if w.thorough])
         budget = self.config.batch_bytes
         for w in works:
@@ -244,10 +237,7 @@ class Relay:
             self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
         linked = self.inbox.deliver([w for w in works if not (w.refused or w.error or w.defer)])
-        delivered_at = self.phase()
-        for w in works:
-            if w.got:
-                w.delivered_at = delivered_at
+        delivered = self.phase()
         for w in works:
             self._settle(w, now)
         # One sync for the links into new/ and the archive moves: an original archived before its
@@ -264,11 +254,8 @@ class Relay:
                     w.outcome, w.refused = Outcome.FAILED, f"{e}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
                     w.failed_rel = None
                     log.error("%s: %s; the original stays at %s", w.id, e, w.path,
-                              **fields("failed", w.id, w.sender, w.recipients))
-        settled_at = self.phase()
-        for w in works:
-            w.settled_at = settled_at
-        self.ledger.record(now, works)
+                              **fields("failed", w))
+        self.ledger.record(now, works, delivered, self.phase())
         for w in works:
             self._report(w, now, counts)
 
@@ -286,7 +273,7 @@ class Relay:
             self._parse(w, now)
         except Exception as e:  # noqa: BLE001 - isolate the message, keep the daemon alive
             log.exception("%s from %s: unexpected error while reading it", w.id, w.sender,
-                          **fields("error", w.id, w.sender))
+                          **fields("error", w))
             w.error = TransientError(f"unexpected error: {e!r}"[:500])
 
     def _parse(self, w, now):
@@ -302,7 +289,7 @@ class Relay:
         for name in accepted.created:
             self.layout.make_inbox(name)
             self._known = None
-            log.info("%s: created the inbox of new agent %s", w.id, name, **fields("inbox-created", w.id, w.sender))
+            log.info("%s: created the inbox of new agent %s", w.id, name, **fields("inbox-created", w))
         w.envelope = accepted.envelope
         w.envelope_sha256 = hashlib.sha256(w.envelope).hexdigest()
 
@@ -346,7 +333,7 @@ class Relay:
             w.failed_rel = self.archive.quarantine(w.path, w.sender, w.id, w.name, report)
         except (OSError, DurabilityError) as e:
             log.error("%s: could not quarantine the file (%s); it stays at %s", w.id, e, w.path,
-                      **fields("failed", w.id, w.sender, w.recipients))
+                      **fields("failed", w))
             w.failed_rel = None
         w.outcome = Outcome.FAILED
 
@@ -355,44 +342,27 @@ class Relay:
         to = ",".join(w.recipients)
         if w.outcome is Outcome.FAILED:
             counts.failed += 1
-            log.error("%s from %s failed: %s", w.id, w.sender, w.refused, **fields("failed", w.id, w.sender, w.recipients))
+            log.error("%s from %s failed: %s", w.id, w.sender, w.refused, **fields("failed", w))
         elif w.outcome is Outcome.DEFER:
             counts.deferred += 1
             if w.path:
                 log.info("%s from %s is still open for writing; looking again shortly", w.id, w.sender,
-                         **fields("deferred", w.id, w.sender, w.recipients))
+                         **fields("deferred", w))
         elif w.outcome is Outcome.ARCHIVED:
             counts.delivered += 1
             counts.archived += 1
             log.info("%s delivered from %s to %s; archived as %s", w.id, w.sender, to, w.archive_rel,
-                     **fields("archived", w.id, w.sender, w.recipients))
+                     **fields("archived", w))
         elif w.outcome is Outcome.DELIVERED:
             counts.delivered += 1
             log.warning("%s delivered from %s to %s; archive move failed, will retry: %s",
-                        w.id, w.sender, to, w.error, **fields("archive-failed", w.id, w.sender, w.recipients))
+                        w.id, w.sender, to, w.error, **fields("archive-failed", w))
         else:
             counts.retried += 1
             log.warning("%s from %s: %s; attempt %d failed, next in %.1fs%s", w.id, w.sender, w.error,
                         w.retries + 1, w.next_attempt_at - now,
                         f" (delivered to {', '.join(sorted(w.got))})" if w.got else "",
-                        **fields("retried", w.id, w.sender, w.recipients))
-
-    def _readable(self, rows, now, counts):
-        """Rows this build can read; any other is reported with its id and column, failed, and
-        the batch goes on without it."""
-        good, bad = [], []
-        for row in rows:
-            problem = BadRow.of(row, need=("archive_path",))
-            if problem is None:
-                good.append(row)
-                continue
-            reason = f"{problem}; the row was failed"
-            log.error("%s", reason, **fields("failed", row["id"]))
-            bad.append((row["id"], reason))
-            counts.failed += 1
-        if bad:
-            self.ledger.fail_unreadable(now, bad)
-        return good
+                        **fields("retried", w))
 
     def _retry_archive(self, now, counts):
         counts.archived += self.recovery.retry_archive(now, self.batch, self.config.retry_backoff)

@@ -1,11 +1,17 @@
-"""What relay says about its own health: the durability settings a relay attested for its
-writer connection (not what the reading process would configure), whether the process that
+"""What relay says about its own health: the durability settings a relay attests for its
+writer connection (recorded in the ledger at start and at each reload, so that readers show
+what the running relay has, not what they would configure themselves), whether the process that
 attested them still runs, what doctor flags about them, and the health check of `relay status`
 (its exit codes)."""
+import logging
+import os
 import socket
 
+from . import __version__
 from .config import show_duration
 from .message import iso
+
+log = logging.getLogger(__name__)
 
 SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
 NEEDED = {"full": "FULL", "normal": "NORMAL"}     # the synchronous level each durability needs
@@ -14,6 +20,20 @@ EXIT_OK = 0
 EXIT_DOWN = 3           # relay status: no daemon holds relay.lock
 EXIT_STALE = 4          # relay status: the oldest pending message is older than --max-pending-age
 MAX_PENDING_AGE = 600.0  # --max-pending-age by default (10 minutes)
+
+
+def attest(ledger, history, config, mode, event, now):
+    """Record what the writer connection `ledger` reports (journal mode, synchronous, busy
+    timeout, foreign keys, read through `history` on that connection), with this process's pid,
+    host and relay version, `mode` ("daemon" or "once"), `event` ("start" or "reload") and the
+    configured durability. Returns what was recorded."""
+    facts = {"pid": os.getpid(), "host": socket.gethostname(), "version": __version__, "mode": mode,
+             "event": event, "durability": config.durability, **history.pragmas()}
+    ledger.attest(now, facts)
+    log.info("attested the ledger's settings at %s: journal_mode=%s synchronous=%s busy_timeout=%sms "
+             "foreign_keys=%s", event, facts["journal_mode"], facts["synchronous"], facts["busy_timeout_ms"],
+             facts["foreign_keys"])
+    return facts
 
 
 def attestation(history, daemon_pid):

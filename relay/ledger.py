@@ -64,16 +64,6 @@ def chain_hash(prev, row):
     return hashlib.sha256(doc).hexdigest()
 
 
-def _delivered(w, now):
-    """When this batch delivered work `w` (its links into new/ made), or `now`."""
-    return w.delivered_at if w.delivered_at is not None else now
-
-
-def _settled(w, now):
-    """When work `w`'s outcome happened in this batch (its file moved, the retry decided), or `now`."""
-    return w.settled_at if w.settled_at is not None else now
-
-
 class Ledger:
     """One connection to the ledger. Not shared between threads."""
 
@@ -263,24 +253,24 @@ class Ledger:
                             "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen",
                             [(n, now, now) for n in names])
 
-    def record(self, now, works):
+    def record(self, now, works, delivered=None, settled=None):
         """One transaction recording what a batch did: each work by its Outcome, and every
-        recipient's delivery that became durable in it. Each event keeps the instant it
-        happened: a work's `delivered_at` (its links made) and `settled_at` (its outcome: the
-        archive or quarantine move, the retry decided); `now` stands in for one not taken."""
+        recipient's delivery that became durable in it, each at the instant it happened:
+        `delivered` (links into new/ made), `settled` (moves synced, retries decided), else `now`."""
         events = []
+        delivered, settled = delivered or now, settled or now
         with self.transaction():
-            deliveries = [(w.id, r, _delivered(w, now), size, sha) for w in works for r, (size, sha) in w.got.items()]
+            deliveries = [(w.id, r, delivered, size, sha) for w in works for r, (size, sha) in w.got.items()]
             if deliveries:
                 self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "
                                     "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
-                events.extend((mid, at, "delivered", r) for mid, r, at, _, _ in deliveries)
-                self._seen({d[1] for d in deliveries}, max(d[2] for d in deliveries))
+                events.extend((mid, delivered, "delivered", r) for mid, r, *_ in deliveries)
+                self._seen({d[1] for d in deliveries}, delivered)
             by_kind = {}
             for w in works:
                 by_kind.setdefault(w.outcome, []).append(w)
             for outcome, group in by_kind.items():
-                getattr(self, f"_record_{outcome.value}")(now, group, events)
+                getattr(self, f"_record_{outcome.value}")((delivered, settled), group, events)
             self._events(events)
 
     @staticmethod
@@ -291,8 +281,10 @@ class Ledger:
         return {"kind": m.kind, "thread": m.thread, "subject": m.subject, "body": m.body,
                 "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(w.recipients).decode()}
 
-    def _record_archived(self, now, works, events):
-        """The common case, in bulk: delivered to everyone and archived; chained for verify."""
+    def _record_archived(self, at, works, events):
+        """The common case, in bulk: delivered to everyone and archived; chained for verify.
+        `at`: (delivered, settled) instants of the batch, as for the other outcomes."""
+        delivered, archived = at
         rows = []
         if self._head is None:
             self._head = self.head()
@@ -300,7 +292,6 @@ class Ledger:
         links = []
         for w in works:
             f = self._fields(w)
-            delivered, archived = _delivered(w, now), _settled(w, now)
             rows.append((f["recipients"], f["kind"], f["thread"], f["subject"], f["body"], f["headers"], w.size,
                          w.sha256, w.sent_at, delivered, archived, w.archive_rel, w.id))
             events.append((w.id, archived, "archived", w.archive_rel))
@@ -317,9 +308,10 @@ class Ledger:
         self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
         self._head = (seq, prev)
 
-    def _record_delivered(self, now, works, events):
+    def _record_delivered(self, at, works, events):
         """Delivered to everyone, but the archive move failed: retried when History.delivered_due()
         returns it."""
+        delivered, settled = at
         for w in works:
             self.db.execute(
                 "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
@@ -327,12 +319,13 @@ class Ledger:
                 "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
                 "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
                 {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at,
-                 "now": _delivered(w, now), "error": str(w.error), "archive_path": w.archive_rel,
+                 "now": delivered, "error": str(w.error), "archive_path": w.archive_rel,
                  "at": w.next_attempt_at, "id": w.id})
-            events.append((w.id, _settled(w, now), "archive-failed", str(w.error)))
+            events.append((w.id, settled, "archive-failed", str(w.error)))
 
-    def _record_retry(self, now, works, events):
+    def _record_retry(self, at, works, events):
         """Back to pending after a transient failure (of the message, or of some recipients)."""
+        settled = at[1]
         for w in works:
             f = self._fields(w)
             self.db.execute(
@@ -344,17 +337,19 @@ class Ledger:
                 "headers = coalesce(:headers, headers), size = coalesce(:size, size), "
                 "sha256 = coalesce(:sha256, sha256), sent_at = coalesce(:sent_at, sent_at) WHERE id = :id",
                 {**f, "retries": w.retries + 1, "error": w.error_text, "at": w.next_attempt_at,
-                 "spooled": int(w.spooled), "now": _settled(w, now), "size": w.size or None, "sha256": w.sha256,
+                 "spooled": int(w.spooled), "now": settled, "size": w.size or None, "sha256": w.sha256,
                  "sent_at": w.sent_at, "id": w.id})
-            events.append((w.id, _settled(w, now), "retried", w.error_text))
+            events.append((w.id, settled, "retried", w.error_text))
 
-    def _record_defer(self, now, works, events):
+    def _record_defer(self, at, works, events):
+        settled = at[1]
         self.db.executemany("UPDATE messages SET status = 'pending', next_attempt_at = ?, spooled = ?, "
                             "archive_path = NULL WHERE id = ?",
                             [(w.next_attempt_at, int(w.spooled), w.id) for w in works])
-        events.extend((w.id, _settled(w, now), "deferred", w.error_text) for w in works)
+        events.extend((w.id, settled, "deferred", w.error_text) for w in works)
 
-    def _record_failed(self, now, works, events):
+    def _record_failed(self, at, works, events):
+        settled = at[1]
         for w in works:
             f = self._fields(w)
             self.db.execute(
@@ -365,10 +360,10 @@ class Ledger:
                 "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
                 "headers = coalesce(:headers, headers), sha256 = coalesce(:sha256, sha256), "
                 "sent_at = coalesce(:sent_at, sent_at), retries = :retries WHERE id = :id",
-                {**f, "now": _settled(w, now), "error": w.refused, "failed_path": w.failed_rel,
+                {**f, "now": settled, "error": w.refused, "failed_path": w.failed_rel,
                  "size": w.size or None, "sha256": w.sha256, "sent_at": w.sent_at,
                  "retries": w.retries + (1 if w.error else 0), "id": w.id})
-            events.append((w.id, _settled(w, now), "failed", w.refused))
+            events.append((w.id, settled, "failed", w.refused))
 
     def fail_unreadable(self, now, problems):
         """Claimed rows this build cannot read: failed with the reason. problems: (id, reason)."""

@@ -66,6 +66,21 @@ class Recovery:
             self.ledger.archived_late(now, done, retry)
         return len(done)
 
+    def readable(self, rows, now, need=()):
+        """The rows (claimed) this build can read; each other one is named in the log with its
+        id and column and failed with that reason (its file is not touched); the batch goes on
+        without it. `need`: columns that must not be NULL either."""
+        good, bad = [], []
+        for row in rows:
+            problem = BadRow.of(row, need=need)
+            if problem is None:
+                good.append(row)
+            else:
+                bad.append(problem)
+        if bad:
+            self._fail_unreadable(bad, now)
+        return good
+
     def _fail_unreadable(self, bad, now):
         """Rows this build cannot read: failed with the reason; their files are not touched."""
         problems = [(b.key, f"{b}; the row was failed") for b in bad]

@@ -76,8 +76,6 @@ class Work:
     failed_rel: str = None
     next_attempt_at: float = 0.0
     outcome: Outcome = None
-    delivered_at: float = None      # when this batch made its links into new/ (the step's clock)
-    settled_at: float = None        # when its outcome happened (archive or quarantine move, retry)
 
     @classmethod
     def claimed(cls, row):
@@ -99,6 +97,9 @@ class Work:
 
 def fields(event, mid, sender=None, recipients=None):
     """The `extra=` of a log line about one message: its id, sender, recipients and the event,
-    carried as fields of the record (the JSON log format writes them out)."""
+    carried as fields of the record (the JSON log format writes them out). `mid` may be the
+    message's Work, which gives all three."""
+    if isinstance(mid, Work):
+        mid, sender, recipients = mid.id, mid.sender, mid.recipients
     return {"extra": {"relay_event": event, "relay_id": mid, "relay_from": sender,
                       "relay_to": list(recipients) if recipients else []}}
