@@ -107,7 +107,7 @@ def systemd(argv, root, user=True):
 def launchd_label(root):
     """A label of its own for each project: com.relay.<the directory's name>.<8 hex of its path>."""
     root = os.path.normpath(str(root))
-    slug = re.sub(r"[^a-z0-9-]+", "-", os.path.basename(root).lower()).strip("-")[:40] or "project"
+    slug = re.sub(r"[^a-z0-9]+", "-", os.path.basename(root).lower()).strip("-")[:40].strip("-") or "project"
     return f"com.relay.{slug}.{hashlib.sha256(root.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
 
 
