@@ -56,9 +56,10 @@ def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limi
         if limit is None and not (as_json or jsonl or fmt == "csv"):
             limit = TABLE_LIMIT
         bad = []
+        # No LIMIT in SQL: the rows stream, and a row skipped as unreadable does not count.
         found = led.audit(sender=sender, recipient=recipient, status=status, kind=kind, thread=thread,
                           since=moment(since, "--since"), until=moment(until, "--until"), grep=grep,
-                          limit=limit + 1 if limit else None, oldest_first=bool(thread))
+                          oldest_first=bool(thread))
         rows = _limited(sift(found, bad), limit, bad)
         if as_json:
             out_json([views.record(r) for r in rows])
@@ -85,8 +86,8 @@ def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limi
 
 
 def _limited(rows, limit, bad):
-    """The first `limit` rows of `rows` (which holds one more when more match); when there are
-    more, stderr says so once the rows are out (and the bad rows met are named)."""
+    """The first `limit` rows of `rows`; when there are more, stderr says so once the rows are
+    out (and the bad rows met are named)."""
     for i, row in enumerate(rows):
         if limit and i == limit:
             skipped(bad)
@@ -119,7 +120,7 @@ def show(ctx, message_id, as_json):
         for d in deliveries:
             held = box.holder(d["recipient"], row["id"])
             paths[d["recipient"]] = str(held) if held else None
-        body = row["body"]
+        body = views.value(row["body"])
         if as_json:
             out_json({**views.record(row), "body": body, "headers": views.headers(row),
                       "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),

@@ -41,9 +41,15 @@ def headers(row):
     return value if isinstance(value, dict) else {"(unreadable)": str(raw)}
 
 
+def value(v):
+    """A stored value as JSON holds it; one no JSON holds (a blob) shown as unreadable."""
+    return v if v is None or isinstance(v, (str, int, float)) else unreadable(v)
+
+
 def record(row):
     """A message row as the JSON record of `relay audit --json` (SPEC section 5)."""
     to = recipients(row)
+    row = {k: value(row[k]) for k in row.keys()}
     return {
         "id": row["id"], "from": row["sender"], "to": to, "kind": row["kind"], "thread": row["thread"],
         "subject": row["subject"], "status": row["status"], "retries": row["retries"], "error": row["error"],

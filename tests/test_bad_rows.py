@@ -152,3 +152,26 @@ def test_a_time_that_is_no_number_never_stops_the_loop(project, clock):
     assert relay.next_deadline(clock.now) is not None
     project.drop("Ann", "m", "TO: Ben\n\ngood")
     assert relay.drain().archived == 1
+
+
+def test_blobs_and_a_chained_row_with_a_time_that_is_no_number(cli):
+    """Values no JSON holds (blobs) and an archived row in the hash chain whose time is text:
+    show, audit, verify and the retention sweep name or keep them; none stops."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "x")
+    cli("run", "--once", "-q")
+    db = sqlite3.connect(cli.state / "ledger.sqlite", isolation_level=None)
+    [(chained,)] = db.execute("SELECT id FROM messages").fetchall()
+    db.execute("UPDATE messages SET archived_at = 'then', subject = X'00ff', body = X'1b5b324a' WHERE id = ?",
+               (chained,))
+    db.close()
+    r = cli("show", chained, "--json")
+    doc = json.loads(r.stdout)
+    assert doc["body"].startswith("(unreadable: b'") and doc["archived_at"] == "(unreadable: 'then')"
+    assert named(r.stderr, chained, "subject")
+    assert json.loads(cli("audit", "--json").stdout) == [] and named(cli("audit").stderr, chained, "subject")
+    r = cli("verify", ok=False)
+    assert named(r.stdout, chained, "subject") and f"{chained}: its ledger record was altered" in r.stdout
+    r = cli("sweep", "--older-than", "0s")
+    assert "deleted 0 archived" in r.stdout                # never deleted while unreadable
+    assert "\x1b" not in cli("show", chained).stdout

@@ -13,7 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
+from relay.ids import IdGenerator
 from relay.layout import Layout
+from relay.ledger import Ledger
 from relay.lock import DaemonLock
 from relay import operator
 
@@ -124,7 +126,11 @@ def test_audit_says_when_it_stopped_at_its_limit(cli):
 
 @pytest.mark.timeout_s(60)
 def test_a_pipe_closed_early_ends_quietly(cli):
-    many(cli, 300)          # more than a pipe holds
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    ids = IdGenerator()
+    with Ledger(cli.state / "ledger.sqlite") as led:       # more records than a pipe holds
+        led.add_archived([(ids.new(1e9 + i), "Ann", f"m{i}", '["Ben"]', "message", "s", "b", 1, "0" * 64,
+                           1e9 + i, f"archive/2001-09-09/Ann/m{i}") for i in range(1000)])
     for verb in (["audit", "--json"], ["audit", "--jsonl"], ["tail", "-n", "2000"]):
         p = subprocess.Popen([sys.executable, "-m", "relay", "--root", str(cli.root), *verb],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
