@@ -299,7 +299,7 @@ def describe(cfg):
         if key == "state_dir":
             continue
         value = getattr(cfg, key)
-        if _PARSERS[key] is parse_duration:
+        if isinstance(value, float):        # every float of the configuration is a duration
             text = show_duration(value)
         elif _PARSERS[key] is parse_size:
             text = show_size(value)

@@ -3,7 +3,6 @@ concerned, each lifecycle event at its own instant, JSON log lines with the mess
 a reload that applies what it can, audit's row limit said, a pipe closed early, `relay status`
 as a health check, and doctor running verify's checks."""
 import json
-import os
 import sqlite3
 import subprocess
 import sys

@@ -41,7 +41,7 @@ def test_the_systemd_unit_runs_this_installation_for_this_project(cli, odd_root)
     assert "%%i $$HOME" in start and f"WorkingDirectory={str(odd_root).replace('%', '%%')}" in unit
     assert "WantedBy=default.target" in unit and "User=" not in unit
     name = units.systemd_name(odd_root)
-    assert f"~/.config/systemd/user/{name}" in r.stderr and f"systemctl --user daemon-reload && " in r.stderr
+    assert f"~/.config/systemd/user/{name}" in r.stderr and "systemctl --user daemon-reload && " in r.stderr
     system = cli("--root", str(odd_root), "service", "systemd").stdout
     assert "WantedBy=multi-user.target" in system and "\nUser=" in system
 
