@@ -133,8 +133,9 @@ class Recovery:
         claim that had not taken custody left it)."""
         mid, sender, name = row["id"], row["sender"], row["name"]
         times = row["interrupted"] + 1
-        reason = (f"relay stopped while handling it {times} times (a crash, an out-of-memory kill or a kill -9 "
-                  "each time): it may be what stops relay, so it is quarantined instead of being tried again; "
+        reason = (f"relay stopped while handling it {f'{times} times' if times > 1 else 'once'} (a crash, an "
+                  "out-of-memory kill or a kill -9 each time): it may be what stops relay, so it is quarantined "
+                  "instead of being tried again; "
                   f"once the cause is found, `relay retry {mid}` puts it back")
         if src is None and not row["spooled"] and self.fs.exists(f"outbox/{sender}/{name}"):
             src = f"outbox/{sender}/{name}"

@@ -110,3 +110,28 @@ def test_retry_through_the_cli_brings_it_back(project, cli):
     assert f"{r['id']}: back to pending" in cli("retry", "--failed").stdout
     assert "relayed 1 message(s)" in cli("run", "--once", "-q").stdout
     assert len(project.inbox("Ben")) == 1
+
+
+def test_killed_while_recovery_quarantines_it(project):
+    """A kill -9 after recovery moved the file to failed/ but before the ledger said so: the next
+    recovery finds it there, decides the same, and records it once."""
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    crash_mid_batch(project, max_retries=1)
+    relay, r = row(project, max_retries=1)
+
+    def reset(*args, **kwargs):
+        raise Killed()
+    relay.ledger.reset = reset
+    with pytest.raises(Killed):
+        relay.recover()
+    assert (project.state / f"failed/Ann/{r['id']}--m").exists()
+    assert relay.history.get(r["id"])["status"] == "processing"
+    relay.close()
+    project.relays.remove(relay)
+    relay, _ = row(project, max_retries=1)
+    relay.recover()
+    r = relay.history.get(r["id"])
+    assert (r["status"], r["interrupted"]) == ("failed", 1) and "relay stopped while handling it once" in r["error"]
+    assert sorted(p.name for p in (project.state / "failed/Ann").iterdir()) == [f"{r['id']}--m",
+                                                                              f"{r['id']}--m.error.json"]
+    assert not list((project.state / "spool").rglob("*--m"))
