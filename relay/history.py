@@ -19,6 +19,19 @@ from .schema import MIGRATIONS
 
 CHUNK = 500         # ids per `IN (...)` query
 NUMERIC = "typeof({0}) IN ('integer', 'real')"      # a column that holds a number (times)
+_ID = "(typeof({0}) != 'text' OR length({0}) != 26 OR {0} GLOB '*[^0-9A-HJKMNP-TV-Z]*')"
+_AGENT = ("(typeof({0}) != 'text' OR length({0}) > 64 OR {0} NOT GLOB '[A-Za-z0-9]*' "
+          "OR {0} GLOB '*[^A-Za-z0-9._-]*')")
+SUSPECT = {     # rows.CHECKS for the two largest tables, as SQL: true for every row they refuse
+    "events": " OR ".join([
+        "typeof(seq) != 'integer' OR seq < 0", f"(message_id IS NOT NULL AND {_ID.format('message_id')})",
+        f"NOT {NUMERIC.format('at')}", "typeof(event) != 'text'", "(detail IS NOT NULL AND typeof(detail) != 'text')",
+        "typeof(actor) != 'text'"]),
+    "deliveries": " OR ".join([
+        _ID.format("message_id"), _AGENT.format("recipient"), f"NOT {NUMERIC.format('delivered_at')}",
+        "(size IS NOT NULL AND (typeof(size) != 'integer' OR size < 0))",
+        "(sha256 IS NOT NULL AND (typeof(sha256) != 'text' OR length(sha256) != 64 OR sha256 GLOB '*[^0-9a-f]*'))"]),
+}
 
 
 class History:
@@ -165,14 +178,18 @@ class History:
         """The newest attestation a relay recorded of its writer connection's settings, or None."""
         return self.db.execute("SELECT * FROM attestations ORDER BY seq DESC LIMIT 1").fetchone()
 
-    def bad_rows(self, since=None):
-        """Every stored row this build cannot read, as BadRows: messages (discovered since
-        `since`, when given), their events and deliveries, and agents."""
+    def bad_rows(self, since=None, tables=("messages", "deliveries", "events", "agents")):
+        """Every stored row of `tables` this build cannot read, as BadRows (messages: those
+        discovered since `since`, when given). The many rows of deliveries and events are
+        looked at only when SQL finds a value of a type or form rows.py refuses (SUSPECT: the
+        same checks, written in SQL), then checked as every row is."""
         where, args = ("", ()) if since is None else (" WHERE discovered_at >= ?", (since,))
-        yield from unreadable_rows(self.db.execute("SELECT * FROM messages" + where, args), "messages")
-        yield from unreadable_rows(self.db.execute("SELECT * FROM deliveries"), "deliveries")
-        yield from unreadable_rows(self.db.execute("SELECT * FROM events"), "events")
-        yield from unreadable_rows(self.db.execute("SELECT * FROM agents"), "agents")
+        for table in tables:
+            if table == "messages":
+                rows = self.db.execute("SELECT * FROM messages" + where, args)
+            else:
+                rows = self.db.execute(f"SELECT * FROM {table}" + (f" WHERE {SUSPECT[table]}" if table in SUSPECT else ""))
+            yield from unreadable_rows(rows, table)
 
     def agent_figures(self, name):
         """(messages sent, deliveries received, the row of the last failed message sent or None)."""
@@ -230,7 +247,7 @@ class History:
         `data["unreadable"]` lists every BadRow of the period (`bad_rows()`)."""
         db = self.db
         since = since or 0
-        data = {"since": since, "unreadable": list(self.bad_rows(since or None))}
+        data = {"since": since, "unreadable": list(self.bad_rows(since or None, tables=("messages",)))}
         known = "m.status IN (" + ",".join("?" * len(STATUSES)) + ") AND " + NUMERIC.format("m.discovered_at") \
             + " AND m.discovered_at >= ?"
         args = (*STATUSES, since)

@@ -6,12 +6,17 @@ with the row's id, and `sift()` passes on the readable rows of a query while it 
 others, so that every verb names them and goes on without them. No path such a row holds is ever
 followed. The checks know the columns of the messages, events, deliveries and agents tables."""
 import dataclasses
+import re
 
 import orjson
 
+from .config import AGENT_NAME
 from .fs import Unsafe, split
-from .layout import valid_agent, valid_id
+from .ids import ALPHABET
 from .ledger import STATUSES
+
+_ID = re.compile(f"[{ALPHABET}]{{26}}\\Z")       # layout.valid_id, as one regular expression
+_SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 
 
 def _number(v):
@@ -31,11 +36,11 @@ def _text(v):
 
 
 def _id(v):
-    return isinstance(v, str) and valid_id(v)
+    return isinstance(v, str) and _ID.match(v) is not None
 
 
 def _agent(v):
-    return isinstance(v, str) and valid_agent(v)
+    return isinstance(v, str) and AGENT_NAME.match(v) is not None
 
 
 def _file_name(v):
@@ -68,7 +73,7 @@ def _json(kind):
 
 
 def _sha256(v):
-    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+    return isinstance(v, str) and _SHA256.match(v) is not None
 
 
 CHECKS = {
@@ -99,9 +104,8 @@ def unreadable(row, table="messages", need=()):
     """(column, value) of the first column of `row` (any of `table`'s columns it holds) that
     this build cannot read, or None. Columns in `need` must also not be NULL."""
     checks = CHECKS[table]
-    for column in row.keys():
+    for column, value in (row.items() if isinstance(row, dict) else zip(row.keys(), row)):
         check = checks.get(column)
-        value = row[column]
         if check is not None and not check(value) or column in need and value is None:
             return column, value
     return None

@@ -94,7 +94,7 @@ def test_show_tail_agents_and_report_name_what_they_meet(damaged, tmp_path):
     for key, column in BAD_MESSAGES:
         assert named(r.stderr, key, column), (key, column)
     html = page.read_text()
-    assert "Rows this relay cannot read (8)" in html and "discovered_at" in html
+    assert "Rows this relay cannot read (5)" in html and "discovered_at" in html
 
 
 def test_verify_and_doctor_count_them_and_fail(damaged):
@@ -175,3 +175,36 @@ def test_blobs_and_a_chained_row_with_a_time_that_is_no_number(cli):
     r = cli("sweep", "--older-than", "0s")
     assert "deleted 0 archived" in r.stdout                # never deleted while unreadable
     assert "\x1b" not in cli("show", chained).stdout
+
+
+def test_the_sql_that_narrows_the_scan_misses_no_row_the_checks_refuse(project):
+    """bad_rows() looks at events and deliveries only where SQL finds a suspect value: every row
+    the Python checks refuse must be among them."""
+    from relay.rows import unreadable_rows
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.drain()
+    good = relay.history.audit().fetchone()["id"]
+    db = sqlite3.connect(project.state / "ledger.sqlite", isolation_level=None)    # foreign keys off
+    for column, values in {"message_id": ["short", "01" + "z" * 24, "01" + "Z" * 23 + "I", b"\x00" * 26, 7],
+                           "at": ["noon", b"\x01"], "event": [5, b"x"], "detail": [5, 1.5, b"x"],
+                           "actor": [1, b"x"]}.items():
+        for v in values:
+            row = {"message_id": good, "at": 1.0, "event": "delivered", "detail": None, "actor": "relay", column: v}
+            db.execute("INSERT INTO events (message_id, at, event, detail, actor) VALUES (?, ?, ?, ?, ?)",
+                       list(row.values()))
+    n = 0
+    for column, values in {"message_id": ["x", "01" + "Z" * 25], "recipient": [
+            "../x", "", "a" * 65, "a b", "Ann\n", "-x", "Ånn", 5, b"Ann"], "delivered_at": ["x", b"1"],
+            "size": [-1, "x", 1.5], "sha256": ["XYZ", "A" * 64, "0" * 63, 5]}.items():
+        for v in values:
+            n += 1
+            row = {"message_id": good, "recipient": f"R{n}", "delivered_at": 1.0, "size": 1, "sha256": "0" * 64,
+                   column: v}
+            db.execute("INSERT INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
+                       "VALUES (?, ?, ?, ?, ?)", list(row.values()))
+    db.close()
+    for table in ("events", "deliveries"):
+        every = list(unreadable_rows(relay.ledger.db.execute(f"SELECT * FROM {table}"), table))
+        assert len(every) >= 10
+        assert list(relay.history.bad_rows(tables=(table,))) == every
