@@ -136,7 +136,7 @@ def unreadable(history, limit=None):
     count = len(lines)
     if limit is not None and count > limit:
         lines = lines[:limit] + [f"... and {count - limit} more ledger row(s) this relay cannot read "
-                                 "(`relay doctor --json` lists them all)"]
+                                 "(`relay verify` lists them all)"]
     return count, lines
 
 
