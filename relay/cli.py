@@ -1,8 +1,9 @@
 """The `relay` command: the click group and what every verb shares (the Context, JSON output, a
 verdict's exit code); the verbs that run relay or change something (init, run, sweep, retry,
 expire), status, demo and bench. The agents' verbs (send, inbox, read) are in cli_agent.py, the
-verbs that only look at the ledger in cli_inspect.py; guards.py checks names and turns a failure into one line (exit 1). The only
-place that sets up logging."""
+verbs that only look at the ledger in cli_inspect.py, `relay config` and `relay service` in
+cli_admin.py; guards.py checks names and turns a failure into one line (exit 1). The only place
+that sets up logging."""
 import datetime
 import functools
 import json
@@ -16,7 +17,7 @@ from pathlib import Path
 import click
 import orjson
 
-from . import __version__, config as config_mod
+from . import __version__, config as config_mod, health
 from .daemon import DRAIN_PATIENCE, Relay
 from .errors import NotInProject, RelayError
 from .guards import checked, duration, handle_errors, sender_name
@@ -34,9 +35,14 @@ log = logging.getLogger("relay")
 
 
 class JsonFormatter(logging.Formatter):
+    FIELDS = (("relay_id", "id"), ("relay_from", "from"), ("relay_to", "to"), ("relay_event", "event"))
+
     def format(self, record):
         doc = {"ts": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(),
                "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        for attr, key in self.FIELDS:       # a line about one message (work.fields) carries them
+            if hasattr(record, attr):
+                doc[key] = getattr(record, attr)
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(doc).decode()
@@ -58,23 +64,43 @@ def fail(message):
     raise click.ClickException(message)
 
 
+_WARNED = set()     # configuration warnings already printed by this process
+
+
+def warn(cfg, echo=None):
+    """Print each of the configuration's warnings once per process (stderr, or `echo`)."""
+    for w in cfg.warnings:
+        if w not in _WARNED:
+            _WARNED.add(w)
+            (echo or (lambda text: click.echo(f"relay: warning: {text}", err=True)))(w)
+
+
 class Context:
     def __init__(self, root, state_dir, overrides=None):
         self.root, self.state_dir = root, state_dir
         self.overrides = overrides or {}
         self.new_project = False    # relay init: the current directory when no project is found
+        self.strict = True      # an agent's verbs (send, inbox) turn it off: relay.toml's mistakes warn
+        self.logged = False     # run: the warnings go to the log instead
         self._cfg = None
+
+    def load(self):
+        """The configuration read afresh, as this verb reads it, of the project found from the
+        current directory (config.discover) unless --root or RELAY_ROOT names one."""
+        try:
+            root = config_mod.discover(self.root, self.state_dir)
+        except NotInProject:
+            if not self.new_project:
+                raise
+            root = None
+        return config_mod.load(root, self.state_dir, overrides=self.overrides, strict=self.strict)
 
     @property
     def cfg(self):
         if self._cfg is None:
-            try:
-                root = config_mod.discover(self.root, self.state_dir)
-            except NotInProject:
-                if not self.new_project:
-                    raise
-                root = None
-            self._cfg = config_mod.load(root, self.state_dir, overrides=self.overrides)
+            self._cfg = self.load()
+            if not self.logged:
+                warn(self._cfg)
         return self._cfg
 
     @property
@@ -173,13 +199,16 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     """Run the relay: watch, deliver, archive, sweep (until SIGTERM/SIGINT)."""
     ctx.overrides.update(durability=durability, settle=settle, retention=retention,
                          log_format=log_format, log_level=log_level)
+    ctx.logged = True
     cfg = ctx.cfg
     setup_logging(cfg, quiet)
+    warn(cfg, lambda text: log.warning("%s", text))
     layout = Layout(cfg.root, cfg.state_dir)
     layout.state.mkdir(parents=True, exist_ok=True)
     with DaemonLock(layout.lock) as lock:
         if once:
             with Relay(cfg) as relay:
+                relay.attest("once")
                 t0 = time.monotonic()
                 total = relay.drain()
                 took = time.monotonic() - t0
@@ -194,45 +223,64 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 sys.exit(EXIT_LEFT)
             return
         from .service import serve
-        sys.exit(serve(cfg, {k: v for k, v in ctx.overrides.items() if v is not None}, lock))
+
+        def relog(new):
+            setup_logging(new, quiet)
+            warn(new, lambda text: log.warning("%s", text))
+        sys.exit(serve(cfg, lock, load=ctx.load, on_config=relog))
 
 
 @main.command()
+@click.option("--max-pending-age", default=config_mod.show_duration(health.MAX_PENDING_AGE), show_default=True,
+              help="Exit 4 when the oldest pending message is older than this (0: never).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 @handle_errors
-def status(ctx, as_json):
-    """Counts per state, oldest pending age, agents, daemon pid, durability settings."""
+def status(ctx, max_pending_age, as_json):
+    """Counts per state, oldest pending age, agents, daemon pid, attested durability; a health
+    check: exit 3 when no daemon runs, 4 when the oldest pending message is older than
+    --max-pending-age, else 0."""
+    max_age = duration(max_pending_age, "--max-pending-age")
     cfg = ctx.cfg
     layout = ctx.layout
     with_ledger = layout.ledger.exists()
     pid = holder(layout.lock)
     counts = dict.fromkeys(STATUSES, 0)
     oldest = None
-    pragmas = {}
+    att = {"attested": False, "running": False}
+    unknown, bad = 0, []
     if with_ledger:
         with ctx.reader() as led:
             counts = led.counts()
             first = led.oldest_pending()
             oldest = round(time.time() - first, 3) if first is not None else None
-            pragmas = led.pragmas()
-        pragmas["synchronous"] = "FULL" if cfg.durability == "full" else "NORMAL"
+            att = health.attestation(led, pid)
+            unknown, bad = led.unknown_statuses()
+    code, problems = health.check(pid, oldest, max_age)
+    settings = {k: att.get(k) for k in ("journal_mode", "synchronous", "busy_timeout_ms", "foreign_keys")}
     doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
            "daemon": {"running": pid is not None, "pid": pid}, "counts": counts,
            "agents": sorted(layout.agent_names(cfg.agents)), "oldest_pending_age_s": oldest,
-           "durability": {"setting": cfg.durability, **pragmas}}
+           "durability": {**settings, **att, "setting": cfg.durability},
+           "unreadable": {"count": unknown, "rows": [str(b) for b in bad]},
+           "health": {"ok": code == 0, "exit": code, "problems": problems}}
+    for b in bad:
+        click.echo(f"relay: {b}", err=True)
     if as_json:
         out_json(doc)
-        return
+        sys.exit(code)
     click.echo(f"root       {doc['root']}\nstate dir  {doc['state_dir']}")
     click.echo(f"daemon     {'running, pid ' + str(pid) if pid else 'not running'}")
-    click.echo("messages   " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    click.echo("messages   " + ", ".join(f"{k} {v}" for k, v in counts.items())
+               + (f"; {unknown} with a status this relay cannot read" if unknown else ""))
     if oldest is not None:
         click.echo(f"oldest pending  {oldest:.1f}s")
     click.echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
-    click.echo("durability " + ", ".join(f"{k}={v}" for k, v in doc["durability"].items()))
+    click.echo("durability " + (health.describe(att, pid) if with_ledger else "not attested"))
     if not with_ledger:
         click.echo("no ledger yet: run `relay init` or `relay run`")
+    click.echo("health     " + ("ok" if not problems else "; ".join(problems)))
+    sys.exit(code)
 
 
 @main.command()
@@ -374,4 +422,4 @@ def entry():
     main(prog_name="relay")
 
 
-from . import cli_adopt, cli_agent, cli_inspect  # noqa: E402,F401  (register the verbs of those modules on `main`)
+from . import cli_adopt, cli_admin, cli_agent, cli_inspect  # noqa: E402,F401  (register their verbs on `main`)

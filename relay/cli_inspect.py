@@ -1,5 +1,6 @@
 """The verbs that look without changing anything: audit, show, verify, doctor, agents, tail,
-report. They open the ledger read-only, so they work beside a running daemon."""
+report. They open the ledger read-only, so they work beside a running daemon. A stored row this
+build cannot read is named on stderr (with its id and column) and left out; the verb goes on."""
 import sys
 import time
 from pathlib import Path
@@ -7,13 +8,23 @@ from pathlib import Path
 import click
 import orjson
 
-from . import views
+from . import health, views
 from .cli import main, out_json, pass_ctx, verdict
 from .guards import agent_name, checked, duration, handle_errors, moment
 from .errors import NotFound
+from .history import BadRow, sift
 from .inbox import Inbox
 from .ledger import STATUSES
 from .lock import holder
+
+TABLE_LIMIT = 50        # messages in audit's table unless --limit says otherwise
+
+
+def skipped(bad):
+    """Name on stderr each stored row this build could not read (a verb then goes on without it)."""
+    for b in bad:
+        click.echo(f"relay: {b}", err=True)
+    bad.clear()
 
 
 def _audit_options(fn):
@@ -26,7 +37,8 @@ def _audit_options(fn):
         click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago)."),
         click.option("--until", help="Discovered before (same forms as --since)."),
         click.option("--grep", help="Subject, body or file name contains TEXT (case-insensitive)."),
-        click.option("--limit", type=click.IntRange(1, 10**12), default=None, help="At most N messages (default 50 in the table)."),
+        click.option("--limit", type=click.IntRange(1, 10**12), default=None,
+                     help=f"At most N messages (default {TABLE_LIMIT} in the table); stderr says when more match."),
     ]):
         fn = opt(fn)
     return fn
@@ -43,10 +55,13 @@ def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limi
     """The ledger, newest first, for humans (a thread: oldest first)."""
     with ctx.reader() as led:
         if limit is None and not (as_json or jsonl or fmt == "csv"):
-            limit = 50
-        rows = led.audit(sender=sender, recipient=recipient, status=status, kind=kind, thread=thread,
-                         since=moment(since, "--since"), until=moment(until, "--until"), grep=grep,
-                         limit=limit, oldest_first=bool(thread))
+            limit = TABLE_LIMIT
+        bad = []
+        # No LIMIT in SQL: the rows stream, and a row skipped as unreadable does not count.
+        found = led.audit(sender=sender, recipient=recipient, status=status, kind=kind, thread=thread,
+                          since=moment(since, "--since"), until=moment(until, "--until"), grep=grep,
+                          oldest_first=bool(thread))
+        rows = _limited(sift(found, bad), limit, bad)
         if as_json:
             out_json([views.record(r) for r in rows])
         elif jsonl:
@@ -68,6 +83,19 @@ def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limi
                 click.echo("no messages match")
             else:
                 click.echo(views.table(rows))
+        skipped(bad)
+
+
+def _limited(rows, limit, bad):
+    """The first `limit` rows of `rows`; when there are more, stderr says so once the rows are
+    out (and the bad rows met are named)."""
+    for i, row in enumerate(rows):
+        if limit and i == limit:
+            skipped(bad)
+            click.echo(f"relay: stopped at the limit of {limit} message(s); more match (--limit N shows more)",
+                       err=True)
+            return
+        yield row
 
 
 @main.command()
@@ -92,16 +120,21 @@ def show(ctx, message_id, as_json):
                 click.echo(f"message {message_id.upper()}\n  status         waiting in {waiting}: relay has not "
                            "taken it yet (is the daemon running? see relay status)")
             return
-        deliveries = led.deliveries(row["id"])
-        events = led.events(row["id"])
+        bad = []
+        problem = BadRow.of(row)
+        if problem is not None:     # shown as it is stored, each unreadable value marked
+            skipped([problem])
+        deliveries = list(sift(led.deliveries(row["id"]), bad, "deliveries"))
+        events = list(sift(led.events(row["id"]), bad, "events"))
+        skipped(bad)
         box = Inbox(layout, None)
         paths = {}
         for d in deliveries:
             held = box.holder(d["recipient"], row["id"])
             paths[d["recipient"]] = str(held) if held else None
-        body = row["body"]
+        body = views.value(row["body"])
         if as_json:
-            out_json({**views.record(row), "body": body, "headers": orjson.loads(row["headers"] or "{}"),
+            out_json({**views.record(row), "body": body, "headers": views.headers(row),
                       "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),
                                       "inbox_path": paths.get(d["recipient"])} for d in deliveries],
                       "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
@@ -131,6 +164,9 @@ def verify(ctx, as_json):
     with ctx.reader() as led:
         checked, problems = operator.verify(led, ctx.layout)
         seq, head = led.head()
+    if not isinstance(seq, int) or not isinstance(head, str):     # a checkpoint row this build cannot read
+        problems.append(f"ledger chain head {seq!r}:{head!r}: this relay cannot read it")
+        seq, head = -1, str(head)
     # The head, noted somewhere else, also reveals records removed from the end of the chain.
     verdict(as_json, problems, {"checked": checked, "head": {"seq": seq, "hash": head}},
             f"verified {checked} archived message(s): " + ("ok" if not problems else f"{len(problems)} problem(s)")
@@ -138,18 +174,29 @@ def verify(ctx, as_json):
 
 
 @main.command()
+@click.option("--quick", is_flag=True, help="Skip verify's checks (re-hashing archive files and envelopes, "
+              "the hash chain); the summary says they were not run.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 @handle_errors
-def doctor(ctx, as_json):
-    """Integrity, migrations, durability and ledger-vs-files reconciliation; exit 1 on a problem."""
+def doctor(ctx, quick, as_json):
+    """Integrity, migrations, attested durability, rows this relay cannot read, verify's archive
+    checks and ledger-vs-files reconciliation; exit 1 on a problem."""
     from . import operator
+    pid = holder(ctx.layout.lock)
     with ctx.reader() as led:
-        problems = operator.doctor(led, ctx.layout, holder(ctx.layout.lock))
+        problems, facts = operator.doctor(led, ctx.layout, pid, configured=ctx.cfg.durability, quick=quick)
         migrations = led.migrations()
+    verified = ("verify's checks not run (--quick): archive files and envelopes not re-hashed, hash chain "
+                "not walked; run `relay verify`") if quick else f"verified {facts['verified']} archived message(s)"
+    if not as_json:
+        click.echo(f"durability: {health.describe(facts['durability'], pid)}")
+        if facts["unreadable"]:
+            click.echo(f"unreadable: {facts['unreadable']} ledger row(s) this relay cannot read")
     verdict(as_json, problems,
-            {"migrations": [{"version": v, "name": n, "checksum_ok": ok} for v, n, ok in migrations]},
-            "doctor: " + ("no problems" if not problems else f"{len(problems)} problem(s)"))
+            {"migrations": [{"version": v, "name": n, "checksum_ok": ok} for v, n, ok in migrations],
+             "durability": facts["durability"], "unreadable": facts["unreadable"], "verified": facts["verified"]},
+            "doctor: " + ("no problems" if not problems else f"{len(problems)} problem(s)") + f"; {verified}")
 
 
 @main.command()
@@ -159,8 +206,10 @@ def doctor(ctx, as_json):
 def agents(ctx, as_json):
     """Each agent: outbox waiting, inbox new/cur, last seen, messages sent/received, last error."""
     from . import operator
+    bad = []
     with ctx.reader() as led:
-        rows = operator.agents_report(led, ctx.layout, ctx.layout.agent_names(ctx.cfg.agents))
+        rows = operator.agents_report(led, ctx.layout, ctx.layout.agent_names(ctx.cfg.agents), bad)
+    skipped(bad)
     if as_json:
         out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
         return
@@ -188,6 +237,10 @@ def tail(ctx, follow, lines, timeout, as_json):
         while True:
             for e in led.events_after(seq):
                 seq = e["seq"]
+                problem = BadRow.of(e, "events")
+                if problem is not None:
+                    skipped([problem])
+                    continue
                 if as_json:
                     click.echo(orjson.dumps({"seq": seq, "at": views.when(e["at"]), "id": e["message_id"],
                                              "event": e["event"], "detail": e["detail"], "actor": e["actor"],
@@ -216,6 +269,7 @@ def report(ctx, since, html_file):
     from . import report as report_mod
     with ctx.reader() as led:
         data = led.figures(moment(since, "--since"))
+    skipped(list(data["unreadable"]))
     page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
     Path(html_file).write_text(page, encoding="utf-8")
     click.echo(f"wrote {html_file}")

@@ -1,6 +1,11 @@
 """Configuration: `.relay/relay.toml`, overridden by env `RELAY_<KEY>`, overridden by flags.
 
-An unknown key or a bad value raises ConfigError naming the key and where it came from.
+An unknown key or a bad value raises ConfigError naming the key and where it came from. A
+duration needs its unit (`90s`, `15m`); only 0 needs none. An environment variable that merely
+starts with `RELAY_` but names no key is not configuration: it becomes a warning in
+`Config.warnings`, like (when `strict` is off: an agent's `relay send` and `relay inbox`) an
+unknown key or a bad value in relay.toml, which then counts as not given. `Config.origins` says
+where each value came from; `describe()` lays it out for `relay config`.
 """
 import dataclasses
 import errno
@@ -24,17 +29,43 @@ _SIZE = re.compile(r"\s*(\d+)\s*([a-z]*)\s*\Z", re.I)
 
 
 def parse_duration(value):
-    """Seconds from `90s`, `15m`, `12h`, `7d`, `250ms` or a plain number of seconds."""
+    """Seconds from `90s`, `15m`, `12h`, `7d`, `250ms`; a number without a unit only when it is 0
+    (`retention = 3` is refused: three seconds, minutes or days?)."""
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration")
     if isinstance(value, (int, float)):
         if value < 0:
             raise ValueError(f"{value!r} is negative")
-        return float(value)
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ValueError(f"{value!r} is not a duration (use e.g. 250ms, 90s, 15m, 12h, 7d)")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+        number, unit = value, None
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise ValueError(f"{value!r} is not a duration (use e.g. 250ms, 90s, 15m, 12h, 7d)")
+        number, unit = float(m.group(1)), m.group(2)
+    if unit is None:
+        if number == 0:
+            return 0.0
+        raise ValueError(f"{value!r} has no unit: write {number:g}s, {number:g}m, {number:g}h or {number:g}d "
+                         "(only 0 needs no unit)")
+    return number * _UNITS[unit]
+
+
+def show_duration(seconds):
+    """A duration as it would be written: the largest unit that divides it (7d, 90s, 250ms)."""
+    if not seconds:
+        return "0"
+    for unit in ("d", "h", "m", "s"):
+        n = seconds / _UNITS[unit]
+        if n == int(n):
+            return f"{int(n)}{unit}"
+    return f"{round(seconds * 1000, 3):g}ms"
+
+
+def show_size(size):
+    for unit, n in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size % n == 0:
+            return f"{size // n}{unit}"
+    return str(size)
 
 
 def parse_size(value):
@@ -175,20 +206,38 @@ class Config:
     on_deliver: object = None           # a command run per delivered envelope (hooks.py): str or tuple
     on_deliver_timeout: float = 10.0
     on_deliver_system: bool = False     # also for envelopes delivered to System's inbox
-    source: str = "defaults"
+    source: str = dataclasses.field(default="defaults", compare=False)
+    # (key, where its value came from) for root, state_dir and every key not at its default
+    origins: tuple = dataclasses.field(default=(), compare=False)
+    warnings: tuple = dataclasses.field(default=(), compare=False)     # what was not taken, and why
+
+    def origin(self, key):
+        """Where the value of `key` came from: "default", "relay.toml (path)", "env RELAY_KEY", "flag"."""
+        return dict(self.origins).get(key, "default")
 
 
-def _clean(values, where):
+KEYS = tuple(_PARSERS)
+NOT_KEYS = ("RELAY_ROOT", "RELAY_STATE_DIR")   # environment variables that are not RELAY_<KEY>s
+
+
+def _clean(values, where, warnings=None):
+    """The parsed values. A problem raises ConfigError, or with a `warnings` list (not strict)
+    is appended to it and the key left out (state_dir excepted: where relay is must be right)."""
     out = {}
     for key, raw in values.items():
         parser = _PARSERS.get(key)
-        if parser is None:
-            known = ", ".join(sorted(_PARSERS))
-            raise ConfigError(f"unknown configuration key {key!r} in {where} (known keys: {known})")
         try:
-            out[key] = parser(raw)
-        except ValueError as e:
-            raise ConfigError(f"bad value for {key!r} in {where}: {e}") from None
+            if parser is None:
+                known = ", ".join(sorted(_PARSERS))
+                raise ConfigError(f"unknown configuration key {key!r} in {where} (known keys: {known})")
+            try:
+                out[key] = parser(raw)
+            except ValueError as e:
+                raise ConfigError(f"bad value for {key!r} in {where}: {e}") from None
+        except ConfigError as e:
+            if warnings is None or key == "state_dir":
+                raise
+            warnings.append(f"{e}; ignored")
     return out
 
 
@@ -242,10 +291,16 @@ def _read_toml(path):
         os.close(fd)
 
 
-def load(root=None, state_dir=None, env=None, overrides=None):
-    """Build the Config. `overrides` are flag values (None means not given)."""
+def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
+    """Build the Config. `overrides` are flag values (None means not given). With `strict`
+    off, an unknown key or a bad value in relay.toml or the environment is a warning in
+    `Config.warnings` instead of an error (the value stays at what else gives it)."""
     env = os.environ if env is None else env
+    origins = {"root": "flag" if root else "env RELAY_ROOT" if env.get("RELAY_ROOT") else "default (the current directory)",
+               "state_dir": "flag" if state_dir else "env RELAY_STATE_DIR" if env.get("RELAY_STATE_DIR") else "default"}
     root, state = resolve_dirs(root, state_dir, env)
+    warnings = [] if not strict else None
+    notes = []
     sources = []
     values = {}
     # The state dir named in relay.toml only counts when flags and env named none:
@@ -254,7 +309,9 @@ def load(root=None, state_dir=None, env=None, overrides=None):
     toml_path = candidate / "relay.toml"
     data = _read_toml(toml_path)
     if data is not None:
-        values.update(_clean(data, str(toml_path)))
+        found = _clean(data, str(toml_path), warnings)
+        values.update(found)
+        origins.update({k: f"relay.toml ({toml_path})" for k in found if k != "state_dir" or state is None})
         sources.append(str(toml_path))
         if state is None and "state_dir" in values:
             where = Path(values["state_dir"])
@@ -265,17 +322,50 @@ def load(root=None, state_dir=None, env=None, overrides=None):
                                   "relative path inside the project root (use --state-dir or "
                                   "RELAY_STATE_DIR for any other place)")
             state = root / where
-    env_values = {k[len("RELAY_"):].lower(): v for k, v in env.items()
-                  if k.startswith("RELAY_") and k not in ("RELAY_ROOT", "RELAY_STATE_DIR")
-                  and k not in HOOK_VARIABLES}
+    env_values = {}
+    for name, value in env.items():
+        if not name.startswith("RELAY_") or name in NOT_KEYS or name in HOOK_VARIABLES:
+            continue
+        key = name[len("RELAY_"):].lower()
+        if key in _PARSERS and key != "state_dir":
+            env_values[key] = value
+        else:
+            notes.append(f"{name} is set in the environment but names no relay configuration key; it is ignored "
+                         "(`relay config` lists the keys, each as RELAY_<KEY>)")
     if env_values:
-        values.update(_clean(env_values, "environment (RELAY_<KEY>)"))
+        found = _clean(env_values, "environment (RELAY_<KEY>)", warnings)
+        values.update(found)
+        origins.update({k: f"env RELAY_{k.upper()}" for k in found})
         sources.append("environment")
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     if flags:
-        values.update(_clean(flags, "command-line flags"))
+        found = _clean(flags, "command-line flags")
+        values.update(found)
+        origins.update({k: "flag" for k in found})
         sources.append("flags")
     values.pop("state_dir", None)
     state = (state or root / ".relay").absolute()
-    return Config(root=root, state_dir=state, source=" + ".join(sources) or "defaults", **values)
+    return Config(root=root, state_dir=state, source=" + ".join(sources) or "defaults",
+                  origins=tuple(sorted(origins.items())), warnings=tuple(notes + (warnings or [])), **values)
+
+
+def describe(cfg):
+    """The configuration in force, key by key, for `relay config`: (key, value as JSON would
+    have it, value as it would be written, where it came from)."""
+    out = [("root", str(cfg.root), str(cfg.root), cfg.origin("root")),
+           ("state_dir", str(cfg.state_dir), str(cfg.state_dir), cfg.origin("state_dir"))]
+    for key in KEYS:
+        if key == "state_dir":
+            continue
+        value = getattr(cfg, key)
+        if isinstance(value, float):        # every float of the configuration is a duration
+            text = show_duration(value)
+        elif _PARSERS[key] is parse_size:
+            text = show_size(value)
+        elif key == "agents":
+            value, text = list(value), ", ".join(value) or "(none)"
+        else:
+            text = str(value).lower() if key == "log_level" else str(value)
+        out.append((key, value, text, cfg.origin(key)))
+    return out
 

@@ -10,6 +10,7 @@ service.py supplies what only a process has. Relay composes the rooms: recovery.
 retention.py and the file and ledger rooms below them.
 """
 import collections
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -17,7 +18,7 @@ import sqlite3
 import threading
 import time
 
-from . import retention
+from . import health, retention
 from .archive import Archive, day_of
 from .config import SYSTEM
 from .errors import DurabilityError, LedgerCorrupt, MessageRefused, TransientError, sqlite_cause
@@ -33,7 +34,7 @@ from .message import accept
 from .outbox import Outbox, ignore_lease_breaks
 from .recovery import Recovery
 from .sync import Syncer
-from .work import Counts, Outcome, Work, backoff, unreadable
+from .work import Counts, Outcome, Work, backoff, fields
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ MAX_IDLE = 3600.0        # the longest the daemon's loop waits when nothing is d
 CHECK_EVERY = 1.0        # while the loop waits, seconds between two calls of the process's check
 STEP_PAUSE = 1.0         # the wait after a failed step, doubled for each failure in a row
 MAX_STEP_PAUSE = 60.0    # and at most this
+RESTART_KEYS = ("root", "state_dir")    # what a reload cannot change under a running relay
 
 
 class Relay:
@@ -89,6 +91,7 @@ class Relay:
         self._next_sweep = 0.0
         self._next_orphans = 0.0
         self._next_archive_retry = 0.0
+        self._began = (0.0, 0.0)                # (now, clock()) when the current step began
         ignore_lease_breaks()
 
     def close(self):
@@ -112,11 +115,18 @@ class Relay:
 
     # -- start ------------------------------------------------------------------------------
 
+    def attest(self, mode, event="start", now=None):
+        """Record in the ledger what its writer connection reports of its settings, with this
+        process and the configured durability (health.attest): what `relay status` and
+        `relay doctor` show. `mode`: "daemon" or "once"; `event`: "start" or "reload"."""
+        return health.attest(self.ledger, self.history, self.config, mode, event,
+                             self.clock() if now is None else now)
+
     def recover(self, now=None):
         """Crash and power-loss recovery (recovery.py), then a full rescan. Returns the number
         of messages recovered."""
         now = self.clock() if now is None else now
-        recovered = self.recovery.recover(now)
+        recovered = self.recovery.recover(now, budget=max(1, self.config.max_retries))
         self._next_orphans = now + ORPHAN_INTERVAL
         self._scan = None
         self._next_rescan = 0.0
@@ -134,6 +144,7 @@ class Relay:
     def step(self, now=None):
         """Move everything one batch further. Returns what was done."""
         now = self.clock() if now is None else now
+        self._began = (now, self.clock())
         self.fs.forget()            # walk from the top again: a directory may have been swapped
         counts = Counts()
         found = []
@@ -148,7 +159,7 @@ class Relay:
             lambda sender, mid, name: self.layout.archive_rel(day, sender, mid, name))
         counts.registered, counts.claimed = len(registered), len(claimed)
         for mid, sender, name in registered:
-            log.info("%s discovered: outbox/%s/%s", mid, sender, name)
+            log.info("%s discovered: outbox/%s/%s", mid, sender, name, **fields("discovered", mid, sender))
         if claimed:
             self._process(claimed, now, counts)
         if now >= self._next_archive_retry:
@@ -160,6 +171,12 @@ class Relay:
         if now >= self._next_orphans:
             self.remove_orphans(now)
         return counts
+
+    def phase(self):
+        """The instant of a phase of the current step: the step's `now` plus the time the clock
+        says has passed since the step began (an injected clock that stands still: `now`)."""
+        now, began = self._began
+        return now + max(0.0, self.clock() - began)
 
     def _gather(self, now):
         found = []
@@ -203,7 +220,7 @@ class Relay:
             return
         self.ledger.refuse_found(mid, f.sender, name, now, reason, rel)
         counts.failed += 1
-        log.error("%s from %s failed: %s", mid, f.sender, reason)
+        log.error("%s from %s failed: %s", mid, f.sender, reason, **fields("failed", mid, f.sender))
 
     def known_agents(self, refresh=False):
         if self._known is None or refresh:
@@ -211,7 +228,9 @@ class Relay:
         return self._known
 
     def _process(self, rows, now, counts):
-        works = [Work.claimed(row) for row in self._readable(rows, now, counts)]
+        readable = self.recovery.readable(rows, now, need=("archive_path",))
+        counts.failed += len(rows) - len(readable)
+        works = [Work.claimed(row) for row in readable]
         had = self.history.delivered_to([w.id for w in works if w.thorough])
         budget = self.config.batch_bytes
         for w in works:
@@ -223,6 +242,7 @@ class Relay:
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
         identify(self.ledger, self.layout, works, now)
         linked = self.inbox.deliver([w for w in works if not (w.refused or w.error or w.defer or w.duplicate_of)])
+        delivered = self.phase()
         for w in works:
             self._settle(w, now)
         # One sync for the links into new/ and the archive moves: an original archived before its
@@ -238,8 +258,9 @@ class Relay:
                         w.path = w.archive_rel
                     w.outcome, w.refused = Outcome.FAILED, f"{e}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
                     w.failed_rel = None
-                    log.error("%s: %s; the original stays at %s", w.id, e, w.path)
-        self.ledger.record(now, works)
+                    log.error("%s: %s; the original stays at %s", w.id, e, w.path,
+                              **fields("failed", w))
+        self.ledger.record(now, works, delivered, self.phase())
         self.hooks.delivered(works)     # durable now: each new recipient's hook is queued
         for w in works:
             self._report(w, now, counts)
@@ -257,7 +278,8 @@ class Relay:
                 return
             self._parse(w, now)
         except Exception as e:  # noqa: BLE001 - isolate the message, keep the daemon alive
-            log.exception("%s from %s: unexpected error while reading it", w.id, w.sender)
+            log.exception("%s from %s: unexpected error while reading it", w.id, w.sender,
+                          **fields("error", w))
             w.error = TransientError(f"unexpected error: {e!r}"[:500])
 
     def _parse(self, w, now):
@@ -273,7 +295,7 @@ class Relay:
         for name in accepted.created:
             self.layout.make_inbox(name)
             self._known = None
-            log.info("%s: created the inbox of new agent %s", w.id, name)
+            log.info("%s: created the inbox of new agent %s", w.id, name, **fields("inbox-created", w))
         w.envelope = accepted.envelope
         w.envelope_sha256 = hashlib.sha256(w.envelope).hexdigest()
 
@@ -316,7 +338,8 @@ class Relay:
         try:
             w.failed_rel = self.archive.quarantine(w.path, w.sender, w.id, w.name, report)
         except (OSError, DurabilityError) as e:
-            log.error("%s: could not quarantine the file (%s); it stays at %s", w.id, e, w.path)
+            log.error("%s: could not quarantine the file (%s); it stays at %s", w.id, e, w.path,
+                      **fields("failed", w))
             w.failed_rel = None
         w.outcome = Outcome.FAILED
 
@@ -325,47 +348,31 @@ class Relay:
         to = ",".join(w.recipients)
         if w.outcome is Outcome.FAILED:
             counts.failed += 1
-            log.error("%s from %s failed: %s", w.id, w.sender, w.refused)
+            log.error("%s from %s failed: %s", w.id, w.sender, w.refused, **fields("failed", w))
         elif w.outcome is Outcome.DEFER:
             counts.deferred += 1
             if w.path:
-                log.info("%s from %s is still open for writing; looking again shortly", w.id, w.sender)
+                log.info("%s from %s is still open for writing; looking again shortly", w.id, w.sender,
+                         **fields("deferred", w))
         elif w.duplicate_of:
             counts.archived += 1
             log.info("%s from %s repeats %s (request id %r): not delivered again; archived as %s",
-                     w.id, w.sender, w.duplicate_of, w.request_id, w.archive_rel)
+                     w.id, w.sender, w.duplicate_of, w.request_id, w.archive_rel, **fields("duplicate", w))
         elif w.outcome is Outcome.ARCHIVED:
             counts.delivered += 1
             counts.archived += 1
-            log.info("%s delivered from %s to %s; archived as %s", w.id, w.sender, to, w.archive_rel)
+            log.info("%s delivered from %s to %s; archived as %s", w.id, w.sender, to, w.archive_rel,
+                     **fields("archived", w))
         elif w.outcome is Outcome.DELIVERED:
             counts.delivered += 1
             log.warning("%s delivered from %s to %s; archive move failed, will retry: %s",
-                        w.id, w.sender, to, w.error)
+                        w.id, w.sender, to, w.error, **fields("archive-failed", w))
         else:
             counts.retried += 1
             log.warning("%s from %s: %s; attempt %d failed, next in %.1fs%s", w.id, w.sender, w.error,
                         w.retries + 1, w.next_attempt_at - now,
-                        f" (delivered to {', '.join(sorted(w.got))})" if w.got else "")
-
-    def _readable(self, rows, now, counts):
-        """Rows this build can read; any other is reported with its id and column, failed, and
-        the batch goes on without it."""
-        good, bad = [], []
-        for row in rows:
-            problem = unreadable(row)
-            if problem is None:
-                good.append(row)
-                continue
-            column, value = problem
-            reason = (f"ledger row {row['id']!r}: column {column} holds {value!r}, which this relay "
-                      "cannot read; the row was skipped")
-            log.error("%s", reason)
-            bad.append((row["id"], reason))
-            counts.failed += 1
-        if bad:
-            self.ledger.fail_unreadable(now, bad)
-        return good
+                        f" (delivered to {', '.join(sorted(w.got))})" if w.got else "",
+                        **fields("retried", w))
 
     def _retry_archive(self, now, counts):
         counts.archived += self.recovery.retry_archive(now, self.batch, self.config.retry_backoff)
@@ -499,10 +506,27 @@ class Relay:
         return min(deadlines, default=None)
 
     def reconfigure(self, config):
-        """Apply a new configuration of the same state directory (a SIGHUP reload) between two
-        steps: the settle time, durability, the on_deliver hook and every value a step reads."""
+        """Apply a new configuration (a SIGHUP reload) between two steps: every key that changed,
+        except a different root or state directory (RESTART_KEYS), which only a restart can
+        change; this relay keeps its own. Returns (keys applied, keys that need a restart)."""
+        changed = [f.name for f in dataclasses.fields(config) if f.compare
+                   and getattr(config, f.name) != getattr(self.config, f.name)]
+        restart = [k for k in changed if k in RESTART_KEYS]
+        if restart:
+            config = dataclasses.replace(config, root=self.config.root, state_dir=self.config.state_dir)
         self.config = config
         self.outbox.settle = config.settle
         self.syncer.durable = config.durability == "full"
         self.ledger.set_durability(config.durability)
         self.hooks.configure(config)
+        if "agents" in changed:         # a newly listed agent gets its outbox and inbox now
+            for problem in self.layout.init(config.agents):
+                log.warning("%s", problem)
+            self.syncer.flush("the state directory's layout")
+            self._known = None
+        now = self.clock()
+        if "rescan_interval" in changed:
+            self._next_rescan = min(self._next_rescan, now + config.rescan_interval)
+        if "sweep_interval" in changed:
+            self._next_sweep = min(self._next_sweep, now + config.sweep_interval)
+        return [k for k in changed if k not in restart], restart

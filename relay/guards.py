@@ -4,7 +4,9 @@ one)."""
 import datetime
 import errno
 import functools
+import os
 import sqlite3
+import sys
 import time
 
 import click
@@ -80,12 +82,31 @@ def explain(error, ledger=None):
     return f"ledger error: {error}"
 
 
+EXIT_PIPE = 141         # 128 + SIGPIPE: what a shell reports for a command whose reader went away
+
+
+def quiet_pipe():
+    """The reader of standard output went away (`relay audit | head`): end at once and quietly,
+    as a command killed by SIGPIPE would, without a traceback or a line about it. Standard
+    output is pointed at /dev/null first, so that the interpreter's last flush fails no more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):     # no real descriptor (a test's capture)
+        pass
+    sys.exit(EXIT_PIPE)
+
+
 def handle_errors(fn):
-    """A verb's RelayError, OSError or sqlite3 error leaves as one line on stderr and exit 1."""
+    """A verb's RelayError, OSError or sqlite3 error leaves as one line on stderr and exit 1; a
+    closed pipe on standard output ends it quietly (EXIT_PIPE)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:
+            quiet_pipe()
         except (RelayError, OSError, sqlite3.Error) as e:
             raise click.ClickException(explain(e, _ledger_path(args))) from None
         except UnicodeError as e:

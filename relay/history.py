@@ -5,12 +5,33 @@ in ledger.py.
 
 A History reads through a Ledger's connection: the relay's own (so the loop reads what its
 writes left), or one a read-only verb opened beside a running daemon.
+
+A stored row this build cannot read (an unknown status, a time that is no number, a malformed
+id or name, a path outside its place in the state directory) is never fatal: the helpers of
+rows.py, offered here for every reader (`unreadable`, `BadRow`, `sift`), name it with its id
+and column and pass on the others; `bad_rows()` walks the whole ledger that way (doctor, verify,
+report), and the loop's questions leave out a time that is no number.
 """
 from .errors import NotFound, RelayError
 from .ledger import GENESIS, STATUSES, Status, chain_hash, checksum
+from .rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
 from .schema import MIGRATIONS
 
 CHUNK = 500         # ids per `IN (...)` query
+NUMERIC = "typeof({0}) IN ('integer', 'real')"      # a column that holds a number (times)
+_ID = "(typeof({0}) != 'text' OR length({0}) != 26 OR {0} GLOB '*[^0-9A-HJKMNP-TV-Z]*')"
+_AGENT = ("(typeof({0}) != 'text' OR length({0}) > 64 OR {0} NOT GLOB '[A-Za-z0-9]*' "
+          "OR {0} GLOB '*[^A-Za-z0-9._-]*')")
+SUSPECT = {     # rows.CHECKS for the two largest tables, as SQL: true for every row they refuse
+    "events": " OR ".join([
+        "typeof(seq) != 'integer' OR seq < 0", f"(message_id IS NOT NULL AND {_ID.format('message_id')})",
+        f"NOT {NUMERIC.format('at')}", "typeof(event) != 'text'", "(detail IS NOT NULL AND typeof(detail) != 'text')",
+        "typeof(actor) != 'text'"]),
+    "deliveries": " OR ".join([
+        _ID.format("message_id"), _AGENT.format("recipient"), f"NOT {NUMERIC.format('delivered_at')}",
+        "(size IS NOT NULL AND (typeof(size) != 'integer' OR size < 0))",
+        "(sha256 IS NOT NULL AND (typeof(sha256) != 'text' OR length(sha256) != 64 OR sha256 GLOB '*[^0-9a-f]*'))"]),
+}
 
 
 class History:
@@ -85,7 +106,8 @@ class History:
         return set(ids) - known
 
     def latest_archived_at(self):
-        return self.db.execute("SELECT max(archived_at) FROM messages WHERE status = 'archived'").fetchone()[0]
+        return self.db.execute("SELECT max(archived_at) FROM messages WHERE status = 'archived' AND "
+                               + NUMERIC.format("archived_at")).fetchone()[0]
 
     def waiting(self, now, horizon):
         """(what, why) of pending messages due within `horizon` seconds (what run --once left)."""
@@ -99,11 +121,13 @@ class History:
                                "ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall()
 
     def next_archive_due(self):
-        return self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'delivered'"
-                               ).fetchone()[0]
+        return self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'delivered' AND "
+                               + NUMERIC.format("next_attempt_at")).fetchone()[0]
 
     def next_due(self):
-        row = self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'pending'").fetchone()
+        """When the next pending message is due (a row whose time is no number never is)."""
+        row = self.db.execute("SELECT min(next_attempt_at) FROM messages WHERE status = 'pending' AND "
+                              + NUMERIC.format("next_attempt_at")).fetchone()
         return row[0]
 
     # -- retention --------------------------------------------------------------------------
@@ -116,7 +140,9 @@ class History:
         archived = []
         for row in self.db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path FROM chain c "
                                    "JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?", (limit,)):
-            if row["archived_at"] is None or row["archived_at"] >= cutoff:
+            # A time that is no number stops the prefix too: a row this build cannot read is
+            # never deleted (doctor names it).
+            if not isinstance(row["archived_at"], (int, float)) or row["archived_at"] >= cutoff:
                 break
             archived.append(row)
         failed = self.db.execute("SELECT id, failed_path FROM messages WHERE status = 'failed' AND failed_at < ? "
@@ -134,18 +160,46 @@ class History:
     # -- for people -------------------------------------------------------------------------
 
     def counts(self):
+        """Messages per state this build knows (`unknown_statuses()` counts the others)."""
         counts = dict.fromkeys(STATUSES, 0)
         for row in self.db.execute("SELECT status, count(*) AS n FROM messages GROUP BY status"):
-            counts[row["status"]] = row["n"]
+            if row["status"] in counts:
+                counts[row["status"]] = row["n"]
         return counts
 
+    def unknown_statuses(self, limit=20):
+        """(count, [BadRow...] of at most `limit`) of messages whose status this build does not know."""
+        marks = ",".join("?" * len(STATUSES))
+        n = self.db.execute(f"SELECT count(*) FROM messages WHERE status NOT IN ({marks})", STATUSES).fetchone()[0]
+        rows = self.db.execute(f"SELECT id, status FROM messages WHERE status NOT IN ({marks}) ORDER BY id LIMIT ?",
+                               (*STATUSES, limit)) if n else []
+        return n, [BadRow("messages", r["id"], "status", r["status"]) for r in rows]
+
     def oldest_pending(self):
-        row = self.db.execute("SELECT min(discovered_at) FROM messages WHERE status IN ('pending', 'processing')"
-                              ).fetchone()
+        """The discovery time of the oldest message on its way (a time that is no number is left out)."""
+        row = self.db.execute("SELECT min(discovered_at) FROM messages WHERE status IN ('pending', 'processing') "
+                              "AND " + NUMERIC.format("discovered_at")).fetchone()
         return row[0]
 
     def agents(self):
         return self.db.execute("SELECT * FROM agents ORDER BY name").fetchall()
+
+    def attestation(self):
+        """The newest attestation a relay recorded of its writer connection's settings, or None."""
+        return self.db.execute("SELECT * FROM attestations ORDER BY seq DESC LIMIT 1").fetchone()
+
+    def bad_rows(self, since=None, tables=("messages", "deliveries", "events", "agents")):
+        """Every stored row of `tables` this build cannot read, as BadRows (messages: those
+        discovered since `since`, when given). The many rows of deliveries and events are
+        looked at only when SQL finds a value of a type or form rows.py refuses (SUSPECT: the
+        same checks, written in SQL), then checked as every row is."""
+        where, args = ("", ()) if since is None else (" WHERE discovered_at >= ?", (since,))
+        for table in tables:
+            if table == "messages":
+                rows = self.db.execute("SELECT * FROM messages" + where, args)
+            else:
+                rows = self.db.execute(f"SELECT * FROM {table}" + (f" WHERE {SUSPECT[table]}" if table in SUSPECT else ""))
+            yield from unreadable_rows(rows, table)
 
     def agent_figures(self, name):
         """(messages sent, deliveries received, the row of the last failed message sent or None)."""
@@ -198,25 +252,30 @@ class History:
                                "ON m.id = e.message_id WHERE e.seq > ? ORDER BY e.seq", (seq,)).fetchall()
 
     def figures(self, since=None):
-        """The numbers of `relay report`: counts, who told whom, messages per hour, failures, threads."""
+        """The numbers of `relay report`: counts, who told whom, messages per hour, failures, threads.
+        A row whose status or times this build cannot read counts in none of them;
+        `data["unreadable"]` lists every BadRow of the period (`bad_rows()`)."""
         db = self.db
         since = since or 0
-        data = {"since": since}
+        data = {"since": since, "unreadable": list(self.bad_rows(since or None, tables=("messages",)))}
+        known = "m.status IN (" + ",".join("?" * len(STATUSES)) + ") AND " + NUMERIC.format("m.discovered_at") \
+            + " AND m.discovered_at >= ?"
+        args = (*STATUSES, since)
         data["counts"] = {r[0]: r[1] for r in db.execute(
-            "SELECT status, count(*) FROM messages WHERE discovered_at >= ? GROUP BY status", (since,))}
+            f"SELECT status, count(*) FROM messages m WHERE {known} GROUP BY status", args)}
         data["matrix"] = db.execute(
             "SELECT m.sender, d.recipient, count(*) AS n FROM deliveries d JOIN messages m ON m.id = d.message_id "
-            "WHERE m.discovered_at >= ? GROUP BY m.sender, d.recipient", (since,)).fetchall()
+            f"WHERE {known} GROUP BY m.sender, d.recipient", args).fetchall()
         data["hours"] = db.execute(
-            "SELECT CAST(discovered_at / 3600 AS INTEGER) AS h, count(*) AS n FROM messages WHERE discovered_at >= ? "
-            "GROUP BY h ORDER BY h", (since,)).fetchall()
-        data["failures"] = db.execute(
-            "SELECT id, sender, name, error, failed_at FROM messages WHERE status = 'failed' AND discovered_at >= ? "
-            "ORDER BY id DESC LIMIT 200", (since,)).fetchall()
+            f"SELECT CAST(discovered_at / 3600 AS INTEGER) AS h, count(*) AS n FROM messages m WHERE {known} "
+            "GROUP BY h ORDER BY h", args).fetchall()
+        data["failures"] = list(sift(db.execute(
+            f"SELECT id, sender, name, error, failed_at FROM messages m WHERE m.status = 'failed' AND {known} "
+            "ORDER BY id DESC LIMIT 200", args), []))
         data["threads"] = db.execute(
             "SELECT thread, count(*) AS n, min(discovered_at) AS first, max(discovered_at) AS last, "
-            "group_concat(DISTINCT sender) AS senders FROM messages WHERE thread IS NOT NULL AND discovered_at >= ? "
-            "GROUP BY thread ORDER BY last DESC LIMIT 100", (since,)).fetchall()
+            f"group_concat(DISTINCT sender) AS senders FROM messages m WHERE thread IS NOT NULL AND {known} "
+            "GROUP BY thread ORDER BY last DESC LIMIT 100", args).fetchall()
         return data
 
     # -- verification -----------------------------------------------------------------------
@@ -236,7 +295,10 @@ class History:
             gap = (seq + 1, link["seq"] - 1) if link["seq"] != seq + 1 else None
             seq = link["seq"]
             row = self.get(link["message_id"])
-            intact = row is not None and row["status"] == Status.ARCHIVED and chain_hash(prev, row) == link["hash"]
+            try:
+                intact = row is not None and row["status"] == Status.ARCHIVED and chain_hash(prev, row) == link["hash"]
+            except TypeError:       # a value no record of relay's holds (a blob): not what was chained
+                intact = False
             prev = link["hash"]
             yield link, row, gap, intact
 

@@ -4,10 +4,14 @@ or the message is refused with the reason), and a message whose request id its s
 before (on a message that did not fail) is a duplicate of that one: archived, never delivered
 again. One ledger transaction per batch, only when a message of the batch names either."""
 import hashlib
+import logging
 
 import orjson
 
 from .archive import day_of
+from .work import fields
+
+log = logging.getLogger(__name__)
 
 
 def identify(ledger, layout, works, now):
@@ -28,6 +32,7 @@ def identify(ledger, layout, works, now):
             w.refused = refusal
             continue
         if new != w.id:
+            log.info("%s is %s: the id its sender chose", w.id, new, **fields("identified", new, w.sender))
             w.spool_id = w.spool_id or w.id
             w.id, w.archive_rel = new, path
             if w.envelope:

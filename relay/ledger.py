@@ -35,6 +35,7 @@ class Status(str, enum.Enum):
 STATUSES = tuple(s.value for s in Status)
 
 GENESIS = "0" * 64
+ATTESTATIONS_KEPT = 100     # the newest attestations kept in the ledger
 
 
 def _refuse_links(path):
@@ -106,6 +107,22 @@ class Ledger:
 
     def __exit__(self, *exc):
         self.close()
+
+    # -- attestation ------------------------------------------------------------------------
+
+    def attest(self, now, facts):
+        """Record what this (writer) connection reports about its settings, with the process
+        that holds it: `facts` has pid, host, version, mode (daemon | once), event (start |
+        reload), durability (configured), journal_mode, synchronous, busy_timeout_ms and
+        foreign_keys. The newest ATTESTATIONS_KEPT are kept."""
+        with self.transaction():
+            self.db.execute(
+                "INSERT INTO attestations (at, pid, host, version, mode, event, durability, journal_mode, "
+                "synchronous, busy_timeout_ms, foreign_keys) VALUES (:at, :pid, :host, :version, :mode, :event, "
+                ":durability, :journal_mode, :synchronous, :busy_timeout_ms, :foreign_keys)",
+                {**facts, "at": now, "foreign_keys": int(bool(facts["foreign_keys"]))})
+            self.db.execute("DELETE FROM attestations WHERE seq <= (SELECT max(seq) FROM attestations) - ?",
+                            (ATTESTATIONS_KEPT,))
 
     # -- schema -----------------------------------------------------------------------------
 
@@ -251,7 +268,8 @@ class Ledger:
             "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1 "
             "WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
             "ORDER BY next_attempt_at, id LIMIT :limit) AND status = 'pending' "
-            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since, spool_id",
+            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since, spool_id, "
+            "interrupted",
             {"now": now, "limit": limit}).fetchall()
         claimed = []
         for r in sorted(rows, key=lambda r: r["id"]):
@@ -271,22 +289,24 @@ class Ledger:
                             "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen",
                             [(n, now, now) for n in names])
 
-    def record(self, now, works):
+    def record(self, now, works, delivered=None, settled=None):
         """One transaction recording what a batch did: each work by its Outcome, and every
-        recipient's delivery that became durable in it."""
+        recipient's delivery that became durable in it, each at the instant it happened:
+        `delivered` (links into new/ made), `settled` (moves synced, retries decided), else `now`."""
         events = []
+        delivered, settled = delivered or now, settled or now
         with self.transaction():
-            deliveries = [(w.id, r, now, size, sha) for w in works for r, (size, sha) in w.got.items()]
+            deliveries = [(w.id, r, delivered, size, sha) for w in works for r, (size, sha) in w.got.items()]
             if deliveries:
                 self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "
                                     "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
-                events.extend((mid, now, "delivered", r) for mid, r, _, _, _ in deliveries)
-                self._seen({d[1] for d in deliveries}, now)
+                events.extend((mid, delivered, "delivered", r) for mid, r, *_ in deliveries)
+                self._seen({d[1] for d in deliveries}, delivered)
             by_kind = {}
             for w in works:
                 by_kind.setdefault(w.outcome, []).append(w)
             for outcome, group in by_kind.items():
-                getattr(self, f"_record_{outcome.value}")(now, group, events)
+                getattr(self, f"_record_{outcome.value}")((delivered, settled), group, events)
             self._events(events)
 
     @staticmethod
@@ -297,8 +317,10 @@ class Ledger:
         return {"kind": m.kind, "thread": m.thread, "subject": m.subject, "body": m.body,
                 "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(w.recipients).decode()}
 
-    def _record_archived(self, now, works, events):
-        """The common case, in bulk: delivered to everyone and archived; chained for verify."""
+    def _record_archived(self, at, works, events):
+        """The common case, in bulk: delivered to everyone and archived; chained for verify.
+        `at`: (delivered, settled) instants of the batch, as for the other outcomes."""
+        delivered, archived = at
         rows = []
         if self._head is None:
             self._head = self.head()
@@ -307,12 +329,12 @@ class Ledger:
         for w in works:
             f = self._fields(w)
             rows.append((f["recipients"], f["kind"], f["thread"], f["subject"], f["body"], f["headers"], w.size,
-                         w.sha256, w.sent_at, now, now, w.archive_rel, w.id))
-            events.append((w.id, now, "archived", w.archive_rel))
+                         w.sha256, w.sent_at, delivered, archived, w.archive_rel, w.id))
+            events.append((w.id, archived, "archived", w.archive_rel))
             seq += 1
             prev = chain_hash(prev, {"id": w.id, "sender": w.sender, "recipients": f["recipients"],
-                                     "discovered_at": w.discovered_at, "delivered_at": now, "archived_at": now,
-                                     "sha256": w.sha256, "archive_path": w.archive_rel})
+                                     "discovered_at": w.discovered_at, "delivered_at": delivered,
+                                     "archived_at": archived, "sha256": w.sha256, "archive_path": w.archive_rel})
             links.append((seq, w.id, prev))
         self.db.executemany(
             "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
@@ -322,21 +344,24 @@ class Ledger:
         self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
         self._head = (seq, prev)
 
-    def _record_delivered(self, now, works, events):
+    def _record_delivered(self, at, works, events):
         """Delivered to everyone, but the archive move failed: retried when History.delivered_due()
         returns it."""
+        delivered, settled = at
         for w in works:
             self.db.execute(
                 "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
                 "thread = :thread, subject = :subject, body = :body, headers = :headers, size = :size, "
                 "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
                 "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
-                {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at, "now": now,
-                 "error": str(w.error), "archive_path": w.archive_rel, "at": w.next_attempt_at, "id": w.id})
-            events.append((w.id, now, "archive-failed", str(w.error)))
+                {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at,
+                 "now": delivered, "error": str(w.error), "archive_path": w.archive_rel,
+                 "at": w.next_attempt_at, "id": w.id})
+            events.append((w.id, settled, "archive-failed", str(w.error)))
 
-    def _record_retry(self, now, works, events):
+    def _record_retry(self, at, works, events):
         """Back to pending after a transient failure (of the message, or of some recipients)."""
+        settled = at[1]
         for w in works:
             f = self._fields(w)
             self.db.execute(
@@ -348,17 +373,19 @@ class Ledger:
                 "headers = coalesce(:headers, headers), size = coalesce(:size, size), "
                 "sha256 = coalesce(:sha256, sha256), sent_at = coalesce(:sent_at, sent_at) WHERE id = :id",
                 {**f, "retries": w.retries + 1, "error": w.error_text, "at": w.next_attempt_at,
-                 "spooled": int(w.spooled), "now": now, "size": w.size or None, "sha256": w.sha256,
+                 "spooled": int(w.spooled), "now": settled, "size": w.size or None, "sha256": w.sha256,
                  "sent_at": w.sent_at, "id": w.id})
-            events.append((w.id, now, "retried", w.error_text))
+            events.append((w.id, settled, "retried", w.error_text))
 
-    def _record_defer(self, now, works, events):
+    def _record_defer(self, at, works, events):
+        settled = at[1]
         self.db.executemany("UPDATE messages SET status = 'pending', next_attempt_at = ?, spooled = ?, "
                             "archive_path = NULL WHERE id = ?",
                             [(w.next_attempt_at, int(w.spooled), w.id) for w in works])
-        events.extend((w.id, now, "deferred", w.error_text) for w in works)
+        events.extend((w.id, settled, "deferred", w.error_text) for w in works)
 
-    def _record_failed(self, now, works, events):
+    def _record_failed(self, at, works, events):
+        settled = at[1]
         for w in works:
             f = self._fields(w)
             self.db.execute(
@@ -369,10 +396,10 @@ class Ledger:
                 "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
                 "headers = coalesce(:headers, headers), sha256 = coalesce(:sha256, sha256), "
                 "sent_at = coalesce(:sent_at, sent_at), retries = :retries WHERE id = :id",
-                {**f, "now": now, "error": w.refused, "failed_path": w.failed_rel, "size": w.size or None,
-                 "sha256": w.sha256, "sent_at": w.sent_at, "retries": w.retries + (1 if w.error else 0),
-                 "id": w.id})
-            events.append((w.id, now, "failed", w.refused))
+                {**f, "now": settled, "error": w.refused, "failed_path": w.failed_rel,
+                 "size": w.size or None, "sha256": w.sha256, "sent_at": w.sent_at,
+                 "retries": w.retries + (1 if w.error else 0), "id": w.id})
+            events.append((w.id, settled, "failed", w.refused))
 
     def fail_unreadable(self, now, problems):
         """Claimed rows this build cannot read: failed with the reason. problems: (id, reason)."""
@@ -415,14 +442,23 @@ class Ledger:
 
     # -- recovery ---------------------------------------------------------------------------
 
-    def reset(self, rows, now):
-        """Crash recovery: processing rows back to pending. rows: (id, spooled)."""
+    def reset(self, rows, now, stopped=()):
+        """Crash recovery, one transaction. rows: (id, spooled) of processing rows back to pending;
+        each was being handled when relay stopped, which counts as an attempt (`retries`) and an
+        interruption. stopped: (id, reason, failed_path) of processing rows whose interruptions
+        used up the claim budget: failed (quarantined) instead."""
         with self.transaction():
             self.db.executemany("UPDATE messages SET status = 'pending', spooled = ?, archive_path = NULL, "
-                                "next_attempt_at = 0 WHERE id = ? AND status = 'processing'",
+                                "next_attempt_at = 0, retries = retries + 1, interrupted = interrupted + 1 "
+                                "WHERE id = ? AND status = 'processing'",
                                 [(int(s), mid) for mid, s in rows])
             self._events([(mid, now, "recovered", "left processing by a stopped relay; back to pending")
                           for mid, _ in rows])
+            self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, failed_path = ?, "
+                                "spooled = 0, archive_path = NULL, retries = retries + 1, "
+                                "interrupted = interrupted + 1 WHERE id = ? AND status = 'processing'",
+                                [(now, reason, rel, mid) for mid, reason, rel in stopped])
+            self._events([(mid, now, "failed", reason) for mid, reason, _ in stopped])
 
     def readopt(self, found, now):
         """Spooled files with no ledger record (id, sender, name): registered again as pending,
@@ -445,8 +481,8 @@ class Ledger:
         with self.transaction():
             for mid in ids:
                 row = self.db.execute(
-                    "UPDATE messages SET status = 'pending', retries = 0, next_attempt_at = 0, error = NULL, "
-                    "failed_at = NULL, failed_path = NULL, spooled = 1 WHERE id = ? AND status = 'failed' "
+                    "UPDATE messages SET status = 'pending', retries = 0, interrupted = 0, next_attempt_at = 0, "
+                    "error = NULL, failed_at = NULL, failed_path = NULL, spooled = 1 WHERE id = ? AND status = 'failed' "
                     "RETURNING id", (mid,)).fetchone()
                 if row:
                     done.append(mid)

@@ -1,5 +1,6 @@
 """What operators do beside the daemon: retry and expire (through the Ledger's writes), verify
-the archive and the hash chain, doctor, the agents table (through the History's reads)."""
+the archive and the hash chain, doctor, the agents table (through the History's reads). A
+stored row this build cannot read is named (history.BadRow) and left out, never fatal."""
 import getpass
 import hashlib
 import os
@@ -8,7 +9,8 @@ import time
 from .archive import Archive, check_rel
 from .errors import LedgerCorrupt, RelayError
 from .fs import shown
-from .history import History
+from . import health
+from .history import BadRow, History, sift
 from .inbox import ORPHAN_AGE, Inbox
 from .layout import is_in_progress_name
 from .ledger import Status
@@ -30,6 +32,10 @@ def retry(ledger, layout, ids, now=None):
     history = History(ledger)
     for mid in ids:
         row = history.find(mid)
+        bad = BadRow.of(row)
+        if bad is not None:
+            problems.append(f"{bad}: not retried")
+            continue
         if row["status"] != Status.FAILED:
             problems.append(f"{row['id']}: is {row['status']}, not failed; nothing to retry")
             continue
@@ -53,6 +59,9 @@ def expire(ledger, layout, mid, now=None):
     """A pending or failed message will not be delivered: it is failed, its file in failed/."""
     now = time.time() if now is None else now
     row = History(ledger).find(mid)
+    bad = BadRow.of(row)
+    if bad is not None:
+        raise RelayError(f"{bad}: not expired")
     if row["status"] not in (Status.PENDING, Status.FAILED):
         raise RelayError(f"{row['id']} is {row['status']}: only pending or failed messages can be expired")
     who = actor()
@@ -94,7 +103,7 @@ def envelopes(history, layout):
     One the agent has deleted is no problem."""
     fs = layout.fs
     problems, index = [], {}
-    for d in history.recorded_envelopes():
+    for d in sift(history.recorded_envelopes(), [], "deliveries"):      # bad rows: named by bad_rows()
         r, mid = d["recipient"], d["message_id"]
         if r not in index:
             index[r] = {}
@@ -120,9 +129,22 @@ def envelopes(history, layout):
     return problems
 
 
-def verify(history, layout):
-    """Recompute the hash chain and re-hash every archive file. Returns (checked, problems)."""
-    problems = []
+def unreadable(history, limit=None):
+    """(count, lines) of every stored row this build cannot read, at most `limit` lines (the
+    rest counted in a last line)."""
+    lines = [str(b) for b in history.bad_rows()]
+    count = len(lines)
+    if limit is not None and count > limit:
+        lines = lines[:limit] + [f"... and {count - limit} more ledger row(s) this relay cannot read "
+                                 "(`relay verify` lists them all)"]
+    return count, lines
+
+
+def verify(history, layout, rows=True):
+    """Recompute the hash chain and re-hash every archive file and every delivered envelope
+    still in an inbox. Returns (checked, problems); with `rows`, the rows this build cannot read
+    are problems too (doctor counts them itself)."""
+    problems = unreadable(history)[1] if rows else []
     checked = 0
     for link, row, gap, intact in history.chain():
         if gap:
@@ -132,6 +154,8 @@ def verify(history, layout):
             problems.append(f"{link['message_id']}: its ledger record was deleted")
         elif not intact:
             problems.append(f"{link['message_id']}: its ledger record was altered (hash chain mismatch)")
+        if row is not None and BadRow.of(row) is not None:
+            continue                # named above; its path is not followed
         if row is not None and row["archive_path"]:
             checked += 1
             try:
@@ -150,10 +174,17 @@ def verify(history, layout):
     return checked, problems
 
 
-def doctor(history, layout, daemon_pid, now=None):
-    """Problems, each one line with what to do about it."""
+def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False):
+    """Problems, each one line with what to do about it; and the facts found on the way:
+    `unreadable` (rows this build cannot read), `durability` (the attested settings),
+    `verified` (archived messages re-hashed, None with `quick`: verify's checks not run)."""
     now = time.time() if now is None else now
-    out = []
+    facts = {}
+    unread, out = unreadable(history, limit=20)
+    facts["unreadable"] = unread
+    att = health.attestation(history, daemon_pid)
+    facts["durability"] = att
+    out += health.problems(att, configured, daemon_pid)
     result = history.integrity_check()
     if result != ["ok"]:
         found = [r for r in result if not r.startswith("***")] or result
@@ -169,10 +200,15 @@ def doctor(history, layout, daemon_pid, now=None):
         n = history.counts()[Status.PROCESSING]
         if n:
             out.append(f"{n} message(s) left processing by a stopped relay; `relay run` recovers them")
-    for row in history.archived():
-        if row["archive_path"] and not layout.fs.exists(row["archive_path"]):
-            out.append(f"{row['id']}: archived file {row['archive_path']} is missing; `relay verify` for detail")
-    for row in history.quarantined():
+    if quick:       # only that each archived file is there: verify's checks (hashes, chain) are not run
+        facts["verified"] = None
+        for row in sift(history.archived(), []):
+            if row["archive_path"] and not layout.fs.exists(row["archive_path"]):
+                out.append(f"{row['id']}: archived file {row['archive_path']} is missing; `relay verify` for detail")
+    else:           # verify's checks: the chain, every archived file re-hashed, the envelopes
+        facts["verified"], found = verify(history, layout, rows=False)
+        out += found
+    for row in sift(history.quarantined(), []):
         if not layout.fs.exists(row["failed_path"]):
             out.append(f"{row['id']}: quarantined file {row['failed_path']} is missing; `relay expire` or ignore")
     known = history.recorded_paths()
@@ -192,18 +228,23 @@ def doctor(history, layout, daemon_pid, now=None):
     for name, _, problem in layout.outbox_dirs():
         if problem:
             out.append(f"outbox/{shown(name)}: {problem}; rename or remove it")
-    out += envelopes(history, layout)
-    return out
+    return out, facts
 
 
-def agents_report(history, layout, known):
+def agents_report(history, layout, known, bad=None):
+    """One row per agent; agents rows this build cannot read are appended to `bad` and left out."""
     rows = []
-    seen = {r["name"]: r for r in history.agents()}
+    seen = {r["name"]: r for r in sift(history.agents(), [] if bad is None else bad, "agents")}
     for name in sorted(set(known) | set(seen) | {"System"}):
         waiting = layout.fs.count(f"outbox/{name}", lambda e: e.is_file(follow_symlinks=False)
                                   and not is_in_progress_name(e.name))
         counts = {sub: layout.fs.count(f"inbox/{name}/{sub}") for sub in ("new", "cur")}
         sent, received, err = history.agent_figures(name)
+        problem = BadRow.of(err) if err is not None else None
+        if problem is not None:
+            if bad is not None:
+                bad.append(problem)
+            err = None
         rows.append({"agent": name, "outbox_waiting": waiting, "inbox_new": counts["new"], "inbox_cur": counts["cur"],
                      "last_seen": seen[name]["last_seen"] if name in seen else None, "sent": sent,
                      "received": received, "last_error": f"{err['id']}: {err['error']}" if err else None})

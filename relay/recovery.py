@@ -5,15 +5,23 @@ Rows left processing go back to pending with their file put back in the spool wh
 found (outbox, spool, archive, failed/); files in the spool, or in the latest days of the
 archive, that no ledger row knows are registered again under their id (a recipient that holds
 one already is recognised); orphaned inbox tmp/ files are removed.
+
+The claim budget: being handled when relay stopped counts as an attempt. A message left
+processing for the `budget`-th time (max_retries, at least 1) is one whose handling may be what
+stops relay (a crash in a library, an out-of-memory kill, an operator's kill -9 again and
+again): it is quarantined in failed/ with that reason instead of being claimed once more, and
+`relay retry` brings it back. A stored row this build cannot read is failed with the reason
+(history.BadRow); recovery never follows a path such a row holds.
 """
 import logging
 
 from .archive import check_rel, day_of
 from .errors import DurabilityError
 from .fs import shown
+from .history import BadRow, sift
 from .inbox import ORPHAN_AGE
 from .layout import valid_agent, valid_id
-from .work import MAX_BACKOFF, backoff
+from .work import MAX_BACKOFF, backoff, fields
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +42,8 @@ class Recovery:
     def retry_archive(self, now, limit, base):
         """Archive moves that failed after delivery (disk full, permissions) tried again.
         Returns how many were archived now."""
-        done, retry = [], []
-        for row in self.history.delivered_due(now, limit):
+        done, retry, bad = [], [], []
+        for row in sift(self.history.delivered_due(now, limit), bad):
             rel = row["archive_path"] or self.layout.archive_rel(day_of(now), row["sender"], row["id"], row["name"])
             spool = self.layout.spool_of(row)
             try:
@@ -47,6 +55,8 @@ class Recovery:
             except OSError as e:
                 retry.append((row["id"], f"archive: {e.strerror or e}", now + backoff(base, row["retries"] + 1),
                               row["retries"] + 1))
+        if bad:
+            self._fail_unreadable(bad, now)
         if done or retry:
             try:
                 self.syncer.flush("archive directories")
@@ -56,31 +66,87 @@ class Recovery:
             self.ledger.archived_late(now, done, retry)
         return len(done)
 
-    def recover(self, now):
+    def readable(self, rows, now, need=()):
+        """The rows (claimed) this build can read; each other one is named in the log with its
+        id and column and failed with that reason (its file is not touched); the batch goes on
+        without it. `need`: columns that must not be NULL either."""
+        good, bad = [], []
+        for row in rows:
+            problem = BadRow.of(row, need=need)
+            if problem is None:
+                good.append(row)
+            else:
+                bad.append(problem)
+        if bad:
+            self._fail_unreadable(bad, now)
+        return good
+
+    def _fail_unreadable(self, bad, now):
+        """Rows this build cannot read: failed with the reason; their files are not touched."""
+        problems = [(b.key, f"{b}; the row was failed") for b in bad]
+        for mid, reason in problems:
+            log.error("%s", reason, **fields("failed", mid))
+        self.ledger.fail_unreadable(now, problems)
+
+    def recover(self, now, budget=3):
         """Put back in the flow what a stopped relay left; returns the number of messages
-        recovered."""
+        recovered. A message left processing for the `budget`-th time is quarantined."""
         self.fs.forget()
-        reset = []
-        for row in self.history.processing():
+        reset, stopped, bad = [], [], []
+        for row in sift(self.history.processing(), bad):
             mid, sender = row["id"], row["sender"]
+            spool = self.layout.spool_of(row)
             try:
-                reset.append((mid, self._respool(row, self.layout.spool_of(row))))
+                spooled = self._respool(row, spool)
             except OSError as e:
                 log.error("%s: cannot recover its file (%s); it stays where it is", mid, e)
-                reset.append((mid, False))
-            log.warning("%s from %s was left processing by a stopped relay: back to pending", mid, sender)
+                spooled = False
+            if row["interrupted"] + 1 >= budget:
+                quarantined = self._stopped(row, spool if spooled else None, now)
+                if quarantined is not None:
+                    stopped.append(quarantined)
+                    continue
+            reset.append((mid, spooled))
+            log.warning("%s from %s was left processing by a stopped relay: back to pending", mid, sender,
+                        **fields("recovered", mid, sender))
+        if bad:
+            self._fail_unreadable(bad, now)
         spooled = list(self.layout.spooled())
         unknown = self.history.unknown([mid for _, mid, _, _ in spooled])
         orphans = [(mid, sender, name) for sender, mid, name, _ in spooled if mid in unknown]
         for mid, sender, _ in orphans:
             log.warning("%s from %s was in the spool with no ledger record: registered again", mid, sender)
         orphans += self._adopt_archived()
-        if reset or orphans:
+        if reset or orphans or stopped:
             self.syncer.flush("recovery moves")
-            self.ledger.reset(reset, now)
+            self.ledger.reset(reset, now, stopped)
             self.ledger.readopt(orphans, now)
+        for mid, reason, _ in stopped:
+            log.error("%s failed: %s", mid, reason, **fields("failed", mid))
         self.remove_orphans(now)
-        return len(reset) + len(orphans)
+        return len(reset) + len(orphans) + len(stopped)
+
+    def _stopped(self, row, src, now):
+        """Quarantine a message whose handling was interrupted once too often: (id, reason,
+        failed path), or None when its file cannot be moved (it is then reset, and tried again
+        at the next recovery). `src`: its file in the spool, or None (then the outbox, where a
+        claim that had not taken custody left it)."""
+        mid, sender, name = row["id"], row["sender"], row["name"]
+        times = row["interrupted"] + 1
+        reason = (f"relay stopped while handling it {f'{times} times' if times > 1 else 'once'} (a crash, an "
+                  "out-of-memory kill or a kill -9 each time): it may be what stops relay, so it is quarantined "
+                  "instead of being tried again; "
+                  f"once the cause is found, `relay retry {mid}` puts it back")
+        if src is None and not row["spooled"] and self.fs.exists(f"outbox/{sender}/{name}"):
+            src = f"outbox/{sender}/{name}"
+        delivered = sorted(self.history.delivered_to([mid]).get(mid, {}))
+        report = self.archive.report(mid, sender, name, reason, now, row["retries"] + 1, delivered)
+        try:
+            rel = self.archive.quarantine(src, sender, mid, name, report)
+        except (OSError, DurabilityError) as e:
+            log.error("%s: cannot quarantine its file (%s); back to pending", mid, e)
+            return None
+        return mid, reason, rel
 
     def _respool(self, row, spool):
         """Put a processing row's file back in the spool when an archive or quarantine move

@@ -1,6 +1,6 @@
 """`relay report --html FILE`: one self-contained page (inline CSS and SVG, no network) for a
-person: who told whom how much, traffic per hour, failures with reasons, threads. The figures
-come from History.figures()."""
+person: who told whom how much, traffic per hour, failures with reasons, threads, and the stored
+rows this relay cannot read. The figures come from History.figures()."""
 import datetime
 import html
 
@@ -71,6 +71,17 @@ def _hour_label(hour):
     return datetime.datetime.fromtimestamp(hour * 3600, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
+def _unreadable(bad):
+    """The stored rows this relay could not read (counted in no figure above), if any."""
+    if not bad:
+        return ""
+    rows = "".join(f"<tr><td>{_e(b.table)}</td><td><code>{_e(b.key)}</code></td><td>{_e(b.column)}</td>"
+                   f"<td><code>{_e(repr(b.value)[:80])}</code></td></tr>" for b in bad[:500])
+    more = f"<p>... and {len(bad) - 500} more.</p>" if len(bad) > 500 else ""
+    return (f"<h2>Rows this relay cannot read ({len(bad)})</h2>\n<table id='unreadable'><tr><th>table</th>"
+            f"<th>row</th><th>column</th><th>value</th></tr>{rows}</table>{more}")
+
+
 def render(data, title="relay report", now=None):
     counts = data["counts"]
     total = sum(counts.values())
@@ -99,5 +110,6 @@ def render(data, title="relay report", now=None):
 <table id="failures"><tr><th>id</th><th>from</th><th>file</th><th>reason</th><th>failed at</th></tr>{failures}</table>
 <h2>Threads</h2>
 <table id="threads"><tr><th>thread</th><th>messages</th><th>senders</th><th>first</th><th>last</th></tr>{threads}</table>
+{_unreadable(data.get("unreadable") or [])}
 </body></html>
 """

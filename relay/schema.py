@@ -83,5 +83,23 @@ ALTER TABLE messages ADD COLUMN duplicate_of TEXT;
 CREATE INDEX messages_spool_id ON messages(spool_id) WHERE spool_id IS NOT NULL;
 CREATE INDEX messages_request ON messages(sender, request_id) WHERE request_id IS NOT NULL
 """),
+    (5, "attested durability; interrupted attempts", """
+CREATE TABLE attestations (
+    seq             INTEGER PRIMARY KEY,
+    at              REAL NOT NULL,
+    pid             INTEGER NOT NULL,
+    host            TEXT NOT NULL,
+    version         TEXT NOT NULL,
+    mode            TEXT NOT NULL,
+    event           TEXT NOT NULL,
+    durability      TEXT NOT NULL,
+    journal_mode    TEXT NOT NULL,
+    synchronous     TEXT NOT NULL,
+    busy_timeout_ms INTEGER NOT NULL,
+    foreign_keys    INTEGER NOT NULL
+);
+ALTER TABLE messages ADD COLUMN interrupted INTEGER NOT NULL DEFAULT 0;
+"""),
 ]
+MIGRATIONS.sort(key=lambda m: m[0])
 SCHEMA_VERSION = MIGRATIONS[-1][0]

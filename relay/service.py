@@ -1,8 +1,9 @@
 """`relay run` as a process: what only a process has around the loop (Relay.run, daemon.py).
 Signal handlers that set flags (SIGTERM/SIGINT stop, a second one at once; SIGHUP reloads
-relay.toml; SIGUSR1 looks at the ledger now), systemd notify (READY, STATUS, STOPPING) and
-watchdog pings, the file watcher, and the hold on the state directory: its relay.lock and
-ledger must stay the files it opened."""
+relay.toml and applies every key it can, naming those that need a restart; SIGUSR1 looks at the
+ledger now), systemd notify (READY, STATUS, STOPPING) and watchdog pings, the file watcher, the
+attestation of the ledger's settings at start and at each reload, and the hold on the state
+directory: its relay.lock and ledger must stay the files it opened."""
 import logging
 import os
 import signal
@@ -57,8 +58,12 @@ class Signals:
 class Daemon:
     """`relay run`: one Relay, run by its loop inside this process."""
 
-    def __init__(self, cfg, clock=time.time, lock=None):
+    def __init__(self, cfg, clock=time.time, lock=None, load=None, on_config=None):
         self.cfg = cfg
+        # `load()` reads the configuration again as at start (a SIGHUP); `on_config(cfg)` applies
+        # what belongs to the process (its logging) after a reload.
+        self.load = load or (lambda: config_mod.load(cfg.root, os.path.relpath(cfg.state_dir, cfg.root)))
+        self.on_config = on_config
         self.relay = Relay(cfg, clock=clock)
         # The ledger file the connection has just opened; `lock`: the DaemonLock held.
         self.ledger_identity = identity(self.relay.ledger.path)
@@ -90,14 +95,20 @@ class Daemon:
     def do_reload(self):
         self.signals.reload = False
         try:
-            new = config_mod.load(self.cfg.root, os.path.relpath(self.cfg.state_dir, self.cfg.root),
-                                  overrides=self.overrides)
+            new = self.load()
         except ConfigError as e:
             log.error("SIGHUP: the new configuration is refused, the old one stays: %s", e)
             return
-        self.relay.reconfigure(new)
-        self.cfg = new
-        log.info("SIGHUP: configuration reloaded from %s", new.source)
+        applied, restart = self.relay.reconfigure(new)
+        self.cfg = self.relay.config
+        if self.on_config is not None:
+            self.on_config(self.cfg)
+        log.info("SIGHUP: configuration reloaded from %s; %s", new.source,
+                 f"applied {', '.join(applied)}" if applied else "no value changed")
+        for key in restart:
+            log.warning("SIGHUP: %s changed (%s, running with %s); it takes effect only when relay is restarted",
+                        key, getattr(new, key), getattr(self.cfg, key))
+        self.relay.attest("daemon", "reload")
 
     def run(self):
         relay = self.relay
@@ -109,6 +120,7 @@ class Daemon:
             signal.signal(sig, self.on_signal)
         log.info("relay %s started (pid %d): root %s, state dir %s, durability %s, config from %s",
                  __version__, os.getpid(), cfg.root, cfg.state_dir, cfg.durability, cfg.source)
+        relay.attest("daemon", "start")
         recovered = relay.recover()
         if recovered:
             log.info("recovered %d message(s) left processing", recovered)
@@ -124,8 +136,6 @@ class Daemon:
             relay.close()
         log.info("relay stopped")
         return 0
-
-    overrides = None
 
     def turn(self):
         """The top of each turn of the loop: the hold checked, then what signals asked for."""
@@ -172,7 +182,7 @@ class Daemon:
             raise StateLost(reason)
 
 
-def serve(cfg, overrides=None, lock=None):
-    daemon = Daemon(cfg, lock=lock)
-    daemon.overrides = overrides
-    return daemon.run()
+def serve(cfg, lock=None, load=None, on_config=None):
+    """Run the daemon on `cfg` while this process holds `lock`; `load()` reads the configuration
+    again on SIGHUP, `on_config(cfg)` applies its logging (see Daemon)."""
+    return Daemon(cfg, lock=lock, load=load, on_config=on_config).run()

@@ -1,4 +1,5 @@
-"""How ledger rows look to people (tables, one message's story) and to tools (JSON records)."""
+"""How ledger rows look to people (tables, one message's story) and to tools (JSON records). A
+value this build cannot read (history.BadRow) is shown as it is stored, marked, never fatal."""
 import datetime
 import shutil
 
@@ -8,8 +9,14 @@ from .ledger import Status
 from .message import iso
 
 
+def unreadable(value):
+    return f"(unreadable: {value!r:.60})"
+
+
 def when(ts):
-    return iso(ts) if ts is not None else None
+    if ts is None:
+        return None
+    return iso(ts) if isinstance(ts, (int, float)) else unreadable(ts)
 
 
 def recipients(row):
@@ -19,14 +26,30 @@ def recipients(row):
         return []
     try:
         value = orjson.loads(raw)
-        return value if isinstance(value, list) else [str(value)]
-    except orjson.JSONDecodeError:
-        return [f"(unreadable: {raw[:40]!r})"]
+        return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    except (orjson.JSONDecodeError, TypeError):
+        return [unreadable(raw)]
+
+
+def headers(row):
+    """The headers relay did not know, as stored; a value this build cannot read is shown as it is."""
+    raw = row["headers"]
+    try:
+        value = orjson.loads(raw or "{}")
+    except (orjson.JSONDecodeError, TypeError):
+        return {"(unreadable)": str(raw)}
+    return value if isinstance(value, dict) else {"(unreadable)": str(raw)}
+
+
+def value(v):
+    """A stored value as JSON holds it; one no JSON holds (a blob) shown as unreadable."""
+    return v if v is None or isinstance(v, (str, int, float)) else unreadable(v)
 
 
 def record(row):
     """A message row as the JSON record of `relay audit --json` (SPEC section 5)."""
     to = recipients(row)
+    row = {k: value(row[k]) for k in row.keys()}
     return {
         "id": row["id"], "from": row["sender"], "to": to, "kind": row["kind"], "thread": row["thread"],
         "subject": row["subject"], "status": row["status"], "retries": row["retries"], "error": row["error"],
@@ -41,7 +64,8 @@ def record(row):
 
 
 def excerpt(row, width):
-    text = row["subject"] or (row["body"] or "").strip().replace("\n", " ") or (row["error"] or "")
+    body = row["body"] if isinstance(row["body"], str) else ""
+    text = row["subject"] or body.strip().replace("\n", " ") or (row["error"] or "")
     return clip(text, width)
 
 
@@ -63,6 +87,8 @@ def clip(text, width):
 def short_time(ts):
     if ts is None:
         return ""
+    if not isinstance(ts, (int, float)):
+        return unreadable(ts)
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%m-%d %H:%M:%S")
 
 

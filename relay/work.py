@@ -1,9 +1,8 @@
 """The values a batch passes between rooms: what a step did, one claimed message on its way, and
-the check that a claimed row is one this build can read."""
+the fields a log line about a message carries. (Whether a claimed row is one this build can
+read: history.unreadable.)"""
 import dataclasses
 import enum
-
-from .layout import valid_agent
 
 
 MAX_BACKOFF = 300.0      # the longest wait between two attempts
@@ -103,17 +102,11 @@ class Work:
             r in self.got or r in self.had for r in self.recipients)
 
 
-def unreadable(row):
-    """(column, value) of the first column of a claimed row that this build cannot use."""
-    checks = (("sender", lambda v: isinstance(v, str) and valid_agent(v)),
-              ("name", lambda v: isinstance(v, str) and v and "/" not in v and v not in (".", "..")
-               and "\0" not in v),
-              ("spooled", lambda v: v in (0, 1)),
-              ("retries", lambda v: isinstance(v, int) and v >= 0),
-              ("attempts", lambda v: isinstance(v, int) and v >= 0),
-              ("failing_since", lambda v: v is None or isinstance(v, (int, float))),
-              ("archive_path", lambda v: isinstance(v, str) and ".." not in v.split("/")))
-    for column, ok in checks:
-        if not ok(row[column]):
-            return column, row[column]
-    return None
+def fields(event, mid, sender=None, recipients=None):
+    """The `extra=` of a log line about one message: its id, sender, recipients and the event,
+    carried as fields of the record (the JSON log format writes them out). `mid` may be the
+    message's Work, which gives all three."""
+    if isinstance(mid, Work):
+        mid, sender, recipients = mid.id, mid.sender, mid.recipients
+    return {"extra": {"relay_event": event, "relay_id": mid, "relay_from": sender,
+                      "relay_to": list(recipients) if recipients else []}}

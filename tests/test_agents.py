@@ -81,7 +81,7 @@ def test_verbs_find_the_project_from_a_subdirectory(team, monkeypatch):
     r = runner.invoke(main, ["inbox", "Bob", "--json"])
     assert [d["body"] for d in json.loads(r.output)] == ["from below"]
     assert relay.Agent("Bob").inbox()[0].body == "from below"      # the API finds it the same way
-    assert runner.invoke(main, ["status"]).exit_code == 0
+    assert runner.invoke(main, ["status"]).exit_code == 3      # found the project; no daemon runs
 
 
 # -- the id relay send prints is the message's id ---------------------------------------------------

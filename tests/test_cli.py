@@ -70,14 +70,16 @@ def test_status_json_has_the_spec_keys(cli):
     drop(cli, "Ann", "m", "TO: Ben\n\nx")
     drop(cli, "Ann", "bad", "TO: Zed\n\nx")
     cli("run", "--once", "-q")
-    doc = json.loads(cli("status", "--json").output)
+    r = cli("status", "--json", ok=False)
+    assert r.exit_code == 3         # the health check: no daemon runs
+    doc = json.loads(r.stdout)
     assert doc["root"] == str(cli.root) and doc["state_dir"] == str(cli.state)
     assert doc["daemon"] == {"running": False, "pid": None}
     assert doc["counts"] == {"pending": 0, "processing": 0, "delivered": 0, "failed": 1, "archived": 1}
     assert doc["agents"] == ["Ann", "Ben"] and doc["oldest_pending_age_s"] is None
     assert doc["durability"]["journal_mode"] == "wal" and doc["durability"]["synchronous"] == "FULL"
     assert doc["durability"]["foreign_keys"] is True and doc["durability"]["busy_timeout_ms"] > 0
-    assert "archived 1" in cli("status").output
+    assert "archived 1" in cli("status", ok=False).output
 
 
 def test_audit_filters_json_and_table(cli):
@@ -93,7 +95,7 @@ def test_audit_filters_json_and_table(cli):
     assert [r["id"] for r in records] == sorted((r["id"] for r in records), reverse=True)
 
     def ids(*args):
-        return [r["from"] for r in json.loads(cli("audit", "--json", *args).output)]
+        return [r["from"] for r in json.loads(cli("audit", "--json", *args).stdout)]
 
     assert ids("--from", "Ann") == ["Ann"]
     assert ids("--to", "Cy") == ["Ben"]
@@ -151,7 +153,7 @@ def test_bad_config_is_one_clear_line(cli):
 def test_read_only_verbs_without_ledger_say_what_to_do(cli):
     r = cli("audit", ok=False)
     assert r.exit_code == 1 and "relay init" in r.output
-    assert "no ledger yet" in cli("status").output
+    assert "no ledger yet" in cli("status", ok=False).output
 
 
 def test_bad_usage_exits_2(cli):
@@ -202,5 +204,5 @@ def test_state_dir_after_the_verb_for_agent_relay_projects(cli):
     assert "relayed 1 message(s)" in cli("run", "--once", "-q", "--state-dir", ".agent-relay").output
     [env] = (cli.root / ".agent-relay" / "inbox" / "Bob" / "new").iterdir()
     assert json.loads(env.read_text())["body"] == "from agent-relay"
-    assert json.loads(cli("status", "--json", "--state-dir", ".agent-relay").output)["counts"]["archived"] == 1
+    assert json.loads(cli("status", "--json", "--state-dir", ".agent-relay", ok=False).stdout)["counts"]["archived"] == 1
     assert not (cli.root / ".relay").exists()

@@ -54,3 +54,57 @@ def test_bad_config_names_the_key(tmp_path, toml, match):
 def test_bad_env_value_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="'settle' in environment"):
         config_mod.load(tmp_path, env={"RELAY_SETTLE": "later"})
+
+
+@pytest.mark.parametrize("where", ["toml", "env"])
+@pytest.mark.parametrize("value", ["3", 3, 2.5])
+def test_a_duration_without_a_unit_is_an_error_naming_the_key(tmp_path, where, value):
+    (tmp_path / ".relay").mkdir()
+    if where == "toml":
+        (tmp_path / ".relay/relay.toml").write_text(f"retention = {value!r}\n" if isinstance(value, str)
+                                                    else f"retention = {value}\n")
+        env = {}
+    else:
+        env = {"RELAY_RETENTION": str(value)}
+    with pytest.raises(ConfigError, match=r"bad value for 'retention'.*has no unit: write .*s, .*m, .*h or .*d"):
+        config_mod.load(tmp_path, env=env)
+
+
+def test_only_zero_needs_no_unit(tmp_path):
+    for value in ("0", 0, "0.0", "3s", "250ms"):
+        config_mod.load(tmp_path, env={"RELAY_RETENTION": str(value)})
+    assert config_mod.load(tmp_path, env={"RELAY_RETENTION": "0"}).retention == 0
+    assert config_mod.parse_duration("15m") == 900 and config_mod.show_duration(900) == "15m"
+    assert config_mod.show_duration(7 * 86400) == "7d" and config_mod.show_duration(0.25) == "250ms"
+
+
+def test_an_environment_variable_that_is_no_key_is_a_warning(tmp_path):
+    cfg = config_mod.load(tmp_path, env={"RELAY_AGENT": "Ann", "RELAY_ROOT": str(tmp_path), "RELAY_SETTLE": "1s"})
+    assert cfg.settle == 1.0
+    [warning] = cfg.warnings
+    assert warning.startswith("RELAY_AGENT is set in the environment but names no relay configuration key")
+
+
+def test_not_strict_a_misspelt_key_or_bad_value_in_relay_toml_is_a_warning(tmp_path):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text("retension = '7d'\nsettle = 'soon'\nmax_retries = 5\n")
+    with pytest.raises(ConfigError, match="unknown configuration key 'retension'"):
+        config_mod.load(tmp_path, env={})
+    cfg = config_mod.load(tmp_path, env={}, strict=False)
+    assert cfg.max_retries == 5 and cfg.settle == 0.25
+    assert len(cfg.warnings) == 2 and "'retension'" in cfg.warnings[0] and "'settle'" in cfg.warnings[1]
+    (tmp_path / ".relay/relay.toml").write_text("state_dir = '../elsewhere'\n")
+    with pytest.raises(ConfigError, match="state_dir"):         # where relay is must be right, always
+        config_mod.load(tmp_path, env={}, strict=False)
+
+
+def test_origins_say_where_each_value_came_from(tmp_path):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text("retention = '1d'\nsettle = '1s'\n")
+    cfg = config_mod.load(tmp_path, env={"RELAY_SETTLE": "2s"}, overrides={"durability": "normal"})
+    assert cfg.origin("retention").startswith("relay.toml (") and cfg.origin("settle") == "env RELAY_SETTLE"
+    assert cfg.origin("durability") == "flag" and cfg.origin("max_retries") == "default"
+    assert cfg.origin("root") == "flag" and cfg.origin("state_dir") == "default"
+    shown = {key: (text, origin) for key, _, text, origin in config_mod.describe(cfg)}
+    assert shown["retention"][0] == "1d" and shown["max_body_bytes"] == ("1MiB", "default")
+    assert set(shown) == {"root", "state_dir", *config_mod.KEYS}

@@ -144,7 +144,7 @@ def test_doctor_and_verify_name_an_envelope_that_does_not_match(project, cli_in)
     env.write_bytes(env.read_bytes()[:10])
     _, problems = operator.verify(relay.history, relay.layout)
     assert len(problems) == 1 and f"inbox/Ben/new/{env.name} is not the envelope relay delivered" in problems[0]
-    assert any("is not the envelope relay delivered" in p for p in operator.doctor(relay.history, relay.layout, None))
+    assert any("is not the envelope relay delivered" in p for p in operator.doctor(relay.history, relay.layout, None)[0])
     r = cli_in(project.root, "verify")
     assert r.exit_code == 1 and "is not the envelope relay delivered" in r.output
 

@@ -1,0 +1,42 @@
+"""The operator's set-up verbs: `relay config` (the configuration in force and where each value
+came from) and `relay service` (a systemd unit or launchd property list for this project, with
+this installation's absolute path)."""
+import click
+
+from . import config as config_mod, units
+from .cli import main, out_json, pass_ctx
+from .guards import handle_errors
+
+
+@main.command("config")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def config_(ctx, as_json):
+    """The configuration in force, and where each value came from (default, relay.toml, env, flag)."""
+    cfg = ctx.cfg
+    rows = config_mod.describe(cfg)
+    if as_json:
+        out_json({"values": {key: {"value": value, "text": text, "from": origin} for key, value, text, origin in rows},
+                  "warnings": list(cfg.warnings)})
+        return
+    width = max(len(key) for key, *_ in rows)
+    text_width = min(40, max(len(text) for _, _, text, _ in rows))
+    for key, _, text, origin in rows:
+        click.echo(f"{key:<{width}}  {text:<{text_width}}  ({origin})")
+
+
+@main.command()
+@click.argument("manager", type=click.Choice(["systemd", "launchd"]))
+@click.option("--user", is_flag=True, help="A unit of the user's own service manager (systemd --user, a "
+              "LaunchAgent); without it, a system unit (a LaunchDaemon) that runs as the current user.")
+@pass_ctx
+@handle_errors
+def service(ctx, manager, user):
+    """Print a systemd unit or launchd property list that runs relay for this project, with this
+    installation's absolute path; where to save it goes to stderr."""
+    root = ctx.cfg.root
+    argv = units.command()
+    text = units.systemd(argv, root, user) if manager == "systemd" else units.launchd(argv, root, user)
+    click.echo(text, nl=False)
+    click.echo(units.install_hint(manager, root, user), err=True)

@@ -1,0 +1,155 @@
+"""Which stored rows this build can read. A ledger row may hold what this build cannot use: a
+status it does not know, a time that is no number, a malformed id or agent name, a path outside
+its place in the state directory (a ledger from another build, an edit by hand, damage). Such a
+row is never fatal: `unreadable(row)` names its first bad column, a `BadRow` says so in one line
+with the row's id, and `sift()` passes on the readable rows of a query while it collects the
+others, so that every verb names them and goes on without them. No path such a row holds is ever
+followed. The checks know the columns of the messages, events, deliveries and agents tables."""
+import dataclasses
+import re
+
+import orjson
+
+from .config import AGENT_NAME
+from .fs import Unsafe, split
+from .ids import ALPHABET
+from .ledger import STATUSES
+
+_ID = re.compile(f"[{ALPHABET}]{{26}}\\Z")       # layout.valid_id, as one regular expression
+_SHA256 = re.compile(r"[0-9a-f]{64}\Z")
+
+
+def _number(v):
+    return isinstance(v, (int, float))
+
+
+def _maybe(check):
+    return lambda v: v is None or check(v)
+
+
+def _count(v):
+    return isinstance(v, int) and v >= 0
+
+
+def _text(v):
+    return isinstance(v, str)
+
+
+def _id(v):
+    return isinstance(v, str) and _ID.match(v) is not None
+
+
+def _agent(v):
+    return isinstance(v, str) and AGENT_NAME.match(v) is not None
+
+
+def _file_name(v):
+    return isinstance(v, str) and v not in ("", ".", "..") and "/" not in v and "\0" not in v
+
+
+def _under(top):
+    """A stored relative path that lies under `top`/ inside the state directory."""
+    def check(v):
+        if not isinstance(v, str):
+            return False
+        try:
+            parts = split(v)
+        except Unsafe:
+            return False
+        return len(parts) >= 2 and parts[0] == top
+    return check
+
+
+def _json(kind):
+    def check(v):
+        if not isinstance(v, str):
+            return False
+        try:
+            value = orjson.loads(v)
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(value, kind) and (kind is not list or all(isinstance(x, str) for x in value))
+    return check
+
+
+def _sha256(v):
+    return isinstance(v, str) and _SHA256.match(v) is not None
+
+
+CHECKS = {
+    "messages": {
+        "id": _id, "sender": _agent, "name": _file_name, "status": lambda v: v in STATUSES,
+        "spooled": lambda v: v in (0, 1), "recipients": _maybe(_json(list)), "kind": _maybe(_text),
+        "thread": _maybe(_text), "subject": _maybe(_text), "body": _maybe(_text), "headers": _maybe(_json(dict)),
+        "size": _maybe(_count), "sha256": _maybe(_sha256), "sent_at": _maybe(_number),
+        "discovered_at": _number, "claimed_at": _maybe(_number), "delivered_at": _maybe(_number),
+        "archived_at": _maybe(_number), "failed_at": _maybe(_number), "retries": _count, "attempts": _count,
+        "interrupted": _count, "next_attempt_at": _number, "failing_since": _maybe(_number),
+        "error": _maybe(_text), "archive_path": _maybe(_under("archive")), "failed_path": _maybe(_under("failed")),
+    },
+    "events": {
+        "seq": _count, "message_id": _maybe(_id), "at": _number, "event": _text, "detail": _maybe(_text),
+        "actor": _text, "sender": _maybe(_agent), "recipients": _maybe(_json(list)),
+    },
+    "deliveries": {
+        "message_id": _id, "recipient": _agent, "delivered_at": _number, "size": _maybe(_count),
+        "sha256": _maybe(_sha256),
+    },
+    "agents": {"name": _agent, "first_seen": _number, "last_seen": _number},
+}
+KEYS = {"messages": "id", "events": "seq", "deliveries": "message_id", "agents": "name"}
+
+
+def unreadable(row, table="messages", need=()):
+    """(column, value) of the first column of `row` (any of `table`'s columns it holds) that
+    this build cannot read, or None. Columns in `need` must also not be NULL."""
+    checks = CHECKS[table]
+    for column, value in (row.items() if isinstance(row, dict) else zip(row.keys(), row)):
+        check = checks.get(column)
+        if check is not None and not check(value) or column in need and value is None:
+            return column, value
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BadRow:
+    """A stored row this build cannot read: which (table and key) and where (column, value)."""
+    table: str
+    key: object
+    column: str
+    value: object
+
+    @classmethod
+    def of(cls, row, table="messages", need=()):
+        """The BadRow of `row`, or None when this build can read it."""
+        problem = unreadable(row, table, need)
+        if problem is None:
+            return None
+        key = KEYS[table]
+        return cls(table, row[key] if key in row.keys() else None, *problem)
+
+    def __str__(self):
+        value = repr(self.value)
+        value = value if len(value) <= 60 else value[:59] + "…"
+        what = f"message {self.key!r}" if self.table == "messages" else f"{self.table} row {self.key!r}"
+        if self.table == "deliveries":
+            what = f"delivery of message {self.key!r}"
+        return f"ledger {what}: column {self.column} holds {value}, which this relay cannot read; skipped"
+
+
+def sift(rows, bad, table="messages"):
+    """The rows this build can read, in order; each other one is appended to `bad` as a BadRow."""
+    for row in rows:
+        problem = BadRow.of(row, table)
+        if problem is None:
+            yield row
+        else:
+            bad.append(problem)
+
+
+def unreadable_rows(rows, table):
+    """The BadRows among `rows` (of `table`)."""
+    for row in rows:
+        problem = BadRow.of(row, table)
+        if problem is not None:
+            yield problem

@@ -1,0 +1,118 @@
+"""The durability in force is attested by the relay that runs, not assumed by the reader:
+status and doctor show what the daemon's (or run --once's) writer connection reported, say when
+nobody attested or when the attesting process is gone, and doctor flags a daemon running with
+less than the configured durability."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from relay.layout import Layout
+from relay.lock import DaemonLock
+
+from test_daemon_e2e import Daemon, wait_for
+
+
+@pytest.fixture
+def held(project):
+    """relay.lock held by this process, as a running daemon holds it."""
+    Layout(project.root, project.state).create()
+    with DaemonLock(project.state / "relay.lock") as lock:
+        yield lock
+
+
+def status(cli, *args):
+    r = cli("status", "--json", *args, ok=False)
+    return r.exit_code, json.loads(r.stdout)
+
+
+def test_a_daemon_at_normal_is_shown_as_it_runs_and_flagged_by_doctor(project, held, cli):
+    relay = project.relay(durability="normal")
+    facts = relay.attest("daemon")
+    assert facts["synchronous"] == "NORMAL" and facts["pid"] == os.getpid()
+    code, doc = status(cli)
+    assert code == 0                                    # a daemon runs, nothing waits
+    att = doc["durability"]
+    assert (att["synchronous"], att["configured"], att["journal_mode"]) == ("NORMAL", "normal", "wal")
+    assert att["attested"] and att["running"] and att["pid"] == os.getpid() and att["mode"] == "daemon"
+    assert att["setting"] == "full"                     # what relay.toml says; not what is shown
+    assert "synchronous=NORMAL" in cli("status").output and ", running" in cli("status").output
+    r = cli("doctor", ok=False)
+    assert r.exit_code == 1
+    assert f"the running daemon (pid {os.getpid()}) runs with durability normal (synchronous=NORMAL), " \
+           "less than the configured full" in r.output
+    doc = json.loads(cli("doctor", "--json", ok=False).stdout)
+    assert doc["durability"]["synchronous"] == "NORMAL" and not doc["ok"]
+
+
+def test_a_reload_attests_again(project, held, cli):
+    relay = project.relay(durability="normal")
+    relay.attest("daemon")
+    applied, restart = relay.reconfigure(project.config(agents=["Ann", "Ben", "Cy"], durability="full"))
+    assert applied == ["durability"] and restart == []
+    relay.attest("daemon", "reload")
+    _, doc = status(cli)
+    assert (doc["durability"]["synchronous"], doc["durability"]["event"]) == ("FULL", "reload")
+    assert cli("doctor").exit_code == 0
+
+
+def test_a_daemon_that_never_attested_is_said_so(project, held, cli):
+    project.relay().close()                             # a ledger, but no attestation in it
+    code, doc = status(cli)
+    assert code == 0 and doc["durability"]["attested"] is False and doc["durability"]["synchronous"] is None
+    assert "not attested: the running daemon" in cli("status").output
+    r = cli("doctor", ok=False)
+    assert r.exit_code == 1 and "has not attested its ledger settings" in r.output
+
+
+def test_no_daemon_and_an_attestation_of_a_process_gone(cli):
+    cli("init", "--agent", "Ann")
+    code, doc = status(cli)
+    assert code == 3 and doc["durability"]["attested"] is False
+    assert "not attested: no relay has recorded" in cli("status", ok=False).output
+    cli("run", "--once", "-q", "--durability", "normal")
+    code, doc = status(cli)
+    assert code == 3 and doc["durability"]["synchronous"] == "NORMAL" and doc["durability"]["mode"] == "once"
+    assert doc["durability"]["running"] is False
+    assert "which is not running" in cli("status", ok=False).output
+    assert cli("doctor").exit_code == 0         # no daemon runs with less than configured
+
+
+@pytest.mark.timeout_s(40)
+def test_the_real_daemon_attests_at_start_and_at_reload(tmp_path):
+    d = Daemon(tmp_path, "--durability", "normal")
+    try:
+        d.ready()
+
+        def relay(*args):
+            return subprocess.run([sys.executable, "-m", "relay", "--root", str(tmp_path), *args],
+                                  capture_output=True, text=True, env=dict(os.environ, RELAY_AGENTS="Ann"))
+        r = relay("status", "--json")
+        att = json.loads(r.stdout)["durability"]
+        assert r.returncode == 0, r.stderr
+        assert (att["synchronous"], att["pid"], att["running"]) == ("NORMAL", d.proc.pid, True)
+        r = relay("doctor")
+        assert r.returncode == 1 and "less than the configured full" in r.stdout
+        # SIGHUP: every key it can is applied; state_dir needs a restart and says so.
+        (d.state / "relay.toml").write_text('retention = "2d"\nstate_dir = "elsewhere"\nlog_level = "debug"\n')
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "configuration reloaded" in d.log(), what="the reload")
+        # (relay.toml names another state directory now: a fresh reader is pointed at this one)
+        wait_for(lambda: json.loads(relay("status", "--json", "--state-dir", ".relay").stdout)["durability"]
+                 ["event"] == "reload", what="the attestation of the reload")
+        log = d.log()
+        assert "applied retention, log_level" in log
+        assert "state_dir changed" in log and "only when relay is restarted" in log
+        assert not (tmp_path / "elsewhere").exists()
+        code, _ = d.stop()
+        assert code == 0
+        r = relay("status", "--json", "--state-dir", ".relay")
+        assert r.returncode == 3 and json.loads(r.stdout)["durability"]["running"] is False
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+        d.sock.close()

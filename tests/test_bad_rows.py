@@ -1,0 +1,210 @@
+"""Stored rows this build cannot read (an unknown status, a time that is no number, a malformed
+id, a path outside the state directory) are named with their id and column by every verb that
+meets them, which goes on without them; no verb prints a traceback, recovery follows no such
+path, and doctor counts them."""
+import json
+import sqlite3
+
+import pytest
+
+from relay.history import BadRow, unreadable
+
+
+def mid(n):
+    return f"01{'Z' * 23}{n}"
+
+
+ZOMBIE, NOT_A_TIME, OUTSIDE, ETC = mid(1), mid(2), mid(3), mid(4)
+MALFORMED = "../not-an-id"
+BAD_MESSAGES = [      # (id, column named)
+    (ZOMBIE, "status"), (NOT_A_TIME, "discovered_at"), (MALFORMED, "id"), (OUTSIDE, "archive_path"),
+    (ETC, "failed_path")]
+
+
+@pytest.fixture
+def damaged(cli, tmp_path):
+    """A project with two good messages and a ledger holding rows this build cannot read."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "--subject", "good one", "hello")
+    cli("send", "--from", "Ben", "--to", "Ann", "--thread", "t", "back")
+    cli("run", "--once", "-q")
+    secret = tmp_path / "outside" / "secret"
+    secret.parent.mkdir()
+    secret.write_text("never touched")
+    db = sqlite3.connect(cli.state / "ledger.sqlite", isolation_level=None)
+    good = db.execute("SELECT id FROM messages ORDER BY id").fetchone()[0]
+    insert = "INSERT INTO messages (id, sender, name, status, discovered_at, archive_path, failed_path) " \
+             "VALUES (?, ?, ?, ?, ?, ?, ?)"
+    db.execute(insert, (ZOMBIE, "Ann", "z", "zombie", 1, None, None))
+    db.execute(insert, (NOT_A_TIME, "Ann", "t", "archived", "yesterday", None, None))
+    db.execute(insert, (MALFORMED, "Ann", "m", "failed", 1, None, None))
+    db.execute(insert, (OUTSIDE, "Ann", "o", "archived", 1, "archive/../../outside/secret", None))
+    db.execute(insert, (ETC, "Ann", "e", "failed", 1, None, "/etc/passwd"))
+    db.execute("INSERT INTO events (message_id, at, event) VALUES (?, 'noon', 'delivered')", (good,))
+    db.execute("INSERT INTO deliveries (message_id, recipient, delivered_at) VALUES (?, '../x', 'later')", (good,))
+    db.execute("INSERT INTO agents (name, first_seen, last_seen) VALUES ('../evil', 1, 'never')")
+    db.close()
+    cli.good, cli.secret = good, secret
+    return cli
+
+
+def named(text, key, column):
+    return f"{key!r}" in text and f"column {column} holds" in text
+
+
+def test_the_check_names_the_first_bad_column():
+    row = {"id": mid(1), "sender": "Ann", "name": "x", "status": "pending", "discovered_at": "soon"}
+    assert unreadable(row) == ("discovered_at", "soon")
+    assert unreadable({**row, "discovered_at": 1.5}) is None
+    assert unreadable({**row, "discovered_at": 1.5, "archive_path": None}, need=("archive_path",)) == \
+        ("archive_path", None)
+    for column, value in [("sender", "../x"), ("name", "a/b"), ("status", "lost"), ("retries", -1),
+                          ("archive_path", "/etc/passwd"), ("archive_path", "failed/x"), ("failed_path", "failed/../x"),
+                          ("recipients", "not json"), ("headers", "[1]"), ("sha256", "xyz"), ("id", "short")]:
+        assert unreadable({**row, "discovered_at": 1, column: value}) == (column, value), column
+    line = str(BadRow.of({**row, "id": "x\x1b[2J"}))
+    assert "\x1b" not in line and "column id holds" in line         # shown escaped, one line
+
+
+def test_audit_in_every_format_names_them_and_lists_the_rest(damaged):
+    for fmt in ([], ["--json"], ["--jsonl"], ["--format", "csv"]):
+        r = damaged("audit", *fmt)
+        for key, column in BAD_MESSAGES:
+            assert named(r.stderr, key, column), (fmt, key, column, r.stderr)
+        if fmt == ["--json"]:
+            records = json.loads(r.stdout)
+            assert len(records) == 2 and {x["from"] for x in records} == {"Ann", "Ben"}
+    assert "good one" in damaged("audit").stdout
+
+
+def test_show_tail_agents_and_report_name_what_they_meet(damaged, tmp_path):
+    r = damaged("show", damaged.good, "--json")
+    doc = json.loads(r.stdout)
+    assert doc["id"] == damaged.good and len(doc["events"]) >= 3 and doc["deliveries"]
+    assert "column at holds 'noon'" in r.stderr and "column recipient holds '../x'" in r.stderr
+    r = damaged("show", NOT_A_TIME)
+    assert named(r.stderr, NOT_A_TIME, "discovered_at") and "(unreadable: 'yesterday')" in r.stdout
+    assert json.loads(damaged("show", NOT_A_TIME, "--json").stdout)["discovered_at"] == "(unreadable: 'yesterday')"
+    r = damaged("tail", "-n", "100", "--json")
+    assert "column at holds 'noon'" in r.stderr and all(json.loads(line) for line in r.stdout.splitlines())
+    r = damaged("agents", "--json")
+    assert named(r.stderr, "../evil", "name") and {a["agent"] for a in json.loads(r.stdout)} >= {"Ann", "Ben"}
+    page = tmp_path / "report.html"
+    r = damaged("report", "--html", str(page))
+    for key, column in BAD_MESSAGES:
+        assert named(r.stderr, key, column), (key, column)
+    html = page.read_text()
+    assert "Rows this relay cannot read (5)" in html and "discovered_at" in html
+
+
+def test_verify_and_doctor_count_them_and_fail(damaged):
+    r = damaged("verify", ok=False)
+    assert r.exit_code == 1
+    for key, column in BAD_MESSAGES:
+        assert named(r.stdout, key, column)
+    r = damaged("doctor", ok=False)
+    assert r.exit_code == 1 and "unreadable: 8 ledger row(s) this relay cannot read" in r.stdout
+    doc = json.loads(damaged("doctor", "--json", ok=False).stdout)
+    assert doc["unreadable"] == 8 and sum("cannot read" in p for p in doc["problems"]) == 8
+    assert damaged.secret.read_text() == "never touched"
+
+
+def test_status_retry_expire_and_run_go_on(damaged):
+    r = damaged("status", ok=False)
+    assert r.exit_code == 3 and "1 with a status this relay cannot read" in r.stdout and named(r.stderr, ZOMBIE, "status")
+    r = damaged("retry", ETC, ok=False)
+    assert r.exit_code == 1 and "column failed_path holds '/etc/passwd'" in r.stderr and "not retried" in r.stderr
+    r = damaged("expire", NOT_A_TIME, ok=False)
+    assert r.exit_code == 1 and "column discovered_at holds 'yesterday'" in r.output
+    damaged("send", "--from", "Ann", "--to", "Ben", "after the damage")
+    assert "relayed 1 message(s)" in damaged("run", "--once", "-q").stdout
+    assert damaged.secret.read_text() == "never touched"
+
+
+def test_recovery_follows_no_stored_path_outside(project, tmp_path):
+    """Rows left processing whose paths or names lead outside the state directory: failed with
+    the reason, nothing outside touched, the good message delivered."""
+    secret = tmp_path / "secret"
+    secret.write_text("never touched")
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\ngood")
+    db = relay.ledger.db
+    for n, (column, value) in enumerate([("archive_path", "archive/../../secret"), ("sender", ".."),
+                                         ("name", "../../secret"), ("archive_path", str(secret))]):
+        row = {"id": mid(n), "sender": "Ann", "name": f"x{n}", "status": "processing", "discovered_at": 1, column: value}
+        db.execute(f"INSERT INTO messages ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+    total = relay.drain()
+    assert total.archived == 1 and len(project.inbox("Ben")) == 1
+    for n in range(4):
+        row = relay.history.get(mid(n))
+        assert row["status"] == "failed" and "which this relay cannot read" in row["error"], n
+    assert secret.read_text() == "never touched" and sorted(p.name for p in tmp_path.iterdir()) == [".relay", "secret"]
+
+
+def test_a_time_that_is_no_number_never_stops_the_loop(project, clock):
+    """The loop's questions (what is due next, the latest archived day) leave such a row out."""
+    relay = project.relay()
+    relay.ledger.db.execute("INSERT INTO messages (id, sender, name, status, discovered_at, next_attempt_at) "
+                            "VALUES (?, 'Ann', 'x', 'pending', 1, 'whenever')", (mid(1),))
+    relay.ledger.db.execute("INSERT INTO messages (id, sender, name, status, discovered_at, archived_at) "
+                            "VALUES (?, 'Ann', 'y', 'archived', 1, 'long ago')", (mid(2),))
+    assert relay.history.next_due() is None and relay.history.latest_archived_at() is None
+    assert relay.next_deadline(clock.now) is not None
+    project.drop("Ann", "m", "TO: Ben\n\ngood")
+    assert relay.drain().archived == 1
+
+
+def test_blobs_and_a_chained_row_with_a_time_that_is_no_number(cli):
+    """Values no JSON holds (blobs) and an archived row in the hash chain whose time is text:
+    show, audit, verify and the retention sweep name or keep them; none stops."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "x")
+    cli("run", "--once", "-q")
+    db = sqlite3.connect(cli.state / "ledger.sqlite", isolation_level=None)
+    [(chained,)] = db.execute("SELECT id FROM messages").fetchall()
+    db.execute("UPDATE messages SET archived_at = 'then', subject = X'00ff', body = X'1b5b324a' WHERE id = ?",
+               (chained,))
+    db.close()
+    r = cli("show", chained, "--json")
+    doc = json.loads(r.stdout)
+    assert doc["body"].startswith("(unreadable: b'") and doc["archived_at"] == "(unreadable: 'then')"
+    assert named(r.stderr, chained, "subject")
+    assert json.loads(cli("audit", "--json").stdout) == [] and named(cli("audit").stderr, chained, "subject")
+    r = cli("verify", ok=False)
+    assert named(r.stdout, chained, "subject") and f"{chained}: its ledger record was altered" in r.stdout
+    r = cli("sweep", "--older-than", "0s")
+    assert "deleted 0 archived" in r.stdout                # never deleted while unreadable
+    assert "\x1b" not in cli("show", chained).stdout
+
+
+def test_the_sql_that_narrows_the_scan_misses_no_row_the_checks_refuse(project):
+    """bad_rows() looks at events and deliveries only where SQL finds a suspect value: every row
+    the Python checks refuse must be among them."""
+    from relay.rows import unreadable_rows
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.drain()
+    good = relay.history.audit().fetchone()["id"]
+    db = sqlite3.connect(project.state / "ledger.sqlite", isolation_level=None)    # foreign keys off
+    for column, values in {"message_id": ["short", "01" + "z" * 24, "01" + "Z" * 23 + "I", b"\x00" * 26, 7],
+                           "at": ["noon", b"\x01"], "event": [5, b"x"], "detail": [5, 1.5, b"x"],
+                           "actor": [1, b"x"]}.items():
+        for v in values:
+            row = {"message_id": good, "at": 1.0, "event": "delivered", "detail": None, "actor": "relay", column: v}
+            db.execute("INSERT INTO events (message_id, at, event, detail, actor) VALUES (?, ?, ?, ?, ?)",
+                       list(row.values()))
+    n = 0
+    for column, values in {"message_id": ["x", "01" + "Z" * 25], "recipient": [
+            "../x", "", "a" * 65, "a b", "Ann\n", "-x", "Ånn", 5, b"Ann"], "delivered_at": ["x", b"1"],
+            "size": [-1, "x", 1.5], "sha256": ["XYZ", "A" * 64, "0" * 63, 5]}.items():
+        for v in values:
+            n += 1
+            row = {"message_id": good, "recipient": f"R{n}", "delivered_at": 1.0, "size": 1, "sha256": "0" * 64,
+                   column: v}
+            db.execute("INSERT INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
+                       "VALUES (?, ?, ?, ?, ?)", list(row.values()))
+    db.close()
+    for table in ("events", "deliveries"):
+        every = list(unreadable_rows(relay.ledger.db.execute(f"SELECT * FROM {table}"), table))
+        assert len(every) >= 10
+        assert list(relay.history.bad_rows(tables=(table,))) == every

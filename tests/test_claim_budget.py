@@ -1,0 +1,137 @@
+"""The claim budget: being handled when relay stopped counts as an attempt. A message left
+processing by a stopped relay max_retries times is quarantined at recovery with that reason,
+and `relay retry` brings it back. The state a kill -9 leaves is made deterministically: the
+batch dies where the ledger would record it, or right after the claim."""
+import json
+
+import pytest
+
+from relay.operator import retry
+
+
+class Killed(BaseException):
+    """The process dying at this instant (nothing after it runs, no handler catches it)."""
+
+
+def die_before_recording(relay):
+    def record(*args, **kwargs):
+        raise Killed()
+    relay.ledger.record = record
+
+
+def crash_mid_batch(project, **config):
+    """One relay that claims, delivers and moves the original, then dies before it records."""
+    relay = project.relay(**config)
+    relay.recover()
+    die_before_recording(relay)
+    with pytest.raises(Killed):
+        relay.step()
+    relay.close()
+    project.relays.remove(relay)
+
+
+def row(project, **config):
+    relay = project.relay(**config)
+    [r] = relay.history.audit()
+    return relay, r
+
+
+def test_a_message_that_stops_relay_again_and_again_is_quarantined_then_retried(project):
+    project.drop("Ann", "m", "TO: Ben, Cy\n\nthe poison")
+    for n in (1, 2):
+        crash_mid_batch(project, max_retries=3)
+        relay, r = row(project, max_retries=3)
+        relay.recover()
+        r = relay.history.get(r["id"])
+        assert (r["status"], r["interrupted"], r["retries"]) == ("pending", n, n)
+        relay.close()
+        project.relays.remove(relay)
+    crash_mid_batch(project, max_retries=3)
+    relay, r = row(project, max_retries=3)
+    relay.recover()
+    r = relay.history.get(r["id"])
+    assert r["status"] == "failed" and r["interrupted"] == 3
+    assert "relay stopped while handling it 3 times" in r["error"] and f"relay retry {r['id']}" in r["error"]
+    assert (project.state / r["failed_path"]).read_text() == "TO: Ben, Cy\n\nthe poison"
+    report = json.loads((project.state / f"{r['failed_path']}.error.json").read_text())
+    assert "relay stopped while handling it 3 times" in report["reason"] and report["attempts"] == 3
+    assert [e["event"] for e in relay.history.events(r["id"])][-1] == "failed"
+    assert relay.drain().claimed == 0                   # not claimed again: relay stays up
+    # The operator brings it back; its recipients then hold it once each, as if never stopped.
+    done, problems = retry(relay.ledger, relay.layout, [r["id"]])
+    assert done == [r["id"]] and problems == []
+    assert relay.history.get(r["id"])["interrupted"] == 0
+    assert relay.drain().archived == 1
+    assert len(project.inbox("Ben")) == len(project.inbox("Cy")) == 1
+
+
+def test_rows_left_processing_right_after_the_claim(project, clock):
+    """A kill -9 between the claim and custody: the file is still in the outbox."""
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    for n in range(2):
+        relay = project.relay(max_retries=2)
+        relay.recover()
+        found = [(relay.ids.new(clock.now), f.sender, f.name, f.sent_at) for f in relay.outbox.scan_all(clock.now)]
+        relay.ledger.register_and_claim(found, clock.now, 10, lambda s, i, name: f"archive/d/{s}/{i}--{name}")
+        relay.close()
+        project.relays.remove(relay)
+    relay = project.relay(max_retries=2)
+    assert relay.recover() == 1
+    [r] = relay.history.audit()
+    assert r["status"] == "failed" and "stopped while handling it 2 times" in r["error"]
+    assert not (project.state / "outbox/Ann/m").exists()
+    assert (project.state / r["failed_path"]).read_text() == "TO: Ben\n\nx"
+
+
+def test_one_interruption_is_recovered_and_delivered(project):
+    project.drop("Ann", "m", "TO: Ben\n\nonce")
+    crash_mid_batch(project)
+    relay, r = row(project)
+    assert relay.drain().archived == 1 and len(project.inbox("Ben")) == 1
+    r = relay.history.get(r["id"])
+    assert (r["status"], r["interrupted"]) == ("archived", 1)
+
+
+def test_with_max_retries_0_the_first_interruption_quarantines(project):
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    crash_mid_batch(project, max_retries=0)
+    relay, r = row(project, max_retries=0)
+    relay.recover()
+    assert relay.history.get(r["id"])["status"] == "failed"
+
+
+def test_retry_through_the_cli_brings_it_back(project, cli):
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    crash_mid_batch(project, max_retries=1)
+    relay, r = row(project, max_retries=1)
+    relay.recover()
+    relay.close()
+    project.relays.remove(relay)
+    assert f"{r['id']}: back to pending" in cli("retry", "--failed").stdout
+    assert "relayed 1 message(s)" in cli("run", "--once", "-q").stdout
+    assert len(project.inbox("Ben")) == 1
+
+
+def test_killed_while_recovery_quarantines_it(project):
+    """A kill -9 after recovery moved the file to failed/ but before the ledger said so: the next
+    recovery finds it there, decides the same, and records it once."""
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    crash_mid_batch(project, max_retries=1)
+    relay, r = row(project, max_retries=1)
+
+    def reset(*args, **kwargs):
+        raise Killed()
+    relay.ledger.reset = reset
+    with pytest.raises(Killed):
+        relay.recover()
+    assert (project.state / f"failed/Ann/{r['id']}--m").exists()
+    assert relay.history.get(r["id"])["status"] == "processing"
+    relay.close()
+    project.relays.remove(relay)
+    relay, _ = row(project, max_retries=1)
+    relay.recover()
+    r = relay.history.get(r["id"])
+    assert (r["status"], r["interrupted"]) == ("failed", 1) and "relay stopped while handling it once" in r["error"]
+    assert sorted(p.name for p in (project.state / "failed/Ann").iterdir()) == [f"{r['id']}--m",
+                                                                              f"{r['id']}--m.error.json"]
+    assert not list((project.state / "spool").rglob("*--m"))

@@ -1,0 +1,102 @@
+"""`relay service systemd|launchd`: a unit for this project with this installation's absolute
+path (systemd does not search PATH; the README installs into a venv), one instance or label per
+project; checked by `systemd-analyze verify` where it is installed. contrib/ holds what the verb
+writes for an example project."""
+import os
+import plistlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from relay import units
+
+CONTRIB = Path(__file__).parent.parent / "contrib"
+ANALYZE = shutil.which("systemd-analyze")
+needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed here (Debian: "
+                                   "apt-get install systemd); the unit's syntax and paths are not verified")
+
+
+def analyze(path):
+    """`systemd-analyze verify` of one unit file (system mode: a user manager needs a session)."""
+    return subprocess.run([ANALYZE, "verify", str(path)], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, SYSTEMD_LOG_LEVEL="warning"))
+
+
+@pytest.fixture
+def odd_root(tmp_path):
+    """A project whose path needs quoting and escaping: a space, a %, a $, a dash."""
+    root = tmp_path / "my project-%i $HOME"
+    root.mkdir()
+    return root
+
+
+def test_the_systemd_unit_runs_this_installation_for_this_project(cli, odd_root):
+    r = cli("--root", str(odd_root), "service", "systemd", "--user")
+    unit = r.stdout
+    [start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    exe = units.command()[0]
+    assert os.path.isabs(exe) and start.startswith(f"ExecStart={exe} ")
+    assert "%%i $$HOME" in start and f"WorkingDirectory={str(odd_root).replace('%', '%%')}" in unit
+    assert "WantedBy=default.target" in unit and "User=" not in unit
+    name = units.systemd_name(odd_root)
+    assert f"~/.config/systemd/user/{name}" in r.stderr and "systemctl --user daemon-reload && " in r.stderr
+    system = cli("--root", str(odd_root), "service", "systemd").stdout
+    assert "WantedBy=multi-user.target" in system and "\nUser=" in system
+
+
+def test_the_instance_name_is_systemd_escape_of_the_path(odd_root):
+    name = units.systemd_name(odd_root)
+    assert name.startswith("relay@") and "/" not in name and " " not in name
+    escape = shutil.which("systemd-escape")
+    if escape is None:
+        pytest.skip("systemd-escape is not installed here; the escaping was checked by hand only")
+    want = subprocess.run([escape, "--path", str(odd_root)], capture_output=True, text=True).stdout.strip()
+    assert name == f"relay@{want}.service"
+    assert units.escape_path("/tmp/a b/-x.y/.z") == "tmp-a\\x20b-\\x2dx.y-.z"
+
+
+@needs_analyze
+def test_systemd_analyze_verifies_the_units_and_refuses_the_old_one(cli, odd_root, tmp_path):
+    for flags in (["--user"], []):
+        unit = tmp_path / ("user" if flags else "system") / units.systemd_name(odd_root)
+        unit.parent.mkdir()
+        unit.write_text(cli("--root", str(odd_root), "service", "systemd", *flags).stdout)
+        r = analyze(unit)
+        assert r.returncode == 0, r.stderr
+    # What the README installed before: a bare `relay`, which systemd does not find in a venv.
+    old = tmp_path / "old" / units.systemd_name(odd_root)
+    old.parent.mkdir()
+    old.write_text(unit.read_text().replace(f"ExecStart={units.command()[0]} ", "ExecStart=relay "))
+    assert analyze(old).returncode != 0
+
+
+def test_the_launchd_agent_has_a_label_per_project(cli, odd_root, tmp_path):
+    r = cli("--root", str(odd_root), "service", "launchd", "--user")
+    doc = plistlib.loads(r.stdout.encode())
+    assert doc["ProgramArguments"] == [*units.command(), "--root", str(odd_root), "run"]
+    assert os.path.isabs(doc["ProgramArguments"][0]) and doc["WorkingDirectory"] == str(odd_root)
+    assert doc["Label"] == units.launchd_label(odd_root) and doc["Label"].startswith("com.relay.my-project-i-home.")
+    assert "UserName" not in doc and f"~/Library/LaunchAgents/{doc['Label']}.plist" in r.stderr
+    other = tmp_path / "other" / "my project-%i $HOME"
+    other.mkdir(parents=True)
+    assert units.launchd_label(other) != doc["Label"]             # same name, another project
+    system = plistlib.loads(cli("--root", str(odd_root), "service", "launchd").stdout.encode())
+    assert "UserName" in system and system["StandardErrorPath"].startswith("/Library/Logs/")
+
+
+def test_a_root_with_a_control_character_is_refused(cli, tmp_path):
+    root = tmp_path / "a\nb"
+    root.mkdir()
+    r = cli("--root", str(root), "service", "systemd", ok=False)
+    assert r.exit_code == 1 and "control character" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_contrib_holds_what_the_verb_writes_for_an_example_project():
+    root, argv = "/home/me/project", ["/home/me/project/.venv/bin/relay"]
+    assert (CONTRIB / units.systemd_name(root)).read_text() == units.systemd(argv, root, user=True)
+    mac, mac_argv = "/Users/me/project", ["/Users/me/project/.venv/bin/relay"]
+    plist = CONTRIB / f"{units.launchd_label(mac)}.plist"
+    assert plist.read_text() == units.launchd(mac_argv, mac, user=True, home="/Users/me")
+    assert sorted(p.name for p in CONTRIB.iterdir()) == sorted(["AGENT_SNIPPET.md", plist.name, units.systemd_name(root)])
