@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 from .config import Config, load  # noqa: E402
 from .daemon import Relay  # noqa: E402
-from .errors import (ConfigError, DaemonRunning, DurabilityError, InvalidName, LedgerCorrupt,  # noqa: E402
+from .errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName, LedgerCorrupt,  # noqa: E402
                      LedgerError, MessageRefused, NotFound, RelayError, SchemaError, StateLost,
                      TransientError)
 from .ledger import Status  # noqa: E402
@@ -16,4 +16,5 @@ from .work import Counts  # noqa: E402
 
 __all__ = ["__version__", "Config", "load", "Relay", "Counts", "Status",
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",
-           "StateLost", "MessageRefused", "TransientError", "DurabilityError", "InvalidName", "NotFound"]
+           "StateLost", "MessageRefused", "TransientError", "DurabilityError", "InvalidName", "NotFound",
+           "FederationError"]

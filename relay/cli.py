@@ -172,6 +172,11 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     layout.state.mkdir(parents=True, exist_ok=True)
     with DaemonLock(layout.lock) as lock:
         if once:
+            link = None
+            if cfg.federation:
+                from .federation import Link
+                link = Link(cfg)
+                link.heartbeat()        # the team's directory, before messages are routed
             with Relay(cfg) as relay:
                 t0 = time.monotonic()
                 total = relay.drain()
@@ -179,6 +184,12 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 left = relay.left
             click.echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry, "
                        f"in {took:.2f}s")
+            if link is not None:
+                with link:
+                    published, received = link.once()
+                    waiting = link.history.outbound_counts()["pending"]
+                click.echo(f"federation: published {published}, received {received}"
+                           + (f", {waiting} waiting for the server" if waiting else ""))
             if left:
                 shown_left = "; ".join(f"{shown(what)} ({why})" for what, why in left[:20])
                 more = f" and {len(left) - 20} more" if len(left) > 20 else ""

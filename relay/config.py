@@ -91,6 +91,12 @@ def _level(value):
     return value
 
 
+def _table(value):
+    if not isinstance(value, dict):
+        raise ValueError(f"{value!r} is not a table ([federation] with url, team and node)")
+    return dict(value)
+
+
 def _state_dir(value):
     if not isinstance(value, str) or not value:
         raise ValueError(f"{value!r} is not a directory path")
@@ -113,6 +119,7 @@ _PARSERS = {
     "agents": _agents,
     "log_format": _choice("text", "json"),
     "log_level": _level,
+    "federation": _table,       # checked whole in load(), with the root: fedconfig.parse
 }
 
 
@@ -134,6 +141,7 @@ class Config:
     agents: tuple = ()
     log_format: str = "text"
     log_level: str = "INFO"
+    federation: object = None           # fedconfig.Federation, or None: this machine only
     source: str = "defaults"
 
 
@@ -208,6 +216,7 @@ def load(root=None, state_dir=None, env=None, overrides=None):
             state = root / where
     env_values = {k[len("RELAY_"):].lower(): v for k, v in env.items()
                   if k.startswith("RELAY_") and k not in ("RELAY_ROOT", "RELAY_STATE_DIR")}
+    fed_env = {k[len("federation_"):]: env_values.pop(k) for k in list(env_values) if k.startswith("federation_")}
     if env_values:
         values.update(_clean(env_values, "environment (RELAY_<KEY>)"))
         sources.append("environment")
@@ -216,6 +225,16 @@ def load(root=None, state_dir=None, env=None, overrides=None):
         values.update(_clean(flags, "command-line flags"))
         sources.append("flags")
     values.pop("state_dir", None)
+    fed = values.pop("federation", None)
+    if fed_env:
+        sources.append("environment")
+        fed = {**(fed or {}), **fed_env}
+    if fed is not None:
+        from . import fedconfig
+        try:
+            values["federation"] = fedconfig.parse(fed, root, parse_duration)
+        except ValueError as e:
+            raise ConfigError(f"bad value for 'federation' in {' + '.join(dict.fromkeys(sources))}: {e}") from None
     state = (state or root / ".relay").absolute()
-    return Config(root=root, state_dir=state, source=" + ".join(sources) or "defaults", **values)
+    return Config(root=root, state_dir=state, source=" + ".join(dict.fromkeys(sources)) or "defaults", **values)
 

@@ -30,6 +30,7 @@ from .ledger import Ledger
 from .message import accept
 from .outbox import Outbox, ignore_lease_breaks
 from .recovery import Recovery
+from .routes import Router
 from .sync import Syncer
 from .work import Counts, Outcome, Work, backoff, unreadable
 
@@ -75,6 +76,9 @@ class Relay:
         self.outbox = Outbox(self.layout, config.settle, self.syncer)
         self.recovery = Recovery(self.layout, self.ledger, self.history, self.archive, self.inbox, self.syncer)
         self.ids = IdGenerator()
+        # The federation's view from the loop: which recipients are on other nodes (routes.py).
+        self.router = Router(config.federation, self.history) if config.federation else None
+        self._local = set()
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
         self.wake = threading.Event()
         self.left = []                          # what drain() gave up waiting for
@@ -203,7 +207,9 @@ class Relay:
 
     def known_agents(self, refresh=False):
         if self._known is None or refresh:
-            self._known = self.layout.agent_names(self.config.agents)
+            self._known = self._local = self.layout.agent_names(self.config.agents)
+            if self.router is not None:
+                self._known = self._local | set(self.router.remote(self._local, refresh=True))
         return self._known
 
     def _process(self, rows, now, counts):
@@ -235,6 +241,8 @@ class Relay:
                     w.failed_rel = None
                     log.error("%s: %s; the original stays at %s", w.id, e, w.path)
         self.ledger.record(now, works)
+        if self.router is not None and any(w.remote for w in works):
+            self.router.queued.set()        # the link publishes what this batch queued
         for w in works:
             self._report(w, now, counts)
 
@@ -264,6 +272,8 @@ class Relay:
         finally:
             w.data = b""            # the bytes are hashed and parsed; the batch need not hold them
         w.message, w.recipients = accepted.message, accepted.recipients
+        if self.router is not None:
+            w.remote = self.router.route(w.recipients, self._local)
         for name in accepted.created:
             self.layout.make_inbox(name)
             self._known = None

@@ -252,6 +252,8 @@ class Ledger:
                 by_kind.setdefault(w.outcome, []).append(w)
             for outcome, group in by_kind.items():
                 getattr(self, f"_record_{outcome.value}")(now, group, events)
+            self._queue_remote(now, [w for w in works if w.remote and w.outcome.value in ("archived", "delivered", "retry")],
+                               events)
             self._events(events)
 
     @staticmethod
@@ -466,3 +468,92 @@ class Ledger:
                 "VALUES (?, ?, ?, 'archived', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
                 [(*r[:9], r[9], r[9], r[9], r[9], r[9], r[10]) for r in rows])
             self._events([(r[0], r[9], "archived", None) for r in rows])
+
+    # -- federation: outbound (federation.py) and inbound (incoming.py) ----------------------
+
+    def _queue_remote(self, now, works, events):
+        """Recipients on other nodes: one outbound row per (message, node), in the batch's own
+        transaction; the link publishes it later. A message tried again is queued once."""
+        for w in works:
+            by_node = {}
+            for r, node in w.remote.items():
+                by_node.setdefault(node, []).append(r)
+            for node, names in sorted(by_node.items()):
+                if self.db.execute("INSERT INTO outbound (message_id, node, recipients, envelope, status, queued_at) "
+                                   "VALUES (?, ?, ?, ?, 'pending', ?) ON CONFLICT DO NOTHING RETURNING node",
+                                   (w.id, node, orjson.dumps(sorted(names)).decode(), w.envelope, now)).fetchone():
+                    events.append((w.id, now, "queued", f"for node {node}: {', '.join(sorted(names))}"))
+
+    def published(self, now, done):
+        """Outbound rows now in their node's stream. done: (message_id, node, entry_id)."""
+        with self.transaction():
+            self.db.executemany("UPDATE outbound SET status = 'published', entry_id = ?, published_at = ?, "
+                                "attempts = attempts + 1, error = NULL WHERE message_id = ? AND node = ?",
+                                [(eid, now, mid, node) for mid, node, eid in done])
+            self._events([(mid, now, "published", f"to node {node} as entry {eid}") for mid, node, eid in done])
+
+    def publish_failed(self, now, failed, error):
+        """Outbound rows not published (the server unreachable): tried again at their time.
+        failed: (message_id, node, attempts so far, next_attempt_at). The first failure is an event."""
+        with self.transaction():
+            self.db.executemany("UPDATE outbound SET attempts = attempts + 1, error = ?, next_attempt_at = ? "
+                                "WHERE message_id = ? AND node = ?", [(error, at, mid, node) for mid, node, _, at in failed])
+            self._events([(mid, now, "publish-failed", f"to node {node}: {error}; retrying")
+                          for mid, node, attempts, _ in failed if attempts == 0])
+
+    def publish_now(self, now):
+        """The link is back: every outbound row waiting is due now."""
+        with self.transaction():
+            self.db.execute("UPDATE outbound SET next_attempt_at = ? WHERE status = 'pending' AND next_attempt_at > ?",
+                            (now, now))
+
+    def received(self, now, items, refused):
+        """One transaction for a batch read from this node's stream: each message delivered here
+        (a row like any other, chained, with its node and entry id) and each entry refused.
+        items: dicts (id, sender, name, node, entry_id, recipients, kind, thread, subject, body,
+        headers, sha256, sent_at, got {recipient: (size, sha256)}, note); refused: (id, sender,
+        name, node, entry_id, reason)."""
+        with self.transaction():
+            events = []
+            for m in items:
+                self.db.execute(
+                    "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
+                    "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, node, entry_id) "
+                    "VALUES (:id, :sender, :name, 'archived', :recipients, :kind, :thread, :subject, :body, :headers, "
+                    ":sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id)",
+                    {**m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now})
+                self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
+                                    "VALUES (?, ?, ?, ?, ?)", [(m["id"], r, now, *got) for r, got in m["got"].items()])
+                events.append((m["id"], now, "received", f"from node {m['node']} as entry {m['entry_id']}"
+                               + (f"; {m['note']}" if m.get("note") else "")))
+                events.extend((m["id"], now, "delivered", r) for r in sorted(m["got"]))
+                self._chain(m["id"])
+            for mid, sender, name, node, eid, reason in refused:
+                self.db.execute("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, node, "
+                                "entry_id) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?, ?)",
+                                (mid, sender, name, now, now, reason, node, eid))
+                events.append((mid, now, "refused", f"entry {eid} from node {node}: {reason}"))
+            self._events(events)
+            if items:
+                self._seen({r for m in items for r in m["got"]}, now)
+
+    def directory(self, now, node, agents, conflicts):
+        """The team's directory as the server gave it: agents of other nodes (name, node,
+        node's last seen), and the names this node could not claim (name, other node)."""
+        with self.transaction():
+            self.db.execute("DELETE FROM remote_agents")
+            self.db.executemany("INSERT OR REPLACE INTO remote_agents (name, node, last_seen) VALUES (?, ?, ?)", agents)
+            self._link(now, node, True, None, orjson.dumps(conflicts).decode())
+
+    def link_state(self, now, node, connected, error=None):
+        """Whether the link to the server works now (relay status), and why not."""
+        with self.transaction():
+            self._link(now, node, connected, error, None)
+
+    def _link(self, now, node, connected, error, conflicts):
+        self.db.execute("INSERT INTO link (id, node, connected, since, error, conflicts, updated_at) "
+                        "VALUES (1, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET node = excluded.node, "
+                        "connected = excluded.connected, since = CASE WHEN link.connected = excluded.connected "
+                        "THEN link.since ELSE excluded.since END, error = excluded.error, "
+                        "conflicts = coalesce(excluded.conflicts, link.conflicts), updated_at = excluded.updated_at",
+                        (node, int(connected), now, error, conflicts, now))
