@@ -287,17 +287,23 @@ def status(ctx, as_json):
     counts = dict.fromkeys(STATUSES, 0)
     oldest = None
     pragmas = {}
+    federation = None
     if with_ledger:
         with ctx.reader() as led:
             counts = led.counts()
             first = led.oldest_pending()
             oldest = round(time.time() - first, 3) if first is not None else None
             pragmas = led.pragmas()
+            if cfg.federation:
+                from .federation import probe
+                federation = probe(cfg, led)
         pragmas["synchronous"] = "FULL" if cfg.durability == "full" else "NORMAL"
     doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
            "daemon": {"running": pid is not None, "pid": pid}, "counts": counts,
            "agents": sorted(layout.agent_names(cfg.agents)), "oldest_pending_age_s": oldest,
            "durability": {"setting": cfg.durability, **pragmas}}
+    if federation is not None:
+        doc["federation"] = federation
     if as_json:
         out_json(doc)
         return
@@ -308,6 +314,8 @@ def status(ctx, as_json):
         click.echo(f"oldest pending  {oldest:.1f}s")
     click.echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
     click.echo("durability " + ", ".join(f"{k}={v}" for k, v in doc["durability"].items()))
+    if federation is not None:
+        click.echo(views.federation(federation, running=pid is not None, now=time.time()))
     if not with_ledger:
         click.echo("no ledger yet: run `relay init` or `relay run`")
 
