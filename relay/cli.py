@@ -288,6 +288,9 @@ def status(ctx, as_json):
     oldest = None
     pragmas = {}
     federation = None
+    if cfg.federation:
+        from .federation import redis_module
+        redis_module()          # without the package: one line naming the extra
     if with_ledger:
         with ctx.reader() as led:
             counts = led.counts()
