@@ -91,7 +91,6 @@ class Ledger:
             if getattr(self, "db", None) is not None:
                 self.db.close()         # no file descriptor left open on a ledger refused
             raise LedgerError.opening(self.path, e) from None
-        self._head = None
 
     def close(self):
         self.db.close()
@@ -267,10 +266,8 @@ class Ledger:
     def _record_archived(self, now, works, events):
         """The common case, in bulk: delivered to everyone and archived; chained for verify."""
         rows = []
-        if self._head is None:
-            self._head = self.head()
-        seq, prev = self._head
-        links = []
+        seq, prev = self.head()     # read in this transaction: another connection (the federation's
+        links = []                  # receiver) may have chained records since
         for w in works:
             f = self._fields(w)
             rows.append((f["recipients"], f["kind"], f["thread"], f["subject"], f["body"], f["headers"], w.size,
@@ -287,7 +284,6 @@ class Ledger:
             "spooled = 0, error = NULL, archive_path = ?, next_attempt_at = 0, failing_since = NULL "
             "WHERE id = ?", rows)
         self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
-        self._head = (seq, prev)
 
     def _record_delivered(self, now, works, events):
         """Delivered to everyone, but the archive move failed: retried when History.delivered_due()
@@ -372,13 +368,10 @@ class Ledger:
 
     def _chain(self, mid):
         """Append one archived record to the chain (the bulk path does this in _record_archived)."""
-        if self._head is None:
-            self._head = self.head()
-        seq, prev = self._head
+        seq, prev = self.head()
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
         h = chain_hash(prev, row)
         self.db.execute("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", (seq + 1, mid, h))
-        self._head = (seq + 1, h)
 
     # -- recovery ---------------------------------------------------------------------------
 

@@ -1,15 +1,15 @@
 """Federation over Redis Streams, against a real redis-server on a free local port (tests skip,
 saying why, when the binary is missing): nodes are project roots on this machine, driven by
 their steps (the relay's drain, the link's heartbeat, publish and receive)."""
-import os
 import subprocess
 import sys
+import time
 import uuid
 
 import orjson
 import pytest
 
-from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange, free_port, held, write_config
+from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, drop, exchange, held, start_daemon, write_config
 from relay import config as config_mod
 from relay.errors import ConfigError
 
@@ -134,10 +134,17 @@ def test_direct_messages_both_ways_and_the_thread_on_both_sides(redis_server, te
     assert (got["node"], got["entry_id"], got["from"]) == ("n1", remote["entry_id"], "Ann")
     assert [d["recipient"] for d in got["deliveries"]] == ["Bob"]
     assert "received from node n1 as stream entry" in cli("--root", str(n2.root), "show", to_bob["id"]).output
+    # The loop and the receiver both append to the hash chain, turn by turn: it stays one chain.
+    n1.drop("Ann", "m3", "TO: Bob\n\nagain")
+    exchange(n1, n2)
+    n2.drop("Bob", "m4", "TO: Cy\n\nlocal")
+    exchange(n1, n2)
+    assert [e["body"] for e in n2.held("Cy")] == ["hello Ann (and Cy here)", "local"]
     # The streams hold nothing acknowledged; verify chains what was received too.
     r = client(redis_server.url)
     assert r.xlen(f"relay:{{{team}}}:in:n1") == 0 and r.xlen(f"relay:{{{team}}}:in:n2") == 0
-    assert "ok" in cli("--root", str(n2.root), "verify").output
+    for node in (n1, n2):
+        assert "ok" in cli("--root", str(node.root), "verify").output
 
 
 @needs_server
@@ -329,3 +336,58 @@ def test_an_unknown_recipient_still_fails_and_a_message_waiting_for_the_server_i
     # Published: the daemon's own sweep (30 days on, retention 7d) removes it now.
     assert n1.relay.history.counts()["archived"] == 0
     server.stop()
+
+
+# -- the daemons -----------------------------------------------------------------------------
+
+def wait_for(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def knows(root, name):
+    from relay.history import History
+    from relay.ledger import Ledger
+    path = root / ".relay" / "ledger.sqlite"
+    if not path.exists():
+        return False
+    try:
+        with History(Ledger(path, readonly=True)) as h:
+            return name in h.remote_agents()
+    except Exception:   # noqa: BLE001 - not migrated yet: the daemon is starting
+        return False
+
+
+@needs_server
+@pytest.mark.timeout_s(120)
+def test_two_daemons_both_ways_and_a_node_killed_with_sigkill_mid_stream(redis_server, team, tmp_path):
+    s1 = write_config(tmp_path / "n1", redis_server.url, team, "n1", ["Ann"])
+    s2 = write_config(tmp_path / "n2", redis_server.url, team, "n2", ["Bob"])
+    procs = [start_daemon(tmp_path / "n1"), start_daemon(tmp_path / "n2")]
+    try:
+        wait_for(lambda: knows(tmp_path / "n1", "Bob") and knows(tmp_path / "n2", "Ann"), what="the directory")
+        drop(s2, "Bob", "hello", "TO: Ann\n\nfrom n2")
+        for i in range(30):
+            drop(s1, "Ann", f"m{i}", f"TO: Bob\n\nn1-{i}")
+            if i == 10:
+                wait_for(lambda: held(s2, "Bob"), what="the first arrivals")
+                procs[1].kill()                         # SIGKILL, mid-stream
+                procs[1].wait()
+                procs[1] = start_daemon(tmp_path / "n2")
+        wanted = sorted(f"n1-{i}" for i in range(30))
+        wait_for(lambda: len(held(s2, "Bob")) >= 30 and held(s1, "Ann"), what="every message")
+        bodies = sorted(e["body"] for e in held(s2, "Bob"))
+        assert bodies == wanted                         # once each
+        assert [e["body"] for e in held(s1, "Ann")] == ["from n2"]
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=30)
+    for p in procs:
+        assert p.returncode == 0, open(p.log).read()[-2000:]
+    assert "Traceback" not in open(procs[1].log).read()
