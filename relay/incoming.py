@@ -66,6 +66,7 @@ class Incoming:
         self.ready = False          # the group exists and what others held is claimed
         self.recheck_at = 0.0       # when this consumer's pending entries are read again
         self.failures = 0           # steps failed in a row (the server, or a delivery)
+        self.unsettled = set()      # ids whose delivery failed in this run (tried again thoroughly)
 
     def close(self):
         self.client.close()
@@ -88,7 +89,7 @@ class Incoming:
                 handled += self.handle(entries, now)
                 if len(entries) < BATCH and self.recheck_at <= now:
                     self.recheck_at = float("inf")
-            handled += self.handle(self._read(">", block_ms), self.clock() if block_ms else now)
+            handled += self.handle(self._read(">", block_ms), self.clock() if block_ms else now, ">")
         except self.redis.RedisError as e:
             if not self.failures:
                 log.error("federation: cannot read this node's stream %s: %s; trying again", self.stream, e)
@@ -126,12 +127,15 @@ class Incoming:
 
     # -- one batch --------------------------------------------------------------------------
 
-    def handle(self, entries, now):
-        """Deliver, record and acknowledge a batch of entries; return how many were handled."""
+    def handle(self, entries, now, since="0"):
+        """Deliver, record and acknowledge a batch of entries ("0": read before, from this
+        consumer's pending ones); return how many were handled."""
         if not entries:
             return 0
         local = self.layout.agent_names(self.config.agents)
         acks, works, refused, seen = [], [], [], set()
+        ids = [_text(f.get(b"id")) for _, f in entries if f]
+        known = set(ids) - self.history.unknown([i for i in ids if i])     # ids this ledger holds already
         for eid, fields in entries:
             eid = eid.decode() if isinstance(eid, bytes) else eid
             if not fields:                  # trimmed meanwhile: nothing to deliver
@@ -145,7 +149,7 @@ class Incoming:
                 log.error("federation: entry %s from node %s refused: %s", eid, node, e)
                 acks.append(eid)
                 continue
-            row = self.history.get(w.id)
+            row = self.history.get(w.id) if w.id in known else None
             if w.id in seen or (row is not None and row["node"] is not None and row["status"] == "archived"):
                 log.info("%s from node %s (entry %s) was received before: acknowledged, not delivered again",
                          w.id, item["node"], eid)
@@ -157,6 +161,9 @@ class Incoming:
                 acks.append(eid)
                 continue
             seen.add(w.id)
+            # A first reading of an entry writes at once; one read before, or a message whose
+            # delivery failed in this run, is looked for in the inboxes first (inbox.held).
+            w.thorough = since == "0" or w.id in self.unsettled
             works.append((w, item))
         done = self._deliver(works, now)
         acks += [item["entry_id"] for _, item in done]
@@ -190,7 +197,9 @@ class Incoming:
         for w, item in works:
             if w.complete:
                 done.append((w, item))
+                self.unsettled.discard(w.id)
             else:
+                self.unsettled.add(w.id)
                 log.warning("%s from node %s: %s; tried again shortly", w.id, item["node"],
                             "; ".join(f"not delivered to {r}: {e}" for r, e in sorted(w.missed.items())))
         return done

@@ -507,25 +507,31 @@ class Ledger:
         headers, sha256, sent_at, got {recipient: (size, sha256)}, note); refused: (id, sender,
         name, node, entry_id, reason)."""
         with self.transaction():
-            events = []
-            for m in items:
-                self.db.execute(
-                    "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
-                    "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, node, entry_id) "
-                    "VALUES (:id, :sender, :name, 'archived', :recipients, :kind, :thread, :subject, :body, :headers, "
-                    ":sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id)",
-                    {**m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now})
-                self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
-                                    "VALUES (?, ?, ?, ?, ?)", [(m["id"], r, now, *got) for r, got in m["got"].items()])
+            events, links = [], []
+            seq, prev = self.head()
+            rows = [{**m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now} for m in items]
+            self.db.executemany(
+                "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
+                "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, node, entry_id) "
+                "VALUES (:id, :sender, :name, 'archived', :recipients, :kind, :thread, :subject, :body, :headers, "
+                ":sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id)", rows)
+            self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
+                                "VALUES (?, ?, ?, ?, ?)", [(m["id"], r, now, *got) for m in items for r, got in m["got"].items()])
+            for m, row in zip(items, rows, strict=True):
                 events.append((m["id"], now, "received", f"from node {m['node']} as entry {m['entry_id']}"
                                + (f"; {m['note']}" if m.get("note") else "")))
                 events.extend((m["id"], now, "delivered", r) for r in sorted(m["got"]))
-                self._chain(m["id"])
-            for mid, sender, name, node, eid, reason in refused:
-                self.db.execute("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, node, "
+                seq += 1
+                prev = chain_hash(prev, {**row, "discovered_at": now, "delivered_at": now, "archived_at": now,
+                                         "archive_path": None})
+                links.append((seq, m["id"], prev))
+            self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
+            self.db.executemany("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, node, "
                                 "entry_id) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?, ?)",
-                                (mid, sender, name, now, now, reason, node, eid))
-                events.append((mid, now, "refused", f"entry {eid} from node {node}: {reason}"))
+                                [(mid, sender, name, now, now, reason, node, eid)
+                                 for mid, sender, name, node, eid, reason in refused])
+            events.extend((mid, now, "refused", f"entry {eid} from node {node}: {reason}")
+                          for mid, _, _, node, eid, reason in refused)
             self._events(events)
             if items:
                 self._seen({r for m in items for r in m["got"]}, now)
