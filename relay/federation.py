@@ -159,7 +159,7 @@ class Link:
 
     def _down(self, now, error):
         if self.connected is not False:
-            log.error("federation: the server %s is unreachable (%s); messages for other nodes wait and are "
+            log.error("federation: the server %s cannot be used (%s); messages for other nodes wait and are "
                       "retried", self.fed.shown_url, reason(error))
             self.ledger.link_state(now, self.node, False, reason(error))
             self.connected = False
@@ -170,6 +170,7 @@ class Link:
         """Claim this node's agents, stamp its last seen, record the team's directory."""
         now = self.clock() if now is None else now
         self.next_heartbeat = now + self.fed.heartbeat
+        self.layout.fs.forget()
         local = sorted(self.layout.agent_names(self.config.agents))
         try:
             _, conflicts, directory, nodes = self._claim(

@@ -66,7 +66,7 @@ class Incoming:
         self.ready = False          # the group exists and what others held is claimed
         self.recheck_at = 0.0       # when this consumer's pending entries are read again
         self.failures = 0           # steps failed in a row (the server, or a delivery)
-        self.unsettled = set()      # ids whose delivery failed in this run (tried again thoroughly)
+        self.unsettled = {}         # id -> when its delivery first failed in this run (tried again thoroughly)
 
     def close(self):
         self.client.close()
@@ -132,6 +132,7 @@ class Incoming:
         consumer's pending ones); return how many were handled."""
         if not entries:
             return 0
+        self.layout.fs.forget()     # walk from the top again: a directory may have been swapped since
         local = self.layout.agent_names(self.config.agents)
         acks, works, refused, seen = [], [], [], set()
         ids = [_text(f.get(b"id")) for _, f in entries if f]
@@ -165,44 +166,53 @@ class Incoming:
             # delivery failed in this run, is looked for in the inboxes first (inbox.held).
             w.thorough = since == "0" or w.id in self.unsettled
             works.append((w, item))
-        done = self._deliver(works, now)
-        acks += [item["entry_id"] for _, item in done]
+        done, gave_up = self._deliver(works, now)
+        refused += [(w.id, item["sender"], item["name"], item["node"], item["entry_id"], why) for w, item, why in gave_up]
+        acks += [item["entry_id"] for _, item in done] + [item["entry_id"] for _, item, _ in gave_up]
         if done or refused:
             self.ledger.received(now, [dict(item, got=w.got) for w, item in done], refused)
             for w, item in done:
                 log.info("%s received from %s on node %s (entry %s), delivered to %s", w.id, item["sender"],
                          item["node"], item["entry_id"], ",".join(sorted(w.got)))
         if acks:
-            pipe = self.client.pipeline(transaction=True)
+            pipe = self.client.pipeline(transaction=False)       # no MULTI: an ACL user needs no @transaction
             pipe.xack(self.stream, GROUP, *acks)
             pipe.xdel(self.stream, *acks)
             pipe.execute()
-        if len(done) < len(works):
+        if len(done) + len(gave_up) < len(works):
             self.failures += 1
             self.recheck_at = now + self.pause()
         return len(entries)
 
     def _deliver(self, works, now):
-        """The Maildir writes, then one sync; returns the (work, item) delivered to every
-        recipient. The others are read again later (their entries stay pending)."""
+        """The Maildir writes, then one sync. Returns the (work, item) delivered to every
+        recipient, and the (work, item, reason) given up: an fsync error (never retried into
+        success), or a recipient still failing after `retry_period` (a local fault, as for a
+        local message). The others are read again later (their entries stay pending)."""
         if not works:
-            return []
+            return [], []
         batch = [w for w, _ in works]
         linked = self.inbox.deliver(batch)
         try:
             self.syncer.flush("inbox new/ (received)")
         except DurabilityError as e:
             self.inbox.unlink(linked, e)
-        done = []
+        done, gave_up = [], []
         for w, item in works:
             if w.complete:
                 done.append((w, item))
-                self.unsettled.discard(w.id)
+                self.unsettled.pop(w.id, None)
+                continue
+            since = self.unsettled.setdefault(w.id, now)
+            missed = "; ".join(f"not delivered to {r}: {e}" for r, e in sorted(w.missed.items()))
+            if now - since >= self.config.retry_period or any(isinstance(e, DurabilityError) for e in w.missed.values()):
+                why = f"gave up after {now - since:.0f}s: {missed}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
+                gave_up.append((w, item, why))
+                self.unsettled.pop(w.id, None)
+                log.error("%s from node %s: %s", w.id, item["node"], why)
             else:
-                self.unsettled.add(w.id)
-                log.warning("%s from node %s: %s; tried again shortly", w.id, item["node"],
-                            "; ".join(f"not delivered to {r}: {e}" for r, e in sorted(w.missed.items())))
-        return done
+                log.warning("%s from node %s: %s; tried again shortly", w.id, item["node"], missed)
+        return done, gave_up
 
 
 def _text(value):

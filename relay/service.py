@@ -97,6 +97,8 @@ class Daemon:
         except ConfigError as e:
             log.error("SIGHUP: the new configuration is refused, the old one stays: %s", e)
             return
+        if new.federation != self.cfg.federation:
+            log.warning("SIGHUP: the [federation] section changed; it takes effect when relay starts again")
         self.relay.reconfigure(new)
         self.cfg = new
         log.info("SIGHUP: configuration reloaded from %s", new.source)

@@ -142,7 +142,9 @@ def federation(doc, running, now):
         state = f"{'connected' if link['connected'] else 'DISCONNECTED'} since {when(link['since'])}" + (
             f" ({plain(link['error'])})" if link["error"] else "")
     lines = [f"federation node {doc['node']} of team {doc['team']} at {doc['url']}", f"  link       {state}"]
-    if server["reachable"]:
+    if server["reachable"] and server["error"]:
+        lines.append(f"  server     reachable, but: {plain(server['error'])}")
+    elif server["reachable"]:
         lines.append(f"  server     reachable; this node's stream: {server['stream_length']} entries, lag "
                      f"{server['lag'] if server['lag'] is not None else '?'}, {server['unacknowledged'] or 0} unacknowledged")
     else:

@@ -188,6 +188,43 @@ def test_a_name_on_two_nodes_is_an_error_on_the_second(redis_server, team, nodes
     assert [e["body"] for e in n2.held("Bob")] == ["for the local Bob"]
 
 
+@needs_server
+def test_an_acl_user_limited_to_the_team_as_the_readme_sets_it_up(redis_server, team, nodes, cli):
+    """The README's ACL user (its team's keys, no admin command, no MULTI) is enough; a node of
+    another team with the same user is refused by the server and says so, without a traceback."""
+    user = f"u{team}"
+    client(redis_server.url).execute_command(
+        "ACL", "SETUSER", user, "on", ">s3cret", f"~relay:{{{team}}}:*", "-@all", "+@read", "+@write", "+@stream",
+        "+@hash", "+@scripting", "+@connection", "+time")
+    url = f"redis://{user}:s3cret@127.0.0.1:{redis_server.port}/0"
+    n1 = nodes(url, team, "n1", ["Ann"])
+    n2 = nodes(url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m", "TO: Bob\n\nwith the team's user")
+    exchange(n1, n2)
+    assert [e["body"] for e in n2.held("Bob")] == ["with the team's user"]
+    assert client(redis_server.url).xlen(f"relay:{{{team}}}:in:n2") == 0
+    other = nodes(url, f"x{team}", "n3", ["Cy"])
+    assert other.link.heartbeat() is False and other.receive() == 0
+    status = orjson.loads(cli("--root", str(other.root), "status", "--json").output)["federation"]
+    assert status["link"]["connected"] is False and "no permissions" in status["link"]["error"]
+    assert "no permissions" in status["server"]["error"]
+
+
+@needs_server
+def test_run_once_on_each_node_carries_a_message_across(redis_server, team, cli, tmp_path):
+    for name, agent in (("n1", "Ann"), ("n2", "Bob")):
+        write_config(tmp_path / name, redis_server.url, team, name, [agent])
+    once = lambda node: cli("--root", str(tmp_path / node), "run", "--once").output      # noqa: E731
+    once("n1"), once("n2")                              # each node announces its agents
+    cli("--root", str(tmp_path / "n1"), "send", "--from", "Ann", "--to", "Bob", "across")
+    assert "federation: published 1, received 0" in once("n1")
+    assert "federation: published 0, received 1" in once("n2")
+    assert [e["body"] for e in held(tmp_path / "n2/.relay", "Bob")] == ["across"]
+    agents = cli("--root", str(tmp_path / "n2"), "agents").output
+    assert any(line.split()[:2] == ["Ann", "n1"] for line in agents.splitlines()), agents
+
+
 # -- the server away, and back ----------------------------------------------------------------
 
 @needs_server
@@ -391,3 +428,38 @@ def test_two_daemons_both_ways_and_a_node_killed_with_sigkill_mid_stream(redis_s
     for p in procs:
         assert p.returncode == 0, open(p.log).read()[-2000:]
     assert "Traceback" not in open(procs[1].log).read()
+
+
+@needs_server
+def test_a_link_planted_in_an_inbox_holds_the_entry_until_fixed_or_retry_period_then_it_fails(
+        redis_server, team, nodes, tmp_path):
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    new = n2.state / "inbox/Bob/new"
+    new.rmdir()
+    new.symlink_to(outside)                             # planted: relay never writes through it
+    r = client(redis_server.url)
+    stream = f"relay:{{{team}}}:in:n2"
+    n1.drop("Ann", "m1", "TO: Bob\n\nfirst")
+    n1.send()
+    assert n2.receive() == 1
+    assert list(outside.iterdir()) == [] and r.xpending(stream, "relay")["pending"] == 1
+    new.unlink()
+    new.mkdir()                                         # fixed: the next look delivers it, once
+    n2.clock.advance(5)
+    n2.receive()
+    assert [e["body"] for e in n2.held("Bob")] == ["first"] and r.xpending(stream, "relay")["pending"] == 0
+    (n2.state / "inbox/Bob/new").rename(n2.state / "inbox/Bob/new.real")
+    new.symlink_to(outside)
+    n1.drop("Ann", "m2", "TO: Bob\n\nsecond")
+    n1.send()
+    n2.receive()
+    n2.clock.advance(3601)                              # past retry_period: failed with why, acknowledged
+    n2.receive()
+    assert list(outside.iterdir()) == [] and r.xpending(stream, "relay")["pending"] == 0 and r.xlen(stream) == 0
+    [failed] = list(n2.relay.history.audit(status="failed"))
+    assert failed["node"] == "n1" and "gave up after 3601s: not delivered to Bob" in failed["error"]
+    assert "delivered to nobody" in failed["error"]
