@@ -223,6 +223,8 @@ class Relay:
                 continue
             self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
+        if self.router is not None:     # first tries only: a retry is published from its recorded row
+            self.router.offer([w for w in works if w.remote and not w.thorough])
         linked = self.inbox.deliver([w for w in works if not (w.refused or w.error or w.defer)])
         for w in works:
             self._settle(w, now)

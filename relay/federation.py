@@ -119,7 +119,9 @@ class Link:
         self.node = self.fed.node
         self.clock = clock
         self.redis = redis_module()
+        self.router = router
         self.queued = router.queued if router is not None else threading.Event()
+        self.early = {}                         # (message id, node) -> entry id published from an offer
         self.on_directory = on_directory        # called when the directory changed
         self.layout = Layout(config.root, config.state_dir).create()
         self.ledger = Ledger(self.layout.ledger, durability=config.durability)
@@ -198,30 +200,68 @@ class Link:
 
     # -- publishing -------------------------------------------------------------------------
 
+    def _xadd(self, entries):
+        """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry ids."""
+        pipe = self.client.pipeline(transaction=False)
+        for mid, node, recipients, envelope in entries:
+            pipe.xadd(self.fed.stream(node), {"v": "1", "id": mid, "node": self.node, "to": recipients, "env": envelope})
+        return [eid.decode() for eid in pipe.execute()]
+
+    def publish_offered(self, now=None):
+        """Publish at once what the loop offered (routes.Router.offer) while it delivers and
+        records locally; the entry ids are recorded when the batch's outbound rows are (publish).
+        On an error nothing is lost: the rows are published from the ledger."""
+        offered = []
+        while self.router is not None and self.router.offered and len(offered) < BATCH:
+            mid, node, names, envelope = self.router.offered.popleft()
+            offered.append((mid, node, orjson.dumps(names), envelope))
+        if not offered:
+            return 0
+        try:
+            ids = self._xadd(offered)
+        except self.redis.RedisError as e:
+            self._down(self.clock() if now is None else now, e)
+            return 0
+        at = time.monotonic()
+        self.early.update({(mid, node): (eid, at) for (mid, node, _, _), eid in zip(offered, ids, strict=True)})
+        if len(self.early) > 100 * BATCH:      # offers whose rows never came (a batch that failed): forgotten
+            self.early = {k: v for k, v in self.early.items() if at - v[1] < 600}
+        return len(offered)
+
     def publish(self, now=None):
-        """Publish the outbound rows due now (one pipeline), record their entry ids. Returns the
-        number published."""
+        """Publish the outbound rows due now (one pipeline; those published from an offer are
+        not sent again), record their entry ids. Returns the number recorded."""
         now = self.clock() if now is None else now
+        while self.publish_offered(now) >= BATCH:
+            pass
         rows = self.history.outbound_due(now, BATCH)
         if not rows:
             return 0
+        early, rest = [], []
+        for r in rows:
+            hit = self.early.pop((r["message_id"], r["node"]), None)
+            if hit is None:
+                rest.append(r)
+            else:
+                early.append((r, hit[0]))
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for r in rows:
-                pipe.xadd(self.fed.stream(r["node"]), {"v": "1", "id": r["message_id"], "node": self.node,
-                                                      "to": r["recipients"], "env": r["envelope"]})
-            ids = pipe.execute()
+            ids = self._xadd([(r["message_id"], r["node"], r["recipients"], r["envelope"]) for r in rest]) if rest else []
         except self.redis.RedisError as e:
             self._down(now, e)
             self.ledger.publish_failed(now, [(r["message_id"], r["node"], r["attempts"],
-                                              now + backoff(RETRY_BASE, r["attempts"], RETRY_CAP)) for r in rows],
+                                              now + backoff(RETRY_BASE, r["attempts"], RETRY_CAP)) for r in rest],
                                        reason(e))
+            ids, rest, failed = [], [], True
+        else:
+            failed = False
+        done = [(r["message_id"], r["node"], eid) for r, eid in early + list(zip(rest, ids, strict=True))]
+        if not done:
             return 0
-        done = [(r["message_id"], r["node"], eid.decode()) for r, eid in zip(rows, ids, strict=True)]
         self.ledger.published(now, done)
         for mid, node, eid in done:
             log.info("%s published to node %s as entry %s", mid, node, eid)
-        self._up(now)
+        if not failed:
+            self._up(now)
         return len(done)
 
     # -- the threads ------------------------------------------------------------------------

@@ -251,8 +251,7 @@ class Ledger:
                 by_kind.setdefault(w.outcome, []).append(w)
             for outcome, group in by_kind.items():
                 getattr(self, f"_record_{outcome.value}")(now, group, events)
-            self._queue_remote(now, [w for w in works if w.remote and w.outcome.value in ("archived", "delivered", "retry")],
-                               events)
+            self._queue_remote(now, [w for w in works if w.remote], events)
             self._events(events)
 
     @staticmethod

@@ -33,7 +33,8 @@ def record(row):
         "discovered_at": when(row["discovered_at"]), "delivered_at": when(row["delivered_at"]),
         "archived_at": when(row["archived_at"]), "failed_at": when(row["failed_at"]),
         "sent_at": when(row["sent_at"]),
-        "source_path": f"outbox/{row['sender']}/{row['name']}", "archive_path": row["archive_path"]
+        "source_path": f"{row['node'] + ':' if row['node'] else ''}outbox/{row['sender']}/{row['name']}",
+        "archive_path": row["archive_path"]
         if row["status"] == Status.ARCHIVED else None, "failed_path": row["failed_path"],
         "sha256": row["sha256"], "size": row["size"],
         "node": row["node"], "entry_id": row["entry_id"],      # received from another node: which, as which entry

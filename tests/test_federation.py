@@ -463,3 +463,30 @@ def test_a_link_planted_in_an_inbox_holds_the_entry_until_fixed_or_retry_period_
     [failed] = list(n2.relay.history.audit(status="failed"))
     assert failed["node"] == "n1" and "gave up after 3601s: not delivered to Bob" in failed["error"]
     assert "delivered to nobody" in failed["error"]
+
+
+@needs_server
+def test_a_message_published_from_the_offer_before_its_batch_was_recorded_arrives_once(redis_server, team, nodes):
+    """The link publishes what a batch offers while the batch still delivers and records; a
+    relay killed before its batch's transaction processes the message again and publishes it
+    from the recorded row: two entries, one delivery."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m", "TO: Bob\n\nonce only")
+
+    def killed(now, works):
+        raise RuntimeError("killed before the batch's transaction")
+    n1.relay.ledger.record = killed
+    with pytest.raises(RuntimeError):
+        n1.send()
+    assert n1.link.publish_offered() == 1               # already in n2's stream
+    n1.close()
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])   # started again: recovery, then the row
+    counts, published = n1.send()
+    assert counts.archived == 1 and published == 1
+    r = client(redis_server.url)
+    assert r.xlen(f"relay:{{{team}}}:in:n2") == 2
+    assert n2.receive() == 2
+    assert [e["body"] for e in n2.held("Bob")] == ["once only"]
+    assert r.xlen(f"relay:{{{team}}}:in:n2") == 0
