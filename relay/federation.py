@@ -350,7 +350,8 @@ def probe(config, history, timeout=1.0):
         doc["server"]["reachable"] = True
         stream = fed.stream(fed.node)
         doc["server"]["stream_length"] = client.xlen(stream)
-        for g in client.xinfo_groups(stream) if doc["server"]["stream_length"] or client.exists(stream) else []:
+        groups = client.xinfo_groups(stream) if client.exists(stream) else []
+        for g in groups:
             if g["name"] in (b"relay", "relay"):
                 doc["server"]["unacknowledged"] = g["pending"]
                 doc["server"]["lag"] = g.get("lag")

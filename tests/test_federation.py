@@ -283,7 +283,7 @@ def test_the_server_restarted_mid_stream_loses_nothing_and_duplicates_nothing(tm
 # -- the receiver after a crash, and against what an entry may hold ---------------------------
 
 @needs_server
-def test_a_publish_repeated_and_an_entry_read_but_never_acknowledged_deliver_once(redis_server, team, nodes):
+def test_a_publish_repeated_and_an_entry_read_but_never_acknowledged_deliver_once(redis_server, team, nodes, cli):
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])
     n2 = nodes(redis_server.url, team, "n2", ["Bob"])
     exchange(n1, n2, rounds=1)
@@ -295,9 +295,14 @@ def test_a_publish_repeated_and_an_entry_read_but_never_acknowledged_deliver_onc
     entries = r.xrange(stream)
     assert len(entries) == 2
     r.xadd(stream, entries[0][1])                       # the publish repeated (a crash before its id was recorded)
+    server = orjson.loads(cli("--root", str(n2.root), "status", "--json").output)["federation"]["server"]
+    assert (server["stream_length"], server["lag"], server["unacknowledged"]) == (3, 3, 0)
     # A receiver that read everything and died before acknowledging (another consumer name: a
     # renamed node) leaves the entries pending: claimed again at the next start.
     assert len(r.xreadgroup("relay", "crashed", {stream: ">"})[0][1]) == 3
+    server = orjson.loads(cli("--root", str(n2.root), "status", "--json").output)["federation"]["server"]
+    assert (server["stream_length"], server["lag"], server["unacknowledged"]) == (3, 0, 3)
+    assert "3 entries, lag 0, 3 unacknowledged" in cli("--root", str(n2.root), "status").output
     # ... and one envelope already written into new/ before the crash is recognised, not doubled.
     body = entries[1][1][b"env"]
     doc = orjson.loads(body)
