@@ -59,6 +59,15 @@ class Pair:
                 return False
         return True
 
+    def cpu(self):
+        """CPU seconds used so far by n1's daemon, n2's daemon and the server."""
+        out = []
+        for pid in [p.pid for p in self.procs] + [self.server.proc.pid]:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out.append(round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2))
+        return out
+
     def stop(self):
         for p in self.procs:
             p.terminate()
@@ -68,8 +77,8 @@ class Pair:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def arrived(state):
-    return sum(len(os.listdir(state / "inbox" / r / "new")) for r in RECEIVERS)
+def arrived(state, agents=RECEIVERS):
+    return sum(len(os.listdir(state / "inbox" / r / "new")) for r in agents)
 
 
 def latency(base, rate, seconds, durability="full"):
@@ -126,29 +135,32 @@ def latency(base, rate, seconds, durability="full"):
             "loadavg_before": LOAD}
 
 
-def throughput(base, messages, durability="full"):
+def throughput(base, messages, durability="full", local=False):
+    """`local`: the same run with every recipient on n1 (the single-machine figure, side by side)."""
     pair = Pair(base, durability)
+    to, where = (SENDERS, pair.s1) if local else (RECEIVERS, pair.s2)
     try:
         t0 = time.time()
         for i in range(messages):
             box = pair.s1 / "outbox" / SENDERS[i % 8]
             tmp = box / f".m{i}.tmp"
-            tmp.write_text(f"TO: {RECEIVERS[(i * 3) % 8]}\n\ntoken {i}")
+            tmp.write_text(f"TO: {to[(i * 3 + 1) % 8]}\n\ntoken {i}")
             os.rename(tmp, box / f"m{i}")
         written = time.time() - t0
         deadline = time.time() + 300
         n = 0
         while time.time() < deadline:
-            n = arrived(pair.s2)
+            n = arrived(where, to)
             if n >= messages:
                 break
             time.sleep(0.01)
         took = time.time() - t0
+        cpu = pair.cpu()
     finally:
         pair.stop()
-    return {"what": "cross-node throughput", "messages": messages, "arrived": n, "seconds": round(took, 2),
+    return {"what": "local throughput (same set-up)" if local else "cross-node throughput", "messages": messages, "arrived": n, "seconds": round(took, 2),
             "msg_per_s": round(n / took, 1), "producer_seconds": round(written, 2), "durability": durability,
-            "loadavg_before": LOAD}
+            "cpu_s_n1_n2_redis": cpu, "loadavg_before": LOAD}
 
 
 LOAD = None
@@ -162,6 +174,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--durability", choices=["full", "normal"], default="full")
+    ap.add_argument("--local", action="store_true", help="throughput with every recipient on n1, for comparison")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     args = ap.parse_args()
     if fedkit.REDIS_SERVER is None:
@@ -171,7 +184,7 @@ def main():
     if args.what == "latency":
         print(json.dumps(latency(args.dir, args.rate, args.seconds, args.durability)))
     else:
-        print(json.dumps(throughput(args.dir, args.messages, args.durability)))
+        print(json.dumps(throughput(args.dir, args.messages, args.durability, args.local)))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ never taken. The directory is written to the ledger, where the loop's Router rea
 `redis` is imported only here and only when a `[federation]` section exists.
 """
 import logging
+import socket
 import threading
 import time
 
@@ -48,10 +49,16 @@ MAX_WAIT = 1.0              # the publisher looks at the ledger at least this of
 CLAIM = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local me, timeout = ARGV[1], tonumber(ARGV[2])
+local me, timeout, ident = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local holder = redis.call('HGET', KEYS[3], me)
+local last = tonumber(redis.call('HGET', KEYS[2], me) or '0') or 0
+if holder and holder ~= ident and now - last < timeout then
+  return {tostring(now), {}, {}, {}, holder}
+end
+redis.call('HSET', KEYS[3], me, ident)
 redis.call('HSET', KEYS[2], me, tostring(now))
 local mine, owner_of, conflicts = {}, {}, {}
-for i = 3, #ARGV do mine[ARGV[i]] = true end
+for i = 4, #ARGV do mine[ARGV[i]] = true end
 local current = redis.call('HGETALL', KEYS[1])
 for i = 1, #current, 2 do owner_of[current[i]] = current[i + 1] end
 for name, _ in pairs(mine) do
@@ -129,6 +136,7 @@ class Link:
         self.client = connect(self.fed)
         self.incoming = Incoming(config, connect(self.fed), clock=clock)
         self._claim = self.client.register_script(CLAIM)
+        self.identity = f"{socket.gethostname()}:{config.root}"     # which relay holds the node name
         self.connected = None
         self.conflicts = []
         self.directory = {}
@@ -174,13 +182,26 @@ class Link:
         self.next_heartbeat = now + self.fed.heartbeat
         self.layout.fs.forget()
         local = sorted(self.layout.agent_names(self.config.agents))
+        timeout = self.fed.heartbeat * NODE_TIMEOUT_BEATS
         try:
-            _, conflicts, directory, nodes = self._claim(
-                keys=[self.fed.prefix + "agents", self.fed.prefix + "nodes"],
-                args=[self.node, self.fed.heartbeat * NODE_TIMEOUT_BEATS, *local])
+            reply = self._claim(keys=[self.fed.prefix + "agents", self.fed.prefix + "nodes", self.fed.prefix + "owners"],
+                                args=[self.node, timeout, self.identity, *local])
         except self.redis.RedisError as e:
             self._down(now, e)
             return False
+        _, conflicts, directory, nodes = reply[:4]
+        if len(reply) > 4:      # another relay runs under this node name: its stream is not ours to read
+            holder = reply[4].decode("utf-8", "replace")
+            why = (f"node name {self.node} is in use by another relay ({holder}); this one neither claims its "
+                   f"agents nor reads the node's stream until that one has been gone for {timeout:.0f}s: set another "
+                   "`node` in [federation]")
+            if self.incoming.paused != why:
+                log.error("federation: %s", why)
+            self.incoming.paused = why
+            self.ledger.link_state(now, self.node, False, why)
+            self.connected = False
+            return False
+        self.incoming.paused = None
         seen = {n: float(t) for n, t in _pairs(nodes)}
         directory = dict(_pairs(directory))
         conflicts = _pairs(conflicts)
@@ -307,6 +328,9 @@ class Link:
 
     def _serve_in(self):
         while not self.stopping.is_set():
+            if self.incoming.paused:        # until a heartbeat says the node name is this relay's
+                self.stopping.wait(MAX_WAIT)
+                continue
             if not self.incoming.step(self.clock(), block_ms=int(MAX_WAIT * 1000)):
                 if self.incoming.failures:
                     self.stopping.wait(self.incoming.pause())

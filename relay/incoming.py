@@ -66,6 +66,7 @@ class Incoming:
         self.ready = False          # the group exists and what others held is claimed
         self.recheck_at = 0.0       # when this consumer's pending entries are read again
         self.failures = 0           # steps failed in a row (the server, or a delivery)
+        self.paused = "no heartbeat yet"     # why this node's stream is not read now (federation.Link)
         self.unsettled = {}         # id -> when its delivery first failed in this run (tried again thoroughly)
 
     def close(self):
@@ -81,6 +82,8 @@ class Incoming:
         """Read and handle what waits: this consumer's pending entries when due, then new ones
         (waiting up to `block_ms` for one). Returns the number of entries handled."""
         handled = 0
+        if self.paused:
+            return 0
         try:
             if not self.ready:
                 self._start()

@@ -309,6 +309,8 @@ def test_a_publish_repeated_and_an_entry_read_but_never_acknowledged_deliver_onc
     (n2.state / "inbox/Bob/new" / f"{doc['id']}.json").write_bytes(orjson.dumps({**doc, "node": "n1"}))
     n2.close()
     n2 = nodes(redis_server.url, team, "n2", ["Bob"])  # the node starts again
+    assert n2.receive() == 0                            # nothing read before its first heartbeat
+    assert n2.link.heartbeat()
     assert n2.receive() == 3
     assert sorted(e["body"] for e in n2.held("Bob")) == ["once", "twice read"]
     assert r.xlen(stream) == 0 and r.xpending(stream, "relay")["pending"] == 0
@@ -495,3 +497,22 @@ def test_a_message_published_from_the_offer_before_its_batch_was_recorded_arrive
     assert n2.receive() == 2
     assert [e["body"] for e in n2.held("Bob")] == ["once only"]
     assert r.xlen(f"relay:{{{team}}}:in:n2") == 0
+
+
+@needs_server
+def test_a_node_name_used_by_two_relays_is_an_error_and_the_second_reads_nothing(redis_server, team, nodes, cli):
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    twin = Node(n1.root.parent / "copy", redis_server.url, team, "n1", ["Al"], n1.clock)    # a copied project
+    try:
+        assert twin.link.heartbeat() is False
+        n2.drop("Bob", "m", "TO: Ann\n\nfor the first n1")
+        n2.send()
+        assert twin.receive() == 0 and n1.receive() == 1
+        assert [e["body"] for e in n1.held("Ann")] == ["for the first n1"]
+        status = orjson.loads(cli("--root", str(twin.root), "status", "--json").output)["federation"]["link"]
+        assert status["connected"] is False and "node name n1 is in use by another relay" in status["error"]
+        assert str(n1.root) in status["error"]
+    finally:
+        twin.close()
