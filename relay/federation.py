@@ -139,6 +139,7 @@ class Link:
         self.identity = f"{socket.gethostname()}:{config.root}"     # which relay holds the node name
         self.connected = None
         self.conflicts = []
+        self.duplicate = None                   # why this relay may not act as its node (another holds the name)
         self.directory = {}
         self.next_heartbeat = 0.0
         self.stopping = threading.Event()
@@ -160,7 +161,7 @@ class Link:
     # -- the state of the link --------------------------------------------------------------
 
     def _up(self, now):
-        if self.connected is not True:
+        if self.connected is not True and not self.duplicate:
             log.info("federation: connected to %s as node %s of team %s", self.fed.shown_url, self.node, self.fed.team)
             self.ledger.link_state(now, self.node, True)
             if self.connected is False:
@@ -195,13 +196,13 @@ class Link:
             why = (f"node name {self.node} is in use by another relay ({holder}); this one neither claims its "
                    f"agents nor reads the node's stream until that one has been gone for {timeout:.0f}s: set another "
                    "`node` in [federation]")
-            if self.incoming.paused != why:
+            if self.duplicate != why:
                 log.error("federation: %s", why)
-            self.incoming.paused = why
-            self.ledger.link_state(now, self.node, False, why)
+                self.ledger.link_state(now, self.node, False, why)
+            self.incoming.paused = self.duplicate = why
             self.connected = False
             return False
-        self.incoming.paused = None
+        self.incoming.paused = self.duplicate = None
         seen = {n: float(t) for n, t in _pairs(nodes)}
         directory = dict(_pairs(directory))
         conflicts = _pairs(conflicts)
@@ -238,12 +239,12 @@ class Link:
             offered.append((mid, node, orjson.dumps(names), envelope))
         if not offered:
             return 0
+        at = self.clock() if now is None else now
         try:
             ids = self._xadd(offered)
         except self.redis.RedisError as e:
-            self._down(self.clock() if now is None else now, e)
+            self._down(at, e)
             return 0
-        at = time.monotonic()
         self.early.update({(mid, node): (eid, at) for (mid, node, _, _), eid in zip(offered, ids, strict=True)})
         if len(self.early) > 100 * BATCH:      # offers whose rows never came (a batch that failed): forgotten
             self.early = {k: v for k, v in self.early.items() if at - v[1] < 600}

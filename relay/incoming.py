@@ -99,6 +99,9 @@ class Incoming:
             self.failures += 1
             self.recheck_at = 0.0       # what was read but not acknowledged is read again
             return handled
+        except BaseException:
+            self.recheck_at = 0.0       # an unforeseen error (the caller logs it): read again from the pending ones
+            raise
         if self.failures and self.recheck_at == float("inf"):
             log.info("federation: reading this node's stream again")
         if self.recheck_at == float("inf"):
@@ -147,7 +150,9 @@ class Incoming:
                 continue
             try:
                 w, item = read_entry(eid, fields, local, self.config)
-            except MessageRefused as e:
+            except Exception as e:  # noqa: BLE001 - whatever an entry holds, it is refused, never fatal
+                if not isinstance(e, MessageRefused):
+                    e = MessageRefused(f"unreadable entry ({type(e).__name__}: {str(e)[:200]})")
                 node = shown(_text(fields.get(b"node")) or "?")[:64]
                 refused.append((self.ids.new(now), "?", f"entry {eid}", node, eid, str(e)))
                 log.error("federation: entry %s from node %s refused: %s", eid, node, e)

@@ -338,7 +338,7 @@ def test_malformed_entries_are_recorded_acknowledged_and_never_write_outside(red
            entry(to=orjson.dumps(["../../outside"])), entry(to=orjson.dumps(["Zed"])), entry(to=orjson.dumps(["System"])),
            entry(env={**good, "body": "x" * 2000}), entry(env={**good, "id": "01M8NY4DA9BNVZQW02BT7NGYD3"}),
            entry(env={**good, "from": "../Ann"}), entry(env={**good, "sha256": "zz"}),
-           entry(env={**good, "subject": {"x": 1}}), entry(env={**good, "cwd": "../.."}), {"junk": b"\xff\xfe"},
+           entry(env={**good, "subject": {"x": 1}}), entry(env={**good, "cwd": "../.."}), {"junk": b"\xff\xfe"}, entry(env={**good, "cwd": "a\x00b"}),
            entry(env=b"x" * (9 << 20))]
     for fields in bad:
         r.xadd(stream, fields)
