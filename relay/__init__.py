@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 
 from .config import Config, load  # noqa: E402
 from .daemon import Relay  # noqa: E402
-from .errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName, LedgerCorrupt,  # noqa: E402
-                     LedgerError, MessageRefused, NotFound, RelayError, SchemaError, StateLost,
+from .errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName,  # noqa: E402
+                     LedgerCorrupt, LedgerError, MessageRefused, NotFound, RelayError, SchemaError, StateLost,
                      TransientError)
 from .ledger import Status  # noqa: E402
 from .work import Counts  # noqa: E402

@@ -151,8 +151,8 @@ def agents(ctx, as_json):
         out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
         return
     node = "NODE" if ctx.cfg.federation else ""
-    click.echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6}  {'LAST SEEN':<15} "
-               "LAST ERROR")
+    click.echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6}  "
+               f"{'LAST SEEN':<15} LAST ERROR")
     dash = lambda v: "-" if v is None else v     # noqa: E731 - what a remote node does not tell
     for r in rows:
         click.echo(f"{r['agent']:<16} {views.clip(r.get('node') or '', 14):<14} {dash(r['outbox_waiting']):>6} "

@@ -100,8 +100,9 @@ def connect(federation, timeout=SOCKET_TIMEOUT):
     """A client of the team's server. Commands fail fast (no hidden retries): the callers back
     off themselves."""
     redis = redis_module()
-    return redis.Redis.from_url(federation.url, socket_timeout=timeout, socket_connect_timeout=min(timeout, CONNECT_TIMEOUT),
-                                retry=None, retry_on_timeout=False, client_name=f"relay-{federation.node}")
+    return redis.Redis.from_url(federation.url, socket_timeout=timeout,
+                                socket_connect_timeout=min(timeout, CONNECT_TIMEOUT), retry=None,
+                                retry_on_timeout=False, client_name=f"relay-{federation.node}")
 
 
 def reason(error):
@@ -185,8 +186,8 @@ class Link:
         local = sorted(self.layout.agent_names(self.config.agents))
         timeout = self.fed.heartbeat * NODE_TIMEOUT_BEATS
         try:
-            reply = self._claim(keys=[self.fed.prefix + "agents", self.fed.prefix + "nodes", self.fed.prefix + "owners"],
-                                args=[self.node, timeout, self.identity, *local])
+            keys = [self.fed.prefix + k for k in ("agents", "nodes", "owners")]
+            reply = self._claim(keys=keys, args=[self.node, timeout, self.identity, *local])
         except self.redis.RedisError as e:
             self._down(now, e)
             return False
@@ -226,7 +227,8 @@ class Link:
         """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry ids."""
         pipe = self.client.pipeline(transaction=False)
         for mid, node, recipients, envelope in entries:
-            pipe.xadd(self.fed.stream(node), {"v": "1", "id": mid, "node": self.node, "to": recipients, "env": envelope})
+            pipe.xadd(self.fed.stream(node),
+                      {"v": "1", "id": mid, "node": self.node, "to": recipients, "env": envelope})
         return [eid.decode() for eid in pipe.execute()]
 
     def publish_offered(self, now=None):
@@ -267,7 +269,8 @@ class Link:
             else:
                 early.append((r, hit[0]))
         try:
-            ids = self._xadd([(r["message_id"], r["node"], r["recipients"], r["envelope"]) for r in rest]) if rest else []
+            entries = [(r["message_id"], r["node"], r["recipients"], r["envelope"]) for r in rest]
+            ids = self._xadd(entries) if entries else []
         except self.redis.RedisError as e:
             self._down(now, e)
             self.ledger.publish_failed(now, [(r["message_id"], r["node"], r["attempts"],
@@ -291,8 +294,8 @@ class Link:
     def start(self):
         """The publisher and the receiver, each on its own thread, until stop()."""
         self.stopping.clear()
-        self.threads = [threading.Thread(target=self._guarded, args=(self._serve_out,), name="relay-link-out", daemon=True),
-                        threading.Thread(target=self._guarded, args=(self._serve_in,), name="relay-link-in", daemon=True)]
+        self.threads = [threading.Thread(target=self._guarded, args=(serve,), name=name, daemon=True)
+                        for serve, name in ((self._serve_out, "relay-link-out"), (self._serve_in, "relay-link-in"))]
         for t in self.threads:
             t.start()
 

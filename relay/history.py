@@ -106,9 +106,10 @@ class History:
         Archived rows are taken as a prefix of the hash chain, so a checkpoint can stand for them.
         """
         archived = []
-        for row in self.db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path, EXISTS (SELECT 1 FROM "
-                                   "outbound o WHERE o.message_id = m.id AND o.status = 'pending') AS unpublished "
-                                   "FROM chain c JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?", (limit,)):
+        for row in self.db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path, EXISTS (SELECT 1 "
+                                   "FROM outbound o WHERE o.message_id = m.id AND o.status = 'pending') AS unpublished "
+                                   "FROM chain c JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?",
+                                   (limit,)):
             if row["archived_at"] is None or row["archived_at"] >= cutoff or row["unpublished"]:
                 break
             archived.append(row)
@@ -291,7 +292,8 @@ class History:
     def outbound_due(self, now, limit):
         """Outbound rows to publish now, oldest due first."""
         return self.db.execute("SELECT message_id, node, recipients, envelope, attempts FROM outbound WHERE status = "
-                               "'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?", (now, limit)).fetchall()
+                               "'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
+                               (now, limit)).fetchall()
 
     def next_outbound_due(self):
         return self.db.execute("SELECT min(next_attempt_at) FROM outbound WHERE status = 'pending'").fetchone()[0]

@@ -175,7 +175,8 @@ class Incoming:
             w.thorough = since == "0" or w.id in self.unsettled
             works.append((w, item))
         done, gave_up = self._deliver(works, now)
-        refused += [(w.id, item["sender"], item["name"], item["node"], item["entry_id"], why) for w, item, why in gave_up]
+        refused += [(w.id, item["sender"], item["name"], item["node"], item["entry_id"], why)
+                    for w, item, why in gave_up]
         acks += [item["entry_id"] for _, item in done] + [item["entry_id"] for _, item, _ in gave_up]
         if done or refused:
             self.ledger.received(now, [dict(item, got=w.got) for w, item in done], refused)
@@ -213,7 +214,8 @@ class Incoming:
                 continue
             since = self.unsettled.setdefault(w.id, now)
             missed = "; ".join(f"not delivered to {r}: {e}" for r, e in sorted(w.missed.items()))
-            if now - since >= self.config.retry_period or any(isinstance(e, DurabilityError) for e in w.missed.values()):
+            fsync_failed = any(isinstance(e, DurabilityError) for e in w.missed.values())
+            if now - since >= self.config.retry_period or fsync_failed:
                 why = f"gave up after {now - since:.0f}s: {missed}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
                 gave_up.append((w, item, why))
                 self.unsettled.pop(w.id, None)

@@ -489,7 +489,8 @@ class Ledger:
         failed: (message_id, node, attempts so far, next_attempt_at). The first failure is an event."""
         with self.transaction():
             self.db.executemany("UPDATE outbound SET attempts = attempts + 1, error = ?, next_attempt_at = ? "
-                                "WHERE message_id = ? AND node = ?", [(error, at, mid, node) for mid, node, _, at in failed])
+                                "WHERE message_id = ? AND node = ?",
+                                [(error, at, mid, node) for mid, node, _, at in failed])
             self._events([(mid, now, "publish-failed", f"to node {node}: {error}; retrying")
                           for mid, node, attempts, _ in failed if attempts == 0])
 
@@ -515,7 +516,8 @@ class Ledger:
                 "VALUES (:id, :sender, :name, 'archived', :recipients, :kind, :thread, :subject, :body, :headers, "
                 ":sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id)", rows)
             self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
-                                "VALUES (?, ?, ?, ?, ?)", [(m["id"], r, now, *got) for m in items for r, got in m["got"].items()])
+                                "VALUES (?, ?, ?, ?, ?)",
+                                [(m["id"], r, now, *got) for m in items for r, got in m["got"].items()])
             for m, row in zip(items, rows, strict=True):
                 events.append((m["id"], now, "received", f"from node {m['node']} as entry {m['entry_id']}"
                                + (f"; {m['note']}" if m.get("note") else "")))
@@ -525,8 +527,8 @@ class Ledger:
                                          "archive_path": None})
                 links.append((seq, m["id"], prev))
             self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
-            self.db.executemany("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, node, "
-                                "entry_id) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?, ?)",
+            self.db.executemany("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, "
+                                "node, entry_id) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?, ?)",
                                 [(mid, sender, name, now, now, reason, node, eid)
                                  for mid, sender, name, node, eid, reason in refused])
             events.extend((mid, now, "refused", f"entry {eid} from node {node}: {reason}")
