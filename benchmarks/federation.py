@@ -3,6 +3,8 @@ and one redis-server (AOF, appendfsync always), all on this machine over loopbac
 
     python benchmarks/federation.py latency --rate 100 --seconds 10     # rename on n1 -> envelope in new/ on n2
     python benchmarks/federation.py throughput --messages 5000          # sustained, durability full
+    python benchmarks/federation.py throughput --backlog               # a backlog written before the daemons start
+    (--local: the same with every recipient on n1, for comparison)
 
 latency: messages offered at a steady rate from 8 agents of n1 to 8 agents of n2; the time from
 each rename into an outbox on n1 to its envelope appearing in new/ on n2 (seen by inotify).
@@ -15,6 +17,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,14 +32,22 @@ RECEIVERS = [f"R{i}" for i in range(8)]
 
 
 class Pair:
-    """Redis and the two nodes, started; stop() ends them all."""
+    """Redis and the two nodes, started; stop() ends them all. `before(s1)` runs before n1's
+    daemon starts (once n2's has and the directory is known)."""
 
-    def __init__(self, base, durability):
+    def __init__(self, base, durability, before=None):
         self.base = Path(tempfile.mkdtemp(prefix="relay-fed-", dir=base))
         self.server = fedkit.RedisServer(self.base / "redis").start()
         self.s1 = fedkit.write_config(self.base / "n1", self.server.url, "bench", "n1", SENDERS)
         self.s2 = fedkit.write_config(self.base / "n2", self.server.url, "bench", "n2", RECEIVERS)
         env = {"RELAY_LOG_LEVEL": "WARNING", "RELAY_DURABILITY": durability}
+        self.procs = []
+        if before is not None:      # the directory first (run --once), then the backlog, then the daemons
+            for n in ("n2", "n1"):
+                subprocess.run([sys.executable, "-m", "relay", "--root", str(self.base / n), "run", "--once", "-q"],
+                               check=True, capture_output=True, env=dict(os.environ, RELAY_LOG_LEVEL="ERROR"))
+            before(self.s1)
+        self.started = time.time()
         self.procs = [fedkit.start_daemon(self.base / n, self.base, env) for n in ("n1", "n2")]
         deadline = time.monotonic() + 30
         while not self.ready():
@@ -135,17 +146,25 @@ def latency(base, rate, seconds, durability="full"):
             "loadavg_before": LOAD}
 
 
-def throughput(base, messages, durability="full", local=False):
-    """`local`: the same run with every recipient on n1 (the single-machine figure, side by side)."""
-    pair = Pair(base, durability)
-    to, where = (SENDERS, pair.s1) if local else (RECEIVERS, pair.s2)
+def produce(state, messages, to):
+    for i in range(messages):
+        box = state / "outbox" / SENDERS[i % 8]
+        tmp = box / f".m{i}.tmp"
+        tmp.write_text(f"TO: {to[(i * 3 + 1) % 8]}\n\ntoken {i}")
+        os.rename(tmp, box / f"m{i}")
+
+
+def throughput(base, messages, durability="full", local=False, backlog=False):
+    """`local`: the same run with every recipient on n1 (the single-machine figure, side by side).
+    `backlog`: the messages are written before n1's daemon starts (what the pipeline can carry
+    with no producer beside it), the clock starts with the daemons."""
+    to = SENDERS if local else RECEIVERS
+    pair = Pair(base, durability, before=(lambda s1: produce(s1, messages, to)) if backlog else None)
+    where = pair.s1 if local else pair.s2
     try:
-        t0 = time.time()
-        for i in range(messages):
-            box = pair.s1 / "outbox" / SENDERS[i % 8]
-            tmp = box / f".m{i}.tmp"
-            tmp.write_text(f"TO: {to[(i * 3 + 1) % 8]}\n\ntoken {i}")
-            os.rename(tmp, box / f"m{i}")
+        t0 = pair.started if backlog else time.time()
+        if not backlog:
+            produce(pair.s1, messages, to)
         written = time.time() - t0
         deadline = time.time() + 300
         n = 0
@@ -158,8 +177,10 @@ def throughput(base, messages, durability="full", local=False):
         cpu = pair.cpu()
     finally:
         pair.stop()
-    return {"what": "local throughput (same set-up)" if local else "cross-node throughput", "messages": messages, "arrived": n, "seconds": round(took, 2),
-            "msg_per_s": round(n / took, 1), "producer_seconds": round(written, 2), "durability": durability,
+    what = ("local" if local else "cross-node") + (" throughput of a backlog" if backlog else " throughput")
+    return {"what": what, "messages": messages, "arrived": n, "seconds": round(took, 2),
+            "msg_per_s": round(n / took, 1), "producer_seconds": None if backlog else round(written, 2),
+            "durability": durability,
             "cpu_s_n1_n2_redis": cpu, "loadavg_before": LOAD}
 
 
@@ -175,6 +196,7 @@ def main():
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--durability", choices=["full", "normal"], default="full")
     ap.add_argument("--local", action="store_true", help="throughput with every recipient on n1, for comparison")
+    ap.add_argument("--backlog", action="store_true", help="throughput of messages written before the daemons start")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     args = ap.parse_args()
     if fedkit.REDIS_SERVER is None:
@@ -184,7 +206,7 @@ def main():
     if args.what == "latency":
         print(json.dumps(latency(args.dir, args.rate, args.seconds, args.durability)))
     else:
-        print(json.dumps(throughput(args.dir, args.messages, args.durability, args.local)))
+        print(json.dumps(throughput(args.dir, args.messages, args.durability, args.local, args.backlog)))
 
 
 if __name__ == "__main__":

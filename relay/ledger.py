@@ -466,15 +466,20 @@ class Ledger:
     def _queue_remote(self, now, works, events):
         """Recipients on other nodes: one outbound row per (message, node), in the batch's own
         transaction; the link publishes it later. A message tried again is queued once."""
+        first, again = [], []       # a first attempt has no row yet: inserted in bulk
         for w in works:
             by_node = {}
             for r, node in w.remote.items():
                 by_node.setdefault(node, []).append(r)
             for node, names in sorted(by_node.items()):
-                if self.db.execute("INSERT INTO outbound (message_id, node, recipients, envelope, status, queued_at) "
-                                   "VALUES (?, ?, ?, ?, 'pending', ?) ON CONFLICT DO NOTHING RETURNING node",
-                                   (w.id, node, orjson.dumps(sorted(names)).decode(), w.envelope, now)).fetchone():
-                    events.append((w.id, now, "queued", f"for node {node}: {', '.join(sorted(names))}"))
+                row = (w.id, node, orjson.dumps(sorted(names)).decode(), w.envelope, now)
+                (again if w.thorough else first).append(row)
+        sql = ("INSERT INTO outbound (message_id, node, recipients, envelope, status, queued_at) "
+               "VALUES (?, ?, ?, ?, 'pending', ?) ON CONFLICT DO NOTHING")
+        self.db.executemany(sql, first)
+        queued = first + [row for row in again if self.db.execute(sql + " RETURNING node", row).fetchone()]
+        events.extend((mid, now, "queued", f"for node {node}: {', '.join(orjson.loads(names))}")
+                      for mid, node, names, _, _ in queued)
 
     def published(self, now, done):
         """Outbound rows now in their node's stream. done: (message_id, node, entry_id)."""
