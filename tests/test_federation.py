@@ -1,6 +1,7 @@
 """Federation over Redis Streams, against a real redis-server on a free local port (tests skip,
 saying why, when the binary is missing): nodes are project roots on this machine, driven by
 their steps (the relay's drain, the link's heartbeat, publish and receive)."""
+import signal
 import subprocess
 import sys
 import time
@@ -268,7 +269,7 @@ def test_the_server_restarted_mid_stream_loses_nothing_and_duplicates_nothing(tm
     for i in range(5):
         n1.drop("Ann", f"a{i}", f"TO: Bob\n\nbefore {i}")
     n1.send()                                           # published, not read yet
-    server.stop()                                       # SIGTERM: the AOF (appendfsync always) has them
+    server.stop(signal.SIGKILL)                         # killed: the AOF (appendfsync always) has them
     for i in range(5):
         n1.drop("Ann", f"b{i}", f"TO: Bob\n\nduring {i}")
     n1.send()
