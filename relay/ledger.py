@@ -124,7 +124,7 @@ class Ledger:
             if version in applied and applied[version][1] != checksum(sql):
                 raise SchemaError(f"the ledger's migration {version} ({name}) does not match this relay's "
                                   f"(checksum {applied[version][1][:12]} != {checksum(sql)[:12]})")
-        todo = [m for m in MIGRATIONS if m[0] not in applied]
+        todo = sorted(m for m in MIGRATIONS if m[0] not in applied)
         if not todo:
             return
         if self.readonly:

@@ -113,4 +113,4 @@ CREATE TABLE link (
 );
 """),
 ]
-SCHEMA_VERSION = MIGRATIONS[-1][0]
+SCHEMA_VERSION = max(version for version, _, _ in MIGRATIONS)     # migrations are keyed by their version
