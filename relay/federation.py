@@ -22,16 +22,19 @@ never taken. The directory is written to the ledger, where the loop's Router rea
 `redis` is imported only here and only when a `[federation]` section exists.
 """
 import logging
+import math
 import socket
 import threading
 import time
 
 import orjson
 
+from .config import SYSTEM
 from .errors import FederationError
+from .fedconfig import NAME
 from .history import History
 from .incoming import Incoming
-from .layout import Layout
+from .layout import Layout, valid_agent
 from .ledger import Ledger
 from .work import backoff
 
@@ -112,8 +115,16 @@ def reason(error):
 
 
 def _pairs(flat):
-    flat = [x.decode() if isinstance(x, bytes) else x for x in flat]
-    return list(zip(flat[::2], flat[1::2], strict=True))
+    flat = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in flat]
+    return list(zip(flat[::2], flat[1::2]))
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 class Link:
@@ -204,8 +215,10 @@ class Link:
             self.connected = False
             return False
         self.incoming.paused = self.duplicate = None
-        seen = {n: float(t) for n, t in _pairs(nodes)}
-        directory = dict(_pairs(directory))
+        # What the server holds is read like any input: names that are not agent (or node) names,
+        # and times that are not numbers, are left out.
+        seen = {n: _seconds(t) for n, t in _pairs(nodes) if NAME.match(n)}
+        directory = {a: n for a, n in _pairs(directory) if valid_agent(a) and a != SYSTEM and NAME.match(n)}
         conflicts = _pairs(conflicts)
         if conflicts != self.conflicts:
             for name, other in conflicts:

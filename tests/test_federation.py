@@ -178,6 +178,14 @@ def test_a_name_on_two_nodes_is_an_error_on_the_second(redis_server, team, nodes
     status = cli("--root", str(n2.root), "status").output
     assert "CONFLICT   agent Bob is on node n1 too" in status
     assert orjson.loads(cli("--root", str(n2.root), "status", "--json").output)["federation"]["conflicts"] == [["Bob", "n1"]]
+    # What the directory holds is input: odd names and times planted in it are left out.
+    r = client(redis_server.url)
+    r.hset(f"relay:{{{team}}}:agents", mapping={"../evil": "n1", "System": "n1", "Eve": "bad node", "Zed": "n9"})
+    r.hset(f"relay:{{{team}}}:nodes", mapping={"n9": "not a time", "bad node": "1"})
+    assert n2.link.heartbeat()
+    remote = n2.relay.history.remote_agents()
+    assert set(remote) == {"Ann", "Bob", "Zed"} and remote["Zed"] == ("n9", None) and remote["Ann"][1] > 0
+    r.hdel(f"relay:{{{team}}}:agents", "Zed")
     # The team routes Bob to the first node; on the second, Bob stays a local agent.
     n1.link.heartbeat()
     n3 = nodes(redis_server.url, team, "n3", ["Dee"])
