@@ -10,8 +10,8 @@ __version__ = "0.1.0"
 from .api import Agent, Project, Received, agents  # noqa: E402
 from .config import Config, load  # noqa: E402
 from .daemon import Relay  # noqa: E402
-from .errors import (ConfigError, DaemonRunning, DurabilityError, InvalidName, LedgerCorrupt,  # noqa: E402
-                     LedgerError, MessageRefused, NotFound, NotInProject, RelayError, SchemaError,
+from .errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName,  # noqa: E402
+                     LedgerCorrupt, LedgerError, MessageRefused, NotFound, NotInProject, RelayError, SchemaError,
                      StateLost, TransientError, UnknownAgent)
 from .ledger import Status  # noqa: E402
 from .work import Counts  # noqa: E402
@@ -19,4 +19,4 @@ from .work import Counts  # noqa: E402
 __all__ = ["__version__", "Agent", "Project", "Received", "agents", "Config", "load", "Relay", "Counts", "Status",
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",
            "StateLost", "MessageRefused", "TransientError", "DurabilityError", "InvalidName", "NotFound",
-           "NotInProject", "UnknownAgent"]
+           "NotInProject", "UnknownAgent", "FederationError"]

@@ -136,8 +136,15 @@ class Project:
         self.layout = Layout(self.config.root, self.config.state_dir)
 
     def agents(self):
-        """The known agents, sorted (SPEC section 2)."""
-        return sorted(self.layout.agent_names(self.config.agents))
+        """The known agents, sorted (SPEC section 2), with a federation's agents of other nodes."""
+        names = self.layout.agent_names(self.config.agents)
+        if self.config.federation is not None:
+            history = self.history()
+            if history is not None:
+                with history:
+                    names |= {n for n, (node, _) in history.remote_agents().items()
+                              if node != self.config.federation.node}
+        return sorted(names)
 
     def history(self):
         """The ledger read-only (close it, or use `with`); None when there is no ledger yet."""
@@ -206,6 +213,10 @@ class Agent:
             raise RelayError("no recipient: give a name, a list of names, '*' or System")
         known = set(self.project.agents())
         unknown = [n for n in names if n not in ("*", SYSTEM) and n not in known]
+        if unknown and self.project.config.federation is not None:     # a node this one has not heard of yet
+            from .federation import directory
+            known |= set(directory(self.project.config))
+            unknown = [n for n in unknown if n not in known]
         if unknown and create:
             _create(self.layout, unknown)
             known |= set(unknown)

@@ -207,6 +207,11 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     layout.state.mkdir(parents=True, exist_ok=True)
     with DaemonLock(layout.lock) as lock:
         if once:
+            link = None
+            if cfg.federation:
+                from .federation import Link
+                link = Link(cfg)
+                link.heartbeat()        # the team's directory, before messages are routed
             with Relay(cfg) as relay:
                 relay.attest("once")
                 t0 = time.monotonic()
@@ -215,6 +220,12 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 left = relay.left
             click.echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry, "
                        f"in {took:.2f}s")
+            if link is not None:
+                with link:
+                    published, received = link.once()
+                    waiting = link.history.outbound_counts()["pending"]
+                click.echo(f"federation: published {published}, received {received}"
+                           + (f", {waiting} waiting for the server" if waiting else ""))
             if left:
                 shown_left = "; ".join(f"{shown(what)} ({why})" for what, why in left[:20])
                 more = f" and {len(left) - 20} more" if len(left) > 20 else ""
@@ -249,6 +260,10 @@ def status(ctx, max_pending_age, as_json):
     oldest = None
     att = {"attested": False, "running": False}
     unknown, bad = 0, []
+    federation = None
+    if cfg.federation:
+        from .federation import redis_module
+        redis_module()          # without the package: one line naming the extra
     if with_ledger:
         with ctx.reader() as led:
             counts = led.counts()
@@ -256,6 +271,9 @@ def status(ctx, max_pending_age, as_json):
             oldest = round(time.time() - first, 3) if first is not None else None
             att = health.attestation(led, pid)
             unknown, bad = led.unknown_statuses()
+            if cfg.federation:
+                from .federation import probe
+                federation = probe(cfg, led)
     code, problems = health.check(pid, oldest, max_age)
     settings = {k: att.get(k) for k in ("journal_mode", "synchronous", "busy_timeout_ms", "foreign_keys")}
     doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
@@ -264,6 +282,8 @@ def status(ctx, max_pending_age, as_json):
            "durability": {**settings, **att, "setting": cfg.durability},
            "unreadable": {"count": unknown, "rows": [str(b) for b in bad]},
            "health": {"ok": code == 0, "exit": code, "problems": problems}}
+    if federation is not None:
+        doc["federation"] = federation
     for b in bad:
         click.echo(f"relay: {b}", err=True)
     if as_json:
@@ -277,6 +297,8 @@ def status(ctx, max_pending_age, as_json):
         click.echo(f"oldest pending  {oldest:.1f}s")
     click.echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
     click.echo("durability " + (health.describe(att, pid) if with_ledger else "not attested"))
+    if federation is not None:
+        click.echo(views.federation(federation, running=pid is not None, now=time.time()))
     if not with_ledger:
         click.echo("no ledger yet: run `relay init` or `relay run`")
     click.echo("health     " + ("ok" if not problems else "; ".join(problems)))

@@ -82,7 +82,7 @@ def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limi
             if not rows:
                 click.echo("no messages match")
             else:
-                click.echo(views.table(rows))
+                click.echo(views.table(rows, remote=led.remote_routes([r["id"] for r in rows])))
         skipped(bad)
 
 
@@ -133,14 +133,18 @@ def show(ctx, message_id, as_json):
             held = box.holder(d["recipient"], row["id"])
             paths[d["recipient"]] = str(held) if held else None
         body = views.value(row["body"])
+        remote = led.outbound(row["id"])
         if as_json:
             out_json({**views.record(row), "body": body, "headers": views.headers(row),
+                      "remote": [{"node": o["node"], "recipients": orjson.loads(o["recipients"]), "status": o["status"],
+                                  "entry_id": o["entry_id"], "published_at": views.when(o["published_at"]),
+                                  "attempts": o["attempts"], "error": o["error"]} for o in remote],
                       "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),
                                       "inbox_path": paths.get(d["recipient"])} for d in deliveries],
                       "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
                                   "actor": e["actor"]} for e in events]})
         else:
-            click.echo(views.show(row, deliveries, events, paths, body))
+            click.echo(views.show(row, deliveries, events, paths, body, remote))
     finally:
         led.close()
 
@@ -208,16 +212,22 @@ def agents(ctx, as_json):
     from . import operator
     bad = []
     with ctx.reader() as led:
-        rows = operator.agents_report(led, ctx.layout, ctx.layout.agent_names(ctx.cfg.agents), bad)
+        local = ctx.layout.agent_names(ctx.cfg.agents)
+        rows = operator.agents_report(led, ctx.layout, local, bad)
+        if ctx.cfg.federation:      # agents of other nodes: their node and when it was last seen
+            rows = [{**r, "node": ctx.cfg.federation.node} for r in rows] + operator.remote_agents_report(led, local)
     skipped(bad)
     if as_json:
         out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
         return
-    click.echo(f"{'AGENT':<16} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6}  {'LAST SEEN':<15} LAST ERROR")
+    node = "NODE" if ctx.cfg.federation else ""
+    click.echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6}  "
+               f"{'LAST SEEN':<15} LAST ERROR")
+    dash = lambda v: "-" if v is None else v     # noqa: E731 - what a remote node does not tell
     for r in rows:
-        click.echo(f"{r['agent']:<16} {r['outbox_waiting']:>6} {r['inbox_new']:>5} {r['inbox_cur']:>5} "
-                   f"{r['sent']:>6} {r['received']:>6}  {views.short_time(r['last_seen']):<15} "
-                   f"{views.clip(r['last_error'] or '', 60)}")
+        click.echo(f"{r['agent']:<16} {views.clip(r.get('node') or '', 14):<14} {dash(r['outbox_waiting']):>6} "
+                   f"{dash(r['inbox_new']):>5} {dash(r['inbox_cur']):>5} {r['sent']:>6} {dash(r['received']):>6}  "
+                   f"{views.short_time(r['last_seen']):<15} {views.clip(r['last_error'] or '', 60)}")
 
 
 @main.command()

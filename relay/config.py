@@ -152,6 +152,12 @@ def _bool(value):
     raise ValueError(f"{value!r} is not true or false")
 
 
+def _table(value):
+    if not isinstance(value, dict):
+        raise ValueError(f"{value!r} is not a table ([federation] with url, team and node)")
+    return dict(value)
+
+
 def _state_dir(value):
     if not isinstance(value, str) or not value:
         raise ValueError(f"{value!r} is not a directory path")
@@ -177,6 +183,7 @@ _PARSERS = {
     "on_deliver": _command,
     "on_deliver_timeout": _positive_duration,
     "on_deliver_system": _bool,
+    "federation": _table,       # checked whole in load(), with the root: fedconfig.parse
 }
 
 # Set by relay for an on_deliver hook (hooks.py), not configuration: a hook that runs relay
@@ -206,6 +213,7 @@ class Config:
     on_deliver: object = None           # a command run per delivered envelope (hooks.py): str or tuple
     on_deliver_timeout: float = 10.0
     on_deliver_system: bool = False     # also for envelopes delivered to System's inbox
+    federation: object = None           # fedconfig.Federation, or None: this machine only
     source: str = dataclasses.field(default="defaults", compare=False)
     # (key, where its value came from) for root, state_dir and every key not at its default
     origins: tuple = dataclasses.field(default=(), compare=False)
@@ -322,12 +330,14 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
                                   "relative path inside the project root (use --state-dir or "
                                   "RELAY_STATE_DIR for any other place)")
             state = root / where
-    env_values = {}
+    env_values, fed_env = {}, {}
     for name, value in env.items():
         if not name.startswith("RELAY_") or name in NOT_KEYS or name in HOOK_VARIABLES:
             continue
         key = name[len("RELAY_"):].lower()
-        if key in _PARSERS and key != "state_dir":
+        if key.startswith("federation_"):
+            fed_env[key[len("federation_"):]] = value
+        elif key in _PARSERS and key not in ("state_dir", "federation"):
             env_values[key] = value
         else:
             notes.append(f"{name} is set in the environment but names no relay configuration key; it is ignored "
@@ -344,8 +354,18 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
         origins.update({k: "flag" for k in found})
         sources.append("flags")
     values.pop("state_dir", None)
+    fed = values.pop("federation", None)
+    if fed_env:
+        sources.append("environment")
+        fed = {**(fed or {}), **fed_env}
+    if fed is not None:
+        from . import fedconfig
+        try:
+            values["federation"] = fedconfig.parse(fed, root, parse_duration)
+        except ValueError as e:
+            raise ConfigError(f"bad value for 'federation' in {' + '.join(dict.fromkeys(sources))}: {e}") from None
     state = (state or root / ".relay").absolute()
-    return Config(root=root, state_dir=state, source=" + ".join(sources) or "defaults",
+    return Config(root=root, state_dir=state, source=" + ".join(dict.fromkeys(sources)) or "defaults",
                   origins=tuple(sorted(origins.items())), warnings=tuple(notes + (warnings or [])), **values)
 
 
@@ -364,6 +384,10 @@ def describe(cfg):
             text = show_size(value)
         elif key == "agents":
             value, text = list(value), ", ".join(value) or "(none)"
+        elif key == "federation":
+            value = None if value is None else {"url": value.shown_url, "team": value.team, "node": value.node}
+            text = "(none: this machine only)" if value is None else \
+                f"url {value['url']}, team {value['team']}, node {value['node']}"
         else:
             text = str(value).lower() if key == "log_level" else str(value)
         out.append((key, value, text, cfg.origin(key)))

@@ -33,6 +33,7 @@ from .ledger import Ledger
 from .message import accept
 from .outbox import Outbox, ignore_lease_breaks
 from .recovery import Recovery
+from .routes import Router
 from .sync import Syncer
 from .work import Counts, Outcome, Work, backoff, fields
 
@@ -50,7 +51,7 @@ MAX_IDLE = 3600.0        # the longest the daemon's loop waits when nothing is d
 CHECK_EVERY = 1.0        # while the loop waits, seconds between two calls of the process's check
 STEP_PAUSE = 1.0         # the wait after a failed step, doubled for each failure in a row
 MAX_STEP_PAUSE = 60.0    # and at most this
-RESTART_KEYS = ("root", "state_dir")    # what a reload cannot change under a running relay
+RESTART_KEYS = ("root", "state_dir", "federation")    # what a reload cannot change under a running relay
 
 
 class Relay:
@@ -80,6 +81,9 @@ class Relay:
         self.recovery = Recovery(self.layout, self.ledger, self.history, self.archive, self.inbox, self.syncer)
         self.ids = IdGenerator()
         self.hooks = Hooks(config)              # on_deliver, run off this thread (hooks.py)
+        # The federation's view from the loop: which recipients are on other nodes (routes.py).
+        self.router = Router(config.federation, self.history) if config.federation else None
+        self._local = set()
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
         self.wake = threading.Event()
         self.left = []                          # what drain() gave up waiting for
@@ -224,7 +228,9 @@ class Relay:
 
     def known_agents(self, refresh=False):
         if self._known is None or refresh:
-            self._known = self.layout.agent_names(self.config.agents)
+            self._known = self._local = self.layout.agent_names(self.config.agents)
+            if self.router is not None:
+                self._known = self._local | set(self.router.remote(self._local, refresh=True))
         return self._known
 
     def _process(self, rows, now, counts):
@@ -241,6 +247,9 @@ class Relay:
             self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
         identify(self.ledger, self.layout, works, now)
+        if self.router is not None:     # first tries only: a retry is published from its recorded row
+            self.router.offer([w for w in works if w.remote and not w.thorough and not w.duplicate_of
+                               and not (w.refused or w.error or w.defer)])
         linked = self.inbox.deliver([w for w in works if not (w.refused or w.error or w.defer or w.duplicate_of)])
         delivered = self.phase()
         for w in works:
@@ -262,6 +271,8 @@ class Relay:
                               **fields("failed", w))
         self.ledger.record(now, works, delivered, self.phase())
         self.hooks.delivered(works)     # durable now: each new recipient's hook is queued
+        if self.router is not None and any(w.remote for w in works):
+            self.router.queued.set()        # the link publishes what this batch queued
         for w in works:
             self._report(w, now, counts)
 
@@ -292,6 +303,8 @@ class Relay:
         finally:
             w.data = b""            # the bytes are hashed and parsed; the batch need not hold them
         w.message, w.recipients = accepted.message, accepted.recipients
+        if self.router is not None:
+            w.remote = self.router.route(w.recipients, self._local)
         for name in accepted.created:
             self.layout.make_inbox(name)
             self._known = None

@@ -92,6 +92,10 @@ class InvalidName(RelayError):
     """An agent name given on the command line is not a valid agent name, or not allowed there."""
 
 
+class FederationError(RelayError):
+    """The federation cannot work as configured (the redis package missing, the server refusing)."""
+
+
 class NotFound(RelayError):
     """A message id or agent the user named does not exist."""
 

@@ -12,6 +12,8 @@ rows.py, offered here for every reader (`unreadable`, `BadRow`, `sift`), name it
 and column and pass on the others; `bad_rows()` walks the whole ledger that way (doctor, verify,
 report), and the loop's questions leave out a time that is no number.
 """
+import orjson
+
 from .errors import NotFound, RelayError
 from .ledger import GENESIS, STATUSES, Status, chain_hash, checksum
 from .rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
@@ -138,11 +140,13 @@ class History:
         Archived rows are taken as a prefix of the hash chain, so a checkpoint can stand for them.
         """
         archived = []
-        for row in self.db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path FROM chain c "
-                                   "JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?", (limit,)):
+        for row in self.db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path, EXISTS (SELECT 1 "
+                                   "FROM outbound o WHERE o.message_id = m.id AND o.status = 'pending') AS unpublished "
+                                   "FROM chain c JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?",
+                                   (limit,)):
             # A time that is no number stops the prefix too: a row this build cannot read is
-            # never deleted (doctor names it).
-            if not isinstance(row["archived_at"], (int, float)) or row["archived_at"] >= cutoff:
+            # never deleted (doctor names it); so does a message still waiting to be published.
+            if not isinstance(row["archived_at"], (int, float)) or row["archived_at"] >= cutoff or row["unpublished"]:
                 break
             archived.append(row)
         failed = self.db.execute("SELECT id, failed_path FROM messages WHERE status = 'failed' AND failed_at < ? "
@@ -354,3 +358,50 @@ class History:
 
     def explain(self, sql, args=()):
         return [r[-1] for r in self.db.execute("EXPLAIN QUERY PLAN " + sql, args)]
+
+    # -- federation -------------------------------------------------------------------------
+
+    def outbound_due(self, now, limit):
+        """Outbound rows to publish now, oldest due first."""
+        return self.db.execute("SELECT message_id, node, recipients, envelope, attempts FROM outbound WHERE status = "
+                               "'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
+                               (now, limit)).fetchall()
+
+    def next_outbound_due(self):
+        return self.db.execute("SELECT min(next_attempt_at) FROM outbound WHERE status = 'pending'").fetchone()[0]
+
+    def outbound(self, mid):
+        """One message's outbound rows (relay show)."""
+        return self.db.execute("SELECT * FROM outbound WHERE message_id = ? ORDER BY node", (mid,)).fetchall()
+
+    def remote_routes(self, ids):
+        """{id: {recipient: node}} of the recipients on other nodes (relay audit)."""
+        out = {}
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            for r in self.db.execute("SELECT message_id, node, recipients FROM outbound WHERE message_id "
+                                     f"IN ({','.join('?' * len(chunk))})", chunk):
+                out.setdefault(r[0], {}).update(dict.fromkeys(orjson.loads(r[2]), r[1]))
+        return out
+
+    def outbound_counts(self):
+        """{'pending': n, 'published': n, 'oldest_pending_at': t or None}."""
+        doc = {"pending": 0, "published": 0}
+        doc.update({r[0]: r[1] for r in self.db.execute("SELECT status, count(*) FROM outbound GROUP BY status")})
+        doc["oldest_pending_at"] = self.db.execute(
+            "SELECT min(queued_at) FROM outbound WHERE status = 'pending'").fetchone()[0]
+        return doc
+
+    def received_counts(self):
+        """{'delivered': n, 'refused': n} of the messages received from other nodes."""
+        rows = dict(self.db.execute("SELECT status, count(*) FROM messages WHERE node IS NOT NULL GROUP BY status"
+                                    ).fetchall())
+        return {"delivered": rows.get("archived", 0), "refused": rows.get("failed", 0)}
+
+    def remote_agents(self):
+        """{name: (node, node's last seen)} of the agents the directory puts on other nodes."""
+        return {r[0]: (r[1], r[2]) for r in self.db.execute("SELECT name, node, last_seen FROM remote_agents")}
+
+    def link(self):
+        """The link's last recorded state (relay status), or None."""
+        return self.db.execute("SELECT * FROM link WHERE id = 1").fetchone()

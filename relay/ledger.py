@@ -92,7 +92,6 @@ class Ledger:
             if getattr(self, "db", None) is not None:
                 self.db.close()         # no file descriptor left open on a ledger refused
             raise LedgerError.opening(self.path, e) from None
-        self._head = None
 
     def close(self):
         self.db.close()
@@ -142,7 +141,7 @@ class Ledger:
             if version in applied and applied[version][1] != checksum(sql):
                 raise SchemaError(f"the ledger's migration {version} ({name}) does not match this relay's "
                                   f"(checksum {applied[version][1][:12]} != {checksum(sql)[:12]})")
-        todo = [m for m in MIGRATIONS if m[0] not in applied]
+        todo = sorted(m for m in MIGRATIONS if m[0] not in applied)
         if not todo:
             return
         if self.readonly:
@@ -307,6 +306,8 @@ class Ledger:
                 by_kind.setdefault(w.outcome, []).append(w)
             for outcome, group in by_kind.items():
                 getattr(self, f"_record_{outcome.value}")((delivered, settled), group, events)
+            self._queue_remote(now, [w for w in works if w.remote and not w.duplicate_of
+                                     and not (w.refused and w.outcome.value == "failed" and not w.got)], events)
             self._events(events)
 
     @staticmethod
@@ -322,10 +323,8 @@ class Ledger:
         `at`: (delivered, settled) instants of the batch, as for the other outcomes."""
         delivered, archived = at
         rows = []
-        if self._head is None:
-            self._head = self.head()
-        seq, prev = self._head
-        links = []
+        seq, prev = self.head()     # read in this transaction: another connection (the federation's
+        links = []                  # receiver) may have chained records since
         for w in works:
             f = self._fields(w)
             rows.append((f["recipients"], f["kind"], f["thread"], f["subject"], f["body"], f["headers"], w.size,
@@ -342,7 +341,6 @@ class Ledger:
             "spooled = 0, error = NULL, archive_path = ?, next_attempt_at = 0, failing_since = NULL "
             "WHERE id = ?", rows)
         self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
-        self._head = (seq, prev)
 
     def _record_delivered(self, at, works, events):
         """Delivered to everyone, but the archive move failed: retried when History.delivered_due()
@@ -432,13 +430,10 @@ class Ledger:
 
     def _chain(self, mid):
         """Append one archived record to the chain (the bulk path does this in _record_archived)."""
-        if self._head is None:
-            self._head = self.head()
-        seq, prev = self._head
+        seq, prev = self.head()
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
         h = chain_hash(prev, row)
         self.db.execute("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", (seq + 1, mid, h))
-        self._head = (seq + 1, h)
 
     # -- recovery ---------------------------------------------------------------------------
 
@@ -537,3 +532,105 @@ class Ledger:
                 "VALUES (?, ?, ?, 'archived', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
                 [(*r[:9], r[9], r[9], r[9], r[9], r[9], r[10]) for r in rows])
             self._events([(r[0], r[9], "archived", None) for r in rows])
+
+    # -- federation: outbound (federation.py) and inbound (incoming.py) ----------------------
+
+    def _queue_remote(self, now, works, events):
+        """Recipients on other nodes: one outbound row per (message, node), in the batch's own
+        transaction; the link publishes it later. A message tried again is queued once."""
+        first, again = [], []       # a first attempt has no row yet: inserted in bulk
+        for w in works:
+            by_node = {}
+            for r, node in w.remote.items():
+                by_node.setdefault(node, []).append(r)
+            for node, names in sorted(by_node.items()):
+                row = (w.id, node, orjson.dumps(sorted(names)).decode(), w.envelope, now)
+                (again if w.thorough else first).append(row)
+        sql = ("INSERT INTO outbound (message_id, node, recipients, envelope, status, queued_at) "
+               "VALUES (?, ?, ?, ?, 'pending', ?) ON CONFLICT DO NOTHING")
+        self.db.executemany(sql, first)
+        queued = first + [row for row in again if self.db.execute(sql + " RETURNING node", row).fetchone()]
+        events.extend((mid, now, "queued", f"for node {node}: {', '.join(orjson.loads(names))}")
+                      for mid, node, names, _, _ in queued)
+
+    def published(self, now, done):
+        """Outbound rows now in their node's stream. done: (message_id, node, entry_id)."""
+        with self.transaction():
+            self.db.executemany("UPDATE outbound SET status = 'published', entry_id = ?, published_at = ?, "
+                                "attempts = attempts + 1, error = NULL WHERE message_id = ? AND node = ?",
+                                [(eid, now, mid, node) for mid, node, eid in done])
+            self._events([(mid, now, "published", f"to node {node} as entry {eid}") for mid, node, eid in done])
+
+    def publish_failed(self, now, failed, error):
+        """Outbound rows not published (the server unreachable): tried again at their time.
+        failed: (message_id, node, attempts so far, next_attempt_at). The first failure is an event."""
+        with self.transaction():
+            self.db.executemany("UPDATE outbound SET attempts = attempts + 1, error = ?, next_attempt_at = ? "
+                                "WHERE message_id = ? AND node = ?",
+                                [(error, at, mid, node) for mid, node, _, at in failed])
+            self._events([(mid, now, "publish-failed", f"to node {node}: {error}; retrying")
+                          for mid, node, attempts, _ in failed if attempts == 0])
+
+    def publish_now(self, now):
+        """The link is back: every outbound row waiting is due now."""
+        with self.transaction():
+            self.db.execute("UPDATE outbound SET next_attempt_at = ? WHERE status = 'pending' AND next_attempt_at > ?",
+                            (now, now))
+
+    def received(self, now, items, refused):
+        """One transaction for a batch read from this node's stream: each message delivered here
+        (a row like any other, chained, with its node and entry id) and each entry refused.
+        items: dicts (id, sender, name, node, entry_id, recipients, kind, thread, subject, body,
+        headers, sha256, sent_at, got {recipient: (size, sha256)}, note); refused: (id, sender,
+        name, node, entry_id, reason)."""
+        with self.transaction():
+            events, links = [], []
+            seq, prev = self.head()
+            rows = [{**m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now} for m in items]
+            self.db.executemany(
+                "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
+                "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, node, entry_id) "
+                "VALUES (:id, :sender, :name, 'archived', :recipients, :kind, :thread, :subject, :body, :headers, "
+                ":sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id)", rows)
+            self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
+                                "VALUES (?, ?, ?, ?, ?)",
+                                [(m["id"], r, now, *got) for m in items for r, got in m["got"].items()])
+            for m, row in zip(items, rows, strict=True):
+                events.append((m["id"], now, "received", f"from node {m['node']} as entry {m['entry_id']}"
+                               + (f"; {m['note']}" if m.get("note") else "")))
+                events.extend((m["id"], now, "delivered", r) for r in sorted(m["got"]))
+                seq += 1
+                prev = chain_hash(prev, {**row, "discovered_at": now, "delivered_at": now, "archived_at": now,
+                                         "archive_path": None})
+                links.append((seq, m["id"], prev))
+            self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
+            self.db.executemany("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, "
+                                "node, entry_id) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?, ?)",
+                                [(mid, sender, name, now, now, reason, node, eid)
+                                 for mid, sender, name, node, eid, reason in refused])
+            events.extend((mid, now, "refused", f"entry {eid} from node {node}: {reason}")
+                          for mid, _, _, node, eid, reason in refused)
+            self._events(events)
+            if items:
+                self._seen({r for m in items for r in m["got"]}, now)
+
+    def directory(self, now, node, agents, conflicts):
+        """The team's directory as the server gave it: agents of other nodes (name, node,
+        node's last seen), and the names this node could not claim (name, other node)."""
+        with self.transaction():
+            self.db.execute("DELETE FROM remote_agents")
+            self.db.executemany("INSERT OR REPLACE INTO remote_agents (name, node, last_seen) VALUES (?, ?, ?)", agents)
+            self._link(now, node, True, None, orjson.dumps(conflicts).decode())
+
+    def link_state(self, now, node, connected, error=None):
+        """Whether the link to the server works now (relay status), and why not."""
+        with self.transaction():
+            self._link(now, node, connected, error, None)
+
+    def _link(self, now, node, connected, error, conflicts):
+        self.db.execute("INSERT INTO link (id, node, connected, since, error, conflicts, updated_at) "
+                        "VALUES (1, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET node = excluded.node, "
+                        "connected = excluded.connected, since = CASE WHEN link.connected = excluded.connected "
+                        "THEN link.since ELSE excluded.since END, error = excluded.error, "
+                        "conflicts = coalesce(excluded.conflicts, link.conflicts), updated_at = excluded.updated_at",
+                        (node, int(connected), now, error, conflicts, now))

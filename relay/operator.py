@@ -249,3 +249,17 @@ def agents_report(history, layout, known, bad=None):
                      "last_seen": seen[name]["last_seen"] if name in seen else None, "sent": sent,
                      "received": received, "last_error": f"{err['id']}: {err['error']}" if err else None})
     return rows
+
+
+def remote_agents_report(history, local):
+    """The agents the team's directory puts on other nodes (a name also local stays local):
+    their node, when that node was last seen, the messages received here from them."""
+    rows = []
+    for name, (node, seen) in sorted(history.remote_agents().items()):
+        if name in local:
+            continue
+        sent, _, err = history.agent_figures(name)
+        rows.append({"agent": name, "node": node, "outbox_waiting": None, "inbox_new": None, "inbox_cur": None,
+                     "last_seen": seen, "sent": sent, "received": None,
+                     "last_error": f"{err['id']}: {err['error']}" if err else None})
+    return rows

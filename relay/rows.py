@@ -78,7 +78,8 @@ def _sha256(v):
 
 CHECKS = {
     "messages": {
-        "id": _id, "sender": _agent, "name": _file_name, "status": lambda v: v in STATUSES,
+        # "?": the sender of an entry another node sent that could not be read (incoming.py)
+        "id": _id, "sender": lambda v: v == "?" or _agent(v), "name": _file_name, "status": lambda v: v in STATUSES,
         "spooled": lambda v: v in (0, 1), "recipients": _maybe(_json(list)), "kind": _maybe(_text),
         "thread": _maybe(_text), "subject": _maybe(_text), "body": _maybe(_text), "headers": _maybe(_json(dict)),
         "size": _maybe(_count), "sha256": _maybe(_sha256), "sent_at": _maybe(_number),

@@ -100,6 +100,42 @@ CREATE TABLE attestations (
 );
 ALTER TABLE messages ADD COLUMN interrupted INTEGER NOT NULL DEFAULT 0;
 """),
+    # Federation (relay/federation.py). A message received from another node is a row like any
+    # other, with the node it came from and its stream entry id; one sent to agents of other
+    # nodes has one outbound row per node (its own state, retries, the entry id once published).
+    (6, "federation over Redis Streams", """
+ALTER TABLE messages ADD COLUMN node TEXT;
+ALTER TABLE messages ADD COLUMN entry_id TEXT;
+CREATE TABLE outbound (
+    message_id      TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    node            TEXT NOT NULL,
+    recipients      TEXT NOT NULL,
+    envelope        BLOB NOT NULL,
+    status          TEXT NOT NULL,
+    queued_at       REAL NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    error           TEXT,
+    entry_id        TEXT,
+    published_at    REAL,
+    PRIMARY KEY (message_id, node)
+) WITHOUT ROWID;
+CREATE INDEX outbound_due ON outbound(status, next_attempt_at);
+CREATE TABLE remote_agents (
+    name      TEXT PRIMARY KEY,
+    node      TEXT NOT NULL,
+    last_seen REAL
+) WITHOUT ROWID;
+CREATE TABLE link (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    node       TEXT NOT NULL,
+    connected  INTEGER NOT NULL,
+    since      REAL NOT NULL,
+    error      TEXT,
+    conflicts  TEXT,
+    updated_at REAL NOT NULL
+);
+"""),
 ]
 MIGRATIONS.sort(key=lambda m: m[0])
-SCHEMA_VERSION = MIGRATIONS[-1][0]
+SCHEMA_VERSION = max(version for version, _, _ in MIGRATIONS)     # migrations are keyed by their version

@@ -64,7 +64,11 @@ class Daemon:
         # what belongs to the process (its logging) after a reload.
         self.load = load or (lambda: config_mod.load(cfg.root, os.path.relpath(cfg.state_dir, cfg.root)))
         self.on_config = on_config
+        if cfg.federation:
+            from . import federation
+            federation.redis_module()        # no redis package: one line naming the extra, before anything starts
         self.relay = Relay(cfg, clock=clock)
+        self.link = None
         # The ledger file the connection has just opened; `lock`: the DaemonLock held.
         self.ledger_identity = identity(self.relay.ledger.path)
         self.lock = lock
@@ -125,6 +129,10 @@ class Daemon:
         if recovered:
             log.info("recovered %d message(s) left processing", recovered)
         self.watcher.start()
+        if cfg.federation:
+            from .federation import Link
+            self.link = Link(cfg, router=relay.router, on_directory=lambda: relay.hint("dir"))
+            self.link.start()
         notify("READY=1\nSTATUS=watching " + str(relay.layout.outbox))
         self.next_ping = time.monotonic()
         try:
@@ -132,6 +140,8 @@ class Daemon:
                       max_wait=self.ping_every)
         finally:
             notify("STOPPING=1")
+            if self.link is not None:
+                self.link.close()
             self.watcher.stop()
             relay.close()
         log.info("relay stopped")

@@ -56,10 +56,12 @@ def record(row):
         "discovered_at": when(row["discovered_at"]), "delivered_at": when(row["delivered_at"]),
         "archived_at": when(row["archived_at"]), "failed_at": when(row["failed_at"]),
         "sent_at": when(row["sent_at"]),
-        "source_path": f"outbox/{row['sender']}/{row['name']}", "archive_path": row["archive_path"]
+        "source_path": f"{row['node'] + ':' if row['node'] else ''}outbox/{row['sender']}/{row['name']}",
+        "archive_path": row["archive_path"]
         if row["status"] == Status.ARCHIVED else None, "failed_path": row["failed_path"],
         "sha256": row["sha256"], "size": row["size"],
         "request_id": row["request_id"], "duplicate_of": row["duplicate_of"],
+        "node": row["node"], "entry_id": row["entry_id"],      # received from another node: which, as which entry
     }
 
 
@@ -92,16 +94,24 @@ def short_time(ts):
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%m-%d %H:%M:%S")
 
 
-def table(rows, width=None):
-    """The audit table: id, time, from → to, kind, thread, subject or excerpt, status."""
+def route(row, remote=None):
+    """'Ann → Bob,Cy@n2': a sender on another node and recipients on other nodes with their node."""
+    sender = f"{row['sender']}@{row['node']}" if row["node"] else row["sender"]
+    remote = remote or {}
+    to = [f"{r}@{remote[r]}" if r in remote else r for r in recipients(row)]
+    return f"{sender} → {','.join(to) if to else '?'}"
+
+
+def table(rows, width=None, remote=None):
+    """The audit table: id, time, from → to, kind, thread, subject or excerpt, status. `remote`:
+    {id: {recipient: node}} of recipients on other nodes."""
     width = width or shutil.get_terminal_size((120, 24)).columns
     lines = []
     head = ("ID", "TIME (UTC)", "FROM → TO", "KIND", "THREAD", "STATUS", "SUBJECT / BODY")
     data = []
     for row in rows:
-        to = recipients(row)
-        route = f"{row['sender']} → {','.join(to) if to else '?'}"
-        data.append([row["id"], short_time(row["discovered_at"]), clip(route, 28), clip(row["kind"] or "", 10),
+        path = route(row, (remote or {}).get(row["id"]))
+        data.append([row["id"], short_time(row["discovered_at"]), clip(path, 28), clip(row["kind"] or "", 10),
                      clip(row["thread"] or "", 14), row["status"], row])
     fixed = [26, 14, 28, 10, 14, 10]
     used = [max([len(head[i])] + [len(d[i]) for d in data]) for i in range(6)]
@@ -114,10 +124,12 @@ def table(rows, width=None):
     return "\n".join(lines)
 
 
-def show(row, deliveries, events, paths, body):
-    """Everything about one message, for a person."""
+def show(row, deliveries, events, paths, body, remote=()):
+    """Everything about one message, for a person. `remote`: its outbound rows (other nodes)."""
     rec = record(row)
     out = [f"message {row['id']}"]
+    if row["node"]:
+        out.append(f"  received from node {row['node']} as stream entry {row['entry_id']}")
     for key in ("from", "to", "kind", "thread", "subject", "status", "retries", "error", "sent_at",
                 "discovered_at", "delivered_at", "archived_at", "failed_at", "source_path", "archive_path",
                 "failed_path", "sha256", "size", "request_id", "duplicate_of"):
@@ -130,6 +142,13 @@ def show(row, deliveries, events, paths, body):
         out.append("deliveries:")
         for d in deliveries:
             out.append(f"  {d['recipient']:<20} {iso(d['delivered_at'])}  {paths.get(d['recipient']) or '(taken from the inbox)'}")
+    if remote:
+        out.append("other nodes:")
+        for o in remote:
+            names = ", ".join(orjson.loads(o["recipients"]))
+            state = (f"published {iso(o['published_at'])} as entry {o['entry_id']}" if o["status"] == "published"
+                     else f"waiting for the server (attempt {o['attempts']}): {o['error'] or 'not tried yet'}")
+            out.append(f"  {names} @ {o['node']:<14} {state}")
     out.append("events:")
     for e in events:
         detail = f"  {e['detail']}" if e["detail"] else ""
@@ -158,3 +177,29 @@ def message_text(m, number=1, total=1):
 def body_text(body):
     """A body as text for a terminal: its lines kept, terminal escapes and other controls removed."""
     return "\n".join(plain(line) for line in (body or "").replace("\r\n", "\n").split("\n")).rstrip("\n")
+
+
+def federation(doc, running, now):
+    """The federation lines of `relay status` (federation.probe's document)."""
+    link, server, out = doc["link"], doc["server"], doc["outbound"]
+    if not running:
+        state = "daemon not running"
+    elif link["connected"] is None:
+        state = "not connected yet"
+    else:
+        state = f"{'connected' if link['connected'] else 'DISCONNECTED'} since {when(link['since'])}" + (
+            f" ({plain(link['error'])})" if link["error"] else "")
+    lines = [f"federation node {doc['node']} of team {doc['team']} at {doc['url']}", f"  link       {state}"]
+    if server["reachable"] and server["error"]:
+        lines.append(f"  server     reachable, but: {plain(server['error'])}")
+    elif server["reachable"]:
+        lines.append(f"  server     reachable; this node's stream: {server['stream_length']} entries, lag "
+                     f"{server['lag'] if server['lag'] is not None else '?'}, {server['unacknowledged'] or 0} unacknowledged")
+    else:
+        lines.append(f"  server     unreachable: {plain(server['error'])}")
+    waiting = f", oldest {now - out['oldest_pending_at']:.1f}s" if out["oldest_pending_at"] else ""
+    lines.append(f"  outbound   {out['pending']} waiting to be published{waiting}, {out['published']} published")
+    lines.append(f"  received   {doc['received']['delivered']} delivered, {doc['received']['refused']} refused")
+    for name, other in doc["conflicts"]:
+        lines.append(f"  CONFLICT   agent {name} is on node {other} too: it stays local here; rename one of them")
+    return "\n".join(lines)

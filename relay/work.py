@@ -75,6 +75,7 @@ class Work:
     had: dict = dataclasses.field(default_factory=dict)        # recipient -> (size, sha256) already recorded
     got: dict = dataclasses.field(default_factory=dict)        # recipient -> (size, sha256) delivered now
     missed: dict = dataclasses.field(default_factory=dict)     # recipient -> error
+    remote: dict = dataclasses.field(default_factory=dict)     # recipient on another node -> node (queued)
     archived: bool = False
     failed_rel: str = None
     next_attempt_at: float = 0.0
@@ -94,12 +95,13 @@ class Work:
 
     @property
     def complete(self):
-        """Every recipient holds it (recorded before, or delivered in this batch), or it
-        repeats a message sent before and is not delivered again."""
+        """Every recipient holds it (recorded before, or delivered in this batch), or, on another
+        node, has it queued for the link in this batch's transaction; or it repeats a message sent
+        before and is not delivered again."""
         if self.duplicate_of is not None:
             return not self.missed
         return bool(self.recipients) and not self.missed and all(
-            r in self.got or r in self.had for r in self.recipients)
+            r in self.got or r in self.had or r in self.remote for r in self.recipients)
 
 
 def fields(event, mid, sender=None, recipients=None):

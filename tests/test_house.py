@@ -7,7 +7,7 @@ TESTS = Path(__file__).parent
 
 SQL = [re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE)\b.*\b(FROM|INTO|SET)\b"),
        re.compile(r"\bPRAGMA\b"),
-       re.compile(r"\.execute(many|script)?\(")]
+       re.compile(r"\.execute(many|script)?\((?!\))")]      # with a statement: a Redis pipeline's execute() has none
 LEDGER_INSIDES = re.compile(r"\b(ledger|led|history)\._\w+|\b(ledger|led)\.db\b")
 
 

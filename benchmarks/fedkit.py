@@ -1,0 +1,109 @@
+"""What the federation benchmarks and tests share: a real redis-server on a free local port in a
+directory of its own (AOF with appendfsync always), and relay nodes (project roots) linked
+through it as `relay run` processes."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REDIS_SERVER = shutil.which("redis-server")
+MISSING = ("redis-server is not installed: apt-get install redis-server (Debian's package; .ci/run installs "
+           "it), so the federation tests cannot run here")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """One redis-server process; stop() and start() again keep its data (AOF, fsync always)."""
+
+    def __init__(self, directory, port=None, appendfsync="always"):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.appendfsync = appendfsync
+        self.proc = None
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout=10.0):
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "", "--daemonize", "no",
+             "--protected-mode", "no", "--logfile", str(self.dir / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise RuntimeError(f"redis-server did not start on port {self.port}: see {self.dir / 'redis.log'}")
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=15)
+        self.proc = None
+
+
+def write_config(root, url, team, node, agents, extra="", heartbeat="1s"):
+    state = Path(root) / ".relay"
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "relay.toml").write_text(
+        f'agents = {json.dumps(list(agents))}\n{extra}\n[federation]\nurl = "{url}"\nteam = "{team}"\n'
+        f'node = "{node}"\nheartbeat = "{heartbeat}"\n')
+    for a in agents:
+        (state / "outbox" / a).mkdir(parents=True, exist_ok=True)
+        for sub in ("tmp", "new", "cur"):
+            (state / "inbox" / a / sub).mkdir(parents=True, exist_ok=True)
+    return state
+
+
+def drop(state, sender, name, text):
+    box = Path(state) / "outbox" / sender
+    box.mkdir(parents=True, exist_ok=True)
+    tmp = box / f".{name}.tmp"
+    tmp.write_text(text)
+    os.rename(tmp, box / name)
+    return box / name
+
+
+def held(state, agent):
+    """The envelopes an agent holds (new/ and cur/)."""
+    out = []
+    for sub in ("new", "cur"):
+        d = Path(state) / "inbox" / agent / sub
+        if d.is_dir():
+            out += [json.loads(p.read_bytes()) for p in sorted(d.iterdir()) if not p.name.startswith(".")]
+    return out
+
+
+def start_daemon(root, log_dir=None, env=None):
+    """`relay run` on a project root, its log in a file beside it."""
+    fd, log = tempfile.mkstemp(dir=log_dir or root, prefix="relay-", suffix=".log")
+    environment = dict(os.environ, RELAY_ROOT=str(root), RELAY_SETTLE="50ms", RELAY_LOG_LEVEL="INFO")
+    environment.update(env or {})
+    with os.fdopen(fd, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=environment, stdout=subprocess.DEVNULL,
+                                stderr=f)
+    proc.log = log
+    return proc
+

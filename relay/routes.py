@@ -1,0 +1,46 @@
+"""Which recipients live on other nodes of the team: the relay's loop asks the Router, which
+reads the directory the federation link last recorded in the ledger (no network, no wait). A
+name that is also a local agent stays local.
+
+The Router is also the loop's only contact with the link: `offer()` hands the link a batch's
+messages for other nodes as soon as they are parsed (the link may publish them at once, while
+the loop delivers and records locally; the outbound rows recorded by the batch's transaction
+stay the record, and a publish repeated after a crash is recognised by the receiver), and the
+`queued` event says a batch has recorded outbound rows."""
+import collections
+import threading
+
+from .config import SYSTEM
+
+
+class Router:
+    def __init__(self, federation, history):
+        self.node = federation.node
+        self.history = history
+        self.queued = threading.Event()     # set after a batch recorded outbound rows, or offered some
+        self.offered = collections.deque()  # (message id, node, recipients, envelope), for the link
+        self._remote = None
+
+    def remote(self, local, refresh=False):
+        """{name: node} of the agents on other nodes (not local ones)."""
+        if self._remote is None or refresh:
+            self._remote = {name: node for name, (node, _) in self.history.remote_agents().items()
+                            if node != self.node}
+        return {n: node for n, node in self._remote.items() if n not in local and n != SYSTEM}
+
+    def route(self, recipients, local):
+        """{recipient: node} of those of `recipients` who live on another node."""
+        remote = self.remote(local)
+        return {r: remote[r] for r in recipients if r in remote}
+
+    def offer(self, works):
+        """Messages of this batch for other nodes, parsed and about to be delivered here: the
+        link may publish them now. Never blocks."""
+        for w in works:
+            by_node = {}
+            for r, node in w.remote.items():
+                by_node.setdefault(node, []).append(r)
+            for node, names in sorted(by_node.items()):
+                self.offered.append((w.id, node, sorted(names), w.envelope))
+        if works:
+            self.queued.set()
