@@ -10,10 +10,10 @@ from .config import Config, load  # noqa: E402
 from .daemon import Relay  # noqa: E402
 from .errors import (ConfigError, DaemonRunning, DurabilityError, InvalidName, LedgerCorrupt,  # noqa: E402
                      LedgerError, MessageRefused, NotFound, RelayError, SchemaError, StateLost,
-                     TransientError)
+                     TooLarge, TransientError)
 from .ledger import Status  # noqa: E402
 from .work import Counts  # noqa: E402
 
 __all__ = ["__version__", "Config", "load", "Relay", "Counts", "Status",
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",
-           "StateLost", "MessageRefused", "TransientError", "DurabilityError", "InvalidName", "NotFound"]
+           "StateLost", "MessageRefused", "TooLarge", "TransientError", "DurabilityError", "InvalidName", "NotFound"]

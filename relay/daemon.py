@@ -17,10 +17,10 @@ import sqlite3
 import threading
 import time
 
-from . import retention
+from . import flow, retention
 from .archive import Archive, day_of
 from .config import SYSTEM
-from .errors import DurabilityError, LedgerCorrupt, MessageRefused, TransientError, sqlite_cause
+from .errors import DurabilityError, LedgerCorrupt, MessageRefused, TooLarge, TransientError, sqlite_cause
 from .fs import shown
 from .history import History
 from .ids import IdGenerator
@@ -74,6 +74,7 @@ class Relay:
         self.archive = Archive(self.layout, self.syncer)
         self.outbox = Outbox(self.layout, config.settle, self.syncer)
         self.recovery = Recovery(self.layout, self.ledger, self.history, self.archive, self.inbox, self.syncer)
+        self.flow = flow.FlowControl(self.layout, self.history)
         self.ids = IdGenerator()
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
         self.wake = threading.Event()
@@ -113,6 +114,7 @@ class Relay:
         of messages recovered."""
         now = self.clock() if now is None else now
         recovered = self.recovery.recover(now)
+        self.flow.seed(now, self.config)
         self._next_orphans = now + ORPHAN_INTERVAL
         self._scan = None
         self._next_rescan = 0.0
@@ -208,7 +210,8 @@ class Relay:
 
     def _process(self, rows, now, counts):
         works = [Work.claimed(row) for row in self._readable(rows, now, counts)]
-        had = self.history.delivered_to([w.id for w in works if w.thorough])
+        thorough = [w.id for w in works if w.thorough]
+        had, shed = self.history.delivered_to(thorough), self.history.sheds_of(thorough)
         budget = self.config.batch_bytes
         for w in works:
             w.had = had.get(w.id, {})
@@ -217,7 +220,9 @@ class Relay:
                 continue
             self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
-        linked = self.inbox.deliver([w for w in works if not (w.refused or w.error or w.defer)])
+        ready = [w for w in works if not (w.refused or w.error or w.defer)]
+        self.flow.admit(ready, now, self.config, self.history.archived_agents(), shed)
+        linked = self.inbox.deliver([w for w in ready if not w.refused])
         for w in works:
             self._settle(w, now)
         # One sync for the links into new/ and the archive moves: an original archived before its
@@ -235,6 +240,7 @@ class Relay:
                     w.failed_rel = None
                     log.error("%s: %s; the original stays at %s", w.id, e, w.path)
         self.ledger.record(now, works)
+        self.flow.commit(works, now, self.config)
         for w in works:
             self._report(w, now, counts)
 
@@ -260,6 +266,9 @@ class Relay:
                               sent_at=w.sent_at, relayed_at=now, sha256=w.sha256)
         except MessageRefused as e:
             w.message, w.refused = e.parsed, str(e)
+            if isinstance(e, TooLarge):
+                w.shed = flow.body_size(e.limit, e.observed, e.names)
+                w.refused = flow.summary(w.shed)
             return
         finally:
             w.data = b""            # the bytes are hashed and parsed; the batch need not hold them
@@ -278,6 +287,8 @@ class Relay:
             if durability and not w.refused:
                 w.refused = f"{durability}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
             return self._quarantine(w, now)
+        if w.shed:                  # delivered to others: the sender learns who was shed, and why
+            flow.report(self.archive, w, now)
         if w.defer:
             w.outcome = Outcome.DEFER
             w.next_attempt_at = now + max(self.config.settle, DRAIN_MIN_WAIT) if w.path else now
@@ -306,7 +317,7 @@ class Relay:
             w.refused = f"gave up after {w.retries + 1} attempts: {w.error}" \
                 if isinstance(w.error, TransientError) else str(w.error)
         delivered = sorted(set(w.got) | set(w.had))
-        report = self.archive.report(w.id, w.sender, w.name, w.refused, now, w.retries + 1, delivered)
+        report = self.archive.report(w.id, w.sender, w.name, w.refused, now, w.retries + 1, delivered, flow.entries(w))
         try:
             w.failed_rel = self.archive.quarantine(w.path, w.sender, w.id, w.name, report)
         except (OSError, DurabilityError) as e:
@@ -317,6 +328,9 @@ class Relay:
     def _report(self, w, now, counts):
         """Count and log one work's outcome."""
         to = ",".join(w.recipients)
+        if w.shed:
+            counts.shed += len(w.shed)
+            log.warning("%s from %s shed for %s", w.id, w.sender, "; ".join(f"{r} ({s})" for r, s in w.shed.items()))
         if w.outcome is Outcome.FAILED:
             counts.failed += 1
             log.error("%s from %s failed: %s", w.id, w.sender, w.refused)

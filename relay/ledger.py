@@ -1,6 +1,7 @@
 """The SQLite ledger and every write to it: the connection and its settings, schema and
 migrations, discovery and claims, each batch's outcomes, recovery, the hash chain, the
-retention sweep and its checkpoints, operator changes (retry, expire). The read-only queries
+retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
+expire, ping, archive-agent) and the record of each operator command. The read-only queries
 are in history.py.
 
 The ledger knows rows and states, nothing about files. Every write happens in an explicit
@@ -125,7 +126,7 @@ class Ledger:
             if version in applied and applied[version][1] != checksum(sql):
                 raise SchemaError(f"the ledger's migration {version} ({name}) does not match this relay's "
                                   f"(checksum {applied[version][1][:12]} != {checksum(sql)[:12]})")
-        todo = [m for m in MIGRATIONS if m[0] not in applied]
+        todo = sorted(m for m in MIGRATIONS if m[0] not in applied)
         if not todo:
             return
         if self.readonly:
@@ -247,6 +248,11 @@ class Ledger:
                                     "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
                 events.extend((mid, now, "delivered", r) for mid, r, _, _, _ in deliveries)
                 self._seen({d[1] for d in deliveries}, now)
+            sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed, now) for w in works for r, s in w.shed.items()]
+            if sheds:
+                self.db.executemany("INSERT OR IGNORE INTO sheds (message_id, recipient, sender, reason, limit_value, "
+                                    "observed, at) VALUES (?, ?, ?, ?, ?, ?, ?)", sheds)
+                events.extend((w.id, now, "shed", f"{r}: {s}") for w in works for r, s in w.shed.items())
             by_kind = {}
             for w in works:
                 by_kind.setdefault(w.outcome, []).append(w)
@@ -405,30 +411,69 @@ class Ledger:
 
     def requeue(self, ids, now, actor):
         """Failed messages back to pending (relay retry). The file is put back in the spool by the
-        caller first. Returns the ids changed."""
+        caller first. A recipient the message was shed for is released: the operator's retry
+        delivers to it past the limits. Returns the ids changed."""
         done = []
         with self.transaction():
             for mid in ids:
                 row = self.db.execute(
                     "UPDATE messages SET status = 'pending', retries = 0, next_attempt_at = 0, error = NULL, "
-                    "failed_at = NULL, failed_path = NULL, spooled = 1 WHERE id = ? AND status = 'failed' "
-                    "RETURNING id", (mid,)).fetchone()
+                    "failed_at = NULL, failed_path = NULL, spooled = 1, expired_at = NULL WHERE id = ? "
+                    "AND status = 'failed' RETURNING id", (mid,)).fetchone()
                 if row:
                     done.append(mid)
+                    self.db.execute("UPDATE sheds SET released_at = ? WHERE message_id = ? AND released_at IS NULL",
+                                    (now, mid))
             self._events([(mid, now, "retry", "put back to pending by an operator", actor) for mid in done])
         return done
 
     def expire(self, mid, now, reason, actor):
         """A pending or failed message will not be delivered: failed with `reason`. False when
-        it is neither (claimed meanwhile): nothing changed."""
+        it is neither (claimed meanwhile) or was expired already: nothing changed."""
         with self.transaction():
-            changed = self.db.execute("UPDATE messages SET status = 'failed', failed_at = ?, error = ? "
-                                      "WHERE id = ? AND status IN ('pending', 'failed') RETURNING spooled",
-                                      (now, reason, mid)).fetchone()
+            changed = self.db.execute("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, expired_at = ? "
+                                      "WHERE id = ? AND status IN ('pending', 'failed') AND expired_at IS NULL "
+                                      "RETURNING spooled", (now, reason, now, mid)).fetchone()
             if changed is None:
                 return False
             self._events([(mid, now, "expired", reason, actor)])
         return True
+
+    def begin_command(self, cid, verb, arguments, actor, now):
+        """Reserve the command id `cid` for this verb and its arguments (a JSON text). Returns
+        the row already recorded under `cid` (its result None when it never finished), or None
+        when the id is new."""
+        with self.transaction():
+            row = self.db.execute("SELECT * FROM commands WHERE id = ?", (cid,)).fetchone()
+            if row is None:
+                self.db.execute("INSERT INTO commands (id, verb, arguments, actor, at) VALUES (?, ?, ?, ?, ?)",
+                                (cid, verb, arguments, actor, now))
+        return row
+
+    def finish_command(self, cid, verb, arguments, actor, now, result):
+        """Record the result (a JSON text) of the command `cid`."""
+        with self.transaction():
+            self.db.execute("INSERT INTO commands (id, verb, arguments, actor, at, result) VALUES (?, ?, ?, ?, ?, ?) "
+                            "ON CONFLICT (id) DO UPDATE SET result = excluded.result", (cid, verb, arguments, actor,
+                                                                                         now, result))
+
+    def ping(self, pid, agent, now, actor):
+        """A ping envelope `pid` is in the agent's inbox."""
+        with self.transaction():
+            self.db.execute("INSERT INTO pings (id, agent, sent_at, actor) VALUES (?, ?, ?, ?)", (pid, agent, now, actor))
+            self._events([(pid, now, "ping", f"inbox/{agent}/new/{pid}.json", actor)])
+
+    def archive_agent(self, name, now, actor, undo=False):
+        """The agent is archived (or, with `undo`, no longer). False when it already was (was not)."""
+        with self.transaction():
+            if undo:
+                changed = self.db.execute("DELETE FROM archived_agents WHERE name = ? RETURNING name", (name,)).fetchone()
+            else:
+                changed = self.db.execute("INSERT INTO archived_agents (name, at, actor) VALUES (?, ?, ?) "
+                                          "ON CONFLICT DO NOTHING RETURNING name", (name, now, actor)).fetchone()
+            if changed:
+                self._events([(None, now, "agent-restored" if undo else "agent-archived", name, actor)])
+        return changed is not None
 
     def quarantined(self, mid, rel):
         """A failed message's file is now at `rel` in failed/ (relay expire moved it there)."""

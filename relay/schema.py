@@ -76,5 +76,43 @@ ALTER TABLE deliveries ADD COLUMN size INTEGER;
 ALTER TABLE deliveries ADD COLUMN sha256 TEXT;
 ALTER TABLE messages ADD COLUMN failing_since REAL;
 """),
+    (4, "flow control and operator commands", """
+CREATE TABLE sheds (
+    message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    recipient  TEXT NOT NULL,
+    sender     TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    limit_value REAL,
+    observed   REAL,
+    at         REAL NOT NULL,
+    released_at REAL,
+    PRIMARY KEY (message_id, recipient)
+) WITHOUT ROWID;
+CREATE INDEX sheds_pair ON sheds(sender, recipient, reason);
+CREATE INDEX sheds_at ON sheds(at);
+CREATE TABLE commands (
+    id        TEXT PRIMARY KEY,
+    verb      TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    actor     TEXT NOT NULL,
+    at        REAL NOT NULL,
+    result    TEXT
+) WITHOUT ROWID;
+CREATE TABLE pings (
+    id      TEXT PRIMARY KEY,
+    agent   TEXT NOT NULL,
+    sent_at REAL NOT NULL,
+    actor   TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX pings_agent ON pings(agent, sent_at);
+CREATE TABLE archived_agents (
+    name   TEXT PRIMARY KEY,
+    at     REAL NOT NULL,
+    actor  TEXT NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE messages ADD COLUMN expired_at REAL;
+"""),
 ]
-SCHEMA_VERSION = MIGRATIONS[-1][0]
+# Versions are applied by number, each once: a ledger may lack a lower number that another
+# line of work adds, and gets it at its next start.
+SCHEMA_VERSION = max(v for v, _, _ in MIGRATIONS)
