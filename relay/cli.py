@@ -1,8 +1,9 @@
 """The `relay` command: the click group and what every verb shares (the Context, JSON output, a
 verdict's exit code); the verbs that run relay or change something (init, run, send, inbox,
-sweep, retry, expire), status, demo and bench. The verbs that only look at the ledger are in
-cli_inspect.py; guards.py checks names and turns a failure into one line (exit 1). The only
-place that sets up logging."""
+sweep), status, demo and bench. The verbs that only look at the ledger are in cli_inspect.py,
+the operator's recorded commands (retry, expire, ping, archive-agent) in cli_operator.py;
+guards.py checks names and turns a failure into one line (exit 1). The only place that sets up
+logging."""
 import datetime
 import functools
 import json
@@ -21,12 +22,13 @@ from .daemon import DRAIN_PATIENCE, Relay
 from .errors import NotFound, RelayError
 from .guards import agent_name, checked, duration, handle_errors, recipient_names, sender_name
 from .ids import IdGenerator
+from .flow import REASONS
 from .inbox import Inbox
 from .fs import Unsafe, shown
 from .history import History
 from .layout import Layout
-from .ledger import STATUSES, Ledger, Status
-from .lock import DaemonLock, holder, wake
+from .ledger import STATUSES, Ledger
+from .lock import DaemonLock, holder
 from .sync import Syncer
 from . import views
 
@@ -276,16 +278,18 @@ def status(ctx, as_json):
     counts = dict.fromkeys(STATUSES, 0)
     oldest = None
     pragmas = {}
+    sheds = dict.fromkeys(REASONS, 0)
     if with_ledger:
         with ctx.reader() as led:
             counts = led.counts()
+            sheds.update(led.shed_counts())
             first = led.oldest_pending()
             oldest = round(time.time() - first, 3) if first is not None else None
             pragmas = led.pragmas()
         pragmas["synchronous"] = "FULL" if cfg.durability == "full" else "NORMAL"
     doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
            "daemon": {"running": pid is not None, "pid": pid}, "counts": counts,
-           "agents": sorted(layout.agent_names(cfg.agents)), "oldest_pending_age_s": oldest,
+           "agents": sorted(layout.agent_names(cfg.agents)), "oldest_pending_age_s": oldest, "sheds": sheds,
            "durability": {"setting": cfg.durability, **pragmas}}
     if as_json:
         out_json(doc)
@@ -293,6 +297,7 @@ def status(ctx, as_json):
     click.echo(f"root       {doc['root']}\nstate dir  {doc['state_dir']}")
     click.echo(f"daemon     {'running, pid ' + str(pid) if pid else 'not running'}")
     click.echo("messages   " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    click.echo("sheds      " + ", ".join(f"{k} {v}" for k, v in sheds.items()) + "  (relay audit --status shed)")
     if oldest is not None:
         click.echo(f"oldest pending  {oldest:.1f}s")
     click.echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
@@ -376,43 +381,6 @@ def demo(ctx, outboxes, keep):
 
 
 @main.command()
-@click.argument("ids", nargs=-1)
-@click.option("--failed", "all_failed", is_flag=True, help="Every failed message.")
-@pass_ctx
-@handle_errors
-def retry(ctx, ids, all_failed):
-    """Put failed messages back to pending: their files go back into the flow."""
-    from . import operator
-    if not ids and not all_failed:
-        raise click.UsageError("name message ids, or --failed for all failed messages")
-    with ctx.writer() as led:
-        if all_failed:
-            ids = [r["id"] for r in History(led).audit(status=Status.FAILED)]
-        done, problems = operator.retry(led, ctx.layout, ids)
-    if done:
-        wake(ctx.layout.lock)       # a running daemon takes them now, not at its next rescan
-    for mid in done:
-        click.echo(f"{mid}: back to pending")
-    for p in problems:
-        click.echo(p, err=True)
-    if problems:
-        sys.exit(1)
-
-
-@main.command()
-@click.argument("message_id")
-@pass_ctx
-@handle_errors
-def expire(ctx, message_id):
-    """A pending or failed message will not be delivered; its file moves to failed/."""
-    from . import operator
-    with ctx.writer() as led:
-        mid = operator.expire(led, ctx.layout, message_id)
-    wake(ctx.layout.lock)
-    click.echo(f"{mid}: expired; will not be delivered")
-
-
-@main.command()
 @click.option("--dir", "base", type=click.Path(file_okay=False),
               help="Where to measure (default: a temporary directory in the project root, so on its file system).")
 @click.option("--messages", type=click.IntRange(1), default=5000, show_default=True, help="Backlog size.")
@@ -440,4 +408,4 @@ def entry():
     main(prog_name="relay")
 
 
-from . import cli_inspect  # noqa: E402,F401  (registers the read-only verbs on `main`)
+from . import cli_inspect, cli_operator  # noqa: E402,F401  (register the read-only and the operator verbs)

@@ -87,7 +87,24 @@ def table(rows, width=None):
     return "\n".join(lines)
 
 
-def show(row, deliveries, events, paths, body):
+def num(value):
+    """A stored number as people read it: 600.0 -> 600; anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def when_or_raw(ts):
+    """A stored time as ISO 8601, or as it is when it is not a number."""
+    return when(ts) if ts is None or isinstance(ts, (int, float)) else plain(ts)
+
+
+def shed(row):
+    """A shed record as JSON."""
+    return {"recipient": row["recipient"], "reason": row["reason"], "limit": num(row["limit_value"]),
+            "observed": num(row["observed"]), "at": when_or_raw(row["at"]),
+            "released_at": when_or_raw(row["released_at"])}
+
+
+def show(row, deliveries, events, paths, body, sheds=()):
     """Everything about one message, for a person."""
     rec = record(row)
     out = [f"message {row['id']}"]
@@ -103,6 +120,12 @@ def show(row, deliveries, events, paths, body):
         out.append("deliveries:")
         for d in deliveries:
             out.append(f"  {d['recipient']:<20} {iso(d['delivered_at'])}  {paths.get(d['recipient']) or '(taken from the inbox)'}")
+    if sheds:
+        out.append("shed (not delivered to):")
+        for s in sheds:
+            limit = f", limit {num(s['limit'])}, observed {num(s['observed'])}" if s["limit"] is not None else ""
+            released = f"; released by relay retry at {s['released_at']}" if s["released_at"] else ""
+            out.append(f"  {plain(s['recipient']):<20} {s['reason']}{limit}  at {s['at']}{released}")
     out.append("events:")
     for e in events:
         detail = f"  {e['detail']}" if e["detail"] else ""
@@ -110,4 +133,52 @@ def show(row, deliveries, events, paths, body):
         out.append(f"  {iso(e['at'])}  {e['event']:<10}{actor}{detail}")
     out.append("body:")
     out.append(body if body is not None else "  (not recorded)")
+    return "\n".join(out)
+
+
+def age(seconds):
+    """90 -> '1m30s', for a table."""
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def ping(state):
+    """An agent's last ping, for a table: read after 4s, waiting 2m, gone, or nothing."""
+    if not state:
+        return ""
+    if state["state"] == "read":
+        return f"read in {age(state['read_after_s'])}"
+    if state["state"] == "waiting":
+        return f"unread {age(state['age_s'])}"
+    return state["state"]
+
+
+def _sheds(by_reason):
+    return ", ".join(f"{k} {v}" for k, v in by_reason.items() if v) or "-"
+
+
+def queues(doc):
+    """relay queues as two tables: agents, then pairs (worst first)."""
+    out = [f"{'AGENT':<20} {'DEPTH':>6} {'PENDING':>7} {'UNREAD':>6} {'OLDEST':>7}  {'LAST DELIVERY':<19} "
+           f"{'PING':<14} SHED"]
+    for r in doc["agents"]:
+        name = f"{r['agent']} (archived)" if r["archived"] else r["agent"]
+        out.append(f"{plain(name):<20} {r['depth']:>6} {r['pending']:>7} {r['unread']:>6} "
+                   f"{age(r['oldest_unread_age_s']):>7}  {plain(r['last_delivery'] or '')[:19]:<19} "
+                   f"{ping(r.get('ping')):<14} {_sheds(r['shed'])}")
+    out.append("")
+    out.append(f"{'FROM -> TO':<34} {'DEPTH':>6} {'PENDING':>7} {'UNREAD':>6} {'OLDEST':>7}  {'LAST DELIVERY':<19} SHED")
+    for r in doc["pairs"]:
+        out.append(f"{clip(r['from'] + ' -> ' + r['to'], 34):<34} {r['depth']:>6} {r['pending']:>7} {r['unread']:>6} "
+                   f"{age(r['oldest_unread_age_s']):>7}  {plain(r['last_delivery'] or '')[:19]:<19} {_sheds(r['shed'])}")
+    if not doc["pairs"]:
+        out.append("(no traffic yet)")
     return "\n".join(out)
