@@ -237,8 +237,9 @@ class History:
         return {r[0]: (r[1], r[2]) for r in self.db.execute(
             "SELECT agent, id, max(sent_at) FROM pings GROUP BY agent")}
 
-    def command(self, cid):
-        return self.db.execute("SELECT * FROM commands WHERE id = ?", (cid,)).fetchone()
+    def commands(self):
+        """Every operator command recorded, oldest first."""
+        return self.db.execute("SELECT * FROM commands ORDER BY at, id").fetchall()
 
     def audit(self, sender=None, recipient=None, status=None, kind=None, thread=None, since=None,
               until=None, grep=None, limit=None, oldest_first=False, since_id=None):
