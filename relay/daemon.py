@@ -20,7 +20,7 @@ import time
 from . import flow, retention
 from .archive import Archive, day_of
 from .config import SYSTEM
-from .errors import DurabilityError, LedgerCorrupt, MessageRefused, TooLarge, TransientError, sqlite_cause
+from .errors import DurabilityError, LedgerCorrupt, MessageRefused, TransientError, sqlite_cause
 from .fs import shown
 from .history import History
 from .ids import IdGenerator
@@ -265,11 +265,7 @@ class Relay:
             accepted = accept(w.data, w.name, w.sender, self.known_agents, self.config, mid=w.id,
                               sent_at=w.sent_at, relayed_at=now, sha256=w.sha256)
         except MessageRefused as e:
-            w.message, w.refused = e.parsed, str(e)
-            if isinstance(e, TooLarge):
-                w.shed = flow.body_size(e.limit, e.observed, e.names)
-                w.refused = flow.summary(w.shed)
-            return
+            return flow.refused(w, e)
         finally:
             w.data = b""            # the bytes are hashed and parsed; the batch need not hold them
         w.message, w.recipients = accepted.message, accepted.recipients
@@ -328,9 +324,7 @@ class Relay:
     def _report(self, w, now, counts):
         """Count and log one work's outcome."""
         to = ",".join(w.recipients)
-        if w.shed:
-            counts.shed += len(w.shed)
-            log.warning("%s from %s shed for %s", w.id, w.sender, "; ".join(f"{r} ({s})" for r, s in w.shed.items()))
+        counts.shed += flow.logged(w)
         if w.outcome is Outcome.FAILED:
             counts.failed += 1
             log.error("%s from %s failed: %s", w.id, w.sender, w.refused)

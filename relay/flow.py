@@ -18,9 +18,13 @@ upper bound since readers only take envelopes away) could reach the limit, or wh
 is older than `rescan_interval`.
 """
 import collections
+import logging
 
+from .errors import TooLarge
 from .message import BROADCAST
 from .work import Shed
+
+log = logging.getLogger(__name__)
 
 REASONS = ("body_size", "per_pair_rate", "queue_limit", "recipient_archived")
 
@@ -48,6 +52,22 @@ def summary(sheds):
         whom = "every recipient" if len(sheds) > 1 or who == "*" else who
         return f"shed for {whom} ({shed})"
     return "shed for every recipient: " + "; ".join(f"{r} ({s})" for r, s in sorted(sheds.items()))
+
+
+def refused(w, e):
+    """A message relay will not deliver as it is (MessageRefused `e`): its reason, and when it
+    is too large, its body_size sheds."""
+    w.message, w.refused = e.parsed, str(e)
+    if isinstance(e, TooLarge):
+        w.shed = body_size(e.limit, e.observed, e.names)
+        w.refused = summary(w.shed)
+
+
+def logged(w):
+    """Log a work's sheds of this batch (with its id and sender); returns how many."""
+    if w.shed:
+        log.warning("%s from %s shed for %s", w.id, w.sender, "; ".join(f"{r} ({s})" for r, s in w.shed.items()))
+    return len(w.shed)
 
 
 def entries(w):

@@ -440,22 +440,22 @@ class Ledger:
         return True
 
     def begin_command(self, cid, verb, arguments, actor, now):
-        """Reserve the command id `cid` for this verb and its arguments (a JSON text). Returns
-        the row already recorded under `cid` (its result None when it never finished), or None
-        when the id is new."""
+        """Reserve the command id `cid` for a verb and its arguments (JSON). Returns the row
+        recorded under `cid` before (result None: it never finished), or None for a new id."""
         with self.transaction():
             row = self.db.execute("SELECT * FROM commands WHERE id = ?", (cid,)).fetchone()
             if row is None:
-                self.db.execute("INSERT INTO commands (id, verb, arguments, actor, at) VALUES (?, ?, ?, ?, ?)",
-                                (cid, verb, arguments, actor, now))
+                self._command(cid, verb, arguments, actor, now, None)
         return row
 
     def finish_command(self, cid, verb, arguments, actor, now, result):
-        """Record the result (a JSON text) of the command `cid`."""
+        """Record a command and its result (JSON)."""
         with self.transaction():
-            self.db.execute("INSERT INTO commands (id, verb, arguments, actor, at, result) VALUES (?, ?, ?, ?, ?, ?) "
-                            "ON CONFLICT (id) DO UPDATE SET result = excluded.result", (cid, verb, arguments, actor,
-                                                                                         now, result))
+            self._command(cid, verb, arguments, actor, now, result)
+
+    def _command(self, *row):
+        self.db.execute("INSERT INTO commands (id, verb, arguments, actor, at, result) VALUES (?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT (id) DO UPDATE SET result = excluded.result", row)
 
     def ping(self, pid, agent, now, actor):
         """A ping envelope `pid` is in the agent's inbox."""
@@ -464,13 +464,11 @@ class Ledger:
             self._events([(pid, now, "ping", f"inbox/{agent}/new/{pid}.json", actor)])
 
     def archive_agent(self, name, now, actor, undo=False):
-        """The agent is archived (or, with `undo`, no longer). False when it already was (was not)."""
+        """The agent is archived (with `undo`, restored). False when it already was (was not)."""
+        sql = ("DELETE FROM archived_agents WHERE name = :name RETURNING name" if undo else
+               "INSERT INTO archived_agents VALUES (:name, :now, :actor) ON CONFLICT DO NOTHING RETURNING name")
         with self.transaction():
-            if undo:
-                changed = self.db.execute("DELETE FROM archived_agents WHERE name = ? RETURNING name", (name,)).fetchone()
-            else:
-                changed = self.db.execute("INSERT INTO archived_agents (name, at, actor) VALUES (?, ?, ?) "
-                                          "ON CONFLICT DO NOTHING RETURNING name", (name, now, actor)).fetchone()
+            changed = self.db.execute(sql, {"name": name, "now": now, "actor": actor}).fetchone()
             if changed:
                 self._events([(None, now, "agent-restored" if undo else "agent-archived", name, actor)])
         return changed is not None

@@ -8,7 +8,7 @@ import time
 
 from .archive import Archive, check_rel
 from .commands import Result
-from .flow import REASONS
+from .flow import REASONS, SHED_REPORT
 from .errors import LedgerCorrupt, RelayError
 from .fs import shown
 from .history import History
@@ -210,12 +210,19 @@ def doctor(history, layout, daemon_pid, now=None):
         if not layout.fs.exists(row["failed_path"]):
             out.append(f"{row['id']}: quarantined file {row['failed_path']} is missing; `relay expire` or ignore")
     known = history.recorded_paths()
+    reports = {}            # flow control's reports: known while their message's sheds are recorded
     for base in ("archive", "failed"):
         for rel in layout.fs.walk_files(base):
+            if base == "failed" and rel.endswith(SHED_REPORT):
+                reports[rel] = rel.rpartition("/")[2].partition("--")[0]
+                continue
             if base == "failed" and rel.endswith(".error.json"):
                 rel = rel[: -len(".error.json")]
             if rel not in known:
                 out.append(f"{shown(rel)}: a file no ledger record knows; move it away or delete it")
+    shed = history.sheds_of(sorted(set(reports.values())))
+    out += [f"{shown(rel)}: a file no ledger record knows; move it away or delete it"
+            for rel, mid in sorted(reports.items()) if mid not in shed]
     active = history.active_ids()
     for _, mid, _, rel in layout.spooled():
         if mid not in active:

@@ -197,3 +197,23 @@ def test_defaults_never_shed_a_busy_pair(project):
     for i in range(300):
         project.drop("Ann", f"m{i}", f"TO: Ben\n\n{i}")
     assert relay.drain().shed == 0 and len(project.inbox("Ben")) == 300
+
+
+def test_a_shed_report_is_known_to_doctor_and_swept_with_its_message(project, clock):
+    from relay import operator
+    relay = project.relay(pair_rate=1, pair_window="1h")
+    project.drop("Ann", "a", "TO: Ben\n\na")
+    relay.drain()
+    project.drop("Ann", "b", "TO: Ben, Cy\n\nb")
+    relay.drain()
+    b = named(relay)["b"]
+    report = project.state / "failed/Ann" / f"{b}--b.shed.json"
+    assert report.exists() and operator.doctor(relay.history, relay.layout, None, now=clock.now) == []
+    stray = project.state / "failed/Ann" / "01AAAAAAAAAAAAAAAAAAAAAAAA--x.shed.json"
+    stray.write_text("{}")
+    assert [p.split(":")[0] for p in operator.doctor(relay.history, relay.layout, None, now=clock.now)] == [
+        "failed/Ann/01AAAAAAAAAAAAAAAAAAAAAAAA--x.shed.json"]
+    stray.unlink()
+    relay.sweep(clock.advance(8 * 86400))
+    assert not report.exists() and relay.history.get(b) is None
+    assert relay.history.shed_counts() == {}        # the records went with their message
