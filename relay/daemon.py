@@ -283,8 +283,7 @@ class Relay:
             if durability and not w.refused:
                 w.refused = f"{durability}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
             return self._quarantine(w, now)
-        if w.shed:                  # delivered to others: the sender learns who was shed, and why
-            flow.report(self.archive, w, now)
+        flow.report(self.archive, w, now)       # shed for some: the sender learns who, and why
         if w.defer:
             w.outcome = Outcome.DEFER
             w.next_attempt_at = now + max(self.config.settle, DRAIN_MIN_WAIT) if w.path else now

@@ -20,7 +20,7 @@ is older than `rescan_interval`.
 import collections
 import logging
 
-from .errors import TooLarge
+from .errors import DurabilityError, TooLarge
 from .message import BROADCAST
 from .work import Shed
 
@@ -80,12 +80,21 @@ def entries(w):
 
 def report(archive, w, now):
     """failed/<sender>/<id>--<name>.shed.json: a message delivered to some recipients and shed for
-    others says so where the sender's failures land."""
+    others says so where the sender's failures land. A report left by an attempt that a crash
+    cut short, on a message now shed for nobody, is removed. A report that cannot be written (a
+    link planted in failed/) is logged; the ledger's records stand."""
     rel = archive.layout.failed_rel(w.sender, w.id, w.name)
+    if not w.shed:
+        if w.thorough and w.complete and not w.shed_before:
+            archive.fs.unlink_quietly(rel + SHED_REPORT)
+        return
     doc = archive.report(w.id, w.sender, w.name, summary(w.shed), now, w.retries + 1,
                          sorted(set(w.got) | set(w.had)), entries(w))
     doc["what_to_do"] = WHAT_TO_DO
-    archive.write_report(rel, doc, SHED_REPORT)
+    try:
+        archive.write_report(rel, doc, SHED_REPORT)
+    except (OSError, DurabilityError) as e:
+        log.error("%s from %s: cannot write %s%s: %s", w.id, w.sender, rel, SHED_REPORT, e)
 
 
 SHED_REPORT = ".shed.json"
@@ -111,7 +120,8 @@ class FlowControl:
             return
         times = collections.defaultdict(list)
         for sender, recipient, at in self.history.deliveries_since(now - config.pair_window):
-            times[(sender, recipient)].append(at)
+            if isinstance(at, (int, float)):        # a row this build cannot read is left out
+                times[(sender, recipient)].append(at)
         for pair, ts in times.items():
             self.pairs[pair] = collections.deque(sorted(ts)[-config.pair_rate:])
         self.next_prune = now + config.pair_window
@@ -135,6 +145,9 @@ class FlowControl:
             if archived and w.message is not None and any(n in BROADCAST for n in w.message.to):
                 named = set(w.message.to)
                 w.recipients = [r for r in w.recipients if r not in archived or r in named]
+                if not w.recipients:
+                    w.refused = "broadcast with no other agent to receive it (the others are archived)"
+                    continue
             for r in w.recipients:
                 if r in w.had:
                     continue
@@ -142,7 +155,7 @@ class FlowControl:
                 if reason and not released:
                     w.shed_before[r] = reason
                     continue
-                shed = None if released else self._check(w.sender, r, now, config, archived, adds, listed)
+                shed = self._check(w.sender, r, now, config, archived, adds, listed, limits=not released)
                 if shed is None:
                     adds[r] += 1
                     adds[(w.sender, r)] += 1
@@ -151,10 +164,12 @@ class FlowControl:
             if w.recipients and all(r in w.shed or r in w.shed_before for r in w.recipients):
                 w.refused = summary({**w.shed_before, **w.shed})
 
-    def _check(self, sender, r, now, config, archived, adds, listed):
+    def _check(self, sender, r, now, config, archived, adds, listed, limits=True):
         if r in archived:
             return Shed("recipient_archived", None, None,
                         f"{r} is archived (relay archive-agent); relay delivers nothing to it")
+        if not limits:              # released by an operator's retry
+            return None
         if config.queue_limit:
             held = self._held(r, now, config, adds[r], listed) + adds[r]
             if held >= config.queue_limit:

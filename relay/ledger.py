@@ -250,8 +250,11 @@ class Ledger:
                 self._seen({d[1] for d in deliveries}, now)
             sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed, now) for w in works for r, s in w.shed.items()]
             if sheds:
-                self.db.executemany("INSERT OR IGNORE INTO sheds (message_id, recipient, sender, reason, limit_value, "
-                                    "observed, at) VALUES (?, ?, ?, ?, ?, ?, ?)", sheds)
+                # One record per (message, recipient); one released by `relay retry` and shed again is renewed.
+                self.db.executemany("INSERT INTO sheds (message_id, recipient, sender, reason, limit_value, observed, "
+                                    "at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET reason = excluded.reason, "
+                                    "limit_value = excluded.limit_value, observed = excluded.observed, at = excluded.at, "
+                                    "released_at = NULL WHERE released_at IS NOT NULL", sheds)
                 events.extend((w.id, now, "shed", f"{r}: {s}") for w in works for r, s in w.shed.items())
             by_kind = {}
             for w in works:

@@ -88,8 +88,11 @@ def table(rows, width=None):
 
 
 def num(value):
-    """A stored number as people read it: 600.0 -> 600; anything else as it is."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+    """A stored number as people read it: 600.0 -> 600; text as it is; anything else (bytes a
+    damaged row holds) as its repr."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if value is None or isinstance(value, (int, float, str)) else repr(value)[:80]
 
 
 def when_or_raw(ts):

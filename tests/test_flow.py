@@ -217,3 +217,88 @@ def test_a_shed_report_is_known_to_doctor_and_swept_with_its_message(project, cl
     relay.sweep(clock.advance(8 * 86400))
     assert not report.exists() and relay.history.get(b) is None
     assert relay.history.shed_counts() == {}        # the records went with their message
+
+
+# -- attacks on flow control ------------------------------------------------------------------
+
+def test_a_planted_link_in_failed_does_not_stop_the_batch(project, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    relay = project.relay(pair_rate=1, pair_window="1h")
+    project.drop("Ann", "a", "TO: Ben\n\na")
+    relay.drain()
+    (project.state / "failed").mkdir(exist_ok=True)
+    (project.state / "failed/Ann").symlink_to(outside)
+    project.drop("Ann", "b", "TO: Ben, Cy\n\nb")
+    counts = relay.drain()
+    b = named(relay)["b"]
+    assert counts.shed == 1 and relay.history.get(b)["status"] == "archived"
+    assert [e["body"] for e in project.inbox("Cy")] == ["b"]
+    assert sheds(relay, b) == [("Ben", "per_pair_rate", 1, 2, "Ann")]
+    assert list(outside.iterdir()) == []
+
+
+def test_a_stale_report_from_a_cut_attempt_is_removed(project, clock):
+    relay = project.relay()
+    switch = failing_create(relay, PermissionError(13, "Permission denied"), lambda rel: rel.startswith("inbox/Cy/"))
+    project.drop("Ann", "m", "TO: Ben, Cy\n\nm")
+    relay.drain()
+    mid = named(relay)["m"]
+    stale = project.state / "failed/Ann" / f"{mid}--m.shed.json"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text('{"shed": "written before a crash"}')
+    switch["on"] = False
+    for _ in range(3):
+        relay.step(clock.advance(10))
+    assert relay.history.get(mid)["status"] == "archived" and not stale.exists()
+
+
+def test_a_broadcast_when_everyone_else_is_archived_fails_at_once(project):
+    relay = project.relay()
+    for name in ("Ben", "Cy"):
+        relay.ledger.archive_agent(name, 1.0, "operator:test")
+    project.drop("Ann", "all", "TO: *\n\nanyone?")
+    relay.drain()
+    row = relay.history.get(named(relay)["all"])
+    assert row["status"] == "failed" and "the others are archived" in row["error"] and row["retries"] == 0
+
+
+def test_an_operator_retry_passes_the_limits_but_never_an_archive(project, clock):
+    from relay import operator
+    relay = project.relay(queue_limit=1)
+    project.drop("Ann", "a", "TO: Ben\n\na")
+    project.drop("Ann", "b", "TO: Ben\n\nb")
+    relay.drain()
+    [b] = ids(relay, "failed")
+    relay.ledger.archive_agent("Ben", clock.now, "operator:test")
+    operator.retry(relay.ledger, relay.layout, [b], now=clock.now)
+    relay.step(clock.advance(1))
+    assert relay.history.get(b)["status"] == "failed"
+    [row] = relay.history.sheds(b)              # one record, renewed with the new reason
+    assert (row["reason"], row["released_at"]) == ("recipient_archived", None)
+    [held] = project.inbox("Ben")
+    assert held["id"] != b
+
+
+def test_rows_this_build_cannot_read_do_not_stop_flow_control_or_the_views(cli):
+    import sqlite3
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    (cli.state / "relay.toml").write_text("pair_rate = 1\n")
+    for name in ("one", "two"):
+        (cli.state / "outbox/Ann" / name).write_text("TO: Ben\n\nx")
+        os.utime(cli.state / "outbox/Ann" / name, (1_700_000_000, 1_700_000_000))
+    cli("run", "--once", "-q")
+    db = sqlite3.connect(cli.state / "ledger.sqlite", isolation_level=None)
+    db.execute("UPDATE sheds SET at = 'yesterday', limit_value = 'many', observed = x'00ff'")
+    db.execute("UPDATE deliveries SET delivered_at = 'soon'")
+    db.execute("INSERT INTO pings VALUES ('P1', 'Ben', 'noon', 'operator:x')")
+    db.execute("INSERT INTO archived_agents VALUES ('../../etc', 'then', 'operator:x')")
+    db.close()
+    (cli.state / "outbox/Ann/three").write_text("TO: Ben\n\nx")
+    os.utime(cli.state / "outbox/Ann/three", (1_700_000_000, 1_700_000_000))
+    cli("run", "--once", "-q")                   # the windows are seeded without the bad rows
+    [shed] = json.loads(cli("audit", "--status", "shed", "--json").output)
+    for verb in (("status",), ("queues",), ("queues", "--json"), ("agents",), ("agents", "--json"),
+                 ("show", shed["id"]), ("show", shed["id"], "--json"), ("report", "--html", str(cli.root / "r.html"))):
+        cli(*verb)
+    assert "yesterday" in cli("show", shed["id"]).output
