@@ -74,7 +74,7 @@ class Relay:
         self.archive = Archive(self.layout, self.syncer)
         self.outbox = Outbox(self.layout, config.settle, self.syncer)
         self.recovery = Recovery(self.layout, self.ledger, self.history, self.archive, self.inbox, self.syncer)
-        self.flow = flow.FlowControl(self.layout, self.history)
+        self.flow = flow.FlowControl(self.layout, self.history, self.inbox)
         self.ids = IdGenerator()
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
         self.wake = threading.Event()

@@ -103,9 +103,10 @@ WHAT_TO_DO = ("the recipients listed under `shed` did not get this message (the 
 
 
 class FlowControl:
-    def __init__(self, layout, history):
+    def __init__(self, layout, history, inbox):
         self.fs = layout.fs
         self.history = history
+        self.inbox = inbox          # a message tried before may be held already: never shed then
         self.pairs = {}             # (sender, recipient) -> deque of delivery times, oldest first
         self.unread = {}            # recipient -> [unread envelopes (at most), when listed]
         self.seeded_for = None      # (pair_rate, pair_window) the windows were seeded with
@@ -156,6 +157,8 @@ class FlowControl:
                     w.shed_before[r] = reason
                     continue
                 shed = self._check(w.sender, r, now, config, archived, adds, listed, limits=not released)
+                if shed is not None and w.thorough and self.inbox.held(r, w):
+                    shed = None         # delivered by an attempt a crash cut short: it has it
                 if shed is None:
                     adds[r] += 1
                     adds[(w.sender, r)] += 1
