@@ -176,6 +176,7 @@ def test_bench_prints_every_figure(tmp_path):
     assert doc["relay_full_per_s"] > 0 and doc["disk"]["fsync_creates_per_s"] > 0
     fc = doc["flow_control"]
     assert len(fc["runs_on"]) == len(fc["runs_off"]) == 3 and fc["ratio"] == round(max(fc["runs_on"]) / max(fc["runs_off"]), 3)
+    assert 0 < fc["own_seconds"] < fc["run_seconds"] and fc["own_share"] == pytest.approx(fc["own_seconds"] / fc["run_seconds"], rel=0.2)
 
 
 def test_json_logs_one_object_per_line(cli):
