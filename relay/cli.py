@@ -179,7 +179,8 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 total = relay.drain()
                 took = time.monotonic() - t0
                 left = relay.left
-            click.echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry, "
+            shed = f", {total.shed} delivery(ies) shed by flow control" if total.shed else ""
+            click.echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry{shed}, "
                        f"in {took:.2f}s")
             if left:
                 shown_left = "; ".join(f"{shown(what)} ({why})" for what, why in left[:20])

@@ -195,7 +195,7 @@ def test_sheds_show_in_status_audit_show_report_and_agents(team, tmp_path):
     (cli.state / "relay.toml").write_text("pair_rate = 1\n")
     drop(cli, "Ann", "one", "TO: Ben\n\none")
     drop(cli, "Ann", "two", "TO: Ben\n\ntwo")
-    cli("run", "--once", "-q")
+    assert "1 failed, 0 to retry, 1 delivery(ies) shed by flow control" in cli("run", "--once", "-q").output
     doc = json.loads(cli("status", "--json").output)
     assert doc["sheds"] == {"body_size": 0, "per_pair_rate": 1, "queue_limit": 0, "recipient_archived": 0}
     assert "per_pair_rate 1" in cli("status").output
