@@ -3,11 +3,14 @@ archive-agent (and its undo); retry --failed never revives what an operator expi
 archived agent in the pipeline; sheds in status, audit, show, the report and agents."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from relay.history import History
 from relay.ledger import Ledger
+from test_daemon_e2e import daemon, rename_in, wait_for  # noqa: F401  (daemon: the fixture)
 
 
 def drop(cli, sender, name, text):
@@ -211,3 +214,23 @@ def test_sheds_show_in_status_audit_show_report_and_agents(team, tmp_path):
     assert "Shed by flow control" in html and "<td class='err'>per_pair_rate</td>" in html
     agents = {r["agent"]: r for r in json.loads(cli("agents", "--json").output)}
     assert agents["Ann"]["shed_from"]["per_pair_rate"] == 1 and agents["Ben"]["shed_to"]["per_pair_rate"] == 1
+
+
+def test_a_running_daemon_honours_an_archive_at_once(daemon, tmp_path):  # noqa: F811
+    state = tmp_path / ".relay"
+    state.mkdir()
+    (state / "relay.toml").write_text('rescan_interval = "1h"\nagents = ["Ann", "Ben", "Cy"]\n')
+    d = daemon()
+    d.ready()
+    r = subprocess.run([sys.executable, "-m", "relay", "--root", str(tmp_path), "archive-agent", "Ben"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "Ben: archived" in r.stdout, r.stderr
+    rename_in(state / "outbox" / "Ann", "m", "TO: Ben, Cy\n\nfor Ben and Cy")
+    rename_in(state / "outbox" / "Ben", "b", "TO: Cy\n\nBen is retired")
+    wait_for(lambda: len(d.inbox("Cy")) == 1 and list((state / "failed/Ben").glob("*.error.json")),
+             timeout=20, what="Cy's copy and Ben's message quarantined")
+    assert d.inbox("Ben") == [] and d.inbox("Cy")[0]["body"] == "for Ben and Cy"
+    [report] = (state / "failed/Ben").glob("*.error.json")
+    assert "agent Ben is archived" in json.loads(report.read_text())["reason"]
+    code, _ = d.stop()
+    assert code == 0
