@@ -45,13 +45,14 @@ def body_size(limit, observed, names=("*",), text=None):
     return {n: Shed("body_size", limit, observed, text) for n in dict.fromkeys(names)}
 
 
-def summary(sheds):
-    """One line for a message shed for every recipient (its failure reason)."""
-    if len({str(s) for s in sheds.values()}) == 1:
-        [(who, shed), *_] = sheds.items()
-        whom = "every recipient" if len(sheds) > 1 or who == "*" else who
-        return f"shed for {whom} ({shed})"
-    return "shed for every recipient: " + "; ".join(f"{r} ({s})" for r, s in sorted(sheds.items()))
+def summary(sheds, everyone=True):
+    """One line for a message's sheds: its failure reason when it was shed for `everyone`."""
+    names = sorted(sheds)
+    whom = "every recipient" if everyone and (len(names) > 1 or names == ["*"]) else ", ".join(names)
+    reasons = {str(s) for s in sheds.values()}
+    if len(reasons) == 1:
+        return f"shed for {whom} ({reasons.pop()})"
+    return f"shed for {whom}: " + "; ".join(f"{r} ({s})" for r, s in sorted(sheds.items()))
 
 
 def refused(w, e):
@@ -88,7 +89,7 @@ def report(archive, w, now):
         if w.thorough and w.complete and not w.shed_before:
             archive.fs.unlink_quietly(rel + SHED_REPORT)
         return
-    doc = archive.report(w.id, w.sender, w.name, summary(w.shed), now, w.retries + 1,
+    doc = archive.report(w.id, w.sender, w.name, summary(w.shed, everyone=False), now, w.retries + 1,
                          sorted(set(w.got) | set(w.had)), entries(w))
     doc["what_to_do"] = WHAT_TO_DO
     try:

@@ -302,3 +302,14 @@ def test_rows_this_build_cannot_read_do_not_stop_flow_control_or_the_views(cli):
                  ("show", shed["id"]), ("show", shed["id"], "--json"), ("report", "--html", str(cli.root / "r.html"))):
         cli(*verb)
     assert "yesterday" in cli("show", shed["id"]).output
+
+
+def test_the_reason_names_whom_a_message_was_shed_for():
+    from relay.flow import summary
+    from relay.work import Shed
+    rate = Shed("per_pair_rate", 1, 2, "over")
+    assert summary({"Ben": rate}) == "shed for Ben (per_pair_rate: over)"
+    assert summary({"Ben": rate, "Cy": rate}) == "shed for every recipient (per_pair_rate: over)"
+    assert summary({"Ben": rate, "Cy": rate}, everyone=False) == "shed for Ben, Cy (per_pair_rate: over)"
+    assert summary({"Ben": rate, "Cy": Shed("queue_limit", 3, 3, "full")}) == (
+        "shed for every recipient: Ben (per_pair_rate: over); Cy (queue_limit: full)")
