@@ -111,6 +111,9 @@ CREATE TABLE archived_agents (
     actor  TEXT NOT NULL
 ) WITHOUT ROWID;
 ALTER TABLE messages ADD COLUMN expired_at REAL;
+UPDATE messages SET expired_at = failed_at WHERE status = 'failed' AND EXISTS (
+    SELECT 1 FROM events e WHERE e.message_id = messages.id AND e.event = 'expired' AND e.seq > coalesce(
+        (SELECT max(r.seq) FROM events r WHERE r.message_id = messages.id AND r.event = 'retry'), 0));
 """),
 ]
 # Versions are applied by number, each once: a ledger may lack a lower number that another

@@ -234,3 +234,26 @@ def test_a_running_daemon_honours_an_archive_at_once(daemon, tmp_path):  # noqa:
     assert "agent Ben is archived" in json.loads(report.read_text())["reason"]
     code, _ = d.stop()
     assert code == 0
+
+
+def test_messages_expired_before_the_upgrade_stay_expired(tmp_path):
+    """Migration 4 marks what an operator expired before it (its last word an `expired` event)."""
+    import sqlite3
+    from relay.ledger import checksum
+    from relay.schema import MIGRATIONS
+    path = tmp_path / "ledger.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+               "checksum TEXT NOT NULL, applied_at REAL NOT NULL)")
+    for version, name, sql in MIGRATIONS[:2]:
+        db.executescript(sql)
+        db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, 0)", (version, name, checksum(sql)))
+    for mid, events in (("E", ["failed", "expired"]), ("R", ["expired", "retry", "failed"]), ("F", ["failed"])):
+        db.execute("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at) "
+                   "VALUES (?, 'Ann', 'm', 'failed', 1, 2)", (mid,))
+        for event in events:
+            db.execute("INSERT INTO events (message_id, at, event) VALUES (?, 2, ?)", (mid, event))
+    db.close()
+    with Ledger(path) as led:
+        expired = {r["id"]: r["expired_at"] for r in History(led).audit()}
+    assert expired == {"E": 2.0, "R": None, "F": None}
