@@ -62,8 +62,8 @@ class Archive:
         self.write_report(rel, report)
         return rel
 
-    def write_report(self, rel, report):
-        fd = self.fs.create(f"{rel}.error.json", 0o644, make_parents=True)
+    def write_report(self, rel, report, suffix=".error.json"):
+        fd = self.fs.create(f"{rel}{suffix}", 0o644, make_parents=True)
         try:
             write_all(fd, orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
         except BaseException:
@@ -73,7 +73,7 @@ class Archive:
         self.syncer.dir_changed(parent(rel))
 
     @staticmethod
-    def report(mid, sender, name, reason, now, attempts=None, delivered_to=None):
+    def report(mid, sender, name, reason, now, attempts=None, delivered_to=None, shed=None):
         doc = {
             "id": mid, "from": sender, "file": name, "reason": reason, "failed_at": iso(now),
             "attempts": attempts,
@@ -83,11 +83,15 @@ class Archive:
         if delivered_to:
             doc["delivered_to"] = delivered_to
             doc["what_to_do"] += "; recipients that already have it do not get it again"
+        if shed:
+            doc["shed"] = shed
+            doc["what_to_do"] += ("; a message shed by flow control (per_pair_rate, queue_limit) is delivered past "
+                                  "the limits by `relay retry`")
         return doc
 
     def remove(self, rel):
         """Delete an archived or quarantined file and empty parents up to archive/ or failed/."""
-        check_rel(rel, "archive", "failed")
+        parts = check_rel(rel, "archive", "failed").split("/")
         removed = False
         for p in (rel, f"{rel}.error.json"):
             try:
@@ -95,6 +99,9 @@ class Archive:
                 removed = True
             except FileNotFoundError:
                 pass
+        # A flow-control report beside it, or in failed/ for an archived message (flow.report).
+        self.fs.unlink_quietly(f"{rel}.shed.json" if parts[0] == "failed" or len(parts) != 4
+                               else f"failed/{parts[2]}/{parts[3]}.shed.json")
         d = parent(rel)
         for _ in range(2):
             if d in ("archive", "failed"):

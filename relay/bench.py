@@ -105,24 +105,54 @@ def naive(base, messages, agents, durable):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def relay_once(base, messages, agents, durability, preload=0):
-    """relay run --once on a backlog; messages/s of the drain alone."""
+LIMITS_OFF = {"pair_rate": 0, "pair_window": 0, "queue_limit": 0}
+FLOW_RUNS = 3           # runs with the limits on, and off, for their ratio
+
+
+def relay_once(base, messages, agents, durability, preload=0, limits=True, timing=None):
+    """relay run --once on a backlog; messages/s of the drain alone. `limits`: flow control's
+    defaults (True) or all turned off (False). `timing`, a dict, receives the seconds of the
+    drain ("total") and of flow control's own work in it ("flow")."""
     root = Path(tempfile.mkdtemp(dir=base, prefix=f"relay-{durability}-"))
     try:
         state = root / ".relay"
         make_backlog(state, messages, agents)
-        cfg = config_mod.load(root, ".relay", env={}, overrides={"durability": durability})
+        cfg = config_mod.load(root, ".relay", env={},
+                              overrides={"durability": durability, **({} if limits else LIMITS_OFF)})
         with Relay(cfg) as relay:
             if preload:
                 preload_ledger(relay.ledger, preload)
+            if timing is not None:
+                _time_flow(relay.flow, timing)
             t = time.perf_counter()
             total = relay.drain()
             took = time.perf_counter() - t
-        if total.archived != messages:
+            if timing is not None:
+                timing["total"] = took
+        if total.archived + (total.failed if total.shed else 0) != messages:
             raise RuntimeError(f"bench: relay archived {total.archived} of {messages} messages")
+        if total.shed:
+            logging.getLogger("relay").warning("bench: flow control shed %d deliveries of this backlog (more than "
+                                               "pair_rate per pair)", total.shed)
         return messages / took
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _time_flow(flow, timing):
+    """Add the seconds spent in flow control's decisions (admit) and bookkeeping (commit) to
+    timing["flow"]: its cost measured inside the run, apart from the disk's noise."""
+    timing["flow"] = 0.0
+    for name in ("admit", "commit"):
+        real = getattr(flow, name)
+
+        def timed(*a, real=real, **k):
+            t = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                timing["flow"] += time.perf_counter() - t
+        setattr(flow, name, timed)
 
 
 def preload_ledger(ledger, rows, chunk=50_000):
@@ -240,6 +270,23 @@ def run(base=None, messages=5000, agents=20, rate=100.0, seconds=5.0, echo=print
     out["ratio_normal_to_naive_nosync"] = round(rn / nn, 2)
     echo(f"relay run --once: durability full {rf} msg/s ({rf / nd:.2f}x the naive durable loop; target 2x), "
          f"normal {rn} msg/s ({rn / nn:.2f}x the naive loop without fsyncs; target 0.5x)")
+    # Flow control's cost: the same backlog with the limits at their defaults and all off,
+    # alternated, the best of three runs each (the first "on" run is the one above).
+    on, off, timing = [rf], [], {}
+    for _ in range(FLOW_RUNS):
+        off.append(round(relay_once(base, messages, agents, "full", limits=False)))
+        if len(on) < FLOW_RUNS:
+            on.append(round(relay_once(base, messages, agents, "full", timing=timing)))
+    out["flow_control"] = fc = {"limits_on_per_s": max(on), "limits_off_per_s": max(off), "runs_on": on,
+                                "runs_off": off, "ratio": round(max(on) / max(off), 3),
+                                "own_seconds": round(timing["flow"], 4), "run_seconds": round(timing["total"], 3),
+                                "own_share": round(timing["flow"] / timing["total"], 4)}
+    fc["within_5_percent"] = abs(1 - fc["ratio"]) <= 0.05
+    echo(f"flow control: run --once with the limits on (defaults) {fc['limits_on_per_s']} msg/s, off (all 0) "
+         f"{fc['limits_off_per_s']} msg/s, best of {FLOW_RUNS} each: ratio {fc['ratio']:.3f} "
+         f"({'within' if fc['within_5_percent'] else 'NOT within'} 5%; target within 5%); its own work in the last "
+         f"run with the limits on: {fc['own_seconds'] * 1000:.0f} ms of {fc['run_seconds']:.2f} s "
+         f"({fc['own_share'] * 100:.1f}%)")
     out["latency"] = lat = latency(base, rate, seconds)
     echo(f"daemon latency at {rate:g} msg/s from 8 agents (durability full): p50 {lat['p50_ms']} ms, "
          f"p99 {lat['p99_ms']} ms, max {lat['max_ms']} ms ({lat['delivered']}/{lat['messages']} seen); "

@@ -1,9 +1,9 @@
 """The `relay` command: the click group and what every verb shares (the Context, JSON output, a
-verdict's exit code); the verbs that run relay or change something (init, run, sweep, retry,
-expire), status, demo and bench. The agents' verbs (send, inbox, read) are in cli_agent.py, the
-verbs that only look at the ledger in cli_inspect.py, `relay config` and `relay service` in
-cli_admin.py; guards.py checks names and turns a failure into one line (exit 1). The only place
-that sets up logging."""
+verdict's exit code); the verbs that run relay or change something (init, run, sweep), status,
+demo and bench. The agents' verbs (send, inbox, read) are in cli_agent.py, the verbs that only
+look at the ledger in cli_inspect.py, the operator's recorded commands (retry, expire, ping,
+archive-agent) in cli_operator.py, `relay config` and `relay service` in cli_admin.py; guards.py
+checks names and turns a failure into one line (exit 1). The only place that sets up logging."""
 import datetime
 import functools
 import json
@@ -20,13 +20,14 @@ import orjson
 from . import __version__, config as config_mod, health
 from .daemon import DRAIN_PATIENCE, Relay
 from .errors import NotInProject, RelayError
+from .flow import REASONS
 from .guards import checked, duration, handle_errors, sender_name
 from .inbox import Inbox
 from .fs import shown
 from .history import History
 from .layout import Layout
-from .ledger import STATUSES, Ledger, Status
-from .lock import DaemonLock, holder, wake
+from .ledger import STATUSES, Ledger
+from .lock import DaemonLock, holder
 from . import views
 
 EXIT_LEFT = 3       # run --once finished but left files that made no progress (held open, changing)
@@ -218,7 +219,8 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 total = relay.drain()
                 took = time.monotonic() - t0
                 left = relay.left
-            click.echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry, "
+            shed = f", {total.shed} delivery(ies) shed by flow control" if total.shed else ""
+            click.echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry{shed}, "
                        f"in {took:.2f}s")
             if link is not None:
                 with link:
@@ -264,9 +266,11 @@ def status(ctx, max_pending_age, as_json):
     if cfg.federation:
         from .federation import redis_module
         redis_module()          # without the package: one line naming the extra
+    sheds = dict.fromkeys(REASONS, 0)
     if with_ledger:
         with ctx.reader() as led:
             counts = led.counts()
+            sheds.update(led.shed_counts())
             first = led.oldest_pending()
             oldest = round(time.time() - first, 3) if first is not None else None
             att = health.attestation(led, pid)
@@ -278,7 +282,7 @@ def status(ctx, max_pending_age, as_json):
     settings = {k: att.get(k) for k in ("journal_mode", "synchronous", "busy_timeout_ms", "foreign_keys")}
     doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
            "daemon": {"running": pid is not None, "pid": pid}, "counts": counts,
-           "agents": sorted(layout.agent_names(cfg.agents)), "oldest_pending_age_s": oldest,
+           "agents": sorted(layout.agent_names(cfg.agents)), "oldest_pending_age_s": oldest, "sheds": sheds,
            "durability": {**settings, **att, "setting": cfg.durability},
            "unreadable": {"count": unknown, "rows": [str(b) for b in bad]},
            "health": {"ok": code == 0, "exit": code, "problems": problems}}
@@ -293,6 +297,7 @@ def status(ctx, max_pending_age, as_json):
     click.echo(f"daemon     {'running, pid ' + str(pid) if pid else 'not running'}")
     click.echo("messages   " + ", ".join(f"{k} {v}" for k, v in counts.items())
                + (f"; {unknown} with a status this relay cannot read" if unknown else ""))
+    click.echo("sheds      " + ", ".join(f"{k} {v}" for k, v in sheds.items()) + "  (relay audit --status shed)")
     if oldest is not None:
         click.echo(f"oldest pending  {oldest:.1f}s")
     click.echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
@@ -380,43 +385,6 @@ def demo(ctx, outboxes, keep):
 
 
 @main.command()
-@click.argument("ids", nargs=-1)
-@click.option("--failed", "all_failed", is_flag=True, help="Every failed message.")
-@pass_ctx
-@handle_errors
-def retry(ctx, ids, all_failed):
-    """Put failed messages back to pending: their files go back into the flow."""
-    from . import operator
-    if not ids and not all_failed:
-        raise click.UsageError("name message ids, or --failed for all failed messages")
-    with ctx.writer() as led:
-        if all_failed:
-            ids = [r["id"] for r in History(led).audit(status=Status.FAILED)]
-        done, problems = operator.retry(led, ctx.layout, ids)
-    if done:
-        wake(ctx.layout.lock)       # a running daemon takes them now, not at its next rescan
-    for mid in done:
-        click.echo(f"{mid}: back to pending")
-    for p in problems:
-        click.echo(p, err=True)
-    if problems:
-        sys.exit(1)
-
-
-@main.command()
-@click.argument("message_id")
-@pass_ctx
-@handle_errors
-def expire(ctx, message_id):
-    """A pending or failed message will not be delivered; its file moves to failed/."""
-    from . import operator
-    with ctx.writer() as led:
-        mid = operator.expire(led, ctx.layout, message_id)
-    wake(ctx.layout.lock)
-    click.echo(f"{mid}: expired; will not be delivered")
-
-
-@main.command()
 @click.option("--dir", "base", type=click.Path(file_okay=False),
               help="Where to measure (default: a temporary directory in the project root, so on its file system).")
 @click.option("--messages", type=click.IntRange(1), default=5000, show_default=True, help="Backlog size.")
@@ -444,4 +412,4 @@ def entry():
     main(prog_name="relay")
 
 
-from . import cli_adopt, cli_admin, cli_agent, cli_inspect  # noqa: E402,F401  (register their verbs on `main`)
+from . import cli_adopt, cli_admin, cli_agent, cli_inspect, cli_operator  # noqa: E402,F401  (register their verbs on `main`)

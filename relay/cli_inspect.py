@@ -31,7 +31,8 @@ def _audit_options(fn):
     for opt in reversed([
         click.option("--from", "sender", callback=checked(agent_name), help="Sent by this agent."),
         click.option("--to", "recipient", callback=checked(agent_name), help="Addressed to this agent."),
-        click.option("--status", type=click.Choice(STATUSES), help="In this state."),
+        click.option("--status", type=click.Choice(STATUSES + ("shed",)),
+                     help="In this state; `shed`: shed by flow control for at least one recipient."),
         click.option("--kind", help="Of this kind."),
         click.option("--thread", help="In this thread (shown oldest first, as a conversation)."),
         click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago)."),
@@ -127,6 +128,7 @@ def show(ctx, message_id, as_json):
         deliveries = list(sift(led.deliveries(row["id"]), bad, "deliveries"))
         events = list(sift(led.events(row["id"]), bad, "events"))
         skipped(bad)
+        sheds = [views.shed(s) for s in led.sheds(row["id"])]
         box = Inbox(layout, None)
         paths = {}
         for d in deliveries:
@@ -142,9 +144,9 @@ def show(ctx, message_id, as_json):
                       "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),
                                       "inbox_path": paths.get(d["recipient"])} for d in deliveries],
                       "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
-                                  "actor": e["actor"]} for e in events]})
+                                  "actor": e["actor"]} for e in events], "sheds": sheds})
         else:
-            click.echo(views.show(row, deliveries, events, paths, body, remote))
+            click.echo(views.show(row, deliveries, events, paths, body, remote, sheds))
     finally:
         led.close()
 
@@ -208,7 +210,7 @@ def doctor(ctx, quick, as_json):
 @pass_ctx
 @handle_errors
 def agents(ctx, as_json):
-    """Each agent: outbox waiting, inbox new/cur, last seen, messages sent/received, last error."""
+    """Each agent: outbox, inbox new/cur, sent/received, sheds, last ping, archived, last error."""
     from . import operator
     bad = []
     with ctx.reader() as led:
@@ -221,13 +223,33 @@ def agents(ctx, as_json):
         out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
         return
     node = "NODE" if ctx.cfg.federation else ""
-    click.echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6}  "
-               f"{'LAST SEEN':<15} LAST ERROR")
+    click.echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6} {'SHED':>9}  "
+               f"{'LAST SEEN':<15} {'PING':<14} LAST ERROR")
     dash = lambda v: "-" if v is None else v     # noqa: E731 - what a remote node does not tell
     for r in rows:
-        click.echo(f"{r['agent']:<16} {views.clip(r.get('node') or '', 14):<14} {dash(r['outbox_waiting']):>6} "
-                   f"{dash(r['inbox_new']):>5} {dash(r['inbox_cur']):>5} {r['sent']:>6} {dash(r['received']):>6}  "
-                   f"{views.short_time(r['last_seen']):<15} {views.clip(r['last_error'] or '', 60)}")
+        shed = f"{sum(r['shed_to'].values())}/{sum(r['shed_from'].values())}" if "shed_to" in r else "-"
+        name = f"{r['agent']} (archived)" if r.get("archived") else r["agent"]
+        click.echo(f"{name:<16} {views.clip(r.get('node') or '', 14):<14} {dash(r['outbox_waiting']):>6} "
+                   f"{dash(r['inbox_new']):>5} {dash(r['inbox_cur']):>5} {r['sent']:>6} {dash(r['received']):>6} "
+                   f"{shed:>9}  {views.short_time(r['last_seen']):<15} {views.ping(r.get('ping')):<14} "
+                   f"{views.clip(r['last_error'] or '', 60)}")
+    click.echo("SHED: messages shed on the way to the agent / from it (relay queues, relay audit --status shed)")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def queues(ctx, as_json):
+    """Queue depth per agent and per sender -> recipient pair, worst first: pending plus unread,
+    oldest unread age, last delivery, sheds by reason, last ping."""
+    from . import queues as queues_mod
+    with ctx.reader() as led:
+        doc = queues_mod.project(led, ctx.layout, ctx.layout.agent_names(ctx.cfg.agents), time.time())
+    if as_json:
+        out_json(doc)
+        return
+    click.echo(views.queues(doc))
 
 
 @main.command()

@@ -175,6 +175,9 @@ _PARSERS = {
     "max_body_bytes": parse_size,
     "retry_period": parse_duration,
     "batch_bytes": parse_size,
+    "pair_rate": lambda v: _int(v, 0),
+    "pair_window": parse_duration,
+    "queue_limit": lambda v: _int(v, 0),
     "durability": _choice("full", "normal"),
     "unknown_recipient": _choice("fail", "create"),
     "agents": _agents,
@@ -205,6 +208,9 @@ class Config:
     max_body_bytes: int = 1024 * 1024
     retry_period: float = 3600.0        # transient failures are retried at least this long
     batch_bytes: int = 64 * 1024 * 1024  # message bytes one batch holds in memory at most
+    pair_rate: int = 600                # messages per pair_window from one sender to one recipient (0: off)
+    pair_window: float = 600.0
+    queue_limit: int = 10_000           # unread envelopes a recipient may hold in new/ (0: off)
     durability: str = "full"
     unknown_recipient: str = "fail"
     agents: tuple = ()

@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import time
 
-from . import health, retention
+from . import flow, health, retention
 from .archive import Archive, day_of
 from .config import SYSTEM
 from .errors import DurabilityError, LedgerCorrupt, MessageRefused, TransientError, sqlite_cause
@@ -79,6 +79,7 @@ class Relay:
         self.archive = Archive(self.layout, self.syncer)
         self.outbox = Outbox(self.layout, config.settle, self.syncer)
         self.recovery = Recovery(self.layout, self.ledger, self.history, self.archive, self.inbox, self.syncer)
+        self.flow = flow.FlowControl(self.layout, self.history, self.inbox)
         self.ids = IdGenerator()
         self.hooks = Hooks(config)              # on_deliver, run off this thread (hooks.py)
         # The federation's view from the loop: which recipients are on other nodes (routes.py).
@@ -131,6 +132,7 @@ class Relay:
         of messages recovered."""
         now = self.clock() if now is None else now
         recovered = self.recovery.recover(now, budget=max(1, self.config.max_retries))
+        self.flow.seed(now, self.config)
         self._next_orphans = now + ORPHAN_INTERVAL
         self._scan = None
         self._next_rescan = 0.0
@@ -237,7 +239,8 @@ class Relay:
         readable = self.recovery.readable(rows, now, need=("archive_path",))
         counts.failed += len(rows) - len(readable)
         works = [Work.claimed(row) for row in readable]
-        had = self.history.delivered_to([w.id for w in works if w.thorough])
+        thorough = [w.id for w in works if w.thorough]
+        had, shed = self.history.delivered_to(thorough), self.history.sheds_of(thorough)
         budget = self.config.batch_bytes
         for w in works:
             w.had = had.get(w.id, {})
@@ -247,10 +250,14 @@ class Relay:
             self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
         identify(self.ledger, self.layout, works, now)
+        ready = [w for w in works if not (w.refused or w.error or w.defer or w.duplicate_of)]
+        self.flow.admit(ready, now, self.config, self.history.archived_agents(), shed)
+        ready = [w for w in ready if not w.refused]
         if self.router is not None:     # first tries only: a retry is published from its recorded row
-            self.router.offer([w for w in works if w.remote and not w.thorough and not w.duplicate_of
-                               and not (w.refused or w.error or w.defer)])
-        linked = self.inbox.deliver([w for w in works if not (w.refused or w.error or w.defer or w.duplicate_of)])
+            for w in ready:
+                w.remote = {r: n for r, n in w.remote.items() if r in w.recipients and r not in w.shed}
+            self.router.offer([w for w in ready if w.remote and not w.thorough])
+        linked = self.inbox.deliver(ready)
         delivered = self.phase()
         for w in works:
             self._settle(w, now)
@@ -270,6 +277,7 @@ class Relay:
                     log.error("%s: %s; the original stays at %s", w.id, e, w.path,
                               **fields("failed", w))
         self.ledger.record(now, works, delivered, self.phase())
+        self.flow.commit(works, now, self.config)
         self.hooks.delivered(works)     # durable now: each new recipient's hook is queued
         if self.router is not None and any(w.remote for w in works):
             self.router.queued.set()        # the link publishes what this batch queued
@@ -298,8 +306,7 @@ class Relay:
             accepted = accept(w.data, w.name, w.sender, self.known_agents, self.config, mid=w.id,
                               sent_at=w.sent_at, relayed_at=now, sha256=w.sha256)
         except MessageRefused as e:
-            w.message, w.refused = e.parsed, str(e)
-            return
+            return flow.refused(w, e)
         finally:
             w.data = b""            # the bytes are hashed and parsed; the batch need not hold them
         w.message, w.recipients = accepted.message, accepted.recipients
@@ -319,6 +326,7 @@ class Relay:
             if durability and not w.refused:
                 w.refused = f"{durability}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
             return self._quarantine(w, now)
+        flow.report(self.archive, w, now)       # shed for some: the sender learns who, and why
         if w.defer:
             w.outcome = Outcome.DEFER
             w.next_attempt_at = now + max(self.config.settle, DRAIN_MIN_WAIT) if w.path else now
@@ -347,7 +355,7 @@ class Relay:
             w.refused = f"gave up after {w.retries + 1} attempts: {w.error}" \
                 if isinstance(w.error, TransientError) else str(w.error)
         delivered = sorted(set(w.got) | set(w.had))
-        report = self.archive.report(w.id, w.sender, w.name, w.refused, now, w.retries + 1, delivered)
+        report = self.archive.report(w.id, w.sender, w.name, w.refused, now, w.retries + 1, delivered, flow.entries(w))
         try:
             w.failed_rel = self.archive.quarantine(w.path, w.sender, w.id, w.name, report)
         except (OSError, DurabilityError) as e:
@@ -359,6 +367,7 @@ class Relay:
     def _report(self, w, now, counts):
         """Count and log one work's outcome."""
         to = ",".join(w.recipients)
+        counts.shed += flow.logged(w)
         if w.outcome is Outcome.FAILED:
             counts.failed += 1
             log.error("%s from %s failed: %s", w.id, w.sender, w.refused, **fields("failed", w))

@@ -80,6 +80,15 @@ class MessageRefused(RelayError):
     parsed = None
 
 
+class TooLarge(MessageRefused):
+    """A message whose body is over max_body_bytes: shed for its recipients (`names`, as
+    written) with the reason body_size."""
+
+    def __init__(self, reason, limit, observed, names=()):
+        super().__init__(reason)
+        self.limit, self.observed, self.names = limit, observed, tuple(names)
+
+
 class TransientError(RelayError):
     """Delivery failed for a reason that may go away (disk full, permission denied)."""
 

@@ -1,7 +1,8 @@
 """What the ledger says: every read-only query, for the relay's loop (what is due, what a
 recovery must look at) and for people (audit, show, tail, status, agents, the report's figures,
-the hash chain walked by verify, doctor's integrity checks). Nothing here writes; the writes are
-in ledger.py.
+the hash chain walked by verify, doctor's integrity checks, the flow control's sheds and the
+queues' figures, operator commands, pings and archived agents). Nothing here writes; the writes
+are in ledger.py.
 
 A History reads through a Ledger's connection: the relay's own (so the loop reads what its
 writes left), or one a read-only verb opened beside a running daemon.
@@ -12,6 +13,8 @@ rows.py, offered here for every reader (`unreadable`, `BadRow`, `sift`), name it
 and column and pass on the others; `bad_rows()` walks the whole ledger that way (doctor, verify,
 report), and the loop's questions leave out a time that is no number.
 """
+import collections
+
 import orjson
 
 from .errors import NotFound, RelayError
@@ -213,6 +216,97 @@ class History:
                               "ORDER BY id DESC LIMIT 1", (name,)).fetchone()
         return sent, received, err
 
+    # -- flow control and the operator's view ------------------------------------------------
+
+    def deliveries_since(self, since):
+        """(sender, recipient, delivered_at) of every delivery at or after `since` (the flow
+        control's per-pair windows); each part is served by an index."""
+        sql = ("SELECT m.sender, d.recipient, d.delivered_at FROM messages m {} JOIN deliveries d "
+               "ON d.message_id = m.id WHERE {} AND d.delivered_at >= :since")
+        out = []
+        for hint, where in (("INDEXED BY messages_archived_at", "m.status = 'archived' AND m.archived_at >= :since"),
+                            ("INDEXED BY messages_failed_at", "m.status = 'failed' AND m.failed_at >= :since"),
+                            ("", "m.status IN ('pending', 'processing', 'delivered')")):
+            out += self.db.execute(sql.format(hint, where), {"since": since}).fetchall()
+        return out
+
+    def sheds_of(self, ids):
+        """{id: {recipient: (reason, released)}} of the sheds recorded for these messages."""
+        out = {}
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            for r in self.db.execute("SELECT message_id, recipient, reason, released_at FROM sheds WHERE message_id "
+                                     f"IN ({','.join('?' * len(chunk))})", chunk):
+                out.setdefault(r[0], {})[r[1]] = (r[2], r[3] is not None)
+        return out
+
+    def sheds(self, mid):
+        return self.db.execute("SELECT * FROM sheds WHERE message_id = ? ORDER BY recipient", (mid,)).fetchall()
+
+    def shed_counts(self, since=None):
+        """{reason: sheds recorded} (at or after `since`)."""
+        return dict(self.db.execute("SELECT reason, count(*) FROM sheds WHERE at >= ? GROUP BY reason",
+                                    (since or 0,)).fetchall())
+
+    def shed_pairs(self):
+        """{(sender, recipient): {reason: n}} of every shed recorded."""
+        out = collections.defaultdict(dict)
+        for r in self.db.execute("SELECT sender, recipient, reason, count(*) FROM sheds GROUP BY sender, recipient, reason"):
+            out[(r[0], r[1])][r[2]] = r[3]
+        return out
+
+    def archived_agents(self):
+        """{name: (archived_at, actor)} of the agents an operator archived."""
+        return {r[0]: (r[1], r[2]) for r in self.db.execute("SELECT name, at, actor FROM archived_agents")}
+
+    def pending_pairs(self):
+        """{(sender, recipient): n} of messages relay holds (pending, processing) that a
+        recipient has not had yet; a message not yet read has no recipients yet and is not counted."""
+        rows = self.db.execute("SELECT id, sender, recipients FROM messages WHERE status IN ('pending', 'processing') "
+                               "AND recipients IS NOT NULL").fetchall()
+        ids = [r["id"] for r in rows]
+        done, shed = self.delivered_to(ids), self.sheds_of(ids)
+        out = collections.Counter()
+        for r in rows:
+            try:
+                to = orjson.loads(r["recipients"])
+            except orjson.JSONDecodeError:
+                continue
+            for name in to if isinstance(to, list) else []:
+                if isinstance(name, str) and name not in done.get(r["id"], {}) and name not in shed.get(r["id"], {}):
+                    out[(r["sender"], name)] += 1
+        return out
+
+    def last_deliveries(self):
+        """{(sender, recipient): time of the last delivery} (reads every delivery: for people)."""
+        return {(r[0], r[1]): r[2] for r in self.db.execute(
+            "SELECT m.sender, d.recipient, max(d.delivered_at) FROM deliveries d JOIN messages m ON m.id = d.message_id "
+            "GROUP BY m.sender, d.recipient")}
+
+    def unread_senders(self, recipient, ids):
+        """{id: (sender, delivered_at)} of these envelope ids delivered to `recipient`; a ping's
+        sender is System."""
+        out = {}
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for r in self.db.execute(f"SELECT d.message_id, m.sender, d.delivered_at FROM deliveries d JOIN messages m "
+                                     f"ON m.id = d.message_id WHERE d.recipient = ? AND d.message_id IN ({marks})",
+                                     [recipient, *chunk]):
+                out[r[0]] = (r[1], r[2])
+            for r in self.db.execute(f"SELECT id, sent_at FROM pings WHERE id IN ({marks})", chunk):
+                out[r[0]] = ("System", r[1])
+        return out
+
+    def last_pings(self):
+        """{agent: (ping id, sent_at)} of each agent's latest ping."""
+        return {r[0]: (r[1], r[2]) for r in self.db.execute(
+            "SELECT agent, id, max(sent_at) FROM pings GROUP BY agent")}
+
+    def commands(self):
+        """Every operator command recorded, oldest first."""
+        return self.db.execute("SELECT * FROM commands ORDER BY at, id").fetchall()
+
     def audit(self, sender=None, recipient=None, status=None, kind=None, thread=None, since=None,
               until=None, grep=None, limit=None, oldest_first=False, since_id=None):
         where, args = [], []
@@ -222,7 +316,9 @@ class History:
             where.append("m.id IN (SELECT message_id FROM deliveries WHERE recipient = ?"
                          " UNION SELECT id FROM messages WHERE recipients LIKE ?)")
             args += [recipient, f'%"{recipient}"%']
-        if status:
+        if str(status) == "shed":
+            where.append("m.id IN (SELECT message_id FROM sheds)")
+        elif status:
             where.append("m.status = ?"); args.append(str(status))
         if kind:
             where.append("m.kind = ?"); args.append(kind)
@@ -276,6 +372,10 @@ class History:
         data["failures"] = list(sift(db.execute(
             f"SELECT id, sender, name, error, failed_at FROM messages m WHERE m.status = 'failed' AND {known} "
             "ORDER BY id DESC LIMIT 200", args), []))
+        data["shed_counts"] = self.shed_counts(since)
+        data["sheds"] = db.execute(
+            "SELECT message_id, sender, recipient, reason, limit_value, observed, at FROM sheds WHERE at >= ? "
+            "ORDER BY at DESC LIMIT 200", (since,)).fetchall()
         data["threads"] = db.execute(
             "SELECT thread, count(*) AS n, min(discovered_at) AS first, max(discovered_at) AS last, "
             f"group_concat(DISTINCT sender) AS senders FROM messages m WHERE thread IS NOT NULL AND {known} "

@@ -54,7 +54,7 @@ class Inbox:
         for w in works:
             name = f"{w.id}.json"
             for r in w.recipients:
-                if r in w.had or r in w.remote:       # remote: queued for another node
+                if r in w.had or r in w.remote or r in w.shed or r in w.shed_before:   # remote: queued for another node
                     continue
                 try:
                     tmp, new = f"inbox/{r}/tmp/{name}", f"inbox/{r}/new/{name}"

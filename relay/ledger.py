@@ -1,6 +1,7 @@
 """The SQLite ledger and every write to it: the connection and its settings, schema and
 migrations, discovery and claims, each batch's outcomes, recovery, the hash chain, the
-retention sweep and its checkpoints, operator changes (retry, expire). The read-only queries
+retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
+expire, ping, archive-agent) and the record of each operator command. The read-only queries
 are in history.py.
 
 The ledger knows rows and states, nothing about files. Every write happens in an explicit
@@ -301,6 +302,14 @@ class Ledger:
                                     "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
                 events.extend((mid, delivered, "delivered", r) for mid, r, *_ in deliveries)
                 self._seen({d[1] for d in deliveries}, delivered)
+            sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed, now) for w in works for r, s in w.shed.items()]
+            if sheds:
+                # One record per (message, recipient); one released by `relay retry` and shed again is renewed.
+                self.db.executemany("INSERT INTO sheds (message_id, recipient, sender, reason, limit_value, observed, "
+                                    "at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET reason = excluded.reason, "
+                                    "limit_value = excluded.limit_value, observed = excluded.observed, at = excluded.at, "
+                                    "released_at = NULL WHERE released_at IS NOT NULL", sheds)
+                events.extend((w.id, now, "shed", f"{r}: {s}") for w in works for r, s in w.shed.items())
             by_kind = {}
             for w in works:
                 by_kind.setdefault(w.outcome, []).append(w)
@@ -471,30 +480,67 @@ class Ledger:
 
     def requeue(self, ids, now, actor):
         """Failed messages back to pending (relay retry). The file is put back in the spool by the
-        caller first. Returns the ids changed."""
+        caller first. A recipient the message was shed for is released: the operator's retry
+        delivers to it past the limits. Returns the ids changed."""
         done = []
         with self.transaction():
             for mid in ids:
                 row = self.db.execute(
                     "UPDATE messages SET status = 'pending', retries = 0, interrupted = 0, next_attempt_at = 0, "
-                    "error = NULL, failed_at = NULL, failed_path = NULL, spooled = 1 WHERE id = ? AND status = 'failed' "
-                    "RETURNING id", (mid,)).fetchone()
+                    "error = NULL, failed_at = NULL, failed_path = NULL, spooled = 1, expired_at = NULL WHERE id = ? "
+                    "AND status = 'failed' RETURNING id", (mid,)).fetchone()
                 if row:
                     done.append(mid)
+                    self.db.execute("UPDATE sheds SET released_at = ? WHERE message_id = ? AND released_at IS NULL",
+                                    (now, mid))
             self._events([(mid, now, "retry", "put back to pending by an operator", actor) for mid in done])
         return done
 
     def expire(self, mid, now, reason, actor):
         """A pending or failed message will not be delivered: failed with `reason`. False when
-        it is neither (claimed meanwhile): nothing changed."""
+        it is neither (claimed meanwhile) or was expired already: nothing changed."""
         with self.transaction():
-            changed = self.db.execute("UPDATE messages SET status = 'failed', failed_at = ?, error = ? "
-                                      "WHERE id = ? AND status IN ('pending', 'failed') RETURNING spooled",
-                                      (now, reason, mid)).fetchone()
+            changed = self.db.execute("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, expired_at = ? "
+                                      "WHERE id = ? AND status IN ('pending', 'failed') AND expired_at IS NULL "
+                                      "RETURNING spooled", (now, reason, now, mid)).fetchone()
             if changed is None:
                 return False
             self._events([(mid, now, "expired", reason, actor)])
         return True
+
+    def begin_command(self, cid, verb, arguments, actor, now):
+        """Reserve the command id `cid` for a verb and its arguments (JSON). Returns the row
+        recorded under `cid` before (result None: it never finished), or None for a new id."""
+        with self.transaction():
+            row = self.db.execute("SELECT * FROM commands WHERE id = ?", (cid,)).fetchone()
+            if row is None:
+                self._command(cid, verb, arguments, actor, now, None)
+        return row
+
+    def finish_command(self, cid, verb, arguments, actor, now, result):
+        """Record a command and its result (JSON)."""
+        with self.transaction():
+            self._command(cid, verb, arguments, actor, now, result)
+
+    def _command(self, *row):
+        self.db.execute("INSERT INTO commands (id, verb, arguments, actor, at, result) VALUES (?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT (id) DO UPDATE SET result = excluded.result", row)
+
+    def ping(self, pid, agent, now, actor):
+        """A ping envelope `pid` is in the agent's inbox."""
+        with self.transaction():
+            self.db.execute("INSERT INTO pings (id, agent, sent_at, actor) VALUES (?, ?, ?, ?)", (pid, agent, now, actor))
+            self._events([(pid, now, "ping", f"inbox/{agent}/new/{pid}.json", actor)])
+
+    def archive_agent(self, name, now, actor, undo=False):
+        """The agent is archived (with `undo`, restored). False when it already was (was not)."""
+        sql = ("DELETE FROM archived_agents WHERE name = :name RETURNING name" if undo else
+               "INSERT INTO archived_agents VALUES (:name, :now, :actor) ON CONFLICT DO NOTHING RETURNING name")
+        with self.transaction():
+            changed = self.db.execute(sql, {"name": name, "now": now, "actor": actor}).fetchone()
+            if changed:
+                self._events([(None, now, "agent-restored" if undo else "agent-archived", name, actor)])
+        return changed is not None
 
     def quarantined(self, mid, rel):
         """A failed message's file is now at `rel` in failed/ (relay expire moved it there)."""

@@ -12,7 +12,7 @@ import datetime
 import orjson
 
 from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
-from .errors import MessageRefused
+from .errors import MessageRefused, TooLarge
 from .ids import ALPHABET
 from .layout import is_inside, valid_id
 
@@ -194,7 +194,8 @@ def parse(data, filename, max_body_bytes):
         body = body.replace("\r\n", "\n") if "\r\n" in body else body
     size = len(body.encode("utf-8"))
     if size > max_body_bytes:
-        raise MessageRefused(f"the body is {size} bytes, over max_body_bytes ({max_body_bytes})")
+        raise TooLarge(f"the body is {size} bytes, over max_body_bytes ({max_body_bytes})", max_body_bytes, size,
+                       names)
     kind = fields.get("kind") or None
     if kind is None:
         kind = "message" if has_to and names else _kind_from_name(filename)

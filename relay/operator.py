@@ -1,12 +1,15 @@
 """What operators do beside the daemon: retry and expire (through the Ledger's writes), verify
-the archive and the hash chain, doctor, the agents table (through the History's reads). A
-stored row this build cannot read is named (history.BadRow) and left out, never fatal."""
+the archive and the hash chain, doctor, the agents table (through the History's reads). Ping and
+archive-agent are in roster.py, the record of each command in commands.py. A stored row this
+build cannot read is named (history.BadRow) and left out, never fatal."""
 import getpass
 import hashlib
 import os
 import time
 
 from .archive import Archive, check_rel
+from .commands import Result
+from .flow import REASONS, SHED_REPORT
 from .errors import LedgerCorrupt, RelayError
 from .fs import shown
 from . import health
@@ -14,7 +17,9 @@ from .history import BadRow, History, sift
 from .inbox import ORPHAN_AGE, Inbox
 from .layout import is_in_progress_name
 from .ledger import Status
+from .roster import ping_state
 from .sync import Syncer
+from .views import when_or_raw
 
 
 def actor():
@@ -25,19 +30,26 @@ def actor():
 
 
 def retry(ledger, layout, ids, now=None):
-    """Put failed messages back to pending, their files back into the spool. Returns
-    (done ids, problems)."""
+    """Put failed messages back to pending, their files back into the spool. A message already
+    pending says so and is left as it is. Returns a commands.Result."""
     now = time.time() if now is None else now
-    done, problems = [], []
+    result = Result()
     history = History(ledger)
     for mid in ids:
-        row = history.find(mid)
+        try:
+            row = history.find(mid)
+        except RelayError as e:
+            result.errors.append(str(e))
+            continue
         bad = BadRow.of(row)
         if bad is not None:
-            problems.append(f"{bad}: not retried")
+            result.errors.append(f"{bad}: not retried")
+            continue
+        if row["status"] in (Status.PENDING, Status.PROCESSING):
+            result.lines.append(f"{row['id']}: is {row['status']} already; nothing to retry")
             continue
         if row["status"] != Status.FAILED:
-            problems.append(f"{row['id']}: is {row['status']}, not failed; nothing to retry")
+            result.errors.append(f"{row['id']}: is {row['status']}, not failed; nothing to retry")
             continue
         src = row["failed_path"]
         try:
@@ -45,28 +57,50 @@ def retry(ledger, layout, ids, now=None):
         except OSError:
             present = False
         if not present:
-            problems.append(f"{row['id']}: its file is gone ({row['error']}); write the message again")
+            result.errors.append(f"{row['id']}: its file is gone ({row['error']}); write the message again")
             continue
         archive = Archive(layout, Syncer("full", layout.fs))
         archive.move(src, layout.spool_of(row))
         layout.fs.unlink_quietly(f"{src}.error.json")
         archive.syncer.flush("the retried message's move back to the spool")
-        done += ledger.requeue([row["id"]], now, actor())
-    return done, problems
+        for done in ledger.requeue([row["id"]], now, actor()):
+            was = " (an operator had expired it)" if row["expired_at"] is not None else ""
+            result.lines.append(f"{done}: back to pending{was}")
+    result.code = 1 if result.errors else 0
+    return result
+
+
+def retry_failed(ledger, layout, now=None):
+    """relay retry --failed: every failed message back to pending, except those an operator
+    expired (`relay retry ID` revives one of those by name)."""
+    rows = list(History(ledger).audit(status=Status.FAILED, oldest_first=True))
+    result = retry(ledger, layout, [r["id"] for r in rows if r["expired_at"] is None], now)
+    expired = sum(1 for r in rows if r["expired_at"] is not None)
+    if expired:
+        result.lines.append(f"{expired} message(s) an operator expired stay failed (`relay retry ID` revives one)")
+    if not rows:
+        result.lines.append("no failed messages")
+    return result
 
 
 def expire(ledger, layout, mid, now=None):
-    """A pending or failed message will not be delivered: it is failed, its file in failed/."""
+    """A pending or failed message will not be delivered: it is failed, its file in failed/.
+    One expired already is left as it is. Returns a commands.Result."""
     now = time.time() if now is None else now
-    row = History(ledger).find(mid)
+    history = History(ledger)
+    row = history.find(mid)
     bad = BadRow.of(row)
     if bad is not None:
         raise RelayError(f"{bad}: not expired")
+    if row["expired_at"] is not None and row["status"] == Status.FAILED:
+        return Result([f"{row['id']}: expired already; nothing changed"])
     if row["status"] not in (Status.PENDING, Status.FAILED):
         raise RelayError(f"{row['id']} is {row['status']}: only pending or failed messages can be expired")
     who = actor()
     reason = f"expired by {who}: will not be delivered"
     if not ledger.expire(row["id"], now, reason, who):
+        if history.get(row["id"])["expired_at"] is not None:
+            return Result([f"{row['id']}: expired already; nothing changed"])
         raise RelayError(f"{row['id']} was claimed for delivery meanwhile; try again")
     archive = Archive(layout, Syncer("full", layout.fs))
     src = None      # a failed message is in failed/ already
@@ -82,7 +116,7 @@ def expire(ledger, layout, mid, now=None):
         archive.write_report(rel, report)
     archive.syncer.flush("expired message")
     ledger.quarantined(row["id"], rel)
-    return row["id"]
+    return Result([f"{row['id']}: expired; will not be delivered"])
 
 
 def _sha256(fs, rel):
@@ -212,12 +246,19 @@ def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False
         if not layout.fs.exists(row["failed_path"]):
             out.append(f"{row['id']}: quarantined file {row['failed_path']} is missing; `relay expire` or ignore")
     known = history.recorded_paths()
+    reports = {}            # flow control's reports: known while their message's sheds are recorded
     for base in ("archive", "failed"):
         for rel in layout.fs.walk_files(base):
+            if base == "failed" and rel.endswith(SHED_REPORT):
+                reports[rel] = rel.rpartition("/")[2].partition("--")[0]
+                continue
             if base == "failed" and rel.endswith(".error.json"):
                 rel = rel[: -len(".error.json")]
             if rel not in known:
                 out.append(f"{shown(rel)}: a file no ledger record knows; move it away or delete it")
+    shed = history.sheds_of(sorted(set(reports.values())))
+    out += [f"{shown(rel)}: a file no ledger record knows; move it away or delete it"
+            for rel, mid in sorted(reports.items()) if mid not in shed]
     active = history.active_ids()
     for _, mid, _, rel in layout.spooled():
         if mid not in active:
@@ -231,11 +272,23 @@ def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False
     return out, facts
 
 
-def agents_report(history, layout, known, bad=None):
-    """One row per agent; agents rows this build cannot read are appended to `bad` and left out."""
+def agents_report(history, layout, known, bad=None, now=None):
+    """Each agent: outbox waiting, inbox new/cur, last seen, sent/received, last error, whether
+    it is archived, what flow control shed on the way to it and from it, its last ping. Agents
+    rows this build cannot read are appended to `bad` and left out."""
+    now = time.time() if now is None else now
     rows = []
     seen = {r["name"]: r for r in sift(history.agents(), [] if bad is None else bad, "agents")}
-    for name in sorted(set(known) | set(seen) | {"System"}):
+    archived = history.archived_agents()
+    pings = history.last_pings()
+    shed_to, shed_from = {}, {}
+    for (sender, recipient), by_reason in history.shed_pairs().items():
+        for reason, n in by_reason.items():
+            into = shed_to.setdefault(recipient, dict.fromkeys(REASONS, 0))
+            into[reason] = into.get(reason, 0) + n
+            out = shed_from.setdefault(sender, dict.fromkeys(REASONS, 0))
+            out[reason] = out.get(reason, 0) + n
+    for name in sorted(set(known) | set(seen) | set(archived) | {"System"}):
         waiting = layout.fs.count(f"outbox/{name}", lambda e: e.is_file(follow_symlinks=False)
                                   and not is_in_progress_name(e.name))
         counts = {sub: layout.fs.count(f"inbox/{name}/{sub}") for sub in ("new", "cur")}
@@ -247,7 +300,11 @@ def agents_report(history, layout, known, bad=None):
             err = None
         rows.append({"agent": name, "outbox_waiting": waiting, "inbox_new": counts["new"], "inbox_cur": counts["cur"],
                      "last_seen": seen[name]["last_seen"] if name in seen else None, "sent": sent,
-                     "received": received, "last_error": f"{err['id']}: {err['error']}" if err else None})
+                     "received": received, "last_error": f"{err['id']}: {err['error']}" if err else None,
+                     "archived": when_or_raw(archived[name][0]) if name in archived else None,
+                     "shed_to": shed_to.get(name, dict.fromkeys(REASONS, 0)),
+                     "shed_from": shed_from.get(name, dict.fromkeys(REASONS, 0)),
+                     "ping": ping_state(layout.fs, name, pings.get(name), now)})
     return rows
 
 

@@ -18,6 +18,7 @@ import os
 import signal
 import stat
 
+from . import flow
 from .errors import TransientError
 from .fs import Unsafe, bad_name, shown, write_all
 from .layout import is_in_progress_name
@@ -256,16 +257,15 @@ class Outbox:
                 return
             limit = max_body_bytes + HEADER_ALLOWANCE
             if st.st_size > limit:
-                w.refused = (f"the file is {st.st_size} bytes, over max_body_bytes "
-                             f"({max_body_bytes}) plus room for headers")
-                return
+                return too_large(w, max_body_bytes, st.st_size, f"the file is {st.st_size} bytes, over "
+                                 f"max_body_bytes ({max_body_bytes}) plus room for headers")
             chunks, total = [], 0
             while chunk := os.read(fd, 1 << 20):
                 chunks.append(chunk)
                 total += len(chunk)
                 if total > limit:
-                    w.refused = f"the file grew past {limit} bytes while relay read it"
-                    return
+                    return too_large(w, max_body_bytes, total, f"the file grew past {limit} bytes while relay "
+                                     "read it, over max_body_bytes plus room for headers")
             if st.st_nlink > 1:
                 data = b"".join(chunks)
                 self._private_copy(w, data, stat.S_IMODE(st.st_mode) & ~0o022)
@@ -296,6 +296,12 @@ class Outbox:
         self.fs.rename(tmp, w.path)
         self.syncer.dir_changed(f"spool/{w.sender}")
         log.info("%s from %s has other hard links: relay delivers and archives a private copy", w.id, w.sender)
+
+
+def too_large(w, limit, observed, text):
+    """A file too large to read: shed (body_size) for its recipients, unread (`*`)."""
+    w.shed = flow.body_size(limit, observed, text=text)
+    w.refused = flow.summary(w.shed)
 
 
 def not_regular(st):

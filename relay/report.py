@@ -1,11 +1,18 @@
 """`relay report --html FILE`: one self-contained page (inline CSS and SVG, no network) for a
-person: who told whom how much, traffic per hour, failures with reasons, threads, and the stored
-rows this relay cannot read. The figures come from History.figures()."""
+person: who told whom how much, traffic per hour, failures with reasons, what flow control shed
+and why, threads, and the stored rows this relay cannot read. The figures come from
+History.figures()."""
 import datetime
 import html
 
 from .ledger import Status
+from .flow import REASONS
 from .message import iso
+from .views import num
+
+
+def _time(ts):
+    return iso(ts) if isinstance(ts, (int, float)) else ts
 
 CSS = """
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#1a202c;background:#fff}
@@ -92,6 +99,13 @@ def render(data, title="relay report", now=None):
         f"<tr><td><code>{_e(r['id'])}</code></td><td>{_e(r['sender'])}</td><td>{_e(r['name'])}</td>"
         f"<td class='err'>{_e(r['error'])}</td><td>{_e(iso(r['failed_at']) if r['failed_at'] else '')}</td></tr>"
         for r in data["failures"]) or "<tr><td colspan='5'>No failures.</td></tr>"
+    shed_counts = data.get("shed_counts", {})
+    shed_cards = "".join(f"<div class='card'><b>{shed_counts.get(k, 0)}</b>{k}</div>" for k in REASONS)
+    sheds = "".join(
+        f"<tr><td>{_e(_time(r['at']))}</td><td><code>{_e(r['message_id'])}</code></td><td>{_e(r['sender'])}</td>"
+        f"<td>{_e(r['recipient'])}</td><td class='err'>{_e(r['reason'])}</td><td class='n'>{_e(num(r['limit_value']))}"
+        f"</td><td class='n'>{_e(num(r['observed']))}</td></tr>"
+        for r in data.get("sheds", [])) or "<tr><td colspan='7'>Nothing shed.</td></tr>"
     threads = "".join(
         f"<tr><td>{_e(r['thread'])}</td><td class='n'>{r['n']}</td><td>{_e(r['senders'])}</td>"
         f"<td>{_e(iso(r['first']))}</td><td>{_e(iso(r['last']))}</td></tr>"
@@ -108,6 +122,9 @@ def render(data, title="relay report", now=None):
 {_hours(data["hours"])}
 <h2>Failures</h2>
 <table id="failures"><tr><th>id</th><th>from</th><th>file</th><th>reason</th><th>failed at</th></tr>{failures}</table>
+<h2>Shed by flow control</h2>
+<div class="cards" id="shed-counts">{shed_cards}</div>
+<table id="sheds"><tr><th>at</th><th>id</th><th>from</th><th>to</th><th>reason</th><th>limit</th><th>observed</th></tr>{sheds}</table>
 <h2>Threads</h2>
 <table id="threads"><tr><th>thread</th><th>messages</th><th>senders</th><th>first</th><th>last</th></tr>{threads}</table>
 {_unreadable(data.get("unreadable") or [])}

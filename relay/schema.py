@@ -136,6 +136,47 @@ CREATE TABLE link (
     updated_at REAL NOT NULL
 );
 """),
+    (4, "flow control and operator commands", """
+CREATE TABLE sheds (
+    message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    recipient  TEXT NOT NULL,
+    sender     TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    limit_value REAL,
+    observed   REAL,
+    at         REAL NOT NULL,
+    released_at REAL,
+    PRIMARY KEY (message_id, recipient)
+) WITHOUT ROWID;
+CREATE INDEX sheds_pair ON sheds(sender, recipient, reason);
+CREATE INDEX sheds_at ON sheds(at);
+CREATE TABLE commands (
+    id        TEXT PRIMARY KEY,
+    verb      TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    actor     TEXT NOT NULL,
+    at        REAL NOT NULL,
+    result    TEXT
+) WITHOUT ROWID;
+CREATE TABLE pings (
+    id      TEXT PRIMARY KEY,
+    agent   TEXT NOT NULL,
+    sent_at REAL NOT NULL,
+    actor   TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX pings_agent ON pings(agent, sent_at);
+CREATE TABLE archived_agents (
+    name   TEXT PRIMARY KEY,
+    at     REAL NOT NULL,
+    actor  TEXT NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE messages ADD COLUMN expired_at REAL;
+UPDATE messages SET expired_at = failed_at WHERE status = 'failed' AND EXISTS (
+    SELECT 1 FROM events e WHERE e.message_id = messages.id AND e.event = 'expired' AND e.seq > coalesce(
+        (SELECT max(r.seq) FROM events r WHERE r.message_id = messages.id AND r.event = 'retry'), 0));
+"""),
 ]
+# Versions are applied by number, each once, in order: a ledger may lack a lower number that
+# was added later, and gets it at its next start.
 MIGRATIONS.sort(key=lambda m: m[0])
-SCHEMA_VERSION = max(version for version, _, _ in MIGRATIONS)     # migrations are keyed by their version
+SCHEMA_VERSION = max(v for v, _, _ in MIGRATIONS)

@@ -124,7 +124,27 @@ def table(rows, width=None, remote=None):
     return "\n".join(lines)
 
 
-def show(row, deliveries, events, paths, body, remote=()):
+def num(value):
+    """A stored number as people read it: 600.0 -> 600; text as it is; anything else (bytes a
+    damaged row holds) as its repr."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if value is None or isinstance(value, (int, float, str)) else repr(value)[:80]
+
+
+def when_or_raw(ts):
+    """A stored time as ISO 8601, or as it is when it is not a number."""
+    return when(ts) if ts is None or isinstance(ts, (int, float)) else plain(ts)
+
+
+def shed(row):
+    """A shed record as JSON."""
+    return {"recipient": row["recipient"], "reason": row["reason"], "limit": num(row["limit_value"]),
+            "observed": num(row["observed"]), "at": when_or_raw(row["at"]),
+            "released_at": when_or_raw(row["released_at"])}
+
+
+def show(row, deliveries, events, paths, body, remote=(), sheds=()):
     """Everything about one message, for a person. `remote`: its outbound rows (other nodes)."""
     rec = record(row)
     out = [f"message {row['id']}"]
@@ -149,6 +169,12 @@ def show(row, deliveries, events, paths, body, remote=()):
             state = (f"published {iso(o['published_at'])} as entry {o['entry_id']}" if o["status"] == "published"
                      else f"waiting for the server (attempt {o['attempts']}): {o['error'] or 'not tried yet'}")
             out.append(f"  {names} @ {o['node']:<14} {state}")
+    if sheds:
+        out.append("shed (not delivered to):")
+        for s in sheds:
+            limit = f", limit {num(s['limit'])}, observed {num(s['observed'])}" if s["limit"] is not None else ""
+            released = f"; released by relay retry at {s['released_at']}" if s["released_at"] else ""
+            out.append(f"  {plain(s['recipient']):<20} {s['reason']}{limit}  at {s['at']}{released}")
     out.append("events:")
     for e in events:
         detail = f"  {e['detail']}" if e["detail"] else ""
@@ -203,3 +229,51 @@ def federation(doc, running, now):
     for name, other in doc["conflicts"]:
         lines.append(f"  CONFLICT   agent {name} is on node {other} too: it stays local here; rename one of them")
     return "\n".join(lines)
+
+
+def age(seconds):
+    """90 -> '1m30s', for a table."""
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def ping(state):
+    """An agent's last ping, for a table: read after 4s, waiting 2m, gone, or nothing."""
+    if not state:
+        return ""
+    if state["state"] == "read":
+        return f"read in {age(state['read_after_s'])}"
+    if state["state"] == "waiting":
+        return f"unread {age(state['age_s'])}"
+    return state["state"]
+
+
+def _sheds(by_reason):
+    return ", ".join(f"{k} {v}" for k, v in by_reason.items() if v) or "-"
+
+
+def queues(doc):
+    """relay queues as two tables: agents, then pairs (worst first)."""
+    out = [f"{'AGENT':<20} {'DEPTH':>6} {'PENDING':>7} {'UNREAD':>6} {'OLDEST':>7}  {'LAST DELIVERY':<19} "
+           f"{'PING':<14} SHED"]
+    for r in doc["agents"]:
+        name = f"{r['agent']} (archived)" if r["archived"] else r["agent"]
+        out.append(f"{plain(name):<20} {r['depth']:>6} {r['pending']:>7} {r['unread']:>6} "
+                   f"{age(r['oldest_unread_age_s']):>7}  {plain(r['last_delivery'] or '')[:19]:<19} "
+                   f"{ping(r.get('ping')):<14} {_sheds(r['shed'])}")
+    out.append("")
+    out.append(f"{'FROM -> TO':<34} {'DEPTH':>6} {'PENDING':>7} {'UNREAD':>6} {'OLDEST':>7}  {'LAST DELIVERY':<19} SHED")
+    for r in doc["pairs"]:
+        out.append(f"{clip(r['from'] + ' -> ' + r['to'], 34):<34} {r['depth']:>6} {r['pending']:>7} {r['unread']:>6} "
+                   f"{age(r['oldest_unread_age_s']):>7}  {plain(r['last_delivery'] or '')[:19]:<19} {_sheds(r['shed'])}")
+    if not doc["pairs"]:
+        out.append("(no traffic yet)")
+    return "\n".join(out)

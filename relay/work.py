@@ -35,6 +35,7 @@ class Counts:
     retried: int = 0
     deferred: int = 0
     swept: int = 0
+    shed: int = 0           # recipients shed (flow.py)
 
     def add(self, other):
         for f in dataclasses.fields(self):
@@ -43,6 +44,19 @@ class Counts:
     @property
     def busy(self):
         return bool(self.registered or self.claimed or self.archived or self.swept)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shed:
+    """Why one recipient does not get a message (flow.py): the reason, the limit in force and
+    the value observed, and a sentence for the sender."""
+    reason: str             # body_size, per_pair_rate, queue_limit, recipient_archived
+    limit: float = None
+    observed: float = None
+    text: str = ""
+
+    def __str__(self):
+        return f"{self.reason}: {self.text}" if self.text else self.reason
 
 
 @dataclasses.dataclass(eq=False)
@@ -76,6 +90,8 @@ class Work:
     got: dict = dataclasses.field(default_factory=dict)        # recipient -> (size, sha256) delivered now
     missed: dict = dataclasses.field(default_factory=dict)     # recipient -> error
     remote: dict = dataclasses.field(default_factory=dict)     # recipient on another node -> node (queued)
+    shed: dict = dataclasses.field(default_factory=dict)       # recipient -> Shed, decided in this batch
+    shed_before: dict = dataclasses.field(default_factory=dict)  # recipient -> reason recorded by an earlier attempt
     archived: bool = False
     failed_rel: str = None
     next_attempt_at: float = 0.0
@@ -101,7 +117,8 @@ class Work:
         if self.duplicate_of is not None:
             return not self.missed
         return bool(self.recipients) and not self.missed and all(
-            r in self.got or r in self.had or r in self.remote for r in self.recipients)
+            r in self.got or r in self.had or r in self.remote or r in self.shed or r in self.shed_before
+            for r in self.recipients)
 
 
 def fields(event, mid, sender=None, recipients=None):

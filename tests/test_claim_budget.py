@@ -58,8 +58,8 @@ def test_a_message_that_stops_relay_again_and_again_is_quarantined_then_retried(
     assert [e["event"] for e in relay.history.events(r["id"])][-1] == "failed"
     assert relay.drain().claimed == 0                   # not claimed again: relay stays up
     # The operator brings it back; its recipients then hold it once each, as if never stopped.
-    done, problems = retry(relay.ledger, relay.layout, [r["id"]])
-    assert done == [r["id"]] and problems == []
+    result = retry(relay.ledger, relay.layout, [r["id"]])
+    assert result.lines == [f"{r['id']}: back to pending"] and result.errors == [] and result.code == 0
     assert relay.history.get(r["id"])["interrupted"] == 0
     assert relay.drain().archived == 1
     assert len(project.inbox("Ben")) == len(project.inbox("Cy")) == 1

@@ -176,10 +176,13 @@ def test_bench_prints_every_figure(tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     for key in ("disk", "naive_durable_per_s", "naive_nosync_per_s", "relay_full_per_s", "relay_normal_per_s",
-                "ratio_full_to_naive_durable", "ratio_normal_to_naive_nosync", "latency", "peak_rss_mb"):
+                "ratio_full_to_naive_durable", "ratio_normal_to_naive_nosync", "flow_control", "latency", "peak_rss_mb"):
         assert key in doc, key
     assert doc["latency"]["delivered"] == doc["latency"]["messages"] == 25
     assert doc["relay_full_per_s"] > 0 and doc["disk"]["fsync_creates_per_s"] > 0
+    fc = doc["flow_control"]
+    assert len(fc["runs_on"]) == len(fc["runs_off"]) == 3 and fc["ratio"] == round(max(fc["runs_on"]) / max(fc["runs_off"]), 3)
+    assert 0 < fc["own_seconds"] < fc["run_seconds"] and fc["own_share"] == pytest.approx(fc["own_seconds"] / fc["run_seconds"], rel=0.2)
 
 
 def test_json_logs_one_object_per_line(cli):

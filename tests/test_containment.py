@@ -272,7 +272,7 @@ def test_one_recipient_failing_never_makes_the_other_receive_twice(project, cloc
     assert report["delivered_to"] == ["Ben"]
     switch["on"] = False
     from relay import operator
-    assert operator.retry(relay.ledger, relay.layout, [row["id"]])[0] == [row["id"]]
+    assert operator.retry(relay.ledger, relay.layout, [row["id"]]).lines == [f"{row['id']}: back to pending"]
     relay.step(clock.advance(1))
     assert bodies(project, "Cy") == ["once each"] and bodies(project, "Ben") == []
     assert relay.history.get(row["id"])["status"] == "archived"

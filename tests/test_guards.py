@@ -67,6 +67,8 @@ def test_inbox_refuses_an_inbox_that_leads_outside_the_state_directory(cli):
     (["audit", "--from", "../x"], "../x"),
     (["audit", "--to", "x/../../y"], "x/../../y"),
     (["init", "--agent", "Ann", "--agent", "../x"], "../x"),
+    (["ping", "../x"], "../x"),
+    (["archive-agent", "x/../../y"], "x/../../y"),
 ])
 def test_every_verb_that_takes_an_agent_name_refuses_a_bad_one_before_touching_anything(cli, args, bad):
     cli("init", "--agent", "Ann", "--agent", "Ben")

@@ -174,6 +174,9 @@ def test_a_hook_that_hangs_delays_no_delivery_and_is_killed_at_stop(project, cap
     assert not gone(first[0], timeout=0) and relay.hooks.pending == 2
     second = [int(p) for p in started(fifo)]
     assert relay.history.counts()["archived"] == 2 and len(project.inbox("Ben")) == len(project.inbox("Cy")) == 1
+    deadline = time.monotonic() + 10     # the shell may write the FIFO before Popen returns to the worker
+    while len(relay.hooks.running()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert sorted(d.recipient for d in relay.hooks.running()) == ["Ben", "Cy"]
     with caplog.at_level("INFO", logger="relay"):
         relay.hooks.stop(0)

@@ -1,0 +1,73 @@
+"""Operator commands, recorded and idempotent. Each run of `relay retry`, `expire`, `ping` and
+`archive-agent` is kept in the ledger's commands table: its id, verb, arguments, actor, time and
+result. Given `--command-id ID` again, the first result is printed again and nothing changes
+("existing"); an id first used for another verb or other arguments is refused. A command whose
+first run never finished (killed) runs again under its id: each of these verbs is harmless to
+repeat. Without an id the command gets one of its own and is recorded the same way."""
+import dataclasses
+import time
+
+import orjson
+
+from .errors import InvalidName, RelayError
+from .ids import IdGenerator
+from .message import iso
+
+MAX_ID = 200
+
+
+@dataclasses.dataclass
+class Result:
+    """What a command printed: lines for stdout, errors for stderr, its exit code."""
+    lines: list = dataclasses.field(default_factory=list)
+    errors: list = dataclasses.field(default_factory=list)
+    code: int = 0
+    id: str = None
+    existing: bool = False
+
+    def to_json(self):
+        return orjson.dumps({"lines": self.lines, "errors": self.errors, "code": self.code}).decode()
+
+
+def check_id(cid):
+    """A command id: 1 to 200 printable characters."""
+    if not cid or len(cid) > MAX_ID or any(c < " " or c == "\x7f" for c in cid):
+        raise InvalidName(f"invalid command id {cid[:MAX_ID]!r}: give 1 to {MAX_ID} printable characters")
+    return cid
+
+
+def run(ledger, verb, arguments, command_id, action, actor, now=None):
+    """Run `action()` (which returns a Result or raises RelayError) once per command id and
+    record it; the same id again returns the first Result, marked existing."""
+    now = time.time() if now is None else now
+    args = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+    if command_id is not None:
+        check_id(command_id)
+        first = ledger.begin_command(command_id, verb, args, actor, now)
+        if first is not None:
+            if (first["verb"], first["arguments"]) != (verb, args):
+                raise RelayError(f"command id {command_id!r} was first used for `relay {first['verb']}` with "
+                                 f"{first['arguments']}; give this command a new id")
+            if first["result"] is not None:
+                return existing(first)
+    cid = command_id or f"auto-{IdGenerator().new(now)}"
+    try:
+        result = action()
+    except RelayError as e:
+        result = Result(errors=[str(e)], code=1)
+    result.id = cid
+    ledger.finish_command(cid, verb, args, actor, now, result.to_json())
+    return result
+
+
+def existing(row):
+    try:
+        doc = orjson.loads(row["result"])
+        first = Result(list(doc["lines"]), list(doc["errors"]), int(doc["code"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        first = Result(errors=[f"the recorded result is unreadable: {row['result']!r:.200}"], code=1)
+    at = iso(row["at"]) if isinstance(row["at"], (int, float)) else row["at"]
+    first.lines.insert(0, f"command {row['id']}: existing (first run {at} by {row['actor']}); nothing changed. "
+                          "Its result then:")
+    first.id, first.existing = row["id"], True
+    return first

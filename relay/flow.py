@@ -1,0 +1,223 @@
+"""Flow control: which recipients of a batch's messages relay sheds, and why.
+
+A shed message is not delivered to that recipient; its other recipients still get it; the
+sender learns it (the ledger's shed record, and a report in failed/<sender>/), and a message
+shed for every recipient is failed with the reason. The reasons, each with the limit in force
+and the value observed:
+
+- `body_size`: the body is over `max_body_bytes` (decided where the file is read and parsed);
+- `per_pair_rate`: the sender has had `pair_rate` messages delivered to this recipient in the
+  last `pair_window` (an echo loop between two agents is stopped here);
+- `queue_limit`: the recipient already holds `queue_limit` unread envelopes in its new/;
+- `recipient_archived`: an operator archived the recipient (relay archive-agent).
+
+The hot path stays cheap: the per-pair windows live in memory (seeded from the ledger's
+deliveries at start, or when the limits change), and a recipient's new/ is counted at most once
+per batch, only when the count kept since its last listing (relay's own deliveries added, an
+upper bound since readers only take envelopes away) could reach the limit, or when that count
+is older than `rescan_interval`.
+"""
+import collections
+import logging
+
+from .errors import DurabilityError, TooLarge
+from .message import BROADCAST
+from .work import Shed
+
+log = logging.getLogger(__name__)
+
+REASONS = ("body_size", "per_pair_rate", "queue_limit", "recipient_archived")
+
+
+def seconds(value):
+    """A duration as people write it: 600 -> '10m'."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if value >= size and value % size == 0:
+            return f"{int(value // size)}{unit}"
+    return f"{value:g}s"
+
+
+def body_size(limit, observed, names=("*",), text=None):
+    """The sheds of a message whose body is over max_body_bytes: one per recipient as written
+    (`*` when the file was too large to read who it is for)."""
+    text = text or f"the body is {observed} bytes, over max_body_bytes ({limit})"
+    names = ["*" if n in BROADCAST else n for n in names] or ["*"]
+    return {n: Shed("body_size", limit, observed, text) for n in dict.fromkeys(names)}
+
+
+def summary(sheds, everyone=True):
+    """One line for a message's sheds: its failure reason when it was shed for `everyone`."""
+    names = sorted(sheds)
+    whom = "every recipient" if everyone and (len(names) > 1 or names == ["*"]) else ", ".join(names)
+    reasons = {str(s) for s in sheds.values()}
+    if len(reasons) == 1:
+        return f"shed for {whom} ({reasons.pop()})"
+    return f"shed for {whom}: " + "; ".join(f"{r} ({s})" for r, s in sorted(sheds.items()))
+
+
+def refused(w, e):
+    """A message relay will not deliver as it is (MessageRefused `e`): its reason, and when it
+    is too large, its body_size sheds."""
+    w.message, w.refused = e.parsed, str(e)
+    if isinstance(e, TooLarge):
+        w.shed = body_size(e.limit, e.observed, e.names)
+        w.refused = summary(w.shed)
+
+
+def logged(w):
+    """Log a work's sheds of this batch (with its id and sender); returns how many."""
+    if w.shed:
+        log.warning("%s from %s shed for %s", w.id, w.sender, "; ".join(f"{r} ({s})" for r, s in w.shed.items()))
+    return len(w.shed)
+
+
+def entries(w):
+    """The sheds of a work as the sender's report lists them."""
+    out = [{"recipient": r, "reason": s.reason, "limit": s.limit, "observed": s.observed, "detail": s.text}
+           for r, s in sorted(w.shed.items())]
+    return out + [{"recipient": r, "reason": reason, "detail": "shed by an earlier attempt"}
+                  for r, reason in sorted(w.shed_before.items())]
+
+
+def report(archive, w, now):
+    """failed/<sender>/<id>--<name>.shed.json: a message delivered to some recipients and shed for
+    others says so where the sender's failures land. A report left by an attempt that a crash
+    cut short, on a message now shed for nobody, is removed. A report that cannot be written (a
+    link planted in failed/) is logged; the ledger's records stand."""
+    rel = archive.layout.failed_rel(w.sender, w.id, w.name)
+    if not w.shed:
+        if w.thorough and w.complete and not w.shed_before:
+            archive.fs.unlink_quietly(rel + SHED_REPORT)
+        return
+    doc = archive.report(w.id, w.sender, w.name, summary(w.shed, everyone=False), now, w.retries + 1,
+                         sorted(set(w.got) | set(w.had)), entries(w))
+    doc["what_to_do"] = WHAT_TO_DO
+    try:
+        archive.write_report(rel, doc, SHED_REPORT)
+    except (OSError, DurabilityError) as e:
+        log.error("%s from %s: cannot write %s%s: %s", w.id, w.sender, rel, SHED_REPORT, e)
+
+
+SHED_REPORT = ".shed.json"
+WHAT_TO_DO = ("the recipients listed under `shed` did not get this message (the others did): per_pair_rate, wait "
+              "for the window to pass; queue_limit, the recipient must read its inbox; then send it to them again")
+
+
+class FlowControl:
+    def __init__(self, layout, history, inbox):
+        self.fs = layout.fs
+        self.history = history
+        self.inbox = inbox          # a message tried before may be held already: never shed then
+        self.pairs = {}             # (sender, recipient) -> deque of delivery times, oldest first
+        self.unread = {}            # recipient -> [unread envelopes (at most), when listed]
+        self.seeded_for = None      # (pair_rate, pair_window) the windows were seeded with
+        self.next_prune = 0.0
+
+    def seed(self, now, config):
+        """The per-pair windows from the deliveries the ledger recorded in the last pair_window."""
+        self.pairs = {}
+        self.unread = {}
+        self.seeded_for = (config.pair_rate, config.pair_window)
+        if not (config.pair_rate and config.pair_window):
+            return
+        times = collections.defaultdict(list)
+        for sender, recipient, at in self.history.deliveries_since(now - config.pair_window):
+            if isinstance(at, (int, float)):        # a row this build cannot read is left out
+                times[(sender, recipient)].append(at)
+        for pair, ts in times.items():
+            self.pairs[pair] = collections.deque(sorted(ts)[-config.pair_rate:])
+        self.next_prune = now + config.pair_window
+
+    def admit(self, works, now, config, archived, prior):
+        """Decide who is shed among the recipients of works ready for delivery: sets each
+        work's `shed` (decided now) and `shed_before` (recorded by an earlier attempt);
+        refuses a work shed for every recipient. `archived`: names of archived agents (left out
+        of a broadcast, shed when named); `prior`: {id: {recipient: (reason, released)}} of earlier
+        sheds, where a released one (relay retry) is delivered past the limits."""
+        if self.seeded_for != (config.pair_rate, config.pair_window):
+            self.seed(now, config)
+        adds = collections.Counter()        # admitted in this batch, not yet delivered
+        listed = set()                      # new/ directories listed in this batch
+        for w in works:
+            if w.sender in archived:
+                w.refused = (f"agent {w.sender} is archived (relay archive-agent): relay accepts nothing from it; "
+                             f"`relay archive-agent --undo {w.sender}` restores it")
+                continue
+            before = prior.get(w.id, {})
+            if archived and w.message is not None and any(n in BROADCAST for n in w.message.to):
+                named = set(w.message.to)
+                w.recipients = [r for r in w.recipients if r not in archived or r in named]
+                if not w.recipients:
+                    w.refused = "broadcast with no other agent to receive it (the others are archived)"
+                    continue
+            for r in w.recipients:
+                if r in w.had:
+                    continue
+                reason, released = before.get(r, (None, False))
+                if reason and not released:
+                    w.shed_before[r] = reason
+                    continue
+                shed = self._check(w.sender, r, now, config, archived, adds, listed, limits=not released)
+                if shed is not None and w.thorough and self.inbox.held(r, w):
+                    shed = None         # delivered by an attempt a crash cut short: it has it
+                if shed is None:
+                    adds[r] += 1
+                    adds[(w.sender, r)] += 1
+                else:
+                    w.shed[r] = shed
+            if w.recipients and all(r in w.shed or r in w.shed_before for r in w.recipients):
+                w.refused = summary({**w.shed_before, **w.shed})
+
+    def _check(self, sender, r, now, config, archived, adds, listed, limits=True):
+        if r in archived:
+            return Shed("recipient_archived", None, None,
+                        f"{r} is archived (relay archive-agent); relay delivers nothing to it")
+        if not limits:              # released by an operator's retry
+            return None
+        if config.queue_limit:
+            held = self._held(r, now, config, adds[r], listed) + adds[r]
+            if held >= config.queue_limit:
+                return Shed("queue_limit", config.queue_limit, held,
+                            f"{r} already holds {held} unread messages in its new/ (queue_limit = "
+                            f"{config.queue_limit}); it is not reading its inbox")
+        if config.pair_rate and config.pair_window:
+            q = self.pairs.get((sender, r))
+            if q:
+                while q and q[0] <= now - config.pair_window:
+                    q.popleft()
+            sent = (len(q) if q else 0) + adds[(sender, r)]
+            if sent >= config.pair_rate:
+                return Shed("per_pair_rate", config.pair_rate, sent + 1,
+                            f"{sender} sent {r} {sent} messages in the last {seconds(config.pair_window)}; "
+                            f"this one is over pair_rate = {config.pair_rate} per pair_window = "
+                            f"{seconds(config.pair_window)}")
+        return None
+
+    def _held(self, r, now, config, adding, listed):
+        """Unread envelopes in r's new/: the count kept, or a listing (at most once a batch)."""
+        kept = self.unread.get(r)
+        if r not in listed and (kept is None or kept[0] + adding + 1 >= config.queue_limit
+                                or now - kept[1] >= config.rescan_interval):
+            listed.add(r)
+            kept = self.unread[r] = [self.fs.count(f"inbox/{r}/new", lambda e: not e.name.startswith(".")), now]
+        return kept[0]
+
+    def commit(self, works, now, config):
+        """After the batch is recorded: its deliveries enter the windows and the counts kept."""
+        window = config.pair_rate and config.pair_window
+        for w in works:
+            for r in w.got:
+                kept = self.unread.get(r)
+                if kept is not None:
+                    kept[0] += 1
+                if window:
+                    q = self.pairs.get((w.sender, r))
+                    if q is None:
+                        q = self.pairs[(w.sender, r)] = collections.deque()
+                    q.append(now)
+                    if len(q) > config.pair_rate:
+                        q.popleft()
+        if window and now >= self.next_prune:
+            cutoff = now - config.pair_window
+            self.pairs = {pair: q for pair, q in self.pairs.items() if q and q[-1] > cutoff}
+            self.next_prune = now + config.pair_window

@@ -1,0 +1,316 @@
+"""Flow control: each shed reason, the echo loop stopped by pair_rate, what the sender learns,
+one record per (message, recipient), the cheap hot path, limits off."""
+import json
+import os
+
+import pytest
+
+from conftest import failing_create
+
+
+def sheds(relay, mid):
+    return [(s["recipient"], s["reason"], s["limit_value"], s["observed"], s["sender"])
+            for s in relay.history.sheds(mid)]
+
+
+def ids(relay, status=None):
+    return [r["id"] for r in relay.history.audit(status=status, oldest_first=True)]
+
+
+def named(relay):
+    return {r["name"]: r["id"] for r in relay.history.audit()}
+
+
+def take(project, agent):
+    """The agent reads its inbox: every envelope in new/ moves to cur/."""
+    new = project.state / "inbox" / agent / "new"
+    for p in sorted(new.iterdir()):
+        os.rename(p, project.state / "inbox" / agent / "cur" / (p.name + ":2,S"))
+
+
+def test_body_size_is_a_shed_and_a_failure(project):
+    relay = project.relay(max_body_bytes=100)
+    project.drop("Ann", "big", "TO: Ben, Cy\n\n" + "x" * 150)
+    project.drop("Ann", "huge", "TO: Ben\n\n" + "x" * 300_000)     # too large to read at all
+    project.drop("Ann", "ok", "TO: Ben\n\nsmall")
+    counts = relay.drain()
+    assert counts.shed == 3 and counts.failed == 2 and counts.archived == 1
+    big, huge = named(relay)["big"], named(relay)["huge"]
+    assert sheds(relay, big) == [("Ben", "body_size", 100, 150, "Ann"), ("Cy", "body_size", 100, 150, "Ann")]
+    [(who, reason, limit, observed, _)] = sheds(relay, huge)
+    assert (who, reason, limit) == ("*", "body_size", 100) and observed > 300_000
+    row = relay.history.get(big)
+    assert row["status"] == "failed" and "shed for every recipient" in row["error"]
+    assert "over max_body_bytes (100)" in row["error"]
+    report = json.loads((project.state / f"{row['failed_path']}.error.json").read_text())
+    assert [s["reason"] for s in report["shed"]] == ["body_size", "body_size"] and "body_size" in report["reason"]
+    assert [e["body"] for e in project.inbox("Ben")] == ["small"]
+
+
+def test_per_pair_rate_sheds_over_the_window_and_spares_other_recipients(project, clock):
+    relay = project.relay(pair_rate=3, pair_window="60s")
+    for i in range(3):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nm{i}")
+    relay.drain()
+    project.drop("Ann", "both", "TO: Ben, Cy\n\nboth")
+    project.drop("Ann", "only", "TO: Ben\n\nonly")
+    project.drop("Cy", "other", "TO: Ben\n\nother sender")      # another pair: its own window
+    relay.drain()
+    both, only = named(relay)["both"], named(relay)["only"]
+    assert sheds(relay, both) == [("Ben", "per_pair_rate", 3, 4, "Ann")]
+    assert sheds(relay, only) == [("Ben", "per_pair_rate", 3, 4, "Ann")]
+    assert relay.history.get(both)["status"] == "archived"                  # Cy got it
+    assert [e["body"] for e in project.inbox("Cy")] == ["both"]
+    assert relay.history.get(only)["status"] == "failed" and "per_pair_rate" in relay.history.get(only)["error"]
+    assert sorted(e["body"] for e in project.inbox("Ben")) == ["m0", "m1", "m2", "other sender"]
+    # the sender of the partly shed message learns it where its failures land
+    report = json.loads((project.state / "failed/Ann" / f"{both}--both.shed.json").read_text())
+    assert report["shed"][0]["recipient"] == "Ben" and report["shed"][0]["reason"] == "per_pair_rate"
+    assert report["delivered_to"] == ["Cy"]
+    # once the window has passed, Ann reaches Ben again
+    clock.advance(61)
+    project.drop("Ann", "later", "TO: Ben\n\nlater")
+    relay.drain()
+    assert "later" in [e["body"] for e in project.inbox("Ben")]
+
+
+def test_the_echo_loop_between_two_agents_is_stopped_by_pair_rate(project, clock):
+    """Ann and Ben answer every message from each other at once: without a limit they would
+    flood each other forever. pair_rate lets `pair_rate` through per window, then sheds."""
+    relay = project.relay(agents=("Ann", "Ben"), pair_rate=5, pair_window="10m")
+    project.drop("Ann", "hello", "TO: Ben\n\nhello")
+    rounds = 0
+    for rounds in range(1, 50):
+        relay.drain()
+        replies = 0
+        for me, other in (("Ann", "Ben"), ("Ben", "Ann")):
+            for env in project.inbox(me):
+                project.drop(me, f"re-{env['id']}", f"TO: {other}\n\nre: {env['body'][:20]}")
+                replies += 1
+            take(project, me)
+        clock.advance(1)
+        if not replies:
+            break
+    assert rounds < 20, "the loop was not stopped"
+    delivered = {a: len(list((project.state / "inbox" / a / "cur").iterdir())) for a in ("Ann", "Ben")}
+    assert delivered == {"Ann": 5, "Ben": 5}
+    shed = [s for mid in ids(relay) for s in sheds(relay, mid)]
+    assert shed and {s[1] for s in shed} == {"per_pair_rate"}
+    assert relay.history.shed_counts() == {"per_pair_rate": len(shed)}
+
+
+def test_queue_limit_sheds_for_a_recipient_that_does_not_read(project, clock):
+    relay = project.relay(queue_limit=3)
+    for i in range(5):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nm{i}")
+    project.drop("Cy", "c", "TO: Ben, Ann\n\nto both")
+    relay.drain()
+    assert len(project.inbox("Ben")) == 3
+    shed = [s for mid in ids(relay) for s in sheds(relay, mid)]
+    assert [s[1:4] for s in shed] == [("queue_limit", 3, 3)] * 3
+    assert [e["body"] for e in project.inbox("Ann")] == ["to both"]
+    take(project, "Ben")                                 # Ben reads: room again
+    clock.advance(60)
+    project.drop("Ann", "after", "TO: Ben\n\nafter")
+    relay.drain()
+    assert [e["body"] for e in project.inbox("Ben")] == ["after"]
+
+
+def test_unread_envelopes_are_counted_once_per_recipient_per_batch_at_most(project):
+    relay = project.relay(queue_limit=40)
+    listings = []
+    real = relay.fs.count
+
+    def count(rel, *a, **k):
+        listings.append(rel)
+        return real(rel, *a, **k)
+    relay.fs.count = count
+    for i in range(60):
+        project.drop("Ann", f"m{i:02d}", f"TO: Ben, Cy\n\nm{i}")
+    relay.drain()
+    assert len(project.inbox("Ben")) == 40 and len(project.inbox("Cy")) == 40
+    assert sorted(listings) == ["inbox/Ben/new", "inbox/Cy/new"]     # one batch: one listing each
+
+
+def test_a_shed_is_recorded_once_even_when_the_message_is_retried(project, clock):
+    relay = project.relay(queue_limit=1)
+    project.drop("Ann", "first", "TO: Ben\n\nfills Ben's queue")
+    relay.drain()
+    switch = failing_create(relay, PermissionError(13, "Permission denied"), lambda rel: rel.startswith("inbox/Cy/"))
+    project.drop("Ann", "m", "TO: Ben, Cy\n\nBen is full, Cy is failing")
+    relay.hint("rescan")
+    relay.step(clock.advance(1))
+    mid = named(relay)["m"]
+    assert relay.history.get(mid)["status"] == "pending"
+    switch["on"] = False
+    take(project, "Ben")        # room again: the shed decision stands all the same
+    for _ in range(5):
+        relay.step(clock.advance(10))
+    assert relay.history.get(mid)["status"] == "archived"
+    assert sheds(relay, mid) == [("Ben", "queue_limit", 1, 1, "Ann")]
+    assert [e["event"] for e in relay.history.events(mid)].count("shed") == 1
+    assert [e["body"] for e in project.inbox("Cy")] == ["Ben is full, Cy is failing"]
+    assert [e["body"] for e in project.inbox("Ben")] == []
+
+
+def test_retry_delivers_a_shed_message_past_the_limits(project, clock):
+    from relay import operator
+    relay = project.relay(queue_limit=1)
+    project.drop("Ann", "a", "TO: Ben\n\na")
+    project.drop("Ann", "b", "TO: Ben\n\nb")
+    relay.drain()
+    [b] = ids(relay, "failed")
+    assert operator.retry(relay.ledger, relay.layout, [b], now=clock.now).lines == [f"{b}: back to pending"]
+    relay.step(clock.advance(1))
+    assert relay.history.get(b)["status"] == "archived"
+    assert sorted(e["body"] for e in project.inbox("Ben")) == ["a", "b"]
+    [(_, _, _, _, released)] = [(*s[:4], s["released_at"]) for s in relay.history.sheds(b)]
+    assert released == clock.now - 1
+
+
+def test_windows_are_seeded_from_the_ledger_at_start(project, clock):
+    relay = project.relay(pair_rate=2, pair_window="1h")
+    project.drop("Ann", "a", "TO: Ben\n\na")
+    project.drop("Ann", "b", "TO: Ben\n\nb")
+    relay.drain()
+    relay.close()
+    project.relays.remove(relay)
+    again = project.relay(pair_rate=2, pair_window="1h")
+    project.drop("Ann", "c", "TO: Ben\n\nc")
+    again.drain()
+    [c] = ids(again, "failed")
+    assert sheds(again, c) == [("Ben", "per_pair_rate", 2, 3, "Ann")]
+
+
+@pytest.mark.parametrize("off", [{"pair_rate": 0}, {"pair_window": "0s"}])
+def test_zero_turns_a_limit_off(project, off):
+    relay = project.relay(queue_limit=0, **off)
+    for i in range(30):
+        project.drop("Ann", f"m{i}", "TO: Ben\n\nx")
+    counts = relay.drain()
+    assert counts.archived == 30 and counts.shed == 0 and len(project.inbox("Ben")) == 30
+
+
+def test_defaults_never_shed_a_busy_pair(project):
+    relay = project.relay()
+    assert (relay.config.pair_rate, relay.config.pair_window, relay.config.queue_limit) == (600, 600, 10_000)
+    for i in range(300):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\n{i}")
+    assert relay.drain().shed == 0 and len(project.inbox("Ben")) == 300
+
+
+def test_a_shed_report_is_known_to_doctor_and_swept_with_its_message(project, clock):
+    from relay import operator
+    relay = project.relay(pair_rate=1, pair_window="1h")
+    project.drop("Ann", "a", "TO: Ben\n\na")
+    relay.drain()
+    project.drop("Ann", "b", "TO: Ben, Cy\n\nb")
+    relay.drain()
+    b = named(relay)["b"]
+    report = project.state / "failed/Ann" / f"{b}--b.shed.json"
+    problems, _ = operator.doctor(relay.history, relay.layout, None, now=clock.now)
+    assert report.exists() and [p for p in problems if "shed" in p] == []
+    stray = project.state / "failed/Ann" / "01AAAAAAAAAAAAAAAAAAAAAAAA--x.shed.json"
+    stray.write_text("{}")
+    problems, _ = operator.doctor(relay.history, relay.layout, None, now=clock.now)
+    assert [p.split(":")[0] for p in problems if ".shed.json" in p] == ["failed/Ann/01AAAAAAAAAAAAAAAAAAAAAAAA--x.shed.json"]
+    stray.unlink()
+    relay.sweep(clock.advance(8 * 86400))
+    assert not report.exists() and relay.history.get(b) is None
+    assert relay.history.shed_counts() == {}        # the records went with their message
+
+
+# -- attacks on flow control ------------------------------------------------------------------
+
+def test_a_planted_link_in_failed_does_not_stop_the_batch(project, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    relay = project.relay(pair_rate=1, pair_window="1h")
+    project.drop("Ann", "a", "TO: Ben\n\na")
+    relay.drain()
+    (project.state / "failed").mkdir(exist_ok=True)
+    (project.state / "failed/Ann").symlink_to(outside)
+    project.drop("Ann", "b", "TO: Ben, Cy\n\nb")
+    counts = relay.drain()
+    b = named(relay)["b"]
+    assert counts.shed == 1 and relay.history.get(b)["status"] == "archived"
+    assert [e["body"] for e in project.inbox("Cy")] == ["b"]
+    assert sheds(relay, b) == [("Ben", "per_pair_rate", 1, 2, "Ann")]
+    assert list(outside.iterdir()) == []
+
+
+def test_a_stale_report_from_a_cut_attempt_is_removed(project, clock):
+    relay = project.relay()
+    switch = failing_create(relay, PermissionError(13, "Permission denied"), lambda rel: rel.startswith("inbox/Cy/"))
+    project.drop("Ann", "m", "TO: Ben, Cy\n\nm")
+    relay.drain()
+    mid = named(relay)["m"]
+    stale = project.state / "failed/Ann" / f"{mid}--m.shed.json"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text('{"shed": "written before a crash"}')
+    switch["on"] = False
+    for _ in range(3):
+        relay.step(clock.advance(10))
+    assert relay.history.get(mid)["status"] == "archived" and not stale.exists()
+
+
+def test_a_broadcast_when_everyone_else_is_archived_fails_at_once(project):
+    relay = project.relay()
+    for name in ("Ben", "Cy"):
+        relay.ledger.archive_agent(name, 1.0, "operator:test")
+    project.drop("Ann", "all", "TO: *\n\nanyone?")
+    relay.drain()
+    row = relay.history.get(named(relay)["all"])
+    assert row["status"] == "failed" and "the others are archived" in row["error"] and row["retries"] == 0
+
+
+def test_an_operator_retry_passes_the_limits_but_never_an_archive(project, clock):
+    from relay import operator
+    relay = project.relay(queue_limit=1)
+    project.drop("Ann", "a", "TO: Ben\n\na")
+    project.drop("Ann", "b", "TO: Ben\n\nb")
+    relay.drain()
+    [b] = ids(relay, "failed")
+    relay.ledger.archive_agent("Ben", clock.now, "operator:test")
+    operator.retry(relay.ledger, relay.layout, [b], now=clock.now)
+    relay.step(clock.advance(1))
+    assert relay.history.get(b)["status"] == "failed"
+    [row] = relay.history.sheds(b)              # one record, renewed with the new reason
+    assert (row["reason"], row["released_at"]) == ("recipient_archived", None)
+    [held] = project.inbox("Ben")
+    assert held["id"] != b
+
+
+def test_rows_this_build_cannot_read_do_not_stop_flow_control_or_the_views(cli):
+    import sqlite3
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    (cli.state / "relay.toml").write_text("pair_rate = 1\n")
+    for name in ("one", "two"):
+        (cli.state / "outbox/Ann" / name).write_text("TO: Ben\n\nx")
+        os.utime(cli.state / "outbox/Ann" / name, (1_700_000_000, 1_700_000_000))
+    cli("run", "--once", "-q")
+    db = sqlite3.connect(cli.state / "ledger.sqlite", isolation_level=None)
+    db.execute("UPDATE sheds SET at = 'yesterday', limit_value = 'many', observed = x'00ff'")
+    db.execute("UPDATE deliveries SET delivered_at = 'soon'")
+    db.execute("INSERT INTO pings VALUES ('P1', 'Ben', 'noon', 'operator:x')")
+    db.execute("INSERT INTO archived_agents VALUES ('../../etc', 'then', 'operator:x')")
+    db.close()
+    (cli.state / "outbox/Ann/three").write_text("TO: Ben\n\nx")
+    os.utime(cli.state / "outbox/Ann/three", (1_700_000_000, 1_700_000_000))
+    cli("run", "--once", "-q")                   # the windows are seeded without the bad rows
+    [shed] = json.loads(cli("audit", "--status", "shed", "--json").output)
+    for verb in (("status",), ("queues",), ("queues", "--json"), ("agents",), ("agents", "--json"),
+                 ("show", shed["id"]), ("show", shed["id"], "--json"), ("report", "--html", str(cli.root / "r.html"))):
+        assert cli(*verb, ok=False).exit_code == (3 if verb == ("status",) else 0)      # 3: no daemon runs
+    assert "yesterday" in cli("show", shed["id"]).output
+
+
+def test_the_reason_names_whom_a_message_was_shed_for():
+    from relay.flow import summary
+    from relay.work import Shed
+    rate = Shed("per_pair_rate", 1, 2, "over")
+    assert summary({"Ben": rate}) == "shed for Ben (per_pair_rate: over)"
+    assert summary({"Ben": rate, "Cy": rate}) == "shed for every recipient (per_pair_rate: over)"
+    assert summary({"Ben": rate, "Cy": rate}, everyone=False) == "shed for Ben, Cy (per_pair_rate: over)"
+    assert summary({"Ben": rate, "Cy": Shed("queue_limit", 3, 3, "full")}) == (
+        "shed for every recipient: Ben (per_pair_rate: over); Cy (queue_limit: full)")

@@ -1,0 +1,51 @@
+"""A hard crash (os._exit, like kill -9) at step boundaries of a batch that sheds, then a
+restart: each (message, recipient) is delivered exactly once or shed with one record, never
+both, and the pair's limit holds."""
+import collections
+import json
+
+import pytest
+
+from relay.history import History
+from relay.ledger import Ledger
+from test_crash import crash, restart
+
+BOUNDARIES = ["tmp-synced", "link-1", "batch-synced", "before-commit", "after-commit"]
+
+
+def setup(root):
+    state = root / ".relay"
+    (state / "outbox/Ann").mkdir(parents=True)
+    (state / "relay.toml").write_text('pair_rate = 2\npair_window = "1h"\n')
+    for i in range(4):
+        (state / "outbox/Ann" / f"m{i}").write_text(f"TO: Ben, Cy\n\nm{i}")
+    (state / "outbox/Ann/solo").write_text("TO: Ben\n\nsolo")
+
+
+@pytest.mark.parametrize("lowered", [False, True], ids=["same-limits", "limit-lowered-before-restart"])
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_sheds_survive_a_crash_at(tmp_path, boundary, lowered):
+    setup(tmp_path)
+    crash(tmp_path, boundary)
+    if lowered:     # what the cut attempt delivered is kept, never shed: the recipient has it
+        (tmp_path / ".relay/relay.toml").write_text('pair_rate = 1\npair_window = "1h"\n')
+    restart(tmp_path).close()
+    state = tmp_path / ".relay"
+    held = collections.Counter()
+    for agent in ("Ben", "Cy"):
+        for p in (state / "inbox" / agent / "new").iterdir():
+            held[(json.loads(p.read_bytes())["id"], agent)] += 1
+    assert set(held.values()) == {1}, f"{boundary}: a recipient holds a message twice"
+    with History(Ledger(state / "ledger.sqlite", readonly=True)) as h:
+        rows = list(h.audit())
+        assert {r["status"] for r in rows} <= {"archived", "failed"} and len(rows) == 5
+        shed = {(r["id"], s["recipient"]) for r in rows for s in h.sheds(r["id"])}
+        delivered = {(r["id"], d["recipient"]) for r in rows for d in h.deliveries(r["id"])}
+        every = {(r["id"], who) for r in rows for who in json.loads(r["recipients"])}
+    assert not shed & delivered and shed | delivered == every, boundary
+    assert delivered == set(held), boundary
+    per_recipient = collections.Counter(who for _, who in delivered)
+    if not lowered:
+        assert per_recipient == {"Ben": 2, "Cy": 2}, f"{boundary}: {per_recipient}"
+    else:
+        assert 1 <= per_recipient["Ben"] <= 2 and 1 <= per_recipient["Cy"] <= 2, f"{boundary}: {per_recipient}"
