@@ -289,33 +289,62 @@ class Agent:
         m = Received.of(found[2], found[0], found[1])
         return self.ack([m])[0] if ack else m
 
-    def wait(self, timeout=None, ack=False):
+    def wait(self, timeout=None, ack=False, stop=None):
         """Block until at least one new message is there and return the new ones (marked read
-        with `ack`); [] when `timeout` seconds pass first. Woken by inotify (watchdog), not a
-        polling loop."""
+        with `ack`); [] when `timeout` seconds pass first, or at once when `stop` (a Stop) is
+        set from another thread. Woken by inotify (watchdog), not a polling loop."""
         got = self.inbox(ack=ack)
-        if got:
+        if got or (stop is not None and stop.is_set()):
             return got
         self.layout.make_inbox(self.name)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with NewMail(self.layout.inbox / self.name / "new") as mail:
+        with NewMail(self.layout.inbox / self.name / "new", stop) as mail:
             while True:
                 got = self.inbox(ack=ack)
                 if got:
                     return got
+                if stop is not None and stop.is_set():
+                    return []
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return []
                 mail.wait(left)
 
 
-class NewMail:
-    """Woken when a file arrives in a directory (watchdog: inotify on Linux)."""
+class Stop:
+    """Ends Agent.wait calls early from another thread: pass it as `stop=`, then `set()` it."""
 
-    def __init__(self, path):
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._set = False
+        self._events = set()        # the waits to wake
+
+    def set(self):
+        with self._lock:
+            self._set = True
+            for event in self._events:
+                event.set()
+
+    def is_set(self):
+        return self._set
+
+    def watch(self, event, on=True):
+        """Set `event` when this is set (`on=False` forgets it)."""
+        with self._lock:
+            if on:
+                self._events.add(event)
+            else:
+                self._events.discard(event)
+
+
+class NewMail:
+    """Woken when a file arrives in a directory (watchdog: inotify on Linux), or by a Stop."""
+
+    def __init__(self, path, stop=None):
         self.path = str(path)
         self.arrived = threading.Event()
         self.observer = None
+        self.stop = stop
 
     def __enter__(self):
         from watchdog.events import FileCreatedEvent, FileMovedEvent, FileSystemEventHandler
@@ -332,6 +361,8 @@ class NewMail:
                                event_filter=[FileCreatedEvent, FileMovedEvent])
         self.observer.daemon = True
         self.observer.start()
+        if self.stop is not None:
+            self.stop.watch(self.arrived)
         return self
 
     def wait(self, timeout):
@@ -339,6 +370,8 @@ class NewMail:
         self.arrived.clear()
 
     def __exit__(self, *exc):
+        if self.stop is not None:
+            self.stop.watch(self.arrived, on=False)
         self.observer.stop()
         self.observer.join(timeout=5)
 
@@ -373,4 +406,4 @@ def _when(ts):
     return iso(ts) if isinstance(ts, (int, float)) else None
 
 
-__all__ = ["Agent", "Project", "Received", "agents"]
+__all__ = ["Agent", "Project", "Received", "Stop", "agents"]
