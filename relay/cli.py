@@ -375,3 +375,4 @@ def entry():
 
 
 from . import cli_agent, cli_inspect  # noqa: E402,F401  (register the agents' and the read-only verbs on `main`)
+from . import cli_mcp  # noqa: E402,F401  (relay mcp; it imports the SDK only when run)
