@@ -16,7 +16,9 @@ tool error carrying relay's one-line message; the server goes on. Only this modu
 """
 import contextlib
 import functools
+import os
 import threading
+import time
 from typing import Annotated, Optional
 
 import anyio
@@ -27,7 +29,7 @@ from pydantic import Field
 from typing_extensions import TypedDict     # pydantic reads typing's only from Python 3.12
 
 from . import __version__
-from .api import Stop
+from .api import Agent, Project, Stop
 from .errors import RelayError
 from .guards import explain
 from .lock import holder
@@ -89,11 +91,22 @@ send harmless. agents() lists who you can write to; thread(thread) shows a conve
 
 
 def build(agent):
-    """The MCP server for `agent` (an api.Agent); serve it with `.run()` (stdio)."""
+    """The MCP server for `agent` (an api.Agent, checked); serve it with `.run()` (stdio)."""
     server = MCPServer("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
                        log_level="WARNING")
     reading = threading.Lock()      # one inbox/wait at a time marks messages read
-    sending = threading.Lock()      # Agent.repeated belongs to the send that set it
+    name, config = agent.name, agent.project.config
+
+    @contextlib.contextmanager
+    def me():
+        """The agent for one call, on a state directory opened afresh: a long-lived server sees a
+        directory swapped or re-made since (as each CLI run does), and calls share no descriptor."""
+        with tool_errors():
+            fresh = Agent(name, project=Project(config=config))
+        try:
+            yield fresh
+        finally:
+            fresh.layout.close()
 
     @server.tool()
     def send(to: Annotated[str, Field(description="Recipient(s): NAME, NAME,NAME, '*' (everyone) or System.")],
@@ -105,16 +118,15 @@ def build(agent):
                                                         "with it is not delivered again.")] = None) -> Sent:
         """Send a message to other agents. Returns its id; `repeated` is true when request_id was
         used before (nothing new was sent: the id is the first message's)."""
-        with sending, tool_errors():
+        with me() as agent, tool_errors():
             mid = agent.send(to, body, subject=subject, thread=thread, request_id=request_id)
-            repeated = agent.repeated
-        return {"id": mid, "repeated": repeated, "relay_running": holder(agent.layout.lock) is not None}
+            return {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None}
 
     @server.tool()
     def inbox(limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:
         """Your new messages, whole (from, to, thread, subject, body, sent_at, id), oldest first.
         Marks read exactly the messages it returns; `more` counts those left for the next call."""
-        with tool_errors():
+        with me() as agent, tool_errors():
             return take(agent, reading, agent.inbox(), clamp(limit, 1, MAX_LIMIT))
 
     @server.tool()
@@ -123,26 +135,35 @@ def build(agent):
                    limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:
         """Block until at least one new message is there (or timeout_s passes: `timed_out`), then
         return the new messages as inbox does, marked read."""
-        stop = Stop()
-        try:
-            with tool_errors():
-                waiting = functools.partial(agent.wait, clamp(timeout_s, 0, MAX_WAIT), stop=stop)
-                got = await anyio.to_thread.run_sync(waiting, abandon_on_cancel=True)
-        finally:
-            stop.set()              # a cancelled call's thread returns at once, having marked nothing read
-        with tool_errors():
-            return take(agent, reading, got, clamp(limit, 1, MAX_LIMIT), waited=True)
+        def waiting(seconds, stop):
+            with me() as agent:     # its own: a cancelled call leaves this thread running a moment
+                return agent.wait(seconds, stop=stop)
+
+        deadline = time.monotonic() + clamp(timeout_s, 0, MAX_WAIT)
+        while True:
+            stop = Stop()
+            try:
+                with tool_errors():
+                    got = await anyio.to_thread.run_sync(
+                        functools.partial(waiting, max(0, deadline - time.monotonic()), stop), abandon_on_cancel=True)
+            finally:
+                stop.set()          # a cancelled call's thread returns at once, having marked nothing read
+            with me() as agent, tool_errors():
+                out = take(agent, reading, got, clamp(limit, 1, MAX_LIMIT))
+            # all it saw were taken by another reader meanwhile: wait on for the time left
+            if out["messages"] or out["unreadable"] or not got or time.monotonic() >= deadline:
+                return out | {"timed_out": not out["messages"] and not out["unreadable"]}
 
     @server.tool()
     def agents() -> Agents:
         """Your name and the agents you can send to."""
-        with tool_errors():
+        with me() as agent, tool_errors():
             return {"me": agent.name, "agents": agent.project.agents()}
 
     @server.tool()
     def thread(thread: Annotated[str, Field(description="A thread id (a message's `thread`).")]) -> Thread:
         """The messages of a thread, oldest first, with their bodies and delivery status."""
-        with tool_errors():
+        with me() as agent, tool_errors():
             rows = agent.project.thread(thread)
         keys = ThreadMessage.__annotations__
         return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows]}
@@ -150,21 +171,26 @@ def build(agent):
     return server
 
 
-def take(agent, lock, items, limit, waited=False):
+def take(agent, lock, items, limit):
     """Up to `limit` readable new messages of `items`, marked read (one by one: a message
     another reader took meanwhile is left out), and what is left."""
     unreadable = [{"id": m.id, "error": m.error} for m in items if m.error]
     new = [m for m in items if m.state == "new" and not m.error]
     taken = []
+    fs = agent.layout.fs
     with lock:
         for m in new[:limit]:
             try:
                 agent.ack([m])
-            except FileNotFoundError:
-                continue            # read by someone else since it was listed
+            except OSError as e:
+                if isinstance(e, FileNotFoundError) and not fs.exists(os.path.relpath(m.path, fs.path)):
+                    continue        # read by someone else since it was listed
+                if taken:
+                    break           # return those marked read; the next call meets the error
+                raise
             taken.append(m)
     return {"messages": [message(m) for m in taken], "more": max(0, len(new) - limit),
-            "unreadable": unreadable, "timed_out": waited and not items}
+            "unreadable": unreadable, "timed_out": False}
 
 
 def clamp(value, low, high):
@@ -193,7 +219,9 @@ def tool_errors():
 def serve(agent):
     """Serve `agent` over stdio until the client closes it (or goes away: a broken pipe ends
     the server quietly, as the end of its input does)."""
+    server = build(agent)
+    agent.layout.close()            # each call opens the state directory afresh
     try:
-        build(agent).run("stdio")
+        server.run("stdio")
     except* (BrokenPipeError, ConnectionResetError):
         pass

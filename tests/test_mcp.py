@@ -3,6 +3,7 @@ relay (Relay.drain in this process, on the same project)."""
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -114,7 +115,7 @@ def test_tools_send_read_and_thread_through_a_real_relay(team, tmp_path):
     run(scenario, root, tmp_path)
 
 
-def test_wait_times_out_is_woken_by_a_delivery_and_a_cancelled_wait_takes_nothing(team, tmp_path):
+def test_wait_and_inbox_timeout_wake_cancel_races_and_planted_files(team, tmp_path):
     alice = relay.Agent("Alice", root=team.root)
     new = team.state / "inbox" / "Bob" / "new"
 
@@ -154,7 +155,65 @@ def test_wait_times_out_is_woken_by_a_delivery_and_a_cancelled_wait_takes_nothin
         capped = await bob.call("wait", timeout_s=10_000, limit=2)   # timeout capped, limit kept
         assert [m["body"] for m in capped["messages"]] == ["m0", "m1"] and capped["more"] == 1
         assert [m["body"] for m in (await bob.call("inbox", limit=0))["messages"]] == ["m2"]
+
+        # readers at once: each message is returned by exactly one of them
+        sent = [alice.send("Bob", f"r{i}") for i in range(6)]
+        deliver(team)
+        seen = []
+
+        async def read(tool, **args):
+            seen.extend(m["id"] for m in (await bob.call(tool, **args))["messages"])
+        async with anyio.create_task_group() as tg:
+            for tool, args in [("inbox", {"limit": 2}), ("inbox", {}), ("wait", {"timeout_s": 0.05}), ("inbox", {})]:
+                tg.start_soon(functools.partial(read, tool, **args))
+        assert sorted(seen) == sorted(sent)
+
+        # a planted file in new/ is reported, never marked read; the others are returned
+        ok = alice.send("Bob", "fine")
+        deliver(team)
+        (new / "01PLANTED.host").write_bytes(b"\xff not json")
+        got = await bob.call("inbox")
+        assert [m["id"] for m in got["messages"]] == [ok]
+        assert [u["id"] for u in got["unreadable"]] == ["01PLANTED"] and "unreadable envelope" in got["unreadable"][0]["error"]
+        assert (new / "01PLANTED.host").exists()
+        (new / "01PLANTED.host").unlink()
+        stuck = alice.send("Bob", "stuck")
+        deliver(team)
+
+        # new/ a symlink out of the state directory: refused with the reason
+        (team.state / "inbox" / "Bob" / "new").rename(tmp_path / "moved-new")
+        (team.state / "inbox" / "Bob" / "new").symlink_to(tmp_path / "moved-new")
+        with pytest.raises(ToolFailed) as e:
+            await bob.call("inbox")
+        assert "it may lead outside the state directory" in e.value.args[0]
+        assert [p.name.split(".")[0] for p in (tmp_path / "moved-new").iterdir()] == [stuck]
+
+        # Bob's inbox removed and made again while the server runs: it reads the new one
+        shutil.rmtree(team.state / "inbox" / "Bob")
+        again = alice.send("Bob", "into the new inbox")
+        deliver(team)
+        assert [m["id"] for m in (await bob.call("inbox"))["messages"]] == [again]
     run(scenario, team.root, tmp_path)
+
+
+def test_a_message_that_cannot_be_marked_read_is_an_error_not_a_spin(team):
+    """cur/ gone: inbox and wait fail with the reason (a wait does not spin to its deadline on
+    a message it cannot take) and the message stays new. In process, through the SDK's
+    MCPServer.call_tool."""
+    from mcp.server.mcpserver.exceptions import ToolError
+    from relay import mcp_server
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "stuck")
+    deliver(team)
+    (team.state / "inbox" / "Bob" / "cur").rmdir()
+    server = mcp_server.build(relay.Agent("Bob", root=team.root))
+
+    async def main():
+        for tool, args in [("inbox", {}), ("wait", {"timeout_s": 300})]:
+            with pytest.raises(ToolError) as e:
+                await server.call_tool(tool, args)
+            assert "No such file or directory" in str(e.value)
+    anyio.run(main)
+    assert [p.name.split(".")[0] for p in (team.state / "inbox" / "Bob" / "new").iterdir()] == [mid]
 
 
 def test_the_server_ends_when_its_client_closes_during_a_wait(team, tmp_path):
