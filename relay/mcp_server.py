@@ -35,6 +35,7 @@ from .guards import explain
 from .lock import holder
 
 MAX_WAIT = 600.0            # seconds: the longest one wait call blocks
+MAX_WAITS = 8               # waits blocking at once (each a thread and an inotify instance); more queue
 MAX_LIMIT = 500             # messages one inbox or wait call returns at most
 DEFAULT_LIMIT = 50
 LIMIT = f"At most this many messages (1 to {MAX_LIMIT}); the others stay new for the next call."
@@ -95,6 +96,7 @@ def build(agent):
     server = MCPServer("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
                        log_level="WARNING")
     reading = threading.Lock()      # one inbox/wait at a time marks messages read
+    waits = anyio.CapacityLimiter(MAX_WAITS)    # the other tools keep the SDK's worker threads
     name, config = agent.name, agent.project.config
 
     @contextlib.contextmanager
@@ -145,7 +147,8 @@ def build(agent):
             try:
                 with tool_errors():
                     got = await anyio.to_thread.run_sync(
-                        functools.partial(waiting, max(0, deadline - time.monotonic()), stop), abandon_on_cancel=True)
+                        functools.partial(waiting, max(0, deadline - time.monotonic()), stop),
+                        abandon_on_cancel=True, limiter=waits)
             finally:
                 stop.set()          # a cancelled call's thread returns at once, having marked nothing read
             with me() as agent, tool_errors():

@@ -70,21 +70,25 @@ def _cmdline(pid):
         return b""
 
 
-def watching(pid, directory):
-    """Whether process `pid` holds an inotify watch on `directory` (its fdinfo names the inode)."""
+def watches(pid, directory):
+    """How many inotify watches process `pid` holds on `directory` (its fdinfo names the inode)."""
     ino = format(os.stat(directory).st_ino, "x")
     try:
         infos = list(Path(f"/proc/{pid}/fdinfo").iterdir())
     except OSError:
-        return False
+        return 0
+    count = 0
     for info in infos:
         try:
             text = info.read_text()
         except OSError:
             continue
-        if re.search(rf"^inotify wd:\S+ ino:{ino} ", text, re.M):
-            return True
-    return False
+        count += len(re.findall(rf"^inotify wd:\S+ ino:{ino} ", text, re.M))
+    return count
+
+
+def watching(pid, directory):
+    return watches(pid, directory) > 0
 
 
 def until(check, what, seconds=20):

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import relay
-from mcp_client import ToolFailed, serve, server_pid, until, until_async, watching
+from mcp_client import ToolFailed, serve, server_pid, until, until_async, watches, watching
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
 
@@ -214,6 +214,31 @@ def test_a_message_that_cannot_be_marked_read_is_an_error_not_a_spin(team):
             assert "No such file or directory" in str(e.value)
     anyio.run(main)
     assert [p.name.split(".")[0] for p in (team.state / "inbox" / "Bob" / "new").iterdir()] == [mid]
+
+
+def test_waits_at_once_are_capped_and_the_other_tools_still_answer(team):
+    """MAX_WAITS waits block at once (a thread and an inotify instance each); more queue, and
+    the other tools keep answering. In process, through the SDK's MCPServer.call_tool."""
+    from relay import mcp_server
+    server = mcp_server.build(relay.Agent("Bob", root=team.root))
+    new = team.state / "inbox" / "Bob" / "new"
+    results = []
+
+    async def wait():
+        results.append(await server.call_tool("wait", {"timeout_s": 300}))
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            for _ in range(mcp_server.MAX_WAITS + 3):
+                tg.start_soon(wait)
+            await until_async(lambda: watches(os.getpid(), new) == mcp_server.MAX_WAITS, "the waits watch")
+            assert (await server.call_tool("agents", {})).structured_content["agents"] == ["Alice", "Bob"]
+            assert (await server.call_tool("inbox", {})).structured_content["messages"] == []
+            assert watches(os.getpid(), new) == mcp_server.MAX_WAITS and results == []
+            tg.cancel_scope.cancel()
+        await until_async(lambda: watches(os.getpid(), new) == 0, "the cancelled waits stop watching")
+    anyio.run(main)
+    assert results == []
 
 
 def test_the_server_ends_when_its_client_closes_during_a_wait(team, tmp_path):
