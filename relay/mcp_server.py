@@ -17,6 +17,7 @@ tool error carrying relay's one-line message; the server goes on. Only this modu
 import contextlib
 import functools
 import os
+import signal
 import threading
 import time
 from typing import Annotated, Optional
@@ -224,6 +225,10 @@ def serve(agent):
     the server quietly, as the end of its input does)."""
     server = build(agent)
     agent.layout.close()            # each call opens the state directory afresh
+    # Ctrl-C ends the server at once, as SIGTERM does: the SDK's shutdown would wait for its stdin
+    # reader, a thread blocked in read(). Nothing is left half done that relay does not tolerate
+    # (a send is a hidden temporary in the outbox until its rename).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         server.run("stdio")
     except* (BrokenPipeError, ConnectionResetError):

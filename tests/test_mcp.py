@@ -4,6 +4,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -241,29 +242,40 @@ def test_waits_at_once_are_capped_and_the_other_tools_still_answer(team):
     assert results == []
 
 
-def test_the_server_ends_when_its_client_closes_during_a_wait(team, tmp_path):
-    """Closing stdin ends the server even with a wait in progress (its thread is stopped)."""
-    err = open(tmp_path / "server.err", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "relay", "mcp", "--agent", "Bob", "--root", str(team.root)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+def test_the_server_ends_when_its_input_closes_or_on_ctrl_c_during_a_wait(team, tmp_path):
+    """Closing stdin ends the server even with a wait in progress (its thread is stopped), with
+    status 0; Ctrl-C (SIGINT) ends it at once, as SIGTERM does."""
+    new = team.state / "inbox" / "Bob" / "new"
+    errs = [open(tmp_path / f"server{i}.err", "w") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "relay", "mcp", "--agent", "Bob", "--root", str(team.root)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err) for err in errs]
     try:
-        def rpc(doc):
+        def rpc(proc, doc):
             proc.stdin.write(json.dumps({"jsonrpc": "2.0"} | doc).encode() + b"\n")
             proc.stdin.flush()
-        rpc({"id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}})
-        assert json.loads(proc.stdout.readline())["result"]["serverInfo"]["name"] == "relay"
-        rpc({"method": "notifications/initialized"})
-        rpc({"id": 2, "method": "tools/call", "params": {"name": "wait", "arguments": {"timeout_s": 300}}})
-        until(lambda: watching(proc.pid, team.state / "inbox" / "Bob" / "new"), "the server waits")
-        proc.stdin.close()
-        assert proc.wait(timeout=30) == 0
+        for proc in procs:
+            rpc(proc, {"id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}})
+        for proc in procs:
+            assert json.loads(proc.stdout.readline())["result"]["serverInfo"]["name"] == "relay"
+            rpc(proc, {"method": "notifications/initialized"})
+            rpc(proc, {"id": 2, "method": "tools/call", "params": {"name": "wait", "arguments": {"timeout_s": 300}}})
+        for proc in procs:
+            until(lambda: watching(proc.pid, new), "the server waits")
+        closed, interrupted = procs
+        closed.stdin.close()
+        interrupted.send_signal(signal.SIGINT)
+        assert closed.wait(timeout=30) == 0
+        assert interrupted.wait(timeout=30) == -signal.SIGINT
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        err.close()
-    assert "Traceback" not in (tmp_path / "server.err").read_text()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for err in errs:
+            err.close()
+    for i in range(2):
+        assert "Traceback" not in (tmp_path / f"server{i}.err").read_text()
 
 
 def test_a_stop_ends_an_agent_wait_from_another_thread(team):
