@@ -18,6 +18,7 @@ import contextlib
 import functools
 import os
 import signal
+import sqlite3
 import threading
 import time
 from typing import Annotated, Optional
@@ -210,10 +211,11 @@ def message(m):
 
 @contextlib.contextmanager
 def tool_errors():
-    """A RelayError or OSError inside becomes a ToolError with its one line (the server goes on)."""
+    """A RelayError, OSError or SQLite error inside becomes a ToolError with the one line the
+    CLI would print (the server goes on)."""
     try:
         yield
-    except (RelayError, OSError) as error:
+    except (RelayError, OSError, sqlite3.Error) as error:
         text = explain(error)
         for flag, parameter in FLAGS:
             text = text.replace(flag, parameter)

@@ -217,6 +217,24 @@ def test_a_message_that_cannot_be_marked_read_is_an_error_not_a_spin(team):
     assert [p.name.split(".")[0] for p in (team.state / "inbox" / "Bob" / "new").iterdir()] == [mid]
 
 
+def test_a_damaged_ledger_is_a_tool_error_with_what_to_do(team):
+    from mcp.server.mcpserver.exceptions import ToolError
+    from relay import mcp_server
+    relay.Agent("Alice", root=team.root).send("Bob", "hi", thread="T")
+    deliver(team)
+    server = mcp_server.build(relay.Agent("Bob", root=team.root))
+    (team.state / "ledger.sqlite").write_bytes(b"not a database" * 512)
+    for name in ("ledger.sqlite-wal", "ledger.sqlite-shm"):
+        (team.state / name).unlink(missing_ok=True)
+
+    async def main():
+        with pytest.raises(ToolError) as e:
+            await server.call_tool("thread", {"thread": "T"})
+        assert "is damaged" in str(e.value) and "\n" not in str(e.value)
+        assert [m["body"] for m in (await server.call_tool("inbox", {})).structured_content["messages"]] == ["hi"]
+    anyio.run(main)
+
+
 def test_waits_at_once_are_capped_and_the_other_tools_still_answer(team):
     """MAX_WAITS waits block at once (a thread and an inotify instance each); more queue, and
     the other tools keep answering. In process, through the SDK's MCPServer.call_tool."""
