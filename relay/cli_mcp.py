@@ -9,7 +9,7 @@ from .cli import main, pass_ctx
 from .errors import RelayError, UnknownAgent
 from .guards import checked, handle_errors, sender_name
 
-INSTALL = "relay mcp needs the MCP SDK, which is not installed: pip install 'relay[mcp]'"
+INSTALL = "relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'relay[mcp]'"
 
 
 def server_module():
@@ -19,7 +19,7 @@ def server_module():
     except ImportError as e:
         if (e.name or "").split(".")[0] not in ("mcp", "pydantic", "anyio"):
             raise
-        raise RelayError(f"{INSTALL} ({e})") from None
+        raise RelayError(INSTALL) from None
 
 
 @main.command()

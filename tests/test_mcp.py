@@ -335,8 +335,8 @@ def test_without_the_sdk_relay_mcp_says_how_to_install_it(cli, monkeypatch):
     monkeypatch.delitem(sys.modules, "relay.mcp_server", raising=False)
     r = cli("mcp", "--agent", "Bob", ok=False)
     assert r.exit_code == 1
-    [line] = r.output.strip().splitlines()
-    assert line.startswith("Error: relay mcp needs the MCP SDK, which is not installed: pip install 'relay[mcp]'")
+    assert r.output.strip().splitlines() == [
+        "Error: relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'relay[mcp]'"]
 
 
 def test_import_relay_and_other_verbs_never_import_mcp(cli):
