@@ -237,6 +237,18 @@ def test_a_damaged_ledger_is_a_tool_error_with_what_to_do(team):
     anyio.run(main)
 
 
+def test_send_says_whether_a_relay_is_running_to_deliver_it(team):
+    from relay import mcp_server
+    from relay.lock import DaemonLock
+    server = mcp_server.build(relay.Agent("Bob", root=team.root))
+
+    async def send():
+        return (await server.call_tool("send", {"to": "Alice", "body": "hi"})).structured_content["relay_running"]
+    assert anyio.run(send) is False
+    with DaemonLock(team.state / "relay.lock"):
+        assert anyio.run(send) is True
+
+
 def test_waits_at_once_are_capped_and_the_other_tools_still_answer(team):
     """MAX_WAITS waits block at once (a thread and an inotify instance each); more queue, and
     the other tools keep answering. In process, through the SDK's MCPServer.call_tool."""
