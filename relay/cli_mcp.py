@@ -31,9 +31,14 @@ def mcp(ctx, agent):
     agents and thread. Register it in an MCP client with the command
     `relay mcp --agent NAME --root /abs/project`."""
     server = server_module()
+    project = Project(config=ctx.cfg)
     try:
-        me = Agent(agent, project=Project(config=ctx.cfg), role="agent (--agent)")
+        me = Agent(agent, project=project, role="agent (--agent)")
     except UnknownAgent as e:       # no --create here: the agent is made with relay init --agent
+        project.layout.close()
         raise UnknownAgent(str(e).replace("(--create adds a new agent on purpose)",
                                           "(relay init --agent NAME adds one)")) from None
+    except BaseException:
+        project.layout.close()
+        raise
     server.serve(me)

@@ -24,8 +24,17 @@ SDK_PREFIX = "Error executing tool "        # the SDK's, before relay's one line
 
 @pytest.fixture
 def team(cli, project):
+    """Alice and Bob; `team.agent(name)` is a relay.Agent closed after the test."""
     cli("init", "--agent", "Alice", "--agent", "Bob")
-    return project
+    made = []
+
+    def agent(name):
+        made.append(relay.Agent(name, root=project.root))
+        return made[-1]
+    project.agent = agent
+    yield project
+    for a in made:
+        a.layout.close()
 
 
 def deliver(project):
@@ -55,7 +64,7 @@ def run(scenario, root, tmp_path, agent="Bob"):
 def test_tools_send_read_and_thread_through_a_real_relay(team, tmp_path):
     root = team.root
     outbox = team.state / "outbox" / "Bob"
-    alice = relay.Agent("Alice", root=root)
+    alice = team.agent("Alice")
     first = alice.send("Bob", "please review the parser\nline two", subject="review", thread="T-1")
     assert deliver(team).archived == 1
 
@@ -74,7 +83,7 @@ def test_tools_send_read_and_thread_through_a_real_relay(team, tmp_path):
             "body": "please review the parser\nline two"}
         assert m["sent_at"] and m["relayed_at"]
         assert (await bob.call("inbox"))["messages"] == []          # marked read: returned once
-        [kept] = relay.Agent("Bob", root=root).inbox(include_read=True)
+        [kept] = team.agent("Bob").inbox(include_read=True)
         assert kept.id == first and kept.state == "cur"
 
         sent = await bob.call("send", to=m["from"], body="done, two nits", subject="Re: review", thread=m["thread"])
@@ -118,7 +127,7 @@ def test_tools_send_read_and_thread_through_a_real_relay(team, tmp_path):
 
 
 def test_wait_and_inbox_timeout_wake_cancel_races_and_planted_files(team, tmp_path):
-    alice = relay.Agent("Alice", root=team.root)
+    alice = team.agent("Alice")
     new = team.state / "inbox" / "Bob" / "new"
 
     async def scenario(bob):
@@ -139,7 +148,7 @@ def test_wait_and_inbox_timeout_wake_cancel_races_and_planted_files(team, tmp_pa
         [got] = results
         assert [m["id"] for m in got["messages"]] == [mid] and got["timed_out"] is False
         assert got["messages"][0]["body"] == "woken"
-        assert relay.Agent("Bob", root=team.root).inbox() == []      # marked read
+        assert team.agent("Bob").inbox() == []      # marked read
 
         with anyio.CancelScope() as scope:                          # a wait the client gives up
             async with anyio.create_task_group() as tg:
@@ -205,10 +214,10 @@ def test_a_message_that_cannot_be_marked_read_is_an_error_not_a_spin(team):
     MCPServer.call_tool."""
     from mcp.server.mcpserver.exceptions import ToolError
     from relay import mcp_server
-    mid = relay.Agent("Alice", root=team.root).send("Bob", "stuck")
+    mid = team.agent("Alice").send("Bob", "stuck")
     deliver(team)
     (team.state / "inbox" / "Bob" / "cur").rmdir()
-    server = mcp_server.build(relay.Agent("Bob", root=team.root))
+    server = mcp_server.build(team.agent("Bob"))
 
     async def main():
         for tool, args in [("inbox", {}), ("wait", {"timeout_s": 300})]:
@@ -222,9 +231,9 @@ def test_a_message_that_cannot_be_marked_read_is_an_error_not_a_spin(team):
 def test_a_damaged_ledger_is_a_tool_error_with_what_to_do(team):
     from mcp.server.mcpserver.exceptions import ToolError
     from relay import mcp_server
-    relay.Agent("Alice", root=team.root).send("Bob", "hi", thread="T")
+    team.agent("Alice").send("Bob", "hi", thread="T")
     deliver(team)
-    server = mcp_server.build(relay.Agent("Bob", root=team.root))
+    server = mcp_server.build(team.agent("Bob"))
     (team.state / "ledger.sqlite").write_bytes(b"not a database" * 512)
     for name in ("ledger.sqlite-wal", "ledger.sqlite-shm"):
         (team.state / name).unlink(missing_ok=True)
@@ -240,7 +249,7 @@ def test_a_damaged_ledger_is_a_tool_error_with_what_to_do(team):
 def test_send_says_whether_a_relay_is_running_to_deliver_it(team):
     from relay import mcp_server
     from relay.lock import DaemonLock
-    server = mcp_server.build(relay.Agent("Bob", root=team.root))
+    server = mcp_server.build(team.agent("Bob"))
 
     async def send():
         return (await server.call_tool("send", {"to": "Alice", "body": "hi"})).structured_content["relay_running"]
@@ -253,7 +262,7 @@ def test_waits_at_once_are_capped_and_the_other_tools_still_answer(team):
     """MAX_WAITS waits block at once (a thread and an inotify instance each); more queue, and
     the other tools keep answering. In process, through the SDK's MCPServer.call_tool."""
     from relay import mcp_server
-    server = mcp_server.build(relay.Agent("Bob", root=team.root))
+    server = mcp_server.build(team.agent("Bob"))
     new = team.state / "inbox" / "Bob" / "new"
     results = []
 
@@ -311,7 +320,7 @@ def test_the_server_ends_when_its_input_closes_or_on_ctrl_c_during_a_wait(team, 
 
 
 def test_a_stop_ends_an_agent_wait_from_another_thread(team):
-    bob = relay.Agent("Bob", root=team.root)
+    bob = team.agent("Bob")
     stop = relay.api.Stop()
     out = []
     waiter = threading.Thread(target=lambda: out.append(bob.wait(timeout=300, stop=stop)))

@@ -64,7 +64,10 @@ def test_two_agents_talk_through_cli_wait_mcp_and_python(cli, tmp_path):
 
     # Alice reads the reply with the Python API
     alice = relay.Agent("Alice", root=root)
-    [back] = alice.wait(timeout=60, ack=True)
+    try:
+        [back] = alice.wait(timeout=60, ack=True)
+    finally:
+        alice.layout.close()
     assert (back.id, back.sender, back.thread, back.subject, back.body) == (
         answer[0], "Bob", "review-42", "Re: review", "looks good; two nits")
     said.append(f"Alice (relay.Agent.wait): {back.id} from {back.sender}: {back.body!r}")
