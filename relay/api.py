@@ -304,12 +304,13 @@ class Agent:
         m = Received.of(found[2], found[0], found[1])
         return self.ack([m])[0] if ack else m
 
-    def wait(self, timeout=None, ack=False, listening=None):
+    def wait(self, timeout=None, ack=False, listening=None, stop=None):
         """Block until at least one new message is there and return the new ones (marked read
-        with `ack`); [] when `timeout` seconds pass first. Woken by inotify (watchdog), not a
-        polling loop. `listening` (a threading.Event) is set once an arrival would wake it."""
+        with `ack`); [] when `timeout` seconds pass first, or at once when `stop` (a Stop) is
+        set from another thread. Woken by inotify (watchdog), not a polling loop. `listening`
+        (a threading.Event) is set once an arrival would wake it."""
         got = self.inbox(ack=ack)
-        if got:
+        if got or (stop is not None and stop.is_set()):
             return got
         if self._mail is None:
             self.layout.make_inbox(self.name)
@@ -321,10 +322,12 @@ class Agent:
             got = self.inbox(ack=ack)
             if got:
                 return got
+            if stop is not None and stop.is_set():
+                return []
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return []
-            self._mail.wait(left)
+            self._mail.wait(left, stop)
 
     def close(self):
         """Stop watching the inbox (wait() keeps its watch for the next call: closing an inotify
@@ -341,6 +344,51 @@ class Agent:
 
     def __del__(self):
         self.close()
+
+
+class Stop:
+    """Ends Agent.wait calls early from another thread: pass it as `stop=`, then `set()` it
+    (a byte in a pipe wakes a poll on inotify; an event wakes the observer's wait)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._set = False
+        self._events = set()        # the observer waits to wake
+        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def set(self):
+        with self._lock:
+            if not self._set:
+                self._set = True
+                os.write(self._w, b"x")
+            for event in self._events:
+                event.set()
+
+    def is_set(self):
+        return self._set
+
+    def fileno(self):
+        return self._r
+
+    def watch(self, event, on=True):
+        """Set `event` when this is set (`on=False` forgets it)."""
+        with self._lock:
+            if on:
+                self._events.add(event)
+                if self._set:
+                    event.set()
+            else:
+                self._events.discard(event)
+
+    def close(self):
+        for fd in (self._r, self._w):
+            os.close(fd)
+
+    def __del__(self):
+        try:
+            self.close()
+        except OSError:
+            pass
 
 
 class NewMail:
@@ -385,12 +433,22 @@ class NewMail:
         self.observer.start()
         return self
 
-    def wait(self, timeout):
+    def wait(self, timeout, stop=None):
         if self.fd is not None:
-            if select.select([self.fd], [], [], timeout)[0]:
+            poll = select.poll()                # not select(): a descriptor may be past FD_SETSIZE
+            for fd in [self.fd] + ([stop.fileno()] if stop is not None else []):
+                poll.register(fd, select.POLLIN)
+            ready = poll.poll(None if timeout is None else max(0, timeout) * 1000)
+            if any(fd == self.fd for fd, _ in ready):
                 os.read(self.fd, 65536)         # what arrived matters, not its name: looked for after
             return
-        self.arrived.wait(timeout)
+        if stop is not None:
+            stop.watch(self.arrived)
+        try:
+            self.arrived.wait(timeout)
+        finally:
+            if stop is not None:
+                stop.watch(self.arrived, on=False)
         self.arrived.clear()
 
     def close(self):
@@ -433,4 +491,4 @@ def _when(ts):
     return iso(ts) if isinstance(ts, (int, float)) else None
 
 
-__all__ = ["Agent", "Project", "Received", "agents"]
+__all__ = ["Agent", "Project", "Received", "Stop", "agents"]

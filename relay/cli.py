@@ -412,4 +412,4 @@ def entry():
     main(prog_name="relay")
 
 
-from . import cli_adopt, cli_admin, cli_agent, cli_inspect, cli_operator  # noqa: E402,F401  (register their verbs on `main`)
+from . import cli_adopt, cli_admin, cli_agent, cli_inspect, cli_mcp, cli_operator  # noqa: E402,F401  (register their verbs on `main`; cli_mcp imports the SDK only when run)

@@ -1,0 +1,105 @@
+"""For the tests of `relay mcp`: the MCP SDK's own stdio client on the server as a subprocess,
+and what a process watches with inotify (so a test knows a waiter is waiting without sleeping)."""
+import contextlib
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+
+class ToolFailed(Exception):
+    """A tool call that came back as a tool error; its text is the message."""
+
+
+class Client:
+    def __init__(self, session):
+        self.session = session
+
+    async def call(self, tool, **arguments):
+        """The tool's structured result, or ToolFailed with the error's text."""
+        result = await self.session.call_tool(tool, arguments)
+        if result.is_error:
+            raise ToolFailed(" ".join(c.text for c in result.content))
+        return result.structured_content
+
+    async def tools(self):
+        return {t.name: t for t in (await self.session.list_tools()).tools}
+
+
+@contextlib.asynccontextmanager
+async def serve(root, agent, errlog):
+    """`relay mcp --agent AGENT --root ROOT` through the SDK's stdio client; its stderr goes to
+    the open file `errlog`."""
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+    params = StdioServerParameters(command=sys.executable, cwd=str(root),
+                                   args=["-m", "relay", "mcp", "--agent", agent, "--root", str(root)])
+    async with stdio_client(params, errlog=errlog) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            yield Client(session)
+
+
+def children():
+    """The pids of this process's children."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            after = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(after[1]) == os.getpid():
+            out.append(int(stat.parent.name))
+    return out
+
+
+def server_pid():
+    """The pid of the one `relay mcp` this process started."""
+    found = [p for p in children() if b"\0mcp\0" in _cmdline(p)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def watches(pid, directory):
+    """How many inotify watches process `pid` holds on `directory` (its fdinfo names the inode)."""
+    ino = format(os.stat(directory).st_ino, "x")
+    try:
+        infos = list(Path(f"/proc/{pid}/fdinfo").iterdir())
+    except OSError:
+        return 0
+    count = 0
+    for info in infos:
+        try:
+            text = info.read_text()
+        except OSError:
+            continue
+        count += len(re.findall(rf"^inotify wd:\S+ ino:{ino} ", text, re.M))
+    return count
+
+
+def watching(pid, directory):
+    return watches(pid, directory) > 0
+
+
+def until(check, what, seconds=20):
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.005)
+
+
+async def until_async(check, what, seconds=20):
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        await anyio.sleep(0.005)
