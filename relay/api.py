@@ -33,7 +33,7 @@ from .ids import IdGenerator
 from .inbox import Inbox
 from .layout import Layout
 from .ledger import Ledger
-from .message import MAX_REQUEST_ID, iso, request_id as checked_request_id
+from .message import BROADCAST, MAX_REQUEST_ID, iso, request_id as checked_request_id
 from .sync import Syncer
 
 _ids = IdGenerator()
@@ -196,7 +196,7 @@ class Agent:
 
     def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False):
         """Write a message into this agent's outbox; returns its id, which `relay show` finds.
-        `to`: a name, a list of names, "*" or "System". With a request id used before by this
+        `to`: a name, a list of names, "*" (or its alias "Broadcast") or "System". With a request id used before by this
         agent (on a message that did not fail), nothing is written and that message's id is
         returned: a send retried after a timeout is not delivered twice."""
         if self.name == SYSTEM:
@@ -205,12 +205,13 @@ class Agent:
         if not names:
             raise RelayError("no recipient: give a name, a list of names, '*' or System")
         known = set(self.project.agents())
-        unknown = [n for n in names if n not in ("*", SYSTEM) and n not in known]
+        special = (*BROADCAST, SYSTEM)         # '*' and its alias Broadcast, relay's own inbox
+        unknown = [n for n in names if n not in special and n not in known]
         if unknown and create:
             _create(self.layout, unknown)
             known |= set(unknown)
         for n in names:
-            if n not in ("*", SYSTEM):
+            if n not in special:
                 check_known(n, known, "recipient")
         if request_id is not None:
             try:
@@ -401,6 +402,8 @@ def _create(layout, names):
     for name in names:
         if not AGENT_NAME.match(name) or name == SYSTEM:
             raise InvalidName(f"invalid agent name {name!r}: agent names match {AGENT_NAME_RULE}")
+        if name in BROADCAST:
+            raise InvalidName(f"{name!r} means every agent (as '*') and cannot be one agent's name")
     problems = layout.init(names)
     if problems:
         raise RelayError("; ".join(problems))
