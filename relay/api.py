@@ -37,6 +37,7 @@ from .message import BROADCAST, MAX_REQUEST_ID, iso, request_id as checked_reque
 from .sync import Syncer
 
 _ids = IdGenerator()
+MAX_SLICE = 86400.0     # the longest one sleep of a wait; a longer timeout is slept in slices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +299,10 @@ class Agent:
         """Block until at least one new message is there and return the new ones (marked read
         with `ack`); [] when `timeout` seconds pass first. Woken by inotify (watchdog), not a
         polling loop. `listening` (a threading.Event) is set once an arrival would wake it."""
+        if timeout is not None and not timeout >= 0:
+            if timeout != timeout:          # NaN: no time at all can be meant
+                raise RelayError(f"the timeout must be a number of seconds, not {timeout!r}")
+            timeout = 0
         got = self.inbox(ack=ack)
         if got:
             return got
@@ -376,6 +381,9 @@ class NewMail:
         return self
 
     def wait(self, timeout):
+        # select() and Event.wait() refuse a time past what the platform can count (a
+        # `--wait 99999999999d`): the caller's loop looks again after a slice and sleeps on.
+        timeout = None if timeout is None else min(timeout, MAX_SLICE)
         if self.fd is not None:
             if select.select([self.fd], [], [], timeout)[0]:
                 os.read(self.fd, 65536)         # what arrived matters, not its name: looked for after

@@ -38,3 +38,42 @@ def test_send_to_broadcast_reaches_everyone_like_star(team):
     r = team("send", "--from", "Broadcast", "--to", "Bob", "--create", "x", ok=False)
     assert error_line(r) == "'Broadcast' means every agent (as '*') and cannot be one agent's name"
     assert not (team.state / "outbox" / "Broadcast").exists()
+
+
+# -- waiting -----------------------------------------------------------------------------------------
+
+def _waiter(agent, **kw):
+    """A thread waiting on `agent`'s inbox; (thread, listening, results, errors)."""
+    import threading
+    listening, got, errors = threading.Event(), [], []
+
+    def run():
+        try:
+            got.extend(agent.wait(listening=listening, **kw))
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors.append(e)
+            listening.set()
+    t = threading.Thread(target=run)
+    t.start()
+    assert listening.wait(10)
+    return t, got, errors
+
+
+def test_a_wait_longer_than_the_platform_counts_still_wakes(team):
+    """`relay inbox --wait 99999999999999d` ended in an OverflowError traceback from select()."""
+    bob = relay.Agent("Bob", root=team.root)
+    t, got, errors = _waiter(bob, timeout=99999999999999 * 86400.0)
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "late but here")
+    drain(team.root)
+    t.join(10)
+    assert not t.is_alive() and errors == []
+    assert [m.id for m in got] == [mid]
+    bob.close()
+
+
+def test_a_wait_with_no_sense_of_time_is_refused_and_a_negative_one_looks_once(team):
+    bob = relay.Agent("Bob", root=team.root)
+    with pytest.raises(relay.RelayError, match=r"^the timeout must be a number of seconds, not nan$"):
+        bob.wait(timeout=float("nan"))
+    assert bob.wait(timeout=-5) == []
+    bob.close()
