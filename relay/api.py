@@ -38,6 +38,7 @@ from .sync import Syncer
 
 _ids = IdGenerator()
 MAX_SLICE = 86400.0     # the longest one sleep of a wait; a longer timeout is slept in slices
+OBSERVER_RECHECK = 5.0  # without inotify, how often a wait checks that its directory is still there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +267,10 @@ class Agent:
         return self.ack(items) if ack else items
 
     def _check_inbox(self):
-        """The agent's inbox is plain directories inside the state directory, or RelayError."""
+        """The agent's inbox is plain directories inside the state directory, or RelayError.
+        Walked from the top again at each look: a long-lived Agent must not keep reading a
+        directory that was renamed away or swapped since its last look."""
+        self.layout.fs.forget()
         for where in (f"inbox/{self.name}", f"inbox/{self.name}/new", f"inbox/{self.name}/cur"):
             try:
                 self.layout.fs.dir(where)
@@ -306,13 +310,19 @@ class Agent:
         got = self.inbox(ack=ack)
         if got:
             return got
-        if self._mail is None:
-            self.layout.make_inbox(self.name)
-            self._mail = NewMail(self.layout.inbox / self.name / "new").open()
         deadline = None if timeout is None else time.monotonic() + timeout
-        if listening is not None:
-            listening.set()
         while True:
+            # The watch is armed before each look, so nothing that arrives after the look is
+            # missed; one whose directory was since replaced (or swapped for a link) is armed
+            # again on the directory there now, or the wait ends with the reason.
+            if self._mail is None or self._mail.stale():
+                self.close()
+                self._check_inbox()                     # a link in the way: the reason, at once
+                self.layout.make_inbox(self.name)
+                box = self.layout.inbox
+                self._mail = NewMail([box, box / self.name, box / self.name / "new"]).open()
+            if listening is not None:
+                listening.set()
             got = self.inbox(ack=ack)
             if got:
                 return got
@@ -339,16 +349,21 @@ class Agent:
 
 
 class NewMail:
-    """Woken when a file arrives in a directory. On Linux the waiting thread itself blocks on an
-    inotify descriptor (watchdog's bindings): no thread, no hand-off. Elsewhere a watchdog
-    Observer sets an event."""
+    """Woken when a file arrives in a directory (the last of `paths`), or when that directory
+    or one above it is replaced: `stale()` then says the watch looks at a directory that is no
+    longer there, and the caller arms a new one. On Linux the waiting thread itself blocks on
+    an inotify descriptor (watchdog's bindings): no thread, no hand-off; a link is never
+    followed at the last step. Elsewhere a watchdog Observer sets an event."""
 
-    def __init__(self, path):
-        self.path = str(path)
+    def __init__(self, paths):
+        self.paths = [str(p) for p in paths]
+        self.path = self.paths[-1]
         self.arrived = threading.Event()
         self.observer = self.fd = None
+        self.identity = None
 
     def open(self):
+        self.identity = self._identity()
         try:
             from watchdog.observers.inotify_c import InotifyConstants as K, inotify_add_watch, inotify_init
         except ImportError:
@@ -358,11 +373,33 @@ class NewMail:
             return self._observe()
         self.fd = fd
         fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
-        if inotify_add_watch(fd, os.fsencode(self.path), K.IN_CREATE | K.IN_MOVED_TO | K.IN_ONLYDIR) < 0:
-            os.close(fd)
-            self.fd = None
-            return self._observe()
+        gone = K.IN_DELETE_SELF | K.IN_MOVE_SELF | K.IN_ONLYDIR | K.IN_DONT_FOLLOW
+        for path in self.paths:
+            # The directory itself: what arrives. Those above it: an entry swapped, so that the
+            # path leads elsewhere now (an event there only makes the waiter look again).
+            mask = K.IN_CREATE | K.IN_MOVED_TO | gone
+            if path != self.path:
+                mask |= K.IN_MOVED_FROM | K.IN_DELETE
+            if inotify_add_watch(fd, os.fsencode(path), mask) < 0:
+                os.close(fd)
+                self.fd = None
+                return self._observe()
         return self
+
+    def _identity(self):
+        out = []
+        for path in self.paths:
+            try:
+                st = os.lstat(path)
+                out.append((st.st_dev, st.st_ino, st.st_mode))
+            except OSError:
+                out.append(None)
+        return out
+
+    def stale(self):
+        """True when a watched directory is no longer the one at its path (renamed, removed,
+        replaced by a link): this watch would never hear of what arrives there now."""
+        return self._identity() != self.identity
 
     def _observe(self):
         from watchdog.events import FileCreatedEvent, FileMovedEvent, FileSystemEventHandler
@@ -388,7 +425,8 @@ class NewMail:
             if select.select([self.fd], [], [], timeout)[0]:
                 os.read(self.fd, 65536)         # what arrived matters, not its name: looked for after
             return
-        self.arrived.wait(timeout)
+        # No inotify: the observer cannot tell of a swapped directory, so look again now and then.
+        self.arrived.wait(min(OBSERVER_RECHECK, MAX_SLICE if timeout is None else timeout))
         self.arrived.clear()
 
     def close(self):

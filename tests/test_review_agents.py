@@ -77,3 +77,55 @@ def test_a_wait_with_no_sense_of_time_is_refused_and_a_negative_one_looks_once(t
         bob.wait(timeout=float("nan"))
     assert bob.wait(timeout=-5) == []
     bob.close()
+
+
+def _envelope(mid, body, sender="Alice"):
+    return json.dumps({"id": mid, "from": sender, "to": ["Bob"], "kind": "message", "body": body})
+
+
+def _deliver(directory, mid, body):
+    """An envelope put into `directory` whole, as relay does (written aside, then linked in)."""
+    import os
+    aside = directory.parent / f".{mid}.aside"
+    aside.write_text(_envelope(mid, body))
+    os.rename(aside, directory / f"{mid}.json")
+
+
+MID = "01KC3ABCDEFGHJKMNPQRSTVWXY"
+
+
+def test_a_wait_wakes_for_a_message_in_an_inbox_replaced_while_it_waited(team):
+    """The watch stayed on the new/ directory that was renamed away: a message in the new one
+    never woke the waiter (a wait without timeout hung for good), and a long-lived Agent kept
+    reading the old directory through a cached descriptor."""
+    import os
+    bob = relay.Agent("Bob", root=team.root)
+    assert bob.wait(timeout=0) == []                # the watch is armed and kept
+    new = team.state / "inbox" / "Bob" / "new"
+    os.rename(new, new.with_name("new.old"))
+    new.mkdir()
+    assert bob.inbox() == []
+    t, got, errors = _waiter(bob, timeout=30)
+    _deliver(new, MID, "in the new directory")
+    t.join(30)
+    assert errors == [] and [m.body for m in got] == ["in the new directory"]
+    assert [m.id for m in bob.inbox()] == [MID]
+    bob.close()
+
+
+def test_a_wait_whose_inbox_is_swapped_for_a_link_ends_with_the_reason(team, tmp_path_factory):
+    import os
+    outside = tmp_path_factory.mktemp("outside")
+    bob = relay.Agent("Bob", root=team.root)
+    t, got, errors = _waiter(bob, timeout=30)
+    new = team.state / "inbox" / "Bob" / "new"
+    os.rename(new, new.with_name("new.old"))
+    os.symlink(outside, new)
+    (outside / f"{MID}.json").write_text(_envelope(MID, "planted outside"))
+    t.join(30)
+    assert not t.is_alive() and got == []
+    assert [str(e) for e in errors] == [
+        "inbox/Bob/new is a symbolic link or not a directory; relay never follows links under its state "
+        "directory: it may lead outside the state directory, and relay reads and moves only files inside it"]
+    assert os.listdir(outside) == [f"{MID}.json"]
+    bob.close()
