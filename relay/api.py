@@ -301,14 +301,17 @@ class Agent:
 
     def wait(self, timeout=None, ack=False, listening=None):
         """Block until at least one new message is there and return the new ones (marked read
-        with `ack`); [] when `timeout` seconds pass first. Woken by inotify (watchdog), not a
+        with `ack`; an unreadable entry of new/ is among them, never marked read, but does not
+        end the wait by itself); [] when `timeout` seconds pass first. Woken by inotify (watchdog), not a
         polling loop. `listening` (a threading.Event) is set once an arrival would wake it."""
         if timeout is not None and not timeout >= 0:
             if timeout != timeout:          # NaN: no time at all can be meant
                 raise RelayError(f"the timeout must be a number of seconds, not {timeout!r}")
             timeout = 0
+        # A message is what wakes it: an entry of new/ that is no envelope (junk an agent put
+        # there) is listed with the messages, but alone it would make every wait return at once.
         got = self.inbox(ack=ack)
-        if got:
+        if any(not m.error for m in got):
             return got
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -324,7 +327,7 @@ class Agent:
             if listening is not None:
                 listening.set()
             got = self.inbox(ack=ack)
-            if got:
+            if any(not m.error for m in got):
                 return got
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -377,7 +380,7 @@ class NewMail:
         for path in self.paths:
             # The directory itself: what arrives. Those above it: an entry swapped, so that the
             # path leads elsewhere now (an event there only makes the waiter look again).
-            mask = K.IN_CREATE | K.IN_MOVED_TO | gone
+            mask = K.IN_CREATE | K.IN_MOVED_TO | K.IN_CLOSE_WRITE | gone    # closed: written in place
             if path != self.path:
                 mask |= K.IN_MOVED_FROM | K.IN_DELETE
             if inotify_add_watch(fd, os.fsencode(path), mask) < 0:

@@ -129,3 +129,19 @@ def test_a_wait_whose_inbox_is_swapped_for_a_link_ends_with_the_reason(team, tmp
         "directory: it may lead outside the state directory, and relay reads and moves only files inside it"]
     assert os.listdir(outside) == [f"{MID}.json"]
     bob.close()
+
+
+def test_junk_in_new_does_not_end_every_wait_at_once(team):
+    """An entry of new/ that is no envelope was returned by every wait at once, never marked
+    read: `relay inbox Bob --wait --ack` in a loop spun instead of blocking."""
+    (team.state / "inbox" / "Bob" / "new" / "junk").write_text("not an envelope")
+    r = team("inbox", "Bob", "--wait", "0.2", "--ack", ok=False)
+    assert r.exit_code == 124 and r.output == "relay: no new message for Bob in 0.2\n"
+    assert "unreadable envelope" in team("inbox", "Bob").output          # still shown to a person
+    bob = relay.Agent("Bob", root=team.root)
+    t, got, errors = _waiter(bob, timeout=30, ack=True)
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "a real one")
+    drain(team.root)
+    t.join(30)
+    assert errors == [] and [(m.id, m.state, bool(m.error)) for m in got] == [(mid, "cur", False), ("junk", "new", True)]
+    bob.close()
