@@ -15,7 +15,7 @@ import os
 import orjson
 
 from .errors import DurabilityError, TransientError
-from .fs import Unsafe, write_all
+from .fs import Unsafe, bad_name, shown, write_all
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,8 @@ class Inbox:
             names = self.fs.names(f"inbox/{recipient}/cur")
         except OSError:
             return
-        yield from (f"inbox/{recipient}/cur/{n}" for n in names if n.startswith(name))
+        # A name relay's readers never make (bytes that are not UTF-8, controls) is not a copy.
+        yield from (f"inbox/{recipient}/cur/{n}" for n in names if n.startswith(name) and not bad_name(n))
 
     def envelope(self, recipient, mid):
         """(state, path, envelope) of the recipient's copy of a message, or None."""
@@ -169,6 +170,12 @@ class Inbox:
                 if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
                     continue
                 rel = f"inbox/{agent}/{sub}/{entry.name}"
+                odd = bad_name(entry.name)
+                if odd:     # relay never writes such a name: something planted, shown escaped
+                    doc = {"id": shown(entry.name.split(".")[0]),
+                           "error": f"not an envelope relay wrote: {odd} ('{shown(entry.name)}')"}
+                    out.append((sub, shown(self.fs.abspath(rel)), doc))
+                    continue
                 try:
                     doc = orjson.loads(self.fs.read(rel, MAX_ENVELOPE_READ))
                     if not isinstance(doc, dict):

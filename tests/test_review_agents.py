@@ -145,3 +145,34 @@ def test_junk_in_new_does_not_end_every_wait_at_once(team):
     t.join(30)
     assert errors == [] and [(m.id, m.state, bool(m.error)) for m in got] == [(mid, "cur", False), ("junk", "new", True)]
     bob.close()
+
+
+# -- planted files -----------------------------------------------------------------------------------
+
+def test_an_odd_file_name_in_an_inbox_is_listed_escaped_not_a_traceback(team):
+    """A name with bytes that are not UTF-8 in new/ made `relay inbox --json/--jsonl` end in a
+    TypeError traceback from orjson (surrogates)."""
+    import os
+    new = os.fsencode(team.state / "inbox" / "Bob" / "new")
+    with open(os.path.join(new, b"\xff\x1b.json"), "w") as f:
+        f.write(_envelope(MID, "posing as a message"))
+    [doc] = json.loads(team("inbox", "Bob", "--json").output)
+    assert doc["id"] == "\\xff\\x1b" and doc["state"] == "new"
+    assert doc["error"] == "not an envelope relay wrote: its name is not valid UTF-8 ('\\xff\\x1b.json')"
+    assert doc["path"].endswith("/inbox/Bob/new/\\xff\\x1b.json")
+    [line] = team("inbox", "Bob", "--jsonl", "--ack").output.splitlines()
+    assert json.loads(line)["error"] == doc["error"]
+    assert os.listdir(new) == [b"\xff\x1b.json"]        # never marked read, never moved
+
+
+def test_a_read_copy_under_an_odd_name_is_not_taken_for_the_message(team):
+    """show/read --json found `cur/<id>.json:2,S\\xff` as the copy and ended in a traceback."""
+    import os
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "hi")
+    drain(team.root)
+    box = team.state / "inbox" / "Bob"
+    os.rename(box / "new" / f"{mid}.json", os.fsencode(box / "cur" / f"{mid}.json:2,S") + b"\xff")
+    assert json.loads(team("show", mid, "--json").output)["deliveries"][0]["inbox_path"] is None
+    assert json.loads(team("read", mid, "--json").output)["body"] == "hi"        # the ledger's record
+    r = team("read", mid, "--agent", "Bob", "--json", ok=False)
+    assert error_line(r) == f"no message {mid!r} in the inbox of Bob"
