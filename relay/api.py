@@ -226,6 +226,10 @@ class Agent:
                 return first
         if not isinstance(body, str):
             raise RelayError(f"the body must be text, not {type(body).__name__}")
+        size, limit = len(body.encode("utf-8")), self.project.config.max_body_bytes
+        if size > limit:        # refused now, not after an exit 0, in the daemon's log
+            raise RelayError(f"the body is {size} bytes, over max_body_bytes ({limit}); relay would refuse it: "
+                             "send it in parts, or raise max_body_bytes in relay.toml")
         mid = _ids.new(time.time())
         data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id)
         self.layout.fs.put(f"outbox/{self.name}/msg-{mid.lower()}", data)

@@ -176,3 +176,20 @@ def test_a_read_copy_under_an_odd_name_is_not_taken_for_the_message(team):
     assert json.loads(team("read", mid, "--json").output)["body"] == "hi"        # the ledger's record
     r = team("read", mid, "--agent", "Bob", "--json", ok=False)
     assert error_line(r) == f"no message {mid!r} in the inbox of Bob"
+
+
+# -- sending -----------------------------------------------------------------------------------------
+
+def test_a_body_over_max_body_bytes_is_refused_before_anything_is_written(team):
+    """relay send printed an id and exited 0; the daemon then failed the file ("over
+    max_body_bytes"), under an id of its own that relay show did not know by the printed one."""
+    (team.state / "relay.toml").write_text("max_body_bytes = 100\n")
+    r = team("send", "--from", "Alice", "--to", "Bob", "-", input="é" * 51, ok=False)
+    assert r.exit_code == 1
+    assert error_line(r) == ("the body is 102 bytes, over max_body_bytes (100); relay would refuse it: send it in "
+                             "parts, or raise max_body_bytes in relay.toml")
+    assert list((team.state / "outbox" / "Alice").iterdir()) == []
+    mid = team("send", "--from", "Alice", "--to", "Bob", "-", input="é" * 50).output.strip()
+    drain(team.root)
+    assert [len(m.body) for m in relay.Agent("Bob", root=team.root).inbox()] == [50]
+    assert json.loads(team("show", mid, "--json").output)["status"] == "archived"
