@@ -7,6 +7,7 @@ A History reads through a Ledger's connection: the relay's own (so the loop read
 writes left), or one a read-only verb opened beside a running daemon.
 """
 from .errors import NotFound, RelayError
+from .layout import valid_id
 from .ledger import GENESIS, STATUSES, Status, chain_hash, checksum
 from .schema import MIGRATIONS
 
@@ -41,6 +42,14 @@ class History:
             return rows[0]
         if rows:
             raise RelayError(f"{mid!r} matches more than one message; give more of the id")
+        if valid_id(prefix):
+            # The id `relay send` printed is in the file, read when relay parses it: a message
+            # failed or held back before that (too large, unreadable, not yet read) is still
+            # under the id relay gave it when found, but its file name carries the printed one.
+            rows = self.db.execute("SELECT * FROM messages WHERE name = ? ORDER BY discovered_at, id LIMIT 2",
+                                   (f"msg-{prefix.lower()}",)).fetchall()
+            if len(rows) == 1:
+                return rows[0]
         raise NotFound(f"no message with id {mid!r} in the ledger")
 
     def by_request(self, sender, request_id):

@@ -193,3 +193,21 @@ def test_a_body_over_max_body_bytes_is_refused_before_anything_is_written(team):
     drain(team.root)
     assert [len(m.body) for m in relay.Agent("Bob", root=team.root).inbox()] == [50]
     assert json.loads(team("show", mid, "--json").output)["status"] == "archived"
+
+
+def test_the_printed_id_finds_a_message_that_failed_before_relay_read_its_id(team):
+    """A file refused before it is parsed (here: max_body_bytes lowered after the send) failed
+    under the id relay gave it when found; show, retry and read did not know the printed id."""
+    mid = team("send", "--from", "Alice", "--to", "Bob", "x" * 200).output.strip()
+    (team.state / "relay.toml").write_text("max_body_bytes = 100\n")
+    assert drain(team.root).failed == 1
+    doc = json.loads(team("show", mid, "--json").output)
+    assert doc["status"] == "failed" and "over max_body_bytes (100)" in doc["error"]
+    assert doc["source_path"] == f"outbox/Alice/msg-{mid.lower()}"
+    assert "over max_body_bytes" in team("read", mid).output
+    (team.state / "relay.toml").write_text("max_body_bytes = 1000\n")
+    assert team("retry", mid).exit_code == 0
+    drain(team.root)
+    [m] = relay.Agent("Bob", root=team.root).inbox()
+    assert m.id == mid and len(m.body) == 200
+    assert json.loads(team("show", mid, "--json").output)["status"] == "archived"
