@@ -11,6 +11,7 @@ import errno
 import hashlib
 import logging
 import os
+import stat
 
 import orjson
 
@@ -151,6 +152,23 @@ class Inbox:
             if isinstance(doc, dict):
                 return rel.split("/")[2], self.fs.abspath(rel), doc
         return None
+
+    def taken(self, recipient, mid, sha256):
+        """True when the recipient holds an envelope under `mid` (unread in new/, or read in
+        cur/ as relay's readers name it) that is not one of the file hashing to `sha256`: an
+        id the ledger has forgotten (swept) is still another message's there."""
+        for rel in (f"inbox/{recipient}/new/{mid}.json", f"inbox/{recipient}/cur/{mid}.json:2,S"):
+            try:
+                st = self.fs.lstat(rel)
+            except OSError:         # not there, or no inbox to look in (delivery says why)
+                continue
+            try:
+                doc = orjson.loads(self.fs.read(rel, MAX_ENVELOPE_READ)) if stat.S_ISREG(st.st_mode) else None
+            except (OSError, orjson.JSONDecodeError):
+                doc = None
+            if not (isinstance(doc, dict) and doc.get("id") == mid and doc.get("sha256") == sha256):
+                return True
+        return False
 
     def holder(self, recipient, mid):
         """The path of an envelope of this id the recipient holds, or None. For people (relay
