@@ -214,7 +214,14 @@ class Ledger:
         with self.transaction():
             for mid, sender, name, chosen, request in items:
                 new, path, first, refusal = mid, None, None, None
-                if chosen and chosen != mid:
+                if chosen and chosen != mid and db.execute("SELECT 1 FROM deliveries WHERE message_id = ? LIMIT 1",
+                                                           (mid,)).fetchone():
+                    # Recipients hold it under its id already (its file gained an ID since): it
+                    # keeps that id. Re-keying would break the deliveries' reference (a foreign
+                    # key) and fail every batch it is in.
+                    self._events([(mid, now, "identified", f"keeps its id: delivered under it already; the id "
+                                                           f"in its file ({chosen}) is not taken")])
+                elif chosen and chosen != mid:
                     if db.execute("SELECT 1 FROM messages WHERE id = ? OR spool_id = ?", (chosen, chosen)).fetchone():
                         refusal = (f"the id {chosen} is already used by another message; choose another, "
                                    "or leave ID out and relay gives one")

@@ -1,8 +1,11 @@
 """The agent's side attacked: names relay gives a meaning, waits that must wake, ids that
 collide, files planted where the agent verbs look, crashes around a re-keyed message."""
+import errno
 import json
+import os
 
 import pytest
+from conftest import failing_create
 
 import relay
 
@@ -85,7 +88,6 @@ def _envelope(mid, body, sender="Alice"):
 
 def _deliver(directory, mid, body):
     """An envelope put into `directory` whole, as relay does (written aside, then linked in)."""
-    import os
     aside = directory.parent / f".{mid}.aside"
     aside.write_text(_envelope(mid, body))
     os.rename(aside, directory / f"{mid}.json")
@@ -98,7 +100,6 @@ def test_a_wait_wakes_for_a_message_in_an_inbox_replaced_while_it_waited(team):
     """The watch stayed on the new/ directory that was renamed away: a message in the new one
     never woke the waiter (a wait without timeout hung for good), and a long-lived Agent kept
     reading the old directory through a cached descriptor."""
-    import os
     bob = relay.Agent("Bob", root=team.root)
     assert bob.wait(timeout=0) == []                # the watch is armed and kept
     new = team.state / "inbox" / "Bob" / "new"
@@ -114,7 +115,6 @@ def test_a_wait_wakes_for_a_message_in_an_inbox_replaced_while_it_waited(team):
 
 
 def test_a_wait_whose_inbox_is_swapped_for_a_link_ends_with_the_reason(team, tmp_path_factory):
-    import os
     outside = tmp_path_factory.mktemp("outside")
     bob = relay.Agent("Bob", root=team.root)
     t, got, errors = _waiter(bob, timeout=30)
@@ -152,7 +152,6 @@ def test_junk_in_new_does_not_end_every_wait_at_once(team):
 def test_an_odd_file_name_in_an_inbox_is_listed_escaped_not_a_traceback(team):
     """A name with bytes that are not UTF-8 in new/ made `relay inbox --json/--jsonl` end in a
     TypeError traceback from orjson (surrogates)."""
-    import os
     new = os.fsencode(team.state / "inbox" / "Bob" / "new")
     with open(os.path.join(new, b"\xff\x1b.json"), "w") as f:
         f.write(_envelope(MID, "posing as a message"))
@@ -167,7 +166,6 @@ def test_an_odd_file_name_in_an_inbox_is_listed_escaped_not_a_traceback(team):
 
 def test_a_read_copy_under_an_odd_name_is_not_taken_for_the_message(team):
     """show/read --json found `cur/<id>.json:2,S\\xff` as the copy and ended in a traceback."""
-    import os
     mid = relay.Agent("Alice", root=team.root).send("Bob", "hi")
     drain(team.root)
     box = team.state / "inbox" / "Bob"
@@ -237,3 +235,23 @@ def test_an_id_the_ledger_forgot_at_a_sweep_is_still_refused_while_a_recipient_h
     assert [e["body"] for e in project.inbox("Ben", "cur" if read_first else "new")] == ["the first"]
     assert project.inbox("Ben", "new" if read_first else "cur") == []
     assert r.history.get(MID) is None                   # the refused file keeps the id relay gave it
+
+
+def test_a_partly_delivered_message_whose_file_gains_an_id_keeps_its_own_and_relay_goes_on(project):
+    """Re-keying a row that has deliveries broke their foreign key: IntegrityError from every
+    step that claimed it, so the whole relay stalled on one edited spool file."""
+    r = project.relay()
+    project.drop("Ann", "a", "TO: Ben, Cy\n\nhello")
+    switch = failing_create(r, OSError(errno.EACCES, "denied"), when=lambda rel: rel.startswith("inbox/Cy/"))
+    assert r.step().retried == 1
+    [spooled] = (project.state / "spool" / "Ann").iterdir()
+    first = spooled.name.split("--")[0]
+    spooled.write_text(f"ID: {MID}\nTO: Ben, Cy\n\nhello")
+    switch["on"] = False
+    project.drop("Ben", "b", "TO: Ann\n\nan innocent bystander")
+    project.clock.advance(60)
+    total = r.drain()
+    assert total.archived == 2 and total.failed == 0
+    assert [e["id"] for e in project.inbox("Cy")] == [first] and [e["id"] for e in project.inbox("Ben")] == [first]
+    assert r.history.get(first)["status"] == "archived" and r.history.get(MID) is None
+    assert [e["body"] for e in project.inbox("Ann")] == ["an innocent bystander"]
