@@ -295,9 +295,12 @@ class History:
         return known
 
     def active_ids(self):
-        """Ids of messages still on their way (pending, processing, delivered)."""
+        """Ids of messages still on their way (pending, processing, delivered), and the ids
+        their spool files are named by where a sender chose another (`spool_id`)."""
         return {r[0] for r in self.db.execute(
-            "SELECT id FROM messages WHERE status IN ('pending', 'processing', 'delivered')")}
+            "SELECT id FROM messages WHERE status IN ('pending', 'processing', 'delivered') UNION "
+            "SELECT spool_id FROM messages WHERE status IN ('pending', 'processing', 'delivered') "
+            "AND spool_id IS NOT NULL")}
 
     def explain(self, sql, args=()):
         return [r[-1] for r in self.db.execute("EXPLAIN QUERY PLAN " + sql, args)]

@@ -255,3 +255,19 @@ def test_a_partly_delivered_message_whose_file_gains_an_id_keeps_its_own_and_rel
     assert [e["id"] for e in project.inbox("Cy")] == [first] and [e["id"] for e in project.inbox("Ben")] == [first]
     assert r.history.get(first)["status"] == "archived" and r.history.get(MID) is None
     assert [e["body"] for e in project.inbox("Ann")] == ["an innocent bystander"]
+
+
+def test_doctor_knows_the_spool_file_of_a_rekeyed_message_on_its_way(project, cli):
+    """The spool file keeps the id relay gave when found; doctor looked for a pending message
+    of that id only, called the file an orphan (exit 1) and advised moving it into an outbox,
+    which would have sent the message twice."""
+    r = project.relay()
+    project.drop("Ann", "a", f"ID: {MID}\nTO: Ben\n\nhello")
+    switch = failing_create(r, OSError(errno.EACCES, "denied"))
+    assert r.step().retried == 1
+    assert r.history.get(MID)["status"] == "pending"
+    r.close()
+    assert json.loads(cli("doctor", "--json").output)["problems"] == []
+    switch["on"] = False
+    project.clock.advance(60)
+    assert project.relay().drain().archived == 1
