@@ -286,11 +286,18 @@ class Agent:
 
     def ack(self, messages):
         """Mark these messages read (new/ -> cur/); returns them as they are now. A message
-        read already, or an envelope relay could not read, is left as it is."""
+        read already (here or by another reader of this inbox meanwhile), an envelope relay
+        could not read, or another agent's copy (find() may return one) is left as it is."""
         out = []
+        mine = os.path.join(str(self.layout.inbox), self.name, "new")
         for m in [messages] if isinstance(messages, Received) else messages:
-            if m.state == "new" and not m.error:
-                m = dataclasses.replace(m, state="cur", path=str(self.inbox_.ack(m.path)))
+            if m.state == "new" and not m.error and m.path and os.path.dirname(str(m.path)) == mine:
+                try:
+                    m = dataclasses.replace(m, state="cur", path=str(self.inbox_.ack(m.path)))
+                except FileNotFoundError:   # taken from new/ by another reader since it was listed
+                    done = self.inbox_.read_path(m.path)
+                    if os.path.lexists(done):
+                        m = dataclasses.replace(m, state="cur", path=str(done))
             out.append(m)
         return out
 

@@ -316,3 +316,29 @@ def test_relay_init_under_another_users_state_directory_makes_a_project_of_ones_
         f"{shared}/.relay belongs to another user (uid 65534), so relay does not take it for your project; run "
         f"relay init here for one of your own, or give --root {shared} to use it on purpose")
     assert sorted(p.name for p in (shared / ".relay" / "outbox").iterdir()) == ["mallory"]
+
+
+# -- marking read --------------------------------------------------------------------------------------
+
+def test_two_readers_of_one_inbox_both_ack_without_an_error(team):
+    """The second `relay inbox Bob --ack` (another session of Bob) printed the message, then
+    exited 1 with "No such file or directory": the first had moved it to cur/ meanwhile."""
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "for both sessions")
+    drain(team.root)
+    one, two = relay.Agent("Bob", root=team.root), relay.Agent("Bob", root=team.root)
+    seen_one, seen_two = one.inbox(), two.inbox()
+    assert [m.state for m in one.ack(seen_one)] == ["cur"]
+    [m] = two.ack(seen_two)
+    assert (m.id, m.state) == (mid, "cur") and os.path.isfile(m.path)
+
+
+def test_an_agent_never_marks_read_another_agents_copy(team):
+    """Agent.find() falls back to any recipient's copy; acking it moved Carol's envelope to her
+    cur/, so Carol never saw the message as new."""
+    mid = relay.Agent("Alice", root=team.root).send("Bob,Carol", "for two")
+    drain(team.root)
+    bob, carol = relay.Agent("Bob", root=team.root), relay.Agent("Carol", root=team.root)
+    [theirs] = carol.inbox()
+    assert [m.state for m in bob.ack([theirs])] == ["new"]
+    assert [m.id for m in carol.inbox()] == [mid]
+    assert [m.state for m in bob.ack(bob.inbox())] == ["cur"]
