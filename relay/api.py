@@ -33,7 +33,7 @@ from .ids import IdGenerator
 from .inbox import Inbox
 from .layout import Layout
 from .ledger import Ledger
-from .message import BROADCAST, MAX_REQUEST_ID, iso, request_id as checked_request_id
+from .message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
 from .sync import Syncer
 
 _ids = IdGenerator()
@@ -123,7 +123,18 @@ def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=N
     for key, value in (("KIND", kind), ("THREAD", thread), ("SUBJECT", subject), ("REQUEST-ID", request_id)):
         if value is not None:
             lines.append(f"{key}: {one_line(value, key.lower())}")
-    return ("\n".join(lines) + "\n\n" + body).encode("utf-8")
+    # What relay's parser would refuse is refused here, before the file is written.
+    for line in lines:
+        if len(line) > MAX_HEADER_LINE:
+            key, _, value = line.partition(": ")
+            what = "the recipient list" if key == "TO" else f"the {key.lower()}"
+            raise RelayError(f"{what} is {len(value)} characters long; a header line holds at most "
+                             f"{MAX_HEADER_LINE - len(key) - 2} of them")
+    head = "\n".join(lines)
+    if len(head) > MAX_HEADER_BYTES:
+        raise RelayError(f"the headers are {len(head)} characters long, over the {MAX_HEADER_BYTES} relay reads; "
+                         "shorten the subject or thread")
+    return (head + "\n\n" + body).encode("utf-8")
 
 
 class Project:

@@ -342,3 +342,18 @@ def test_an_agent_never_marks_read_another_agents_copy(team):
     assert [m.state for m in bob.ack([theirs])] == ["new"]
     assert [m.id for m in carol.inbox()] == [mid]
     assert [m.state for m in bob.ack(bob.inbox())] == ["cur"]
+
+
+def test_a_subject_longer_than_a_header_line_is_refused_before_anything_is_written(team):
+    """relay send exited 0 with a 70000-character subject; the daemon then failed the file with
+    "header line 3 is 70009 characters long ... is the blank line after the headers missing?"."""
+    from relay.message import MAX_HEADER_LINE
+    fits = MAX_HEADER_LINE - len("SUBJECT: ")
+    r = team("send", "--from", "Alice", "--to", "Bob", "--subject", "s" * (fits + 1), "x", ok=False)
+    assert error_line(r) == f"the subject is {fits + 1} characters long; a header line holds at most {fits} of them"
+    assert list((team.state / "outbox" / "Alice").iterdir()) == []
+    with pytest.raises(relay.RelayError, match=r"^the thread is 65536 characters long; a header line holds at "):
+        relay.Agent("Alice", root=team.root).send("Bob", "x", thread="t" * MAX_HEADER_LINE)
+    team("send", "--from", "Alice", "--to", "Bob", "--subject", "s" * fits, "x")
+    assert drain(team.root).archived == 1
+    assert len(relay.Agent("Bob", root=team.root).inbox()[0].subject) == fits
