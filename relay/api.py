@@ -17,12 +17,18 @@ into the outbox under a name no other message uses.
 import dataclasses
 import difflib
 import fcntl
+import logging
 import os
 import select
 import threading
 import time
 
 import orjson
+
+try:
+    from watchdog.observers.inotify_c import InotifyConstants, inotify_add_watch, inotify_init
+except ImportError:     # not Linux: a watchdog Observer wakes the waiter
+    InotifyConstants = inotify_add_watch = inotify_init = None
 
 from . import config as config_mod
 from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
@@ -36,9 +42,11 @@ from .ledger import Ledger
 from .message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
 from .sync import Syncer
 
+log = logging.getLogger(__name__)
 _ids = IdGenerator()
 MAX_SLICE = 86400.0     # the longest one sleep of a wait; a longer timeout is slept in slices
 OBSERVER_RECHECK = 5.0  # without inotify, how often a wait checks that its directory is still there
+DEGRADED_RECHECK = 0.5  # with no watch to be had at all, how often a wait looks for new messages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,12 +397,11 @@ class NewMail:
 
     def open(self):
         self.identity = self._identity()
-        try:
-            from watchdog.observers.inotify_c import InotifyConstants as K, inotify_add_watch, inotify_init
-        except ImportError:
+        if inotify_init is None:
             return self._observe()
+        K = InotifyConstants
         fd = inotify_init()
-        if fd < 0:
+        if fd < 0:      # the user's inotify instances are used up (EMFILE), or no inotify here
             return self._observe()
         self.fd = fd
         fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
@@ -436,10 +443,21 @@ class NewMail:
             def on_any_event(self, event):
                 arrived.set()
 
-        self.observer = observer()
-        self.observer.schedule(Handler(), self.path, recursive=False, event_filter=[FileCreatedEvent, FileMovedEvent])
-        self.observer.daemon = True
-        self.observer.start()
+        try:
+            self.observer = observer()
+            self.observer.schedule(Handler(), self.path, recursive=False,
+                                   event_filter=[FileCreatedEvent, FileMovedEvent])
+            self.observer.daemon = True
+            self.observer.start()
+        except OSError as e:
+            # No watch to be had (inotify instances or watches used up: every daemon, editor
+            # and IDE of this user holds some). Waiting still works, looking every so often.
+            log.warning("cannot watch %s (%s); the wait looks for new messages every %gs instead",
+                        self.path, e.strerror or e, DEGRADED_RECHECK)
+            started, self.observer = self.observer, None
+            if started is not None and started.is_alive():
+                started.stop()
+                started.join(timeout=5)
         return self
 
     def wait(self, timeout):
@@ -450,8 +468,10 @@ class NewMail:
             if select.select([self.fd], [], [], timeout)[0]:
                 os.read(self.fd, 65536)         # what arrived matters, not its name: looked for after
             return
-        # No inotify: the observer cannot tell of a swapped directory, so look again now and then.
-        self.arrived.wait(min(OBSERVER_RECHECK, MAX_SLICE if timeout is None else timeout))
+        # No inotify: the observer cannot tell of a swapped directory, so look again now and then;
+        # with no watch at all, more often.
+        every = OBSERVER_RECHECK if self.observer is not None else DEGRADED_RECHECK
+        self.arrived.wait(min(every, MAX_SLICE if timeout is None else timeout))
         self.arrived.clear()
 
     def close(self):

@@ -357,3 +357,25 @@ def test_a_subject_longer_than_a_header_line_is_refused_before_anything_is_writt
     team("send", "--from", "Alice", "--to", "Bob", "--subject", "s" * fits, "x")
     assert drain(team.root).archived == 1
     assert len(relay.Agent("Bob", root=team.root).inbox()[0].subject) == fits
+
+
+def test_a_wait_with_no_watch_to_be_had_still_waits_and_wakes(team, monkeypatch, caplog):
+    """With the user's inotify instances used up (128 by default, shared by every daemon, editor
+    and IDE of the user), the wait ended in "OSError: inotify instance limit reached" (exit 1):
+    the fallback Observer needs an inotify instance too."""
+    import relay.api
+    import relay.watcher
+
+    def no_observer():
+        raise OSError(errno.EMFILE, "inotify instance limit reached")
+    monkeypatch.setattr(relay.api, "inotify_init", lambda: -1)           # what the kernel answers then
+    monkeypatch.setattr(relay.watcher, "observer", no_observer)
+    bob = relay.Agent("Bob", root=team.root)
+    assert bob.wait(timeout=0.1) == []
+    assert "the wait looks for new messages every 0.5s instead" in caplog.text
+    t, got, errors = _waiter(bob, timeout=30)
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "found by looking")
+    drain(team.root)
+    t.join(30)
+    assert errors == [] and [m.id for m in got] == [mid]
+    bob.close()
