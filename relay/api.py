@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import fcntl
 import logging
+import math
 import os
 import select
 import threading
@@ -461,11 +462,15 @@ class NewMail:
         return self
 
     def wait(self, timeout):
-        # select() and Event.wait() refuse a time past what the platform can count (a
+        # poll() and Event.wait() refuse a time past what the platform can count (a
         # `--wait 99999999999d`): the caller's loop looks again after a slice and sleeps on.
         timeout = None if timeout is None else min(timeout, MAX_SLICE)
         if self.fd is not None:
-            if select.select([self.fd], [], [], timeout)[0]:
+            # poll(), not select(): select() refuses a descriptor numbered past 1023, which a
+            # process holding many files (an MCP server, an agent's harness) hands out.
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            if poller.poll(None if timeout is None else math.ceil(timeout * 1000)):
                 os.read(self.fd, 65536)         # what arrived matters, not its name: looked for after
             return
         # No inotify: the observer cannot tell of a swapped directory, so look again now and then;

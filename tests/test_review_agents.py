@@ -379,3 +379,29 @@ def test_a_wait_with_no_watch_to_be_had_still_waits_and_wakes(team, monkeypatch,
     t.join(30)
     assert errors == [] and [m.id for m in got] == [mid]
     bob.close()
+
+
+def test_a_wait_in_a_process_holding_many_files_still_wakes(team):
+    """The waiter's inotify descriptor was handed to select(), which refuses one numbered past
+    1023: in a process holding that many files the wait ended in "ValueError: filedescriptor
+    out of range in select()"."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip("this process may not hold 1100 files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1024:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        bob = relay.Agent("Bob", root=team.root)
+        t, got, errors = _waiter(bob, timeout=30)
+        mid = relay.Agent("Alice", root=team.root).send("Bob", "past 1023")
+        drain(team.root)
+        t.join(30)
+        assert errors == [] and [m.id for m in got] == [mid]
+        bob.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
