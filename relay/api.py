@@ -157,6 +157,16 @@ class Project:
         self.config = config
         self.layout = Layout(self.config.root, self.config.state_dir)
 
+    def close(self):
+        """Close the descriptors of the state directory (opened again when next needed)."""
+        self.layout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def agents(self):
         """The known agents, sorted (SPEC section 2)."""
         return sorted(self.layout.agent_names(self.config.agents))
@@ -350,7 +360,7 @@ class Agent:
             # missed; one whose directory was since replaced (or swapped for a link) is armed
             # again on the directory there now, or the wait ends with the reason.
             if self._mail is None or self._mail.stale():
-                self.close()
+                self._unwatch()
                 self._check_inbox()                     # a link in the way: the reason, at once
                 self.layout.make_inbox(self.name)
                 box = self.layout.inbox
@@ -367,7 +377,12 @@ class Agent:
 
     def close(self):
         """Stop watching the inbox (wait() keeps its watch for the next call: closing an inotify
-        descriptor waits for the kernel, some milliseconds)."""
+        descriptor waits for the kernel, some milliseconds) and close the descriptors of the
+        state directory. The Agent may be used again: they are opened when next needed."""
+        self._unwatch()
+        self.layout.close()
+
+    def _unwatch(self):
         if self._mail is not None:
             self._mail.close()
             self._mail = None
@@ -379,7 +394,10 @@ class Agent:
         self.close()
 
     def __del__(self):
-        self.close()
+        if getattr(self, "layout", None) is not None:
+            self.close()
+        else:           # refused in __init__ before it had a layout
+            self._unwatch()
 
 
 class NewMail:
@@ -491,7 +509,8 @@ class NewMail:
 
 def agents(root=None, state_dir=None):
     """The known agents of the project found from the current directory (or `root`)."""
-    return Project(root, state_dir).agents()
+    with Project(root, state_dir) as project:
+        return project.agents()
 
 
 def _create(layout, names):

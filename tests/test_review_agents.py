@@ -405,3 +405,23 @@ def test_a_wait_in_a_process_holding_many_files_still_wakes(team):
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_agents_made_again_and_again_do_not_leak_descriptors(team):
+    """Each Agent (and relay.agents()) left the state directory's descriptors open for the life
+    of the process, close() or not: a harness making an Agent per look ran out of files."""
+    relay.Agent("Alice", root=team.root).send("Bob", "x")
+    drain(team.root)
+
+    def open_files():
+        return len(os.listdir("/proc/self/fd"))
+    relay.Agent("Bob", root=team.root).inbox()
+    before = open_files()
+    for _ in range(50):
+        relay.Agent("Bob", root=team.root).inbox()
+        relay.agents(root=team.root)
+        with relay.Agent("Bob", root=team.root) as bob:
+            bob.wait(timeout=0)
+        bob.inbox()                     # usable after close(): what it needs is opened again
+        bob.close()
+    assert open_files() - before < 10
