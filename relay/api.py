@@ -38,7 +38,7 @@ from .fs import Unsafe
 from .history import History
 from .ids import IdGenerator
 from .inbox import Inbox
-from .layout import Layout
+from .layout import Layout, valid_id
 from .ledger import Ledger
 from .message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
 from .sync import Syncer
@@ -334,7 +334,16 @@ class Agent:
     def read(self, mid, ack=False):
         """One message of this agent's inbox by id (or unique prefix of it)."""
         self._check_inbox()
-        found = self.inbox_.envelope(self.name, mid.upper())
+        full = mid.upper()
+        if full and not valid_id(full):         # a prefix: the ledger knows which message it is
+            history = self.project.history()
+            if history is not None:
+                with history:
+                    try:
+                        full = history.find(full)["id"]
+                    except NotFound:
+                        pass
+        found = self.inbox_.envelope(self.name, full) if full else None
         if found is None:
             raise NotFound(f"no message {mid!r} in the inbox of {self.name}")
         m = Received.of(found[2], found[0], found[1])

@@ -425,3 +425,14 @@ def test_agents_made_again_and_again_do_not_leak_descriptors(team):
         bob.inbox()                     # usable after close(): what it needs is opened again
         bob.close()
     assert open_files() - before < 10
+
+
+def test_read_takes_a_unique_prefix_for_an_agent_as_without_one(team):
+    """`relay read PREFIX` found the message, `relay read PREFIX --agent Bob` said there was
+    none, though Agent.read() says it takes a unique prefix."""
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "by prefix")
+    drain(team.root)
+    assert "by prefix" in team("read", mid[:12]).output
+    assert json.loads(team("read", mid[:12].lower(), "--agent", "Bob", "--json").output)["id"] == mid
+    r = team("read", "", "--agent", "Bob", ok=False)
+    assert error_line(r) == "no message '' in the inbox of Bob"
