@@ -17,12 +17,19 @@ into the outbox under a name no other message uses.
 import dataclasses
 import difflib
 import fcntl
+import logging
+import math
 import os
 import select
 import threading
 import time
 
 import orjson
+
+try:
+    from watchdog.observers.inotify_c import InotifyConstants, inotify_add_watch, inotify_init
+except ImportError:     # not Linux: a watchdog Observer wakes the waiter
+    InotifyConstants = inotify_add_watch = inotify_init = None
 
 from . import config as config_mod
 from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
@@ -31,12 +38,16 @@ from .fs import Unsafe
 from .history import History
 from .ids import IdGenerator
 from .inbox import Inbox
-from .layout import Layout
+from .layout import Layout, valid_id
 from .ledger import Ledger
-from .message import MAX_REQUEST_ID, iso, request_id as checked_request_id
+from .message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
 from .sync import Syncer
 
+log = logging.getLogger(__name__)
 _ids = IdGenerator()
+MAX_SLICE = 86400.0     # the longest one sleep of a wait; a longer timeout is slept in slices
+OBSERVER_RECHECK = 5.0  # without inotify, how often a wait checks that its directory is still there
+DEGRADED_RECHECK = 0.5  # with no watch to be had at all, how often a wait looks for new messages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +132,18 @@ def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=N
     for key, value in (("KIND", kind), ("THREAD", thread), ("SUBJECT", subject), ("REQUEST-ID", request_id)):
         if value is not None:
             lines.append(f"{key}: {one_line(value, key.lower())}")
-    return ("\n".join(lines) + "\n\n" + body).encode("utf-8")
+    # What relay's parser would refuse is refused here, before the file is written.
+    for line in lines:
+        if len(line) > MAX_HEADER_LINE:
+            key, _, value = line.partition(": ")
+            what = "the recipient list" if key == "TO" else f"the {key.lower()}"
+            raise RelayError(f"{what} is {len(value)} characters long; a header line holds at most "
+                             f"{MAX_HEADER_LINE - len(key) - 2} of them")
+    head = "\n".join(lines)
+    if len(head) > MAX_HEADER_BYTES:
+        raise RelayError(f"the headers are {len(head)} characters long, over the {MAX_HEADER_BYTES} relay reads; "
+                         "shorten the subject or thread")
+    return (head + "\n\n" + body).encode("utf-8")
 
 
 class Project:
@@ -134,6 +156,16 @@ class Project:
             config = config_mod.load(found, state_dir, env=env)
         self.config = config
         self.layout = Layout(self.config.root, self.config.state_dir)
+
+    def close(self):
+        """Close the descriptors of the state directory (opened again when next needed)."""
+        self.layout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def agents(self):
         """The known agents, sorted (SPEC section 2), with a federation's agents of other nodes."""
@@ -203,7 +235,7 @@ class Agent:
 
     def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False):
         """Write a message into this agent's outbox; returns its id, which `relay show` finds.
-        `to`: a name, a list of names, "*" or "System". With a request id used before by this
+        `to`: a name, a list of names, "*" (or its alias "Broadcast") or "System". With a request id used before by this
         agent (on a message that did not fail), nothing is written and that message's id is
         returned: a send retried after a timeout is not delivered twice."""
         if self.name == SYSTEM:
@@ -212,7 +244,8 @@ class Agent:
         if not names:
             raise RelayError("no recipient: give a name, a list of names, '*' or System")
         known = set(self.project.agents())
-        unknown = [n for n in names if n not in ("*", SYSTEM) and n not in known]
+        special = (*BROADCAST, SYSTEM)         # '*' and its alias Broadcast, relay's own inbox
+        unknown = [n for n in names if n not in special and n not in known]
         if unknown and self.project.config.federation is not None:     # a node this one has not heard of yet
             from .federation import directory
             known |= set(directory(self.project.config))
@@ -221,7 +254,7 @@ class Agent:
             _create(self.layout, unknown)
             known |= set(unknown)
         for n in names:
-            if n not in ("*", SYSTEM):
+            if n not in special:
                 check_known(n, known, "recipient")
         if request_id is not None:
             try:
@@ -234,6 +267,10 @@ class Agent:
                 return first
         if not isinstance(body, str):
             raise RelayError(f"the body must be text, not {type(body).__name__}")
+        size, limit = len(body.encode("utf-8")), self.project.config.max_body_bytes
+        if size > limit:        # refused now, not after an exit 0, in the daemon's log
+            raise RelayError(f"the body is {size} bytes, over max_body_bytes ({limit}); relay would refuse it: "
+                             "send it in parts, or raise max_body_bytes in relay.toml")
         mid = _ids.new(time.time())
         data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id)
         self.layout.fs.put(f"outbox/{self.name}/msg-{mid.lower()}", data)
@@ -275,7 +312,10 @@ class Agent:
         return self.ack(items) if ack else items
 
     def _check_inbox(self):
-        """The agent's inbox is plain directories inside the state directory, or RelayError."""
+        """The agent's inbox is plain directories inside the state directory, or RelayError.
+        Walked from the top again at each look: a long-lived Agent must not keep reading a
+        directory that was renamed away or swapped since its last look."""
+        self.layout.fs.forget()
         for where in (f"inbox/{self.name}", f"inbox/{self.name}/new", f"inbox/{self.name}/cur"):
             try:
                 self.layout.fs.dir(where)
@@ -287,18 +327,36 @@ class Agent:
 
     def ack(self, messages):
         """Mark these messages read (new/ -> cur/); returns them as they are now. A message
-        read already, or an envelope relay could not read, is left as it is."""
+        read already (here or by another reader of this inbox meanwhile), an envelope relay
+        could not read, or another agent's copy (find() may return one) is left as it is."""
         out = []
+        mine = os.path.join(str(self.layout.inbox), self.name, "new")
         for m in [messages] if isinstance(messages, Received) else messages:
-            if m.state == "new" and not m.error:
-                m = dataclasses.replace(m, state="cur", path=str(self.inbox_.ack(m.path)))
+            if m.state == "new" and not m.error and m.path and os.path.dirname(str(m.path)) == mine:
+                try:
+                    m = dataclasses.replace(m, state="cur", path=str(self.inbox_.ack(m.path)))
+                except FileNotFoundError:   # taken from new/ by another reader since it was listed?
+                    if os.path.lexists(m.path):
+                        raise               # no: cur/ is missing, say so
+                    done = self.inbox_.read_path(m.path)
+                    if os.path.lexists(done):
+                        m = dataclasses.replace(m, state="cur", path=str(done))
             out.append(m)
         return out
 
     def read(self, mid, ack=False):
         """One message of this agent's inbox by id (or unique prefix of it)."""
         self._check_inbox()
-        found = self.inbox_.envelope(self.name, mid.upper())
+        full = mid.upper()
+        if full and not valid_id(full):         # a prefix: the ledger knows which message it is
+            history = self.project.history()
+            if history is not None:
+                with history:
+                    try:
+                        full = history.find(full)["id"]
+                    except NotFound:
+                        pass
+        found = self.inbox_.envelope(self.name, full) if full else None
         if found is None:
             raise NotFound(f"no message {mid!r} in the inbox of {self.name}")
         m = Received.of(found[2], found[0], found[1])
@@ -306,21 +364,34 @@ class Agent:
 
     def wait(self, timeout=None, ack=False, listening=None, stop=None):
         """Block until at least one new message is there and return the new ones (marked read
-        with `ack`); [] when `timeout` seconds pass first, or at once when `stop` (a Stop) is
-        set from another thread. Woken by inotify (watchdog), not a polling loop. `listening`
-        (a threading.Event) is set once an arrival would wake it."""
+        with `ack`; an unreadable entry of new/ is among them, never marked read, but does not
+        end the wait by itself); [] when `timeout` seconds pass first, or at once when `stop` (a
+        Stop) is set from another thread. Woken by inotify (watchdog), not a polling loop.
+        `listening` (a threading.Event) is set once an arrival would wake it."""
+        if timeout is not None and not timeout >= 0:
+            if timeout != timeout:          # NaN: no time at all can be meant
+                raise RelayError(f"the timeout must be a number of seconds, not {timeout!r}")
+            timeout = 0
+        # A message is what wakes it: an entry of new/ that is no envelope (junk an agent put
+        # there) is listed with the messages, but alone it would make every wait return at once.
         got = self.inbox(ack=ack)
-        if got or (stop is not None and stop.is_set()):
+        if any(not m.error for m in got) or (stop is not None and stop.is_set()):
             return got
-        if self._mail is None:
-            self.layout.make_inbox(self.name)
-            self._mail = NewMail(self.layout.inbox / self.name / "new").open()
         deadline = None if timeout is None else time.monotonic() + timeout
-        if listening is not None:
-            listening.set()
         while True:
+            # The watch is armed before each look, so nothing that arrives after the look is
+            # missed; one whose directory was since replaced (or swapped for a link) is armed
+            # again on the directory there now, or the wait ends with the reason.
+            if self._mail is None or self._mail.stale():
+                self._unwatch()
+                self._check_inbox()                     # a link in the way: the reason, at once
+                self.layout.make_inbox(self.name)
+                box = self.layout.inbox
+                self._mail = NewMail([box, box / self.name, box / self.name / "new"]).open()
+            if listening is not None:
+                listening.set()
             got = self.inbox(ack=ack)
-            if got:
+            if any(not m.error for m in got):
                 return got
             if stop is not None and stop.is_set():
                 return []
@@ -331,7 +402,12 @@ class Agent:
 
     def close(self):
         """Stop watching the inbox (wait() keeps its watch for the next call: closing an inotify
-        descriptor waits for the kernel, some milliseconds)."""
+        descriptor waits for the kernel, some milliseconds) and close the descriptors of the
+        state directory. The Agent may be used again: they are opened when next needed."""
+        self._unwatch()
+        self.layout.close()
+
+    def _unwatch(self):
         if self._mail is not None:
             self._mail.close()
             self._mail = None
@@ -343,7 +419,10 @@ class Agent:
         self.close()
 
     def __del__(self):
-        self.close()
+        if getattr(self, "layout", None) is not None:
+            self.close()
+        else:           # refused in __init__ before it had a layout
+            self._unwatch()
 
 
 class Stop:
@@ -392,30 +471,56 @@ class Stop:
 
 
 class NewMail:
-    """Woken when a file arrives in a directory. On Linux the waiting thread itself blocks on an
-    inotify descriptor (watchdog's bindings): no thread, no hand-off. Elsewhere a watchdog
-    Observer sets an event."""
+    """Woken when a file arrives in a directory (the last of `paths`), or when that directory
+    or one above it is replaced: `stale()` then says the watch looks at a directory that is no
+    longer there, and the caller arms a new one. On Linux the waiting thread itself blocks on
+    an inotify descriptor (watchdog's bindings): no thread, no hand-off; a link is never
+    followed at the last step. Elsewhere a watchdog Observer sets an event."""
 
-    def __init__(self, path):
-        self.path = str(path)
+    def __init__(self, paths):
+        self.paths = [str(p) for p in paths]
+        self.path = self.paths[-1]
         self.arrived = threading.Event()
         self.observer = self.fd = None
+        self.identity = None
 
     def open(self):
-        try:
-            from watchdog.observers.inotify_c import InotifyConstants as K, inotify_add_watch, inotify_init
-        except ImportError:
+        self.identity = self._identity()
+        if inotify_init is None:
             return self._observe()
+        K = InotifyConstants
         fd = inotify_init()
-        if fd < 0:
+        if fd < 0:      # the user's inotify instances are used up (EMFILE), or no inotify here
             return self._observe()
         self.fd = fd
         fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
-        if inotify_add_watch(fd, os.fsencode(self.path), K.IN_CREATE | K.IN_MOVED_TO | K.IN_ONLYDIR) < 0:
-            os.close(fd)
-            self.fd = None
-            return self._observe()
+        gone = K.IN_DELETE_SELF | K.IN_MOVE_SELF | K.IN_ONLYDIR | K.IN_DONT_FOLLOW
+        for path in self.paths:
+            # The directory itself: what arrives. Those above it: an entry swapped, so that the
+            # path leads elsewhere now (an event there only makes the waiter look again).
+            mask = K.IN_CREATE | K.IN_MOVED_TO | K.IN_CLOSE_WRITE | gone    # closed: written in place
+            if path != self.path:
+                mask |= K.IN_MOVED_FROM | K.IN_DELETE
+            if inotify_add_watch(fd, os.fsencode(path), mask) < 0:
+                os.close(fd)
+                self.fd = None
+                return self._observe()
         return self
+
+    def _identity(self):
+        out = []
+        for path in self.paths:
+            try:
+                st = os.lstat(path)
+                out.append((st.st_dev, st.st_ino, st.st_mode))
+            except OSError:
+                out.append(None)
+        return out
+
+    def stale(self):
+        """True when a watched directory is no longer the one at its path (renamed, removed,
+        replaced by a link): this watch would never hear of what arrives there now."""
+        return self._identity() != self.identity
 
     def _observe(self):
         from watchdog.events import FileCreatedEvent, FileMovedEvent, FileSystemEventHandler
@@ -427,25 +532,44 @@ class NewMail:
             def on_any_event(self, event):
                 arrived.set()
 
-        self.observer = observer()
-        self.observer.schedule(Handler(), self.path, recursive=False, event_filter=[FileCreatedEvent, FileMovedEvent])
-        self.observer.daemon = True
-        self.observer.start()
+        try:
+            self.observer = observer()
+            self.observer.schedule(Handler(), self.path, recursive=False,
+                                   event_filter=[FileCreatedEvent, FileMovedEvent])
+            self.observer.daemon = True
+            self.observer.start()
+        except OSError as e:
+            # No watch to be had (inotify instances or watches used up: every daemon, editor
+            # and IDE of this user holds some). Waiting still works, looking every so often.
+            log.warning("cannot watch %s (%s); the wait looks for new messages every %gs instead",
+                        self.path, e.strerror or e, DEGRADED_RECHECK)
+            started, self.observer = self.observer, None
+            if started is not None and started.is_alive():
+                started.stop()
+                started.join(timeout=5)
         return self
 
     def wait(self, timeout, stop=None):
+        # poll() and Event.wait() refuse a time past what the platform can count (a
+        # `--wait 99999999999d`): the caller's loop looks again after a slice and sleeps on.
+        timeout = None if timeout is None else min(timeout, MAX_SLICE)
         if self.fd is not None:
-            poll = select.poll()                # not select(): a descriptor may be past FD_SETSIZE
+            # poll(), not select(): select() refuses a descriptor numbered past 1023, which a
+            # process holding many files (an MCP server, an agent's harness) hands out.
+            poller = select.poll()
             for fd in [self.fd] + ([stop.fileno()] if stop is not None else []):
-                poll.register(fd, select.POLLIN)
-            ready = poll.poll(None if timeout is None else max(0, timeout) * 1000)
+                poller.register(fd, select.POLLIN)
+            ready = poller.poll(None if timeout is None else math.ceil(timeout * 1000))
             if any(fd == self.fd for fd, _ in ready):
                 os.read(self.fd, 65536)         # what arrived matters, not its name: looked for after
             return
+        # No inotify: the observer cannot tell of a swapped directory, so look again now and then;
+        # with no watch at all, more often.
+        every = OBSERVER_RECHECK if self.observer is not None else DEGRADED_RECHECK
         if stop is not None:
             stop.watch(self.arrived)
         try:
-            self.arrived.wait(timeout)
+            self.arrived.wait(min(every, MAX_SLICE if timeout is None else timeout))
         finally:
             if stop is not None:
                 stop.watch(self.arrived, on=False)
@@ -463,13 +587,16 @@ class NewMail:
 
 def agents(root=None, state_dir=None):
     """The known agents of the project found from the current directory (or `root`)."""
-    return Project(root, state_dir).agents()
+    with Project(root, state_dir) as project:
+        return project.agents()
 
 
 def _create(layout, names):
     for name in names:
         if not AGENT_NAME.match(name) or name == SYSTEM:
             raise InvalidName(f"invalid agent name {name!r}: agent names match {AGENT_NAME_RULE}")
+        if name in BROADCAST:
+            raise InvalidName(f"{name!r} means every agent (as '*') and cannot be one agent's name")
     problems = layout.init(names)
     if problems:
         raise RelayError("; ".join(problems))

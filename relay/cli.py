@@ -90,8 +90,10 @@ class Context:
         current directory (config.discover) unless --root or RELAY_ROOT names one."""
         try:
             root = config_mod.discover(self.root, self.state_dir)
-        except NotInProject:
-            if not self.new_project:
+        except NotInProject as e:
+            # relay init makes a project in the current directory, unless another user's
+            # state directory is right there (above it, the new one is nearer and wins).
+            if not self.new_project or (e.foreign is not None and e.foreign == Path.cwd().absolute()):
                 raise
             root = None
         return config_mod.load(root, self.state_dir, overrides=self.overrides, strict=self.strict)

@@ -263,11 +263,17 @@ def resolve_dirs(root=None, state_dir=None, env=None):
     return root, (root / state if state else None)
 
 
-def discover(root=None, state_dir=None, env=None, cwd=None):
+def discover(root=None, state_dir=None, env=None, cwd=None, uid=None):
     """The project root as every verb finds it, like git: `root` (a flag) or RELAY_ROOT when
     given, else the current directory or its nearest parent holding the state directory
-    (`.relay/`, or the name given by `state_dir` / RELAY_STATE_DIR). NotInProject when none."""
+    (`.relay/`, or the name given by `state_dir` / RELAY_STATE_DIR). NotInProject when none.
+
+    A state directory found so must belong to the user relay runs as (`uid`, default the
+    effective uid), as git asks of a `.git` it finds: one another user put in a shared parent
+    (/tmp, a team directory) would otherwise receive this user's messages and configure this
+    user's relay. NotInProject names it; `--root` uses it on purpose."""
     env = os.environ if env is None else env
+    uid = os.geteuid() if uid is None else uid
     given = root or env.get("RELAY_ROOT")
     if given:
         return Path(given).absolute()
@@ -277,6 +283,14 @@ def discover(root=None, state_dir=None, env=None, cwd=None):
         return start
     for place in (start, *start.parents):
         if (place / name).is_dir():
+            owners = {os.lstat(place / name).st_uid, os.stat(place / name).st_uid}
+            if owners != {uid}:
+                other = min(owners - {uid})
+                e = NotInProject(f"{place / name} belongs to another user (uid {other}), so relay does not take it "
+                                 f"for your project; run relay init here for one of your own, or give --root "
+                                 f"{place} to use it on purpose")
+                e.foreign = place
+                raise e
             return place
     raise NotInProject(f"not in a relay project (no {name.rstrip('/')}/ here or above); run relay init")
 

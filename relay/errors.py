@@ -110,7 +110,9 @@ class NotFound(RelayError):
 
 
 class NotInProject(RelayError):
-    """No state directory in the current directory or any parent (and no --root)."""
+    """No state directory in the current directory or any parent (and no --root), or the
+    nearest one belongs to another user (`foreign`: the directory holding it)."""
+    foreign = None
 
 
 class UnknownAgent(RelayError):

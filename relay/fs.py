@@ -92,6 +92,14 @@ class StateDir:
             os.close(self.fd)
             self.fd = None
 
+    def __del__(self):
+        # Descriptors are plain ints: one dropped without close() stays open for the life of
+        # the process (a program making an Agent per look ran out of them).
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown, or closed already
+            pass
+
     def forget(self):
         """Close cached directory descriptors: the next operation walks from the top again."""
         for key, fd in list(self._dirs.items()):

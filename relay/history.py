@@ -18,6 +18,7 @@ import collections
 import orjson
 
 from .errors import NotFound, RelayError
+from .layout import valid_id
 from .ledger import GENESIS, STATUSES, Status, chain_hash, checksum
 from .rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
 from .schema import MIGRATIONS
@@ -67,6 +68,14 @@ class History:
             return rows[0]
         if rows:
             raise RelayError(f"{mid!r} matches more than one message; give more of the id")
+        if valid_id(prefix):
+            # The id `relay send` printed is in the file, read when relay parses it: a message
+            # failed or held back before that (too large, unreadable, not yet read) is still
+            # under the id relay gave it when found, but its file name carries the printed one.
+            rows = self.db.execute("SELECT * FROM messages WHERE name = ? ORDER BY discovered_at, id LIMIT 2",
+                                   (f"msg-{prefix.lower()}",)).fetchall()
+            if len(rows) == 1:
+                return rows[0]
         raise NotFound(f"no message with id {mid!r} in the ledger")
 
     def by_request(self, sender, request_id):
@@ -452,9 +461,12 @@ class History:
         return known
 
     def active_ids(self):
-        """Ids of messages still on their way (pending, processing, delivered)."""
+        """Ids of messages still on their way (pending, processing, delivered), and the ids
+        their spool files are named by where a sender chose another (`spool_id`)."""
         return {r[0] for r in self.db.execute(
-            "SELECT id FROM messages WHERE status IN ('pending', 'processing', 'delivered')")}
+            "SELECT id FROM messages WHERE status IN ('pending', 'processing', 'delivered') UNION "
+            "SELECT spool_id FROM messages WHERE status IN ('pending', 'processing', 'delivered') "
+            "AND spool_id IS NOT NULL")}
 
     def explain(self, sql, args=()):
         return [r[-1] for r in self.db.execute("EXPLAIN QUERY PLAN " + sql, args)]

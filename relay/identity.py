@@ -9,6 +9,8 @@ import logging
 import orjson
 
 from .archive import day_of
+from .history import History
+from .inbox import Inbox
 from .work import fields
 
 log = logging.getLogger(__name__)
@@ -24,7 +26,22 @@ def identify(ledger, layout, works, now):
     # of two files with one request id in a batch, the earlier is the one delivered.
     todo.sort(key=lambda w: w.message.id or w.id)
     day = day_of(now)
-    items = [(w.id, w.sender, w.name, w.message.id, None if w.refused else w.message.request_id) for w in todo]
+    box = Inbox(layout, None)
+    held = set()        # works whose chosen id a recipient holds: they keep the id relay gave
+    chosen = [w for w in todo if w.message.id and w.message.id != w.id and not w.refused]
+    forgotten = History(ledger).unknown([w.message.id for w in chosen]) if chosen else set()
+    for w in chosen:
+        # The ledger forgets an id at the retention sweep; a recipient may still hold that
+        # message (unread even): delivering another under its id would replace it. (An id the
+        # ledger knows is refused by the ledger.)
+        if w.message.id in forgotten:
+            holder = next((r for r in w.recipients if box.taken(r, w.message.id, w.sha256)), None)
+            if holder is not None:
+                w.refused = (f"the id {w.message.id} is already used by another message (in the inbox of "
+                             f"{holder}); choose another, or leave ID out and relay gives one")
+                held.add(w.id)
+    items = [(w.id, w.sender, w.name, None if w.id in held else w.message.id,
+              None if w.refused else w.message.request_id) for w in todo]
     verdicts = ledger.identify(now, items, lambda sender, mid, name: layout.archive_rel(day, sender, mid, name))
     for w in todo:
         new, path, first, refusal = verdicts[w.id]

@@ -11,11 +11,12 @@ import errno
 import hashlib
 import logging
 import os
+import stat
 
 import orjson
 
 from .errors import DurabilityError, TransientError
-from .fs import Unsafe, write_all
+from .fs import Unsafe, bad_name, shown, write_all
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,8 @@ class Inbox:
             names = self.fs.names(f"inbox/{recipient}/cur")
         except OSError:
             return
-        yield from (f"inbox/{recipient}/cur/{n}" for n in names if n.startswith(name))
+        # A name relay's readers never make (bytes that are not UTF-8, controls) is not a copy.
+        yield from (f"inbox/{recipient}/cur/{n}" for n in names if n.startswith(name) and not bad_name(n))
 
     def envelope(self, recipient, mid):
         """(state, path, envelope) of the recipient's copy of a message, or None."""
@@ -150,6 +152,23 @@ class Inbox:
             if isinstance(doc, dict):
                 return rel.split("/")[2], self.fs.abspath(rel), doc
         return None
+
+    def taken(self, recipient, mid, sha256):
+        """True when the recipient holds an envelope under `mid` (unread in new/, or read in
+        cur/ as relay's readers name it) that is not one of the file hashing to `sha256`: an
+        id the ledger has forgotten (swept) is still another message's there."""
+        for rel in (f"inbox/{recipient}/new/{mid}.json", f"inbox/{recipient}/cur/{mid}.json:2,S"):
+            try:
+                st = self.fs.lstat(rel)
+            except OSError:         # not there, or no inbox to look in (delivery says why)
+                continue
+            try:
+                doc = orjson.loads(self.fs.read(rel, MAX_ENVELOPE_READ)) if stat.S_ISREG(st.st_mode) else None
+            except (OSError, orjson.JSONDecodeError):
+                doc = None
+            if not (isinstance(doc, dict) and doc.get("id") == mid and doc.get("sha256") == sha256):
+                return True
+        return False
 
     def holder(self, recipient, mid):
         """The path of an envelope of this id the recipient holds, or None. For people (relay
@@ -169,6 +188,12 @@ class Inbox:
                 if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
                     continue
                 rel = f"inbox/{agent}/{sub}/{entry.name}"
+                odd = bad_name(entry.name)
+                if odd:     # relay never writes such a name: something planted, shown escaped
+                    doc = {"id": shown(entry.name.split(".")[0]),
+                           "error": f"not an envelope relay wrote: {odd} ('{shown(entry.name)}')"}
+                    out.append((sub, shown(self.fs.abspath(rel)), doc))
+                    continue
                 try:
                     doc = orjson.loads(self.fs.read(rel, MAX_ENVELOPE_READ))
                     if not isinstance(doc, dict):

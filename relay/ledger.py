@@ -229,9 +229,17 @@ class Ledger:
         out = {}
         db = self.db
         with self.transaction():
+            db.execute("PRAGMA defer_foreign_keys = ON")    # a row and its sheds change id together
             for mid, sender, name, chosen, request in items:
                 new, path, first, refusal = mid, None, None, None
-                if chosen and chosen != mid:
+                if chosen and chosen != mid and db.execute(
+                        "SELECT 1 FROM deliveries WHERE message_id = ? UNION ALL SELECT 1 FROM outbound "
+                        "WHERE message_id = ? LIMIT 1", (mid, mid)).fetchone():
+                    # Recipients hold it under its id already, here or queued for another node
+                    # (its file gained an ID since): it keeps that id, or they would get it twice.
+                    self._events([(mid, now, "identified", f"keeps its id: delivered under it already; the id "
+                                                           f"in its file ({chosen}) is not taken")])
+                elif chosen and chosen != mid:
                     if db.execute("SELECT 1 FROM messages WHERE id = ? OR spool_id = ?", (chosen, chosen)).fetchone():
                         refusal = (f"the id {chosen} is already used by another message; choose another, "
                                    "or leave ID out and relay gives one")
@@ -240,6 +248,7 @@ class Ledger:
                         db.execute("UPDATE messages SET id = ?, spool_id = coalesce(spool_id, id), archive_path = ? "
                                    "WHERE id = ?", (chosen, path, mid))
                         db.execute("UPDATE events SET message_id = ? WHERE message_id = ?", (chosen, mid))
+                        db.execute("UPDATE sheds SET message_id = ? WHERE message_id = ?", (chosen, mid))
                         self._events([(chosen, now, "identified", f"the id its sender chose (found as {mid})")])
                         new = chosen
                 if request and refusal is None:
