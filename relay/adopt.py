@@ -53,7 +53,7 @@ works anywhere inside the project; messages move while `relay run` is going (`re
 
     relay inbox {{me}}                   # each new message whole: from, to, thread, subject, time, id, body
     relay inbox {{me}} --ack             # the same, then marks read exactly what it printed
-    relay inbox {{me}} --wait 600 --ack  # blocks until one comes; on timeout prints nothing, exit 124
+    relay inbox {{me}} --wait 600 --ack  # blocks until one comes; on timeout exit 124 (stdout empty)
     relay read ID --agent {{me}}         # one message, marked read
 
 Nothing is marked read without `--ack` (or `relay read --agent`). `--json`/`--jsonl` print JSON.
@@ -81,7 +81,8 @@ Fix the cause and send again.
 ### Without the CLI: write a file
 
 Write it under a name starting with `.`, then rename it into your outbox under a name used once
-(a name reused before relay took the first file would replace that message):
+(a name reused before relay took the first file would replace that message). The path is from
+the project's top directory (the one holding `.relay/`):
 
     d=.relay/outbox/{{me}}; n=msg-$(date +%s%N)-$$
     printf 'TO: {{to}}\\nSUBJECT: hi\\nTHREAD: review-42\\n\\nthe body\\n' > "$d/.$n" && mv "$d/.$n" "$d/$n"
