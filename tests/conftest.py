@@ -201,3 +201,17 @@ def cli(tmp_path):
     run.root = tmp_path
     run.state = tmp_path / ".relay"
     return run
+
+
+def error_line(result):
+    """The one line a refusal prints (stderr), without click's prefix."""
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.output
+    return lines[0].removeprefix("Error: ")
+
+
+@pytest.fixture
+def team(cli):
+    """A project with the agents Alice, Bob and Carol, driven through the CLI."""
+    cli("init", "--agent", "Alice", "--agent", "Bob", "--agent", "Carol")
+    return cli

@@ -7,20 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 import relay
+from conftest import error_line
 from relay.cli import main
 
-
-def error_line(result):
-    """The one line a refusal prints (stderr), without click's prefix."""
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1, result.output
-    return lines[0].removeprefix("Error: ")
-
-
-@pytest.fixture
-def team(cli):
-    cli("init", "--agent", "Alice", "--agent", "Bob", "--agent", "Carol")
-    return cli
 
 
 def drain(root):

@@ -5,22 +5,10 @@ import json
 import os
 
 import pytest
-from conftest import failing_create
+from conftest import error_line, failing_create
 
 import relay
 
-
-def error_line(result):
-    """The one line a refusal prints (stderr), without click's prefix."""
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1, result.output
-    return lines[0].removeprefix("Error: ")
-
-
-@pytest.fixture
-def team(cli):
-    cli("init", "--agent", "Alice", "--agent", "Bob", "--agent", "Carol")
-    return cli
 
 
 def drain(root, now=None):
