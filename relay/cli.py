@@ -254,7 +254,8 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
 def status(ctx, max_pending_age, as_json):
     """Counts per state, oldest pending age, agents, daemon pid, attested durability; a health
     check: exit 3 when no daemon runs, 4 when the oldest pending message is older than
-    --max-pending-age, else 0."""
+    --max-pending-age, else 0. With --json the verdict is the document's "health" and the exit
+    is 0 (1 on an error), as for every read-only verb's JSON."""
     max_age = duration(max_pending_age, "--max-pending-age")
     cfg = ctx.cfg
     layout = ctx.layout
@@ -294,7 +295,7 @@ def status(ctx, max_pending_age, as_json):
         click.echo(f"relay: {b}", err=True)
     if as_json:
         out_json(doc)
-        sys.exit(code)
+        return
     click.echo(f"root       {doc['root']}\nstate dir  {doc['state_dir']}")
     click.echo(f"daemon     {'running, pid ' + str(pid) if pid else 'not running'}")
     click.echo("messages   " + ", ".join(f"{k} {v}" for k, v in counts.items())

@@ -165,7 +165,8 @@ def test_status_is_a_health_check(cli, held):
     assert cli("status", "--max-pending-age", "0").exit_code == 0
     held.release()
     r = cli("status", "--json", ok=False)
-    assert r.exit_code == 3 and "no daemon is running" in json.loads(r.stdout)["health"]["problems"][0]
+    assert r.exit_code == 0 and "no daemon is running" in json.loads(r.stdout)["health"]["problems"][0]
+    assert json.loads(r.stdout)["health"]["exit"] == 3 and cli("status", ok=False).exit_code == 3
     assert cli("status", "--max-pending-age", "5", ok=False).exit_code == 2      # a duration needs its unit
 
 

@@ -93,7 +93,8 @@ def test_a_project_path_with_uri_characters(tmp_path):
     root.mkdir()
     assert relay(root, "init", "--agent", "A").returncode == 0
     r = relay(root, "status", "--json")
-    assert r.returncode == 3, r.stderr          # the health check: no daemon runs
+    assert r.returncode == 0, r.stderr          # --json: the verdict (no daemon runs) is in the document
+    assert json.loads(r.stdout)["health"]["exit"] == 3
     assert json.loads(r.stdout)["counts"]["archived"] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q?x#y%20"]
 
