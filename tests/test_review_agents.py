@@ -351,12 +351,12 @@ def test_a_wait_with_no_watch_to_be_had_still_waits_and_wakes(team, monkeypatch,
     """With the user's inotify instances used up (128 by default, shared by every daemon, editor
     and IDE of the user), the wait ended in "OSError: inotify instance limit reached" (exit 1):
     the fallback Observer needs an inotify instance too."""
-    import relay.api
+    import relay.mail
     import relay.watcher
 
     def no_observer():
         raise OSError(errno.EMFILE, "inotify instance limit reached")
-    monkeypatch.setattr(relay.api, "inotify_init", lambda: -1)           # what the kernel answers then
+    monkeypatch.setattr(relay.mail, "inotify_init", lambda: -1)           # what the kernel answers then
     monkeypatch.setattr(relay.watcher, "observer", no_observer)
     bob = relay.Agent("Bob", root=team.root)
     assert bob.wait(timeout=0.1) == []
