@@ -12,6 +12,7 @@ import orjson
 from .errors import InvalidName, RelayError
 from .ids import IdGenerator
 from .message import iso
+from .rows import BadRow
 
 MAX_ID = 200
 
@@ -44,6 +45,9 @@ def run(ledger, verb, arguments, command_id, action, actor, now=None):
     if command_id is not None:
         check_id(command_id)
         first = ledger.begin_command(command_id, verb, args, actor, now)
+        bad = BadRow.of(first, "commands") if first is not None else None
+        if bad is not None:
+            raise RelayError(f"{bad}: command id {command_id!r} cannot be checked; give this command a new id")
         if first is not None:
             if (first["verb"], first["arguments"]) != (verb, args):
                 raise RelayError(f"command id {command_id!r} was first used for `relay {first['verb']}` with "
