@@ -306,7 +306,7 @@ class Relay:
             accepted = accept(w.data, w.name, w.sender, self.known_agents, self.config, mid=w.id,
                               sent_at=w.sent_at, relayed_at=now, sha256=w.sha256)
         except MessageRefused as e:
-            return flow.refused(w, e)
+            return flow.refused(w, e, self.known_agents())
         finally:
             w.data = b""            # the bytes are hashed and parsed; the batch need not hold them
         w.message, w.recipients = accepted.message, accepted.recipients

@@ -20,6 +20,7 @@ is older than `rescan_interval`.
 import collections
 import logging
 
+from .config import SYSTEM
 from .errors import DurabilityError, TooLarge
 from .message import BROADCAST
 from .work import Shed
@@ -55,12 +56,14 @@ def summary(sheds, everyone=True):
     return f"shed for {whom}: " + "; ".join(f"{r} ({s})" for r, s in sorted(sheds.items()))
 
 
-def refused(w, e):
+def refused(w, e, known=()):
     """A message relay will not deliver as it is (MessageRefused `e`): its reason, and when it
-    is too large, its body_size sheds."""
+    is too large, its body_size sheds: one for each recipient it names that is a `known` agent
+    (or System); the names are as the sender wrote them, unchecked, so any other (a path, a
+    made-up name, thousands of them) is left to `*`."""
     w.message, w.refused = e.parsed, str(e)
     if isinstance(e, TooLarge):
-        w.shed = body_size(e.limit, e.observed, e.names)
+        w.shed = body_size(e.limit, e.observed, [n for n in e.names if n in BROADCAST or n == SYSTEM or n in known])
         w.refused = summary(w.shed)
 
 

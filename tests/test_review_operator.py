@@ -123,3 +123,23 @@ def test_the_sql_that_leaves_sheds_out_refuses_exactly_what_the_checks_refuse(pr
     assert sum(relay.history.shed_counts().values()) == len(rows) - refused
     assert sum(n for by in relay.history.shed_pairs().values() for n in by.values()) == len(rows) - refused
     assert 0 < refused < len(rows)
+
+
+# -- what an agent can make flow control record ---------------------------------------------
+
+def test_a_too_large_message_records_sheds_only_for_agents_relay_knows(project, caplog):
+    """body_size sheds were recorded for every name as written, before the names were checked:
+    an agent could make relay record sheds to paths, to names holding terminal escapes (written
+    raw into the daemon's log) and to thousands of made-up names per file, each one an agent in
+    `relay queues`. Only known agents (and System) are shed; the rest is `*`."""
+    relay = project.relay(max_body_bytes="10")
+    names = ", ".join(["../../etc", "Ben", "b\x1b[31mred", "Nobody", "System", "Ben"] + [f"x{i}" for i in range(3000)])
+    project.drop("Ann", "m1", f"TO: {names}\n\n{'y' * 20}")
+    project.drop("Ann", "m2", f"TO: ../../etc, Nobody\n\n{'y' * 20}")
+    with caplog.at_level("WARNING", logger="relay"):
+        total = relay.drain()
+    assert total.failed == 2 and total.shed == 3
+    got = {(r["message_id"], r["recipient"]) for r in relay.history.db.execute("SELECT * FROM sheds")}
+    by_name = {name: mid for mid, name in got}
+    assert set(by_name) == {"Ben", "System", "*"} and len(got) == 3
+    assert "\x1b" not in caplog.text and "../../etc" not in caplog.text
