@@ -125,7 +125,10 @@ class FlowControl:
             return
         times = collections.defaultdict(list)
         for sender, recipient, at in self.history.deliveries_since(now - config.pair_window):
-            if isinstance(at, (int, float)):        # a row this build cannot read is left out
+            # A row this build cannot read is left out, and so is a delivery in the clock's
+            # future (recorded before the clock was set back): nothing says how long ago it was,
+            # and counted as now at every start it would hold the pair until the clock caught up.
+            if isinstance(at, (int, float)) and at <= now:
                 times[(sender, recipient)].append(at)
         for pair, ts in times.items():
             self.pairs[pair] = collections.deque(sorted(ts)[-config.pair_rate:])
@@ -185,6 +188,10 @@ class FlowControl:
                             f"{config.queue_limit}); it is not reading its inbox")
         if config.pair_rate and config.pair_window:
             q = self.pairs.get((sender, r))
+            if q and q[-1] > now:
+                # The clock was set back: deliveries in its future happened just before it, not
+                # later, so they count from now, or the pair would wait for the clock to catch up.
+                q = self.pairs[(sender, r)] = collections.deque(min(t, now) for t in q)
             if q:
                 while q and q[0] <= now - config.pair_window:
                     q.popleft()

@@ -143,3 +143,42 @@ def test_a_too_large_message_records_sheds_only_for_agents_relay_knows(project, 
     by_name = {name: mid for mid, name in got}
     assert set(by_name) == {"Ben", "System", "*"} and len(got) == 3
     assert "\x1b" not in caplog.text and "../../etc" not in caplog.text
+
+
+def drop_at(project, sender, name, text, at):
+    import os
+    path = project.drop(sender, name, text)
+    os.utime(path, (at - 10, at - 10))      # settled, and not in the future of a clock set back
+    return path
+
+
+def test_a_clock_set_back_does_not_hold_a_pair_past_its_window(project, clock):
+    """Deliveries recorded before the clock was set back (NTP, a VM restored) lie in its future:
+    the window kept them until the clock caught up again, so one sender was shed for a
+    recipient for as long as the clock had jumped (an hour here), not for pair_window. The
+    running relay counts them from the jump on; a start (run --once) cannot place them and
+    leaves them out of its window."""
+    relay = project.relay(pair_rate="2", pair_window="60s")
+    relay.recover()
+    for i in range(2):
+        drop_at(project, "Ann", f"m{i}", "TO: Ben\n\nx", clock.now)
+        relay.hint("file", "Ann", f"m{i}")
+        assert relay.step().archived == 1
+    clock.advance(-3600)
+    drop_at(project, "Ann", "m2", "TO: Ben\n\nstill inside the window", clock.now)
+    relay.hint("file", "Ann", "m2")
+    assert relay.step().shed == 1                    # the window still holds: no one escapes it
+    clock.advance(61)
+    drop_at(project, "Ann", "m3", "TO: Ben\n\nafter the window", clock.now)
+    relay.hint("file", "Ann", "m3")
+    counts = relay.step()
+    assert (counts.archived, counts.shed) == (1, 0)
+    clock.advance(-3600)                             # again, and this time relay starts afresh
+    relay.close()
+    project.relays.remove(relay)
+    relay = project.relay(pair_rate="2", pair_window="60s")
+    for i in (4, 5, 6):
+        drop_at(project, "Ann", f"m{i}", "TO: Ben\n\nx", clock.now)
+        clock.advance(1)
+    total = relay.drain()
+    assert (total.archived, total.shed) == (2, 1)    # the window counts from the start
