@@ -8,7 +8,8 @@ and the value observed:
 - `body_size`: the body is over `max_body_bytes` (decided where the file is read and parsed);
 - `per_pair_rate`: the sender has had `pair_rate` messages delivered to this recipient in the
   last `pair_window` (an echo loop between two agents is stopped here);
-- `queue_limit`: the recipient already holds `queue_limit` unread envelopes in its new/;
+- `queue_limit`: the recipient already holds `queue_limit` unread envelopes in its new/ (regular
+  files named <id>.json: whatever else was put there is no envelope and is not counted);
 - `recipient_archived`: an operator archived the recipient (relay archive-agent).
 
 The hot path stays cheap: the per-pair windows live in memory (seeded from the ledger's
@@ -22,6 +23,7 @@ import logging
 
 from .config import SYSTEM
 from .errors import DurabilityError, TooLarge
+from .inbox import is_envelope
 from .message import BROADCAST
 from .work import Shed
 
@@ -209,7 +211,7 @@ class FlowControl:
         if r not in listed and (kept is None or kept[0] + adding + 1 >= config.queue_limit
                                 or now - kept[1] >= config.rescan_interval):
             listed.add(r)
-            kept = self.unread[r] = [self.fs.count(f"inbox/{r}/new", lambda e: not e.name.startswith(".")), now]
+            kept = self.unread[r] = [self.fs.count(f"inbox/{r}/new", is_envelope), now]
         return kept[0]
 
     def commit(self, works, now, config):

@@ -182,3 +182,27 @@ def test_a_clock_set_back_does_not_hold_a_pair_past_its_window(project, clock):
         clock.advance(1)
     total = relay.drain()
     assert (total.archived, total.shed) == (2, 1)    # the window counts from the start
+
+
+def test_queue_limit_counts_envelopes_not_what_was_planted_in_new(project, cli):
+    """queue_limit counted every entry of new/ not starting with '.': a directory, a link, a FIFO
+    or a note planted in a recipient's new/ made relay shed everyone's messages to it. Only
+    envelopes count (regular files named <id>.json), in the flow's decision and in relay queues."""
+    import os
+    relay = project.relay(queue_limit="3")
+    drop_at(project, "Ann", "m0", "TO: Ben\n\nthe one unread envelope", project.clock.now)
+    assert relay.drain().archived == 1
+    new = project.state / "inbox/Ben/new"
+    (new / "junk").mkdir()
+    (new / "01ZZZZZZZZZZZZZZZZZZZZZZZZ.json").symlink_to("/etc/passwd")
+    os.mkfifo(new / "fifo.json")
+    (new / "notes.txt").write_text("planted")
+    for i in (1, 2):
+        drop_at(project, "Cy", f"m{i}", "TO: Ben\n\nfrom someone else", project.clock.now)
+        project.clock.advance(1)
+    total = relay.drain()
+    assert (total.archived, total.shed) == (2, 0)
+    drop_at(project, "Cy", "m3", "TO: Ben\n\nnow the queue is full", project.clock.now)
+    assert relay.drain().shed == 1                  # three envelopes: the limit still holds
+    [ben] = [a for a in json.loads(cli("queues", "--json").stdout)["agents"] if a["agent"] == "Ben"]
+    assert ben["unread"] == 3
