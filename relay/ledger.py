@@ -273,13 +273,18 @@ class Ledger:
     def _claim(self, now, limit, plan):
         """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
         the claim so that recovery finds a file moved there before the batch was recorded."""
+        due = ("SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
+               "ORDER BY next_attempt_at, id LIMIT :limit")
+        # A message that was being handled when relay stopped is claimed alone: if it is what
+        # stops relay, the next interruption (and the claim budget) is its own, not its batch's.
+        alone = self.db.execute(f"SELECT id FROM messages WHERE id IN ({due}) AND interrupted > 0 "
+                                "ORDER BY next_attempt_at, id LIMIT 1", {"now": now, "limit": limit}).fetchone()
         rows = self.db.execute(
             "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1 "
-            "WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
-            "ORDER BY next_attempt_at, id LIMIT :limit) AND status = 'pending' "
+            f"WHERE id IN ({'SELECT :alone' if alone else due}) AND status = 'pending' "
             "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since, spool_id, "
             "interrupted",
-            {"now": now, "limit": limit}).fetchall()
+            {"now": now, "limit": limit, "alone": alone[0] if alone else None}).fetchall()
         claimed = []
         for r in sorted(rows, key=lambda r: r["id"]):
             row = dict(zip(r.keys(), r, strict=True))

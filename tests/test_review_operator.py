@@ -206,3 +206,40 @@ def test_queue_limit_counts_envelopes_not_what_was_planted_in_new(project, cli):
     assert relay.drain().shed == 1                  # three envelopes: the limit still holds
     [ben] = [a for a in json.loads(cli("queues", "--json").stdout)["agents"] if a["agent"] == "Ben"]
     assert ben["unread"] == 3
+
+
+# -- kill -9 -------------------------------------------------------------------------------
+
+class Killed(BaseException):
+    """The process dying at this instant (nothing after it runs, no handler catches it)."""
+
+
+def test_the_claim_budget_quarantines_the_message_that_stops_relay_not_its_batch(project):
+    """Every row of a batch a crash interrupted counted the interruption, so a message that
+    kills relay took the whole batch into failed/ with it after max_retries crashes: innocent
+    messages quarantined as 'it may be what stops relay'. A message interrupted before is now
+    claimed alone, so the interruptions land on the one that causes them."""
+    for n in range(4):
+        project.drop("Ann", f"m{n}", f"TO: Ben\n\nmessage {n}")
+    project.drop("Ann", "poison", "TO: Ben\n\nthe one that kills relay")
+    for run in range(6):
+        relay = project.relay(max_retries="3")
+        real = relay.ledger.record
+
+        def record(now, works, *args, real=real, **kwargs):
+            if any(w.name == "poison" for w in works):
+                raise Killed()
+            return real(now, works, *args, **kwargs)
+        relay.ledger.record = record
+        try:
+            relay.drain()
+        except Killed:
+            pass
+        relay.close()
+        project.relays.remove(relay)
+    relay = project.relay(max_retries="3")
+    rows = {r["name"]: r for r in relay.history.audit()}
+    assert rows["poison"]["status"] == "failed" and "relay stopped while handling it 3 times" in rows["poison"]["error"]
+    assert {n: rows[f"m{n}"]["status"] for n in range(4)} == dict.fromkeys(range(4), "archived")
+    got = sorted(m["body"] for m in project.inbox("Ben"))     # (the poison's envelope made it before each crash)
+    assert [b for b in got if b.startswith("message")] == [f"message {n}" for n in range(4)]
