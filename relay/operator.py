@@ -93,6 +93,11 @@ def expire(ledger, layout, mid, now=None):
     if bad is not None:
         raise RelayError(f"{bad}: not expired")
     if row["expired_at"] is not None and row["status"] == Status.FAILED:
+        if row["failed_path"] is None and row["spooled"] == 1 and layout.fs.exists(layout.spool_of(row)):
+            # An expire that stopped between its record and the move: its file is moved now.
+            _quarantine(ledger, layout, row, row["error"], now, layout.spool_of(row))
+            return Result([f"{row['id']}: expired already; its file, left where it was by an expire that did "
+                           "not finish, is now in failed/"])
         return Result([f"{row['id']}: expired already; nothing changed"])
     if row["status"] not in (Status.PENDING, Status.FAILED):
         raise RelayError(f"{row['id']} is {row['status']}: only pending or failed messages can be expired")
@@ -102,12 +107,19 @@ def expire(ledger, layout, mid, now=None):
         if history.get(row["id"])["expired_at"] is not None:
             return Result([f"{row['id']}: expired already; nothing changed"])
         raise RelayError(f"{row['id']} was claimed for delivery meanwhile; try again")
-    archive = Archive(layout, Syncer("full", layout.fs))
     src = None      # a failed message is in failed/ already
     if row["status"] == Status.PENDING:
         spool = layout.spool_of(row)
         src = spool if layout.fs.exists(spool) else f"outbox/{row['sender']}/{row['name']}"
         src = src if layout.fs.exists(src) else None
+    _quarantine(ledger, layout, row, reason, now, src)
+    return Result([f"{row['id']}: expired; will not be delivered"])
+
+
+def _quarantine(ledger, layout, row, reason, now, src):
+    """An expired message's file (at `src`, or None: none to move) into failed/ with its
+    report, and its place recorded."""
+    archive = Archive(layout, Syncer("full", layout.fs))
     report = archive.report(row["id"], row["sender"], row["name"], reason, now)
     if src or not row["failed_path"]:
         rel = archive.quarantine(src, row["sender"], row["id"], row["name"], report)
@@ -116,7 +128,6 @@ def expire(ledger, layout, mid, now=None):
         archive.write_report(rel, report)
     archive.syncer.flush("expired message")
     ledger.quarantined(row["id"], rel)
-    return Result([f"{row['id']}: expired; will not be delivered"])
 
 
 def _sha256(fs, rel):

@@ -243,3 +243,50 @@ def test_the_claim_budget_quarantines_the_message_that_stops_relay_not_its_batch
     assert {n: rows[f"m{n}"]["status"] for n in range(4)} == dict.fromkeys(range(4), "archived")
     got = sorted(m["body"] for m in project.inbox("Ben"))     # (the poison's envelope made it before each crash)
     assert [b for b in got if b.startswith("message")] == [f"message {n}" for n in range(4)]
+
+
+def killed_at(obj, name, when=lambda *a, **k: True):
+    """obj.name raises Killed (the process dies there) the first time `when(*args)` holds."""
+    real = getattr(obj, name)
+
+    def dying(*args, **kwargs):
+        if when(*args, **kwargs):
+            setattr(obj, name, real)
+            raise Killed()
+        return real(*args, **kwargs)
+    setattr(obj, name, dying)
+
+
+def pending_in_spool(project):
+    """A message relay has taken custody of (its file in the spool), pending after a full disk."""
+    import errno
+
+    from conftest import failing_create
+    relay = project.relay()
+    switch = failing_create(relay, OSError(errno.ENOSPC, "No space left on device"))
+    project.drop("Ann", "m", "TO: Ben\n\nwaiting")
+    assert relay.drain().retried == 1
+    switch["on"] = False
+    [row] = relay.history.audit()
+    assert row["status"] == "pending" and row["spooled"]
+    return relay, row["id"]
+
+
+def test_an_expire_killed_after_its_record_finishes_when_run_again(project):
+    """relay expire records the expiry, then moves the file to failed/. Killed in between, the
+    file stayed in the spool with no failed_path: run again, expire said `expired already` and
+    left it there, relay retry said `its file is gone`, and no relay run ever took it up again."""
+    from relay.operator import expire, retry
+    relay, mid = pending_in_spool(project)
+    killed_at(relay.layout.fs, "rename")
+    with pytest.raises(Killed):
+        expire(relay.ledger, relay.layout, mid)
+    result = expire(relay.ledger, relay.layout, mid)
+    row = relay.history.get(mid)
+    assert row["status"] == "failed" and row["failed_path"] and (project.state / row["failed_path"]).read_text() \
+        == "TO: Ben\n\nwaiting"
+    assert not list((project.state / "spool").rglob("*m")) and result.code == 0
+    assert len([e for e in relay.history.events(mid) if e["event"] == "expired"]) == 1
+    assert retry(relay.ledger, relay.layout, [mid]).code == 0
+    assert relay.drain().archived == 1 and [m["body"] for m in project.inbox("Ben")] == ["waiting"]
+
