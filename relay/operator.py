@@ -51,17 +51,21 @@ def retry(ledger, layout, ids, now=None):
         if row["status"] != Status.FAILED:
             result.errors.append(f"{row['id']}: is {row['status']}, not failed; nothing to retry")
             continue
-        src = row["failed_path"]
+        src, spool = row["failed_path"], layout.spool_of(row)
         try:
             present = bool(src) and layout.fs.exists(check_rel(src, "failed"))
         except OSError:
             present = False
-        if not present:
+        # Not in failed/ but in the spool: a retry that stopped before its record (or a file
+        # quarantine could not move) is put back to pending as it lies.
+        if not present and not layout.fs.exists(spool):
             result.errors.append(f"{row['id']}: its file is gone ({row['error']}); write the message again")
             continue
         archive = Archive(layout, Syncer("full", layout.fs))
-        archive.move(src, layout.spool_of(row))
-        layout.fs.unlink_quietly(f"{src}.error.json")
+        if present:
+            archive.move(src, spool)
+        if src:
+            layout.fs.unlink_quietly(f"{src}.error.json")
         archive.syncer.flush("the retried message's move back to the spool")
         for done in ledger.requeue([row["id"]], now, actor()):
             was = " (an operator had expired it)" if row["expired_at"] is not None else ""

@@ -290,3 +290,23 @@ def test_an_expire_killed_after_its_record_finishes_when_run_again(project):
     assert retry(relay.ledger, relay.layout, [mid]).code == 0
     assert relay.drain().archived == 1 and [m["body"] for m in project.inbox("Ben")] == ["waiting"]
 
+
+def test_a_retry_killed_after_its_move_finishes_when_run_again(project):
+    """relay retry moves the file back to the spool, then records the message pending. Killed in
+    between, run again it said `its file is gone; write the message again`: the file was in the
+    spool, under a failed row no relay run takes up. Run again it now finishes."""
+    from relay.operator import retry
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Nobody\n\nto someone not there yet")
+    assert relay.drain().failed == 1
+    [row] = relay.history.audit()
+    (project.state / "inbox/Nobody/new").mkdir(parents=True)
+    (project.state / "inbox/Nobody/tmp").mkdir()
+    (project.state / "inbox/Nobody/cur").mkdir()
+    killed_at(relay.ledger, "requeue")
+    with pytest.raises(Killed):
+        retry(relay.ledger, relay.layout, [row["id"]])
+    result = retry(relay.ledger, relay.layout, [row["id"]])
+    assert (result.code, result.errors) == (0, []), result.errors
+    assert relay.drain().archived == 1 and [m["body"] for m in project.inbox("Nobody")] == ["to someone not there yet"]
+    assert not list((project.state / "failed").rglob("*.json"))       # its old report went with it
