@@ -310,3 +310,38 @@ def test_a_retry_killed_after_its_move_finishes_when_run_again(project):
     assert (result.code, result.errors) == (0, []), result.errors
     assert relay.drain().archived == 1 and [m["body"] for m in project.inbox("Nobody")] == ["to someone not there yet"]
     assert not list((project.state / "failed").rglob("*.json"))       # its old report went with it
+
+
+# -- the operator's commands -----------------------------------------------------------------
+
+def test_the_same_command_id_run_twice_at_once_runs_once(project):
+    """Two processes given the same --command-id at the same time both ran the command: the
+    second found the first's reservation unfinished, took it for a killed run and ran again
+    (two pings in the inbox), and the last to finish overwrote the recorded result. While one
+    runs a command id, another process waits for it (here: not at all) and is refused."""
+    from relay import commands, roster
+    from relay.errors import RelayError
+    from relay.ledger import Ledger
+    relay = project.relay()
+    other = Ledger(relay.layout.ledger)
+    seen = []
+
+    def first():
+        with pytest.raises(RelayError, match="is being run by another process"):
+            commands.run(other, "ping", {"agent": "Ben"}, "p-1", second, "operator:b",
+                         lock=relay.layout.command_lock, wait=0)
+        return roster.ping(relay.ledger, relay.layout, "Ben", "operator:a")
+
+    def second():
+        seen.append("ran")
+        return roster.ping(other, relay.layout, "Ben", "operator:b")
+    try:
+        result = commands.run(relay.ledger, "ping", {"agent": "Ben"}, "p-1", first, "operator:a",
+                              lock=relay.layout.command_lock)
+        assert result.code == 0 and not result.existing and seen == []
+        again = commands.run(other, "ping", {"agent": "Ben"}, "p-1", second, "operator:b",
+                             lock=relay.layout.command_lock)
+        assert again.existing and again.lines[1:] == result.lines and seen == []
+    finally:
+        other.close()
+    assert len(list((project.state / "inbox/Ben/new").iterdir())) == 1
