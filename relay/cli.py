@@ -74,7 +74,8 @@ def warn(cfg, echo=None):
     for w in cfg.warnings:
         if w not in _WARNED:
             _WARNED.add(w)
-            (echo or (lambda text: click.echo(f"relay: warning: {text}", err=True)))(w)
+            # relay.toml and the environment's names may hold anything: no control character is written
+            (echo or (lambda text: click.echo(f"relay: warning: {text}", err=True)))(views.plain(w))
 
 
 class Context:
