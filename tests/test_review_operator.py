@@ -361,3 +361,16 @@ def test_relay_config_and_its_warnings_write_no_control_character_to_the_termina
     for c in ("\x9b", "\u202e"):
         assert c not in r.stdout and c not in r.stderr
     assert json.loads(cli("config", "--json").stdout)["values"]["on_deliver"]["value"] == "echo \x9b2Jcleared \u202eevil"
+
+
+def test_a_systemd_unit_for_a_path_ending_in_a_space_names_that_path(tmp_path):
+    """systemd strips the white space that ends a value: `WorkingDirectory=/p/my project ` named
+    /p/my project, another directory (or none: the unit failed to start). No line of the unit
+    may rely on white space at its end; ExecStart quotes the path and carries it whole."""
+    from relay import units
+    root = tmp_path / "my project "
+    root.mkdir()
+    unit = units.systemd(["/usr/bin/relay"], root, user=True)
+    assert all(line == line.rstrip() for line in unit.splitlines()), unit
+    [start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert f'--root "{root}" run' in start
