@@ -529,13 +529,13 @@ class Relay:
 
     def reconfigure(self, config):
         """Apply a new configuration (a SIGHUP reload) between two steps: every key that changed,
-        except a different root or state directory (RESTART_KEYS), which only a restart can
-        change; this relay keeps its own. Returns (keys applied, keys that need a restart)."""
+        except a different root, state directory or federation (RESTART_KEYS), which only a
+        restart can change; this relay keeps its own. Returns (keys applied, keys that need a restart)."""
         changed = [f.name for f in dataclasses.fields(config) if f.compare
                    and getattr(config, f.name) != getattr(self.config, f.name)]
         restart = [k for k in changed if k in RESTART_KEYS]
-        if restart:
-            config = dataclasses.replace(config, root=self.config.root, state_dir=self.config.state_dir)
+        if restart:         # this relay keeps what it runs with (the federation's link, too)
+            config = dataclasses.replace(config, **{k: getattr(self.config, k) for k in restart})
         self.config = config
         self.outbox.settle = config.settle
         self.syncer.durable = config.durability == "full"

@@ -374,3 +374,25 @@ def test_a_systemd_unit_for_a_path_ending_in_a_space_names_that_path(tmp_path):
     assert all(line == line.rstrip() for line in unit.splitlines()), unit
     [start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
     assert f'--root "{root}" run' in start
+
+
+def test_a_reload_that_changes_the_federation_keeps_the_running_one_and_logs_no_password(project, caplog):
+    """SIGHUP with a [federation] section added or changed: the log line naming what needs a
+    restart printed the new Federation whole, its URL's password with it, and said the daemon
+    ran "with" the new one, which the relay's config then held while the link kept the old."""
+    from relay.service import Daemon
+    project.relay().close()
+    project.relays.clear()
+    cfg = project.config(agents=["Ann", "Ben"])
+    new = project.config(agents=["Ann", "Ben"], federation={"url": "redis://bob:s3cret@redis.example:6379/0",
+                                                            "team": "t", "node": "n1"})
+    daemon = Daemon(cfg, load=lambda: new)
+    try:
+        with caplog.at_level("INFO", logger="relay"):
+            daemon.do_reload()
+    finally:
+        daemon.relay.close()
+    assert daemon.relay.config.federation is None and daemon.cfg.federation is None
+    assert "s3cret" not in caplog.text
+    assert "federation changed (url redis://bob:***@redis.example:6379/0, team t, node n1, running with none" \
+        in caplog.text
