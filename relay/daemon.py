@@ -159,6 +159,9 @@ class Relay:
                 self._refuse_name(f, now, counts)
             else:
                 found.append(f)
+        # Ids (and so the order messages are claimed, delivered and counted against the flow's
+        # limits) follow the order the files were written, not the order a directory lists them.
+        found.sort(key=lambda f: (f.sent_at, f.sender, f.name))
         day = day_of(now)
         registered, claimed = self.ledger.register_and_claim(
             [(self.ids.new(now), f.sender, f.name, f.sent_at) for f in found], now, self.batch,

@@ -396,3 +396,18 @@ def test_a_reload_that_changes_the_federation_keeps_the_running_one_and_logs_no_
     assert "s3cret" not in caplog.text
     assert "federation changed (url redis://bob:***@redis.example:6379/0, team t, node n1, running with none" \
         in caplog.text
+
+
+def test_per_pair_rate_sheds_the_latest_sent_not_whichever_was_listed_last(project, clock):
+    """Files found in one scan got their ids, and so their claim order, in the order the
+    directory listed them: with Ann over pair_rate, relay delivered her later messages to Bob
+    and shed earlier ones (msg 2 shed, msg 3 delivered: a conversation with a hole). The files
+    of a scan are taken in the order they were written (their mtime), so the latest are shed."""
+    import os
+    relay = project.relay(pair_rate="5", pair_window="10m")
+    for n in range(10):
+        path = project.drop("Ann", f"z{9 - n}-{n * 7919 % 10}", f"TO: Ben\n\nmessage {n}")
+        os.utime(path, (clock.now - 100 + n, clock.now - 100 + n))
+    total = relay.drain()
+    assert (total.archived, total.shed) == (5, 5)
+    assert sorted(m["body"] for m in project.inbox("Ben")) == [f"message {n}" for n in range(5)]
