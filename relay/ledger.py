@@ -548,8 +548,12 @@ class Ledger:
 
     def archive_agent(self, name, now, actor, undo=False):
         """The agent is archived (with `undo`, restored). False when it already was (was not)."""
+        # A row the caller found archived is not written again; one it could not read (a time
+        # that is no number: left out by History.archived_agents) is replaced.
         sql = ("DELETE FROM archived_agents WHERE name = :name RETURNING name" if undo else
-               "INSERT INTO archived_agents VALUES (:name, :now, :actor) ON CONFLICT DO NOTHING RETURNING name")
+               "INSERT INTO archived_agents VALUES (:name, :now, :actor) ON CONFLICT (name) DO UPDATE SET "
+               "at = excluded.at, actor = excluded.actor WHERE typeof(archived_agents.at) NOT IN ('integer', 'real') "
+               "OR typeof(archived_agents.actor) != 'text' RETURNING name")
         with self.transaction():
             changed = self.db.execute(sql, {"name": name, "now": now, "actor": actor}).fetchone()
             if changed:

@@ -411,3 +411,15 @@ def test_per_pair_rate_sheds_the_latest_sent_not_whichever_was_listed_last(proje
     total = relay.drain()
     assert (total.archived, total.shed) == (5, 5)
     assert sorted(m["body"] for m in project.inbox("Ben")) == [f"message {n}" for n in range(5)]
+
+
+def test_archiving_an_agent_whose_archived_row_cannot_be_read_archives_it(planted):
+    """An archived_agents row this build cannot read is left out, so its agent counts as not
+    archived; `relay archive-agent` then said `archived` while its insert met that row and did
+    nothing: the agent stayed unarchived. The command now replaces the unreadable row."""
+    db = sqlite3.connect(planted.state / "ledger.sqlite", isolation_level=None)
+    db.execute("INSERT INTO archived_agents VALUES ('Ben', 'noon', 'op')")
+    db.close()
+    assert "Ben: archived;" in planted("archive-agent", "Ben").stdout
+    agents = {a["agent"]: a for a in json.loads(planted("agents", "--json").stdout)}
+    assert agents["Ben"]["archived"] and "archived_agents row 'Ben'" not in planted("agents").stderr
