@@ -127,11 +127,12 @@ class Relay:
         return health.attest(self.ledger, self.history, self.config, mode, event,
                              self.clock() if now is None else now)
 
-    def recover(self, now=None):
+    def recover(self, now=None, stopped=True):
         """Crash and power-loss recovery (recovery.py), then a full rescan. Returns the number
-        of messages recovered."""
+        of messages recovered. `stopped`: relay stopped (this is a start), so what was being
+        handled spends its claim budget; after a failed step of a running relay it does not."""
         now = self.clock() if now is None else now
-        recovered = self.recovery.recover(now, budget=max(1, self.config.max_retries))
+        recovered = self.recovery.recover(now, budget=max(1, self.config.max_retries), stopped=stopped)
         self.flow.seed(now, self.config)
         self._next_orphans = now + ORPHAN_INTERVAL
         self._scan = None
@@ -502,7 +503,7 @@ class Relay:
         self.wake.wait(pause)
         self.failures += 1
         try:
-            self.recover()
+            self.recover(stopped=False)     # relay did not stop: no claim budget is spent
         except Exception:  # noqa: BLE001
             log.exception("recovery after the failed step failed too; will try again")
         return Counts()

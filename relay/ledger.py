@@ -460,16 +460,17 @@ class Ledger:
 
     # -- recovery ---------------------------------------------------------------------------
 
-    def reset(self, rows, now, stopped=()):
+    def reset(self, rows, now, stopped=(), interrupted=True):
         """Crash recovery, one transaction. rows: (id, spooled) of processing rows back to pending;
-        each was being handled when relay stopped, which counts as an attempt (`retries`) and an
-        interruption. stopped: (id, reason, failed_path) of processing rows whose interruptions
-        used up the claim budget: failed (quarantined) instead."""
+        each was being handled when relay stopped, which counts as an attempt (`retries`) and,
+        with `interrupted` (relay stopped, not a step of it failed), an interruption. stopped:
+        (id, reason, failed_path) of processing rows whose interruptions used up the claim
+        budget: failed (quarantined) instead."""
         with self.transaction():
             self.db.executemany("UPDATE messages SET status = 'pending', spooled = ?, archive_path = NULL, "
-                                "next_attempt_at = 0, retries = retries + 1, interrupted = interrupted + 1 "
+                                "next_attempt_at = 0, retries = retries + 1, interrupted = interrupted + ? "
                                 "WHERE id = ? AND status = 'processing'",
-                                [(int(s), mid) for mid, s in rows])
+                                [(int(s), int(interrupted), mid) for mid, s in rows])
             self._events([(mid, now, "recovered", "left processing by a stopped relay; back to pending")
                           for mid, _ in rows])
             self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, failed_path = ?, "

@@ -88,11 +88,13 @@ class Recovery:
             log.error("%s", reason, **fields("failed", mid))
         self.ledger.fail_unreadable(now, problems)
 
-    def recover(self, now, budget=3):
+    def recover(self, now, budget=3, stopped=True):
         """Put back in the flow what a stopped relay left; returns the number of messages
-        recovered. A message left processing for the `budget`-th time is quarantined."""
+        recovered. A message left processing for the `budget`-th time is quarantined. With
+        `stopped` False (a failed step of a running relay, which is no stop) nothing left
+        processing counts as interrupted."""
         self.fs.forget()
-        reset, stopped, bad = [], [], []
+        reset, stopped_rows, bad = [], [], []
         for row in sift(self.history.processing(), bad):
             mid, sender = row["id"], row["sender"]
             spool = self.layout.spool_of(row)
@@ -101,10 +103,10 @@ class Recovery:
             except OSError as e:
                 log.error("%s: cannot recover its file (%s); it stays where it is", mid, e)
                 spooled = False
-            if row["interrupted"] + 1 >= budget:
+            if stopped and row["interrupted"] + 1 >= budget:
                 quarantined = self._stopped(row, spool if spooled else None, now)
                 if quarantined is not None:
-                    stopped.append(quarantined)
+                    stopped_rows.append(quarantined)
                     continue
             reset.append((mid, spooled))
             log.warning("%s from %s was left processing by a stopped relay: back to pending", mid, sender,
@@ -117,14 +119,14 @@ class Recovery:
         for mid, sender, _ in orphans:
             log.warning("%s from %s was in the spool with no ledger record: registered again", mid, sender)
         orphans += self._adopt_archived()
-        if reset or orphans or stopped:
+        if reset or orphans or stopped_rows:
             self.syncer.flush("recovery moves")
-            self.ledger.reset(reset, now, stopped)
+            self.ledger.reset(reset, now, stopped_rows, interrupted=stopped)
             self.ledger.readopt(orphans, now)
-        for mid, reason, _ in stopped:
+        for mid, reason, _ in stopped_rows:
             log.error("%s failed: %s", mid, reason, **fields("failed", mid))
         self.remove_orphans(now)
-        return len(reset) + len(orphans) + len(stopped)
+        return len(reset) + len(orphans) + len(stopped_rows)
 
     def _stopped(self, row, src, now):
         """Quarantine a message whose handling was interrupted once too often: (id, reason,

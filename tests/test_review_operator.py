@@ -440,3 +440,32 @@ def test_a_federation_variable_or_value_relay_cannot_use_stops_no_agent(cli, mon
     assert len(list((cli.state / "outbox/Ann").iterdir())) == 1
     r = cli("run", "--once", ok=False)
     assert r.exit_code == 1 and "bad value for 'federation'" in r.stderr
+
+
+def test_a_step_that_fails_on_the_ledger_does_not_spend_the_claim_budget(project):
+    """After a failed step of the daemon's loop (the ledger locked past busy_timeout, its disk
+    full for a moment) the loop recovers what the step had claimed, and that recovery counted an
+    interruption, as if relay had been killed: three such moments quarantined the batch with
+    'relay stopped while handling it 3 times', in seconds, where a transient failure is retried
+    for retry_period. Only a stopped relay (recovery at start) spends the claim budget."""
+    relay = project.relay(max_retries="3")
+    relay.step_pause = 0.0
+    relay.recover()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    real = relay.ledger.record
+    fails = {"left": 4}
+
+    def record(*args, **kwargs):
+        if fails["left"]:
+            fails["left"] -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return real(*args, **kwargs)
+    relay.ledger.record = record
+    for _ in range(4):
+        relay.hint("rescan")
+        relay.guarded_step()
+    relay.hint("rescan")
+    relay.guarded_step()
+    [row] = relay.history.audit()
+    assert (row["status"], row["interrupted"]) == ("archived", 0)
+    assert [m["body"] for m in project.inbox("Ben")] == ["x"]
