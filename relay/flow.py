@@ -25,7 +25,7 @@ from .config import SYSTEM
 from .errors import DurabilityError, TooLarge
 from .inbox import is_envelope
 from .message import BROADCAST
-from .work import Shed
+from .work import Shed, fields
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,8 @@ def refused(w, e, known=()):
 def logged(w):
     """Log a work's sheds of this batch (with its id and sender); returns how many."""
     if w.shed:
-        log.warning("%s from %s shed for %s", w.id, w.sender, "; ".join(f"{r} ({s})" for r, s in w.shed.items()))
+        log.warning("%s from %s shed for %s", w.id, w.sender, "; ".join(f"{r} ({s})" for r, s in w.shed.items()),
+                    **fields("shed", w.id, w.sender, sorted(w.shed)))
     return len(w.shed)
 
 
@@ -100,7 +101,8 @@ def report(archive, w, now):
     try:
         archive.write_report(rel, doc, SHED_REPORT)
     except (OSError, DurabilityError) as e:
-        log.error("%s from %s: cannot write %s%s: %s", w.id, w.sender, rel, SHED_REPORT, e)
+        log.error("%s from %s: cannot write %s%s: %s", w.id, w.sender, rel, SHED_REPORT, e,
+                  **fields("error", w.id, w.sender, sorted(w.shed)))
 
 
 SHED_REPORT = ".shed.json"

@@ -101,7 +101,7 @@ class Recovery:
             try:
                 spooled = self._respool(row, spool)
             except OSError as e:
-                log.error("%s: cannot recover its file (%s); it stays where it is", mid, e)
+                log.error("%s: cannot recover its file (%s); it stays where it is", mid, e, **fields("error", mid, sender))
                 spooled = False
             if stopped and row["interrupted"] + 1 >= budget:
                 quarantined = self._stopped(row, spool if spooled else None, now)
@@ -117,7 +117,8 @@ class Recovery:
         unknown = self.history.unknown([mid for _, mid, _, _ in spooled])
         orphans = [(mid, sender, name) for sender, mid, name, _ in spooled if mid in unknown]
         for mid, sender, _ in orphans:
-            log.warning("%s from %s was in the spool with no ledger record: registered again", mid, sender)
+            log.warning("%s from %s was in the spool with no ledger record: registered again", mid, sender,
+                        **fields("recovered", mid, sender))
         orphans += self._adopt_archived()
         if reset or orphans or stopped_rows:
             self.syncer.flush("recovery moves")
@@ -146,7 +147,7 @@ class Recovery:
         try:
             rel = self.archive.quarantine(src, sender, mid, name, report)
         except (OSError, DurabilityError) as e:
-            log.error("%s: cannot quarantine its file (%s); back to pending", mid, e)
+            log.error("%s: cannot quarantine its file (%s); back to pending", mid, e, **fields("error", mid, sender))
             return None
         return mid, reason, rel
 
@@ -209,7 +210,8 @@ class Recovery:
                         log.error("archive/%s/%s/%s has no ledger record and cannot be moved back: %s",
                                   day, sender, shown(file), e)
                         continue
-                    log.warning("%s from %s was archived with no ledger record: registered again", mid, sender)
+                    log.warning("%s from %s was archived with no ledger record: registered again", mid, sender,
+                                **fields("recovered", mid, sender))
                     found.append((mid, sender, name))
         return found
 

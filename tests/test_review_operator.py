@@ -469,3 +469,25 @@ def test_a_step_that_fails_on_the_ledger_does_not_spend_the_claim_budget(project
     [row] = relay.history.audit()
     assert (row["status"], row["interrupted"]) == ("archived", 0)
     assert [m["body"] for m in project.inbox("Ben")] == ["x"]
+
+
+def test_json_log_lines_of_sheds_and_recoveries_carry_the_message_fields(cli):
+    """The shed warning (for a message delivered to others the only line about its shed) and
+    the recovery's 'registered again' lines carried the message id, sender and recipients only
+    in their text: a log pipeline selecting event == "shed" or one id found nothing."""
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    cli("init", "--agent", "Ann", "--agent", "Ben", "--agent", "Cy")
+    (cli.state / "relay.toml").write_text("pair_rate = 1\n")
+    cli("send", "--from", "Ann", "--to", "Ben", "one")
+    cli("send", "--from", "Ann", "--to", "Ben,Cy", "two")
+    orphan = cli.state / "spool/Cy/01ZZZZZZZZZZZZZZZZZZZZZZZ7--lost"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_text("TO: Ben\n\nfound in the spool")
+    r = CliRunner().invoke(main, ["--root", str(cli.root), "run", "--once", "--log-format", "json"])
+    lines = [json.loads(line) for line in r.stderr.strip().splitlines()]
+    [shed] = [d for d in lines if "shed for" in d["msg"] and d["level"] == "warning"]
+    assert shed["event"] == "shed" and shed["from"] == "Ann" and shed["to"] == ["Ben"] and shed["id"] in shed["msg"]
+    [found] = [d for d in lines if "registered again" in d["msg"]]
+    assert found["event"] == "recovered" and found["id"] == "01ZZZZZZZZZZZZZZZZZZZZZZZ7" and found["from"] == "Cy"
