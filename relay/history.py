@@ -46,7 +46,7 @@ SUSPECT = {     # rows.CHECKS for the largest tables, as SQL: true for every row
         _NOT_NUMBER.format("at"), _MAYBE_NOT_NUMBER.format("limit_value"), _MAYBE_NOT_NUMBER.format("observed"),
         _MAYBE_NOT_NUMBER.format("released_at")]),
 }
-NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations")   # flow control, the operator's
+NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "checkpoints")   # flow control, the operator's
 
 
 class History:
@@ -422,8 +422,9 @@ class History:
         `gap` is (first, last) of the links missing before this one or None, `row` the link's
         message record (None when it was deleted) and `intact` whether that record is archived
         and still hashes to the link."""
-        cp = self.db.execute("SELECT upto, head FROM checkpoints ORDER BY seq DESC LIMIT 1").fetchone()
-        seq, prev = (cp["upto"], cp["head"]) if cp else (0, GENESIS)
+        cp = self.checkpoint()
+        # One this build cannot read stands for nothing (verify says so): walked from the start.
+        seq, prev = (cp["upto"], cp["head"]) if cp and BadRow.of(cp, "checkpoints") is None else (0, GENESIS)
         for link in self.db.execute("SELECT seq, message_id, hash FROM chain WHERE seq > ? ORDER BY seq", (seq,)):
             gap = (seq + 1, link["seq"] - 1) if link["seq"] != seq + 1 else None
             seq = link["seq"]
@@ -434,6 +435,14 @@ class History:
                 intact = False
             prev = link["hash"]
             yield link, row, gap, intact
+
+    def checkpoint(self):
+        """The last checkpoint a retention sweep left of the chain (seq, at, upto, head, removed), or None."""
+        return self.db.execute("SELECT * FROM checkpoints ORDER BY seq DESC LIMIT 1").fetchone()
+
+    def links_upto(self, seq):
+        """How many chain records lie at or before position `seq` (a sweep deletes them all)."""
+        return self.db.execute("SELECT count(*) FROM chain WHERE seq <= ?", (seq,)).fetchone()[0]
 
     def unchained(self):
         """Ids of archived records that are not in the hash chain."""

@@ -189,11 +189,27 @@ def unreadable(history, limit=None):
     return count, lines
 
 
+def checkpoint(history):
+    """What is wrong with the chain's last checkpoint, which says where verify starts: one with
+    chain records at or before it (a sweep leaves none) hides them from verify. (One this build
+    cannot read is a row like the others: the chain is then walked from its start.)"""
+    cp = history.checkpoint()
+    if cp is None or BadRow.of(cp, "checkpoints") is not None:      # one unreadable is named with the others
+        return []
+    hidden = history.links_upto(cp["upto"])
+    if hidden:
+        return [f"{hidden} hash chain record(s) lie at or before the last checkpoint (position {cp['upto']}), "
+                "which a retention sweep leaves none of: the checkpoint hides them from verify (it was not "
+                "written by a sweep of relay's)"]
+    return []
+
+
 def verify(history, layout, rows=True):
     """Recompute the hash chain and re-hash every archive file and every delivered envelope
     still in an inbox. Returns (checked, problems); with `rows`, the rows this build cannot read
     are problems too (doctor counts them itself)."""
     problems = unreadable(history)[1] if rows else []
+    problems += checkpoint(history)
     checked = 0
     for link, row, gap, intact in history.chain():
         if gap:

@@ -6,7 +6,7 @@ with the row's id, and `sift()` passes on the readable rows of a query while it 
 others, so that every verb names them and goes on without them. No path such a row holds is ever
 followed. The checks know the columns of the messages, events, deliveries and agents tables, and
 of those flow control and the operator's commands keep: sheds, commands, pings, archived_agents
-and attestations."""
+and attestations; and the hash chain's checkpoints."""
 import dataclasses
 import re
 
@@ -119,6 +119,7 @@ CHECKS = {
         "actor": _text, "at": _number, "result": _maybe(_json(dict)),
     },
     "pings": {"id": _id, "agent": _agent, "sent_at": _number, "actor": _text},
+    "checkpoints": {"seq": _count, "at": _number, "upto": _count, "head": _sha256, "removed": _count},
     "archived_agents": {"name": _agent, "at": _number, "actor": _text},
     "attestations": {
         "seq": _count, "at": _number, "pid": _count, "host": _text, "version": _text, "mode": _one_of("daemon", "once"),
@@ -128,7 +129,7 @@ CHECKS = {
     },
 }
 KEYS = {"messages": "id", "events": "seq", "deliveries": "message_id", "agents": "name", "sheds": "message_id",
-        "commands": "id", "pings": "id", "archived_agents": "name", "attestations": "seq"}
+        "commands": "id", "pings": "id", "archived_agents": "name", "attestations": "seq", "checkpoints": "seq"}
 
 
 def unreadable(row, table="messages", need=()):

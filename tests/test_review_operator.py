@@ -491,3 +491,26 @@ def test_json_log_lines_of_sheds_and_recoveries_carry_the_message_fields(cli):
     assert shed["event"] == "shed" and shed["from"] == "Ann" and shed["to"] == ["Ben"] and shed["id"] in shed["msg"]
     [found] = [d for d in lines if "registered again" in d["msg"]]
     assert found["event"] == "recovered" and found["id"] == "01ZZZZZZZZZZZZZZZZZZZZZZZ7" and found["from"] == "Cy"
+
+
+# -- doctor and verify ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("upto", [10**9, "x"])
+def test_a_checkpoint_row_cannot_hide_the_chain_from_verify(cli, upto):
+    """verify walks the hash chain from the last checkpoint on. A checkpoint row beyond the chain
+    (or one whose position is text) made it walk nothing: an altered record, with such a row
+    added, verified `ok` and the chain head it printed stayed the one noted before. Links at or
+    before the last checkpoint (a sweep deletes them) and a checkpoint this build cannot read
+    are problems, for verify and doctor alike."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "x")
+    cli("run", "--once", "-q")
+    head = cli("verify").stdout.rsplit("chain head ", 1)[1]
+    db = sqlite3.connect(cli.state / "ledger.sqlite", isolation_level=None)
+    db.execute("UPDATE messages SET sender = 'Ben'")
+    db.execute("INSERT INTO checkpoints (at, upto, head, removed) VALUES (1, ?, ?, 0)", (upto, "0" * 64))
+    db.close()
+    r = cli("verify", ok=False)
+    assert r.exit_code == 1 and "checkpoint" in r.stdout and r.stdout.rsplit("chain head ", 1)[1] == head
+    r = cli("doctor", ok=False)
+    assert r.exit_code == 1 and "checkpoint" in r.stdout
