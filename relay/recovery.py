@@ -156,10 +156,13 @@ class Recovery:
         ran ahead of the ledger. True when the file is in the spool."""
         if self.fs.exists(spool):
             return True
-        for rel in (row["archive_path"], self.layout.failed_rel(row["sender"], row["id"], row["name"])):
+        failed = self.layout.failed_rel(row["sender"], row["id"], row["name"])
+        for rel in (row["archive_path"], failed):
             try:
                 if rel and self.fs.exists(check_rel(rel, "archive", "failed")):
                     self.archive.move(rel, spool)
+                    if rel == failed:       # its report tells of a failure that was never recorded
+                        self.fs.unlink_quietly(f"{failed}.error.json")
                     return True
             except OSError:
                 continue

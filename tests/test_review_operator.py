@@ -514,3 +514,25 @@ def test_a_checkpoint_row_cannot_hide_the_chain_from_verify(cli, upto):
     assert r.exit_code == 1 and "checkpoint" in r.stdout and r.stdout.rsplit("chain head ", 1)[1] == head
     r = cli("doctor", ok=False)
     assert r.exit_code == 1 and "checkpoint" in r.stdout
+
+
+def test_a_quarantine_cut_short_leaves_no_report_of_a_failure_that_did_not_stand(project, clock):
+    """A message shed for every recipient is moved to failed/ and its .error.json written before
+    the batch is recorded. Killed in between, recovery moved the file back to the spool but left
+    the report: the message was then delivered (its window had passed), while failed/ still told
+    the sender it was shed, and doctor named the report as a file no record knows."""
+    from relay.operator import doctor
+    relay = project.relay(pair_rate="1")
+    drop_at(project, "Ann", "m1", "TO: Ben\n\none", clock.now)
+    assert relay.drain().archived == 1
+    drop_at(project, "Ann", "m2", "TO: Ben\n\ntwo", clock.now)
+    killed_at(relay.ledger, "record")
+    with pytest.raises(Killed):
+        relay.drain()
+    assert len(project.files("failed")) == 2            # the file and its report, not yet recorded
+    relay.close()
+    project.relays.remove(relay)
+    clock.advance(700)
+    relay = project.relay(pair_rate="1")
+    assert relay.drain().archived == 1 and len(project.inbox("Ben")) == 2
+    assert project.files("failed") == [] and doctor(relay.history, relay.layout, None)[0] == []
