@@ -6,6 +6,7 @@ archive-agent) in cli_operator.py, `relay config` and `relay service` in cli_adm
 checks names and turns a failure into one line (exit 1). The only place that sets up logging."""
 import datetime
 import functools
+import itertools
 import json
 import logging
 import shutil
@@ -73,7 +74,8 @@ def warn(cfg, echo=None):
     for w in cfg.warnings:
         if w not in _WARNED:
             _WARNED.add(w)
-            (echo or (lambda text: click.echo(f"relay: warning: {text}", err=True)))(w)
+            # relay.toml and the environment's names may hold anything: no control character is written
+            (echo or (lambda text: click.echo(f"relay: warning: {text}", err=True)))(views.plain(w))
 
 
 class Context:
@@ -278,6 +280,9 @@ def status(ctx, max_pending_age, as_json):
             oldest = round(time.time() - first, 3) if first is not None else None
             att = health.attestation(led, pid)
             unknown, bad = led.unknown_statuses()
+            # the sheds counted and the attestation shown: rows this relay cannot read are named, left out
+            others = list(itertools.islice(led.bad_rows(tables=("sheds", "attestations")), 20))
+            unknown, bad = unknown + len(others), bad + others
             if cfg.federation:
                 from .federation import probe
                 federation = probe(cfg, led)

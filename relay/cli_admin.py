@@ -3,7 +3,7 @@ came from) and `relay service` (a systemd unit or launchd property list for this
 this installation's absolute path)."""
 import click
 
-from . import config as config_mod, units
+from . import config as config_mod, units, views
 from .cli import main, out_json, pass_ctx
 from .guards import handle_errors
 
@@ -16,10 +16,12 @@ def config_(ctx, as_json):
     """The configuration in force, and where each value came from (default, relay.toml, env, flag)."""
     cfg = ctx.cfg
     rows = config_mod.describe(cfg)
-    if as_json:
+    if as_json:         # (JSON escapes control characters itself)
         out_json({"values": {key: {"value": value, "text": text, "from": origin} for key, value, text, origin in rows},
                   "warnings": list(cfg.warnings)})
         return
+    # relay.toml lies where agents can write: no control character in it reaches the terminal
+    rows = [(key, value, views.plain(text), views.plain(origin)) for key, value, text, origin in rows]
     width = max(len(key) for key, *_ in rows)
     text_width = min(40, max(len(text) for _, _, text, _ in rows))
     for key, _, text, origin in rows:

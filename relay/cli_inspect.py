@@ -18,6 +18,7 @@ from .ledger import STATUSES
 from .lock import holder
 
 TABLE_LIMIT = 50        # messages in audit's table unless --limit says otherwise
+OPERATOR_TABLES = ("sheds", "pings", "archived_agents")    # what agents and queues read beside messages
 
 
 def skipped(bad):
@@ -127,8 +128,10 @@ def show(ctx, message_id, as_json):
             skipped([problem])
         deliveries = list(sift(led.deliveries(row["id"]), bad, "deliveries"))
         events = list(sift(led.events(row["id"]), bad, "events"))
+        sheds = led.sheds(row["id"])      # each shown as stored, an unreadable one named and marked
+        bad += [b for b in (BadRow.of(s, "sheds") for s in sheds) if b is not None]
+        sheds = [views.shed(s) for s in sheds]
         skipped(bad)
-        sheds = [views.shed(s) for s in led.sheds(row["id"])]
         box = Inbox(layout, None)
         paths = {}
         for d in deliveries:
@@ -216,6 +219,7 @@ def agents(ctx, as_json):
     with ctx.reader() as led:
         local = ctx.layout.agent_names(ctx.cfg.agents)
         rows = operator.agents_report(led, ctx.layout, local, bad)
+        bad += led.bad_rows(tables=OPERATOR_TABLES)     # left out of the report: named here
         if ctx.cfg.federation:      # agents of other nodes: their node and when it was last seen
             rows = [{**r, "node": ctx.cfg.federation.node} for r in rows] + operator.remote_agents_report(led, local)
     skipped(bad)
@@ -246,6 +250,7 @@ def queues(ctx, as_json):
     from . import queues as queues_mod
     with ctx.reader() as led:
         doc = queues_mod.project(led, ctx.layout, ctx.layout.agent_names(ctx.cfg.agents), time.time())
+        skipped(list(led.bad_rows(tables=OPERATOR_TABLES)))     # left out of the projection: named here
     if as_json:
         out_json(doc)
         return

@@ -18,7 +18,8 @@ AS_JSON = click.option("--json", "as_json", is_flag=True, help="Print the result
 def _run(ctx, verb, arguments, command_id, action, as_json):
     """Run one recorded command, print its result, wake the daemon when it changed something."""
     with ctx.writer() as led:
-        result = commands.run(led, verb, arguments, command_id, lambda: action(led), operator.actor())
+        result = commands.run(led, verb, arguments, command_id, lambda: action(led), operator.actor(),
+                              lock=ctx.layout.command_lock)
     if not result.existing and not result.code:
         wake(ctx.layout.lock)       # a running daemon looks at the ledger now, not at its next rescan
     if as_json:

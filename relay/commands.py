@@ -3,7 +3,9 @@
 result. Given `--command-id ID` again, the first result is printed again and nothing changes
 ("existing"); an id first used for another verb or other arguments is refused. A command whose
 first run never finished (killed) runs again under its id: each of these verbs is harmless to
-repeat. Without an id the command gets one of its own and is recorded the same way."""
+repeat. Two processes given the same id at once do not both run it: while one runs a command
+under an id it holds commands.lock, and the other waits for it, then prints its result. Without
+an id the command gets one of its own and is recorded the same way."""
 import dataclasses
 import time
 
@@ -11,9 +13,12 @@ import orjson
 
 from .errors import InvalidName, RelayError
 from .ids import IdGenerator
+from .lock import exclusive
 from .message import iso
+from .rows import BadRow
 
 MAX_ID = 200
+WAIT = 30.0         # seconds a command waits for another process running one under an id
 
 
 @dataclasses.dataclass
@@ -36,14 +41,30 @@ def check_id(cid):
     return cid
 
 
-def run(ledger, verb, arguments, command_id, action, actor, now=None):
+def run(ledger, verb, arguments, command_id, action, actor, now=None, lock=None, wait=WAIT):
     """Run `action()` (which returns a Result or raises RelayError) once per command id and
-    record it; the same id again returns the first Result, marked existing."""
+    record it; the same id again returns the first Result, marked existing. With an id, the
+    file `lock` (layout.command_lock) is held while it runs: another process given the same id
+    meanwhile waits for it up to `wait` seconds, then finds its result (or is refused)."""
     now = time.time() if now is None else now
     args = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+    if command_id is None:
+        return _run(ledger, verb, args, None, action, actor, now)
+    check_id(command_id)
+    if lock is None:
+        return _run(ledger, verb, args, command_id, action, actor, now)
+    busy = (f"command id {command_id!r} is being run by another process, or another operator command is; "
+            "run it again when that one has finished (it then prints the first result)")
+    with exclusive(lock, wait, busy):
+        return _run(ledger, verb, args, command_id, action, actor, now)
+
+
+def _run(ledger, verb, args, command_id, action, actor, now):
     if command_id is not None:
-        check_id(command_id)
         first = ledger.begin_command(command_id, verb, args, actor, now)
+        bad = BadRow.of(first, "commands") if first is not None else None
+        if bad is not None:
+            raise RelayError(f"{bad}: command id {command_id!r} cannot be checked; give this command a new id")
         if first is not None:
             if (first["verb"], first["arguments"]) != (verb, args):
                 raise RelayError(f"command id {command_id!r} was first used for `relay {first['verb']}` with "

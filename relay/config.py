@@ -350,12 +350,13 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
                                   "relative path inside the project root (use --state-dir or "
                                   "RELAY_STATE_DIR for any other place)")
             state = root / where
+    from . import fedconfig
     env_values, fed_env = {}, {}
     for name, value in env.items():
         if not name.startswith("RELAY_") or name in NOT_KEYS or name in HOOK_VARIABLES:
             continue
         key = name[len("RELAY_"):].lower()
-        if key.startswith("federation_"):
+        if key.startswith("federation_") and key[len("federation_"):] in fedconfig.KEYS:
             fed_env[key[len("federation_"):]] = value
         elif key in _PARSERS and key not in ("state_dir", "federation"):
             env_values[key] = value
@@ -379,11 +380,13 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
         sources.append("environment")
         fed = {**(fed or {}), **fed_env}
     if fed is not None:
-        from . import fedconfig
         try:
             values["federation"] = fedconfig.parse(fed, root, parse_duration)
         except ValueError as e:
-            raise ConfigError(f"bad value for 'federation' in {' + '.join(dict.fromkeys(sources))}: {e}") from None
+            error = ConfigError(f"bad value for 'federation' in {' + '.join(dict.fromkeys(sources))}: {e}")
+            if warnings is None:
+                raise error from None
+            warnings.append(f"{error}; ignored")        # (not strict: this machine only, then)
     state = (state or root / ".relay").absolute()
     return Config(root=root, state_dir=state, source=" + ".join(dict.fromkeys(sources)) or "defaults",
                   origins=tuple(sorted(origins.items())), warnings=tuple(notes + (warnings or [])), **values)

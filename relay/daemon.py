@@ -127,11 +127,12 @@ class Relay:
         return health.attest(self.ledger, self.history, self.config, mode, event,
                              self.clock() if now is None else now)
 
-    def recover(self, now=None):
+    def recover(self, now=None, stopped=True):
         """Crash and power-loss recovery (recovery.py), then a full rescan. Returns the number
-        of messages recovered."""
+        of messages recovered. `stopped`: relay stopped (this is a start), so what was being
+        handled spends its claim budget; after a failed step of a running relay it does not."""
         now = self.clock() if now is None else now
-        recovered = self.recovery.recover(now, budget=max(1, self.config.max_retries))
+        recovered = self.recovery.recover(now, budget=max(1, self.config.max_retries), stopped=stopped)
         self.flow.seed(now, self.config)
         self._next_orphans = now + ORPHAN_INTERVAL
         self._scan = None
@@ -159,6 +160,9 @@ class Relay:
                 self._refuse_name(f, now, counts)
             else:
                 found.append(f)
+        # Ids (and so the order messages are claimed, delivered and counted against the flow's
+        # limits) follow the order the files were written, not the order a directory lists them.
+        found.sort(key=lambda f: (f.sent_at, f.sender, f.name))
         day = day_of(now)
         registered, claimed = self.ledger.register_and_claim(
             [(self.ids.new(now), f.sender, f.name, f.sent_at) for f in found], now, self.batch,
@@ -306,7 +310,7 @@ class Relay:
             accepted = accept(w.data, w.name, w.sender, self.known_agents, self.config, mid=w.id,
                               sent_at=w.sent_at, relayed_at=now, sha256=w.sha256)
         except MessageRefused as e:
-            return flow.refused(w, e)
+            return flow.refused(w, e, self.known_agents())
         finally:
             w.data = b""            # the bytes are hashed and parsed; the batch need not hold them
         w.message, w.recipients = accepted.message, accepted.recipients
@@ -499,7 +503,7 @@ class Relay:
         self.wake.wait(pause)
         self.failures += 1
         try:
-            self.recover()
+            self.recover(stopped=False)     # relay did not stop: no claim budget is spent
         except Exception:  # noqa: BLE001
             log.exception("recovery after the failed step failed too; will try again")
         return Counts()
@@ -529,13 +533,13 @@ class Relay:
 
     def reconfigure(self, config):
         """Apply a new configuration (a SIGHUP reload) between two steps: every key that changed,
-        except a different root or state directory (RESTART_KEYS), which only a restart can
-        change; this relay keeps its own. Returns (keys applied, keys that need a restart)."""
+        except a different root, state directory or federation (RESTART_KEYS), which only a
+        restart can change; this relay keeps its own. Returns (keys applied, keys that need a restart)."""
         changed = [f.name for f in dataclasses.fields(config) if f.compare
                    and getattr(config, f.name) != getattr(self.config, f.name)]
         restart = [k for k in changed if k in RESTART_KEYS]
-        if restart:
-            config = dataclasses.replace(config, root=self.config.root, state_dir=self.config.state_dir)
+        if restart:         # this relay keeps what it runs with (the federation's link, too)
+            config = dataclasses.replace(config, **{k: getattr(self.config, k) for k in restart})
         self.config = config
         self.outbox.settle = config.settle
         self.syncer.durable = config.durability == "full"

@@ -8,7 +8,8 @@ and the value observed:
 - `body_size`: the body is over `max_body_bytes` (decided where the file is read and parsed);
 - `per_pair_rate`: the sender has had `pair_rate` messages delivered to this recipient in the
   last `pair_window` (an echo loop between two agents is stopped here);
-- `queue_limit`: the recipient already holds `queue_limit` unread envelopes in its new/;
+- `queue_limit`: the recipient already holds `queue_limit` unread envelopes in its new/ (regular
+  files named <id>.json: whatever else was put there is no envelope and is not counted);
 - `recipient_archived`: an operator archived the recipient (relay archive-agent).
 
 The hot path stays cheap: the per-pair windows live in memory (seeded from the ledger's
@@ -20,9 +21,11 @@ is older than `rescan_interval`.
 import collections
 import logging
 
+from .config import SYSTEM
 from .errors import DurabilityError, TooLarge
+from .inbox import is_envelope
 from .message import BROADCAST
-from .work import Shed
+from .work import Shed, fields
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +58,22 @@ def summary(sheds, everyone=True):
     return f"shed for {whom}: " + "; ".join(f"{r} ({s})" for r, s in sorted(sheds.items()))
 
 
-def refused(w, e):
+def refused(w, e, known=()):
     """A message relay will not deliver as it is (MessageRefused `e`): its reason, and when it
-    is too large, its body_size sheds."""
+    is too large, its body_size sheds: one for each recipient it names that is a `known` agent
+    (or System); the names are as the sender wrote them, unchecked, so any other (a path, a
+    made-up name, thousands of them) is left to `*`."""
     w.message, w.refused = e.parsed, str(e)
     if isinstance(e, TooLarge):
-        w.shed = body_size(e.limit, e.observed, e.names)
+        w.shed = body_size(e.limit, e.observed, [n for n in e.names if n in BROADCAST or n == SYSTEM or n in known])
         w.refused = summary(w.shed)
 
 
 def logged(w):
     """Log a work's sheds of this batch (with its id and sender); returns how many."""
     if w.shed:
-        log.warning("%s from %s shed for %s", w.id, w.sender, "; ".join(f"{r} ({s})" for r, s in w.shed.items()))
+        log.warning("%s from %s shed for %s", w.id, w.sender, "; ".join(f"{r} ({s})" for r, s in w.shed.items()),
+                    **fields("shed", w.id, w.sender, sorted(w.shed)))
     return len(w.shed)
 
 
@@ -95,7 +101,8 @@ def report(archive, w, now):
     try:
         archive.write_report(rel, doc, SHED_REPORT)
     except (OSError, DurabilityError) as e:
-        log.error("%s from %s: cannot write %s%s: %s", w.id, w.sender, rel, SHED_REPORT, e)
+        log.error("%s from %s: cannot write %s%s: %s", w.id, w.sender, rel, SHED_REPORT, e,
+                  **fields("error", w.id, w.sender, sorted(w.shed)))
 
 
 SHED_REPORT = ".shed.json"
@@ -122,7 +129,10 @@ class FlowControl:
             return
         times = collections.defaultdict(list)
         for sender, recipient, at in self.history.deliveries_since(now - config.pair_window):
-            if isinstance(at, (int, float)):        # a row this build cannot read is left out
+            # A row this build cannot read is left out, and so is a delivery in the clock's
+            # future (recorded before the clock was set back): nothing says how long ago it was,
+            # and counted as now at every start it would hold the pair until the clock caught up.
+            if isinstance(at, (int, float)) and at <= now:
                 times[(sender, recipient)].append(at)
         for pair, ts in times.items():
             self.pairs[pair] = collections.deque(sorted(ts)[-config.pair_rate:])
@@ -182,6 +192,10 @@ class FlowControl:
                             f"{config.queue_limit}); it is not reading its inbox")
         if config.pair_rate and config.pair_window:
             q = self.pairs.get((sender, r))
+            if q and q[-1] > now:
+                # The clock was set back: deliveries in its future happened just before it, not
+                # later, so they count from now, or the pair would wait for the clock to catch up.
+                q = self.pairs[(sender, r)] = collections.deque(min(t, now) for t in q)
             if q:
                 while q and q[0] <= now - config.pair_window:
                     q.popleft()
@@ -199,7 +213,7 @@ class FlowControl:
         if r not in listed and (kept is None or kept[0] + adding + 1 >= config.queue_limit
                                 or now - kept[1] >= config.rescan_interval):
             listed.add(r)
-            kept = self.unread[r] = [self.fs.count(f"inbox/{r}/new", lambda e: not e.name.startswith(".")), now]
+            kept = self.unread[r] = [self.fs.count(f"inbox/{r}/new", is_envelope), now]
         return kept[0]
 
     def commit(self, works, now, config):

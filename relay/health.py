@@ -10,6 +10,7 @@ import socket
 from . import __version__
 from .config import show_duration
 from .message import iso
+from .rows import BadRow
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ def attestation(history, daemon_pid):
     row = history.attestation()
     if row is None:
         return {"attested": False, "running": False}
+    problem = BadRow.of(row, "attestations")
+    if problem is not None:     # named by bad_rows(); what it says is not shown as what the daemon has
+        return {"attested": False, "running": False, "unreadable": str(problem)}
     return {"attested": True, "journal_mode": row["journal_mode"], "synchronous": row["synchronous"],
             "busy_timeout_ms": row["busy_timeout_ms"], "foreign_keys": bool(row["foreign_keys"]),
             "configured": row["durability"], "pid": row["pid"], "host": row["host"], "version": row["version"],
@@ -57,6 +61,8 @@ def _when(ts):
 def describe(att, daemon_pid):
     """One line for a person: what was attested, by whom, and whether that process runs."""
     if not att["attested"]:
+        if att.get("unreadable"):
+            return "not attested: the newest attestation is a row this relay cannot read (relay doctor names it)"
         who = f"the running daemon (pid {daemon_pid}) has" if daemon_pid else "no relay has"
         return f"not attested: {who} recorded its ledger settings (a relay older than this one, or none ran yet)"
     settings = (f"journal_mode={att['journal_mode']} synchronous={att['synchronous']} "

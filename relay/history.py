@@ -18,6 +18,7 @@ import collections
 import orjson
 
 from .errors import NotFound, RelayError
+from .flow import REASONS
 from .layout import valid_id
 from .ledger import GENESIS, STATUSES, Status, chain_hash, checksum
 from .rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
@@ -28,7 +29,9 @@ NUMERIC = "typeof({0}) IN ('integer', 'real')"      # a column that holds a numb
 _ID = "(typeof({0}) != 'text' OR length({0}) != 26 OR {0} GLOB '*[^0-9A-HJKMNP-TV-Z]*')"
 _AGENT = ("(typeof({0}) != 'text' OR length({0}) > 64 OR {0} NOT GLOB '[A-Za-z0-9]*' "
           "OR {0} GLOB '*[^A-Za-z0-9._-]*')")
-SUSPECT = {     # rows.CHECKS for the two largest tables, as SQL: true for every row they refuse
+_NOT_NUMBER = f"NOT {NUMERIC}"
+_MAYBE_NOT_NUMBER = "({0} IS NOT NULL AND NOT " + NUMERIC + ")"
+SUSPECT = {     # rows.CHECKS for the largest tables, as SQL: true for every row they refuse
     "events": " OR ".join([
         "typeof(seq) != 'integer' OR seq < 0", f"(message_id IS NOT NULL AND {_ID.format('message_id')})",
         f"NOT {NUMERIC.format('at')}", "typeof(event) != 'text'", "(detail IS NOT NULL AND typeof(detail) != 'text')",
@@ -37,7 +40,13 @@ SUSPECT = {     # rows.CHECKS for the two largest tables, as SQL: true for every
         _ID.format("message_id"), _AGENT.format("recipient"), f"NOT {NUMERIC.format('delivered_at')}",
         "(size IS NOT NULL AND (typeof(size) != 'integer' OR size < 0))",
         "(sha256 IS NOT NULL AND (typeof(sha256) != 'text' OR length(sha256) != 64 OR sha256 GLOB '*[^0-9a-f]*'))"]),
+    "sheds": " OR ".join([
+        _ID.format("message_id"), f"(recipient IS NOT '*' AND {_AGENT.format('recipient')})", _AGENT.format("sender"),
+        "typeof(reason) != 'text' OR reason NOT IN (" + ", ".join(f"'{r}'" for r in REASONS) + ")",
+        _NOT_NUMBER.format("at"), _MAYBE_NOT_NUMBER.format("limit_value"), _MAYBE_NOT_NUMBER.format("observed"),
+        _MAYBE_NOT_NUMBER.format("released_at")]),
 }
+NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "checkpoints")   # flow control, the operator's
 
 
 class History:
@@ -201,14 +210,15 @@ class History:
         return self.db.execute("SELECT * FROM agents ORDER BY name").fetchall()
 
     def attestation(self):
-        """The newest attestation a relay recorded of its writer connection's settings, or None."""
+        """The newest attestation a relay recorded of its writer connection's settings, or None
+        (whether this build can read it: rows.BadRow.of(row, "attestations"))."""
         return self.db.execute("SELECT * FROM attestations ORDER BY seq DESC LIMIT 1").fetchone()
 
-    def bad_rows(self, since=None, tables=("messages", "deliveries", "events", "agents")):
+    def bad_rows(self, since=None, tables=("messages", "deliveries", "events", "agents") + NEW_TABLES):
         """Every stored row of `tables` this build cannot read, as BadRows (messages: those
-        discovered since `since`, when given). The many rows of deliveries and events are
-        looked at only when SQL finds a value of a type or form rows.py refuses (SUSPECT: the
-        same checks, written in SQL), then checked as every row is."""
+        discovered since `since`, when given). The many rows of deliveries, events and sheds
+        are looked at only when SQL finds a value of a type or form rows.py refuses (SUSPECT:
+        the same checks, written in SQL), then checked as every row is."""
         where, args = ("", ()) if since is None else (" WHERE discovered_at >= ?", (since,))
         for table in tables:
             if table == "messages":
@@ -239,6 +249,9 @@ class History:
             out += self.db.execute(sql.format(hint, where), {"since": since}).fetchall()
         return out
 
+    # A shed, ping or archived agent this build cannot read is left out of the answers below
+    # (bad_rows() names it).
+
     def sheds_of(self, ids):
         """{id: {recipient: (reason, released)}} of the sheds recorded for these messages."""
         out = {}
@@ -246,27 +259,31 @@ class History:
             chunk = ids[i:i + CHUNK]
             for r in self.db.execute("SELECT message_id, recipient, reason, released_at FROM sheds WHERE message_id "
                                      f"IN ({','.join('?' * len(chunk))})", chunk):
-                out.setdefault(r[0], {})[r[1]] = (r[2], r[3] is not None)
+                if unreadable(r, "sheds") is None:
+                    out.setdefault(r[0], {})[r[1]] = (r[2], r[3] is not None)
         return out
 
     def sheds(self, mid):
+        """One message's shed records, every one (the reader sifts them: rows.sift(rows, bad, "sheds"))."""
         return self.db.execute("SELECT * FROM sheds WHERE message_id = ? ORDER BY recipient", (mid,)).fetchall()
 
     def shed_counts(self, since=None):
         """{reason: sheds recorded} (at or after `since`)."""
-        return dict(self.db.execute("SELECT reason, count(*) FROM sheds WHERE at >= ? GROUP BY reason",
-                                    (since or 0,)).fetchall())
+        return dict(self.db.execute(f"SELECT reason, count(*) FROM sheds WHERE NOT ({SUSPECT['sheds']}) AND at >= ? "
+                                    "GROUP BY reason", (since or 0,)).fetchall())
 
     def shed_pairs(self):
         """{(sender, recipient): {reason: n}} of every shed recorded."""
         out = collections.defaultdict(dict)
-        for r in self.db.execute("SELECT sender, recipient, reason, count(*) FROM sheds GROUP BY sender, recipient, reason"):
+        for r in self.db.execute(f"SELECT sender, recipient, reason, count(*) FROM sheds WHERE NOT ({SUSPECT['sheds']}) "
+                                 "GROUP BY sender, recipient, reason"):
             out[(r[0], r[1])][r[2]] = r[3]
         return out
 
     def archived_agents(self):
         """{name: (archived_at, actor)} of the agents an operator archived."""
-        return {r[0]: (r[1], r[2]) for r in self.db.execute("SELECT name, at, actor FROM archived_agents")}
+        return {r["name"]: (r["at"], r["actor"]) for r in sift(self.db.execute("SELECT * FROM archived_agents"), [],
+                                                                 "archived_agents")}
 
     def pending_pairs(self):
         """{(sender, recipient): n} of messages relay holds (pending, processing) that a
@@ -309,8 +326,10 @@ class History:
 
     def last_pings(self):
         """{agent: (ping id, sent_at)} of each agent's latest ping."""
-        return {r[0]: (r[1], r[2]) for r in self.db.execute(
-            "SELECT agent, id, max(sent_at) FROM pings GROUP BY agent")}
+        out = {}
+        for r in sift(self.db.execute("SELECT * FROM pings ORDER BY sent_at, id"), [], "pings"):
+            out[r["agent"]] = (r["id"], r["sent_at"])
+        return out
 
     def commands(self):
         """Every operator command recorded, oldest first."""
@@ -366,7 +385,8 @@ class History:
         `data["unreadable"]` lists every BadRow of the period (`bad_rows()`)."""
         db = self.db
         since = since or 0
-        data = {"since": since, "unreadable": list(self.bad_rows(since or None, tables=("messages",)))}
+        data = {"since": since, "unreadable": list(self.bad_rows(since or None, tables=("messages",)))
+                + list(self.bad_rows(tables=("sheds",)))}
         known = "m.status IN (" + ",".join("?" * len(STATUSES)) + ") AND " + NUMERIC.format("m.discovered_at") \
             + " AND m.discovered_at >= ?"
         args = (*STATUSES, since)
@@ -382,9 +402,9 @@ class History:
             f"SELECT id, sender, name, error, failed_at FROM messages m WHERE m.status = 'failed' AND {known} "
             "ORDER BY id DESC LIMIT 200", args), []))
         data["shed_counts"] = self.shed_counts(since)
-        data["sheds"] = db.execute(
+        data["sheds"] = list(sift(db.execute(
             "SELECT message_id, sender, recipient, reason, limit_value, observed, at FROM sheds WHERE at >= ? "
-            "ORDER BY at DESC LIMIT 200", (since,)).fetchall()
+            "ORDER BY at DESC LIMIT 200", (since,)), [], "sheds"))      # named in data["unreadable"]
         data["threads"] = db.execute(
             "SELECT thread, count(*) AS n, min(discovered_at) AS first, max(discovered_at) AS last, "
             f"group_concat(DISTINCT sender) AS senders FROM messages m WHERE thread IS NOT NULL AND {known} "
@@ -402,8 +422,9 @@ class History:
         `gap` is (first, last) of the links missing before this one or None, `row` the link's
         message record (None when it was deleted) and `intact` whether that record is archived
         and still hashes to the link."""
-        cp = self.db.execute("SELECT upto, head FROM checkpoints ORDER BY seq DESC LIMIT 1").fetchone()
-        seq, prev = (cp["upto"], cp["head"]) if cp else (0, GENESIS)
+        cp = self.checkpoint()
+        # One this build cannot read stands for nothing (verify says so): walked from the start.
+        seq, prev = (cp["upto"], cp["head"]) if cp and BadRow.of(cp, "checkpoints") is None else (0, GENESIS)
         for link in self.db.execute("SELECT seq, message_id, hash FROM chain WHERE seq > ? ORDER BY seq", (seq,)):
             gap = (seq + 1, link["seq"] - 1) if link["seq"] != seq + 1 else None
             seq = link["seq"]
@@ -414,6 +435,14 @@ class History:
                 intact = False
             prev = link["hash"]
             yield link, row, gap, intact
+
+    def checkpoint(self):
+        """The last checkpoint a retention sweep left of the chain (seq, at, upto, head, removed), or None."""
+        return self.db.execute("SELECT * FROM checkpoints ORDER BY seq DESC LIMIT 1").fetchone()
+
+    def links_upto(self, seq):
+        """How many chain records lie at or before position `seq` (a sweep deletes them all)."""
+        return self.db.execute("SELECT count(*) FROM chain WHERE seq <= ?", (seq,)).fetchone()[0]
 
     def unchained(self):
         """Ids of archived records that are not in the hash chain."""

@@ -17,12 +17,20 @@ import orjson
 
 from .errors import DurabilityError, TransientError
 from .fs import Unsafe, bad_name, shown, write_all
+from .layout import valid_id
 
 log = logging.getLogger(__name__)
 
 FILE_MODE = 0o644
 MAX_ENVELOPE_READ = 64 << 20
 ORPHAN_AGE = 86400.0        # a tmp/ file older than this was left by a delivery that never finished
+
+
+def is_envelope(entry):
+    """Whether a directory entry of new/ is an unread envelope as relay writes one: a regular
+    file (not a link, a directory or a FIFO someone put there) named <id>.json."""
+    name = entry.name
+    return name.endswith(".json") and valid_id(name[:-5]) and entry.is_file(follow_symlinks=False)
 
 
 def transient(e, what):

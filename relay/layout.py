@@ -45,6 +45,7 @@ class Layout:
         self.spool = self.state / "spool"
         self.ledger = self.state / "ledger.sqlite"
         self.lock = self.state / "relay.lock"
+        self.command_lock = self.state / "commands.lock"    # held while an operator command runs under its id
         self._fs = None
 
     @property

@@ -273,13 +273,18 @@ class Ledger:
     def _claim(self, now, limit, plan):
         """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
         the claim so that recovery finds a file moved there before the batch was recorded."""
+        due = ("SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
+               "ORDER BY next_attempt_at, id LIMIT :limit")
+        # A message that was being handled when relay stopped is claimed alone: if it is what
+        # stops relay, the next interruption (and the claim budget) is its own, not its batch's.
+        alone = self.db.execute(f"SELECT id FROM messages WHERE id IN ({due}) AND interrupted > 0 "
+                                "ORDER BY next_attempt_at, id LIMIT 1", {"now": now, "limit": limit}).fetchone()
         rows = self.db.execute(
             "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1 "
-            "WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
-            "ORDER BY next_attempt_at, id LIMIT :limit) AND status = 'pending' "
+            f"WHERE id IN ({'SELECT :alone' if alone else due}) AND status = 'pending' "
             "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since, spool_id, "
             "interrupted",
-            {"now": now, "limit": limit}).fetchall()
+            {"now": now, "limit": limit, "alone": alone[0] if alone else None}).fetchall()
         claimed = []
         for r in sorted(rows, key=lambda r: r["id"]):
             row = dict(zip(r.keys(), r, strict=True))
@@ -455,16 +460,17 @@ class Ledger:
 
     # -- recovery ---------------------------------------------------------------------------
 
-    def reset(self, rows, now, stopped=()):
+    def reset(self, rows, now, stopped=(), interrupted=True):
         """Crash recovery, one transaction. rows: (id, spooled) of processing rows back to pending;
-        each was being handled when relay stopped, which counts as an attempt (`retries`) and an
-        interruption. stopped: (id, reason, failed_path) of processing rows whose interruptions
-        used up the claim budget: failed (quarantined) instead."""
+        each was being handled when relay stopped, which counts as an attempt (`retries`) and,
+        with `interrupted` (relay stopped, not a step of it failed), an interruption. stopped:
+        (id, reason, failed_path) of processing rows whose interruptions used up the claim
+        budget: failed (quarantined) instead."""
         with self.transaction():
             self.db.executemany("UPDATE messages SET status = 'pending', spooled = ?, archive_path = NULL, "
-                                "next_attempt_at = 0, retries = retries + 1, interrupted = interrupted + 1 "
+                                "next_attempt_at = 0, retries = retries + 1, interrupted = interrupted + ? "
                                 "WHERE id = ? AND status = 'processing'",
-                                [(int(s), mid) for mid, s in rows])
+                                [(int(s), int(interrupted), mid) for mid, s in rows])
             self._events([(mid, now, "recovered", "left processing by a stopped relay; back to pending")
                           for mid, _ in rows])
             self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, failed_path = ?, "
@@ -543,8 +549,12 @@ class Ledger:
 
     def archive_agent(self, name, now, actor, undo=False):
         """The agent is archived (with `undo`, restored). False when it already was (was not)."""
+        # A row the caller found archived is not written again; one it could not read (a time
+        # that is no number: left out by History.archived_agents) is replaced.
         sql = ("DELETE FROM archived_agents WHERE name = :name RETURNING name" if undo else
-               "INSERT INTO archived_agents VALUES (:name, :now, :actor) ON CONFLICT DO NOTHING RETURNING name")
+               "INSERT INTO archived_agents VALUES (:name, :now, :actor) ON CONFLICT (name) DO UPDATE SET "
+               "at = excluded.at, actor = excluded.actor WHERE typeof(archived_agents.at) NOT IN ('integer', 'real') "
+               "OR typeof(archived_agents.actor) != 'text' RETURNING name")
         with self.transaction():
             changed = self.db.execute(sql, {"name": name, "now": now, "actor": actor}).fetchone()
             if changed:

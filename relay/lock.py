@@ -1,14 +1,17 @@
-"""One daemon per state directory: an flock on relay.lock, which holds the daemon's pid.
+"""One daemon per state directory: an flock on relay.lock, which holds the daemon's pid; and
+one process at a time running an operator command under a given id: an flock on commands.lock.
 
 relay.lock lies where agents can write: it is opened without following a link and without
 blocking (a FIFO planted there), and used only while it is a regular file with no other link;
 anything else is refused with what to do, never truncated or written.
 """
+import contextlib
 import errno
 import fcntl
 import os
 import signal
 import stat
+import time
 
 from .errors import DaemonRunning, RelayError
 
@@ -71,6 +74,26 @@ class DaemonLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+@contextlib.contextmanager
+def exclusive(path, wait, busy, poll=0.05):
+    """Hold an flock on the file at `path` for the block, waiting up to `wait` seconds for
+    another process to let it go; then RelayError(`busy`). A process that dies lets it go."""
+    fd = _open(str(path), os.O_RDWR | os.O_CREAT)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RelayError(busy) from None
+                time.sleep(poll)
+        yield
+    finally:
+        os.close(fd)
 
 
 def holder(path):

@@ -51,17 +51,21 @@ def retry(ledger, layout, ids, now=None):
         if row["status"] != Status.FAILED:
             result.errors.append(f"{row['id']}: is {row['status']}, not failed; nothing to retry")
             continue
-        src = row["failed_path"]
+        src, spool = row["failed_path"], layout.spool_of(row)
         try:
             present = bool(src) and layout.fs.exists(check_rel(src, "failed"))
         except OSError:
             present = False
-        if not present:
+        # Not in failed/ but in the spool: a retry that stopped before its record (or a file
+        # quarantine could not move) is put back to pending as it lies.
+        if not present and not layout.fs.exists(spool):
             result.errors.append(f"{row['id']}: its file is gone ({row['error']}); write the message again")
             continue
         archive = Archive(layout, Syncer("full", layout.fs))
-        archive.move(src, layout.spool_of(row))
-        layout.fs.unlink_quietly(f"{src}.error.json")
+        if present:
+            archive.move(src, spool)
+        if src:
+            layout.fs.unlink_quietly(f"{src}.error.json")
         archive.syncer.flush("the retried message's move back to the spool")
         for done in ledger.requeue([row["id"]], now, actor()):
             was = " (an operator had expired it)" if row["expired_at"] is not None else ""
@@ -93,6 +97,11 @@ def expire(ledger, layout, mid, now=None):
     if bad is not None:
         raise RelayError(f"{bad}: not expired")
     if row["expired_at"] is not None and row["status"] == Status.FAILED:
+        if row["failed_path"] is None and row["spooled"] == 1 and layout.fs.exists(layout.spool_of(row)):
+            # An expire that stopped between its record and the move: its file is moved now.
+            _quarantine(ledger, layout, row, row["error"], now, layout.spool_of(row))
+            return Result([f"{row['id']}: expired already; its file, left where it was by an expire that did "
+                           "not finish, is now in failed/"])
         return Result([f"{row['id']}: expired already; nothing changed"])
     if row["status"] not in (Status.PENDING, Status.FAILED):
         raise RelayError(f"{row['id']} is {row['status']}: only pending or failed messages can be expired")
@@ -102,12 +111,19 @@ def expire(ledger, layout, mid, now=None):
         if history.get(row["id"])["expired_at"] is not None:
             return Result([f"{row['id']}: expired already; nothing changed"])
         raise RelayError(f"{row['id']} was claimed for delivery meanwhile; try again")
-    archive = Archive(layout, Syncer("full", layout.fs))
     src = None      # a failed message is in failed/ already
     if row["status"] == Status.PENDING:
         spool = layout.spool_of(row)
         src = spool if layout.fs.exists(spool) else f"outbox/{row['sender']}/{row['name']}"
         src = src if layout.fs.exists(src) else None
+    _quarantine(ledger, layout, row, reason, now, src)
+    return Result([f"{row['id']}: expired; will not be delivered"])
+
+
+def _quarantine(ledger, layout, row, reason, now, src):
+    """An expired message's file (at `src`, or None: none to move) into failed/ with its
+    report, and its place recorded."""
+    archive = Archive(layout, Syncer("full", layout.fs))
     report = archive.report(row["id"], row["sender"], row["name"], reason, now)
     if src or not row["failed_path"]:
         rel = archive.quarantine(src, row["sender"], row["id"], row["name"], report)
@@ -116,7 +132,6 @@ def expire(ledger, layout, mid, now=None):
         archive.write_report(rel, report)
     archive.syncer.flush("expired message")
     ledger.quarantined(row["id"], rel)
-    return Result([f"{row['id']}: expired; will not be delivered"])
 
 
 def _sha256(fs, rel):
@@ -174,11 +189,27 @@ def unreadable(history, limit=None):
     return count, lines
 
 
+def checkpoint(history):
+    """What is wrong with the chain's last checkpoint, which says where verify starts: one with
+    chain records at or before it (a sweep leaves none) hides them from verify. (One this build
+    cannot read is a row like the others: the chain is then walked from its start.)"""
+    cp = history.checkpoint()
+    if cp is None or BadRow.of(cp, "checkpoints") is not None:      # one unreadable is named with the others
+        return []
+    hidden = history.links_upto(cp["upto"])
+    if hidden:
+        return [f"{hidden} hash chain record(s) lie at or before the last checkpoint (position {cp['upto']}), "
+                "which a retention sweep leaves none of: the checkpoint hides them from verify (it was not "
+                "written by a sweep of relay's)"]
+    return []
+
+
 def verify(history, layout, rows=True):
     """Recompute the hash chain and re-hash every archive file and every delivered envelope
     still in an inbox. Returns (checked, problems); with `rows`, the rows this build cannot read
     are problems too (doctor counts them itself)."""
     problems = unreadable(history)[1] if rows else []
+    problems += checkpoint(history)
     checked = 0
     for link, row, gap, intact in history.chain():
         if gap:

@@ -12,6 +12,7 @@ import collections
 
 from .config import SYSTEM
 from .flow import REASONS
+from .inbox import is_envelope
 from .roster import ping_state
 from .views import when_or_raw
 
@@ -29,7 +30,7 @@ def _unread(fs, agent):
         return []
     out = []
     for e in entries:
-        if e.name.startswith(".") or not e.is_file(follow_symlinks=False):
+        if not is_envelope(e):      # a link, a directory, a note put there: no message waits in it
             continue
         try:
             mtime = e.stat(follow_symlinks=False).st_mtime

@@ -88,23 +88,25 @@ class Recovery:
             log.error("%s", reason, **fields("failed", mid))
         self.ledger.fail_unreadable(now, problems)
 
-    def recover(self, now, budget=3):
+    def recover(self, now, budget=3, stopped=True):
         """Put back in the flow what a stopped relay left; returns the number of messages
-        recovered. A message left processing for the `budget`-th time is quarantined."""
+        recovered. A message left processing for the `budget`-th time is quarantined. With
+        `stopped` False (a failed step of a running relay, which is no stop) nothing left
+        processing counts as interrupted."""
         self.fs.forget()
-        reset, stopped, bad = [], [], []
+        reset, stopped_rows, bad = [], [], []
         for row in sift(self.history.processing(), bad):
             mid, sender = row["id"], row["sender"]
             spool = self.layout.spool_of(row)
             try:
                 spooled = self._respool(row, spool)
             except OSError as e:
-                log.error("%s: cannot recover its file (%s); it stays where it is", mid, e)
+                log.error("%s: cannot recover its file (%s); it stays where it is", mid, e, **fields("error", mid, sender))
                 spooled = False
-            if row["interrupted"] + 1 >= budget:
+            if stopped and row["interrupted"] + 1 >= budget:
                 quarantined = self._stopped(row, spool if spooled else None, now)
                 if quarantined is not None:
-                    stopped.append(quarantined)
+                    stopped_rows.append(quarantined)
                     continue
             reset.append((mid, spooled))
             log.warning("%s from %s was left processing by a stopped relay: back to pending", mid, sender,
@@ -115,16 +117,17 @@ class Recovery:
         unknown = self.history.unknown([mid for _, mid, _, _ in spooled])
         orphans = [(mid, sender, name) for sender, mid, name, _ in spooled if mid in unknown]
         for mid, sender, _ in orphans:
-            log.warning("%s from %s was in the spool with no ledger record: registered again", mid, sender)
+            log.warning("%s from %s was in the spool with no ledger record: registered again", mid, sender,
+                        **fields("recovered", mid, sender))
         orphans += self._adopt_archived()
-        if reset or orphans or stopped:
+        if reset or orphans or stopped_rows:
             self.syncer.flush("recovery moves")
-            self.ledger.reset(reset, now, stopped)
+            self.ledger.reset(reset, now, stopped_rows, interrupted=stopped)
             self.ledger.readopt(orphans, now)
-        for mid, reason, _ in stopped:
+        for mid, reason, _ in stopped_rows:
             log.error("%s failed: %s", mid, reason, **fields("failed", mid))
         self.remove_orphans(now)
-        return len(reset) + len(orphans) + len(stopped)
+        return len(reset) + len(orphans) + len(stopped_rows)
 
     def _stopped(self, row, src, now):
         """Quarantine a message whose handling was interrupted once too often: (id, reason,
@@ -144,7 +147,7 @@ class Recovery:
         try:
             rel = self.archive.quarantine(src, sender, mid, name, report)
         except (OSError, DurabilityError) as e:
-            log.error("%s: cannot quarantine its file (%s); back to pending", mid, e)
+            log.error("%s: cannot quarantine its file (%s); back to pending", mid, e, **fields("error", mid, sender))
             return None
         return mid, reason, rel
 
@@ -153,10 +156,13 @@ class Recovery:
         ran ahead of the ledger. True when the file is in the spool."""
         if self.fs.exists(spool):
             return True
-        for rel in (row["archive_path"], self.layout.failed_rel(row["sender"], row["id"], row["name"])):
+        failed = self.layout.failed_rel(row["sender"], row["id"], row["name"])
+        for rel in (row["archive_path"], failed):
             try:
                 if rel and self.fs.exists(check_rel(rel, "archive", "failed")):
                     self.archive.move(rel, spool)
+                    if rel == failed:       # its report tells of a failure that was never recorded
+                        self.fs.unlink_quietly(f"{failed}.error.json")
                     return True
             except OSError:
                 continue
@@ -207,7 +213,8 @@ class Recovery:
                         log.error("archive/%s/%s/%s has no ledger record and cannot be moved back: %s",
                                   day, sender, shown(file), e)
                         continue
-                    log.warning("%s from %s was archived with no ledger record: registered again", mid, sender)
+                    log.warning("%s from %s was archived with no ledger record: registered again", mid, sender,
+                                **fields("recovered", mid, sender))
                     found.append((mid, sender, name))
         return found
 

@@ -4,13 +4,16 @@ its place in the state directory (a ledger from another build, an edit by hand, 
 row is never fatal: `unreadable(row)` names its first bad column, a `BadRow` says so in one line
 with the row's id, and `sift()` passes on the readable rows of a query while it collects the
 others, so that every verb names them and goes on without them. No path such a row holds is ever
-followed. The checks know the columns of the messages, events, deliveries and agents tables."""
+followed. The checks know the columns of the messages, events, deliveries and agents tables, and
+of those flow control and the operator's commands keep: sheds, commands, pings, archived_agents
+and attestations; and the hash chain's checkpoints."""
 import dataclasses
 import re
 
 import orjson
 
 from .config import AGENT_NAME
+from .flow import REASONS
 from .fs import Unsafe, split
 from .ids import ALPHABET
 from .ledger import STATUSES
@@ -41,6 +44,15 @@ def _id(v):
 
 def _agent(v):
     return isinstance(v, str) and AGENT_NAME.match(v) is not None
+
+
+def _one_of(*values):
+    return lambda v: isinstance(v, str) and v in values
+
+
+def _command_id(v):
+    """commands.check_id's rule: 1 to 200 printable characters."""
+    return isinstance(v, str) and 0 < len(v) <= 200 and not any(c < " " or c == "\x7f" for c in v)
 
 
 def _file_name(v):
@@ -97,8 +109,27 @@ CHECKS = {
         "sha256": _maybe(_sha256),
     },
     "agents": {"name": _agent, "first_seen": _number, "last_seen": _number},
+    "sheds": {
+        "message_id": _id, "recipient": lambda v: v == "*" or _agent(v), "sender": _agent,
+        "reason": _one_of(*REASONS), "limit_value": _maybe(_number), "observed": _maybe(_number), "at": _number,
+        "released_at": _maybe(_number),
+    },
+    "commands": {
+        "id": _command_id, "verb": _one_of("retry", "expire", "ping", "archive-agent"), "arguments": _json(dict),
+        "actor": _text, "at": _number, "result": _maybe(_json(dict)),
+    },
+    "pings": {"id": _id, "agent": _agent, "sent_at": _number, "actor": _text},
+    "checkpoints": {"seq": _count, "at": _number, "upto": _count, "head": _sha256, "removed": _count},
+    "archived_agents": {"name": _agent, "at": _number, "actor": _text},
+    "attestations": {
+        "seq": _count, "at": _number, "pid": _count, "host": _text, "version": _text, "mode": _one_of("daemon", "once"),
+        "event": _one_of("start", "reload"), "durability": _one_of("full", "normal"), "journal_mode": _text,
+        "synchronous": _one_of("OFF", "NORMAL", "FULL", "EXTRA", "?"), "busy_timeout_ms": _count,
+        "foreign_keys": lambda v: v in (0, 1),
+    },
 }
-KEYS = {"messages": "id", "events": "seq", "deliveries": "message_id", "agents": "name"}
+KEYS = {"messages": "id", "events": "seq", "deliveries": "message_id", "agents": "name", "sheds": "message_id",
+        "commands": "id", "pings": "id", "archived_agents": "name", "attestations": "seq", "checkpoints": "seq"}
 
 
 def unreadable(row, table="messages", need=()):
@@ -110,6 +141,12 @@ def unreadable(row, table="messages", need=()):
         if check is not None and not check(value) or column in need and value is None:
             return column, value
     return None
+
+
+def _clip(value):
+    """A stored value as one short line: its repr (control characters escaped), cut at 60."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,11 +167,10 @@ class BadRow:
         return cls(table, row[key] if key in row.keys() else None, *problem)
 
     def __str__(self):
-        value = repr(self.value)
-        value = value if len(value) <= 60 else value[:59] + "…"
-        what = f"message {self.key!r}" if self.table == "messages" else f"{self.table} row {self.key!r}"
+        value, key = _clip(self.value), _clip(self.key)
+        what = f"message {key}" if self.table == "messages" else f"{self.table} row {key}"
         if self.table == "deliveries":
-            what = f"delivery of message {self.key!r}"
+            what = f"delivery of message {key}"
         return f"ledger {what}: column {self.column} holds {value}, which this relay cannot read; skipped"
 
 

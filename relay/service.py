@@ -41,6 +41,12 @@ def notify(message):
         return False
 
 
+def _texts(cfg):
+    """(key, value as relay config shows it) of a configuration."""
+    return [(key, "none" if key == "federation" and value is None else text)
+            for key, value, text, _ in config_mod.describe(cfg)]
+
+
 class Signals:
     """What the signal handlers asked for: plain attributes, set by a handler that may take no
     lock (it runs on the loop's thread, maybe while that thread holds one) and read by the loop."""
@@ -109,9 +115,10 @@ class Daemon:
             self.on_config(self.cfg)
         log.info("SIGHUP: configuration reloaded from %s; %s", new.source,
                  f"applied {', '.join(applied)}" if applied else "no value changed")
+        shown, running = dict(_texts(new)), dict(_texts(self.cfg))     # a URL's password hidden
         for key in restart:
             log.warning("SIGHUP: %s changed (%s, running with %s); it takes effect only when relay is restarted",
-                        key, getattr(new, key), getattr(self.cfg, key))
+                        key, shown[key], running[key])
         self.relay.attest("daemon", "reload")
 
     def run(self):

@@ -80,10 +80,14 @@ def systemd(argv, root, user=True):
     _checked(root, *argv)
     run = " ".join(_word(a) for a in [*argv, "--root", root, "run"])
     scope = " --user" if user else ""
+    # systemd strips the white space that ends a value, and WorkingDirectory= has no quoting:
+    # a path ending in a space is named by ExecStart's --root alone (relay's hooks run in the
+    # project root whatever the service's directory).
+    exact = root == root.rstrip()
     lines = [
-        f"# relay for {root}: written by `relay service systemd{scope}`; save it as {systemd_name(root)}",
+        f"# relay for {root if exact else repr(root)}: written by `relay service systemd{scope}`; save it as {systemd_name(root)}",
         "[Unit]",
-        f"Description=relay outbox daemon for {_specifiers(root)}",
+        f"Description=relay outbox daemon for {_specifiers(root if exact else repr(root))}",
         "After=local-fs.target",
         "",
         "[Service]",
@@ -91,7 +95,7 @@ def systemd(argv, root, user=True):
         "NotifyAccess=main",
         f"ExecStart={run}",
         "ExecReload=/bin/kill -HUP $MAINPID",
-        f"WorkingDirectory={_specifiers(root)}",
+        *([f"WorkingDirectory={_specifiers(root)}"] if exact else []),
         "Restart=on-failure",
         "RestartSec=1",
         "WatchdogSec=30",

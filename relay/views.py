@@ -138,8 +138,8 @@ def when_or_raw(ts):
 
 
 def shed(row):
-    """A shed record as JSON."""
-    return {"recipient": row["recipient"], "reason": row["reason"], "limit": num(row["limit_value"]),
+    """A shed record as JSON (a value this build cannot read shown as stored, marked)."""
+    return {"recipient": value(row["recipient"]), "reason": value(row["reason"]), "limit": num(row["limit_value"]),
             "observed": num(row["observed"]), "at": when_or_raw(row["at"]),
             "released_at": when_or_raw(row["released_at"])}
 
@@ -174,7 +174,7 @@ def show(row, deliveries, events, paths, body, remote=(), sheds=()):
         for s in sheds:
             limit = f", limit {num(s['limit'])}, observed {num(s['observed'])}" if s["limit"] is not None else ""
             released = f"; released by relay retry at {s['released_at']}" if s["released_at"] else ""
-            out.append(f"  {plain(s['recipient']):<20} {s['reason']}{limit}  at {s['at']}{released}")
+            out.append(f"  {plain(s['recipient']):<20} {plain(s['reason'])}{limit}  at {plain(s['at'])}{released}")
     out.append("events:")
     for e in events:
         detail = f"  {e['detail']}" if e["detail"] else ""
