@@ -64,6 +64,7 @@ class Incoming:
         self.stream = self.fed.stream(self.fed.node)
         self.consumer = self.fed.node
         self.ready = False          # the group exists and what others held is claimed
+        self.fresh = False          # the group was made now: any entry may have been read by a lost one
         self.recheck_at = 0.0       # when this consumer's pending entries are read again
         self.failures = 0           # steps failed in a row (the server, or a delivery)
         self.paused = "no heartbeat yet"     # why this node's stream is not read now (federation.Link)
@@ -92,10 +93,15 @@ class Incoming:
                 handled += self.handle(entries, now)
                 if len(entries) < BATCH and self.recheck_at <= now:
                     self.recheck_at = float("inf")
-            handled += self.handle(self._read(">", block_ms), self.clock() if block_ms else now, ">")
+            entries = self._read(">", block_ms)
+            handled += self.handle(entries, self.clock() if block_ms else now, ">")
+            if len(entries) < BATCH:
+                self.fresh = False      # every entry the group found at its making is read
         except self.redis.RedisError as e:
             if not self.failures:
                 log.error("federation: cannot read this node's stream %s: %s; trying again", self.stream, e)
+            if "NOGROUP" in str(e):     # the group (or the stream) was deleted, the server lost its data:
+                self.ready = False      # made again at the next step
             self.failures += 1
             self.recheck_at = 0.0       # what was read but not acknowledged is read again
             return handled
@@ -113,6 +119,9 @@ class Incoming:
         left unacknowledged (a node renamed, a crash) claimed for this one."""
         try:
             self.client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+            # A group made now reads the stream from its start: an entry a deleted group had
+            # delivered but not acknowledged is looked for in the inboxes first (inbox.held).
+            self.fresh = True
         except self.redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
@@ -172,7 +181,7 @@ class Incoming:
             seen.add(w.id)
             # A first reading of an entry writes at once; one read before, or a message whose
             # delivery failed in this run, is looked for in the inboxes first (inbox.held).
-            w.thorough = since == "0" or w.id in self.unsettled
+            w.thorough = since == "0" or self.fresh or w.id in self.unsettled
             works.append((w, item))
         done, gave_up = self._deliver(works, now)
         refused += [(w.id, item["sender"], item["name"], item["node"], item["entry_id"], why)
