@@ -237,12 +237,14 @@ class Link:
     # -- publishing -------------------------------------------------------------------------
 
     def _xadd(self, entries):
-        """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry ids."""
+        """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry id
+        of each, or the error the server answered for that one (a node's stream key holding
+        another type, say): one node's broken stream holds back only its own entries."""
         pipe = self.client.pipeline(transaction=False)
         for mid, node, recipients, envelope in entries:
             pipe.xadd(self.fed.stream(node),
                       {"v": "1", "id": mid, "node": self.node, "to": recipients, "env": envelope})
-        return [eid.decode() for eid in pipe.execute()]
+        return [eid if isinstance(eid, Exception) else eid.decode() for eid in pipe.execute(raise_on_error=False)]
 
     def publish_offered(self, now=None):
         """Publish at once what the loop offered (routes.Router.offer) while it delivers and
@@ -260,7 +262,8 @@ class Link:
         except self.redis.RedisError as e:
             self._down(at, e)
             return 0
-        self.early.update({(mid, node): (eid, at) for (mid, node, _, _), eid in zip(offered, ids, strict=True)})
+        self.early.update({(mid, node): (eid, at) for (mid, node, _, _), eid in zip(offered, ids, strict=True)
+                           if not isinstance(eid, Exception)})      # the others fail from their rows, with why
         if len(self.early) > 100 * BATCH:      # offers whose rows never came (a batch that failed): forgotten
             self.early = {k: v for k, v in self.early.items() if at - v[1] < 600}
         return len(offered)
@@ -286,13 +289,21 @@ class Link:
             ids = self._xadd(entries) if entries else []
         except self.redis.RedisError as e:
             self._down(now, e)
-            self.ledger.publish_failed(now, [(r["message_id"], r["node"], r["attempts"],
-                                              now + backoff(RETRY_BASE, r["attempts"], RETRY_CAP)) for r in rest],
-                                       reason(e))
-            ids, rest, failed = [], [], True
+            ids, failed = [e] * len(rest), True
         else:
             failed = False
-        done = [(r["message_id"], r["node"], eid) for r, eid in early + list(zip(rest, ids, strict=True))]
+        refused = {}        # reason -> rows the server did not take
+        for r, eid in zip(rest, ids, strict=True):
+            if isinstance(eid, Exception):
+                refused.setdefault(reason(eid), []).append(r)
+        for why, rows in refused.items():
+            if not failed and any(r["attempts"] == 0 for r in rows):    # logged once, then retried quietly
+                log.error("federation: %s not published to node %s: %s; retrying", len(rows),
+                          ", ".join(sorted({r["node"] for r in rows})), why)
+            self.ledger.publish_failed(now, [(r["message_id"], r["node"], r["attempts"],
+                                              now + backoff(RETRY_BASE, r["attempts"], RETRY_CAP)) for r in rows], why)
+        done = [(r["message_id"], r["node"], eid) for r, eid in early + list(zip(rest, ids, strict=True))
+                if not isinstance(eid, Exception)]
         if not done:
             return 0
         self.ledger.published(now, done)

@@ -92,3 +92,35 @@ def test_a_server_restarted_without_persistence_is_read_again(tmp_path, team, no
         assert [e["body"] for e in n2.held("Bob")] == ["after the flush"]
     finally:
         server.stop()
+
+
+# -- publishing --------------------------------------------------------------------------------
+
+def test_a_stream_key_of_the_wrong_type_holds_only_its_own_node(redis_server, team, nodes):
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    n3 = nodes(redis_server.url, team, "n3", ["Dee"])
+    exchange(n1, n2, n3, rounds=1)
+    r = client(redis_server.url)
+    r.delete(stream(team, "n3"))
+    r.set(stream(team, "n3"), "not a stream")       # anyone with the team's credentials
+    n1.drop("Ann", "m", "TO: Bob, Dee\n\nto two nodes")
+    n1.send()
+    mid = n1.relay.history.audit().fetchone()["id"]
+    rows = outbound(n1, mid)
+    assert rows["n2"]["status"] == "published" and rows["n3"]["status"] == "pending"
+    assert "WRONGTYPE" in rows["n3"]["error"]
+    for _ in range(3):                              # tried again: n2 gets no second entry
+        n1.clock.advance(60)
+        n1.link.publish()
+    assert r.xlen(stream(team, "n2")) == 1
+    n2.receive()
+    assert [e["body"] for e in n2.held("Bob")] == ["to two nodes"]
+    r.delete(stream(team, "n3"))                    # mended: n3's entry goes now
+    n1.clock.advance(60)
+    n1.link.publish()
+    n3.link.heartbeat()
+    n3.receive()                                    # its group went with the key: made again ...
+    n3.clock.advance(60)
+    n3.receive()                                    # ... and read
+    assert [e["body"] for e in n3.held("Dee")] == ["to two nodes"]
