@@ -41,6 +41,7 @@ RETRY_BASE = 0.5            # seconds before entries not yet delivered are read 
 RETRY_CAP = 30.0            # ... at most this
 HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+REPEAT = "repeat"           # the verdict on a message received before
 TEXT_FIELDS = ("kind", "thread", "subject", "sent_at", "relayed_at", "source")
 
 
@@ -149,7 +150,7 @@ class Incoming:
             return 0
         self.layout.fs.forget()     # walk from the top again: a directory may have been swapped since
         local = self.layout.agent_names(self.config.agents)
-        acks, works, refused, seen = [], [], [], set()
+        acks, works, refused, seen = [], [], [], {}      # seen: id -> sha256 of the original, in this read
         ids = [_text(f.get(b"id")) for _, f in entries if f]
         known = set(ids) - self.history.unknown([i for i in ids if i])     # ids this ledger holds already
         for eid, fields in entries:
@@ -167,21 +168,21 @@ class Incoming:
                 log.error("federation: entry %s from node %s refused: %s", eid, node, e)
                 acks.append(eid)
                 continue
-            row = self.history.get(w.id) if w.id in known else None
-            if w.id in seen or (row is not None and row["node"] is not None and row["status"] == "archived"):
+            # A first reading of an entry writes at once; one read before, or a message whose
+            # delivery failed in this run, is looked for in the inboxes first (inbox.held).
+            w.thorough = since == "0" or self.fresh or w.id in self.unsettled
+            verdict = self._verdict(w, self.history.get(w.id) if w.id in known else None, seen)
+            if verdict == REPEAT:
                 log.info("%s from node %s (entry %s) was received before: acknowledged, not delivered again",
                          w.id, item["node"], eid)
                 acks.append(eid)
                 continue
-            if row is not None:
-                reason = f"message id {w.id} is already a message of this node; refused"
-                refused.append((self.ids.new(now), item["sender"], item["name"], item["node"], eid, reason))
+            if verdict is not None:
+                refused.append((self.ids.new(now), item["sender"], item["name"], item["node"], eid, verdict))
+                log.error("federation: entry %s from node %s refused: %s", eid, item["node"], verdict)
                 acks.append(eid)
                 continue
-            seen.add(w.id)
-            # A first reading of an entry writes at once; one read before, or a message whose
-            # delivery failed in this run, is looked for in the inboxes first (inbox.held).
-            w.thorough = since == "0" or self.fresh or w.id in self.unsettled
+            seen[w.id] = w.sha256
             works.append((w, item))
         done, gave_up = self._deliver(works, now)
         refused += [(w.id, item["sender"], item["name"], item["node"], item["entry_id"], why)
@@ -201,6 +202,20 @@ class Incoming:
             self.failures += 1
             self.recheck_at = now + self.pause()
         return len(entries)
+
+    def _verdict(self, w, row, seen):
+        """REPEAT for a message received before (a publish repeated after a crash: the same id
+        and original), None for one to deliver, else why the entry is refused: an id this node
+        knows for another message (a local one, another node's, another original)."""
+        first = seen.get(w.id, row["sha256"] if row is not None and row["node"] is not None else None)
+        if w.id in seen or (row is not None and row["node"] is not None and row["status"] == "archived"):
+            if first == w.sha256:
+                return REPEAT
+            where = "came twice in one read" if w.id in seen else f"was received before from node {row['node']}"
+            return f"message id {w.id} {where} with other content (sha256 of the original); refused"
+        if row is not None:
+            return f"message id {w.id} is already a message of this node; refused"
+        return None
 
     def _deliver(self, works, now):
         """The Maildir writes, then one sync. Returns the (work, item) delivered to every

@@ -124,3 +124,33 @@ def test_a_stream_key_of_the_wrong_type_holds_only_its_own_node(redis_server, te
     n3.clock.advance(60)
     n3.receive()                                    # ... and read
     assert [e["body"] for e in n3.held("Dee")] == ["to two nodes"]
+
+
+# -- ids an entry shares with another message ----------------------------------------------------
+
+def refusals(node):
+    return [r["error"] for r in node.relay.history.audit(status="failed")]
+
+
+def test_an_id_received_before_with_other_content_is_refused_with_its_reason_not_taken_for_a_repeat(
+        redis_server, team, nodes):
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    n2.link.heartbeat()
+    r = client(redis_server.url)
+    r.xadd(stream(team, "n2"), entry())
+    assert n2.receive() == 1
+    # Another node's message under the same id (two senders chose one ID:), in a later read and
+    # twice in one read; and the same message again (a publish repeated), from another node name.
+    other = {**GOOD, "from": "Cy", "body": "another message", "sha256": "b" * 64}
+    third = {**GOOD, "id": "01M8NY4DA9BNVZQW02BT7NGYD5", "body": "a third", "sha256": "c" * 64}
+    r.xadd(stream(team, "n2"), entry(other, node="n3"))
+    r.xadd(stream(team, "n2"), entry(third))
+    r.xadd(stream(team, "n2"), entry({**third, "body": "not the third", "sha256": "d" * 64}))
+    r.xadd(stream(team, "n2"), entry(node="n1b"))
+    assert n2.receive() == 4
+    assert sorted(e["body"] for e in n2.held("Bob")) == ["a third", "ok"]
+    assert r.xlen(stream(team, "n2")) == 0 and r.xpending(stream(team, "n2"), "relay")["pending"] == 0
+    errors = refusals(n2)
+    assert len(errors) == 2, errors
+    assert any(f"message id {GOOD['id']} was received before from node n1 with other content" in e for e in errors)
+    assert any(f"message id {third['id']} came twice in one read with other content" in e for e in errors)
