@@ -206,7 +206,8 @@ class Incoming:
     def _verdict(self, w, row, seen):
         """REPEAT for a message received before (a publish repeated after a crash: the same id
         and original), None for one to deliver, else why the entry is refused: an id this node
-        knows for another message (a local one, another node's, another original)."""
+        knows for another message (a local one, another node's, another original), or one a
+        recipient holds for another message (the ledger forgot it at the retention sweep)."""
         first = seen.get(w.id, row["sha256"] if row is not None and row["node"] is not None else None)
         if w.id in seen or (row is not None and row["node"] is not None and row["status"] == "archived"):
             if first == w.sha256:
@@ -215,6 +216,10 @@ class Incoming:
             return f"message id {w.id} {where} with other content (sha256 of the original); refused"
         if row is not None:
             return f"message id {w.id} is already a message of this node; refused"
+        for r in w.recipients:
+            if self.inbox.taken(r, w.id, w.sha256, partial_is_ours=w.thorough):
+                return (f"message id {w.id} is held by another message in the inbox of {r} (one this node's "
+                        "ledger no longer lists); refused, so that it is not replaced")
         return None
 
     def _deliver(self, works, now):

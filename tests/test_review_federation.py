@@ -154,3 +154,28 @@ def test_an_id_received_before_with_other_content_is_refused_with_its_reason_not
     assert len(errors) == 2, errors
     assert any(f"message id {GOOD['id']} was received before from node n1 with other content" in e for e in errors)
     assert any(f"message id {third['id']} came twice in one read with other content" in e for e in errors)
+
+
+def test_an_entry_never_replaces_an_envelope_of_another_message_a_recipient_holds_under_its_id(
+        redis_server, team, nodes):
+    """The ledger forgets a message at the retention sweep; its recipient may still hold it,
+    unread even. An entry under that id (a sender on another node chose it) is refused."""
+    n2 = nodes(redis_server.url, team, "n2", ["Bob", "Cy"])
+    n2.link.heartbeat()
+    n2.receive()
+    old = {**GOOD, "from": "Cy", "body": "an old local message", "sha256": "e" * 64}
+    unread = n2.state / "inbox/Bob/new" / f"{GOOD['id']}.json"
+    unread.write_bytes(orjson.dumps(old))
+    read = {**old, "id": "01M8NY4DA9BNVZQW02BT7NGYD7"}
+    (n2.state / "inbox/Cy/cur" / f"{read['id']}.json:2,S").write_bytes(orjson.dumps(read))
+    r = client(redis_server.url)
+    r.xadd(stream(team, "n2"), entry())
+    r.xadd(stream(team, "n2"), entry({**GOOD, "id": read["id"], "to": ["Cy"]}, to=["Cy"]))
+    assert n2.receive() == 2
+    assert orjson.loads(unread.read_bytes())["body"] == "an old local message"
+    assert [e["body"] for e in n2.held("Bob")] == ["an old local message"]
+    assert [e["body"] for e in n2.held("Cy")] == ["an old local message"]
+    errors = refusals(n2)
+    assert any(f"message id {GOOD['id']} is held by another message in the inbox of Bob" in e for e in errors)
+    assert any(f"message id {read['id']} is held by another message in the inbox of Cy" in e for e in errors)
+    assert r.xpending(stream(team, "n2"), "relay")["pending"] == 0
