@@ -179,3 +179,26 @@ def test_an_entry_never_replaces_an_envelope_of_another_message_a_recipient_hold
     assert any(f"message id {GOOD['id']} is held by another message in the inbox of Bob" in e for e in errors)
     assert any(f"message id {read['id']} is held by another message in the inbox of Cy" in e for e in errors)
     assert r.xpending(stream(team, "n2"), "relay")["pending"] == 0
+
+
+# -- flow control ---------------------------------------------------------------------------------
+
+def test_a_remote_recipient_shed_by_an_earlier_attempt_is_not_published_when_the_message_is_retried(
+        redis_server, team, nodes):
+    from conftest import failing_create
+    n1 = nodes(redis_server.url, team, "n1", ["Ann", "Al"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    # Bob was an agent of n1, archived there, and now lives on n2: n1 still sheds him.
+    n1.relay.ledger.archive_agent("Bob", n1.clock.now, "operator:test")
+    exchange(n1, n2, rounds=1)
+    switch = failing_create(n1.relay, PermissionError(13, "Permission denied"), lambda rel: rel.startswith("inbox/Al/"))
+    n1.drop("Ann", "m", "TO: Al, Bob\n\nfor Al only")
+    n1.relay.step()                                 # Al fails (retried), Bob is shed
+    mid = n1.relay.history.audit().fetchone()["id"]
+    assert outbound(n1, mid) == {}
+    switch["on"] = False
+    n1.clock.advance(600)
+    n1.send()                                       # the retry: Al gets it; Bob still is not published
+    assert [e["body"] for e in n1.held("Al")] == ["for Al only"]
+    assert outbound(n1, mid) == {} and n1.relay.history.get(mid)["status"] == "archived"
+    assert client(redis_server.url).xlen(stream(team, "n2")) == 0
