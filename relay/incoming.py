@@ -14,6 +14,7 @@ never fatal. An entry is never trusted: the recipients must be this node's agent
 the agent-name rule), the id must be a relay id (it names the inbox file), the body must fit
 this node's max_body_bytes, and every write goes through the confined file system (fs.py).
 """
+import collections
 import datetime
 import hashlib
 import logging
@@ -21,6 +22,7 @@ import re
 
 import orjson
 
+from . import flow
 from .config import SYSTEM
 from .errors import DurabilityError, MessageRefused
 from .fs import shown
@@ -42,6 +44,8 @@ RETRY_CAP = 30.0            # ... at most this
 HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 REPEAT = "repeat"           # the verdict on a message received before
+# What flow control and hooks read of a received message (a local one has its parsed Message).
+Remote = collections.namedtuple("Remote", "to kind thread subject")
 TEXT_FIELDS = ("kind", "thread", "subject", "sent_at", "relayed_at", "source")
 
 
@@ -62,6 +66,7 @@ class Incoming:
         self.ledger = Ledger(self.layout.ledger, durability=config.durability)
         self.history = History(self.ledger)
         self.ids = IdGenerator()
+        self.flow = flow.FlowControl(self.layout, self.history, self.inbox)     # this node's own limits
         self.stream = self.fed.stream(self.fed.node)
         self.consumer = self.fed.node
         self.ready = False          # the group exists and what others held is claimed
@@ -184,15 +189,18 @@ class Incoming:
                 continue
             seen[w.id] = w.sha256
             works.append((w, item))
+        works, shed = self._admit(works, now)
         done, gave_up = self._deliver(works, now)
-        refused += [(w.id, item["sender"], item["name"], item["node"], item["entry_id"], why)
-                    for w, item, why in gave_up]
-        acks += [item["entry_id"] for _, item in done] + [item["entry_id"] for _, item, _ in gave_up]
-        if done or refused:
-            self.ledger.received(now, [dict(item, got=w.got) for w, item in done], refused)
+        failed = [dict(item, got=w.got, error=why) for w, item, why in gave_up + shed]
+        acks += [item["entry_id"] for _, item in done] + [m["entry_id"] for m in failed]
+        sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed) for w, _, *_ in done + shed for r, s in w.shed.items()]
+        if done or refused or failed:
+            self.ledger.received(now, [dict(item, got=w.got) for w, item in done], refused, sheds, failed)
+            self.flow.commit([w for w, _ in done], now, self.config)
             for w, item in done:
                 log.info("%s received from %s on node %s (entry %s), delivered to %s", w.id, item["sender"],
                          item["node"], item["entry_id"], ",".join(sorted(w.got)))
+                flow.logged(w)
         if acks:
             pipe = self.client.pipeline(transaction=False)       # no MULTI: an ACL user needs no @transaction
             pipe.xack(self.stream, GROUP, *acks)
@@ -221,6 +229,18 @@ class Incoming:
                 return (f"message id {w.id} is held by another message in the inbox of {r} (one this node's "
                         "ledger no longer lists); refused, so that it is not replaced")
         return None
+
+    def _admit(self, works, now):
+        """This node's own shedding limits (flow.py: queue_limit, per_pair_rate, an archived
+        recipient) on the messages about to be delivered. Returns the (work, item) to deliver
+        (each shed recipient in its `shed`) and the (work, item, reason) shed for every recipient."""
+        if not works:
+            return works, []
+        self.flow.admit([w for w, _ in works], now, self.config, self.history.archived_agents(), {}, senders=False)
+        shed = [(w, item, w.refused) for w, item in works if w.refused]
+        for w, item, why in shed:
+            log.error("%s from node %s: %s", w.id, item["node"], why)
+        return [(w, item) for w, item in works if not w.refused], shed
 
     def _deliver(self, works, now):
         """The Maildir writes, then one sync. Returns the (work, item) delivered to every
@@ -330,7 +350,9 @@ def read_entry(eid, fields, local, config):
         raise MessageRefused(f"the envelope cannot be written again: {e}") from None
     w = Work(id=mid, sender=sender, name=fit(shown(doc.get("source") or "remote")), archive_rel=None, retries=0,
              thorough=True, sha256=sha, recipients=mine, envelope=data,
-             envelope_sha256=hashlib.sha256(data).hexdigest())
+             envelope_sha256=hashlib.sha256(data).hexdigest(),
+             message=Remote([t for t in envelope["to"] or [] if isinstance(t, str)], doc.get("kind"),
+                            doc.get("thread"), doc.get("subject")))
     item = {"id": mid, "sender": sender, "name": w.name, "node": node, "entry_id": eid, "recipients": mine,
             "kind": doc.get("kind"), "thread": doc.get("thread"), "subject": doc.get("subject"), "body": body,
             "headers": orjson.dumps(doc.get("headers") or {}).decode(), "sha256": sha,

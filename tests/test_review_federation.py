@@ -202,3 +202,33 @@ def test_a_remote_recipient_shed_by_an_earlier_attempt_is_not_published_when_the
     assert [e["body"] for e in n1.held("Al")] == ["for Al only"]
     assert outbound(n1, mid) == {} and n1.relay.history.get(mid)["status"] == "archived"
     assert client(redis_server.url).xlen(stream(team, "n2")) == 0
+
+
+def test_the_receiving_node_applies_its_own_shedding_limits_to_incoming_messages(redis_server, team, nodes, cli):
+    n1 = nodes(redis_server.url, team, "n1", ["Ann", "Al", "Ed"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob", "Cy", "Dee"],
+               extra='pair_rate = 2\npair_window = "1h"\nqueue_limit = 3')
+    n2.relay.ledger.archive_agent("Dee", n2.clock.now, "operator:test")
+    exchange(n1, n2, rounds=1)
+    for i in range(3):                              # an echo loop across nodes is stopped too
+        n1.drop("Ann", f"b{i}", f"TO: Bob\n\nto Bob {i}")
+    n1.drop("Ann", "d", "TO: Cy, Dee\n\nnot for an archived agent")
+    exchange(n1, n2)
+    assert [e["body"] for e in n2.held("Bob")] == ["to Bob 0", "to Bob 1"]
+    assert [e["body"] for e in n2.held("Cy")] == ["not for an archived agent"] and n2.held("Dee") == []
+    rows = {r["subject"] or r["body"]: r for r in n2.relay.history.audit()}
+    assert rows["to Bob 2"]["status"] == "failed" and "per_pair_rate" in rows["to Bob 2"]["error"]
+    assert [s["reason"] for s in n2.relay.history.sheds(rows["to Bob 2"]["id"])] == ["per_pair_rate"]
+    assert rows["not for an archived agent"]["status"] == "archived"
+    assert [(s["recipient"], s["reason"]) for s in n2.relay.history.sheds(rows["not for an archived agent"]["id"])] == \
+        [("Dee", "recipient_archived")]
+    assert n2.relay.history.shed_counts() == {"per_pair_rate": 1, "recipient_archived": 1}
+    # queue_limit: Cy holds one unread; two more fill it to 3; the next is shed.
+    for i, sender in enumerate(("Al", "Ed", "Al")):
+        n1.drop(sender, f"c{i}", f"TO: Cy\n\nto Cy {i}")
+        exchange(n1, n2)
+    assert [e["body"] for e in n2.held("Cy")] == ["not for an archived agent", "to Cy 0", "to Cy 1"]
+    [last] = [r for r in n2.relay.history.audit() if r["body"] == "to Cy 2"]
+    assert [s["reason"] for s in n2.relay.history.sheds(last["id"])] == ["queue_limit"]
+    assert client(redis_server.url).xpending(stream(team, "n2"), "relay")["pending"] == 0
+    assert "queue_limit" in cli("--root", str(n2.root), "status", ok=False).output
