@@ -33,6 +33,7 @@ from .config import SYSTEM
 from .errors import FederationError
 from .fedconfig import NAME
 from .history import History
+from .hooks import Hooks
 from .incoming import Incoming
 from .layout import Layout, valid_agent
 from .ledger import Ledger
@@ -132,7 +133,7 @@ class Link:
     a step (`heartbeat`, `publish`, `incoming.step`) that tests call with `now`, and run on
     threads of their own by `start()` in the daemon."""
 
-    def __init__(self, config, clock=time.time, router=None, on_directory=None):
+    def __init__(self, config, clock=time.time, router=None, on_directory=None, hooks=None):
         self.config = config
         self.fed = config.federation
         self.node = self.fed.node
@@ -146,7 +147,11 @@ class Link:
         self.ledger = Ledger(self.layout.ledger, durability=config.durability)
         self.history = History(self.ledger)
         self.client = connect(self.fed)
-        self.incoming = Incoming(config, connect(self.fed), clock=clock)
+        # on_deliver runs for a received message as for a local one: the relay's hooks in the
+        # daemon (one queue and one limit), else hooks of the link's own (run --once).
+        self.own_hooks = hooks is None
+        self.hooks = Hooks(config) if hooks is None else hooks
+        self.incoming = Incoming(config, connect(self.fed), clock=clock, hooks=self.hooks)
         self._claim = self.client.register_script(CLAIM)
         self.identity = f"{socket.gethostname()}:{config.root}"     # which relay holds the node name
         self.connected = None
@@ -159,6 +164,8 @@ class Link:
 
     def close(self):
         self.stop()
+        if self.own_hooks:
+            self.hooks.stop()
         self.incoming.close()
         self.client.close()
         self.ledger.close()

@@ -53,11 +53,12 @@ class Incoming:
     """The receiving half of the link, with its own ledger connection, confined file system and
     syncer (it runs on its own thread beside the relay's loop)."""
 
-    def __init__(self, config, client, clock):
+    def __init__(self, config, client, clock, hooks=None):
         self.config = config
         self.fed = config.federation
         self.client = client
         self.clock = clock
+        self.hooks = hooks          # on_deliver, queued once a delivery is recorded (hooks.py)
         import redis
         self.redis = redis
         self.layout = Layout(config.root, config.state_dir).create()
@@ -197,6 +198,8 @@ class Incoming:
         if done or refused or failed:
             self.ledger.received(now, [dict(item, got=w.got) for w, item in done], refused, sheds, failed)
             self.flow.commit([w for w, _ in done], now, self.config)
+            if self.hooks is not None:
+                self.hooks.delivered([w for w, _ in done] + [w for w, _, _ in gave_up])
             for w, item in done:
                 log.info("%s received from %s on node %s (entry %s), delivered to %s", w.id, item["sender"],
                          item["node"], item["entry_id"], ",".join(sorted(w.got)))

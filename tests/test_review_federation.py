@@ -232,3 +232,20 @@ def test_the_receiving_node_applies_its_own_shedding_limits_to_incoming_messages
     assert [s["reason"] for s in n2.relay.history.sheds(last["id"])] == ["queue_limit"]
     assert client(redis_server.url).xpending(stream(team, "n2"), "relay")["pending"] == 0
     assert "queue_limit" in cli("--root", str(n2.root), "status", ok=False).output
+
+
+# -- the rest of relay ------------------------------------------------------------------------------
+
+def test_a_message_received_from_another_node_runs_the_on_deliver_hook(redis_server, team, nodes, tmp_path):
+    log = tmp_path / "hooks.log"
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob", "Cy"], extra=(
+        f'on_deliver = \'printf "%s|%s|%s|%s\\\\n" "$RELAY_RECIPIENT" "$RELAY_SENDER" "$RELAY_SUBJECT" '
+        f'"$RELAY_ENVELOPE" >> {log}\''))
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m", "TO: Bob, Cy\nSUBJECT: across\n\nwake up")
+    exchange(n1, n2)
+    assert n2.link.hooks.join(30)
+    mid = n2.held("Bob")[0]["id"]
+    assert sorted(log.read_text().splitlines()) == [
+        f"{who}|Ann|across|{n2.state}/inbox/{who}/new/{mid}.json" for who in ("Bob", "Cy")]
