@@ -40,6 +40,10 @@ SUSPECT = {     # rows.CHECKS for the two largest tables, as SQL: true for every
 }
 
 
+# A message with an outbound row still waiting to be published (a row `m` of messages).
+UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status = 'pending')"
+
+
 class History:
     def __init__(self, ledger):
         self.ledger = ledger
@@ -152,8 +156,7 @@ class History:
         Archived rows are taken as a prefix of the hash chain, so a checkpoint can stand for them.
         """
         archived = []
-        for row in self.db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path, EXISTS (SELECT 1 "
-                                   "FROM outbound o WHERE o.message_id = m.id AND o.status = 'pending') AS unpublished "
+        for row in self.db.execute(f"SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path, {UNPUBLISHED} AS unpublished "
                                    "FROM chain c JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?",
                                    (limit,)):
             # A time that is no number stops the prefix too: a row this build cannot read is
@@ -161,16 +164,19 @@ class History:
             if not isinstance(row["archived_at"], (int, float)) or row["archived_at"] >= cutoff or row["unpublished"]:
                 break
             archived.append(row)
-        failed = self.db.execute("SELECT id, failed_path FROM messages WHERE status = 'failed' AND failed_at < ? "
-                                 "ORDER BY failed_at LIMIT ?", (cutoff, limit)).fetchall()
+        # A failed message may have been delivered to some recipients and queued for other
+        # nodes: its outbound rows go with it (ON DELETE CASCADE), so it waits for them too.
+        failed = self.db.execute("SELECT id, failed_path FROM messages m WHERE status = 'failed' AND failed_at < ? "
+                                 f"AND NOT {UNPUBLISHED} ORDER BY failed_at LIMIT ?", (cutoff, limit)).fetchall()
         return archived, failed
 
     def count_sweepable(self, cutoff):
-        """(archived, failed) entries older than `cutoff` (what a dry run would delete)."""
-        archived = self.db.execute("SELECT count(*) FROM messages WHERE status = 'archived' AND archived_at < ?",
-                                   (cutoff,)).fetchone()[0]
-        failed = self.db.execute("SELECT count(*) FROM messages WHERE status = 'failed' AND failed_at < ?",
-                                 (cutoff,)).fetchone()[0]
+        """(archived, failed) entries older than `cutoff` (what a dry run would delete; a message
+        still waiting to be published to another node is not)."""
+        archived = self.db.execute("SELECT count(*) FROM messages m WHERE status = 'archived' AND archived_at < ? "
+                                   f"AND NOT {UNPUBLISHED}", (cutoff,)).fetchone()[0]
+        failed = self.db.execute("SELECT count(*) FROM messages m WHERE status = 'failed' AND failed_at < ? "
+                                 f"AND NOT {UNPUBLISHED}", (cutoff,)).fetchone()[0]
         return archived, failed
 
     # -- for people -------------------------------------------------------------------------

@@ -249,3 +249,31 @@ def test_a_message_received_from_another_node_runs_the_on_deliver_hook(redis_ser
     mid = n2.held("Bob")[0]["id"]
     assert sorted(log.read_text().splitlines()) == [
         f"{who}|Ann|across|{n2.state}/inbox/{who}/new/{mid}.json" for who in ("Bob", "Cy")]
+
+
+def test_a_failed_message_whose_remote_part_waits_for_the_server_is_not_swept_with_it(tmp_path, team, nodes):
+    from conftest import failing_create
+    from fednodes import RedisServer
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        n1 = nodes(server.url, team, "n1", ["Ann", "Al"], extra='max_retries = 1\nretry_period = "1s"')
+        n2 = nodes(server.url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        server.stop()
+        failing_create(n1.relay, PermissionError(13, "Permission denied"), lambda rel: rel.startswith("inbox/Al/"))
+        n1.drop("Ann", "m", "TO: Al, Bob\n\nBob still gets it")
+        for _ in range(3):
+            n1.send()
+            n1.clock.advance(60)
+        mid = n1.relay.history.audit().fetchone()["id"]
+        assert n1.relay.history.get(mid)["status"] == "failed" and outbound(n1, mid)["n2"]["status"] == "pending"
+        assert n1.relay.sweep(n1.clock.now, older_than=0.001).failed == 0
+        assert n1.relay.sweep_all(n1.clock.now, older_than=0.001, dry_run=True).failed == 0
+        assert outbound(n1, mid)["n2"]["status"] == "pending"
+        server.start()
+        exchange(n1, n2)
+        exchange(n1, n2)
+        assert [e["body"] for e in n2.held("Bob")] == ["Bob still gets it"]
+        assert n1.relay.sweep(n1.clock.now, older_than=0.001).failed == 1      # published: swept now
+    finally:
+        server.stop()
