@@ -16,7 +16,7 @@ XADD and the record of its entry id) is recognised by the receiver by the messag
 The directory: every heartbeat the publisher claims this node's agents in the team's hash
 `relay:{team}:agents` (name -> node) and stamps the node's last seen (the server's clock) in
 `relay:{team}:nodes`, in one Lua script that also returns the whole directory; a name held by
-another live node is a conflict, logged and shown by `relay status` and `relay agents`, and
+another live node (seen within 12 of its own heartbeats, `relay:{team}:timeouts`) is a conflict, logged and shown by `relay status` and `relay agents`, and
 never taken. The directory is written to the ledger, where the loop's Router reads it.
 
 `redis` is imported only here and only when a `[federation]` section exists.
@@ -54,13 +54,18 @@ CLAIM = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local me, timeout, ident = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+-- A node is alive for the timeout it announced itself (its own heartbeat), else this one's.
+local function alive(node, seen)
+  return now - seen < (tonumber(redis.call('HGET', KEYS[4], node) or '') or timeout)
+end
 local holder = redis.call('HGET', KEYS[3], me)
 local last = tonumber(redis.call('HGET', KEYS[2], me) or '0') or 0
-if holder and holder ~= ident and now - last < timeout then
+if holder and holder ~= ident and alive(me, last) then
   return {tostring(now), {}, {}, {}, holder}
 end
 redis.call('HSET', KEYS[3], me, ident)
 redis.call('HSET', KEYS[2], me, tostring(now))
+redis.call('HSET', KEYS[4], me, tostring(timeout))
 local mine, owner_of, conflicts = {}, {}, {}
 for i = 4, #ARGV do mine[ARGV[i]] = true end
 local current = redis.call('HGETALL', KEYS[1])
@@ -68,7 +73,7 @@ for i = 1, #current, 2 do owner_of[current[i]] = current[i + 1] end
 for name, _ in pairs(mine) do
   local owner = owner_of[name]
   local seen = owner and tonumber(redis.call('HGET', KEYS[2], owner) or '0') or 0
-  if owner and owner ~= me and now - seen < timeout then
+  if owner and owner ~= me and alive(owner, seen) then
     table.insert(conflicts, name)
     table.insert(conflicts, owner)
   elseif owner ~= me then
@@ -204,7 +209,7 @@ class Link:
         local = sorted(self.layout.agent_names(self.config.agents))
         timeout = self.fed.heartbeat * NODE_TIMEOUT_BEATS
         try:
-            keys = [self.fed.prefix + k for k in ("agents", "nodes", "owners")]
+            keys = [self.fed.prefix + k for k in ("agents", "nodes", "owners", "timeouts")]
             reply = self._claim(keys=keys, args=[self.node, timeout, self.identity, *local])
         except self.redis.RedisError as e:
             self._down(now, e)

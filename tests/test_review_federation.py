@@ -277,3 +277,25 @@ def test_a_failed_message_whose_remote_part_waits_for_the_server_is_not_swept_wi
         assert n1.relay.sweep(n1.clock.now, older_than=0.001).failed == 1      # published: swept now
     finally:
         server.stop()
+
+
+# -- the directory ---------------------------------------------------------------------------------
+
+def test_a_node_with_a_longer_heartbeat_is_alive_for_its_own_twelve_beats_not_the_claimants(
+        redis_server, team, nodes, clock, tmp_path):
+    from fednodes import Node
+    n1 = Node(tmp_path / "n1", redis_server.url, team, "n1", ["Bob"], clock, heartbeat="10s")
+    try:
+        n2 = nodes(redis_server.url, team, "n2", ["Bob", "Cy"])      # heartbeat 1s: 12 s to its mind
+        assert n1.link.heartbeat()
+        r = client(redis_server.url)
+        seconds, micros = r.time()
+        r.hset(f"relay:{{{team}}}:nodes", "n1", str(seconds + micros / 1e6 - 15))   # n1's last beat, 15 s ago
+        assert n2.link.heartbeat()
+        assert n2.link.conflicts == [("Bob", "n1")]
+        assert r.hget(f"relay:{{{team}}}:agents", "Bob") == b"n1"
+        r.hset(f"relay:{{{team}}}:nodes", "n1", str(seconds + micros / 1e6 - 121))  # past n1's 12 beats: gone
+        assert n2.link.heartbeat()
+        assert n2.link.conflicts == [] and r.hget(f"relay:{{{team}}}:agents", "Bob") == b"n2"
+    finally:
+        n1.close()
