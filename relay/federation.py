@@ -66,6 +66,16 @@ end
 redis.call('HSET', KEYS[3], me, ident)
 redis.call('HSET', KEYS[2], me, tostring(now))
 redis.call('HSET', KEYS[4], me, tostring(timeout))
+-- Other node names held by this relay (host and root) are its former names: renamed, it holds
+-- their agents at once, and the caller moves what their streams hold.
+local former, formers = {}, {}
+local owners = redis.call('HGETALL', KEYS[3])
+for i = 1, #owners, 2 do
+  if owners[i] ~= me and owners[i + 1] == ident then
+    former[owners[i]] = true
+    table.insert(formers, owners[i])
+  end
+end
 local mine, owner_of, conflicts = {}, {}, {}
 for i = 4, #ARGV do mine[ARGV[i]] = true end
 local current = redis.call('HGETALL', KEYS[1])
@@ -73,7 +83,7 @@ for i = 1, #current, 2 do owner_of[current[i]] = current[i + 1] end
 for name, _ in pairs(mine) do
   local owner = owner_of[name]
   local seen = owner and tonumber(redis.call('HGET', KEYS[2], owner) or '0') or 0
-  if owner and owner ~= me and alive(owner, seen) then
+  if owner and owner ~= me and not former[owner] and alive(owner, seen) then
     table.insert(conflicts, name)
     table.insert(conflicts, owner)
   elseif owner ~= me then
@@ -82,7 +92,7 @@ for name, _ in pairs(mine) do
   end
 end
 for name, owner in pairs(owner_of) do
-  if owner == me and not mine[name] then
+  if (owner == me or former[owner]) and not mine[name] then
     redis.call('HDEL', KEYS[1], name)
     owner_of[name] = nil
   end
@@ -92,7 +102,27 @@ for name, owner in pairs(owner_of) do
   table.insert(out, name)
   table.insert(out, owner)
 end
-return {tostring(now), conflicts, out, redis.call('HGETALL', KEYS[2])}
+return {tostring(now), conflicts, out, redis.call('HGETALL', KEYS[2]), formers}
+"""
+
+# The entries of a former name's stream (KEYS[1]) moved into this node's (KEYS[2]), marked so
+# that the receiver looks for each in the inboxes first; one that cannot be added again is
+# replaced by a stub the receiver refuses with its reason.
+MOVE = """
+local entries = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', tonumber(ARGV[1]))
+for _, e in ipairs(entries) do
+  local f = e[2]
+  table.insert(f, 'moved')
+  table.insert(f, e[1])
+  if not pcall(function() redis.call('XADD', KEYS[2], '*', unpack(f)) end) then
+    redis.call('XADD', KEYS[2], '*', 'moved', e[1])
+  end
+  redis.call('XDEL', KEYS[1], e[1])
+end
+if redis.call('XLEN', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[1])
+end
+return #entries
 """
 
 
@@ -158,6 +188,7 @@ class Link:
         self.hooks = Hooks(config) if hooks is None else hooks
         self.incoming = Incoming(config, connect(self.fed), clock=clock, hooks=self.hooks)
         self._claim = self.client.register_script(CLAIM)
+        self._move = self.client.register_script(MOVE)
         self.identity = f"{socket.gethostname()}:{config.root}"     # which relay holds the node name
         self.connected = None
         self.conflicts = []
@@ -215,7 +246,7 @@ class Link:
             self._down(now, e)
             return False
         _, conflicts, directory, nodes = reply[:4]
-        if len(reply) > 4:      # another relay runs under this node name: its stream is not ours to read
+        if not isinstance(reply[4], list):      # another relay runs under this node name: its stream is not ours
             holder = reply[4].decode("utf-8", "replace")
             why = (f"node name {self.node} is in use by another relay ({holder}); this one neither claims its "
                    f"agents nor reads the node's stream until that one has been gone for {timeout:.0f}s: set another "
@@ -240,11 +271,29 @@ class Link:
         remote = sorted((name, node, seen.get(node)) for name, node in directory.items() if node != self.node)
         self.ledger.directory(now, self.node, remote, [list(c) for c in conflicts])
         self._up(now)
+        self.take_over([n.decode("utf-8", "replace") for n in reply[4]])
         changed = directory != self.directory
         self.directory = directory
         if changed and self.on_directory is not None:
             self.on_directory()
         return True
+
+    def take_over(self, formers):
+        """Move into this node's stream what was sent to this relay's former node names (a node
+        renamed: senders used the old name until their next heartbeat, and while it was stopped)."""
+        for old in formers:
+            if not NAME.match(old):
+                continue
+            moved = 0
+            try:
+                while (n := self._move(keys=[self.fed.stream(old), self.fed.stream(self.node)], args=[BATCH])) > 0:
+                    moved += n
+            except self.redis.RedisError as e:
+                log.error("federation: cannot move the entries sent to node %s (this relay's former name): %s",
+                          old, reason(e))
+            if moved:
+                log.warning("federation: node %s was this relay's name before; its agents are node %s's now, and "
+                            "the %d entries sent to it were moved to this node's stream", old, self.node, moved)
 
     # -- publishing -------------------------------------------------------------------------
 

@@ -176,7 +176,8 @@ class Incoming:
                 continue
             # A first reading of an entry writes at once; one read before, or a message whose
             # delivery failed in this run, is looked for in the inboxes first (inbox.held).
-            w.thorough = since == "0" or self.fresh or w.id in self.unsettled
+            moved = b"moved" in fields or "moved" in fields        # from a former name's stream: read there before?
+            w.thorough = since == "0" or self.fresh or moved or w.id in self.unsettled
             verdict = self._verdict(w, self.history.get(w.id) if w.id in known else None, seen)
             if verdict == REPEAT:
                 log.info("%s from node %s (entry %s) was received before: acknowledged, not delivered again",

@@ -299,3 +299,33 @@ def test_a_node_with_a_longer_heartbeat_is_alive_for_its_own_twelve_beats_not_th
         assert n2.link.conflicts == [] and r.hget(f"relay:{{{team}}}:agents", "Bob") == b"n2"
     finally:
         n1.close()
+
+
+def test_a_node_renamed_takes_its_agents_at_once_and_what_was_sent_to_its_old_name(
+        redis_server, team, nodes, clock, tmp_path):
+    from fednodes import Node
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.close()                                          # stopped to be renamed ...
+    n2.drop("Bob", "m1", "TO: Ann\n\nsent while n1 was stopped")
+    n2.send()
+    client(redis_server.url).xadd(stream(team, "n1"), {"junk": b"\xff"})
+    renamed = Node(n1.root, redis_server.url, team, "laptop", ["Ann"], clock)    # ... and started as laptop
+    try:
+        assert renamed.link.heartbeat()
+        assert renamed.link.conflicts == []             # its own old name holds Ann: no conflict
+        r = client(redis_server.url)
+        assert r.hget(f"relay:{{{team}}}:agents", "Ann") == b"laptop"
+        renamed.receive()
+        assert [e["body"] for e in renamed.held("Ann")] == ["sent while n1 was stopped"]
+        assert ["version 1" in e for e in refusals(renamed)] == [True]      # the junk, moved and refused
+        n2.link.heartbeat()
+        n2.drop("Bob", "m2", "TO: Ann\n\nto the new name")
+        n2.send()
+        renamed.link.heartbeat()
+        renamed.receive()
+        assert sorted(e["body"] for e in renamed.held("Ann")) == ["sent while n1 was stopped", "to the new name"]
+        assert r.xlen(stream(team, "n1")) == 0 and r.xlen(stream(team, "laptop")) == 0
+    finally:
+        renamed.close()
