@@ -506,7 +506,8 @@ class Ledger:
         return done
 
     def expire(self, mid, now, reason, actor):
-        """A pending or failed message will not be delivered: failed with `reason`. False when
+        """A pending or failed message will not be delivered: failed with `reason`, and its
+        outbound rows not yet published are dropped (relay retry queues them again). False when
         it is neither (claimed meanwhile) or was expired already: nothing changed."""
         with self.transaction():
             changed = self.db.execute("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, expired_at = ? "
@@ -514,7 +515,10 @@ class Ledger:
                                       "RETURNING spooled", (now, reason, now, mid)).fetchone()
             if changed is None:
                 return False
-            self._events([(mid, now, "expired", reason, actor)])
+            dropped = self.db.execute("DELETE FROM outbound WHERE message_id = ? AND status = 'pending' RETURNING node",
+                                      (mid,)).fetchall()
+            self._events([(mid, now, "expired", reason, actor)]
+                         + [(mid, now, "unqueued", f"for node {r[0]}: not published (expired)", actor) for r in dropped])
         return True
 
     def begin_command(self, cid, verb, arguments, actor, now):

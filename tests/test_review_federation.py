@@ -329,3 +329,36 @@ def test_a_node_renamed_takes_its_agents_at_once_and_what_was_sent_to_its_old_na
         assert r.xlen(stream(team, "n1")) == 0 and r.xlen(stream(team, "laptop")) == 0
     finally:
         renamed.close()
+
+
+def test_expire_and_retry_of_a_message_whose_remote_part_waits_for_the_server(tmp_path, team, nodes, cli):
+    from conftest import failing_create
+    from fednodes import RedisServer
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        n1 = nodes(server.url, team, "n1", ["Ann", "Al"])
+        n2 = nodes(server.url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        server.stop()
+        switch = failing_create(n1.relay, PermissionError(13, "Permission denied"), lambda r: r.startswith("inbox/Al/"))
+        n1.drop("Ann", "m", "TO: Al, Bob\n\ncalled off")
+        n1.send()
+        mid = n1.relay.history.audit().fetchone()["id"]
+        assert n1.relay.history.get(mid)["status"] == "pending" and outbound(n1, mid)["n2"]["status"] == "pending"
+        out = cli("--root", str(n1.root), "expire", mid).output
+        assert "expired; will not be delivered" in out
+        server.start()
+        exchange(n1, n2)
+        exchange(n1, n2)
+        assert n2.held("Bob") == []                 # expired: not published to n2 either
+        doc = orjson.loads(cli("--root", str(n1.root), "show", mid, "--json").output)
+        assert doc["status"] == "failed" and all(o["status"] != "published" for o in doc["remote"])
+        # relay retry puts it back whole: n2 gets it then, once.
+        switch["on"] = False
+        cli("--root", str(n1.root), "retry", mid)
+        exchange(n1, n2)
+        exchange(n1, n2)
+        assert [e["body"] for e in n2.held("Bob")] == ["called off"]
+        assert [e["body"] for e in n1.held("Al")] == ["called off"]
+    finally:
+        server.stop()
