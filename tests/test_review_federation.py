@@ -362,3 +362,51 @@ def test_expire_and_retry_of_a_message_whose_remote_part_waits_for_the_server(tm
         assert [e["body"] for e in n1.held("Al")] == ["called off"]
     finally:
         server.stop()
+
+
+# -- attacks the receiver withstood (kept as tests) ------------------------------------------------
+
+def test_a_stream_trimmed_by_someone_else_leaves_no_entry_pending_and_the_receiver_reading(redis_server, team, nodes):
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    r = client(redis_server.url)
+    n1.drop("Ann", "m1", "TO: Bob\n\nread by a consumer that died, then trimmed")
+    n1.send()
+    r.xreadgroup("relay", "n2", {stream(team, "n2"): ">"})        # read, never acknowledged
+    r.xtrim(stream(team, "n2"), maxlen=0)
+    n1.drop("Ann", "m2", "TO: Bob\n\nafter the trim")
+    n1.send()
+    n2.link.incoming.recheck_at = 0.0                # the pending ones are read again, as after a start
+    n2.receive()
+    assert [e["body"] for e in n2.held("Bob")] == ["after the trim"]
+    assert r.xpending(stream(team, "n2"), "relay")["pending"] == 0
+
+
+def test_a_crash_between_the_ledger_record_and_the_acknowledgement_delivers_once(redis_server, team, nodes):
+    import redis as redis_mod
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m", "TO: Bob\n\nonce")
+    n1.send()
+    real = n2.link.incoming.client
+
+    class NoAck:
+        """The server gone between the ledger's record and XACK."""
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def pipeline(self, **kw):
+            raise redis_mod.ConnectionError("killed before XACK")
+    n2.link.incoming.client = NoAck()
+    n2.receive()
+    n2.link.incoming.client = real
+    assert n2.relay.history.counts()["archived"] == 1
+    assert client(redis_server.url).xpending(stream(team, "n2"), "relay")["pending"] == 1
+    n2.close()
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    n2.link.heartbeat()
+    n2.receive()
+    assert [e["body"] for e in n2.held("Bob")] == ["once"]
+    assert client(redis_server.url).xlen(stream(team, "n2")) == 0
