@@ -38,7 +38,9 @@ from .work import Work, backoff
 log = logging.getLogger(__name__)
 
 GROUP = "relay"
-BATCH = 256                 # entries per read
+BATCH = 256                 # entries per read at most ...
+FIRST_READ = 8              # ... and at first, doubled each read while entries are small (batch_bytes)
+HELD = 4                    # bytes held in memory per byte of an entry read (parsed, written again)
 RETRY_BASE = 0.5            # seconds before entries not yet delivered are read again, doubled ...
 RETRY_CAP = 30.0            # ... at most this
 HEX64 = re.compile(r"[0-9a-f]{64}\Z")
@@ -57,6 +59,7 @@ class Incoming:
         self.config = config
         self.fed = config.federation
         self.client = client
+        client.set_response_callback("XAUTOCLAIM", lambda reply, **options: reply)     # _start
         self.clock = clock
         self.hooks = hooks          # on_deliver, queued once a delivery is recorded (hooks.py)
         import redis
@@ -76,6 +79,7 @@ class Incoming:
         self.failures = 0           # steps failed in a row (the server, or a delivery)
         self.paused = "no heartbeat yet"     # why this node's stream is not read now (federation.Link)
         self.unsettled = {}         # id -> when its delivery first failed in this run (tried again thoroughly)
+        self.count = FIRST_READ     # entries the next read asks for (_fit)
 
     def close(self):
         self.client.close()
@@ -96,13 +100,13 @@ class Incoming:
             if not self.ready:
                 self._start()
             if now >= self.recheck_at:
-                entries = self._read("0")
+                entries, asked = self._read("0")
                 handled += self.handle(entries, now)
-                if len(entries) < BATCH and self.recheck_at <= now:
+                if len(entries) < asked and self.recheck_at <= now:
                     self.recheck_at = float("inf")
-            entries = self._read(">", block_ms)
+            entries, asked = self._read(">", block_ms)
             handled += self.handle(entries, self.clock() if block_ms else now, ">")
-            if len(entries) < BATCH:
+            if len(entries) < asked:
                 self.fresh = False      # every entry the group found at its making is read
         except self.redis.RedisError as e:
             if not self.failures:
@@ -134,7 +138,10 @@ class Incoming:
                 raise
         cursor = "0-0"
         while True:
-            reply = self.client.xautoclaim(self.stream, GROUP, self.consumer, 0, start_id=cursor, count=BATCH)
+            # The ids only (JUSTID; the entries are read later). redis-py's xautoclaim drops the
+            # cursor of a JUSTID reply, hence the command itself, its reply as the server sent it.
+            reply = self.client.execute_command("XAUTOCLAIM", self.stream, GROUP, self.consumer, 0, cursor,
+                                                "COUNT", BATCH, "JUSTID")
             cursor = reply[0]
             if cursor in (b"0-0", "0-0"):
                 break
@@ -142,10 +149,23 @@ class Incoming:
         self.recheck_at = 0.0
 
     def _read(self, since, block_ms=None):
-        reply = self.client.xreadgroup(GROUP, self.consumer, {self.stream: since}, count=BATCH, block=block_ms)
-        if not reply:
-            return []
-        return reply[0][1]
+        """(entries, how many were asked for)."""
+        asked = self.count
+        reply = self.client.xreadgroup(GROUP, self.consumer, {self.stream: since}, count=asked, block=block_ms)
+        entries = reply[0][1] if reply else []
+        self._fit(entries)
+        return entries, asked
+
+    def _fit(self, entries):
+        """The next read's size: doubled up to BATCH while the largest entry read, times what
+        handling one holds in memory, fits batch_bytes that many times; fewer otherwise. (A read
+        of 256 entries of 1 MiB held 800 MB; one that kills the process is read again at the
+        start, which begins with FIRST_READ.)"""
+        if not entries:
+            return
+        largest = max(sum(len(k) + len(v) for k, v in f.items()) if f else 0 for _, f in entries)
+        fits = self.config.batch_bytes // max(1, HELD * largest)
+        self.count = max(1, min(BATCH, 2 * self.count, fits))
 
     # -- one batch --------------------------------------------------------------------------
 

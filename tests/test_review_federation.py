@@ -410,3 +410,23 @@ def test_a_crash_between_the_ledger_record_and_the_acknowledgement_delivers_once
     n2.receive()
     assert [e["body"] for e in n2.held("Bob")] == ["once"]
     assert client(redis_server.url).xlen(stream(team, "n2")) == 0
+
+
+def test_the_receiver_reads_large_entries_a_few_at_a_time_within_batch_bytes(redis_server, team, nodes):
+    """256 entries of 1 MiB in one read held about 800 MB (the entry, the parsed envelope, the one
+    written): a node with less memory was killed, started again, read the same 256 again: forever.
+    A read starts small, and holds about batch_bytes at most once entries are seen to be large."""
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"], extra='batch_bytes = "2MiB"')
+    n2.link.heartbeat()
+    n2.receive()
+    r = client(redis_server.url)
+    from relay.ids import IdGenerator
+    ids = IdGenerator()
+    for i in range(30):
+        doc = {**GOOD, "id": ids.new(n2.clock.now), "body": f"{i} " + "x" * 100_000, "sha256": f"{i:064x}"}
+        r.xadd(stream(team, "n2"), entry(doc))
+    reads = []
+    while (n := n2.receive()) > 0:
+        reads.append(n)
+    assert sum(reads) == 30 and len(n2.held("Bob")) == 30
+    assert reads[0] <= 8 and max(reads[1:]) <= 2 * 1024 * 1024 // (4 * 100_000), reads
