@@ -176,6 +176,8 @@ class Link:
         self.redis = redis_module()
         self.router = router
         self.queued = router.queued if router is not None else threading.Event()
+        if router is not None:
+            router.linked = True                # offers are taken here (publish_offered)
         self.early = {}                         # (message id, node) -> entry id published from an offer
         self.on_directory = on_directory        # called when the directory changed
         self.layout = Layout(config.root, config.state_dir).create()
@@ -311,10 +313,8 @@ class Link:
         """Publish at once what the loop offered (routes.Router.offer) while it delivers and
         records locally; the entry ids are recorded when the batch's outbound rows are (publish).
         On an error nothing is lost: the rows are published from the ledger."""
-        offered = []
-        while self.router is not None and self.router.offered and len(offered) < BATCH:
-            mid, node, names, envelope = self.router.offered.popleft()
-            offered.append((mid, node, orjson.dumps(names), envelope))
+        offered = [(mid, node, orjson.dumps(names), envelope)
+                   for mid, node, names, envelope in (self.router.take(BATCH) if self.router is not None else [])]
         if not offered:
             return 0
         at = self.clock() if now is None else now

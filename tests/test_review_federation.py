@@ -430,3 +430,31 @@ def test_the_receiver_reads_large_entries_a_few_at_a_time_within_batch_bytes(red
         reads.append(n)
     assert sum(reads) == 30 and len(n2.held("Bob")) == 30
     assert reads[0] <= 8 and max(reads[1:]) <= 2 * 1024 * 1024 // (4 * 100_000), reads
+
+
+def test_messages_for_other_nodes_are_offered_only_to_a_link_and_within_a_bound(redis_server, team, nodes, clock):
+    """run --once drains with no link beside the loop: every envelope for another node was kept in
+    memory until the end (256 of 1 MiB: 320 MB, 94 MB with local recipients)."""
+    from relay.daemon import Relay
+    from relay.routes import MAX_OFFERED
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.close()
+    with Relay(n1.config, clock=clock) as alone:         # as run --once drains
+        for i in range(3):
+            n1.drop("Ann", f"m{i}", f"TO: Bob\n\n{i}")
+        alone.drain(now_fn=clock, wait=lambda s: None)
+        assert len(alone.router.offered) == 0 and len(alone.router.history.outbound_due(clock.now, 10)) == 3
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])   # a link beside the loop takes offers, up to a bound
+    big = "x" * 1_000_000
+    for i in range(20):
+        n1.drop("Ann", f"b{i}", f"TO: Bob\n\n{big}")
+    n1.relay.drain(now_fn=clock, wait=lambda s: None)
+    offered = n1.relay.router.offered
+    assert 0 < len(offered) < 20 and sum(len(o[3]) for o in offered) <= MAX_OFFERED
+    while n1.link.publish():
+        pass
+    while n2.receive():
+        pass
+    assert len(n2.held("Bob")) == 23 and len(offered) == 0
