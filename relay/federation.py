@@ -49,6 +49,7 @@ SOCKET_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 2.0
 NODE_TIMEOUT_BEATS = 12     # a node not seen for this many heartbeats loses its names to a claim
 MAX_WAIT = 1.0              # the publisher looks at the ledger at least this often
+HELD = 4                    # bytes held in memory per byte of an envelope published (row, pipeline)
 
 CLAIM = """
 local t = redis.call('TIME')
@@ -335,7 +336,7 @@ class Link:
         now = self.clock() if now is None else now
         while self.publish_offered(now) >= BATCH:
             pass
-        rows = self.history.outbound_due(now, BATCH)
+        rows = self.history.outbound_due(now, BATCH, self.config.batch_bytes // HELD)
         if not rows:
             return 0
         early, rest = [], []

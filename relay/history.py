@@ -479,11 +479,18 @@ class History:
 
     # -- federation -------------------------------------------------------------------------
 
-    def outbound_due(self, now, limit):
-        """Outbound rows to publish now, oldest due first."""
-        return self.db.execute("SELECT message_id, node, recipients, envelope, attempts FROM outbound WHERE status = "
-                               "'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
-                               (now, limit)).fetchall()
+    def outbound_due(self, now, limit, max_bytes=None):
+        """Outbound rows to publish now, oldest due first: at most `limit`, and no more once
+        their envelopes reach `max_bytes` (one at least)."""
+        rows, held = [], 0
+        for row in self.db.execute("SELECT message_id, node, recipients, envelope, attempts FROM outbound WHERE "
+                                   "status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
+                                   (now, limit)):
+            rows.append(row)
+            held += len(row["envelope"])
+            if max_bytes is not None and held >= max_bytes:
+                break
+        return rows
 
     def next_outbound_due(self):
         return self.db.execute("SELECT min(next_attempt_at) FROM outbound WHERE status = 'pending'").fetchone()[0]

@@ -458,3 +458,26 @@ def test_messages_for_other_nodes_are_offered_only_to_a_link_and_within_a_bound(
     while n2.receive():
         pass
     assert len(n2.held("Bob")) == 23 and len(offered) == 0
+
+
+def test_the_publisher_takes_large_envelopes_a_few_at_a_time_within_batch_bytes(tmp_path, team, nodes):
+    from fednodes import RedisServer
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        n1 = nodes(server.url, team, "n1", ["Ann"], extra='batch_bytes = "2MiB"')
+        n2 = nodes(server.url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        server.stop()                                   # a backlog builds while the server is away
+        for i in range(12):
+            n1.drop("Ann", f"m{i}", f"TO: Bob\n\n{i} " + "x" * 100_000)
+        n1.send()
+        server.start()
+        n1.link.heartbeat()
+        published = list(iter(n1.link.publish, 0))
+        assert sum(published) == 12 and max(published) <= 2 * 1024 * 1024 // (4 * 100_000) + 1, published
+        n2.link.heartbeat()
+        while n2.receive():
+            pass
+        assert len(n2.held("Bob")) == 12
+    finally:
+        server.stop()
