@@ -259,7 +259,8 @@ class Relay:
         ready = [w for w in ready if not w.refused]
         if self.router is not None:     # first tries only: a retry is published from its recorded row
             for w in ready:
-                w.remote = {r: n for r, n in w.remote.items() if r in w.recipients and r not in w.shed}
+                w.remote = {r: n for r, n in w.remote.items()
+                            if r in w.recipients and r not in w.shed and r not in w.shed_before}
             self.router.offer([w for w in ready if w.remote and not w.thorough])
         linked = self.inbox.deliver(ready)
         delivered = self.phase()

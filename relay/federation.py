@@ -16,7 +16,7 @@ XADD and the record of its entry id) is recognised by the receiver by the messag
 The directory: every heartbeat the publisher claims this node's agents in the team's hash
 `relay:{team}:agents` (name -> node) and stamps the node's last seen (the server's clock) in
 `relay:{team}:nodes`, in one Lua script that also returns the whole directory; a name held by
-another live node is a conflict, logged and shown by `relay status` and `relay agents`, and
+another live node (seen within 12 of its own heartbeats, `relay:{team}:timeouts`) is a conflict, logged and shown by `relay status` and `relay agents`, and
 never taken. The directory is written to the ledger, where the loop's Router reads it.
 
 `redis` is imported only here and only when a `[federation]` section exists.
@@ -33,6 +33,7 @@ from .config import SYSTEM
 from .errors import FederationError
 from .fedconfig import NAME
 from .history import History
+from .hooks import Hooks
 from .incoming import Incoming
 from .layout import Layout, valid_agent
 from .ledger import Ledger
@@ -48,18 +49,34 @@ SOCKET_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 2.0
 NODE_TIMEOUT_BEATS = 12     # a node not seen for this many heartbeats loses its names to a claim
 MAX_WAIT = 1.0              # the publisher looks at the ledger at least this often
+HELD = 4                    # bytes held in memory per byte of an envelope published (row, pipeline)
 
 CLAIM = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local me, timeout, ident = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+-- A node is alive for the timeout it announced itself (its own heartbeat), else this one's.
+local function alive(node, seen)
+  return now - seen < (tonumber(redis.call('HGET', KEYS[4], node) or '') or timeout)
+end
 local holder = redis.call('HGET', KEYS[3], me)
 local last = tonumber(redis.call('HGET', KEYS[2], me) or '0') or 0
-if holder and holder ~= ident and now - last < timeout then
+if holder and holder ~= ident and alive(me, last) then
   return {tostring(now), {}, {}, {}, holder}
 end
 redis.call('HSET', KEYS[3], me, ident)
 redis.call('HSET', KEYS[2], me, tostring(now))
+redis.call('HSET', KEYS[4], me, tostring(timeout))
+-- Other node names held by this relay (host and root) are its former names: renamed, it holds
+-- their agents at once, and the caller moves what their streams hold.
+local former, formers = {}, {}
+local owners = redis.call('HGETALL', KEYS[3])
+for i = 1, #owners, 2 do
+  if owners[i] ~= me and owners[i + 1] == ident then
+    former[owners[i]] = true
+    table.insert(formers, owners[i])
+  end
+end
 local mine, owner_of, conflicts = {}, {}, {}
 for i = 4, #ARGV do mine[ARGV[i]] = true end
 local current = redis.call('HGETALL', KEYS[1])
@@ -67,7 +84,7 @@ for i = 1, #current, 2 do owner_of[current[i]] = current[i + 1] end
 for name, _ in pairs(mine) do
   local owner = owner_of[name]
   local seen = owner and tonumber(redis.call('HGET', KEYS[2], owner) or '0') or 0
-  if owner and owner ~= me and now - seen < timeout then
+  if owner and owner ~= me and not former[owner] and alive(owner, seen) then
     table.insert(conflicts, name)
     table.insert(conflicts, owner)
   elseif owner ~= me then
@@ -76,7 +93,7 @@ for name, _ in pairs(mine) do
   end
 end
 for name, owner in pairs(owner_of) do
-  if owner == me and not mine[name] then
+  if (owner == me or former[owner]) and not mine[name] then
     redis.call('HDEL', KEYS[1], name)
     owner_of[name] = nil
   end
@@ -86,7 +103,27 @@ for name, owner in pairs(owner_of) do
   table.insert(out, name)
   table.insert(out, owner)
 end
-return {tostring(now), conflicts, out, redis.call('HGETALL', KEYS[2])}
+return {tostring(now), conflicts, out, redis.call('HGETALL', KEYS[2]), formers}
+"""
+
+# The entries of a former name's stream (KEYS[1]) moved into this node's (KEYS[2]), marked so
+# that the receiver looks for each in the inboxes first; one that cannot be added again is
+# replaced by a stub the receiver refuses with its reason.
+MOVE = """
+local entries = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', tonumber(ARGV[1]))
+for _, e in ipairs(entries) do
+  local f = e[2]
+  table.insert(f, 'moved')
+  table.insert(f, e[1])
+  if not pcall(function() redis.call('XADD', KEYS[2], '*', unpack(f)) end) then
+    redis.call('XADD', KEYS[2], '*', 'moved', e[1])
+  end
+  redis.call('XDEL', KEYS[1], e[1])
+end
+if redis.call('XLEN', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[1])
+end
+return #entries
 """
 
 
@@ -132,7 +169,7 @@ class Link:
     a step (`heartbeat`, `publish`, `incoming.step`) that tests call with `now`, and run on
     threads of their own by `start()` in the daemon."""
 
-    def __init__(self, config, clock=time.time, router=None, on_directory=None):
+    def __init__(self, config, clock=time.time, router=None, on_directory=None, hooks=None):
         self.config = config
         self.fed = config.federation
         self.node = self.fed.node
@@ -140,14 +177,21 @@ class Link:
         self.redis = redis_module()
         self.router = router
         self.queued = router.queued if router is not None else threading.Event()
+        if router is not None:
+            router.linked = True                # offers are taken here (publish_offered)
         self.early = {}                         # (message id, node) -> entry id published from an offer
         self.on_directory = on_directory        # called when the directory changed
         self.layout = Layout(config.root, config.state_dir).create()
         self.ledger = Ledger(self.layout.ledger, durability=config.durability)
         self.history = History(self.ledger)
         self.client = connect(self.fed)
-        self.incoming = Incoming(config, connect(self.fed), clock=clock)
+        # on_deliver runs for a received message as for a local one: the relay's hooks in the
+        # daemon (one queue and one limit), else hooks of the link's own (run --once).
+        self.own_hooks = hooks is None
+        self.hooks = Hooks(config) if hooks is None else hooks
+        self.incoming = Incoming(config, connect(self.fed), clock=clock, hooks=self.hooks)
         self._claim = self.client.register_script(CLAIM)
+        self._move = self.client.register_script(MOVE)
         self.identity = f"{socket.gethostname()}:{config.root}"     # which relay holds the node name
         self.connected = None
         self.conflicts = []
@@ -159,6 +203,8 @@ class Link:
 
     def close(self):
         self.stop()
+        if self.own_hooks:
+            self.hooks.stop()
         self.incoming.close()
         self.client.close()
         self.ledger.close()
@@ -197,13 +243,13 @@ class Link:
         local = sorted(self.layout.agent_names(self.config.agents))
         timeout = self.fed.heartbeat * NODE_TIMEOUT_BEATS
         try:
-            keys = [self.fed.prefix + k for k in ("agents", "nodes", "owners")]
+            keys = [self.fed.prefix + k for k in ("agents", "nodes", "owners", "timeouts")]
             reply = self._claim(keys=keys, args=[self.node, timeout, self.identity, *local])
         except self.redis.RedisError as e:
             self._down(now, e)
             return False
         _, conflicts, directory, nodes = reply[:4]
-        if len(reply) > 4:      # another relay runs under this node name: its stream is not ours to read
+        if not isinstance(reply[4], list):      # another relay runs under this node name: its stream is not ours
             holder = reply[4].decode("utf-8", "replace")
             why = (f"node name {self.node} is in use by another relay ({holder}); this one neither claims its "
                    f"agents nor reads the node's stream until that one has been gone for {timeout:.0f}s: set another "
@@ -228,30 +274,48 @@ class Link:
         remote = sorted((name, node, seen.get(node)) for name, node in directory.items() if node != self.node)
         self.ledger.directory(now, self.node, remote, [list(c) for c in conflicts])
         self._up(now)
+        self.take_over([n.decode("utf-8", "replace") for n in reply[4]])
         changed = directory != self.directory
         self.directory = directory
         if changed and self.on_directory is not None:
             self.on_directory()
         return True
 
+    def take_over(self, formers):
+        """Move into this node's stream what was sent to this relay's former node names (a node
+        renamed: senders used the old name until their next heartbeat, and while it was stopped)."""
+        for old in formers:
+            if not NAME.match(old):
+                continue
+            moved = 0
+            try:
+                while (n := self._move(keys=[self.fed.stream(old), self.fed.stream(self.node)], args=[BATCH])) > 0:
+                    moved += n
+            except self.redis.RedisError as e:
+                log.error("federation: cannot move the entries sent to node %s (this relay's former name): %s",
+                          old, reason(e))
+            if moved:
+                log.warning("federation: node %s was this relay's name before; its agents are node %s's now, and "
+                            "the %d entries sent to it were moved to this node's stream", old, self.node, moved)
+
     # -- publishing -------------------------------------------------------------------------
 
     def _xadd(self, entries):
-        """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry ids."""
+        """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry id
+        of each, or the error the server answered for that one (a node's stream key holding
+        another type, say): one node's broken stream holds back only its own entries."""
         pipe = self.client.pipeline(transaction=False)
         for mid, node, recipients, envelope in entries:
             pipe.xadd(self.fed.stream(node),
                       {"v": "1", "id": mid, "node": self.node, "to": recipients, "env": envelope})
-        return [eid.decode() for eid in pipe.execute()]
+        return [eid if isinstance(eid, Exception) else eid.decode() for eid in pipe.execute(raise_on_error=False)]
 
     def publish_offered(self, now=None):
         """Publish at once what the loop offered (routes.Router.offer) while it delivers and
         records locally; the entry ids are recorded when the batch's outbound rows are (publish).
         On an error nothing is lost: the rows are published from the ledger."""
-        offered = []
-        while self.router is not None and self.router.offered and len(offered) < BATCH:
-            mid, node, names, envelope = self.router.offered.popleft()
-            offered.append((mid, node, orjson.dumps(names), envelope))
+        offered = [(mid, node, orjson.dumps(names), envelope)
+                   for mid, node, names, envelope in (self.router.take(BATCH) if self.router is not None else [])]
         if not offered:
             return 0
         at = self.clock() if now is None else now
@@ -260,7 +324,8 @@ class Link:
         except self.redis.RedisError as e:
             self._down(at, e)
             return 0
-        self.early.update({(mid, node): (eid, at) for (mid, node, _, _), eid in zip(offered, ids, strict=True)})
+        self.early.update({(mid, node): (eid, at) for (mid, node, _, _), eid in zip(offered, ids, strict=True)
+                           if not isinstance(eid, Exception)})      # the others fail from their rows, with why
         if len(self.early) > 100 * BATCH:      # offers whose rows never came (a batch that failed): forgotten
             self.early = {k: v for k, v in self.early.items() if at - v[1] < 600}
         return len(offered)
@@ -271,7 +336,7 @@ class Link:
         now = self.clock() if now is None else now
         while self.publish_offered(now) >= BATCH:
             pass
-        rows = self.history.outbound_due(now, BATCH)
+        rows = self.history.outbound_due(now, BATCH, self.config.batch_bytes // HELD)
         if not rows:
             return 0
         early, rest = [], []
@@ -286,13 +351,21 @@ class Link:
             ids = self._xadd(entries) if entries else []
         except self.redis.RedisError as e:
             self._down(now, e)
-            self.ledger.publish_failed(now, [(r["message_id"], r["node"], r["attempts"],
-                                              now + backoff(RETRY_BASE, r["attempts"], RETRY_CAP)) for r in rest],
-                                       reason(e))
-            ids, rest, failed = [], [], True
+            ids, failed = [e] * len(rest), True
         else:
             failed = False
-        done = [(r["message_id"], r["node"], eid) for r, eid in early + list(zip(rest, ids, strict=True))]
+        refused = {}        # reason -> rows the server did not take
+        for r, eid in zip(rest, ids, strict=True):
+            if isinstance(eid, Exception):
+                refused.setdefault(reason(eid), []).append(r)
+        for why, rows in refused.items():
+            if not failed and any(r["attempts"] == 0 for r in rows):    # logged once, then retried quietly
+                log.error("federation: %s not published to node %s: %s; retrying", len(rows),
+                          ", ".join(sorted({r["node"] for r in rows})), why)
+            self.ledger.publish_failed(now, [(r["message_id"], r["node"], r["attempts"],
+                                              now + backoff(RETRY_BASE, r["attempts"], RETRY_CAP)) for r in rows], why)
+        done = [(r["message_id"], r["node"], eid) for r, eid in early + list(zip(rest, ids, strict=True))
+                if not isinstance(eid, Exception)]
         if not done:
             return 0
         self.ledger.published(now, done)

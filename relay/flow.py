@@ -138,18 +138,20 @@ class FlowControl:
             self.pairs[pair] = collections.deque(sorted(ts)[-config.pair_rate:])
         self.next_prune = now + config.pair_window
 
-    def admit(self, works, now, config, archived, prior):
+    def admit(self, works, now, config, archived, prior, senders=True):
         """Decide who is shed among the recipients of works ready for delivery: sets each
         work's `shed` (decided now) and `shed_before` (recorded by an earlier attempt);
         refuses a work shed for every recipient. `archived`: names of archived agents (left out
-        of a broadcast, shed when named); `prior`: {id: {recipient: (reason, released)}} of earlier
-        sheds, where a released one (relay retry) is delivered past the limits."""
+        of a broadcast, shed when named, and, with `senders`, refused as senders: an agent of
+        another node may bear the name of one archived here); `prior`: {id: {recipient:
+        (reason, released)}} of earlier sheds, where a released one (relay retry) is delivered
+        past the limits."""
         if self.seeded_for != (config.pair_rate, config.pair_window):
             self.seed(now, config)
         adds = collections.Counter()        # admitted in this batch, not yet delivered
         listed = set()                      # new/ directories listed in this batch
         for w in works:
-            if w.sender in archived:
+            if senders and w.sender in archived:
                 w.refused = (f"agent {w.sender} is archived (relay archive-agent): relay accepts nothing from it; "
                              f"`relay archive-agent --undo {w.sender}` restores it")
                 continue

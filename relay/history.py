@@ -49,6 +49,10 @@ SUSPECT = {     # rows.CHECKS for the largest tables, as SQL: true for every row
 NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "checkpoints")   # flow control, the operator's
 
 
+# A message with an outbound row still waiting to be published (a row `m` of messages).
+UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status = 'pending')"
+
+
 class History:
     def __init__(self, ledger):
         self.ledger = ledger
@@ -161,8 +165,7 @@ class History:
         Archived rows are taken as a prefix of the hash chain, so a checkpoint can stand for them.
         """
         archived = []
-        for row in self.db.execute("SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path, EXISTS (SELECT 1 "
-                                   "FROM outbound o WHERE o.message_id = m.id AND o.status = 'pending') AS unpublished "
+        for row in self.db.execute(f"SELECT c.seq, c.hash, m.id, m.archived_at, m.archive_path, {UNPUBLISHED} AS unpublished "
                                    "FROM chain c JOIN messages m ON m.id = c.message_id ORDER BY c.seq LIMIT ?",
                                    (limit,)):
             # A time that is no number stops the prefix too: a row this build cannot read is
@@ -170,16 +173,19 @@ class History:
             if not isinstance(row["archived_at"], (int, float)) or row["archived_at"] >= cutoff or row["unpublished"]:
                 break
             archived.append(row)
-        failed = self.db.execute("SELECT id, failed_path FROM messages WHERE status = 'failed' AND failed_at < ? "
-                                 "ORDER BY failed_at LIMIT ?", (cutoff, limit)).fetchall()
+        # A failed message may have been delivered to some recipients and queued for other
+        # nodes: its outbound rows go with it (ON DELETE CASCADE), so it waits for them too.
+        failed = self.db.execute("SELECT id, failed_path FROM messages m WHERE status = 'failed' AND failed_at < ? "
+                                 f"AND NOT {UNPUBLISHED} ORDER BY failed_at LIMIT ?", (cutoff, limit)).fetchall()
         return archived, failed
 
     def count_sweepable(self, cutoff):
-        """(archived, failed) entries older than `cutoff` (what a dry run would delete)."""
-        archived = self.db.execute("SELECT count(*) FROM messages WHERE status = 'archived' AND archived_at < ?",
-                                   (cutoff,)).fetchone()[0]
-        failed = self.db.execute("SELECT count(*) FROM messages WHERE status = 'failed' AND failed_at < ?",
-                                 (cutoff,)).fetchone()[0]
+        """(archived, failed) entries older than `cutoff` (what a dry run would delete; a message
+        still waiting to be published to another node is not)."""
+        archived = self.db.execute("SELECT count(*) FROM messages m WHERE status = 'archived' AND archived_at < ? "
+                                   f"AND NOT {UNPUBLISHED}", (cutoff,)).fetchone()[0]
+        failed = self.db.execute("SELECT count(*) FROM messages m WHERE status = 'failed' AND failed_at < ? "
+                                 f"AND NOT {UNPUBLISHED}", (cutoff,)).fetchone()[0]
         return archived, failed
 
     # -- for people -------------------------------------------------------------------------
@@ -502,11 +508,18 @@ class History:
 
     # -- federation -------------------------------------------------------------------------
 
-    def outbound_due(self, now, limit):
-        """Outbound rows to publish now, oldest due first."""
-        return self.db.execute("SELECT message_id, node, recipients, envelope, attempts FROM outbound WHERE status = "
-                               "'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
-                               (now, limit)).fetchall()
+    def outbound_due(self, now, limit, max_bytes=None):
+        """Outbound rows to publish now, oldest due first: at most `limit`, and no more once
+        their envelopes reach `max_bytes` (one at least)."""
+        rows, held = [], 0
+        for row in self.db.execute("SELECT message_id, node, recipients, envelope, attempts FROM outbound WHERE "
+                                   "status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
+                                   (now, limit)):
+            rows.append(row)
+            held += len(row["envelope"])
+            if max_bytes is not None and held >= max_bytes:
+                break
+        return rows
 
     def next_outbound_due(self):
         return self.db.execute("SELECT min(next_attempt_at) FROM outbound WHERE status = 'pending'").fetchone()[0]

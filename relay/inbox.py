@@ -161,10 +161,12 @@ class Inbox:
                 return rel.split("/")[2], self.fs.abspath(rel), doc
         return None
 
-    def taken(self, recipient, mid, sha256):
+    def taken(self, recipient, mid, sha256, partial_is_ours=False):
         """True when the recipient holds an envelope under `mid` (unread in new/, or read in
         cur/ as relay's readers name it) that is not one of the file hashing to `sha256`: an
-        id the ledger has forgotten (swept) is still another message's there."""
+        id the ledger has forgotten (swept) is still another message's there. With
+        `partial_is_ours` (a delivery of this message that a crash cut short) an envelope that
+        does not parse is not another message's: `deliver` writes it again."""
         for rel in (f"inbox/{recipient}/new/{mid}.json", f"inbox/{recipient}/cur/{mid}.json:2,S"):
             try:
                 st = self.fs.lstat(rel)
@@ -174,6 +176,8 @@ class Inbox:
                 doc = orjson.loads(self.fs.read(rel, MAX_ENVELOPE_READ)) if stat.S_ISREG(st.st_mode) else None
             except (OSError, orjson.JSONDecodeError):
                 doc = None
+            if doc is None and partial_is_ours and stat.S_ISREG(st.st_mode):
+                continue
             if not (isinstance(doc, dict) and doc.get("id") == mid and doc.get("sha256") == sha256):
                 return True
         return False

@@ -14,6 +14,7 @@ never fatal. An entry is never trusted: the recipients must be this node's agent
 the agent-name rule), the id must be a relay id (it names the inbox file), the body must fit
 this node's max_body_bytes, and every write goes through the confined file system (fs.py).
 """
+import collections
 import datetime
 import hashlib
 import logging
@@ -21,6 +22,7 @@ import re
 
 import orjson
 
+from . import flow
 from .config import SYSTEM
 from .errors import DurabilityError, MessageRefused
 from .fs import shown
@@ -36,11 +38,16 @@ from .work import Work, backoff
 log = logging.getLogger(__name__)
 
 GROUP = "relay"
-BATCH = 256                 # entries per read
+BATCH = 256                 # entries per read at most ...
+FIRST_READ = 8              # ... and at first, doubled each read while entries are small (batch_bytes)
+HELD = 4                    # bytes held in memory per byte of an entry read (parsed, written again)
 RETRY_BASE = 0.5            # seconds before entries not yet delivered are read again, doubled ...
 RETRY_CAP = 30.0            # ... at most this
 HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+REPEAT = "repeat"           # the verdict on a message received before
+# What flow control and hooks read of a received message (a local one has its parsed Message).
+Remote = collections.namedtuple("Remote", "to kind thread subject")
 TEXT_FIELDS = ("kind", "thread", "subject", "sent_at", "relayed_at", "source")
 
 
@@ -48,11 +55,13 @@ class Incoming:
     """The receiving half of the link, with its own ledger connection, confined file system and
     syncer (it runs on its own thread beside the relay's loop)."""
 
-    def __init__(self, config, client, clock):
+    def __init__(self, config, client, clock, hooks=None):
         self.config = config
         self.fed = config.federation
         self.client = client
+        client.set_response_callback("XAUTOCLAIM", lambda reply, **options: reply)     # _start
         self.clock = clock
+        self.hooks = hooks          # on_deliver, queued once a delivery is recorded (hooks.py)
         import redis
         self.redis = redis
         self.layout = Layout(config.root, config.state_dir).create()
@@ -61,13 +70,16 @@ class Incoming:
         self.ledger = Ledger(self.layout.ledger, durability=config.durability)
         self.history = History(self.ledger)
         self.ids = IdGenerator()
+        self.flow = flow.FlowControl(self.layout, self.history, self.inbox)     # this node's own limits
         self.stream = self.fed.stream(self.fed.node)
         self.consumer = self.fed.node
         self.ready = False          # the group exists and what others held is claimed
+        self.fresh = False          # the group was made now: any entry may have been read by a lost one
         self.recheck_at = 0.0       # when this consumer's pending entries are read again
         self.failures = 0           # steps failed in a row (the server, or a delivery)
         self.paused = "no heartbeat yet"     # why this node's stream is not read now (federation.Link)
         self.unsettled = {}         # id -> when its delivery first failed in this run (tried again thoroughly)
+        self.count = FIRST_READ     # entries the next read asks for (_fit)
 
     def close(self):
         self.client.close()
@@ -88,14 +100,19 @@ class Incoming:
             if not self.ready:
                 self._start()
             if now >= self.recheck_at:
-                entries = self._read("0")
+                entries, asked = self._read("0")
                 handled += self.handle(entries, now)
-                if len(entries) < BATCH and self.recheck_at <= now:
+                if len(entries) < asked and self.recheck_at <= now:
                     self.recheck_at = float("inf")
-            handled += self.handle(self._read(">", block_ms), self.clock() if block_ms else now, ">")
+            entries, asked = self._read(">", block_ms)
+            handled += self.handle(entries, self.clock() if block_ms else now, ">")
+            if len(entries) < asked:
+                self.fresh = False      # every entry the group found at its making is read
         except self.redis.RedisError as e:
             if not self.failures:
                 log.error("federation: cannot read this node's stream %s: %s; trying again", self.stream, e)
+            if "NOGROUP" in str(e):     # the group (or the stream) was deleted, the server lost its data:
+                self.ready = False      # made again at the next step
             self.failures += 1
             self.recheck_at = 0.0       # what was read but not acknowledged is read again
             return handled
@@ -113,12 +130,18 @@ class Incoming:
         left unacknowledged (a node renamed, a crash) claimed for this one."""
         try:
             self.client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+            # A group made now reads the stream from its start: an entry a deleted group had
+            # delivered but not acknowledged is looked for in the inboxes first (inbox.held).
+            self.fresh = True
         except self.redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
         cursor = "0-0"
         while True:
-            reply = self.client.xautoclaim(self.stream, GROUP, self.consumer, 0, start_id=cursor, count=BATCH)
+            # The ids only (JUSTID; the entries are read later). redis-py's xautoclaim drops the
+            # cursor of a JUSTID reply, hence the command itself, its reply as the server sent it.
+            reply = self.client.execute_command("XAUTOCLAIM", self.stream, GROUP, self.consumer, 0, cursor,
+                                                "COUNT", BATCH, "JUSTID")
             cursor = reply[0]
             if cursor in (b"0-0", "0-0"):
                 break
@@ -126,10 +149,23 @@ class Incoming:
         self.recheck_at = 0.0
 
     def _read(self, since, block_ms=None):
-        reply = self.client.xreadgroup(GROUP, self.consumer, {self.stream: since}, count=BATCH, block=block_ms)
-        if not reply:
-            return []
-        return reply[0][1]
+        """(entries, how many were asked for)."""
+        asked = self.count
+        reply = self.client.xreadgroup(GROUP, self.consumer, {self.stream: since}, count=asked, block=block_ms)
+        entries = reply[0][1] if reply else []
+        self._fit(entries)
+        return entries, asked
+
+    def _fit(self, entries):
+        """The next read's size: doubled up to BATCH while the largest entry read, times what
+        handling one holds in memory, fits batch_bytes that many times; fewer otherwise. (A read
+        of 256 entries of 1 MiB held 800 MB; one that kills the process is read again at the
+        start, which begins with FIRST_READ.)"""
+        if not entries:
+            return
+        largest = max(sum(len(k) + len(v) for k, v in f.items()) if f else 0 for _, f in entries)
+        fits = self.config.batch_bytes // max(1, HELD * largest)
+        self.count = max(1, min(BATCH, 2 * self.count, fits))
 
     # -- one batch --------------------------------------------------------------------------
 
@@ -140,7 +176,7 @@ class Incoming:
             return 0
         self.layout.fs.forget()     # walk from the top again: a directory may have been swapped since
         local = self.layout.agent_names(self.config.agents)
-        acks, works, refused, seen = [], [], [], set()
+        acks, works, refused, seen = [], [], [], {}      # seen: id -> sha256 of the original, in this read
         ids = [_text(f.get(b"id")) for _, f in entries if f]
         known = set(ids) - self.history.unknown([i for i in ids if i])     # ids this ledger holds already
         for eid, fields in entries:
@@ -158,31 +194,37 @@ class Incoming:
                 log.error("federation: entry %s from node %s refused: %s", eid, node, e)
                 acks.append(eid)
                 continue
-            row = self.history.get(w.id) if w.id in known else None
-            if w.id in seen or (row is not None and row["node"] is not None and row["status"] == "archived"):
+            # A first reading of an entry writes at once; one read before, or a message whose
+            # delivery failed in this run, is looked for in the inboxes first (inbox.held).
+            moved = b"moved" in fields or "moved" in fields        # from a former name's stream: read there before?
+            w.thorough = since == "0" or self.fresh or moved or w.id in self.unsettled
+            verdict = self._verdict(w, self.history.get(w.id) if w.id in known else None, seen)
+            if verdict == REPEAT:
                 log.info("%s from node %s (entry %s) was received before: acknowledged, not delivered again",
                          w.id, item["node"], eid)
                 acks.append(eid)
                 continue
-            if row is not None:
-                reason = f"message id {w.id} is already a message of this node; refused"
-                refused.append((self.ids.new(now), item["sender"], item["name"], item["node"], eid, reason))
+            if verdict is not None:
+                refused.append((self.ids.new(now), item["sender"], item["name"], item["node"], eid, verdict))
+                log.error("federation: entry %s from node %s refused: %s", eid, item["node"], verdict)
                 acks.append(eid)
                 continue
-            seen.add(w.id)
-            # A first reading of an entry writes at once; one read before, or a message whose
-            # delivery failed in this run, is looked for in the inboxes first (inbox.held).
-            w.thorough = since == "0" or w.id in self.unsettled
+            seen[w.id] = w.sha256
             works.append((w, item))
+        works, shed = self._admit(works, now)
         done, gave_up = self._deliver(works, now)
-        refused += [(w.id, item["sender"], item["name"], item["node"], item["entry_id"], why)
-                    for w, item, why in gave_up]
-        acks += [item["entry_id"] for _, item in done] + [item["entry_id"] for _, item, _ in gave_up]
-        if done or refused:
-            self.ledger.received(now, [dict(item, got=w.got) for w, item in done], refused)
+        failed = [dict(item, got=w.got, error=why) for w, item, why in gave_up + shed]
+        acks += [item["entry_id"] for _, item in done] + [m["entry_id"] for m in failed]
+        sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed) for w, _, *_ in done + shed for r, s in w.shed.items()]
+        if done or refused or failed:
+            self.ledger.received(now, [dict(item, got=w.got) for w, item in done], refused, sheds, failed)
+            self.flow.commit([w for w, _ in done], now, self.config)
+            if self.hooks is not None:
+                self.hooks.delivered([w for w, _ in done] + [w for w, _, _ in gave_up])
             for w, item in done:
                 log.info("%s received from %s on node %s (entry %s), delivered to %s", w.id, item["sender"],
                          item["node"], item["entry_id"], ",".join(sorted(w.got)))
+                flow.logged(w)
         if acks:
             pipe = self.client.pipeline(transaction=False)       # no MULTI: an ACL user needs no @transaction
             pipe.xack(self.stream, GROUP, *acks)
@@ -192,6 +234,37 @@ class Incoming:
             self.failures += 1
             self.recheck_at = now + self.pause()
         return len(entries)
+
+    def _verdict(self, w, row, seen):
+        """REPEAT for a message received before (a publish repeated after a crash: the same id
+        and original), None for one to deliver, else why the entry is refused: an id this node
+        knows for another message (a local one, another node's, another original), or one a
+        recipient holds for another message (the ledger forgot it at the retention sweep)."""
+        first = seen.get(w.id, row["sha256"] if row is not None and row["node"] is not None else None)
+        if w.id in seen or (row is not None and row["node"] is not None and row["status"] == "archived"):
+            if first == w.sha256:
+                return REPEAT
+            where = "came twice in one read" if w.id in seen else f"was received before from node {row['node']}"
+            return f"message id {w.id} {where} with other content (sha256 of the original); refused"
+        if row is not None:
+            return f"message id {w.id} is already a message of this node; refused"
+        for r in w.recipients:
+            if self.inbox.taken(r, w.id, w.sha256, partial_is_ours=w.thorough):
+                return (f"message id {w.id} is held by another message in the inbox of {r} (one this node's "
+                        "ledger no longer lists); refused, so that it is not replaced")
+        return None
+
+    def _admit(self, works, now):
+        """This node's own shedding limits (flow.py: queue_limit, per_pair_rate, an archived
+        recipient) on the messages about to be delivered. Returns the (work, item) to deliver
+        (each shed recipient in its `shed`) and the (work, item, reason) shed for every recipient."""
+        if not works:
+            return works, []
+        self.flow.admit([w for w, _ in works], now, self.config, self.history.archived_agents(), {}, senders=False)
+        shed = [(w, item, w.refused) for w, item in works if w.refused]
+        for w, item, why in shed:
+            log.error("%s from node %s: %s", w.id, item["node"], why)
+        return [(w, item) for w, item in works if not w.refused], shed
 
     def _deliver(self, works, now):
         """The Maildir writes, then one sync. Returns the (work, item) delivered to every
@@ -301,7 +374,9 @@ def read_entry(eid, fields, local, config):
         raise MessageRefused(f"the envelope cannot be written again: {e}") from None
     w = Work(id=mid, sender=sender, name=fit(shown(doc.get("source") or "remote")), archive_rel=None, retries=0,
              thorough=True, sha256=sha, recipients=mine, envelope=data,
-             envelope_sha256=hashlib.sha256(data).hexdigest())
+             envelope_sha256=hashlib.sha256(data).hexdigest(),
+             message=Remote([t for t in envelope["to"] or [] if isinstance(t, str)], doc.get("kind"),
+                            doc.get("thread"), doc.get("subject")))
     item = {"id": mid, "sender": sender, "name": w.name, "node": node, "entry_id": eid, "recipients": mine,
             "kind": doc.get("kind"), "thread": doc.get("thread"), "subject": doc.get("subject"), "body": body,
             "headers": orjson.dumps(doc.get("headers") or {}).decode(), "sha256": sha,

@@ -512,7 +512,8 @@ class Ledger:
         return done
 
     def expire(self, mid, now, reason, actor):
-        """A pending or failed message will not be delivered: failed with `reason`. False when
+        """A pending or failed message will not be delivered: failed with `reason`, and its
+        outbound rows not yet published are dropped (relay retry queues them again). False when
         it is neither (claimed meanwhile) or was expired already: nothing changed."""
         with self.transaction():
             changed = self.db.execute("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, expired_at = ? "
@@ -520,7 +521,10 @@ class Ledger:
                                       "RETURNING spooled", (now, reason, now, mid)).fetchone()
             if changed is None:
                 return False
-            self._events([(mid, now, "expired", reason, actor)])
+            dropped = self.db.execute("DELETE FROM outbound WHERE message_id = ? AND status = 'pending' RETURNING node",
+                                      (mid,)).fetchall()
+            self._events([(mid, now, "expired", reason, actor)]
+                         + [(mid, now, "unqueued", f"for node {r[0]}: not published (expired)", actor) for r in dropped])
         return True
 
     def begin_command(self, cid, verb, arguments, actor, now):
@@ -642,12 +646,15 @@ class Ledger:
             self.db.execute("UPDATE outbound SET next_attempt_at = ? WHERE status = 'pending' AND next_attempt_at > ?",
                             (now, now))
 
-    def received(self, now, items, refused):
+    def received(self, now, items, refused, sheds=(), failed=()):
         """One transaction for a batch read from this node's stream: each message delivered here
-        (a row like any other, chained, with its node and entry id) and each entry refused.
-        items: dicts (id, sender, name, node, entry_id, recipients, kind, thread, subject, body,
-        headers, sha256, sent_at, got {recipient: (size, sha256)}, note); refused: (id, sender,
-        name, node, entry_id, reason)."""
+        (a row like any other, chained, with its node and entry id), each entry refused, each
+        message this node gave up or shed for every recipient, and each recipient this node's
+        limits shed. items: dicts (id, sender, name, node, entry_id, recipients, kind, thread,
+        subject, body, headers, sha256, sent_at, got {recipient: (size, sha256)}, note); failed:
+        such dicts with an `error`, recorded failed with the deliveries they had; refused: (id,
+        sender, name, node, entry_id, reason) of entries that are no message for this node;
+        sheds: (id, recipient, sender, reason, limit, observed) of messages among the others."""
         with self.transaction():
             events, links = [], []
             seq, prev = self.head()
@@ -657,13 +664,21 @@ class Ledger:
                 "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, node, entry_id) "
                 "VALUES (:id, :sender, :name, 'archived', :recipients, :kind, :thread, :subject, :body, :headers, "
                 ":sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id)", rows)
+            self.db.executemany(
+                "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
+                "sha256, sent_at, discovered_at, claimed_at, failed_at, error, attempts, node, entry_id) "
+                "VALUES (:id, :sender, :name, 'failed', :recipients, :kind, :thread, :subject, :body, :headers, "
+                ":sha256, :sent_at, :now, :now, :now, :error, 1, :node, :entry_id)",
+                [{**m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now} for m in failed])
             self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
                                 "VALUES (?, ?, ?, ?, ?)",
-                                [(m["id"], r, now, *got) for m in items for r, got in m["got"].items()])
-            for m, row in zip(items, rows, strict=True):
+                                [(m["id"], r, now, *got) for m in (*items, *failed) for r, got in m["got"].items()])
+            for m in (*items, *failed):
                 events.append((m["id"], now, "received", f"from node {m['node']} as entry {m['entry_id']}"
                                + (f"; {m['note']}" if m.get("note") else "")))
                 events.extend((m["id"], now, "delivered", r) for r in sorted(m["got"]))
+            events.extend((m["id"], now, "failed", m["error"]) for m in failed)
+            for m, row in zip(items, rows, strict=True):
                 seq += 1
                 prev = chain_hash(prev, {**row, "discovered_at": now, "delivered_at": now, "archived_at": now,
                                          "archive_path": None})
@@ -675,9 +690,13 @@ class Ledger:
                                  for mid, sender, name, node, eid, reason in refused])
             events.extend((mid, now, "refused", f"entry {eid} from node {node}: {reason}")
                           for mid, _, _, node, eid, reason in refused)
+            self.db.executemany("INSERT OR IGNORE INTO sheds (message_id, recipient, sender, reason, limit_value, "
+                                "observed, at) VALUES (?, ?, ?, ?, ?, ?, ?)", [(*s, now) for s in sheds])
+            events.extend((mid, now, "shed", f"{r}: {reason}") for mid, r, _, reason, _, _ in sheds)
             self._events(events)
-            if items:
-                self._seen({r for m in items for r in m["got"]}, now)
+            got = {r for m in (*items, *failed) for r in m["got"]}
+            if got:
+                self._seen(got, now)
 
     def directory(self, now, node, agents, conflicts):
         """The team's directory as the server gave it: agents of other nodes (name, node,

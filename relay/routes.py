@@ -12,6 +12,8 @@ import threading
 
 from .config import SYSTEM
 
+MAX_OFFERED = 16 << 20      # envelope bytes offered and not yet taken by the link, at most
+
 
 class Router:
     def __init__(self, federation, history):
@@ -19,6 +21,11 @@ class Router:
         self.history = history
         self.queued = threading.Event()     # set after a batch recorded outbound rows, or offered some
         self.offered = collections.deque()  # (message id, node, recipients, envelope), for the link
+        # A link beside the loop takes the offers (federation.Link sets it); run --once has none
+        # while it drains, and its rows are published after.
+        self.linked = False
+        self._held = 0                      # envelope bytes in `offered`
+        self._lock = threading.Lock()
         self._remote = None
 
     def remote(self, local, refresh=False):
@@ -35,12 +42,28 @@ class Router:
 
     def offer(self, works):
         """Messages of this batch for other nodes, parsed and about to be delivered here: the
-        link may publish them now. Never blocks."""
-        for w in works:
-            by_node = {}
-            for r, node in w.remote.items():
-                by_node.setdefault(node, []).append(r)
-            for node, names in sorted(by_node.items()):
-                self.offered.append((w.id, node, sorted(names), w.envelope))
-        if works:
-            self.queued.set()
+        link may publish them now. Never blocks; offers nothing with no link to take it, and
+        nothing past MAX_OFFERED bytes not yet taken (a link that cannot reach the server):
+        their outbound rows are the record, published from the ledger."""
+        if not self.linked or not works:
+            return
+        with self._lock:
+            for w in works:
+                by_node = {}
+                for r, node in w.remote.items():
+                    by_node.setdefault(node, []).append(r)
+                for node, names in sorted(by_node.items()):
+                    if self._held + len(w.envelope) > MAX_OFFERED:
+                        break
+                    self._held += len(w.envelope)
+                    self.offered.append((w.id, node, sorted(names), w.envelope))
+        self.queued.set()
+
+    def take(self, limit):
+        """Up to `limit` offers, oldest first (the link)."""
+        out = []
+        with self._lock:
+            while self.offered and len(out) < limit:
+                out.append(self.offered.popleft())
+                self._held -= len(out[-1][3])
+        return out

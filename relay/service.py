@@ -138,7 +138,7 @@ class Daemon:
         self.watcher.start()
         if cfg.federation:
             from .federation import Link
-            self.link = Link(cfg, router=relay.router, on_directory=lambda: relay.hint("dir"))
+            self.link = Link(cfg, router=relay.router, on_directory=lambda: relay.hint("dir"), hooks=relay.hooks)
             self.link.start()
         notify("READY=1\nSTATUS=watching " + str(relay.layout.outbox))
         self.next_ping = time.monotonic()

@@ -14,13 +14,13 @@ drop, free_port, held, start_daemon, write_config = (fedkit.drop, fedkit.free_po
 class Node:
     """One relay root linked to the team, in-process: its Relay and its Link driven by steps."""
 
-    def __init__(self, root, url, team, name, agents, clock, extra=""):
+    def __init__(self, root, url, team, name, agents, clock, extra="", heartbeat="1s"):
         from relay import config as config_mod
         from relay.daemon import Relay
         from relay.federation import Link
         self.root = Path(root)
         self.name = name
-        self.state = write_config(root, url, team, name, agents, extra)
+        self.state = write_config(root, url, team, name, agents, extra, heartbeat)
         self.clock = clock
         self.closed = False
         self.config = config_mod.load(self.root, ".relay", env={})

@@ -352,7 +352,7 @@ def test_malformed_entries_are_recorded_acknowledged_and_never_write_outside(red
     for fields in bad:
         r.xadd(stream, fields)
     r.xadd(stream, entry())                             # and one good entry after them
-    assert n2.receive() == len(bad) + 1
+    assert sum(iter(n2.receive, 0)) == len(bad) + 1      # in reads of a few entries at first
     assert [e["body"] for e in n2.held("Bob")] == ["ok"]
     assert r.xlen(stream) == 0 and r.xpending(stream, "relay")["pending"] == 0     # all acknowledged
     assert not outside.exists()

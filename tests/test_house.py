@@ -7,7 +7,8 @@ TESTS = Path(__file__).parent
 
 SQL = [re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE)\b.*\b(FROM|INTO|SET)\b"),
        re.compile(r"\bPRAGMA\b"),
-       re.compile(r"\.execute(many|script)?\((?!\))")]      # with a statement: a Redis pipeline's execute() has none
+       # with a statement: a Redis pipeline's execute() has none (or only raise_on_error=)
+       re.compile(r"\.execute(many|script)?\((?!\)|raise_on_error=)")]
 LEDGER_INSIDES = re.compile(r"\b(ledger|led|history)\._\w+|\b(ledger|led)\.db\b")
 
 
