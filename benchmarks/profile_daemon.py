@@ -305,19 +305,24 @@ def breakdown(out, written=None, echo=print, top=25):
                  f"{t['voluntary_switches']:>8}/{t['involuntary_switches']:<8}")
     strace = out / "strace.txt"
     if strace.exists():
-        echo("system calls per message (strace -f -c):")
+        echo("system calls per message archived (strace -f -c; futex: threads handing the GIL and locks over):")
         for line in strace.read_text().splitlines():
             parts = line.split()
             if len(parts) >= 5 and parts[-1].isidentifier() and parts[3].isdigit() and parts[-1] != "total":
                 calls = int(parts[3])
-                if calls / n >= 0.05:
-                    echo(f"  {parts[-1]:<22} {calls:>9}  {calls / n:8.3f}")
+                if calls / n >= 0.01 or "sync" in parts[-1]:
+                    echo(f"  {parts[-1]:<22} {calls:>9}  {calls / n:8.3f}   {parts[2]:>6} us/call")
     stats = out / "profile.pstats"
     if stats.exists():
         buf = io.StringIO()
         p = pstats.Stats(str(stats), stream=buf)
         p.sort_stats("cumulative").print_stats(top)
         echo(f"Python time by function, top {top} cumulative:")
+        echo(_trim(buf.getvalue()))
+        buf.seek(0)
+        buf.truncate()
+        p.sort_stats("tottime").print_stats(15)
+        echo("and the top 15 by own time:")
         echo(_trim(buf.getvalue()))
     spy = out / "pyspy.txt"
     if spy.exists():
@@ -334,8 +339,9 @@ def _trim(text):
 
 
 def pyspy_top(path, top):
-    """Cumulative and self samples per function from py-spy's raw (collapsed) stacks."""
-    cum, own = collections.Counter(), collections.Counter()
+    """Cumulative and self samples per function from py-spy's raw (collapsed) stacks, every
+    thread together (this file's counting wrappers left out), and the samples per thread."""
+    cum, own, per_thread = collections.Counter(), collections.Counter(), collections.Counter()
     total = 0
     for line in Path(path).read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -343,15 +349,25 @@ def pyspy_top(path, top):
             continue
         k = int(count)
         total += k
-        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")" if " (" in f else f
-                  for f in stack.split(";")]
-        for f in set(frames[1:] if frames and frames[0].startswith("thread") else frames):
+        frames = stack.split(";")
+        if frames[0].startswith("thread ("):
+            per_thread[frames.pop(0).split(": ", 1)[-1]] += k
+        frames = [_frame(f) for f in frames if "count_calls.<locals>.wrapper" not in f]
+        for f in set(frames):
             cum[f] += k
-        own[frames[-1]] += k
-    rows = [f"  {'cumulative':>10} {'self':>6}  function   ({total} samples)"]
+        if frames:
+            own[frames[-1]] += k
+    rows = ["  samples per thread: " + ", ".join(f"{t} {k / total * 100:.0f}%" for t, k in per_thread.most_common()),
+            f"  {'cumulative':>10} {'self':>6}  function   ({total} samples)"]
     for f, k in cum.most_common(top):
         rows.append(f"  {k / total * 100:9.1f}% {own[f] / total * 100:5.1f}%  {f}")
     return rows
+
+
+def _frame(f):
+    """'Relay.step (relay/daemon.py:150)' -> 'Relay.step (relay/daemon.py)': lines merged."""
+    name, _, where = f.partition(" (")
+    return f"{name} ({where.rsplit(':', 1)[0]})" if where else name
 
 
 # -- the drivers ---------------------------------------------------------------------------------

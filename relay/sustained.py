@@ -15,7 +15,9 @@ Measured from outside the daemon:
   the envelope into the recipient's new/, seen by inotify (IN_CREATE, IN_MOVED_TO) on every
   inbox new/ directory by a thread of the measuring process. The envelope's `relayed_at` is the
   time its step began, before the batch was read, written and synced, so it is reported only
-  beside (as `relayed_at_lag_*`: how much earlier than the link it is);
+  beside (as `relayed_at_lag_*`: how much earlier than the link it is). The envelope's ctime
+  (set by the unlink of its tmp/ name right after the link, on the kernel's coarse clock) checks
+  the inotify instants: `seen_after_ctime_*` is how long after it the measuring thread saw it;
 - delivered msg/s, the daemon's CPU seconds per 1,000 messages (utime + stime from
   /proc/<pid>/stat, before and after), its peak RSS (VmHWM), its CPU while idle;
 - the producers' own rate and CPU, to show they were not the bottleneck.
@@ -325,7 +327,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         arrivals.close()
         seen, overflows, arrivals = arrivals.seen, arrivals.overflows, None
         out["daemon_exit"] = daemon.stop()
-        lat, lag = [], []
+        lat, lag, seen_lag = [], [], []
         delivered = 0
         for n in names:
             new = state / "inbox" / n / "new"
@@ -340,8 +342,12 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
                 delivered += 1
                 lat.append((t - t_sent) * 1000)
                 lag.append((t - _epoch(env["relayed_at"])) * 1000)
+                # The link's unlink of tmp/ follows at once and sets the inode's ctime: the kernel's
+                # (coarse, a clock tick) time of the arrival, against which inotify's is checked.
+                seen_lag.append((t - entry.stat(follow_symlinks=False).st_ctime_ns / 1e9) * 1000)
         lat.sort()
         lag.sort()
+        seen_lag.sort()
         window = t1 - t0
         out.update({
             "written": written,
@@ -353,6 +359,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
             "p50_ms": _pct(lat, 0.50), "p95_ms": _pct(lat, 0.95), "p99_ms": _pct(lat, 0.99),
             "max_ms": round(lat[-1], 2) if lat else None,
             "relayed_at_lag_p50_ms": _pct(lag, 0.50), "relayed_at_lag_p99_ms": _pct(lag, 0.99),
+            "seen_after_ctime_p50_ms": _pct(seen_lag, 0.50), "seen_after_ctime_p99_ms": _pct(seen_lag, 0.99),
             "daemon_cpu_s_per_1000": round((cpu1 - cpu0) / delivered * 1000, 3) if delivered else None,
             "daemon_cpu_percent": round((cpu1 - cpu0) / window * 100, 1) if window > 0 else None,
             "inotify_overflows": overflows,
