@@ -2,7 +2,7 @@
 
     python benchmarks/profile_daemon.py daemon [--scenario "full, cap 50/agent"] [--seconds 5]
                                                [--profiler yappi|cprofile|pyspy|none] [--strace]
-    python benchmarks/profile_daemon.py once [--messages 5000] [--agents 20] [--profiler cprofile|yappi|none]
+    python benchmarks/profile_daemon.py once [--messages 5000] [--agents 20] [--profiler cprofile|yappi|none] [--strace]
 
 `daemon` runs one scenario of relay/sustained.py (producer processes writing while the daemon
 delivers) with this file's `serve` as the daemon: `relay run` itself (the same config from the
@@ -412,10 +412,14 @@ def cmd_once(args):
         with Relay(config_mod.load(root, ".relay", env={})) as relay:
             instrument_instance(relay, counters)
             profiler = Profiler(args.profiler, out)
+            strace = attach_strace(out) if args.strace else None
             t, cpu, before = time.perf_counter(), time.process_time(), threads_now()
             profiler.start()
             total = relay.drain()
             profiler.stop()
+            if strace is not None:
+                strace.send_signal(signal.SIGINT)
+                strace.wait(60)
             took, cpu = time.perf_counter() - t, time.process_time() - cpu
             threads = threads_now(before)
     finally:
@@ -449,6 +453,7 @@ def main():
     o.add_argument("--messages", type=int, default=5000)
     o.add_argument("--agents", type=int, default=20)
     o.add_argument("--profiler", choices=["yappi", "cprofile", "none"], default="cprofile")
+    o.add_argument("--strace", action="store_true")
     o.add_argument("--out")
     o.add_argument("--dir", default=tempfile.gettempdir())
     args = ap.parse_args()

@@ -454,8 +454,11 @@ def run(base, agents=20, rates=(100, 700, 1000), seconds=10.0, full_seconds=5.0,
         row = scenario(base, label, cmd=cmd, idle_seconds=idle_seconds if i == 0 else 0.0, **kw)
         row.update(pressure())
         out["rows"].append(row)
+        held = "" if row["producers_held_percent"] is None else \
+            f", producers held by the cap {row['producers_held_percent']}% of the time"
         echo(f"  {label}: {row['delivered']}/{row['written']} delivered, {row['delivered_per_s']} msg/s, "
              f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, daemon CPU {row['daemon_cpu_s_per_1000']} s/1k "
+             f"({row['daemon_cpu_percent']}% of a CPU), producers' CPU {row['producer_cpu_s_per_1000']} s/1k{held} "
              f"(load {row['load_avg'][0]})")
     first = out["rows"][0]
     out["idle_cpu_percent"] = first.get("idle_cpu_percent")
