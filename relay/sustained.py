@@ -287,7 +287,11 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
                             args=(k, boxes, share, offset, seconds, cap, body, str(files[k]), ready, go, start))
             p.start()
             procs.append(p)
-        ready.wait(READY_TIMEOUT)
+        try:
+            ready.wait(READY_TIMEOUT)
+        except threading.BrokenBarrierError:
+            raise RuntimeError("the producers did not all start in time: "
+                               + ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if not p.is_alive())) from None
         cpu0 = cpu_seconds(daemon.pid)
         start.value = t0 = time.time() + 0.05
         go.set()
@@ -296,6 +300,8 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
             cpu1, t1 = cpu_seconds(daemon.pid), time.time()
         for p in procs:
             p.join(READY_TIMEOUT)
+            if p.exitcode != 0:
+                raise RuntimeError(f"{p.name} failed (exit {p.exitcode}); see its traceback above")
         sent = {}
         written = producer_cpu = held = 0
         first = last = None
@@ -315,6 +321,8 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         if rate is not None:    # a fixed rate: every message is waited for
             deadline = time.time() + settle
             while len(arrivals.seen) < written and time.time() < deadline:
+                if daemon.proc.poll() is not None:
+                    raise RuntimeError(f"the daemon exited ({daemon.proc.returncode}) during the run: {daemon.tail()}")
                 time.sleep(0.05)
             cpu1 = cpu_seconds(daemon.pid)
             t1 = max(arrivals.seen.values(), default=time.time())
