@@ -385,10 +385,11 @@ def cmd_daemon(args):
         cmd.append("--strace")
     work = Path(tempfile.mkdtemp(prefix="profile-", dir=args.dir))
     try:
+        before = sustained.quiet_disk()
         row = sustained.scenario(work, args.scenario, cmd=cmd, **scenario_args(args, args.scenario))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    row.update(sustained.pressure())
+    row.update(sustained.pressure(), load_before=before["load_avg"])
     print(sustained.table([row]))
     print(json.dumps(row))
     breakdown(out, written=row["written"])

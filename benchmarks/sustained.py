@@ -8,7 +8,7 @@ Starts `relay run` as a process on a fresh project in a temporary directory unde
 the system's temporary directory; the table's first line names its file system), then producer processes (one
 per agent, at most 20; each of the 1,000-outbox run's 20 producers writes for 50 agents) that
 write a dot-temporary file and rename it into their outbox, at each offered total rate, then as
-fast as they can (open loop: unbounded; closed loop: at most --cap files waiting per outbox).
+fast as they can (closed loop: at most --cap files waiting per outbox; open loop, last: unbounded).
 
 Figures per run: delivered msg/s, p50/p95/p99 latency from the rename to the envelope's link into
 new/ (inotify), the daemon's CPU seconds per 1,000 messages, its peak RSS, the producers' own rate
@@ -48,8 +48,9 @@ def main():
     cmd = shlex.split(args.daemon_cmd) if args.daemon_cmd else None
     try:
         if args.only:
+            before = sustained.quiet_disk()
             row = sustained.scenario(work, args.only, cmd=cmd, **scenario_args(args, args.only))
-            row.update(sustained.pressure())
+            row.update(sustained.pressure(), load_before=before["load_avg"])
             print(sustained.table([row]))
             print(json.dumps(row))
             return

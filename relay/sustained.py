@@ -121,7 +121,7 @@ def produce(k, boxes, rate, offset, seconds, cap, body, out, ready, go, start):
         if cap and waiting[b] >= cap:
             t_hold = time.time()
             while waiting[b] >= cap and time.time() < end:
-                for wd, _, name in ino.read(50):
+                for wd, _, name in ino.read(max(1, min(50, int((end - time.time()) * 1000)))):
                     if wd in wds and name and not name.startswith(b"."):
                         waiting[wds[wd]] -= 1
             held += time.time() - t_hold
@@ -399,6 +399,23 @@ def pressure():
     return out
 
 
+def quiet_disk(timeout=30.0):
+    """sync(2), then wait (at most `timeout`) until the kernel holds under 8 MB of dirty pages:
+    each run starts without the write-back of the one before. Returns pressure() then."""
+    os.sync()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with open("/proc/meminfo") as f:
+                kb = sum(int(line.split()[1]) for line in f if line.startswith(("Dirty:", "Writeback:")))
+        except (OSError, ValueError, IndexError):
+            break
+        if kb < 8192:
+            break
+        time.sleep(0.2)
+    return pressure()
+
+
 # -- run --once and the naive loop on a backlog, in a child process ------------------------------
 
 def _backlog_child(base, messages, agents, what, conn):
@@ -432,8 +449,9 @@ def backlog(base, messages, agents, what):
 
 COLUMNS = [("scenario", "{}"), ("offered_per_s", "{:g}"), ("written_per_s", "{:.0f}"), ("delivered_per_s", "{:.0f}"),
            ("p50_ms", "{:.1f}"), ("p95_ms", "{:.1f}"), ("p99_ms", "{:.1f}"), ("daemon_cpu_s_per_1000", "{:.2f}"),
-           ("peak_rss_mb", "{:.0f}"), ("load_avg", "{0[0]:.1f}")]
-HEADS = ["scenario", "offered/s", "written/s", "delivered/s", "p50 ms", "p95 ms", "p99 ms", "CPU s/1k", "RSS MB", "load"]
+           ("peak_rss_mb", "{:.0f}"), ("load_before", "{0[0]:.1f}"), ("load_avg", "{0[0]:.1f}")]
+HEADS = ["scenario", "offered/s", "written/s", "delivered/s", "p50 ms", "p95 ms", "p99 ms", "CPU s/1k", "RSS MB",
+         "load before", "after"]
 
 
 def table(rows):
@@ -452,15 +470,18 @@ def run(base, agents=20, rates=(100, 700, 1000), seconds=10.0, full_seconds=5.0,
     out = {"dir": str(base), "fs": fs_type(base), "cpus": os.cpu_count(), "rows": []}
     echo(f"sustained load in {base} ({out['fs']}), {agents} agents, {os.cpu_count()} CPUs")
     plan = [(f"rate {r:g}", dict(rate=r, seconds=seconds)) for r in rates]
-    plan += [("full, open loop", dict(rate=None, seconds=full_seconds)),
-             (f"full, cap {cap}/agent", dict(rate=None, seconds=full_seconds, cap=cap))]
+    plan.append((f"full, cap {cap}/agent", dict(rate=None, seconds=full_seconds, cap=cap)))
     if many_agents:
         plan.append((f"{many_agents} outboxes, rate {many_rate:g}",
                      dict(rate=many_rate, seconds=seconds, agents=many_agents)))
+    # Last: it leaves tens of thousands of files to the disk's write-back, which would slow a
+    # run after it (each run also starts after a sync, with what came before on the disk).
+    plan.append(("full, open loop", dict(rate=None, seconds=full_seconds)))
     for i, (label, kw) in enumerate(plan):
         kw.setdefault("agents", agents)
+        before = quiet_disk()
         row = scenario(base, label, cmd=cmd, idle_seconds=idle_seconds if i == 0 else 0.0, **kw)
-        row.update(pressure())
+        row.update(pressure(), load_before=before["load_avg"])
         out["rows"].append(row)
         held = "" if row["producers_held_percent"] is None else \
             f", producers held by the cap {row['producers_held_percent']}% of the time"
@@ -475,7 +496,9 @@ def run(base, agents=20, rates=(100, 700, 1000), seconds=10.0, full_seconds=5.0,
     full = [r for r in out["rows"] if r["scenario"].startswith("full")]
     if once:
         size = max(1000, max((r["delivered"] for r in full), default=0))
+        quiet_disk()
         out["once"] = backlog(base, size, agents, "once")
+        quiet_disk()
         out["naive_durable"] = backlog(base, size, agents, "naive")
         out["backlog"] = size
     echo(table(out["rows"]))

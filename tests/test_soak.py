@@ -45,7 +45,7 @@ def test_sustained_load_benchmark_at_a_tiny_size(tmp_path):
     out = sustained.run(tmp_path, agents=3, rates=(50,), seconds=0.5, full_seconds=0.5, cap=5, many_agents=30,
                         many_rate=50, idle_seconds=0.2, echo=lines.append)
     rows = {r["scenario"]: r for r in out["rows"]}
-    assert list(rows) == ["rate 50", "full, open loop", "full, cap 5/agent", "30 outboxes, rate 50"]
+    assert list(rows) == ["rate 50", "full, cap 5/agent", "30 outboxes, rate 50", "full, open loop"]
     for label in ("rate 50", "30 outboxes, rate 50"):
         r = rows[label]
         assert abs(r["written"] - 25) <= 1 and r["delivered"] == r["written"], r
