@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from relay import bench
+
 _spec = importlib.util.spec_from_file_location("fedkit", Path(__file__).parent / "fedkit.py")
 fedkit = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fedkit)
@@ -111,26 +113,8 @@ def latency(base, rate, seconds, durability="full"):
             observer.schedule(Seen(), str(pair.s2 / "inbox" / r / "new"))
         observer.start()
         count = int(rate * seconds)
-        sent = {}
-        t0 = time.time()
-        for i in range(count):
-            delay = t0 + i / rate - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            box = pair.s1 / "outbox" / SENDERS[i % 8]
-            tmp = box / f".m{i}.tmp"
-            tmp.write_text(f"TO: {RECEIVERS[(i * 3) % 8]}\n\ntoken {i}")
-            sent[i] = time.time()
-            os.rename(tmp, box / f"m{i}")
-        deadline = time.time() + 60
-        while len(seen) < count and time.time() < deadline:
-            time.sleep(0.05)
-        lat = []
-        for r in RECEIVERS:
-            for p in (pair.s2 / "inbox" / r / "new").iterdir():
-                i = int(json.loads(p.read_bytes())["body"].split()[1])
-                if p.name in seen:
-                    lat.append((seen[p.name] - sent[i]) * 1000)
+        lat = bench.offer(count, rate, lambda i: (pair.s1 / "outbox" / SENDERS[i % 8], RECEIVERS[(i * 3) % 8]),
+                          [pair.s2 / "inbox" / r / "new" for r in RECEIVERS], seen, 60)
     finally:
         observer.stop()
         observer.join()

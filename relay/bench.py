@@ -113,6 +113,34 @@ LIMITS_OFF = {"pair_rate": 0, "pair_window": 0, "queue_limit": 0}
 FLOW_RUNS = 3           # runs with the limits on, and off, for their ratio
 
 
+def offer(count, rate, route, inboxes, seen, patience):
+    """Offer `count` messages at `rate` per second, each written the agents' way (a dot-tmp file
+    renamed in); `route(i)` gives message i's outbox directory and recipient. Wait up to
+    `patience` seconds for `seen` ({envelope name: time}, filled by a watcher of `inboxes`) to
+    hold them all. Returns the latencies in ms, from each rename to its envelope seen."""
+    sent = {}
+    t0 = time.time()
+    for i in range(count):
+        delay = t0 + i / rate - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        box, to = route(i)
+        tmp = box / f".m{i}.tmp"
+        tmp.write_text(f"TO: {to}\n\ntoken {i}")
+        sent[i] = time.time()
+        os.rename(tmp, box / f"m{i}")
+    deadline = time.time() + patience
+    while len(seen) < count and time.time() < deadline:
+        time.sleep(0.05)
+    lat = []
+    for new in inboxes:
+        for p in new.iterdir():
+            i = int(json.loads(p.read_bytes())["body"].split()[1])
+            if p.name in seen:
+                lat.append((seen[p.name] - sent[i]) * 1000)
+    return lat
+
+
 def relay_once(base, messages, agents, durability, preload=0, limits=True, timing=None, stats=None):
     """relay run --once on a backlog; messages/s of the drain alone. `limits`: flow control's
     defaults (True) or all turned off (False). `timing`, a dict, receives the seconds of the
@@ -207,30 +235,9 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full"):
         for n in names:
             observer.schedule(Seen(), str(state / "inbox" / n / "new"))
         observer.start()
-        sent = {}
         count = int(rate * seconds)
-        t0 = time.time()
-        for i in range(count):
-            due = t0 + i / rate
-            delay = due - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            sender, to = names[i % agents], names[(i + 1) % agents]
-            box = state / "outbox" / sender
-            tmp = box / f".m{i}.tmp"
-            tmp.write_text(f"TO: {to}\n\ntoken {i}")
-            sent[i] = time.time()
-            os.rename(tmp, box / f"m{i}")
-        deadline = time.time() + 30
-        while len(seen) < count and time.time() < deadline:
-            time.sleep(0.05)
-        lat = []
-        for n in names:
-            for p in (state / "inbox" / n / "new").iterdir():
-                body = json.loads(p.read_bytes())["body"]
-                i = int(body.split()[1])
-                if p.name in seen:
-                    lat.append((seen[p.name] - sent[i]) * 1000)
+        lat = offer(count, rate, lambda i: (state / "outbox" / names[i % agents], names[(i + 1) % agents]),
+                    [state / "inbox" / n / "new" for n in names], seen, 30)
         # idle CPU: the daemon's CPU time over an idle second
         before = _cpu(proc.pid)
         time.sleep(2.0)
