@@ -69,9 +69,10 @@ def make_backlog(state, messages, agents, body_size=200):
     return names
 
 
-def naive(base, messages, agents, durable):
+def naive(base, messages, agents, durable, stats=None):
     """The simplest correct loop with no ledger: per file, read, write an envelope to tmp
-    (+fsync), rename into new/ (+fsync dir), move the original to the archive (+fsync dir)."""
+    (+fsync), rename into new/ (+fsync dir), move the original to the archive (+fsync dir).
+    `stats`, a dict, gets the loop's CPU seconds as "cpu_s"."""
     root = Path(tempfile.mkdtemp(dir=base, prefix="naive-"))
     try:
         state = root / ".relay"
@@ -79,7 +80,7 @@ def naive(base, messages, agents, durable):
         archive = state / "archive"
         for n in names:
             (archive / n).mkdir(parents=True)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         for sender in names:
             box = state / "outbox" / sender
             for entry in os.scandir(box):
@@ -100,7 +101,10 @@ def naive(base, messages, agents, durable):
                 os.rename(entry.path, archive / sender / entry.name)
                 if durable:
                     _fsync_dir(archive / sender)
-        return messages / (time.perf_counter() - t)
+        took = time.perf_counter() - t
+        if stats is not None:
+            stats["cpu_s"] = time.process_time() - cpu
+        return messages / took
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -109,10 +113,11 @@ LIMITS_OFF = {"pair_rate": 0, "pair_window": 0, "queue_limit": 0}
 FLOW_RUNS = 3           # runs with the limits on, and off, for their ratio
 
 
-def relay_once(base, messages, agents, durability, preload=0, limits=True, timing=None):
+def relay_once(base, messages, agents, durability, preload=0, limits=True, timing=None, stats=None):
     """relay run --once on a backlog; messages/s of the drain alone. `limits`: flow control's
     defaults (True) or all turned off (False). `timing`, a dict, receives the seconds of the
-    drain ("total") and of flow control's own work in it ("flow")."""
+    drain ("total") and of flow control's own work in it ("flow"). `stats`, a dict, gets the
+    drain's CPU seconds as "cpu_s" (all threads of this process)."""
     root = Path(tempfile.mkdtemp(dir=base, prefix=f"relay-{durability}-"))
     try:
         state = root / ".relay"
@@ -124,11 +129,13 @@ def relay_once(base, messages, agents, durability, preload=0, limits=True, timin
                 preload_ledger(relay.ledger, preload)
             if timing is not None:
                 _time_flow(relay.flow, timing)
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             total = relay.drain()
             took = time.perf_counter() - t
             if timing is not None:
                 timing["total"] = took
+            if stats is not None:
+                stats["cpu_s"] = time.process_time() - cpu
         if total.archived + (total.failed if total.shed else 0) != messages:
             raise RuntimeError(f"bench: relay archived {total.archived} of {messages} messages")
         if total.shed:

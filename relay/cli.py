@@ -393,17 +393,25 @@ def demo(ctx, outboxes, keep):
 @click.option("--agents", type=click.IntRange(2), default=20, show_default=True, help="Agents in the backlog.")
 @click.option("--rate", type=click.FloatRange(1), default=100.0, show_default=True, help="Offered msg/s for latency.")
 @click.option("--seconds", type=click.FloatRange(0.5), default=5.0, show_default=True, help="Latency run length.")
+@click.option("--sustained", is_flag=True,
+              help="Instead, sustained load on a running daemon: --agents producer processes at 100, 700 and "
+                   "1,000 msg/s and at full speed for --seconds each, and 1,000 outboxes at 100 msg/s "
+                   "(benchmarks/sustained.py has every knob).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 @handle_errors
-def bench(ctx, base, messages, agents, rate, seconds, as_json):
+def bench(ctx, base, messages, agents, rate, seconds, sustained, as_json):
     """Measure this disk's limits and relay's throughput and latency side by side."""
     from . import bench as bench_mod
     root, _ = config_mod.resolve_dirs(ctx.root, ctx.state_dir)
     work = Path(tempfile.mkdtemp(prefix=".relay-bench-", dir=base or root))
+    echo = (lambda *_: None) if as_json else click.echo
     try:
-        result = bench_mod.run(work, messages, agents, rate, seconds,
-                               echo=(lambda *_: None) if as_json else click.echo)
+        if sustained:
+            from . import sustained as sustained_mod
+            result = sustained_mod.run(work, agents=agents, seconds=seconds, full_seconds=seconds, echo=echo)
+        else:
+            result = bench_mod.run(work, messages, agents, rate, seconds, echo=echo)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if as_json:

@@ -31,3 +31,32 @@ def test_short_hostile_soak():
                        capture_output=True, text=True, timeout=140)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert '"lost": 0, "duplicated": 0' in r.stdout and "0 differences" in r.stdout
+
+
+@pytest.mark.timeout_s(240)
+def test_sustained_load_benchmark_at_a_tiny_size(tmp_path):
+    """relay/sustained.py (benchmarks/sustained.py, `relay bench --sustained`) end to end at a
+    tiny size: the daemon as a process, producer processes at a fixed rate, at full speed open
+    and capped, many outboxes, then run --once and the naive loop. Every message of the
+    fixed-rate runs is seen arriving and matched to its rename; every figure is there. No
+    figure is judged: this proves the benchmark works, not how fast relay is."""
+    from relay import sustained
+    lines = []
+    out = sustained.run(tmp_path, agents=3, rates=(50,), seconds=0.5, full_seconds=0.5, cap=5, many_agents=30,
+                        many_rate=50, idle_seconds=0.2, echo=lines.append)
+    rows = {r["scenario"]: r for r in out["rows"]}
+    assert list(rows) == ["rate 50", "full, cap 5/agent", "30 outboxes, rate 50", "full, open loop"]
+    for label in ("rate 50", "30 outboxes, rate 50"):
+        r = rows[label]
+        assert abs(r["written"] - 25) <= 1 and r["delivered"] == r["written"], r
+        assert 0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"], r
+        assert r["daemon_cpu_s_per_1000"] > 0 and r["inotify_overflows"] == 0, r
+    for r in rows.values():
+        assert r["daemon_exit"] == 0 and r["peak_rss_mb"] > 0 and r["written"] > 0, r
+        assert r["delivered"] <= r["written"] and len(r["load_avg"]) == 3, r
+    assert rows["30 outboxes, rate 50"]["producers"] == 20 and rows["rate 50"]["producers"] == 3
+    assert rows["full, cap 5/agent"]["producers_held_percent"] is not None
+    assert out["fs"] != "unknown" and out["idle_cpu_percent"] is not None
+    assert out["backlog"] == 1000 and out["once"]["per_s"] > 0 and out["naive_durable"]["cpu_s_per_1000"] > 0
+    assert any(line.startswith("scenario") and "p99 ms" in line for line in lines)
+    assert not list(tmp_path.iterdir()), "the benchmark left files behind"
