@@ -118,6 +118,11 @@ class Relay:
         self.hints.append((kind, sender, name))
         self.wake.set()
 
+    def hint_many(self, hints):
+        """Several hints at once (one read of the watcher): one wake for them all."""
+        self.hints.extend(hints)
+        self.wake.set()
+
     # -- start ------------------------------------------------------------------------------
 
     def attest(self, mode, event="start", now=None):
