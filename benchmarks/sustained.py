@@ -1,7 +1,7 @@
 """The daemon under sustained load: producer processes writing while `relay run` delivers.
 
     python benchmarks/sustained.py [--agents 20] [--rates 100,700,1000] [--seconds 10]
-                                   [--full-seconds 5] [--cap 50] [--many-agents 1000] [--dir DIR]
+                                   [--full-seconds 5] [--cap 50] [--many-agents 1000] [--repeat 1] [--dir DIR]
     python benchmarks/sustained.py --only "full, cap 50/agent" --daemon-cmd "python benchmarks/profile_daemon.py serve --out p"
 
 Starts `relay run` as a process on a fresh project in a temporary directory under --dir (default:
@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--many-rate", type=float, default=100.0)
     ap.add_argument("--idle-seconds", type=float, default=3.0)
     ap.add_argument("--no-once", action="store_true", help="leave out run --once and the naive loop")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per scenario; the median run is shown, the spread beside")
     ap.add_argument("--only", help="run this one scenario (a label as the table prints it, e.g. 'rate 100')")
     ap.add_argument("--daemon-cmd", help="the command that serves the project instead of `python -m relay run`")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where (its file system is the one measured)")
@@ -58,7 +59,7 @@ def main():
         out = sustained.run(work, agents=args.agents, rates=rates, seconds=args.seconds,
                             full_seconds=args.full_seconds, cap=args.cap, many_agents=args.many_agents,
                             many_rate=args.many_rate, idle_seconds=args.idle_seconds, once=not args.no_once,
-                            cmd=cmd)
+                            cmd=cmd, repeat=args.repeat)
         print(json.dumps(out))
     finally:
         shutil.rmtree(work, ignore_errors=True)
