@@ -1,4 +1,4 @@
-"""Maildir delivery (SPEC section 3): tmp/<id>.json, sync, link into new/, sync the directory.
+"""Maildir delivery (SPEC section 3): tmp/<id>.json, sync, rename into new/, sync the directory.
 
 Each recipient's delivery stands on its own: a recipient whose inbox fails is retried while the
 others are delivered. A recipient the ledger already records is never written again. On a
@@ -46,7 +46,7 @@ class Inbox:
     # -- delivery ---------------------------------------------------------------------------
 
     def deliver(self, works):
-        """Deliver a batch up to the links into new/. Fills each work's `got` (recipient ->
+        """Deliver a batch up to the envelopes in new/ (each renamed there from tmp/). Fills each work's `got` (recipient ->
         (size, sha256) of its envelope) and `missed` (recipient -> error), and returns the
         (work, recipient) pairs linked now: their new/ directories are noted with the syncer,
         and they count only once the caller's next flush succeeds (`unlink` otherwise)."""
@@ -63,7 +63,7 @@ class Inbox:
                         held = self.held(r, w)
                         if held is not None:
                             w.got[r] = held
-                            fs.unlink_quietly(tmp)      # a crash between link and unlink
+                            fs.unlink_quietly(tmp)      # left by a crash before the rename
                             continue
                     self._write(tmp, w.envelope, r)
                     staged.append((w, r, tmp, new))
@@ -81,11 +81,10 @@ class Inbox:
         linked = []
         for w, r, tmp, new in staged:
             try:
-                try:
-                    fs.link(tmp, new)
-                    fs.unlink_quietly(tmp)
-                except FileExistsError:
-                    fs.rename(tmp, new)     # not a complete envelope of this message: replace it
+                # One rename: whatever holds the name in new/ is not a complete envelope of this
+                # message (held() said so, or it is a first attempt), and is replaced, never
+                # followed (rename replaces a link itself). A link and an unlink cost two calls.
+                fs.rename(tmp, new)
                 self.syncer.dir_changed(f"inbox/{r}/new")
                 linked.append((w, r))
             except OSError as e:

@@ -273,12 +273,12 @@ class Ledger:
     def _claim(self, now, limit, plan):
         """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
         the claim so that recovery finds a file moved there before the batch was recorded."""
+        # Read, then one UPDATE per row that claims it and records its archive path together
+        # (BEGIN IMMEDIATE holds the write lock: nothing changes the rows in between).
         rows = self.db.execute(
-            "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1 "
-            "WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
-            "ORDER BY next_attempt_at, id LIMIT :limit) AND status = 'pending' "
-            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since, spool_id, "
-            "interrupted",
+            "SELECT id, sender, name, spooled, retries, attempts + 1 AS attempts, discovered_at, failing_since, "
+            "spool_id, interrupted FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
+            "ORDER BY next_attempt_at, id LIMIT :limit",
             {"now": now, "limit": limit}).fetchall()
         claimed = []
         for r in sorted(rows, key=lambda r: r["id"]):
@@ -288,8 +288,9 @@ class Ledger:
             except (TypeError, ValueError, AttributeError):
                 row["archive_path"] = None      # an unreadable row: reported by the caller
             claimed.append(row)
-        self.db.executemany("UPDATE messages SET archive_path = ? WHERE id = ?",
-                            [(r["archive_path"], r["id"]) for r in claimed])
+        self.db.executemany("UPDATE messages SET status = 'processing', claimed_at = ?, attempts = attempts + 1, "
+                            "archive_path = ? WHERE id = ?",
+                            [(now, r["archive_path"], r["id"]) for r in claimed])
         self._events([(r["id"], now, "claimed", None) for r in claimed])
         return claimed
 
