@@ -1,8 +1,12 @@
 """The relay over one state directory: `step(now)` moves every message it can one batch further.
 
     found files -> [T1: register + claim, durable] -> custody (outbox -> spool) -> read, accept
-      -> inbox tmp writes -> sync files -> links into new/ -> spool -> archive (or failed/)
-      -> sync directories -> [T2: deliveries per recipient, outcomes]
+      -> inbox tmp writes -> sync files -> renames into new/ -> spool -> archive (or failed/)
+      -> sync directories (overlapping the next batch) -> [T2: deliveries per recipient, outcomes]
+
+Group commit: the last sync of a batch (links and moves) runs on a thread while the next step
+claims, takes and reads its batch; finish() then records the batch (T2) before the next one's
+request ids are settled, or it is admitted or delivered. A step records its batch at once when no more work is ready.
 
 `drain()` repeats steps until nothing present is left (relay run --once); `run(stop)` is the
 daemon's loop: it steps when the watcher's hints, a signal or `next_deadline()` say so, while
@@ -264,8 +268,10 @@ class Relay:
                 continue
             self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
+        # The previous batch is recorded before this one's ids and request ids are settled (a
+        # repeat must see whether the first failed), admitted and delivered.
+        self.finish(counts)
         identify(self.ledger, self.layout, works, now)
-        self.finish(counts)     # the previous batch, recorded before this one is admitted and delivered
         ready = [w for w in works if not (w.refused or w.error or w.defer or w.duplicate_of)]
         self.flow.admit(ready, now, self.config, self.history.archived_agents(), shed)
         ready = [w for w in ready if not w.refused]

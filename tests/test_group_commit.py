@@ -92,8 +92,8 @@ def test_a_failed_sync_fails_its_batch_and_not_the_next(project):
     relay.step()
     counts = relay.history.counts()
     assert counts["failed"] == 2 and counts["archived"] == 2
-    failed = relay.history.audit(status="failed")
-    assert all("Input/output error" in row["error"] for row in failed)
+    failed = list(relay.history.audit(status="failed"))
+    assert len(failed) == 2 and all("Input/output error" in row["error"] for row in failed)
 
 
 def test_a_batch_dropped_after_a_failed_step_is_recovered_and_delivered_once(project):
@@ -122,3 +122,18 @@ def test_a_stop_records_the_batch_whose_sync_runs(project):
     project.relays.remove(relay)
     again = relay_with(project, Held())
     assert again.history.counts()["archived"] == 2
+
+
+def test_a_repeat_in_the_next_batch_is_delivered_when_the_first_failed_at_its_sync(project):
+    """A request id repeated in the next batch: the first's failure (its sync) is recorded
+    before the repeat is judged, so the repeat is delivered, not archived as its duplicate."""
+    held = Held(fail=1)
+    relay = relay_with(project, held, batch=1)
+    project.drop("Ann", "a", "TO: Ben\nREQUEST-ID: q\n\nsame")
+    project.drop("Ann", "b", "TO: Ben\nREQUEST-ID: q\n\nsame")
+    relay.drain()
+    counts = relay.history.counts()
+    assert counts["failed"] == 1 and counts["archived"] == 1
+    archived = [relay.history.get(row["id"]) for row in relay.history.audit(status="archived")]
+    assert len(archived) == 1 and archived[0]["duplicate_of"] is None and archived[0]["request_id"] == "q"
+    assert held.ran == [1, 2]
