@@ -112,6 +112,19 @@ def instrument(counters):
         counters.add("handler: " + type(args[1]).__name__)
     count_calls(watcher.Handler, "dispatch", counters, "watchdog events to the handler", dispatched)
 
+    def parsed(value, args, kwargs):    # relay's own inotify reader (watcher.Inotify)
+        counters.add("inotify events read", len(value))
+        for _, mask, name in value:
+            counters.add("inotify:" + "+".join(n for bit, n in INOTIFY_BITS.items() if mask & bit))
+            counters.add("inotify on in-progress names" if name.startswith(b".") else "inotify on message names")
+    count_calls(watcher, "parse", counters, "inotify reads", parsed)
+
+    def hinted_many(value, args, kwargs):
+        for h in args[1]:
+            counters.add("hints")
+            counters.add("hint: " + h[0])
+    count_calls(daemon_mod.Relay, "hint_many", counters, "hint batches", hinted_many)
+
     def hinted(value, args, kwargs):
         counters.add("hint: " + (args[1] if len(args) > 1 else kwargs.get("kind")))
     count_calls(daemon_mod.Relay, "hint", counters, "hints", hinted)
@@ -134,6 +147,7 @@ def instrument(counters):
     for name in ("register_and_claim", "record", "identify"):
         count_calls(ledger.Ledger, name, counters, f"ledger.{name}", timed=True)
     count_calls(sync.Syncer, "flush", counters, "syncer flushes", timed=True)
+    count_calls(sync.Syncer, "flush_later", counters, "syncer flushes overlapped (group commit)")
 
 
 def instrument_instance(relay, counters):

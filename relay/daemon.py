@@ -2,7 +2,11 @@
 
     found files -> [T1: register + claim, durable] -> custody (outbox -> spool) -> read, accept
       -> inbox tmp writes -> sync files -> links into new/ -> spool -> archive (or failed/)
-      -> sync directories -> [T2: deliveries per recipient, outcomes]
+      -> sync directories (overlapping the next batch) -> [T2: deliveries per recipient, outcomes]
+
+Group commit: the last sync of a batch (links and moves) runs on a thread while the next step
+claims, takes and reads its batch; finish() then records the batch (T2) before the next one's
+request ids are settled, or it is admitted or delivered. A step records its batch at once when no more work is ready.
 
 `drain()` repeats steps until nothing present is left (relay run --once); `run(stop)` is the
 daemon's loop: it steps when the watcher's hints, a signal or `next_deadline()` say so, while
@@ -57,8 +61,12 @@ RESTART_KEYS = ("root", "state_dir", "federation")    # what a reload cannot cha
 class Relay:
     """The pipeline over one state directory. Ledger writes happen on the caller's thread."""
 
-    def __init__(self, config, clock=time.time, sync_mode=None, batch=BATCH, fsync=None):
+    def __init__(self, config, clock=time.time, sync_mode=None, batch=BATCH, fsync=None, submit=None):
         self.config = config
+        # Where a batch's last sync runs while the next batch is read (group commit, finish()):
+        # `submit(fn, *args)` -> a future; None: a thread of the syncer's. A seam for tests.
+        self.submit = submit
+        self._pending = None                    # the batch whose last sync runs: (works, linked, now, delivered, wait)
         self.clock = clock
         self.batch = batch
         self.layout = Layout(config.root, config.state_dir).create()
@@ -100,6 +108,10 @@ class Relay:
         ignore_lease_breaks()
 
     def close(self):
+        try:
+            self.finish()           # a batch whose last sync still runs is recorded first
+        except Exception:  # noqa: BLE001 - its rows stay processing: the next start recovers them
+            log.exception("recording the last batch failed; the next start recovers it")
         self.hooks.stop()
         self.ledger.close()
         self.syncer.close()
@@ -116,6 +128,11 @@ class Relay:
     def hint(self, kind, sender=None, name=None):
         """kind: 'file' (may be complete), 'closed' (complete), 'dir' (scan it), 'rescan'."""
         self.hints.append((kind, sender, name))
+        self.wake.set()
+
+    def hint_many(self, hints):
+        """Several hints at once (one read of the watcher): one wake for them all."""
+        self.hints.extend(hints)
         self.wake.set()
 
     # -- start ------------------------------------------------------------------------------
@@ -172,6 +189,8 @@ class Relay:
             log.info("%s discovered: outbox/%s/%s", mid, sender, name, **fields("discovered", mid, sender))
         if claimed:
             self._process(claimed, now, counts)
+        if self._pending is not None and not (claimed and self._more_ready(claimed)):
+            self.finish(counts)     # nothing to overlap its sync with: recorded now
         if now >= self._next_archive_retry:
             self._retry_archive(now, counts)
         if now >= self._next_sweep:
@@ -253,6 +272,9 @@ class Relay:
                 continue
             self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
+        # The previous batch is recorded before this one's ids and request ids are settled (a
+        # repeat must see whether the first failed), admitted and delivered.
+        self.finish(counts)
         identify(self.ledger, self.layout, works, now)
         ready = [w for w in works if not (w.refused or w.error or w.defer or w.duplicate_of)]
         self.flow.admit(ready, now, self.config, self.history.archived_agents(), shed)
@@ -268,9 +290,28 @@ class Relay:
             self._settle(w, now)
         # One sync for the links into new/ and the archive moves: an original archived before its
         # links are durable is found there by recovery (its claim names the path) and delivered
-        # again, idempotently.
+        # again, idempotently. It runs while the next batch is claimed, taken and read (group
+        # commit); finish() waits for it, then records this batch (T2).
+        wait = self.syncer.flush_later("inbox new/, archive and outbox directories", self.submit)
+        self._pending = (works, linked, now, delivered, wait)
+
+    def _more_ready(self, claimed):
+        """Whether another batch is likely ready at once (hints waiting, a rescan under way, or
+        a full claim): then the last sync of this one overlaps the next step's reading."""
+        return bool(self.hints) or self._scan is not None or len(claimed) >= self.batch
+
+    def finish(self, counts=None):
+        """Group commit: wait for the last sync of the batch that has one running, then record
+        it (T2), count it in flow control, queue its hooks and report it. Every ordering of the
+        pipeline holds: the batch's record follows its sync, and the next batch is admitted and
+        written into the inboxes only after this record. Returns `counts` (or new Counts)."""
+        counts = Counts() if counts is None else counts
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return counts
+        works, linked, now, delivered, wait = pending
         try:
-            self.syncer.flush("inbox new/, archive and outbox directories")
+            wait()
         except DurabilityError as e:
             self.inbox.unlink(linked, e)
             for w in works:
@@ -288,6 +329,17 @@ class Relay:
             self.router.queued.set()        # the link publishes what this batch queued
         for w in works:
             self._report(w, now, counts)
+        return counts
+
+    def abandon(self):
+        """Drop the batch whose last sync runs, unrecorded (after a failed step): its rows stay
+        processing, and recovery puts them back, delivering again idempotently."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending[-1]()
+            except DurabilityError:
+                pass
 
     def _prepare(self, w, now):
         """Custody, reading and parsing of one message. One message's unforeseen failure is
@@ -467,6 +519,7 @@ class Relay:
             # and the idle wait below returns at once instead of sleeping past it.
             self.wake.clear()
             if stop.is_set():
+                self.finish(total)
                 return total
             if before is not None:
                 before()
@@ -504,6 +557,7 @@ class Relay:
         self.wake.wait(pause)
         self.failures += 1
         try:
+            self.abandon()
             self.recover(stopped=False)     # relay did not stop: no claim budget is spent
         except Exception:  # noqa: BLE001
             log.exception("recovery after the failed step failed too; will try again")

@@ -273,18 +273,20 @@ class Ledger:
     def _claim(self, now, limit, plan):
         """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
         the claim so that recovery finds a file moved there before the batch was recorded."""
-        due = ("SELECT id FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
+        # Read, then one UPDATE per row that claims it and records its archive path together
+        # (BEGIN IMMEDIATE holds the write lock: nothing changes the rows in between).
+        columns = ("id, sender, name, spooled, retries, attempts + 1 AS attempts, discovered_at, failing_since, "
+                   "spool_id, interrupted")
+        due = ("FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
                "ORDER BY next_attempt_at, id LIMIT :limit")
         # A message that was being handled when relay stopped is claimed alone: if it is what
         # stops relay, the next interruption (and the claim budget) is its own, not its batch's.
-        alone = self.db.execute(f"SELECT id FROM messages WHERE id IN ({due}) AND interrupted > 0 "
-                                "ORDER BY next_attempt_at, id LIMIT 1", {"now": now, "limit": limit}).fetchone()
-        rows = self.db.execute(
-            "UPDATE messages SET status = 'processing', claimed_at = :now, attempts = attempts + 1 "
-            f"WHERE id IN ({'SELECT :alone' if alone else due}) AND status = 'pending' "
-            "RETURNING id, sender, name, spooled, retries, attempts, discovered_at, failing_since, spool_id, "
-            "interrupted",
-            {"now": now, "limit": limit, "alone": alone[0] if alone else None}).fetchall()
+        alone = self.db.execute(f"SELECT id FROM (SELECT id, interrupted {due}) WHERE interrupted > 0 LIMIT 1",
+                                {"now": now, "limit": limit}).fetchone()
+        if alone:
+            rows = self.db.execute(f"SELECT {columns} FROM messages WHERE id = ?", (alone[0],)).fetchall()
+        else:
+            rows = self.db.execute(f"SELECT {columns} {due}", {"now": now, "limit": limit}).fetchall()
         claimed = []
         for r in sorted(rows, key=lambda r: r["id"]):
             row = dict(zip(r.keys(), r, strict=True))
@@ -293,8 +295,9 @@ class Ledger:
             except (TypeError, ValueError, AttributeError):
                 row["archive_path"] = None      # an unreadable row: reported by the caller
             claimed.append(row)
-        self.db.executemany("UPDATE messages SET archive_path = ? WHERE id = ?",
-                            [(r["archive_path"], r["id"]) for r in claimed])
+        self.db.executemany("UPDATE messages SET status = 'processing', claimed_at = ?, attempts = attempts + 1, "
+                            "archive_path = ? WHERE id = ?",
+                            [(now, r["archive_path"], r["id"]) for r in claimed])
         self._events([(r["id"], now, "claimed", None) for r in claimed])
         return claimed
 

@@ -90,6 +90,10 @@ def choose_mode(fd):
     return "fs" if fs_type(fd) in SYNCFS_HONOURED else "file"
 
 
+def _done():
+    return None
+
+
 class Syncer:
     """Collects what a batch wrote and makes it durable in one call per phase."""
 
@@ -102,13 +106,15 @@ class Syncer:
         self.files = []                        # descriptors held until the next flush
         self.dirs = set()                      # relative paths of changed directories
         self._pool = None
+        self._later = None                     # the one thread of flush_later()
         self._lock = threading.Lock()
 
     def close(self):
         self._close_files()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for pool in (self._later, self._pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._later = None
 
     def file_written(self, fd):
         """Take over the descriptor of a file just written; it is synced by the next flush."""
@@ -143,7 +149,63 @@ class Syncer:
         finally:
             self.dirs.clear()
 
+    def flush_later(self, what, submit=None):
+        """Start making durable everything noted so far on another thread (`submit(fn, *args)`,
+        an executor's submit: a seam; by default one thread of the syncer's own), and return a callable that waits for it and raises its
+        DurabilityError: the group commit of daemon.py overlaps this sync with the next batch's
+        reading. What is noted after this call belongs to the next flush. Directories are
+        opened here, on the caller's thread (the confined file system is not shared)."""
+        if not self.durable:
+            self.dirs.clear()
+            return _done
+        if submit is None:
+            if self._later is None:
+                self._later = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relay-commit")
+            submit = self._later.submit
+        if self.mode == "fs":
+            self._close_files()
+            self.dirs.clear()
+            return submit(self._call, self.syncfs, self.state.fd, what).result
+        files, self.files = self.files, []
+        jobs = [(fd, what) for fd in files]
+        try:
+            jobs += self._open_dirs(sorted(self.dirs), what)
+        except BaseException:
+            for fd, _ in jobs:
+                os.close(fd)
+            raise
+        finally:
+            self.dirs.clear()
+        return submit(self._sync_and_close, jobs).result
+
     # -- internals --------------------------------------------------------------------------
+
+    def _sync_and_close(self, jobs):
+        try:
+            self._all(jobs)
+        finally:
+            for fd, _ in jobs:
+                os.close(fd)
+
+    def _open_dirs(self, rels, what):
+        """(fd, what) of each directory to sync that is still there (see _sync_dirs)."""
+        jobs = []
+        try:
+            for rel in rels:
+                try:
+                    jobs.append((self.state.open_dir(rel), f"{what} ({rel or '.'})"))
+                except FileNotFoundError:
+                    continue
+                except Unsafe as e:
+                    log.warning("%s; not synced", e.strerror)
+                    continue
+                except OSError as e:
+                    raise DurabilityError(f"cannot open {rel} to sync it: {e.strerror or e}") from e
+        except BaseException:
+            for fd, _ in jobs:
+                os.close(fd)
+            raise
+        return jobs
 
     def _close_files(self):
         files, self.files = self.files, []

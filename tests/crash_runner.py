@@ -39,6 +39,23 @@ def before(obj, name, when=None):
     setattr(obj, name, wrapper)
 
 
+def after_synced(syncer, what):
+    """Die right after the wait for a flush_later() of `what` returns: the batch's last sync
+    done, its record not yet written (group commit)."""
+    real = syncer.flush_later
+
+    def wrapper(w, *a, **k):
+        wait = real(w, *a, **k)
+        if w != what:
+            return wait
+
+        def waited():
+            wait()
+            die()
+        return waited
+    syncer.flush_later = wrapper
+
+
 def main(root, boundary, phase="deliver"):
     cfg = config_mod.load(root, ".relay", env={}, overrides={"agents": ["Ann", "Ben", "Cy"]})
     relay = Relay(cfg, sync_mode=os.environ.get("CRASH_SYNC_MODE", "file"))
@@ -53,7 +70,7 @@ def main(root, boundary, phase="deliver"):
         "link-3": lambda: after(relay.fs, "link", nth=3),
         "archive-move-1": lambda: after(relay.archive, "store"),
         "quarantine": lambda: after(relay.archive, "quarantine"),
-        "batch-synced": lambda: after(relay.syncer, "flush", when=flush("inbox new/, archive and outbox directories")),
+        "batch-synced": lambda: after_synced(relay.syncer, "inbox new/, archive and outbox directories"),
         "before-commit": lambda: before(relay.ledger, "record"),
         "after-commit": lambda: after(relay.ledger, "record"),
         "sweep-files": lambda: before(relay.ledger, "sweep"),

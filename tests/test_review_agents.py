@@ -432,7 +432,7 @@ class _Stop(BaseException):
     """kill -9 at this instant: nothing after it runs, nothing is cleaned up."""
 
 
-@pytest.mark.parametrize("at", range(1, 15))
+@pytest.mark.parametrize("at", range(1, 15))     # the batch makes 14 such operations
 def test_a_stop_at_any_step_of_a_rekeying_batch_delivers_once_under_the_chosen_id(project, at):
     """A batch with a file choosing its id and a second file repeating its request id, stopped
     at the at-th file-system or ledger operation, then recovered: each recipient holds the

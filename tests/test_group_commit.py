@@ -1,0 +1,139 @@
+"""Group commit (daemon.py finish()): a batch's last sync runs while the next batch is claimed,
+taken and read; the batch is recorded only after that sync, and before the next batch is
+admitted or written into an inbox. Driven step by step, the sync held by a seam (`submit`)."""
+from relay.daemon import Relay
+from relay.errors import DurabilityError
+
+
+class Held:
+    """An executor's submit whose work runs only when its result is first asked for: the test
+    sees what the relay did while the sync was still 'running'."""
+
+    def __init__(self, on_run=None, fail=None):
+        self.submitted, self.ran = 0, []
+        self.on_run, self.fail = on_run, fail
+
+    def __call__(self, fn, *args):
+        self.submitted += 1
+        n = self.submitted
+        held = self
+
+        class Result:
+            done = False
+
+            def result(self):
+                if not self.done:
+                    self.done = True
+                    held.ran.append(n)
+                    if held.on_run is not None:
+                        held.on_run(n)
+                    if held.fail == n:      # what the syncer's wait raises for a failed fsync
+                        raise DurabilityError("fsync of the batch failed: Input/output error")
+                    fn(*args)
+        return Result()
+
+
+def relay_with(project, held, batch=2, **values):
+    relay = Relay(project.config(agents=["Ann", "Ben", "Cy"], **values), clock=project.clock, batch=batch,
+                  submit=held, sync_mode="fs")
+    project.relays.append(relay)
+    return relay
+
+
+def statuses(relay, ids):
+    return [relay.history.get(mid)["status"] for mid in ids]
+
+
+def spooled(project):
+    return sorted(p.name.split("--", 1)[1] for p in (project.state / "spool").rglob("*--*"))
+
+
+def test_the_next_batch_is_read_while_the_last_sync_of_one_runs(project):
+    seen = {}
+    held = Held(on_run=lambda n: seen.setdefault(n, spooled(project)))
+    relay = relay_with(project, held)
+    for i in range(4):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nbody {i}")
+    first = relay.step()
+    assert first.claimed == 2 and first.archived == 0          # a full batch: more is ready
+    assert held.submitted == 1 and held.ran == []              # its last sync still "runs"
+    ids = sorted(e["id"] for e in project.inbox("Ben"))
+    assert len(ids) == 2 and statuses(relay, ids) == ["processing", "processing"]
+
+    second = relay.step()
+    # The second batch was claimed and taken into the spool before the first one's sync ran ...
+    first_names = {relay.history.get(mid)["name"] for mid in ids}
+    assert len(seen[1]) == 2 and set(seen[1]) == {"m0", "m1", "m2", "m3"} - first_names
+    # ... and the first was recorded (archived) before the second was delivered.
+    assert second.claimed == 2 and second.archived == 2 and statuses(relay, ids) == ["archived", "archived"]
+    assert held.ran == [1] and held.submitted == 2
+
+    third = relay.step()                                       # nothing left to overlap with
+    assert third.claimed == 0 and third.archived == 2 and held.ran == [1, 2]
+    assert relay.history.counts()["archived"] == 4 and relay.history.counts()["processing"] == 0
+    assert sorted(e["body"] for e in project.inbox("Ben")) == [f"body {i}" for i in range(4)]
+
+
+def test_a_batch_alone_is_recorded_in_its_own_step(project):
+    held = Held()
+    relay = relay_with(project, held, batch=256)
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    counts = relay.step()
+    assert counts.claimed == 1 and counts.archived == 1 and held.ran == [1]
+
+
+def test_a_failed_sync_fails_its_batch_and_not_the_next(project):
+    held = Held(fail=1)
+    relay = relay_with(project, held)
+    for i in range(4):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nbody {i}")
+    relay.step()
+    relay.step()
+    relay.step()
+    counts = relay.history.counts()
+    assert counts["failed"] == 2 and counts["archived"] == 2
+    failed = list(relay.history.audit(status="failed"))
+    assert len(failed) == 2 and all("Input/output error" in row["error"] for row in failed)
+
+
+def test_a_batch_dropped_after_a_failed_step_is_recovered_and_delivered_once(project):
+    held = Held()
+    relay = relay_with(project, held)
+    for i in range(4):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nbody {i}")
+    relay.step()
+    relay.abandon()         # what a failed step does before recovery: the batch is not recorded
+    assert relay.history.counts()["processing"] == 2
+    relay.recover()
+    relay.drain()
+    assert relay.history.counts()["archived"] == 4
+    bodies = [e["body"] for e in project.inbox("Ben")]
+    assert sorted(bodies) == [f"body {i}" for i in range(4)]            # each once
+
+
+def test_a_stop_records_the_batch_whose_sync_runs(project):
+    held = Held()
+    relay = relay_with(project, held)
+    for i in range(3):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nbody {i}")
+    relay.step()
+    assert relay.history.counts()["processing"] == 2
+    relay.close()
+    project.relays.remove(relay)
+    again = relay_with(project, Held())
+    assert again.history.counts()["archived"] == 2
+
+
+def test_a_repeat_in_the_next_batch_is_delivered_when_the_first_failed_at_its_sync(project):
+    """A request id repeated in the next batch: the first's failure (its sync) is recorded
+    before the repeat is judged, so the repeat is delivered, not archived as its duplicate."""
+    held = Held(fail=1)
+    relay = relay_with(project, held, batch=1)
+    project.drop("Ann", "a", "TO: Ben\nREQUEST-ID: q\n\nsame")
+    project.drop("Ann", "b", "TO: Ben\nREQUEST-ID: q\n\nsame")
+    relay.drain()
+    counts = relay.history.counts()
+    assert counts["failed"] == 1 and counts["archived"] == 1
+    archived = [relay.history.get(row["id"]) for row in relay.history.audit(status="archived")]
+    assert len(archived) == 1 and archived[0]["duplicate_of"] is None and archived[0]["request_id"] == "q"
+    assert held.ran == [1, 2]

@@ -1,0 +1,83 @@
+"""The daemon's file watcher (relay's own inotify reader): only the events relay needs, names it
+ignores dropped before they cost a hint, new agent directories watched before they are scanned."""
+import os
+import sys
+
+import pytest
+
+from relay import watcher
+from relay.watcher import (IN_CLOSE_WRITE, IN_CREATE, IN_IGNORED, IN_ISDIR, IN_MOVED_TO, IN_Q_OVERFLOW,
+                           hints_of, parse)
+
+pytestmark = pytest.mark.skipif(watcher.inotify_init is None or not sys.platform.startswith("linux"),
+                                reason="relay reads inotify itself on Linux only")
+
+
+class Hints:
+    """A relay's seam for hints (hint_many), with the layout and config the watcher reads."""
+
+    def __init__(self, relay):
+        self.layout, self.config = relay.layout, relay.config
+        self.got = []
+
+    def hint_many(self, hints):
+        self.got.extend(hints)
+
+
+def pump_until(ino, hints, n, rounds=10):
+    """Read events (each read blocks in poll() for the kernel, up to 5 s) until `n` hints came."""
+    for _ in range(rounds):
+        if len(hints.got) >= n:
+            break
+        assert ino.pump(5.0)
+    return hints.got
+
+
+def test_a_message_written_the_agents_way_costs_one_hint(project):
+    relay = project.relay()
+    hints = Hints(relay)
+    ino = watcher.Inotify(hints)
+    ino.start(thread=False)
+    try:
+        project.drop("Ann", "m1", "TO: Ben\n\nx")          # .m1.tmp created, written, closed, renamed
+        (project.state / "outbox" / "Ann" / "draft.tmp").write_text("ignored")
+        (project.state / "outbox" / "Ann" / "inplace").write_text("TO: Ben\n\ny")   # create + close
+        got = pump_until(ino, hints, 3)
+    finally:
+        ino.stop()
+    assert got == [("closed", "Ann", "m1"), ("file", "Ann", "inplace"), ("closed", "Ann", "inplace")]
+
+
+def test_a_new_agent_directory_is_watched_before_the_loop_scans_it(project):
+    relay = project.relay()
+    hints = Hints(relay)
+    ino = watcher.Inotify(hints)
+    ino.start(thread=False)
+    try:
+        os.mkdir(project.state / "outbox" / "Dee")
+        assert pump_until(ino, hints, 1) == [("dir", "Dee", None)]
+        project.drop("Dee", "m", "TO: Ben\n\nx")
+        assert pump_until(ino, hints, 2)[1] == ("closed", "Dee", "m")
+        os.symlink(project.root, project.state / "outbox" / "Eve")     # not a directory: no hint, no watch
+        os.mkdir(project.state / "outbox" / "Fay")
+        assert pump_until(ino, hints, 3)[2:] == [("dir", "Fay", None)]
+        assert sorted(ino.names.values()) == ["Ann", "Ben", "Cy", "Dee", "Fay"]
+    finally:
+        ino.stop()
+
+
+def test_hints_of_events():
+    names = {2: "Ann"}
+    events = [(2, IN_CREATE, b".m.tmp"), (2, IN_CLOSE_WRITE, b".m.tmp"), (2, IN_MOVED_TO, b"m"),
+              (2, IN_MOVED_TO, b"x.part"), (2, IN_CREATE | IN_ISDIR, b"sub"), (3, IN_MOVED_TO, b"unknown-wd"),
+              (1, IN_CREATE | IN_ISDIR, b"Bob"), (1, IN_CREATE, b"stray-file"), (2, IN_CREATE, b"w"),
+              (0xFFFFFFFF & -1, IN_Q_OVERFLOW, b""), (2, IN_IGNORED, b"")]
+    hints, watch, gone, lost = hints_of(events, names, root_wd=1)
+    assert hints == [("closed", "Ann", "m"), ("dir", "Bob", None), ("file", "Ann", "w"), ("rescan", None, None)]
+    assert watch == ["Bob"] and gone == [2] and not lost
+
+
+def test_parse_reads_the_kernels_records():
+    rec = watcher.HEADER.pack(4, IN_MOVED_TO, 0, 16) + b"msg-1".ljust(16, b"\0")
+    rec += watcher.HEADER.pack(5, IN_Q_OVERFLOW, 0, 0)
+    assert parse(rec) == [(4, IN_MOVED_TO, b"msg-1"), (5, IN_Q_OVERFLOW, b"")]
