@@ -182,7 +182,10 @@ class Link:
         self.early = {}                         # (message id, node) -> entry id published from an offer
         self.on_directory = on_directory        # called when the directory changed
         self.layout = Layout(config.root, config.state_dir).create()
-        self.ledger = Ledger(self.layout.ledger, durability=config.durability)
+        # What the publisher records (entry ids, retries, the directory, the link's state) need not
+        # survive a power cut: lost, a row is published again and the receiver knows the repeat.
+        # Not syncing it keeps its commits from holding the write lock over an fsync the loop waits for.
+        self.ledger = Ledger(self.layout.ledger, durability="normal")
         self.history = History(self.ledger)
         self.client = connect(self.fed)
         # on_deliver runs for a received message as for a local one: the relay's hooks in the

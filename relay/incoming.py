@@ -41,6 +41,7 @@ GROUP = "relay"
 BATCH = 256                 # entries per read at most ...
 FIRST_READ = 8              # ... and at first, doubled each read while entries are small (batch_bytes)
 HELD = 4                    # bytes held in memory per byte of an entry read (parsed, written again)
+FEW = 4                     # envelopes a batch syncs file by file (more: one syncfs, where it flushes all)
 RETRY_BASE = 0.5            # seconds before entries not yet delivered are read again, doubled ...
 RETRY_CAP = 30.0            # ... at most this
 HEX64 = re.compile(r"[0-9a-f]{64}\Z")
@@ -67,6 +68,10 @@ class Incoming:
         self.layout = Layout(config.root, config.state_dir).create()
         self.syncer = Syncer(config.durability, self.layout.fs)
         self.inbox = Inbox(self.layout, self.syncer)
+        # A batch of a few envelopes (a node receiving at a steady rate) is made durable by fsyncs
+        # of its own files and directories, not a syncfs of the whole file system, which also
+        # waits for whatever else any process has written there.
+        self.few = Inbox(self.layout, Syncer(config.durability, self.layout.fs, mode="file"))
         self.ledger = Ledger(self.layout.ledger, durability=config.durability)
         self.history = History(self.ledger)
         self.ids = IdGenerator()
@@ -80,11 +85,17 @@ class Incoming:
         self.paused = "no heartbeat yet"     # why this node's stream is not read now (federation.Link)
         self.unsettled = {}         # id -> when its delivery first failed in this run (tried again thoroughly)
         self.count = FIRST_READ     # entries the next read asks for (_fit)
+        self.acks = []              # entry ids handled and recorded, acknowledged with the next read
 
     def close(self):
+        try:
+            self.acknowledge()
+        except self.redis.RedisError:
+            pass                    # they come again at the next start, and are known
         self.client.close()
         self.ledger.close()
         self.syncer.close()
+        self.few.syncer.close()
         self.layout.close()
 
     def pause(self):
@@ -108,6 +119,9 @@ class Incoming:
             handled += self.handle(entries, self.clock() if block_ms else now, ">")
             if len(entries) < asked:
                 self.fresh = False      # every entry the group found at its making is read
+            if block_ms is None:
+                self.acknowledge()      # a step leaves nothing it handled unacknowledged; the daemon's
+                                        # loop sends them with its next read
         except self.redis.RedisError as e:
             if not self.failures:
                 log.error("federation: cannot read this node's stream %s: %s; trying again", self.stream, e)
@@ -149,12 +163,32 @@ class Incoming:
         self.recheck_at = 0.0
 
     def _read(self, since, block_ms=None):
-        """(entries, how many were asked for)."""
+        """(entries, how many were asked for). The acknowledgements of what was handled go in the
+        same round trip, ahead of the read: the server syncs its log once for both."""
         asked = self.count
-        reply = self.client.xreadgroup(GROUP, self.consumer, {self.stream: since}, count=asked, block=block_ms)
+        pipe = self._acks()
+        pipe.xreadgroup(GROUP, self.consumer, {self.stream: since}, count=asked, block=block_ms)
+        reply = pipe.execute()[-1]
+        self.acks = []
         entries = reply[0][1] if reply else []
         self._fit(entries)
         return entries, asked
+
+    def _acks(self):
+        """A pipeline holding XACK and XDEL of the entries handled and not yet acknowledged."""
+        pipe = self.client.pipeline(transaction=False)       # no MULTI: an ACL user needs no @transaction
+        if self.acks:
+            pipe.xack(self.stream, GROUP, *self.acks)
+            pipe.xdel(self.stream, *self.acks)
+        return pipe
+
+    def acknowledge(self):
+        """XACK and XDEL now what was handled (recorded in the ledger) since the last read. An
+        acknowledgement lost (a crash, the server away) only makes an entry come again, which
+        the ledger knows: acknowledged then, not delivered again."""
+        if self.acks:
+            self._acks().execute()
+            self.acks = []
 
     def _fit(self, entries):
         """The next read's size: doubled up to BATCH while the largest entry read, times what
@@ -225,11 +259,7 @@ class Incoming:
                 log.info("%s received from %s on node %s (entry %s), delivered to %s", w.id, item["sender"],
                          item["node"], item["entry_id"], ",".join(sorted(w.got)))
                 flow.logged(w)
-        if acks:
-            pipe = self.client.pipeline(transaction=False)       # no MULTI: an ACL user needs no @transaction
-            pipe.xack(self.stream, GROUP, *acks)
-            pipe.xdel(self.stream, *acks)
-            pipe.execute()
+        self.acks += acks           # recorded: acknowledged and trimmed with the next read (or acknowledge())
         if len(done) + len(gave_up) < len(works):
             self.failures += 1
             self.recheck_at = now + self.pause()
@@ -274,11 +304,12 @@ class Incoming:
         if not works:
             return [], []
         batch = [w for w, _ in works]
-        linked = self.inbox.deliver(batch)
+        inbox = self.few if sum(len(w.recipients) for w in batch) <= FEW else self.inbox
+        linked = inbox.deliver(batch)
         try:
-            self.syncer.flush("inbox new/ (received)")
+            inbox.syncer.flush("inbox new/ (received)")
         except DurabilityError as e:
-            self.inbox.unlink(linked, e)
+            inbox.unlink(linked, e)
         done, gave_up = [], []
         for w, item in works:
             if w.complete:
