@@ -65,8 +65,11 @@ class Counters:
 def count_calls(owner, name, counters, key=None, result=None, timed=False):
     """Wrap owner.name (a class's method or an instance's attribute) to count its calls;
     `result(value, args, kwargs)` may count more from each call's return value; `timed` adds
-    up the calls' wall time (milliseconds) under "<key> ms"."""
-    original = getattr(owner, name)
+    up the calls' wall time (milliseconds) under "<key> ms". Nothing when owner has no such
+    name (another version of relay or watchdog): the counter is then absent, not zero."""
+    original = getattr(owner, name, None)
+    if original is None:
+        return
     key = key or name
 
     @functools.wraps(original)
@@ -90,12 +93,17 @@ def bucket(n):
 
 
 def instrument(counters):
-    """Counters around relay's seams and watchdog's calls (class level: before any instance)."""
-    from watchdog.observers import api as wd_api
-    from watchdog.observers.inotify import InotifyWatchGroup
-    from watchdog.observers.inotify_c import InotifyFD
-
+    """Counters around relay's seams and the watcher's calls (class level: before any instance).
+    Either watcher is counted: relay's own inotify reader (watcher.hints_of, Relay.hint_many)
+    or watchdog's observer (its inotify thread, emitter and the handler, Relay.hint)."""
     from relay import daemon as daemon_mod, ledger, outbox, sync, watcher
+
+    try:
+        from watchdog.observers import api as wd_api
+        from watchdog.observers.inotify import InotifyWatchGroup
+        from watchdog.observers.inotify_c import InotifyFD
+    except (ImportError, OSError):
+        wd_api = InotifyWatchGroup = InotifyFD = None
 
     def inotify_kind(value, args, kwargs):
         event = args[1]
@@ -106,11 +114,23 @@ def instrument(counters):
         counters.add("inotify on in-progress names" if name.startswith(".") else "inotify on message names")
     count_calls(InotifyFD, "handle_event", counters, "inotify events read", inotify_kind)
     count_calls(InotifyWatchGroup, "on_event", counters, "inotify events to the watch group")
-    count_calls(wd_api.EventEmitter, "queue_event", counters, "watchdog events built")
+    count_calls(getattr(wd_api, "EventEmitter", None), "queue_event", counters, "watchdog events built")
 
     def dispatched(value, args, kwargs):
         counters.add("handler: " + type(args[1]).__name__)
-    count_calls(watcher.Handler, "dispatch", counters, "watchdog events to the handler", dispatched)
+    count_calls(getattr(watcher, "Handler", None), "dispatch", counters, "watchdog events to the handler", dispatched)
+
+    def read_by_relay(value, args, kwargs):     # relay's own reader: events in, hints out
+        events = args[0]
+        counters.add("inotify events read", len(events))
+        for _, mask, raw in events:
+            names = [n for bit, n in INOTIFY_BITS.items() if mask & bit]
+            counters.add("inotify:" + "+".join(names) + (" (dir)" if mask & 0x40000000 else ""))
+            counters.add("inotify on in-progress names" if raw[:1] == b"." else "inotify on message names")
+        for kind, _, _ in value[0]:
+            counters.add("hint: " + kind)
+        counters.add("hints", len(value[0]))
+    count_calls(watcher, "hints_of", counters, "watcher reads turned into hints", read_by_relay)
 
     def parsed(value, args, kwargs):    # relay's own inotify reader (watcher.Inotify)
         counters.add("inotify events read", len(value))
@@ -128,6 +148,7 @@ def instrument(counters):
     def hinted(value, args, kwargs):
         counters.add("hint: " + (args[1] if len(args) > 1 else kwargs.get("kind")))
     count_calls(daemon_mod.Relay, "hint", counters, "hints", hinted)
+    count_calls(daemon_mod.Relay, "hint_many", counters, "hint batches (one wake each)")
 
     def checked(value, args, kwargs):
         hinted_ = kwargs.get("hinted", False)
@@ -140,14 +161,22 @@ def instrument(counters):
             counters.add("messages claimed", value.claimed)
         else:
             counters.add("steps claiming nothing")
-        counters.add("messages archived", value.archived)
     count_calls(daemon_mod.Relay, "step", counters, "steps", stepped, timed=True)
     count_calls(daemon_mod.Relay, "guarded_step", counters, "loop turns")
+    count_calls(daemon_mod.Relay, "finish", counters, "group commits finished", timed=True)
     count_calls(ledger.Ledger, "transaction", counters, "ledger transactions")
     for name in ("register_and_claim", "record", "identify"):
         count_calls(ledger.Ledger, name, counters, f"ledger.{name}", timed=True)
     count_calls(sync.Syncer, "flush", counters, "syncer flushes", timed=True)
     count_calls(sync.Syncer, "flush_later", counters, "syncer flushes overlapped (group commit)")
+
+
+def archived(ledger_path):
+    """Messages the ledger holds archived (its public history, read-only): the denominator."""
+    from relay.history import History
+    from relay.ledger import Ledger
+    with History(Ledger(ledger_path, readonly=True)) as history:
+        return history.counts()["archived"]
 
 
 def instrument_instance(relay, counters):
@@ -282,6 +311,7 @@ def cmd_serve(args):
             if strace is not None:
                 strace.send_signal(signal.SIGINT)
                 strace.wait(60)
+    counters.c["messages archived"] = archived(layout.ledger)
     doc = {"counters": dict(counters.c), "batches": {str(k): v for k, v in sorted(counters.batches.items())},
            **snapshot}
     (out / "counters.json").write_text(json.dumps(doc, indent=1))
@@ -437,6 +467,7 @@ def cmd_once(args):
                 strace.wait(60)
             took, cpu = time.perf_counter() - t, time.process_time() - cpu
             threads = threads_now(before)
+            counters.c["messages archived"] = total.archived
     finally:
         shutil.rmtree(root, ignore_errors=True)
     (out / "counters.json").write_text(json.dumps({
