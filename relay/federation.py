@@ -268,6 +268,7 @@ class Link:
         # and times that are not numbers, are left out.
         seen = {n: _seconds(t) for n, t in _pairs(nodes) if NAME.match(n)}
         directory = {a: n for a, n in _pairs(directory) if valid_agent(a) and a != SYSTEM and NAME.match(n)}
+        self._keep_lost(directory, seen, _seconds(reply[0]), timeout)
         conflicts = _pairs(conflicts)
         if conflicts != self.conflicts:
             for name, other in conflicts:
@@ -283,6 +284,20 @@ class Link:
         if changed and self.on_directory is not None:
             self.on_directory()
         return True
+
+    def _keep_lost(self, directory, seen, now, timeout):
+        """A node the server no longer knows at all (it lost its data: restarted without AOF, an
+        empty new server) keeps its agents in this node's directory until it would have timed
+        out, so that messages to them wait for it to announce itself again instead of failing
+        as unknown recipients. A name a known node gave up is forgotten at once."""
+        if now is None:
+            return
+        known = set(seen)
+        for name, (node, last) in self.history.remote_agents().items():
+            if (name not in directory and node not in known and node != self.node and isinstance(last, (int, float))
+                    and now - last < timeout):
+                directory[name] = node
+                seen.setdefault(node, last)
 
     def take_over(self, formers):
         """Move into this node's stream what was sent to this relay's former node names (a node

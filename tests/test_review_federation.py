@@ -474,3 +474,30 @@ def test_the_publisher_takes_large_envelopes_a_few_at_a_time_within_batch_bytes(
         assert len(n2.held("Bob")) == 12
     finally:
         server.stop()
+
+
+def test_a_directory_the_server_lost_keeps_routing_to_the_nodes_it_knew_until_they_announce_again(
+        redis_server, team, nodes):
+    """A server restarted without its data (AOF off, a new empty server) has no directory until
+    every node has announced itself again: a node whose heartbeat came first failed every message
+    to the others' agents as unknown recipients (and its local recipients with them)."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann", "Al"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob", "Cy"])
+    exchange(n1, n2, rounds=1)
+    r = client(redis_server.url)
+    for key in r.keys(f"relay:{{{team}}}:*"):
+        r.delete(key)                               # the server's data gone
+    assert n1.link.heartbeat()                      # n1 announces itself first
+    assert {a: n for a, (n, _) in n1.relay.history.remote_agents().items()} == {"Bob": "n2", "Cy": "n2"}
+    n1.drop("Ann", "m", "TO: Al, Bob\n\nafter the server lost its data")
+    counts, _ = n1.send()
+    assert counts.failed == 0 and [e["body"] for e in n1.held("Al")] == ["after the server lost its data"]
+    n2.link.heartbeat()
+    n2.receive()
+    n2.clock.advance(60)
+    n2.receive()
+    assert [e["body"] for e in n2.held("Bob")] == ["after the server lost its data"]
+    # A name its live node gave up (n2 is in the directory's nodes) is forgotten at once.
+    r.hdel(f"relay:{{{team}}}:agents", "Bob")
+    assert n1.link.heartbeat()
+    assert "Bob" not in n1.relay.history.remote_agents()
