@@ -202,6 +202,7 @@ class Link:
         self.directory = {}
         self.next_heartbeat = 0.0
         self.stopping = threading.Event()
+        self.back = threading.Event()           # set when the server is back (ends the receiver's backoff)
         self.threads = []
 
     def close(self):
@@ -227,6 +228,7 @@ class Link:
             self.ledger.link_state(now, self.node, True)
             if self.connected is False:
                 self.ledger.publish_now(now)    # what waited for the server goes now
+                self.back.set()                 # and the receiver reads now, not after its backoff
             self.connected = True
 
     def _down(self, now, error):
@@ -406,6 +408,7 @@ class Link:
     def stop(self):
         self.stopping.set()
         self.queued.set()
+        self.back.set()
         for t in self.threads:
             t.join(timeout=SOCKET_TIMEOUT + 1)
         self.threads = []
@@ -441,7 +444,8 @@ class Link:
                 continue
             if not self.incoming.step(self.clock(), block_ms=int(MAX_WAIT * 1000)):
                 if self.incoming.failures:
-                    self.stopping.wait(self.incoming.pause())
+                    self.back.wait(self.incoming.pause())     # or until a heartbeat finds the server back
+                    self.back.clear()
 
     def once(self, now=None):
         """One pass for `relay run --once`: the directory, every publish due, every entry waiting.

@@ -501,3 +501,30 @@ def test_a_directory_the_server_lost_keeps_routing_to_the_nodes_it_knew_until_th
     r.hdel(f"relay:{{{team}}}:agents", "Bob")
     assert n1.link.heartbeat()
     assert "Bob" not in n1.relay.history.remote_agents()
+
+
+@pytest.mark.timeout_s(60)
+def test_the_receiver_reads_again_as_soon_as_the_server_is_back_not_after_its_backoff(tmp_path, team, nodes):
+    """The receiver backs off while the server is away (up to 30 s); the publisher publishes at once
+    when the link comes back, and the receiver now reads at once too."""
+    import time
+    from fednodes import RedisServer
+    from test_federation import wait_for
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        n1 = nodes(server.url, team, "n1", ["Ann"])
+        n2 = nodes(server.url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        server.stop()
+        n2.link.incoming.failures = 10              # a long outage: its next pause is 30 s
+        n2.link.connected = False
+        n2.link.next_heartbeat = 0.0
+        n2.link.clock = time.time                   # the threads run on real time
+        n2.link.start()
+        server.start()
+        n1.drop("Ann", "m", "TO: Bob\n\nright after the outage")
+        n1.send()
+        wait_for(lambda: n2.held("Bob"), timeout=15, what="the message after the outage")
+    finally:
+        n2.link.stop()
+        server.stop()
