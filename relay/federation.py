@@ -228,7 +228,7 @@ class Link:
             self.ledger.link_state(now, self.node, True)
             if self.connected is False:
                 self.ledger.publish_now(now)    # what waited for the server goes now
-                self.back.set()                 # and the receiver reads now, not after its backoff
+            self.back.set()                     # and the receiver reads now, not after its wait
             self.connected = True
 
     def _down(self, now, error):
@@ -440,7 +440,8 @@ class Link:
     def _serve_in(self):
         while not self.stopping.is_set():
             if self.incoming.paused:        # until a heartbeat says the node name is this relay's
-                self.stopping.wait(MAX_WAIT)
+                self.back.wait(MAX_WAIT)
+                self.back.clear()
                 continue
             if not self.incoming.step(self.clock(), block_ms=int(MAX_WAIT * 1000)):
                 if self.incoming.failures:
