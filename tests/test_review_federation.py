@@ -528,3 +528,22 @@ def test_the_receiver_reads_again_as_soon_as_the_server_is_back_not_after_its_ba
     finally:
         n2.link.stop()
         server.stop()
+
+
+def test_a_chosen_id_and_a_request_id_for_a_remote_recipient(redis_server, team, nodes, cli):
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    chosen = "01M8NY4DA9BNVZQW02BT7NGYE0"
+    n1.drop("Ann", "a", f"TO: Bob\nID: {chosen}\nREQUEST-ID: r-1\n\nfirst")
+    exchange(n1, n2)
+    n1.drop("Ann", "b", "TO: Bob\nREQUEST-ID: r-1\n\nthe same request again")
+    exchange(n1, n2)
+    [env] = n2.held("Bob")
+    assert (env["id"], env["body"]) == (chosen, "first")
+    rows = list(n1.relay.history.audit())
+    repeat = next(r for r in rows if r["id"] != chosen)
+    assert outbound(n1, repeat["id"]) == {} and outbound(n1, chosen)["n2"]["status"] == "published"
+    for node in (n1, n2):
+        assert orjson.loads(cli("--root", str(node.root), "show", chosen, "--json").output)["id"] == chosen
+    assert client(redis_server.url).xlen(stream(team, "n2")) == 0
