@@ -202,6 +202,7 @@ class Link:
         self.directory = {}
         self.next_heartbeat = 0.0
         self.stopping = threading.Event()
+        self.back = threading.Event()           # set when the server is back (ends the receiver's backoff)
         self.threads = []
 
     def close(self):
@@ -227,6 +228,7 @@ class Link:
             self.ledger.link_state(now, self.node, True)
             if self.connected is False:
                 self.ledger.publish_now(now)    # what waited for the server goes now
+            self.back.set()                     # and the receiver reads now, not after its wait
             self.connected = True
 
     def _down(self, now, error):
@@ -268,6 +270,7 @@ class Link:
         # and times that are not numbers, are left out.
         seen = {n: _seconds(t) for n, t in _pairs(nodes) if NAME.match(n)}
         directory = {a: n for a, n in _pairs(directory) if valid_agent(a) and a != SYSTEM and NAME.match(n)}
+        self._keep_lost(directory, seen, _seconds(reply[0]), timeout)
         conflicts = _pairs(conflicts)
         if conflicts != self.conflicts:
             for name, other in conflicts:
@@ -283,6 +286,20 @@ class Link:
         if changed and self.on_directory is not None:
             self.on_directory()
         return True
+
+    def _keep_lost(self, directory, seen, now, timeout):
+        """A node the server no longer knows at all (it lost its data: restarted without AOF, an
+        empty new server) keeps its agents in this node's directory until it would have timed
+        out, so that messages to them wait for it to announce itself again instead of failing
+        as unknown recipients. A name a known node gave up is forgotten at once."""
+        if now is None:
+            return
+        known = set(seen)
+        for name, (node, last) in self.history.remote_agents().items():
+            if (name not in directory and node not in known and node != self.node and isinstance(last, (int, float))
+                    and now - last < timeout):
+                directory[name] = node
+                seen.setdefault(node, last)
 
     def take_over(self, formers):
         """Move into this node's stream what was sent to this relay's former node names (a node
@@ -391,6 +408,7 @@ class Link:
     def stop(self):
         self.stopping.set()
         self.queued.set()
+        self.back.set()
         for t in self.threads:
             t.join(timeout=SOCKET_TIMEOUT + 1)
         self.threads = []
@@ -422,11 +440,13 @@ class Link:
     def _serve_in(self):
         while not self.stopping.is_set():
             if self.incoming.paused:        # until a heartbeat says the node name is this relay's
-                self.stopping.wait(MAX_WAIT)
+                self.back.wait(MAX_WAIT)
+                self.back.clear()
                 continue
             if not self.incoming.step(self.clock(), block_ms=int(MAX_WAIT * 1000)):
                 if self.incoming.failures:
-                    self.stopping.wait(self.incoming.pause())
+                    self.back.wait(self.incoming.pause())     # or until a heartbeat finds the server back
+                    self.back.clear()
 
     def once(self, now=None):
         """One pass for `relay run --once`: the directory, every publish due, every entry waiting.

@@ -474,3 +474,76 @@ def test_the_publisher_takes_large_envelopes_a_few_at_a_time_within_batch_bytes(
         assert len(n2.held("Bob")) == 12
     finally:
         server.stop()
+
+
+def test_a_directory_the_server_lost_keeps_routing_to_the_nodes_it_knew_until_they_announce_again(
+        redis_server, team, nodes):
+    """A server restarted without its data (AOF off, a new empty server) has no directory until
+    every node has announced itself again: a node whose heartbeat came first failed every message
+    to the others' agents as unknown recipients (and its local recipients with them)."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann", "Al"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob", "Cy"])
+    exchange(n1, n2, rounds=1)
+    r = client(redis_server.url)
+    for key in r.keys(f"relay:{{{team}}}:*"):
+        r.delete(key)                               # the server's data gone
+    assert n1.link.heartbeat()                      # n1 announces itself first
+    assert {a: n for a, (n, _) in n1.relay.history.remote_agents().items()} == {"Bob": "n2", "Cy": "n2"}
+    n1.drop("Ann", "m", "TO: Al, Bob\n\nafter the server lost its data")
+    counts, _ = n1.send()
+    assert counts.failed == 0 and [e["body"] for e in n1.held("Al")] == ["after the server lost its data"]
+    n2.link.heartbeat()
+    n2.receive()
+    n2.clock.advance(60)
+    n2.receive()
+    assert [e["body"] for e in n2.held("Bob")] == ["after the server lost its data"]
+    # A name its live node gave up (n2 is in the directory's nodes) is forgotten at once.
+    r.hdel(f"relay:{{{team}}}:agents", "Bob")
+    assert n1.link.heartbeat()
+    assert "Bob" not in n1.relay.history.remote_agents()
+
+
+@pytest.mark.timeout_s(60)
+def test_the_receiver_reads_again_as_soon_as_the_server_is_back_not_after_its_backoff(tmp_path, team, nodes):
+    """The receiver backs off while the server is away (up to 30 s); the publisher publishes at once
+    when the link comes back, and the receiver now reads at once too."""
+    import time
+    from fednodes import RedisServer
+    from test_federation import wait_for
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        n1 = nodes(server.url, team, "n1", ["Ann"])
+        n2 = nodes(server.url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        server.stop()
+        n2.link.incoming.failures = 10              # a long outage: its next pause is 30 s
+        n2.link.connected = False
+        n2.link.next_heartbeat = 0.0
+        n2.link.clock = time.time                   # the threads run on real time
+        n2.link.start()
+        server.start()
+        n1.drop("Ann", "m", "TO: Bob\n\nright after the outage")
+        n1.send()
+        wait_for(lambda: n2.held("Bob"), timeout=15, what="the message after the outage")
+    finally:
+        n2.link.stop()
+        server.stop()
+
+
+def test_a_chosen_id_and_a_request_id_for_a_remote_recipient(redis_server, team, nodes, cli):
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    chosen = "01M8NY4DA9BNVZQW02BT7NGYE0"
+    n1.drop("Ann", "a", f"TO: Bob\nID: {chosen}\nREQUEST-ID: r-1\n\nfirst")
+    exchange(n1, n2)
+    n1.drop("Ann", "b", "TO: Bob\nREQUEST-ID: r-1\n\nthe same request again")
+    exchange(n1, n2)
+    [env] = n2.held("Bob")
+    assert (env["id"], env["body"]) == (chosen, "first")
+    rows = list(n1.relay.history.audit())
+    repeat = next(r for r in rows if r["id"] != chosen)
+    assert outbound(n1, repeat["id"]) == {} and outbound(n1, chosen)["n2"]["status"] == "published"
+    for node in (n1, n2):
+        assert orjson.loads(cli("--root", str(node.root), "show", chosen, "--json").output)["id"] == chosen
+    assert client(redis_server.url).xlen(stream(team, "n2")) == 0
