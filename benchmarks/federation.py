@@ -99,29 +99,13 @@ def arrived(state, agents=RECEIVERS):
 
 
 def latency(base, rate, seconds, durability="full"):
-    from watchdog.events import FileSystemEventHandler
-    from watchdog.observers import Observer
-    seen = {}
-
-    class Seen(FileSystemEventHandler):
-        def on_any_event(self, event):
-            if event.event_type in ("created", "moved") and not event.is_directory:
-                path = event.dest_path if event.event_type == "moved" else event.src_path
-                if "/new/" in path:
-                    seen.setdefault(os.path.basename(path), time.time())
 
     pair = Pair(base, durability)
-    observer = Observer()
     try:
-        for r in RECEIVERS:
-            observer.schedule(Seen(), str(pair.s2 / "inbox" / r / "new"))
-        observer.start()
         count = int(rate * seconds)
         lat = bench.offer(count, rate, lambda i: (pair.s1 / "outbox" / SENDERS[i % 8], RECEIVERS[(i * 3) % 8]),
-                          [pair.s2 / "inbox" / r / "new" for r in RECEIVERS], seen, 60)
+                          [pair.s2 / "inbox" / r / "new" for r in RECEIVERS], 60)
     finally:
-        observer.stop()
-        observer.join()
         pair.stop()
     lat.sort()
     if not lat:

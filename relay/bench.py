@@ -113,25 +113,44 @@ LIMITS_OFF = {"pair_rate": 0, "pair_window": 0, "queue_limit": 0}
 FLOW_RUNS = 3           # runs with the limits on, and off, for their ratio
 
 
-def offer(count, rate, route, inboxes, seen, patience):
+def offer(count, rate, route, inboxes, patience):
     """Offer `count` messages at `rate` per second, each written the agents' way (a dot-tmp file
-    renamed in); `route(i)` gives message i's outbox directory and recipient. Wait up to
-    `patience` seconds for `seen` ({envelope name: time}, filled by a watcher of `inboxes`) to
-    hold them all. Returns the latencies in ms, from each rename to its envelope seen."""
-    sent = {}
-    t0 = time.time()
-    for i in range(count):
-        delay = t0 + i / rate - time.time()
-        if delay > 0:
-            time.sleep(delay)
-        box, to = route(i)
-        tmp = box / f".m{i}.tmp"
-        tmp.write_text(f"TO: {to}\n\ntoken {i}")
-        sent[i] = time.time()
-        os.rename(tmp, box / f"m{i}")
-    deadline = time.time() + patience
-    while len(seen) < count and time.time() < deadline:
-        time.sleep(0.05)
+    renamed in); `route(i)` gives message i's outbox directory and recipient. A watcher of
+    `inboxes` (the recipients' new/) notes when each envelope appears; wait up to `patience`
+    seconds for all. Returns the latencies in ms, from each rename to its envelope seen."""
+    from watchdog.events import FileSystemEventHandler
+    from watchdog.observers import Observer
+    seen = {}
+
+    class Seen(FileSystemEventHandler):
+        def on_any_event(self, event):
+            if event.event_type in ("created", "moved") and not event.is_directory:
+                path = event.dest_path if event.event_type == "moved" else event.src_path
+                if "/new/" in path:
+                    seen.setdefault(os.path.basename(path), time.time())
+
+    observer = Observer()
+    for new in inboxes:
+        observer.schedule(Seen(), str(new))
+    observer.start()
+    try:
+        sent = {}
+        t0 = time.time()
+        for i in range(count):
+            delay = t0 + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            box, to = route(i)
+            tmp = box / f".m{i}.tmp"
+            tmp.write_text(f"TO: {to}\n\ntoken {i}")
+            sent[i] = time.time()
+            os.rename(tmp, box / f"m{i}")
+        deadline = time.time() + patience
+        while len(seen) < count and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        observer.stop()
+        observer.join()
     lat = []
     for new in inboxes:
         for p in new.iterdir():
@@ -205,19 +224,8 @@ def preload_ledger(ledger, rows, chunk=50_000):
 def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full"):
     """Offer `rate` messages/s from `agents` agents to a running daemon; time from each rename
     into an outbox to its envelope appearing in the recipient's new/ (seen by inotify)."""
-    from watchdog.events import FileSystemEventHandler
-    from watchdog.observers import Observer
-
     root = Path(tempfile.mkdtemp(dir=base, prefix="latency-"))
     names = [f"agent{i}" for i in range(agents)]
-    seen = {}
-
-    class Seen(FileSystemEventHandler):
-        def on_any_event(self, event):
-            if event.event_type in ("created", "moved") and not event.is_directory:
-                path = event.dest_path if event.event_type == "moved" else event.src_path
-                if "/new/" in path:
-                    seen.setdefault(os.path.basename(path), time.time())
 
     # An abstract socket: no path, so no length limit from a deep benchmark directory.
     sock_path = f"@relay-bench-{os.getpid()}-{os.urandom(4).hex()}"
@@ -227,24 +235,18 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full"):
     env = dict(os.environ, RELAY_ROOT=str(root), NOTIFY_SOCKET=sock_path, RELAY_AGENTS=",".join(names),
                RELAY_DURABILITY=durability, RELAY_LOG_LEVEL="WARNING")
     proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env, stderr=subprocess.PIPE, text=True)
-    observer = Observer()
     try:
         while b"READY=1" not in sock.recv(4096):
             pass
         state = root / ".relay"
-        for n in names:
-            observer.schedule(Seen(), str(state / "inbox" / n / "new"))
-        observer.start()
         count = int(rate * seconds)
         lat = offer(count, rate, lambda i: (state / "outbox" / names[i % agents], names[(i + 1) % agents]),
-                    [state / "inbox" / n / "new" for n in names], seen, 30)
+                    [state / "inbox" / n / "new" for n in names], 30)
         # idle CPU: the daemon's CPU time over an idle second
         before = _cpu(proc.pid)
         time.sleep(2.0)
         idle = (_cpu(proc.pid) - before) / 2.0 * 100
     finally:
-        observer.stop()
-        observer.join()
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
         sock.close()
