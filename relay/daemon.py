@@ -527,9 +527,9 @@ class Relay:
             total.add(counts)
             if after is not None:
                 after(counts)
-            if counts.busy or self.hints:
+            if self.hints or self._scan is not None or self._pending is not None:
                 continue
-            now = self.clock()
+            now = self.clock()      # what the step left (a full claim, a sweep's next batch) is due now
             wait = self.next_deadline(now) - now
             if max_wait:
                 wait = min(wait, max_wait)

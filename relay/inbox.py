@@ -79,8 +79,8 @@ class Inbox:
                     w.missed[r] = transient(e, f"writing the envelope for {r}")
                 except DurabilityError as e:
                     w.missed[r] = e
-        try:
-            self.syncer.flush("inbox tmp files")
+        try:       # the envelopes' content; the directories are synced after the links
+            self.syncer.flush("inbox tmp files", dirs=False)
         except DurabilityError as e:
             for w, r, tmp, _ in staged:
                 w.missed[r] = e

@@ -41,7 +41,6 @@ GROUP = "relay"
 BATCH = 256                 # entries per read at most ...
 FIRST_READ = 8              # ... and at first, doubled each read while entries are small (batch_bytes)
 HELD = 4                    # bytes held in memory per byte of an entry read (parsed, written again)
-FEW = 4                     # envelopes a batch syncs file by file (more: one syncfs, where it flushes all)
 RETRY_BASE = 0.5            # seconds before entries not yet delivered are read again, doubled ...
 RETRY_CAP = 30.0            # ... at most this
 HEX64 = re.compile(r"[0-9a-f]{64}\Z")
@@ -68,10 +67,6 @@ class Incoming:
         self.layout = Layout(config.root, config.state_dir).create()
         self.syncer = Syncer(config.durability, self.layout.fs)
         self.inbox = Inbox(self.layout, self.syncer)
-        # A batch of a few envelopes (a node receiving at a steady rate) is made durable by fsyncs
-        # of its own files and directories, not a syncfs of the whole file system, which also
-        # waits for whatever else any process has written there.
-        self.few = Inbox(self.layout, Syncer(config.durability, self.layout.fs, mode="file"))
         self.ledger = Ledger(self.layout.ledger, durability=config.durability)
         self.history = History(self.ledger)
         self.ids = IdGenerator()
@@ -95,7 +90,6 @@ class Incoming:
         self.client.close()
         self.ledger.close()
         self.syncer.close()
-        self.few.syncer.close()
         self.layout.close()
 
     def pause(self):
@@ -304,12 +298,11 @@ class Incoming:
         if not works:
             return [], []
         batch = [w for w, _ in works]
-        inbox = self.few if sum(len(w.recipients) for w in batch) <= FEW else self.inbox
-        linked = inbox.deliver(batch)
+        linked = self.inbox.deliver(batch)     # a few envelopes are fsynced, more by syncfs (sync.py)
         try:
-            inbox.syncer.flush("inbox new/ (received)")
+            self.syncer.flush("inbox new/ (received)")
         except DurabilityError as e:
-            inbox.unlink(linked, e)
+            self.inbox.unlink(linked, e)
         done, gave_up = [], []
         for w, item in works:
             if w.complete:

@@ -15,7 +15,11 @@ flush, chosen per file system:
 - "fs": one syncfs(2) of the state directory's file system. Used only on file systems known to
   flush everything on syncfs (ext2/3/4, XFS, Btrfs, tmpfs), decided by the statfs magic of the
   state directory. syncfs returns 0 and flushes nothing on FUSE (and so LazyFS), NFS, 9p and
-  many other mounts; there "file" is used.
+  many other mounts; there "file" is used. A small flush (at most FEW files and FEW_DIRS
+  directories noted, a daemon delivering a steady trickle) is made by fsyncs even there, one
+  after another: syncfs walks every cached inode of the file system and waits for whatever any
+  process wrote on it, where an fsync waits for one journal commit, which the later fsyncs of
+  the same flush find done.
 
 With durability "normal" nothing is synced. An fsync error raises DurabilityError and is never
 retried: the data may be lost. `fsync` is a seam: on macOS it is fcntl(F_FULLFSYNC), since
@@ -40,6 +44,8 @@ log = logging.getLogger(__name__)
 SYNCFS_HONOURED = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs"}
 POOL_SIZE = 16
 MAX_HELD = 256           # files held open for the batch's sync before an early flush
+FEW = 4                  # "fs" mode: a flush of at most this many files ...
+FEW_DIRS = 2             # ... and directories is made by fsyncs, not syncfs
 
 _libc = None
 
@@ -105,6 +111,7 @@ class Syncer:
         self.syncfs = syncfs                   # a seam too: tests count or fail it
         self.files = []                        # descriptors held until the next flush
         self.dirs = set()                      # relative paths of changed directories
+        self.many = False                      # "fs" mode: more than FEW files since the last flush
         self._pool = None
         self._later = None                     # the one thread of flush_later()
         self._lock = threading.Lock()
@@ -118,12 +125,18 @@ class Syncer:
 
     def file_written(self, fd):
         """Take over the descriptor of a file just written; it is synced by the next flush."""
-        if self.durable and self.mode == "file":
+        if not self.durable:
+            os.close(fd)
+        elif self.mode == "file":
             self.files.append(fd)
             if len(self.files) >= MAX_HELD:
                 self._sync_files("written files")
-        else:
+        elif self.many or len(self.files) >= FEW:       # a syncfs flushes them all
+            self.many = True
+            self._close_files()
             os.close(fd)
+        else:
+            self.files.append(fd)
 
     def sync_now(self, fd, what):
         """Sync one file at once (rare paths that must not wait for the batch)."""
@@ -134,20 +147,30 @@ class Syncer:
         if self.durable:
             self.dirs.add(rel)
 
-    def flush(self, what):
-        """Make everything noted so far durable. `what` names it for the error."""
+    def flush(self, what, dirs=True):
+        """Make everything noted so far durable. `what` names it for the error. With `dirs`
+        False, the files written (their content) at least: the directories noted may wait for
+        the next flush (which a syncfs makes needless, and so forgets them)."""
         if not self.durable:
             self.dirs.clear()
             return
+        whole = self._whole(dirs)
         try:
-            if self.mode == "fs":
+            if whole:
                 self._close_files()
                 self._call(self.syncfs, self.state.fd, what)
             else:
                 self._sync_files(what)
-                self._sync_dirs(what)
+                if dirs:
+                    self._sync_dirs(what)
         finally:
-            self.dirs.clear()
+            if dirs or whole:
+                self.dirs.clear()
+            self.many = False
+
+    def _whole(self, dirs=True):
+        """Whether this flush is one syncfs ("fs" mode, and more than a few things to sync)."""
+        return self.mode == "fs" and (self.many or (dirs and len(self.dirs) > FEW_DIRS))
 
     def flush_later(self, what, submit=None):
         """Start making durable everything noted so far on another thread (`submit(fn, *args)`,
@@ -162,10 +185,12 @@ class Syncer:
             if self._later is None:
                 self._later = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relay-commit")
             submit = self._later.submit
-        if self.mode == "fs":
+        if self._whole():
             self._close_files()
             self.dirs.clear()
+            self.many = False
             return submit(self._call, self.syncfs, self.state.fd, what).result
+        self.many = False
         files, self.files = self.files, []
         jobs = [(fd, what) for fd in files]
         try:
@@ -243,8 +268,10 @@ class Syncer:
                     os.close(fd)
 
     def _all(self, jobs):
-        """fsync every (fd, what), many at once; the first error is raised after all ran."""
-        if len(jobs) <= 2:
+        """fsync every (fd, what), many at once; the first error is raised after all ran. In "fs"
+        mode (a journalling file system: the first fsync commits what the others wait for) and
+        for two or fewer, one after another on this thread."""
+        if len(jobs) <= 2 or self.mode == "fs":
             for fd, what in jobs:
                 self._call(self.fsync, fd, what)
             return

@@ -59,7 +59,7 @@ def after_synced(syncer, what):
 def main(root, boundary, phase="deliver"):
     cfg = config_mod.load(root, ".relay", env={}, overrides={"agents": ["Ann", "Ben", "Cy"]})
     relay = Relay(cfg, sync_mode=os.environ.get("CRASH_SYNC_MODE", "file"))
-    flush = lambda what: (lambda w: w == what)  # noqa: E731
+    flush = lambda what: (lambda w, **k: w == what)  # noqa: E731
     points = {
         "registered-claimed": lambda: after(relay.ledger, "register_and_claim", when=lambda f, *a, **k: bool(f)),
         "custody": lambda: after(relay.fs, "rename", when=lambda src, dst, **k: src.startswith("outbox/")),

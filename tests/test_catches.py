@@ -13,6 +13,7 @@ from relay import operator
 from relay.work import MAX_BACKOFF, backoff
 from relay.fs import StateDir
 from relay.outbox import HEADER_ALLOWANCE
+from relay.sync import FEW
 
 
 def test_a_row_already_processing_is_never_claimed_again(project):
@@ -115,13 +116,20 @@ def test_a_file_over_the_cap_is_refused_by_its_size_before_it_is_read(project):
     assert row["status"] == "failed" and "bytes, over max_body_bytes (1000) plus room for headers" in row["error"]
 
 
-def test_fs_mode_syncs_the_file_system_once_per_phase_and_an_error_fails(project):
-    relay = project.relay(sync_mode="fs")
-    calls = []
-    relay.syncer.syncfs = lambda fd: calls.append(fd)
+def test_fs_mode_syncs_a_few_envelopes_by_fsync_and_a_batch_by_syncfs_and_an_error_fails(project):
+    fsyncs, calls = [], []
+    relay = project.relay(sync_mode="fs", fsync=fsyncs.append)
+    relay.syncer.syncfs = calls.append
     project.drop("Ann", "m", "TO: Ben\n\nx")
     relay.step()
-    assert len(calls) == 2                          # envelopes; then links and the archive move
+    # One envelope: its own fsync before the link; then one syncfs for the links, the archive
+    # move and the outbox and spool directories.
+    assert len(fsyncs) == 1 and len(calls) == 1
+    for i in range(FEW + 1):
+        project.drop("Ann", f"b{i}", f"TO: Ben, Cy\n\nb{i}")
+    relay.hint("rescan")
+    relay.step(project.clock.advance(1))
+    assert len(fsyncs) == 1 and len(calls) == 3     # more than a few envelopes: one syncfs per phase
 
     def eio(fd):
         raise OSError(errno.EIO, "Input/output error")
@@ -132,7 +140,19 @@ def test_fs_mode_syncs_the_file_system_once_per_phase_and_an_error_fails(project
     relay.step(project.clock.advance(1))
     failed = [r for r in relay.history.audit() if r["name"] == "n"]
     assert failed[0]["status"] == "failed" and "Input/output error" in failed[0]["error"]
-    assert [e["body"] for e in project.inbox("Ben")] == ["x"]
+
+
+def test_fs_mode_an_envelope_fsync_error_fails_the_message(project):
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    relay = project.relay(sync_mode="fs", fsync=eio)
+    relay.syncer.syncfs = lambda fd: None
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.step()
+    [row] = relay.history.audit()
+    assert row["status"] == "failed" and "Input/output error" in row["error"]
+    assert project.inbox("Ben") == []
 
 
 def test_backoff_doubles_and_is_capped():

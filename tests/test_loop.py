@@ -42,6 +42,25 @@ def test_run_waits_until_woken(project):
     assert steps[0].claimed == 0 and len(project.inbox("Ben")) == 1
 
 
+def test_a_step_that_left_nothing_is_not_followed_by_an_empty_one(project):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    stop = threading.Event()
+    steps = []
+
+    def end():
+        stop.set()
+        relay.wake.set()
+
+    def after(counts):
+        steps.append(counts)
+        threading.Timer(0.05, end).start()
+    relay.run(stop, after=after)
+    # The message was claimed, delivered and recorded in one step; nothing was left, so the
+    # loop waited for a wake instead of stepping (and opening a ledger transaction) again.
+    assert [c.archived for c in steps] == [1]
+
+
 def test_what_before_raises_ends_the_loop(project):
     relay = project.relay()
 
