@@ -149,7 +149,9 @@ class Outbox:
                 return self._wait(key, now, first[1] + self.settle, "settling (dated in the future)")
         elif not hinted and age < self.settle:
             return self._wait(key, now, st.st_mtime + self.settle, "settling")
-        if self._busy(sender, name):
+        # A closed (or renamed-in) file is taken at once: a writer that still holds it is found
+        # by the lease read() takes on the spooled file, which defers it.
+        if not hinted and self._busy(sender, name):
             return self._wait(key, now, now + max(self.settle, MIN_RECHECK), "held open for writing")
         self._forget(key)
         return Found(sender, name, st.st_mtime)

@@ -184,6 +184,23 @@ def test_a_held_open_file_is_found_busy_before_any_claim(project):
         assert relay.outbox.waiting[("Ann", "m")][1] == "held open for writing"
 
 
+def test_a_file_renamed_in_while_still_held_open_is_deferred_then_delivered_whole(project, clock):
+    # A hint that it was closed or renamed in skips the look for writers before the claim; the
+    # lease taken on the spooled file finds the writer, and nothing half-written is delivered.
+    relay = project.relay(settle="1s")
+    box = project.state / "outbox/Ann"
+    with open(box / ".m.tmp", "w") as f:
+        f.write("TO: Ben\n\nhalf")
+        f.flush()
+        os.rename(box / ".m.tmp", box / "m")
+        relay.hint("closed", "Ann", "m")
+        counts = relay.step(clock.now)
+        assert counts.claimed == 1 and counts.deferred == 1 and project.inbox("Ben") == []
+        f.write(" and whole")
+    relay.step(clock.advance(2))
+    assert [e["body"] for e in project.inbox("Ben")] == ["half and whole"]
+
+
 def test_a_partial_sweep_leaves_a_chain_that_verifies(project, clock):
     relay = project.relay()
     for i in range(3):
