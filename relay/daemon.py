@@ -14,6 +14,7 @@ service.py supplies what only a process has. Relay composes the rooms: recovery.
 retention.py and the file and ledger rooms below them.
 """
 import collections
+import concurrent.futures
 import dataclasses
 import hashlib
 import itertools
@@ -56,6 +57,16 @@ CHECK_EVERY = 1.0        # while the loop waits, seconds between two calls of th
 STEP_PAUSE = 1.0         # the wait after a failed step, doubled for each failure in a row
 MAX_STEP_PAUSE = 60.0    # and at most this
 RESTART_KEYS = ("root", "state_dir", "federation")    # what a reload cannot change under a running relay
+
+
+def inline(fn, *args):
+    """An executor's submit that runs `fn` at once, on the caller's thread."""
+    done = concurrent.futures.Future()
+    try:
+        done.set_result(fn(*args))
+    except BaseException as e:  # noqa: BLE001 - raised again by result(), where it is waited for
+        done.set_exception(e)
+    return done
 
 
 class Relay:
@@ -292,7 +303,9 @@ class Relay:
         # links are durable is found there by recovery (its claim names the path) and delivered
         # again, idempotently. It runs while the next batch is claimed, taken and read (group
         # commit); finish() waits for it, then records this batch (T2).
-        wait = self.syncer.flush_later("inbox new/, archive and outbox directories", self.submit)
+        # With nothing more ready it runs here, without a hand-off to the syncer's thread.
+        wait = self.syncer.flush_later("inbox new/, archive and outbox directories",
+                                       self.submit if self._more_ready(rows) else inline)
         self._pending = (works, linked, now, delivered, wait)
 
     def _more_ready(self, claimed):
