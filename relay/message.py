@@ -8,6 +8,7 @@ names to see that it lies inside the project root.
 """
 import dataclasses
 import datetime
+import math
 
 import orjson
 
@@ -44,25 +45,31 @@ class Message:
     request_id: str = None
 
 
-_iso_second = [None, ""]
+_iso_seconds = {}        # epoch second -> "YYYY-MM-DDTHH:MM:SS", the last few formatted
+MAX_ISO_SECONDS = 64
 
 
 MIN_TS, MAX_TS = -62135596800.0, 253402300799.0     # 0001-01-01 .. 9999-12-31T23:59:59
 
 
 def iso(ts):
-    """UTC ISO 8601 with microseconds and a Z (the formatted second is reused). A time beyond
-    what the calendar can show (a file dated year 30000) is shown at the calendar's end."""
+    """UTC ISO 8601 with microseconds and a Z (the formatted second is reused: an envelope's
+    sent_at and relayed_at are two seconds that recur batch after batch). A time beyond what the
+    calendar can show (a file dated year 30000) is shown at the calendar's end."""
     if not MIN_TS <= ts <= MAX_TS:
         ts = MIN_TS if ts < MIN_TS else MAX_TS
-    second = int(ts // 1)
-    micro = int(round((ts - second) * 1e6))
+    second = math.floor(ts)
+    micro = round((ts - second) * 1e6)
     if micro >= 1_000_000:
         second, micro = second + 1, micro - 1_000_000
-    if _iso_second[0] != second:
+    text = _iso_seconds.get(second)
+    if text is None:
+        if len(_iso_seconds) >= MAX_ISO_SECONDS:
+            _iso_seconds.clear()
         d = datetime.datetime.fromtimestamp(second, datetime.timezone.utc)
-        _iso_second[:] = [second, f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}"]
-    return f"{_iso_second[1]}.{micro:06d}Z"
+        text = _iso_seconds[second] = (f"{d.year:04d}-{d.month:02d}-{d.day:02d}T"
+                                       f"{d.hour:02d}:{d.minute:02d}:{d.second:02d}")
+    return f"{text}.{micro:06d}Z"
 
 
 def _kind_from_name(filename):
