@@ -4,7 +4,8 @@ written the obvious way, over many inputs and the edges where a shortcut would g
 import datetime
 import random
 
-from relay import message
+from relay import ids, message
+from relay.ids import ALPHABET
 
 UTC = datetime.timezone.utc
 
@@ -56,3 +57,33 @@ def test_iso_cache_stays_small():
         message.iso(1_600_000_000 + s + 0.5)
     assert len(message._iso_seconds) <= message.MAX_ISO_SECONDS
     assert message.iso(1_600_000_000.5) == _datetime_iso(1_600_000_000.5)
+
+
+
+def _chars(value, length):
+    """`length` characters of the id alphabet for `value`, 5 bits each, most significant first."""
+    return "".join(ALPHABET[(value >> (5 * i)) & 31] for i in range(length - 1, -1, -1))
+
+
+def test_id_text_is_the_milliseconds_then_the_random_part_each_cut_to_its_width():
+    rng = random.Random(15)
+    cases = [(0, 0), (2 ** 48 - 1, 2 ** 80 - 1), (2 ** 50 + 7, 2 ** 80 + 3), (-1, 5), (1_760_000_000_123, 2 ** 79)]
+    cases += [(rng.randrange(2 ** 48), rng.randrange(2 ** 80)) for _ in range(2000)]
+    for ms, rand in cases:
+        assert ids.id_text(ms, rand) == _chars(ms, 10) + _chars(rand, 16) == ids._encode(ms, 10) + ids._encode(rand, 16)
+
+
+def test_ids_of_one_millisecond_count_up():
+    gen = ids.IdGenerator()
+    first = gen.new(1_760_000_000.123)
+    second, later = gen.new(1_760_000_000.1234), gen.new(1_760_000_000.124)
+    assert first[:10] == second[:10] == _chars(1_760_000_000_123, 10) and later[:10] == _chars(1_760_000_000_124, 10)
+    assert first < second < later
+    assert _from_chars(second[10:]) == _from_chars(first[10:]) + 1
+
+
+def _from_chars(text):
+    value = 0
+    for c in text:
+        value = value * 32 + ALPHABET.index(c)
+    return value
