@@ -78,6 +78,9 @@ def _kind_from_name(filename):
 
 
 def _split_names(value):
+    if "," not in value:                # one name, the common case
+        value = value.strip()
+        return [value] if value else []
     return [n.strip() for n in value.split(",") if n.strip()]
 
 
@@ -184,7 +187,7 @@ def _parse_header(text):
 
 def parse(data, filename, max_body_bytes):
     """A Message from a file's bytes; MessageRefused with a human reason otherwise."""
-    if not data.strip():
+    if not data or data.isspace():
         raise MessageRefused("the file is empty")
     if data.startswith(BOM):
         data = data[len(BOM):]
@@ -192,14 +195,15 @@ def parse(data, filename, max_body_bytes):
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise MessageRefused(f"not UTF-8 text (invalid byte 0x{data[e.start]:02x} at offset {e.start})") from None
-    if text.lstrip().startswith("{"):
+    if text[:1] == "{" or text[:1].isspace() and text.lstrip().startswith("{"):
         names, fields, body, headers, has_to = _parse_json(text)
         fmt = "json"
     else:
         names, fields, body, headers, has_to = _parse_header(text)
         fmt = "header"
-        body = body.replace("\r\n", "\n") if "\r\n" in body else body
-    size = len(body.encode("utf-8"))
+        if "\r" in body:                # one character: found by memchr, where a pair is searched slowly
+            body = body.replace("\r\n", "\n")
+    size = len(body) if body.isascii() else len(body.encode("utf-8"))
     if size > max_body_bytes:
         raise TooLarge(f"the body is {size} bytes, over max_body_bytes ({max_body_bytes})", max_body_bytes, size,
                        names)

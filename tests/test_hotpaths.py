@@ -4,7 +4,11 @@ written the obvious way, over many inputs and the edges where a shortcut would g
 import datetime
 import random
 
+import orjson
+import pytest
+
 from relay import ids, message
+from relay.errors import MessageRefused, TooLarge
 from relay.ids import ALPHABET
 
 UTC = datetime.timezone.utc
@@ -87,3 +91,41 @@ def _from_chars(text):
     for c in text:
         value = value * 32 + ALPHABET.index(c)
     return value
+
+
+def test_parse_shortcuts_keep_their_meaning():
+    """A blank file of any ASCII whitespace is empty; JSON is found after leading whitespace of
+    any kind; a lone CR stays in a body, CRLF becomes LF; the body's size is counted in bytes."""
+    for blank in (b" ", b"\n\r\t\x0b\x0c ", b"\x0c"):
+        with pytest.raises(MessageRefused, match="the file is empty"):
+            message.parse(blank, "m", 100)
+    for lead in ("", " ", "\n\t"):
+        m = message.parse((lead + '{"to": "Bob", "body": "x"}').encode(), "m", 100)
+        assert (m.format, m.to, m.body) == ("json", ("Bob",), "x"), repr(lead)
+    with pytest.raises(MessageRefused, match="invalid JSON"):       # read as JSON, which has no em space
+        message.parse('\u2003{"to": "Bob"}'.encode(), "m", 100)
+    m = message.parse("\u2003TO: Bob\n\nx".encode(), "m", 100)    # no brace: a header file (its key has a space)
+    assert m.format == "header" and m.to == ("Bob",)
+    assert message.parse(b"TO: Bob\n\na\rb\r\nc\r\n", "m", 100).body == "a\rb\nc\n"
+    assert message.parse(b"TO: Bob\n\nno carriage return", "m", 100).body == "no carriage return"
+    body = "\u00e9" * 50                                      # 50 characters, 100 bytes
+    assert message.parse(f"TO: Bob\n\n{body}".encode(), "m", 100).body == body
+    with pytest.raises(TooLarge) as e:
+        message.parse(f"TO: Bob\n\n{body}x".encode(), "m", 100)
+    assert (e.value.limit, e.value.observed) == (100, 101)
+    assert message.parse(b"TO: Bob\n\n" + b"a" * 100, "m", 100).body == "a" * 100
+    with pytest.raises(TooLarge):
+        message.parse(b"TO: Bob\n\n" + b"a" * 101, "m", 100)
+
+
+def test_names_split_alike_with_and_without_commas():
+    for value, names in {"Bob": ("Bob",), "  Bob  ": ("Bob",), "": None, "   ": None, "Bob, Carol": ("Bob", "Carol"),
+                         " , Bob,,Carol , ": ("Bob", "Carol")}.items():
+        if names is None:
+            with pytest.raises(MessageRefused, match="no recipient"):
+                message.parse(f"TO: {value}\n\nx".encode(), "m", 100)
+            with pytest.raises(MessageRefused, match="no recipient"):
+                message.parse(orjson.dumps({"to": value, "body": "x"}), "m", 100)
+        else:
+            assert message.parse(f"TO: {value}\n\nx".encode(), "m", 100).to == names
+            assert message.parse(orjson.dumps({"to": value, "body": "x"}), "m", 100).to == names
