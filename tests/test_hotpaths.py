@@ -2,12 +2,13 @@
 parsed message, the verdict on a stored row. Each fast path is checked against a reference
 written the obvious way, over many inputs and the edges where a shortcut would go wrong."""
 import datetime
+import os
 import random
 
 import orjson
 import pytest
 
-from relay import ids, message
+from relay import fs, ids, message
 from relay.errors import MessageRefused, TooLarge
 from relay.ids import ALPHABET
 
@@ -129,3 +130,37 @@ def test_names_split_alike_with_and_without_commas():
         else:
             assert message.parse(f"TO: {value}\n\nx".encode(), "m", 100).to == names
             assert message.parse(orjson.dumps({"to": value, "body": "x"}), "m", 100).to == names
+
+
+def test_path_split_fast_path_refuses_what_the_checks_refuse():
+    for rel in ("a", "archive/2026-01-01/Bob/X--m.md", "a/.b/c..", "...", "a/ b", "spool/Bob/\udcff"):
+        assert fs.split(rel) == rel.split("/"), rel
+    for rel in ("", "/a", "a/", "a//b", ".", "..", "a/./b", "a/../b", "../a", "a/..", "a\0b", "a/\0", "/"):
+        with pytest.raises(fs.Unsafe, match="is not a path inside the state directory"):
+            fs.split(rel)
+    assert fs.split(("a", "b")) == ["a", "b"]
+    with pytest.raises(fs.Unsafe):
+        fs.split(("a", "b/c"))
+
+
+def test_the_directory_cache_stays_bounded_and_a_rename_keeps_both_its_directories(tmp_path):
+    """The cache of directory descriptors is trimmed before an operation, never between the two
+    paths of a rename (which would close the first path's directory under it)."""
+    state = fs.StateDir(tmp_path)
+    try:
+        for i in range(fs.MAX_CACHED + 40):
+            state.makedirs(f"d/{i}")
+        assert len(state._dirs) <= fs.MAX_CACHED + 1
+        for n in range(fs.MAX_CACHED - 2, fs.MAX_CACHED + 3):    # the cache just under, at and over its bound
+            os.close(state.create(f"d/{n}/m"))
+            state.forget()
+            for i in range(n):
+                state.dir(f"d/{i}")
+            state.rename(f"d/{n}/m", f"d/{n + 1}/m")      # both directories new to the cache
+            state.link(f"d/{n + 1}/m", f"d/{n + 2}/m")
+            assert state.lstat(f"d/{n + 2}/m").st_nlink == 2 and not state.exists(f"d/{n}/m")
+            state.unlink(f"d/{n + 1}/m")
+            state.unlink(f"d/{n + 2}/m")
+            assert len(state._dirs) <= fs.MAX_CACHED + 3
+    finally:
+        state.close()
