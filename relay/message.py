@@ -258,10 +258,11 @@ def resolve(message, sender, known, create_unknown=False):
 
     Returns (recipients, created) where `created` are unknown names to create an inbox for.
     """
-    out, unknown = [], []
+    out, unknown, broadcast = [], [], False
     for name in message.to:
         if name in BROADCAST:
             out.extend(sorted(a for a in known if a != sender))
+            broadcast = True
         elif name == SYSTEM or name in known:
             out.append(name)
         else:
@@ -271,7 +272,7 @@ def resolve(message, sender, known, create_unknown=False):
         agents = sorted(known)
         listed = ", ".join(agents[:30]) + (f" ... ({len(agents)} in all)" if len(agents) > 30 else "")
         raise MessageRefused(f"unknown recipient {shown}; known agents: {listed or '(none)'}")
-    recipients = list(dict.fromkeys(out + unknown))
+    recipients = out + unknown if len(message.to) == 1 and not broadcast else list(dict.fromkeys(out + unknown))
     if not recipients:
         raise MessageRefused("broadcast with no other agent to receive it")
     return recipients, unknown
@@ -297,8 +298,10 @@ def accept(data, name, sender, known, config, *, mid, sent_at, relayed_at, sha25
     try:
         create = config.unknown_recipient == "create"
         names = known()
-        if any(n not in names and n not in BROADCAST and n != SYSTEM for n in message.to):
-            names = known(refresh=True)
+        for n in message.to:
+            if n not in names and n not in BROADCAST and n != SYSTEM:
+                names = known(refresh=True)
+                break
         cwd = message.control.get("cwd")
         if cwd is not None and not is_inside(config.root / cwd, config.root):
             raise MessageRefused(f"CWD {cwd!r} is outside the project root {config.root}")

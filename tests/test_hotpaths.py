@@ -164,3 +164,15 @@ def test_the_directory_cache_stays_bounded_and_a_rename_keeps_both_its_directori
             assert len(state._dirs) <= fs.MAX_CACHED + 3
     finally:
         state.close()
+
+
+def test_recipients_are_each_named_once_whatever_the_shortcut():
+    known = {"Ann", "Bob", "Cy"}
+    for to, want in {"Bob": ["Bob"], "*, Bob": ["Bob", "Cy"], "Bob, *": ["Bob", "Cy"], "Bob, Broadcast, *": ["Bob", "Cy"],
+                     "Cy, Bob, Cy": ["Cy", "Bob"], "System": ["System"]}.items():
+        m = message.parse(f"TO: {to}\n\nx".encode(), "m", 100)
+        assert message.resolve(m, "Ann", known) == (want, []), to
+    m = message.parse(b"TO: Zed\n\nx", "m", 100)
+    assert message.resolve(m, "Ann", known, create_unknown=True) == (["Zed"], ["Zed"])
+    m = message.parse(b"TO: Zed, *\n\nx", "m", 100)
+    assert message.resolve(m, "Ann", known, create_unknown=True) == (["Bob", "Cy", "Zed"], ["Zed"])
