@@ -223,8 +223,9 @@ def parse(data, filename, max_body_bytes):
     if bad:
         shown = ", ".join(repr(n[:70]) for n in bad[:5]) + (" ..." if len(bad) > 5 else "")
         raise MessageRefused(f"invalid recipient name {shown}: agent names match {AGENT_NAME_RULE}")
-    control = {k: fields[k] for k in CONTROL_KEYS if fields.get(k) is not None}
-    return Message(to=tuple(dict.fromkeys(names)), kind=kind, thread=fields.get("thread") or None,
+    control = {} if fields.keys().isdisjoint(CONTROL_KEYS) else \
+        {k: fields[k] for k in CONTROL_KEYS if fields.get(k) is not None}
+    return Message(to=(names[0],) if len(names) == 1 else tuple(dict.fromkeys(names)), kind=kind, thread=fields.get("thread") or None,
                    subject=fields.get("subject") or None, body=body, headers=headers,
                    control=control, format=fmt, id=chosen_id(fields.get("id")),
                    request_id=request_id(fields.get("request_id")))

@@ -176,3 +176,11 @@ def test_recipients_are_each_named_once_whatever_the_shortcut():
     assert message.resolve(m, "Ann", known, create_unknown=True) == (["Zed"], ["Zed"])
     m = message.parse(b"TO: Zed, *\n\nx", "m", 100)
     assert message.resolve(m, "Ann", known, create_unknown=True) == (["Bob", "Cy", "Zed"], ["Zed"])
+
+
+def test_control_fields_found_whether_or_not_a_file_has_any():
+    assert message.parse(b"TO: Bob\nSUBJECT: s\n\nx", "m", 100).control == {}
+    assert message.parse(b'{"to": "Bob", "cwd": null, "model": null}', "m", 100).control == {}
+    m = message.parse(b"KIND: spawn\nNAME: Zed\nCLI: claude\nX-Other: 1\n\nx", "m", 100)
+    assert m.control == {"name": "Zed", "cli": "claude"} and m.to == ("System",) and m.headers == {"X-Other": "1"}
+    assert message.parse(b'{"to": "Bob", "model": "m1", "cwd": null}', "m", 100).control == {"model": "m1"}
