@@ -141,8 +141,12 @@ def _depth(value):
     return deepest
 
 
+_HEADER_FIELDS = frozenset(KNOWN_KEYS) - {"to", "body"}   # a header of another name is passed through
+
+
 def _parse_header(text):
     fields, headers = {}, {}
+    names = []
     has_to = False
     pos = 0
     total = len(text)
@@ -152,36 +156,34 @@ def _parse_header(text):
         end = text.find("\n", pos)
         if end < 0:
             end = total
-        line = text[pos:end]
-        nxt = end + 1
         lineno += 1
-        if len(line) > MAX_HEADER_LINE:
-            raise MessageRefused(f"header line {lineno} is {len(line)} characters long "
+        if end - pos > MAX_HEADER_LINE:
+            raise MessageRefused(f"header line {lineno} is {end - pos} characters long "
                                  f"(at most {MAX_HEADER_LINE}); is the blank line after the headers missing?")
         if pos > MAX_HEADER_BYTES:
             raise MessageRefused(f"the headers are longer than {MAX_HEADER_BYTES} bytes; "
                                  "is the blank line after the headers missing?")
-        if line.endswith("\r"):
+        line = text[pos:end]
+        if line[-1:] == "\r":
             line = line[:-1]
-        if not line.strip():
-            body = text[nxt:] if nxt <= total else ""
-            break
         key, sep, value = line.partition(":")
+        if not sep and not line.strip():
+            body = text[end + 1:]
+            break
         key = key.strip()
         if not sep or not key or " " in key:
             raise MessageRefused(f"line {lineno} is not a 'Key: value' header ({line[:60]!r}); "
                                  "headers come first, then one blank line, then the body")
-        low = ALIASES.get(key.lower(), key.lower())
-        value = value.strip()
+        low = key.lower()
+        low = ALIASES.get(low, low)
         if low == "to":
             has_to = True
-            fields.setdefault("to", []).extend(_split_names(value))
-        elif low in KNOWN_KEYS and low != "body":
-            fields[low] = value
+            names.extend(_split_names(value))
+        elif low in _HEADER_FIELDS:
+            fields[low] = value.strip()
         else:
-            headers[key] = value
-        pos = nxt
-    names = fields.pop("to", [])
+            headers[key] = value.strip()
+        pos = end + 1
     return names, fields, body, headers, has_to
 
 
