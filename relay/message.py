@@ -323,5 +323,6 @@ def envelope(message_id, sender, recipients, message, sent_at, relayed_at, sourc
            "thread": message.thread, "subject": message.subject, "body": message.body,
            "headers": message.headers, "sent_at": iso(sent_at), "relayed_at": iso(relayed_at),
            "source": source, "sha256": sha256}
-    doc.update(message.control)
+    if message.control:
+        doc.update(message.control)
     return orjson.dumps(doc)
