@@ -184,3 +184,18 @@ def test_control_fields_found_whether_or_not_a_file_has_any():
     m = message.parse(b"KIND: spawn\nNAME: Zed\nCLI: claude\nX-Other: 1\n\nx", "m", 100)
     assert m.control == {"name": "Zed", "cli": "claude"} and m.to == ("System",) and m.headers == {"X-Other": "1"}
     assert message.parse(b'{"to": "Bob", "model": "m1", "cwd": null}', "m", 100).control == {"model": "m1"}
+
+
+def test_envelope_bytes_are_as_before():
+    """An envelope's keys in their order, control fields last, times from iso()."""
+    m = message.parse(b"TO: Bob\nSUBJECT: hi\nX-Prio: high\n\nhello\n", "m1", 100)
+    got = message.envelope("01KAAAAAAAAAAAAAAAAAAAAAAA", "Ann", ["Bob"], m, 1_700_000_000.25, 1_700_000_001.0000004,
+                           "m1", "ab" * 32)
+    assert got == (b'{"id":"01KAAAAAAAAAAAAAAAAAAAAAAA","from":"Ann","to":["Bob"],"kind":"message","thread":null,'
+                   b'"subject":"hi","body":"hello\\n","headers":{"X-Prio":"high"},'
+                   b'"sent_at":"2023-11-14T22:13:20.250000Z","relayed_at":"2023-11-14T22:13:21.000000Z",'
+                   b'"source":"m1","sha256":"' + b"ab" * 32 + b'"}')
+    c = message.parse(b'{"kind": "spawn", "name": "Zed", "cli": "claude", "body": "go"}', "spawn.json", 100)
+    got = message.envelope("01KAAAAAAAAAAAAAAAAAAAAAAB", "Ann", ["System"], c, 0.0, 0.5, "spawn.json", "cd" * 32)
+    assert got.endswith(b'"sent_at":"1970-01-01T00:00:00.000000Z","relayed_at":"1970-01-01T00:00:00.500000Z",'
+                        b'"source":"spawn.json","sha256":"' + b"cd" * 32 + b'","name":"Zed","cli":"claude"}')
