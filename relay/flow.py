@@ -90,11 +90,11 @@ def report(archive, w, now):
     others says so where the sender's failures land. A report left by an attempt that a crash
     cut short, on a message now shed for nobody, is removed. A report that cannot be written (a
     link planted in failed/) is logged; the ledger's records stand."""
-    rel = archive.layout.failed_rel(w.sender, w.id, w.name)
     if not w.shed:
         if w.thorough and w.complete and not w.shed_before:
-            archive.fs.unlink_quietly(rel + SHED_REPORT)
+            archive.fs.unlink_quietly(archive.layout.failed_rel(w.sender, w.id, w.name) + SHED_REPORT)
         return
+    rel = archive.layout.failed_rel(w.sender, w.id, w.name)
     doc = archive.report(w.id, w.sender, w.name, summary(w.shed, everyone=False), now, w.retries + 1,
                          sorted(set(w.got) | set(w.had)), entries(w))
     doc["what_to_do"] = WHAT_TO_DO
@@ -106,6 +106,7 @@ def report(archive, w, now):
 
 
 SHED_REPORT = ".shed.json"
+NO_SHEDS = {}       # of a message shed for nobody before (read only)
 WHAT_TO_DO = ("the recipients listed under `shed` did not get this message (the others did): per_pair_rate, wait "
               "for the window to pass; queue_limit, the recipient must read its inbox; then send it to them again")
 
@@ -155,7 +156,7 @@ class FlowControl:
                 w.refused = (f"agent {w.sender} is archived (relay archive-agent): relay accepts nothing from it; "
                              f"`relay archive-agent --undo {w.sender}` restores it")
                 continue
-            before = prior.get(w.id, {})
+            before = prior.get(w.id, NO_SHEDS)
             if archived and w.message is not None and any(n in BROADCAST for n in w.message.to):
                 named = set(w.message.to)
                 w.recipients = [r for r in w.recipients if r not in archived or r in named]
@@ -177,7 +178,8 @@ class FlowControl:
                     adds[(w.sender, r)] += 1
                 else:
                     w.shed[r] = shed
-            if w.recipients and all(r in w.shed or r in w.shed_before for r in w.recipients):
+            if (w.shed or w.shed_before) and w.recipients and all(r in w.shed or r in w.shed_before
+                                                                  for r in w.recipients):
                 w.refused = summary({**w.shed_before, **w.shed})
 
     def _check(self, sender, r, now, config, archived, adds, listed, limits=True):

@@ -61,7 +61,12 @@ def shown(name):
 
 def split(rel):
     """The components of a relative path, each checked: no empty, '.', '..' or NUL."""
-    parts = rel.split("/") if isinstance(rel, str) else list(rel)
+    if isinstance(rel, str):
+        parts = rel.split("/")
+        if "\0" not in rel and "" not in parts and "." not in parts and ".." not in parts:
+            return parts            # each part checked at once (split by "/", none holds one)
+    else:
+        parts = list(rel)
     for p in parts:
         if not p or p in (".", "..") or "\0" in p or "/" in p:
             raise Unsafe(errno.EINVAL, f"{shown('/'.join(parts))!r} is not a path inside the state directory")
@@ -159,8 +164,11 @@ class StateDir:
             fd = child
         return fd
 
-    def _at(self, rel, create=False):
-        """(directory fd, last component) of `rel`."""
+    def _at(self, rel, create=False, first=True):
+        """(directory fd, last component) of `rel`. For the `first` path of an operation the
+        cache is kept bounded first (as _trim), never between the two paths of a rename."""
+        if first and len(self._dirs) > MAX_CACHED:
+            self.forget()
         d, _, name = rel.rpartition("/")
         if not name or name in (".", "..") or "\0" in name:
             split(rel)              # raises with the reason
@@ -203,7 +211,6 @@ class StateDir:
     # -- files ------------------------------------------------------------------------------
 
     def lstat(self, rel):
-        self._trim()
         fd, name = self._at(rel)
         return os.stat(name, dir_fd=fd, follow_symlinks=False)
 
@@ -217,7 +224,6 @@ class StateDir:
     def open_read(self, rel):
         """A read-only descriptor of the file at `rel`, never through a link, never blocking
         on a FIFO. The caller closes it."""
-        self._trim()
         fd, name = self._at(rel)
         return os.open(name, READ_FLAGS, dir_fd=fd)
 
@@ -240,7 +246,6 @@ class StateDir:
         """A new file at `rel` opened for writing. A file already there (a stale temporary, or
         something planted) is unlinked first, never truncated: it may be a hard link to a file
         outside. The caller writes, syncs (see sync.Syncer) and closes."""
-        self._trim()
         dfd, name = self._at(rel, create=make_parents)
         try:
             return os.open(name, CREATE_FLAGS, mode, dir_fd=dfd)
@@ -268,19 +273,16 @@ class StateDir:
             fsync(self.dir("/".join(parts[:-1])))
 
     def rename(self, src, dst, make_parents=False):
-        self._trim()
         sfd, sname = self._at(src)
-        dfd, dname = self._at(dst, create=make_parents)
+        dfd, dname = self._at(dst, create=make_parents, first=False)
         os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
 
     def link(self, src, dst):
-        self._trim()
         sfd, sname = self._at(src)
-        dfd, dname = self._at(dst)
+        dfd, dname = self._at(dst, first=False)
         os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
 
     def unlink(self, rel):
-        self._trim()
         fd, name = self._at(rel)
         os.unlink(name, dir_fd=fd)
 

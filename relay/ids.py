@@ -20,6 +20,14 @@ def _encode(value, length):
     return "".join(out)
 
 
+def id_text(ms, rand, p=_PAIRS):
+    """The id of (milliseconds, random part): `_encode(ms, 10) + _encode(rand, 16)`, unrolled
+    (one id per message: the loops cost twice as much)."""
+    return "".join([p[ms >> 40 & 1023], p[ms >> 30 & 1023], p[ms >> 20 & 1023], p[ms >> 10 & 1023], p[ms & 1023],
+                    p[rand >> 70 & 1023], p[rand >> 60 & 1023], p[rand >> 50 & 1023], p[rand >> 40 & 1023],
+                    p[rand >> 30 & 1023], p[rand >> 20 & 1023], p[rand >> 10 & 1023], p[rand & 1023]])
+
+
 class IdGenerator:
     def __init__(self):
         self._lock = threading.Lock()
@@ -36,5 +44,5 @@ class IdGenerator:
             else:
                 rand = int.from_bytes(os.urandom(10), "big") >> 1  # room to increment
             self._last_ms, self._last_rand = ms, rand
-        return _encode(ms, 10) + _encode(rand, 16)
+        return id_text(ms, rand)
 

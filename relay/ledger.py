@@ -60,9 +60,14 @@ def checksum(sql):
 
 def chain_hash(prev, row):
     """The hash of one archived record, covering the previous hash (relay verify)."""
-    doc = orjson.dumps([prev, row["id"], row["sender"], row["recipients"], row["discovered_at"],
-                        row["delivered_at"], row["archived_at"], row["sha256"], row["archive_path"]])
-    return hashlib.sha256(doc).hexdigest()
+    return link_hash(prev, row["id"], row["sender"], row["recipients"], row["discovered_at"], row["delivered_at"],
+                     row["archived_at"], row["sha256"], row["archive_path"])
+
+
+def link_hash(prev, *record):
+    """chain_hash of a record given as its values: id, sender, recipients (JSON), discovered_at,
+    delivered_at, archived_at, sha256, archive_path."""
+    return hashlib.sha256(orjson.dumps([prev, *record])).hexdigest()
 
 
 class Ledger:
@@ -288,8 +293,9 @@ class Ledger:
         else:
             rows = self.db.execute(f"SELECT {columns} {due}", {"now": now, "limit": limit}).fetchall()
         claimed = []
+        keys = rows[0].keys() if rows else ()      # one query: every row has the same columns
         for r in sorted(rows, key=lambda r: r["id"]):
-            row = dict(zip(r.keys(), r, strict=True))
+            row = dict(zip(keys, r, strict=True))
             try:
                 row["archive_path"] = plan(row["sender"], row["id"], row["name"])
             except (TypeError, ValueError, AttributeError):
@@ -352,15 +358,19 @@ class Ledger:
         seq, prev = self.head()     # read in this transaction: another connection (the federation's
         links = []                  # receiver) may have chained records since
         for w in works:
-            f = self._fields(w)
-            rows.append((f["recipients"], f["kind"], f["thread"], f["subject"], f["body"], f["headers"], w.size,
-                         w.sha256, w.sent_at, delivered, archived, w.archive_rel, w.id))
-            events.append((w.id, archived, "archived", w.archive_rel))
+            m, mid, rel = w.message, w.id, w.archive_rel
+            if m is None:
+                recipients = kind = thread = subject = body = headers = None
+            else:       # as _fields(w), without its dict
+                recipients, kind, thread, subject, body = (orjson.dumps(w.recipients).decode(), m.kind, m.thread,
+                                                           m.subject, m.body)
+                headers = orjson.dumps(m.headers).decode()
+            rows.append((recipients, kind, thread, subject, body, headers, w.size, w.sha256, w.sent_at, delivered,
+                         archived, rel, mid))
+            events.append((mid, archived, "archived", rel, "relay"))
             seq += 1
-            prev = chain_hash(prev, {"id": w.id, "sender": w.sender, "recipients": f["recipients"],
-                                     "discovered_at": w.discovered_at, "delivered_at": delivered,
-                                     "archived_at": archived, "sha256": w.sha256, "archive_path": w.archive_rel})
-            links.append((seq, w.id, prev))
+            prev = link_hash(prev, mid, w.sender, recipients, w.discovered_at, delivered, archived, w.sha256, rel)
+            links.append((seq, mid, prev))
         self.db.executemany(
             "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
             "body = ?, headers = ?, size = ?, sha256 = ?, sent_at = ?, delivered_at = ?, archived_at = ?, "
@@ -620,7 +630,8 @@ class Ledger:
                 (again if w.thorough else first).append(row)
         sql = ("INSERT INTO outbound (message_id, node, recipients, envelope, status, queued_at) "
                "VALUES (?, ?, ?, ?, 'pending', ?) ON CONFLICT DO NOTHING")
-        self.db.executemany(sql, first)
+        if first:
+            self.db.executemany(sql, first)
         queued = first + [row for row in again if self.db.execute(sql + " RETURNING node", row).fetchone()]
         events.extend((mid, now, "queued", f"for node {node}: {', '.join(orjson.loads(names))}")
                       for mid, node, names, _, _ in queued)

@@ -8,6 +8,7 @@ names to see that it lies inside the project root.
 """
 import dataclasses
 import datetime
+import math
 
 import orjson
 
@@ -44,25 +45,31 @@ class Message:
     request_id: str = None
 
 
-_iso_second = [None, ""]
+_iso_seconds = {}        # epoch second -> "YYYY-MM-DDTHH:MM:SS", the last few formatted
+MAX_ISO_SECONDS = 64
 
 
 MIN_TS, MAX_TS = -62135596800.0, 253402300799.0     # 0001-01-01 .. 9999-12-31T23:59:59
 
 
 def iso(ts):
-    """UTC ISO 8601 with microseconds and a Z (the formatted second is reused). A time beyond
-    what the calendar can show (a file dated year 30000) is shown at the calendar's end."""
+    """UTC ISO 8601 with microseconds and a Z (the formatted second is reused: an envelope's
+    sent_at and relayed_at are two seconds that recur batch after batch). A time beyond what the
+    calendar can show (a file dated year 30000) is shown at the calendar's end."""
     if not MIN_TS <= ts <= MAX_TS:
         ts = MIN_TS if ts < MIN_TS else MAX_TS
-    second = int(ts // 1)
-    micro = int(round((ts - second) * 1e6))
+    second = math.floor(ts)
+    micro = round((ts - second) * 1e6)
     if micro >= 1_000_000:
         second, micro = second + 1, micro - 1_000_000
-    if _iso_second[0] != second:
+    text = _iso_seconds.get(second)
+    if text is None:
+        if len(_iso_seconds) >= MAX_ISO_SECONDS:
+            _iso_seconds.clear()
         d = datetime.datetime.fromtimestamp(second, datetime.timezone.utc)
-        _iso_second[:] = [second, f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}"]
-    return f"{_iso_second[1]}.{micro:06d}Z"
+        text = _iso_seconds[second] = (f"{d.year:04d}-{d.month:02d}-{d.day:02d}T"
+                                       f"{d.hour:02d}:{d.minute:02d}:{d.second:02d}")
+    return f"{text}.{micro:06d}Z"
 
 
 def _kind_from_name(filename):
@@ -71,6 +78,9 @@ def _kind_from_name(filename):
 
 
 def _split_names(value):
+    if "," not in value:                # one name, the common case
+        value = value.strip()
+        return [value] if value else []
     return [n.strip() for n in value.split(",") if n.strip()]
 
 
@@ -131,8 +141,12 @@ def _depth(value):
     return deepest
 
 
+_HEADER_FIELDS = frozenset(KNOWN_KEYS) - {"to", "body"}   # a header of another name is passed through
+
+
 def _parse_header(text):
     fields, headers = {}, {}
+    names = []
     has_to = False
     pos = 0
     total = len(text)
@@ -142,42 +156,40 @@ def _parse_header(text):
         end = text.find("\n", pos)
         if end < 0:
             end = total
-        line = text[pos:end]
-        nxt = end + 1
         lineno += 1
-        if len(line) > MAX_HEADER_LINE:
-            raise MessageRefused(f"header line {lineno} is {len(line)} characters long "
+        if end - pos > MAX_HEADER_LINE:
+            raise MessageRefused(f"header line {lineno} is {end - pos} characters long "
                                  f"(at most {MAX_HEADER_LINE}); is the blank line after the headers missing?")
         if pos > MAX_HEADER_BYTES:
             raise MessageRefused(f"the headers are longer than {MAX_HEADER_BYTES} bytes; "
                                  "is the blank line after the headers missing?")
-        if line.endswith("\r"):
+        line = text[pos:end]
+        if line[-1:] == "\r":
             line = line[:-1]
-        if not line.strip():
-            body = text[nxt:] if nxt <= total else ""
-            break
         key, sep, value = line.partition(":")
+        if not sep and not line.strip():
+            body = text[end + 1:]
+            break
         key = key.strip()
         if not sep or not key or " " in key:
             raise MessageRefused(f"line {lineno} is not a 'Key: value' header ({line[:60]!r}); "
                                  "headers come first, then one blank line, then the body")
-        low = ALIASES.get(key.lower(), key.lower())
-        value = value.strip()
+        low = key.lower()
+        low = ALIASES.get(low, low)
         if low == "to":
             has_to = True
-            fields.setdefault("to", []).extend(_split_names(value))
-        elif low in KNOWN_KEYS and low != "body":
-            fields[low] = value
+            names.extend(_split_names(value))
+        elif low in _HEADER_FIELDS:
+            fields[low] = value.strip()
         else:
-            headers[key] = value
-        pos = nxt
-    names = fields.pop("to", [])
+            headers[key] = value.strip()
+        pos = end + 1
     return names, fields, body, headers, has_to
 
 
 def parse(data, filename, max_body_bytes):
     """A Message from a file's bytes; MessageRefused with a human reason otherwise."""
-    if not data.strip():
+    if not data or data.isspace():
         raise MessageRefused("the file is empty")
     if data.startswith(BOM):
         data = data[len(BOM):]
@@ -185,14 +197,15 @@ def parse(data, filename, max_body_bytes):
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise MessageRefused(f"not UTF-8 text (invalid byte 0x{data[e.start]:02x} at offset {e.start})") from None
-    if text.lstrip().startswith("{"):
+    if text[:1] == "{" or text[:1].isspace() and text.lstrip().startswith("{"):
         names, fields, body, headers, has_to = _parse_json(text)
         fmt = "json"
     else:
         names, fields, body, headers, has_to = _parse_header(text)
         fmt = "header"
-        body = body.replace("\r\n", "\n") if "\r\n" in body else body
-    size = len(body.encode("utf-8"))
+        if "\r" in body:                # one character: found by memchr, where a pair is searched slowly
+            body = body.replace("\r\n", "\n")
+    size = len(body) if body.isascii() else len(body.encode("utf-8"))
     if size > max_body_bytes:
         raise TooLarge(f"the body is {size} bytes, over max_body_bytes ({max_body_bytes})", max_body_bytes, size,
                        names)
@@ -212,8 +225,9 @@ def parse(data, filename, max_body_bytes):
     if bad:
         shown = ", ".join(repr(n[:70]) for n in bad[:5]) + (" ..." if len(bad) > 5 else "")
         raise MessageRefused(f"invalid recipient name {shown}: agent names match {AGENT_NAME_RULE}")
-    control = {k: fields[k] for k in CONTROL_KEYS if fields.get(k) is not None}
-    return Message(to=tuple(dict.fromkeys(names)), kind=kind, thread=fields.get("thread") or None,
+    control = {} if fields.keys().isdisjoint(CONTROL_KEYS) else \
+        {k: fields[k] for k in CONTROL_KEYS if fields.get(k) is not None}
+    return Message(to=(names[0],) if len(names) == 1 else tuple(dict.fromkeys(names)), kind=kind, thread=fields.get("thread") or None,
                    subject=fields.get("subject") or None, body=body, headers=headers,
                    control=control, format=fmt, id=chosen_id(fields.get("id")),
                    request_id=request_id(fields.get("request_id")))
@@ -247,10 +261,11 @@ def resolve(message, sender, known, create_unknown=False):
 
     Returns (recipients, created) where `created` are unknown names to create an inbox for.
     """
-    out, unknown = [], []
+    out, unknown, broadcast = [], [], False
     for name in message.to:
         if name in BROADCAST:
             out.extend(sorted(a for a in known if a != sender))
+            broadcast = True
         elif name == SYSTEM or name in known:
             out.append(name)
         else:
@@ -260,7 +275,7 @@ def resolve(message, sender, known, create_unknown=False):
         agents = sorted(known)
         listed = ", ".join(agents[:30]) + (f" ... ({len(agents)} in all)" if len(agents) > 30 else "")
         raise MessageRefused(f"unknown recipient {shown}; known agents: {listed or '(none)'}")
-    recipients = list(dict.fromkeys(out + unknown))
+    recipients = out + unknown if len(message.to) == 1 and not broadcast else list(dict.fromkeys(out + unknown))
     if not recipients:
         raise MessageRefused("broadcast with no other agent to receive it")
     return recipients, unknown
@@ -286,8 +301,10 @@ def accept(data, name, sender, known, config, *, mid, sent_at, relayed_at, sha25
     try:
         create = config.unknown_recipient == "create"
         names = known()
-        if any(n not in names and n not in BROADCAST and n != SYSTEM for n in message.to):
-            names = known(refresh=True)
+        for n in message.to:
+            if n not in names and n not in BROADCAST and n != SYSTEM:
+                names = known(refresh=True)
+                break
         cwd = message.control.get("cwd")
         if cwd is not None and not is_inside(config.root / cwd, config.root):
             raise MessageRefused(f"CWD {cwd!r} is outside the project root {config.root}")
@@ -306,5 +323,6 @@ def envelope(message_id, sender, recipients, message, sent_at, relayed_at, sourc
            "thread": message.thread, "subject": message.subject, "body": message.body,
            "headers": message.headers, "sent_at": iso(sent_at), "relayed_at": iso(relayed_at),
            "source": source, "sha256": sha256}
-    doc.update(message.control)
+    if message.control:
+        doc.update(message.control)
     return orjson.dumps(doc)

@@ -27,7 +27,8 @@ def _number(v):
 
 
 def _maybe(check):
-    return lambda v: v is None or check(v)
+    fast = _OPTIONAL.get(check)         # the common checks, written out: one call per column
+    return fast if fast is not None else (lambda v: v is None or check(v))
 
 
 def _count(v):
@@ -88,10 +89,20 @@ def _sha256(v):
     return isinstance(v, str) and _SHA256.match(v) is not None
 
 
+_OPTIONAL = {
+    _number: lambda v: v is None or isinstance(v, (int, float)),
+    _count: lambda v: v is None or isinstance(v, int) and v >= 0,
+    _text: lambda v: v is None or isinstance(v, str),
+    _id: lambda v: v is None or isinstance(v, str) and _ID.match(v) is not None,
+    _agent: lambda v: v is None or isinstance(v, str) and AGENT_NAME.match(v) is not None,
+    _sha256: lambda v: v is None or isinstance(v, str) and _SHA256.match(v) is not None,
+}
+
+
 CHECKS = {
     "messages": {
         # "?": the sender of an entry another node sent that could not be read (incoming.py)
-        "id": _id, "sender": lambda v: v == "?" or _agent(v), "name": _file_name, "status": lambda v: v in STATUSES,
+        "id": _id, "sender": lambda v: v == "?" or isinstance(v, str) and AGENT_NAME.match(v) is not None, "name": _file_name, "status": lambda v: v in STATUSES,
         "spooled": lambda v: v in (0, 1), "recipients": _maybe(_json(list)), "kind": _maybe(_text),
         "thread": _maybe(_text), "subject": _maybe(_text), "body": _maybe(_text), "headers": _maybe(_json(dict)),
         "size": _maybe(_count), "sha256": _maybe(_sha256), "sent_at": _maybe(_number),
@@ -136,9 +147,16 @@ def unreadable(row, table="messages", need=()):
     """(column, value) of the first column of `row` (any of `table`'s columns it holds) that
     this build cannot read, or None. Columns in `need` must also not be NULL."""
     checks = CHECKS[table]
-    for column, value in (row.items() if isinstance(row, dict) else zip(row.keys(), row)):
+    items = row.items() if isinstance(row, dict) else zip(row.keys(), row)
+    if not need:
+        for column, value in items:
+            check = checks.get(column)
+            if check is not None and not check(value):
+                return column, value
+        return None
+    for column, value in items:
         check = checks.get(column)
-        if check is not None and not check(value) or column in need and value is None:
+        if check is not None and not check(value) or value is None and column in need:
             return column, value
     return None
 
