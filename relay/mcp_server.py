@@ -187,7 +187,7 @@ def take(agent, lock, items, limit):
     with lock:
         for m in new[:limit]:
             try:
-                agent.ack([m])
+                agent.inbox_.ack(m.path)    # raises when the envelope left new/ (Agent.ack would not)
             except OSError as e:
                 if isinstance(e, FileNotFoundError) and not fs.exists(os.path.relpath(m.path, fs.path)):
                     continue        # read by someone else since it was listed

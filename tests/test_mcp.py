@@ -228,6 +228,19 @@ def test_a_message_that_cannot_be_marked_read_is_an_error_not_a_spin(team):
     assert [p.name.split(".")[0] for p in (team.state / "inbox" / "Bob" / "new").iterdir()] == [mid]
 
 
+def test_a_message_another_reader_took_after_the_listing_is_not_returned_again(team):
+    """Two readers list the same new message; the first marks it read; the second returns
+    nothing (each message is returned by exactly one reader). In process."""
+    from relay import mcp_server
+    mid = team.agent("Alice").send("Bob", "once")
+    deliver(team)
+    bob = team.agent("Bob")
+    listed = bob.inbox()
+    assert [m.id for m in team.agent("Bob").inbox(ack=True)] == [mid]       # the other reader
+    got = mcp_server.take(bob, threading.Lock(), listed, 10)
+    assert got["messages"] == [] and got["more"] == 0
+
+
 def test_a_damaged_ledger_is_a_tool_error_with_what_to_do(team):
     from mcp.server.mcpserver.exceptions import ToolError
     from relay import mcp_server
