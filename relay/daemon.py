@@ -20,7 +20,6 @@ import hashlib
 import itertools
 import logging
 import sqlite3
-import threading
 import time
 
 from . import flow, health, retention
@@ -40,6 +39,7 @@ from .outbox import Outbox, ignore_lease_breaks
 from .recovery import Recovery
 from .routes import Router
 from .sync import Syncer
+from .waker import Waker
 from .work import Counts, Outcome, Work, backoff, fields
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class Relay:
         self.router = Router(config.federation, self.history) if config.federation else None
         self._local = set()
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
-        self.wake = threading.Event()
+        self.wake = Waker()                     # set by hints and by other threads; the loop sleeps on it
         self.left = []                          # what drain() gave up waiting for
         self.step_pause = STEP_PAUSE            # the wait after a failed step of run(), doubled
         self.failures = 0                       # steps of run() failed in a row
@@ -127,6 +127,7 @@ class Relay:
         self.ledger.close()
         self.syncer.close()
         self.layout.close()
+        self.wake.close()
 
     def __enter__(self):
         return self
@@ -520,12 +521,15 @@ class Relay:
             last_wait = now
             wait(max(0.0, min(deadline - now, max(self.config.settle, DRAIN_MIN_WAIT))))
 
-    def run(self, stop, before=None, after=None, check=None, max_wait=None):
+    def run(self, stop, before=None, after=None, check=None, max_wait=None, watch=None):
         """The daemon's loop (relay run; recover() first): step whenever woken (the watcher's
         hints, a signal) or when next_deadline() comes, until `stop.is_set()` (set it, then
         `wake`). What only a process has comes in as callbacks on this thread: `before()` at
         the top of each turn (it may raise to end the loop), `after(counts)` after each step,
-        `check()` every CHECK_EVERY seconds of a wait, which `max_wait` caps."""
+        `check()` every CHECK_EVERY seconds of a wait, which `max_wait` caps. `watch`: a file
+        watcher this loop reads itself (watcher.Watcher: `fileno()`, None when it has no
+        descriptor, and `pump(timeout)`, which hands its events' hints to this relay): its events
+        are read at the top of each turn and wake the idle wait, with no thread between."""
         total = Counts()
         while True:
             # Cleared before the flags are read: a signal from here on leaves the event set,
@@ -534,6 +538,8 @@ class Relay:
             if stop.is_set():
                 self.finish(total)
                 return total
+            if watch is not None:
+                watch.pump(0)       # what came since the last turn, in one read
             if before is not None:
                 before()
             counts = self.guarded_step()
@@ -546,7 +552,7 @@ class Relay:
             wait = self.next_deadline(now) - now
             if max_wait:
                 wait = min(wait, max_wait)
-            self._idle(max(0.0, min(wait, MAX_IDLE)), stop, check)
+            self._idle(max(0.0, min(wait, MAX_IDLE)), stop, check, watch)
 
     def guarded_step(self):
         """One step of the daemon's loop: an unforeseen error (a ledger locked past
@@ -576,15 +582,22 @@ class Relay:
             log.exception("recovery after the failed step failed too; will try again")
         return Counts()
 
-    def _idle(self, timeout, stop, check):
-        """Wait until woken, stopped or `timeout` passes, calling `check()` every CHECK_EVERY."""
-        deadline = time.monotonic() + timeout
+    def _idle(self, timeout, stop, check, watch=None):
+        """Wait until woken (a file event of `watch` too), stopped or `timeout` passes, calling
+        `check()` every CHECK_EVERY."""
+        start = time.monotonic()
+        deadline, next_check = start + timeout, start + CHECK_EVERY
         while not stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0 or self.wake.wait(min(left, CHECK_EVERY)):
+            now = time.monotonic()
+            if now >= deadline or self.wake.is_set():
                 return
-            if check is not None:
-                check()
+            if now >= next_check:
+                next_check = now + CHECK_EVERY
+                if check is not None:
+                    check()
+            fd = watch.fileno() if watch is not None else None
+            if self.wake.poll(min(deadline, next_check) - now, () if fd is None else (fd,)):
+                watch.pump(0)       # its hints set the wake; events with no hint sleep on
 
     def next_deadline(self, now, horizon=None):
         """When the next step has work, or None: the next look at a file still settling, the

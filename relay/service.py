@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 
 from . import __version__, config as config_mod
@@ -78,7 +77,7 @@ class Daemon:
         # The ledger file the connection has just opened; `lock`: the DaemonLock held.
         self.ledger_identity = identity(self.relay.ledger.path)
         self.lock = lock
-        self.watcher = Watcher(self.relay)
+        self.watcher = Watcher(self.relay, thread=False)     # read by the loop itself (Relay.run's watch)
         self.signals = Signals()
         usec = int(os.environ.get("WATCHDOG_USEC", "0") or 0)
         self.ping_every = usec / 2e6 if usec else None      # twice per watchdog interval
@@ -97,10 +96,9 @@ class Daemon:
             os._exit(1)
         else:
             self.signals.stop = True
-        # Not wake.set() here: the handler runs on the loop's thread, maybe while that thread
-        # holds the event's lock (in wake.clear() or wake.wait()), and the lock is not
-        # re-entrant. A short thread sets it once the loop lets go.
-        threading.Thread(target=self.relay.wake.set, name="relay-signal", daemon=True).start()
+        # The waker takes no lock (a flag and a byte in a pipe): set from the handler itself,
+        # it wakes the loop's poll, or its next turn sees the flag.
+        self.relay.wake.set()
 
     def do_reload(self):
         self.signals.reload = False
@@ -124,8 +122,9 @@ class Daemon:
     def run(self):
         relay = self.relay
         cfg = self.cfg
-        # The watcher's threads hand events to this loop; a short GIL switch interval lets the
-        # loop run as soon as it is woken instead of waiting out another thread's 5 ms slice.
+        # Other threads (the federation's link, on_deliver's workers) hand work to this loop; a
+        # short GIL switch interval lets it run as soon as it is woken instead of waiting out
+        # another thread's 5 ms slice.
         sys.setswitchinterval(SWITCH_INTERVAL)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, self.on_signal)
@@ -144,7 +143,7 @@ class Daemon:
         self.next_ping = time.monotonic()
         try:
             relay.run(self.signals, before=self.turn, after=self.stepped, check=self.hold,
-                      max_wait=self.ping_every)
+                      max_wait=self.ping_every, watch=self.watcher)
         finally:
             notify("STOPPING=1")
             if self.link is not None:

@@ -1,9 +1,11 @@
 """The file watcher: turns file events into hints for the relay loop; the loop decides everything
 by looking at the file system itself (events are hints, never the truth).
 
-On Linux relay reads inotify itself (`Inotify` below): one descriptor, one thread that blocks in
-poll() and hands the loop one batch of hints per read, and a mask with only the events relay
-needs: on outbox/, a directory created or moved in (a new agent); on outbox/<agent>/, a file
+On Linux relay reads inotify itself (`Inotify` below): one descriptor, which the daemon's loop
+reads itself (Relay.run's `watch`: at the top of each turn, and in its idle poll beside the
+loop's wake-up pipe; no thread, no hand-off, one read for all the events since the last turn),
+or a thread that blocks in poll() and hands the loop one batch of hints per read; and a mask
+with only the events relay needs: on outbox/, a directory created or moved in (a new agent); on outbox/<agent>/, a file
 renamed in or closed after writing (complete: the message) or created (a writer in place, whose
 file the settle rule then watches). A tmp file's open, modify and the rename's "from" half are
 never asked for, and the events of names relay ignores (dot-files, *.tmp ...: layout's
@@ -100,6 +102,7 @@ class Inotify:
         self.root_wd = None
         self.stop_r, self.stop_w = os.pipe()
         self.thread = None
+        self.started = False
         self._poller = None
         self.lost = False
 
@@ -114,6 +117,7 @@ class Inotify:
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 self._watch_agent(os.fsdecode(entry.name))
+        self.started = True
         if thread:
             self.thread = threading.Thread(target=self._run, name="relay-inotify", daemon=True)
             self.thread.start()
@@ -172,7 +176,9 @@ class Inotify:
         return True
 
     def alive(self):
-        return self.thread is not None and self.thread.is_alive() and not self.lost
+        if self.lost or not self.started:
+            return False
+        return self.thread is None or self.thread.is_alive()
 
     def stop(self):
         if self.thread is not None:
@@ -267,19 +273,38 @@ class Handler(FileSystemEventHandler):
 
 class Watcher:
     """The daemon's watcher: relay's own inotify reader where there is inotify, else a watchdog
-    Observer (also when no inotify instance can be had: it says so the same way)."""
+    Observer (also when no inotify instance can be had: it says so the same way). With `thread`
+    False the inotify reader has no thread: the loop reads it (`fileno`, `pump`)."""
 
-    def __init__(self, relay):
+    def __init__(self, relay, thread=True):
         self.relay = relay
+        self.thread = thread
         self.observer = None
         self.inotify = None
         self.lost = _LostEvents(relay)
+
+    def fileno(self):
+        """The descriptor the loop polls for events, or None (a thread of the watcher's reads them)."""
+        return self.inotify.fd if self.inotify is not None and self.inotify.thread is None else None
+
+    def pump(self, timeout):
+        """Read the events there are (waiting up to `timeout` seconds) and hand the loop their
+        hints, where the loop reads the watcher itself; an error marks it lost (alive() False:
+        the daemon starts it again, with a rescan)."""
+        reader = self.inotify
+        if reader is None or reader.thread is not None or reader.lost:
+            return
+        try:
+            reader.pump(timeout)
+        except OSError as e:
+            log.error("the file watcher failed: %s", e)
+            reader.lost = True
 
     def start(self):
         if inotify_init is not None:
             try:
                 self.inotify = Inotify(self.relay)
-                self.inotify.start()
+                self.inotify.start(thread=self.thread)
                 return
             except OSError as e:
                 if self.inotify is not None:

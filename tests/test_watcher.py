@@ -81,3 +81,29 @@ def test_parse_reads_the_kernels_records():
     rec = watcher.HEADER.pack(4, IN_MOVED_TO, 0, 16) + b"msg-1".ljust(16, b"\0")
     rec += watcher.HEADER.pack(5, IN_Q_OVERFLOW, 0, 0)
     assert parse(rec) == [(4, IN_MOVED_TO, b"msg-1"), (5, IN_Q_OVERFLOW, b"")]
+
+
+def test_the_daemons_loop_reads_the_watcher_itself_and_wakes_on_its_events(project):
+    """Relay.run with `watch`: no watcher thread; a message renamed in while the loop sleeps in
+    its poll wakes it at once (the next step, not the next scheduled one) and is delivered."""
+    import threading
+    relay = project.relay()
+    w = watcher.Watcher(relay, thread=False)
+    w.start()
+    threads = threading.active_count()
+    stop = threading.Event()
+    steps = []
+
+    def after(counts):
+        steps.append(counts)
+        if len(steps) == 1:         # the loop is about to sleep: a message arrives the agents' way
+            project.drop("Ann", "m", "TO: Ben\n\nx")
+        elif counts.archived:
+            stop.set()
+    checks = []         # called for each second the loop's wait lasts: none, it was woken at once
+    try:
+        relay.run(stop, after=after, check=lambda: checks.append(1), max_wait=30, watch=w)
+    finally:
+        w.stop()
+    assert [c.archived for c in steps] == [0, 1] and checks == [] and threading.active_count() == threads
+    assert [e["body"] for e in project.inbox("Ben")] == ["x"]
