@@ -284,18 +284,16 @@ class Ledger:
                    "spool_id, interrupted")
         due = ("FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
                "ORDER BY next_attempt_at, id LIMIT :limit")
+        rows = self.db.execute(f"SELECT {columns}, interrupted > 0 {due}", {"now": now, "limit": limit}).fetchall()
         # A message that was being handled when relay stopped is claimed alone: if it is what
         # stops relay, the next interruption (and the claim budget) is its own, not its batch's.
-        alone = self.db.execute(f"SELECT id FROM (SELECT id, interrupted {due}) WHERE interrupted > 0 LIMIT 1",
-                                {"now": now, "limit": limit}).fetchone()
-        if alone:
-            rows = self.db.execute(f"SELECT {columns} FROM messages WHERE id = ?", (alone[0],)).fetchall()
-        else:
-            rows = self.db.execute(f"SELECT {columns} {due}", {"now": now, "limit": limit}).fetchall()
+        alone = next((r for r in rows if r[-1]), None)
+        if alone is not None:
+            rows = [alone]
         claimed = []
-        keys = rows[0].keys() if rows else ()      # one query: every row has the same columns
+        keys = rows[0].keys()[:-1] if rows else ()     # one query: every row has the same columns
         for r in sorted(rows, key=lambda r: r["id"]):
-            row = dict(zip(keys, r, strict=True))
+            row = dict(zip(keys, r[:-1], strict=True))
             try:
                 row["archive_path"] = plan(row["sender"], row["id"], row["name"])
             except (TypeError, ValueError, AttributeError):
