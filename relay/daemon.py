@@ -56,6 +56,7 @@ MAX_IDLE = 3600.0        # the longest the daemon's loop waits when nothing is d
 CHECK_EVERY = 1.0        # while the loop waits, seconds between two calls of the process's check
 STEP_PAUSE = 1.0         # the wait after a failed step, doubled for each failure in a row
 MAX_STEP_PAUSE = 60.0    # and at most this
+MAX_HELD_WAIT = 10.0     # the longest wait before a file found held open for writing is looked at again
 RESTART_KEYS = ("root", "state_dir", "federation")    # what a reload cannot change under a running relay
 
 
@@ -399,7 +400,11 @@ class Relay:
         flow.report(self.archive, w, now)       # shed for some: the sender learns who, and why
         if w.defer:
             w.outcome = Outcome.DEFER
-            w.next_attempt_at = now + max(self.config.settle, DRAIN_MIN_WAIT) if w.path else now
+            # Held open for writing (found by the lease on the spooled file): looked at again
+            # after the settle time, doubled at each claim that finds it still held, so that a
+            # writer that never lets go does not cost a claim and a commit every settle time.
+            w.next_attempt_at = now + backoff(max(self.config.settle, DRAIN_MIN_WAIT), w.attempts - 1,
+                                              MAX_HELD_WAIT) if w.path else now
             w.error = TransientError("still open for writing") if w.path else None
             return
         if w.error is None and w.complete:
