@@ -1,6 +1,7 @@
 """Attacks on the daemon's hot path: the order of its syncs against a power cut, completeness of
 a file hinted closed, the loop's wake-ups, and the parsers' edge cases."""
 import os
+import threading
 
 import pytest
 
@@ -69,3 +70,87 @@ def test_a_file_held_open_after_its_close_hint_is_looked_at_less_and_less_often(
     assert 0 < left <= 10.0                     # the longest wait between two looks
     relay.step(clock.advance(left))
     assert [e["body"] for e in project.inbox("Ben")] == ["half and whole"]
+
+
+def test_a_close_hint_on_a_fifo_a_link_or_a_hard_link_opens_and_changes_nothing_outside(project, tmp_path):
+    """A hint skips the settle time and the look for writers: it must not skip the checks on
+    what the entry is. A FIFO is quarantined unopened (opening it would block on a writer),
+    a symbolic link is quarantined as one (its target untouched), and a hard link to a file
+    outside is delivered from a private copy, the outside file left as it was."""
+    relay = project.relay()
+    box = project.state / "outbox/Ann"
+    box.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "secret"
+    outside.write_text("TO: Ben\n\nsecret")
+    outside.chmod(0o666)
+    before = outside.stat()
+    os.mkfifo(box / "fifo")
+    os.symlink(outside, box / "link")
+    os.link(outside, box / "hard")
+    for name in ("fifo", "link", "hard"):
+        relay.hint("closed", "Ann", name)
+    relay.step()
+    rows = {r["name"]: r for r in relay.history.audit()}
+    assert rows["fifo"]["status"] == "failed" and "FIFO" in rows["fifo"]["error"]
+    assert rows["link"]["status"] == "failed" and "symbolic link" in rows["link"]["error"]
+    assert rows["hard"]["status"] == "archived"
+    assert [e["body"] for e in project.inbox("Ben")] == ["secret"]
+    after = outside.stat()
+    assert (after.st_mode, after.st_nlink, after.st_mtime_ns) == (before.st_mode, before.st_nlink, before.st_mtime_ns)
+    assert outside.read_text() == "TO: Ben\n\nsecret"
+    assert sorted(os.listdir(box)) == []
+
+
+@pytest.mark.parametrize("values", [{}, {"batch_bytes": 1}])
+def test_the_loop_steps_on_while_a_step_leaves_work_due_without_a_wake(project, values):
+    """The loop steps again only when hints, a rescan or a batch whose sync runs remain, or
+    when next_deadline() comes. A full claim (batch 2, five files) and messages left for the
+    next batch by the byte budget are due at once: the loop goes on without any wake-up (a
+    guard timer ends it, and fails the test, if it waits)."""
+    relay = project.relay(**values)
+    relay.batch = 2
+    for i in range(5):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nm{i}")
+    stop, waited = threading.Event(), []
+
+    def guard():
+        waited.append(True)
+        stop.set()
+        relay.wake.set()
+
+    def after(counts):
+        if len(project.inbox("Ben")) == 5:
+            stop.set()
+    timer = threading.Timer(5.0, guard)
+    timer.start()
+    try:
+        relay.run(stop, after=after)
+    finally:
+        timer.cancel()
+    assert not waited and sorted(e["body"] for e in project.inbox("Ben")) == [f"m{i}" for i in range(5)]
+
+
+def test_run_once_waits_for_a_spooled_file_held_open_and_names_it_when_it_gives_up(project, clock):
+    """A file the daemon claimed on a close hint and found held open several times waits
+    longer and longer there; run --once (drain) still looks at it within its own horizon, and
+    names it among what it left when its patience runs out, instead of ending silently."""
+    relay = project.relay(settle="250ms")
+    box = project.state / "outbox/Ann"
+    box.mkdir(parents=True, exist_ok=True)
+    with open(box / ".m.tmp", "w") as f:
+        f.write("TO: Ben\n\nhalf")
+        f.flush()
+        os.rename(box / ".m.tmp", box / "m")
+        relay.hint("closed", "Ann", "m")
+        for _ in range(5):                      # the daemon defers it five times
+            relay.step(clock.now)
+            clock.advance(relay.history.next_due() - clock.now)
+        [mid] = [r["id"] for r in relay.history.audit()]
+        waits = []
+
+        def wait(seconds):
+            waits.append(seconds)
+            clock.advance(max(seconds, 0.05))
+        relay.drain(wait=wait, patience=3.0)
+        assert waits and project.inbox("Ben") == []
+        assert [what for what, _ in relay.left] == [f"{mid} from Ann (spool)"]
