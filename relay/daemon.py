@@ -56,6 +56,7 @@ MAX_IDLE = 3600.0        # the longest the daemon's loop waits when nothing is d
 CHECK_EVERY = 1.0        # while the loop waits, seconds between two calls of the process's check
 STEP_PAUSE = 1.0         # the wait after a failed step, doubled for each failure in a row
 MAX_STEP_PAUSE = 60.0    # and at most this
+MAX_HELD_WAIT = 10.0     # the longest wait before a file found held open for writing is looked at again
 RESTART_KEYS = ("root", "state_dir", "federation")    # what a reload cannot change under a running relay
 
 
@@ -116,6 +117,7 @@ class Relay:
         self._next_orphans = 0.0
         self._next_archive_retry = 0.0
         self._began = (0.0, 0.0)                # (now, clock()) when the current step began
+        self.held_wait = MAX_HELD_WAIT          # the longest wait for a file held open (drain: its horizon)
         ignore_lease_breaks()
 
     def close(self):
@@ -400,7 +402,11 @@ class Relay:
         flow.report(self.archive, w, now)       # shed for some: the sender learns who, and why
         if w.defer:
             w.outcome = Outcome.DEFER
-            w.next_attempt_at = now + max(self.config.settle, DRAIN_MIN_WAIT) if w.path else now
+            # Held open for writing (found by the lease on the spooled file): looked at again
+            # after the settle time, doubled at each claim that finds it still held, so that a
+            # writer that never lets go does not cost a claim and a commit every settle time.
+            w.next_attempt_at = now + backoff(max(self.config.settle, DRAIN_MIN_WAIT), w.attempts - 1,
+                                              self.held_wait) if w.path else now
             w.error = TransientError("still open for writing") if w.path else None
             return
         if w.error is None and w.complete:
@@ -497,6 +503,13 @@ class Relay:
         pending for the next run.
         """
         now_fn = now_fn or self.clock
+        self.held_wait = horizon = max(self.config.settle, DRAIN_DUE)   # a file held open stays in sight
+        try:
+            return self._drain(wait, now_fn, patience, horizon)
+        finally:
+            self.held_wait = MAX_HELD_WAIT
+
+    def _drain(self, wait, now_fn, patience, horizon):
         total = Counts()
         self.left = []
         self.recover(now_fn())
@@ -507,11 +520,14 @@ class Relay:
             counts = self.step(now_fn())
             total.add(counts)
             now = now_fn()
-            if counts.busy or counts.delivered or counts.failed:
+            # A claim that only deferred its message again (its file still held open) is no
+            # progress: patience runs out for it as for a file waiting in the outbox.
+            if counts.registered or counts.archived or counts.swept or counts.delivered or counts.failed \
+                    or counts.retried or counts.claimed > counts.deferred:
                 progress_at = now
             if counts.busy or self.hints or self._scan is not None:
                 continue
-            deadline = self.next_deadline(now, horizon=max(self.config.settle, DRAIN_DUE))
+            deadline = self.next_deadline(now, horizon=horizon)
             if deadline is None:
                 return total
             frozen = frozen + 1 if now <= last_wait else 0

@@ -79,7 +79,7 @@ class Inbox:
                     w.missed[r] = transient(e, f"writing the envelope for {r}")
                 except DurabilityError as e:
                     w.missed[r] = e
-        try:       # the envelopes' content; the directories are synced after the links
+        try:       # the envelopes' content; in "fs" mode the directories wait for the links' flush
             self.syncer.flush("inbox tmp files", dirs=False)
         except DurabilityError as e:
             for w, r, tmp, _ in staged:

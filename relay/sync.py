@@ -149,11 +149,16 @@ class Syncer:
 
     def flush(self, what, dirs=True):
         """Make everything noted so far durable. `what` names it for the error. With `dirs`
-        False, the files written (their content) at least: the directories noted may wait for
-        the next flush (which a syncfs makes needless, and so forgets them)."""
+        False, in "fs" mode, the files written (their content) at least: the directories noted
+        may wait for the next flush (which a syncfs makes needless, and so forgets them). In
+        "file" mode they are synced all the same: there a directory synced orders nothing
+        about another, and the moves that follow (a file out of the spool into the archive or
+        failed/) depend on the renames noted so far (the file into the spool) being durable;
+        were the archive durable and the outbox not, the file would come back in both."""
         if not self.durable:
             self.dirs.clear()
             return
+        dirs = dirs or self.mode == "file"
         whole = self._whole(dirs)
         try:
             if whole:

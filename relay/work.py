@@ -68,6 +68,7 @@ class Work:
     archive_rel: str
     retries: int
     thorough: bool                  # an earlier attempt may have delivered to some recipients
+    attempts: int = 1               # claims of this message, this one included
     spooled: bool = False
     discovered_at: float = None
     failing_since: float = None
@@ -101,7 +102,7 @@ class Work:
     def claimed(cls, row):
         """The Work of a row the ledger's claim returned."""
         return cls(id=row["id"], sender=row["sender"], name=row["name"], archive_rel=row["archive_path"],
-                   retries=row["retries"], thorough=row["attempts"] > 1, spooled=bool(row["spooled"]),
+                   retries=row["retries"], thorough=row["attempts"] > 1, attempts=row["attempts"], spooled=bool(row["spooled"]),
                    discovered_at=row["discovered_at"], failing_since=row["failing_since"],
                    spool_id=row["spool_id"])
 
