@@ -19,7 +19,8 @@ import click
 import orjson
 
 from . import __version__, config as config_mod, health
-from .daemon import DRAIN_PATIENCE, Relay
+from .daemon import Relay
+from .loop import DRAIN_PATIENCE
 from .errors import NotInProject, RelayError
 from .flow import REASONS
 from .guards import checked, duration, handle_errors, sender_name

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 from conftest import failing_create
 
-from relay.daemon import DRAIN_PATIENCE
+from relay.loop import DRAIN_PATIENCE
 
 
 def tree(path):
