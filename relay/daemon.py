@@ -97,6 +97,7 @@ class Relay(Loop):
         self.router = Router(config.federation, self.history) if config.federation else None
         self._local = set()
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
+        self.watch = None                       # the watcher run() reads itself, while it runs
         self.wake = Waker()                     # set by hints and by other threads; the loop sleeps on it
         self.left = []                          # what drain() gave up waiting for
         self.step_pause = STEP_PAUSE            # the wait after a failed step of run(), doubled
@@ -304,7 +305,10 @@ class Relay(Loop):
 
     def _more_ready(self, claimed):
         """Whether another batch is likely ready at once (hints waiting, a rescan under way, or
-        a full claim): then the last sync of this one overlaps the next step's reading."""
+        a full claim): then the last sync of this one overlaps the next step's reading. The
+        watcher the loop reads itself (run's `watch`) is read first: what came during this step."""
+        if self.watch is not None:
+            self.watch.pump(0)
         return bool(self.hints) or self._scan is not None or len(claimed) >= self.batch
 
     def finish(self, counts=None):

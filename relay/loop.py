@@ -76,11 +76,13 @@ class Loop:
         descriptor, and `pump(timeout)`, which hands its events' hints to this relay): its events
         are read at the top of each turn and wake the idle wait, with no thread between."""
         total = Counts()
+        self.watch = watch
         while True:
             # Cleared before the flags are read: a signal from here on leaves the event set,
             # and the idle wait below returns at once instead of sleeping past it.
             self.wake.clear()
             if stop.is_set():
+                self.watch = None
                 self.finish(total)
                 return total
             if watch is not None:
