@@ -1,5 +1,6 @@
 """Attacks on the daemon's hot path: the order of its syncs against a power cut, completeness of
 a file hinted closed, the loop's wake-ups, and the parsers' edge cases."""
+import contextlib
 import os
 import threading
 
@@ -45,13 +46,11 @@ def test_file_mode_syncs_the_custody_rename_before_the_move_that_depends_on_it(p
     assert {"outbox/Ann", "spool/Ann"} <= synced, events
 
 
-def test_a_file_held_open_after_its_close_hint_is_looked_at_less_and_less_often(project, clock):
-    """A hint that a file was closed (or renamed in) lets relay claim it without first looking
-    for writers; the lease on the spooled file finds one still holding it, and defers it. An
-    agent that never lets go must not make relay claim it, commit and log again every settle
-    time for ever: the deferrals back off (as retries do), and the file is delivered whole,
-    soon after the writer lets go."""
-    relay = project.relay(settle="250ms")
+
+@contextlib.contextmanager
+def held_open_after_its_close_hint(project, relay):
+    """outbox/Ann/m renamed in (and hinted closed) by a writer that still holds it open, with
+    half its text; yields the writer's file."""
     box = project.state / "outbox/Ann"
     box.mkdir(parents=True, exist_ok=True)
     with open(box / ".m.tmp", "w") as f:
@@ -59,6 +58,17 @@ def test_a_file_held_open_after_its_close_hint_is_looked_at_less_and_less_often(
         f.flush()
         os.rename(box / ".m.tmp", box / "m")
         relay.hint("closed", "Ann", "m")
+        yield f
+
+
+def test_a_file_held_open_after_its_close_hint_is_looked_at_less_and_less_often(project, clock):
+    """A hint that a file was closed (or renamed in) lets relay claim it without first looking
+    for writers; the lease on the spooled file finds one still holding it, and defers it. An
+    agent that never lets go must not make relay claim it, commit and log again every settle
+    time for ever: the deferrals back off (as retries do), and the file is delivered whole,
+    soon after the writer lets go."""
+    relay = project.relay(settle="250ms")
+    with held_open_after_its_close_hint(project, relay) as f:
         claims, start = 0, clock.now
         while clock.now - start < 60:           # a minute of the daemon's loop, woken when due
             claims += relay.step(clock.now).claimed
@@ -135,13 +145,7 @@ def test_run_once_waits_for_a_spooled_file_held_open_and_names_it_when_it_gives_
     longer and longer there; run --once (drain) still looks at it within its own horizon, and
     names it among what it left when its patience runs out, instead of ending silently."""
     relay = project.relay(settle="250ms")
-    box = project.state / "outbox/Ann"
-    box.mkdir(parents=True, exist_ok=True)
-    with open(box / ".m.tmp", "w") as f:
-        f.write("TO: Ben\n\nhalf")
-        f.flush()
-        os.rename(box / ".m.tmp", box / "m")
-        relay.hint("closed", "Ann", "m")
+    with held_open_after_its_close_hint(project, relay):
         for _ in range(5):                      # the daemon defers it five times
             relay.step(clock.now)
             clock.advance(relay.history.next_due() - clock.now)
