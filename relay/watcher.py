@@ -284,8 +284,10 @@ class Watcher:
         self.lost = _LostEvents(relay)
 
     def fileno(self):
-        """The descriptor the loop polls for events, or None (a thread of the watcher's reads them)."""
-        return self.inotify.fd if self.inotify is not None and self.inotify.thread is None else None
+        """The descriptor the loop polls for events, or None (a thread of the watcher's reads
+        them, or the reader is lost: nothing to wait on until the daemon starts it again)."""
+        reader = self.inotify
+        return reader.fd if reader is not None and reader.thread is None and not reader.lost else None
 
     def pump(self, timeout):
         """Read the events there are (waiting up to `timeout` seconds) and hand the loop their
@@ -299,6 +301,8 @@ class Watcher:
         except OSError as e:
             log.error("the file watcher failed: %s", e)
             reader.lost = True
+        if reader.lost:             # the loop steps now, and the daemon starts the watcher again
+            self.relay.wake.set()
 
     def start(self):
         if inotify_init is not None:

@@ -107,3 +107,20 @@ def test_the_daemons_loop_reads_the_watcher_itself_and_wakes_on_its_events(proje
         w.stop()
     assert [c.archived for c in steps] == [0, 1] and checks == [] and threading.active_count() == threads
     assert [e["body"] for e in project.inbox("Ben")] == ["x"]
+
+
+def test_a_lost_watcher_read_by_the_loop_wakes_it_and_is_no_longer_waited_on(project):
+    """The outbox moved away under a watcher the loop reads itself: the read that sees it marks
+    the watcher lost, wakes the loop (whose daemon then starts a new watcher) and takes its
+    descriptor out of the idle wait, which would otherwise find it readable for ever."""
+    relay = project.relay()
+    w = watcher.Watcher(relay, thread=False)
+    w.start()
+    try:
+        relay.wake.clear()
+        os.rename(project.state / "outbox", project.state / "outbox.moved")
+        w.pump(5.0)
+        assert not w.alive() and w.fileno() is None and relay.wake.is_set()
+        w.pump(0)                   # nothing more is read from a lost watcher
+    finally:
+        w.stop()
