@@ -181,24 +181,27 @@ def archived(ledger_path):
 
 def instrument_instance(relay, counters):
     """The Syncer's own seams (syncfs, fsync) and the loop's wake event."""
+    from relay.waker import Waker
     count_calls(relay.syncer, "syncfs", counters, "syncfs calls", timed=True)
     count_calls(relay.syncer, "fsync", counters, "fsync calls (Python)", timed=True)
     wake = relay.wake
 
-    class CountingEvent(threading.Event):
+    class CountingWaker(Waker):
         def set(self):
             counters.add("wake.set calls")
             if not self.is_set():
                 counters.add("wake.set that woke (flag was clear)")
             super().set()
 
-        def wait(self, timeout=None):
-            got = super().wait(timeout)
-            counters.add("loop waits ended by a wake" if got else "loop waits timed out")
-            return got
-    relay.wake = CountingEvent()
+        def poll(self, timeout, fds=()):
+            ready = super().poll(timeout, fds)
+            counters.add("loop waits ended by a wake or a file event" if ready or self.is_set()
+                         else "loop waits timed out")
+            return ready
+    relay.wake = CountingWaker()
     if wake.is_set():
         relay.wake.set()
+    wake.close()
 
 
 def threads_now(since=None):
