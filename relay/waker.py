@@ -48,8 +48,13 @@ class Waker:
         poller.register(self.r, select.POLLIN)
         for fd in fds:
             poller.register(fd, select.POLLIN)
-        ready = poller.poll(None if timeout is None else max(0.0, timeout) * 1000)
-        return {fd for fd, _ in ready if fd != self.r}
+        ready = {fd for fd, _ in poller.poll(None if timeout is None else max(0.0, timeout) * 1000)}
+        if self.r in ready:
+            # A byte in the pipe is a set(), also one whose flag a racing clear() took down
+            # before its byte was written: the flag goes up again, so that the caller ends its
+            # wait (and the next clear() drains the pipe) instead of polling a readable pipe.
+            self._flag = True
+        return ready - {self.r}
 
     def close(self):
         for fd in (self.r, self.w):

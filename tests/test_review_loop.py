@@ -1,0 +1,86 @@
+"""Hostile review of the daemon's loop that reads inotify itself and sleeps in its Waker's poll:
+wake-ups racing with the loop's clear(), idle spinning, and the watcher's descriptors."""
+import os
+import threading
+
+from relay.waker import Waker
+
+
+class CountingStop:
+    """Relay.run's `stop`: counts how often the loop looks at it, and stops the loop after
+    `turns` steps or when the idle wait looks at it more than `most` times (a spin)."""
+
+    def __init__(self, most=1000):
+        self.looks = 0
+        self.most = most
+        self.stop = False
+
+    def is_set(self):
+        self.looks += 1
+        return self.stop or self.looks > self.most
+
+
+def test_a_set_whose_byte_lands_after_the_clear_is_a_set():
+    """Another thread's set() reads the flag down, the loop's clear() runs (flag down, pipe
+    drained), then the thread writes its byte: the flag is down with a byte in the pipe. That
+    byte is a wake-up (what the thread hinted came after the clear): wait() says so at once,
+    instead of returning False at once, for ever, while the pipe stays readable."""
+    w = Waker()
+    try:
+        os.write(w.w, b"x")             # the late half of a set() that raced with clear()
+        assert w.wait(5.0) is True
+        assert w.is_set()
+        w.clear()
+        assert w.wait(0) is False       # cleared for good: nothing left in the pipe
+    finally:
+        w.close()
+
+
+def test_the_idle_wait_does_not_spin_on_a_byte_left_by_a_racing_set(project):
+    """The same race inside Relay.run: the idle wait found the pipe readable with the flag down,
+    returned from poll() with nothing, and polled again at once until its deadline: 100% CPU
+    for up to an hour. It must end the wait instead (one more step, whose clear() drains it)."""
+    relay = project.relay()
+    stop = CountingStop()
+    steps = []
+
+    def after(counts):
+        steps.append(counts)
+        if len(steps) == 1:
+            os.write(relay.wake.w, b"x")    # a thread's set() whose byte came after this turn's clear()
+        else:
+            stop.stop = True
+    relay.run(stop, after=after, max_wait=30)
+    assert len(steps) == 2 and stop.looks < 10, f"the idle wait looked at stop {stop.looks} times"
+
+
+def test_hints_from_another_thread_racing_the_loop_are_never_slept_past(project):
+    """The federation's link calls relay.hint("dir") from its own thread: many of them, racing
+    with the loop's clear() at every point; each one is followed by a step that sees it."""
+    relay = project.relay()
+    stop = threading.Event()
+    sent = 100
+    seen, checks = [], []
+
+    def link():
+        for _ in range(sent):
+            relay.hint("dir")
+            while relay.hints:          # the loop took it: the next one races with the next turn
+                if stop.is_set():
+                    return
+        done.set()
+    done = threading.Event()
+
+    def after(counts):
+        seen.append(1)
+        if done.is_set() and not relay.hints:
+            stop.set()
+    t = threading.Thread(target=link)
+    t.start()
+    try:
+        relay.run(stop, after=after, check=lambda: checks.append(1), max_wait=30)
+    finally:
+        stop.set()
+        t.join(5)
+    # check() runs once a wait has lasted a second: no hint was slept past.
+    assert done.is_set() and not relay.hints and checks == []
