@@ -44,6 +44,7 @@ ROOT_MASK = IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
 AGENT_MASK = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR | IN_DONT_FOLLOW
 HEADER = struct.Struct("iIII")      # wd, mask, cookie, len: struct inotify_event
 READ_SIZE = 1 << 16
+GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)     # the outbox missing or no directory: nothing to watch
 
 
 def hints_of(events, names, root_wd):
@@ -109,7 +110,8 @@ class Inotify:
     def start(self, thread=True):
         self.root_wd = self._add(self.outbox, ROOT_MASK)
         if self.root_wd is None:
-            raise OSError(errno.ENOENT, f"cannot watch {os.fsdecode(self.outbox)}")
+            e = ctypes_errno() or errno.ENOENT
+            raise OSError(e, f"cannot watch {os.fsdecode(self.outbox)}: {os.strerror(e)}")
         try:
             entries = list(os.scandir(self.outbox))
         except OSError:
@@ -282,6 +284,7 @@ class Watcher:
         self.observer = None
         self.inotify = None
         self.lost = _LostEvents(relay)
+        self.missing = False        # the outbox was missing (or no directory) at the last start
 
     def fileno(self):
         """The descriptor the loop polls for events, or None (a thread of the watcher's reads
@@ -305,6 +308,28 @@ class Watcher:
             self.relay.wake.set()
 
     def start(self):
+        """Start watching the outbox; False when it is missing or no directory (moved away, say):
+        nothing is watched then (alive() False), it is said once, and the daemon tries again
+        after each of its steps, which the rescan schedules meanwhile."""
+        outbox = self.relay.layout.outbox
+        try:
+            self._start(outbox)
+        except OSError as e:
+            self.stop()
+            if e.errno not in GONE:
+                raise
+            if not self.missing:
+                log.warning("%s is missing or no directory (%s); no file watcher until it is back: "
+                            "its files are found by the rescan every %gs", outbox, os.strerror(e.errno),
+                            self.relay.config.rescan_interval)
+            self.missing = True
+            return False
+        if self.missing:
+            log.info("%s is back; watching it again", outbox)
+            self.missing = False
+        return True
+
+    def _start(self, outbox):
         if inotify_init is not None:
             try:
                 self.inotify = Inotify(self.relay)
@@ -314,13 +339,19 @@ class Watcher:
                 if self.inotify is not None:
                     self.inotify.stop()
                     self.inotify = None
+                if e.errno in GONE:         # watchdog cannot watch it either
+                    raise
                 log.info("relay's own inotify reader cannot start (%s); watching through watchdog", e)
-        outbox = self.relay.layout.outbox
-        self.observer = observer()
-        self.observer.schedule(Handler(self.relay, outbox), str(outbox), recursive=True, event_filter=EVENTS)
+        obs = observer()
+        obs.daemon = True
+        try:
+            obs.schedule(Handler(self.relay, outbox), str(outbox), recursive=True, event_filter=EVENTS)
+            obs.start()
+        except BaseException:
+            obs.unschedule_all()
+            raise
+        self.observer = obs             # started: stop() joins it
         logging.getLogger("watchdog").addHandler(self.lost)
-        self.observer.daemon = True
-        self.observer.start()
 
     def alive(self):
         if self.inotify is not None:
@@ -328,10 +359,13 @@ class Watcher:
         return self.observer is not None and self.observer.is_alive()
 
     def restart(self):
-        log.warning("the file watcher stopped; restarting it and rescanning every outbox")
+        """Start the watcher again (after each step while it is not alive) and rescan, unless
+        the outbox is still missing: then quietly, and no step follows at once."""
+        if not self.missing:
+            log.warning("the file watcher stopped; restarting it and rescanning every outbox")
         self.stop()
-        self.start()
-        self.relay.hint("rescan")
+        if self.start():
+            self.relay.hint("rescan")
 
     def stop(self):
         if self.inotify is not None:

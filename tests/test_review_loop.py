@@ -84,3 +84,54 @@ def test_hints_from_another_thread_racing_the_loop_are_never_slept_past(project)
         t.join(5)
     # check() runs once a wait has lasted a second: no hint was slept past.
     assert done.is_set() and not relay.hints and checks == []
+
+
+def test_the_outbox_moved_away_and_back_under_a_running_daemon(project, caplog):
+    """`mv .relay/outbox elsewhere` under `relay run`: the loop saw its watcher lost and started
+    a new one; relay's reader could not watch the missing outbox, the watchdog fallback could not
+    either and raised out of the loop, and stopping the watcher then raised again (joining an
+    observer never started): the daemon died with a traceback. It must run on without a watcher,
+    say so once, try again after its steps without spinning, and watch the outbox once it is back."""
+    from relay.service import Daemon
+    from relay.work import Counts
+    project.relay().close()
+    project.relays.clear()
+    d = Daemon(project.config(agents=["Ann", "Ben"]))
+    outbox, away = project.state / "outbox", project.state / "outbox.away"
+    try:
+        d.watcher.start()
+        os.rename(outbox, away)
+        d.watcher.pump(5.0)                 # the loop reads the move: the watcher is lost
+        assert not d.watcher.alive() and d.relay.wake.is_set()
+        d.relay.hints.clear()
+        with caplog.at_level("WARNING", logger="relay"):
+            for _ in range(3):              # steps while the outbox is away: each tries again, quietly
+                d.stepped(Counts())
+        assert not d.watcher.alive() and d.watcher.fileno() is None
+        assert not d.relay.hints            # a failed start asks for no rescan: no step follows it at once
+        missing = [r for r in caplog.records if "is missing" in r.getMessage()]
+        assert len(missing) == 1 and str(outbox) in missing[0].getMessage()
+        os.rename(away, outbox)
+        d.stepped(Counts())                 # the next try watches it again, and rescans
+        assert d.watcher.alive() and d.watcher.fileno() is not None
+        assert ("rescan", None, None) in d.relay.hints
+        d.relay.hints.clear()
+        d.relay.wake.clear()
+        project.drop("Ann", "m", "TO: Ben\n\nx")
+        d.watcher.pump(5.0)
+        assert ("closed", "Ann", "m") in d.relay.hints
+    finally:
+        d.watcher.stop()
+        d.relay.close()
+
+
+def test_a_watcher_that_never_started_stops_without_error(project):
+    """stop() after a start() that failed (no outbox at all) raises nothing: it runs in the
+    daemon's `finally`, where an error hides the real one and prints a traceback."""
+    from relay import watcher
+    relay = project.relay()
+    os.rename(project.state / "outbox", project.state / "outbox.away")
+    w = watcher.Watcher(relay, thread=False)
+    assert w.start() is False and not w.alive()
+    w.stop()
+    w.stop()
