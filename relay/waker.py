@@ -45,7 +45,8 @@ class Waker:
         if self._flag:
             return set()
         poller = select.poll()
-        poller.register(self.r, select.POLLIN)
+        if self.r >= 0:                 # closed: the wait lasts its timeout, it does not spin
+            poller.register(self.r, select.POLLIN)
         for fd in fds:
             poller.register(fd, select.POLLIN)
         ready = {fd for fd, _ in poller.poll(None if timeout is None else max(0.0, timeout) * 1000)}
@@ -57,8 +58,10 @@ class Waker:
         return ready - {self.r}
 
     def close(self):
-        for fd in (self.r, self.w):
-            try:
+        """Close the pipe, once. The numbers are forgotten before they are freed: a later set()
+        (a signal during shutdown, another thread) or clear() or close() must not reach the
+        descriptors that reuse them."""
+        fds, self.r, self.w = (self.r, self.w), -1, -1
+        for fd in fds:
+            if fd >= 0:
                 os.close(fd)
-            except OSError:
-                pass

@@ -135,3 +135,29 @@ def test_a_watcher_that_never_started_stops_without_error(project):
     assert w.start() is False and not w.alive()
     w.stop()
     w.stop()
+
+
+def test_a_closed_waker_touches_no_descriptor_that_reuses_its_numbers():
+    """Relay.close() closes the waker; a signal handler (SIGHUP while the daemon shuts down) or
+    the federation's link thread may still set() it, and a second close() may follow. The pipe's
+    numbers are free by then, and the next descriptor opened takes them (the lowest free): set()
+    wrote a byte into that file, and a second close() closed it."""
+    w = Waker()
+    old = (w.r, w.w)
+    w.close()
+    r2, w2 = os.pipe()                  # the lowest free numbers: the waker's
+    try:
+        assert {r2, w2} == set(old)
+        os.set_blocking(r2, False)      # a clear() that reads it would otherwise hang the test
+        w.clear()
+        w.set()
+        w.close()
+        os.write(w2, b"y")              # still open, and nothing but this byte in it
+        assert os.read(r2, 16) == b"y"
+    finally:
+        for fd in (r2, w2):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
