@@ -161,3 +161,34 @@ def test_a_closed_waker_touches_no_descriptor_that_reuses_its_numbers():
             except OSError:
                 pass
 
+
+
+def test_a_burst_beyond_one_read_and_an_agent_made_mid_step_are_all_delivered(project):
+    """Events that arrive while a step runs, more of them than one 64 KiB read holds (long
+    names: about 240 events a read), and an agent directory created, and written to at once,
+    while the loop is busy: every message is delivered by the events alone (the rescan is an
+    hour away), and the loop then sleeps."""
+    from relay import watcher
+    relay = project.relay(agents=["Ann", "Ben", "Dee"], rescan_interval="1h")
+    project.drop("Ann", "first", "TO: Ben\n\nfirst")
+    w = watcher.Watcher(relay, thread=False)
+    w.start()
+    stop = threading.Event()
+    steps = []
+    n = 500                             # under the default pair_rate (600 per 10m)
+
+    def after(counts):
+        steps.append(counts)
+        if len(steps) == 1:             # during the loop's turn: a burst, and a new agent
+            for i in range(n):
+                project.drop("Ann", f"{i:04d}-" + "x" * 200, f"TO: Ben\n\n{i}")
+            project.drop("Dee", "hello", "TO: Ben\n\nfrom Dee")
+        if len(project.files("archive")) == n + 2:
+            stop.set()
+    checks = []
+    try:
+        relay.run(stop, after=after, check=lambda: checks.append(1), max_wait=30, watch=w)
+    finally:
+        w.stop()
+    bodies = {e["body"] for e in project.inbox("Ben")}
+    assert len(bodies) == n + 2 and "from Dee" in bodies and checks == []
