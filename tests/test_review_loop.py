@@ -69,6 +69,7 @@ def test_hints_from_another_thread_racing_the_loop_are_never_slept_past(project)
                 if stop.is_set():
                     return
         done.set()
+        relay.wake.set()                # the loop sees `done` at its next turn
     done = threading.Event()
 
     def after(counts):
