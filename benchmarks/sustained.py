@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--agents", type=int, default=20)
     ap.add_argument("--rates", default="100,700,1000", help="offered total msg/s, comma-separated ('' for none)")
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each fixed-rate run")
-    ap.add_argument("--full-seconds", type=float, default=5.0, help="length of each full-speed run")
+    ap.add_argument("--full-seconds", type=float, default=5.0, help="length of each full-speed run (0: none)")
     ap.add_argument("--cap", type=int, default=50, help="closed loop: files waiting per outbox at most")
     ap.add_argument("--many-agents", type=int, default=1000, help="the many-outboxes run's agents (0: none)")
     ap.add_argument("--many-rate", type=float, default=100.0)

@@ -52,14 +52,16 @@ class Inotify:
 
 # -- the producers (each in a process of its own) -----------------------------------------
 
-def produce(k, boxes, rate, offset, seconds, cap, body, out, ready, go, start):
+def produce(k, boxes, rate, offset, seconds, cap, body, out, ready, go, start, done=None, release=None):
     """Producer `k`: message i goes from boxes[i % len][0] to boxes[i % len][1]. At `rate`
     msg/s (this producer's share; slot i at start + offset + i / rate, so the producers
     interleave), or as fast as it can when rate is None, until `seconds` after the start. With
     `cap`, a box holding `cap` waiting files is written to again only once the daemon has taken
     half of them (seen by inotify: the daemon renames each file it takes out of the outbox, so
     the producer waits without using the CPU, and refills in a burst). Writes (names, rename times, its CPU seconds,
-    seconds held by the cap) to `out`."""
+    seconds held by the cap) to `out`, then waits at `done` and stays until `release` is set:
+    twenty processes exiting at once take the CPU, and must not do it while the last messages
+    are still being measured."""
     n_boxes = len(boxes)
     waiting = [0] * n_boxes     # per box: written and not yet taken
     ino = Inotify() if cap else None
@@ -106,6 +108,10 @@ def produce(k, boxes, rate, offset, seconds, cap, body, out, ready, go, start):
         ino.close()
     with open(out, "wb") as f:
         marshal.dump((names, times, time.process_time() - cpu0, held), f)
+    if done is not None:
+        done.wait()
+    if release is not None:
+        release.wait()
 
 
 # -- what arrives in the inboxes ------------------------------------------------------------

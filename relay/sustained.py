@@ -139,6 +139,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         arrivals = Arrivals([state / "inbox" / n / "new" for n in names])
         ctx = multiprocessing.get_context("spawn")
         ready, go, start = ctx.Barrier(producers + 1), ctx.Event(), ctx.Value("d", 0.0)
+        done, release = ctx.Barrier(producers + 1), ctx.Event()
         body = b"x" * body_size
         files = [root / f"producer-{k}.marshal" for k in range(producers)]
         for k in range(producers):
@@ -146,7 +147,8 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
             boxes = [(str(state / "outbox" / names[a]), names[(a + 1) % agents]) for a in own]
             share, offset = (rate / producers, k / rate) if rate else (None, 0.0)
             p = ctx.Process(target=produce, name=f"producer-{k}", daemon=True,
-                            args=(k, boxes, share, offset, seconds, cap, body, str(files[k]), ready, go, start))
+                            args=(k, boxes, share, offset, seconds, cap, body, str(files[k]), ready, go, start,
+                                  done, release))
             p.start()
             procs.append(p)
         try:
@@ -160,10 +162,11 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         time.sleep(max(0.0, t0 + seconds - time.time()))
         if rate is None:        # full speed: the window is the producing time
             cpu1, t1 = cpu_seconds(daemon.pid), time.time()
-        for p in procs:
-            p.join(READY_TIMEOUT)
-            if p.exitcode != 0:
-                raise RuntimeError(f"{p.name} failed (exit {p.exitcode}); see its traceback above")
+        try:
+            done.wait(READY_TIMEOUT)    # every producer has written its figures; none has exited
+        except threading.BrokenBarrierError:
+            raise RuntimeError("the producers did not all finish: " + ", ".join(
+                f"{p.name} exit {p.exitcode}" for p in procs if not p.is_alive())) from None
         sent = {}
         written = producer_cpu = held = 0
         first = last = None
@@ -188,6 +191,11 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
                 time.sleep(0.05)
             cpu1 = cpu_seconds(daemon.pid)
             t1 = max(arrivals.seen.values(), default=time.time())
+        release.set()
+        for p in procs:
+            p.join(READY_TIMEOUT)
+            if p.exitcode != 0:
+                raise RuntimeError(f"{p.name} failed (exit {p.exitcode}); see its traceback above")
         out["peak_rss_mb"] = peak_rss_mb(daemon.pid)
         if idle_seconds and rate is not None:
             time.sleep(0.5)
@@ -197,7 +205,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         arrivals.close()
         seen, overflows, arrivals = arrivals.seen, arrivals.overflows, None
         out["daemon_exit"] = daemon.stop()
-        lat, lag, seen_lag = [], [], []
+        lat, lag, seen_lag, when = [], [], [], []
         delivered = 0
         for n in names:
             new = state / "inbox" / n / "new"
@@ -211,6 +219,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
                     continue
                 delivered += 1
                 lat.append((t - t_sent) * 1000)
+                when.append((round((t - t_sent) * 1000, 2), round(t_sent - t0, 3), env["from"]))
                 lag.append((t - _epoch(env["relayed_at"])) * 1000)
                 # The link's unlink of tmp/ follows at once and sets the inode's ctime: the kernel's
                 # (coarse, a clock tick) time of the arrival, against which inotify's is checked.
@@ -233,6 +242,8 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
             "daemon_cpu_s_per_1000": round((cpu1 - cpu0) / delivered * 1000, 3) if delivered else None,
             "daemon_cpu_percent": round((cpu1 - cpu0) / window * 100, 1) if window > 0 else None,
             "inotify_overflows": overflows,
+            # the slowest ten: (latency ms, sent at in seconds from the run's start, sender)
+            "slowest": sorted(when, reverse=True)[:10],
             "load_avg": [round(x, 2) for x in os.getloadavg()],
         })
         return out
@@ -334,13 +345,15 @@ def run(base, agents=20, rates=(100, 700, 1000), seconds=10.0, full_seconds=5.0,
     out = {"dir": str(base), "fs": fs_type(base), "cpus": os.cpu_count(), "rows": []}
     echo(f"sustained load in {base} ({out['fs']}), {agents} agents, {os.cpu_count()} CPUs")
     plan = [(f"rate {r:g}", dict(rate=r, seconds=seconds)) for r in rates]
-    plan.append((f"full, cap {cap}/agent", dict(rate=None, seconds=full_seconds, cap=cap)))
+    if full_seconds > 0:
+        plan.append((f"full, cap {cap}/agent", dict(rate=None, seconds=full_seconds, cap=cap)))
     if many_agents:
         plan.append((f"{many_agents} outboxes, rate {many_rate:g}",
                      dict(rate=many_rate, seconds=seconds, agents=many_agents)))
     # Last: it leaves tens of thousands of files to the disk's write-back, which would slow a
     # run after it (each run also starts after a sync, with what came before on the disk).
-    plan.append(("full, open loop", dict(rate=None, seconds=full_seconds)))
+    if full_seconds > 0:
+        plan.append(("full, open loop", dict(rate=None, seconds=full_seconds)))
     for i, (label, kw) in enumerate(plan):
         kw.setdefault("agents", agents)
         tries = []
