@@ -21,6 +21,52 @@ from . import config as config_mod
 from .daemon import Relay
 
 
+TRASH = ".relay-bench-done"
+SLOW_CREATE_US = 200
+
+
+def discard(path):
+    """Put a finished run's directory aside instead of deleting it: on ext4 without a journal,
+    creating a file passes over every inode freed in the last 5 to 30 s (reading each one's
+    deletion time), so deleting one run's tens of thousands of files made the next run's
+    creates cost about 1 ms of system CPU each instead of 20 us, whichever was being measured.
+    empty_trash() removes them once every figure is taken."""
+    path = Path(path)
+    trash = path.parent / TRASH
+    try:
+        trash.mkdir(exist_ok=True)
+        os.rename(path, trash / path.name)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def empty_trash(base):
+    shutil.rmtree(Path(base) / TRASH, ignore_errors=True)
+
+
+def create_cost_us(base, n=200):
+    """The system CPU, in microseconds, of creating one empty file in a new directory under
+    `base` now (the files are discarded, not deleted)."""
+    d = Path(tempfile.mkdtemp(dir=base, prefix="create-"))
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            t = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+            for i in range(n):
+                os.close(os.open(f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd))
+            return round((resource.getrusage(resource.RUSAGE_SELF).ru_stime - t) / n * 1e6, 1)
+        finally:
+            os.close(fd)
+    finally:
+        discard(d)
+
+
+def create_cost_note(us):
+    slow = (f" (slow: on ext4 without a journal, files deleted in the last 30 s make creates "
+            f"costly; figures taken now are low; wait and run again)") if us > SLOW_CREATE_US else ""
+    return f"creating a file here costs {us} us of system CPU{slow}"
+
+
 def _fsync_dir(path):
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     os.fsync(fd)
@@ -49,7 +95,7 @@ def disk(base, n=300):
         return {"fsync_creates_per_s": round(creates), "dir_fsyncs_per_s": round(dir_fsyncs),
                 "renames_per_s": round(renames)}
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        discard(d)
 
 
 def make_backlog(state, messages, agents, body_size=200):
@@ -106,7 +152,7 @@ def naive(base, messages, agents, durable, stats=None):
             stats["cpu_s"] = time.process_time() - cpu
         return messages / took
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        discard(root)
 
 
 LIMITS_OFF = {"pair_rate": 0, "pair_window": 0, "queue_limit": 0}
@@ -190,7 +236,7 @@ def relay_once(base, messages, agents, durability, preload=0, limits=True, timin
                                                "pair_rate per pair)", total.shed)
         return messages / took
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        discard(root)
 
 
 def _time_flow(flow, timing):
@@ -251,7 +297,7 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full"):
         proc.communicate(timeout=30)
         sock.close()
         rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        shutil.rmtree(root, ignore_errors=True)
+        discard(root)
     lat.sort()
     if not lat:
         raise RuntimeError("bench: no envelope was seen")
@@ -274,6 +320,8 @@ def run(base=None, messages=5000, agents=20, rate=100.0, seconds=5.0, echo=print
     base.mkdir(parents=True, exist_ok=True)
     out = {"dir": str(base), "messages": messages, "agents": agents}
     echo(f"relay bench in {base}: backlog {messages} messages from {agents} agents")
+    out["create_us"] = us = create_cost_us(base)
+    echo(create_cost_note(us))
     out["disk"] = d = disk(base)
     echo(f"disk: {d['fsync_creates_per_s']} fsync'd creates/s, {d['dir_fsyncs_per_s']} dir fsyncs/s, "
          f"{d['renames_per_s']} renames/s")
@@ -309,4 +357,5 @@ def run(base=None, messages=5000, agents=20, rate=100.0, seconds=5.0, echo=print
          f"idle CPU {lat['idle_cpu_percent']}%")
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     echo(f"peak RSS: bench process {out['peak_rss_mb']} MB, daemon {lat['daemon_peak_rss_mb']} MB")
+    empty_trash(base)
     return out

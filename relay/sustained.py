@@ -27,7 +27,6 @@ import datetime
 import marshal
 import multiprocessing
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -49,6 +48,12 @@ READY_TIMEOUT = 60.0
 
 def cpu_seconds(pid):
     return bench._cpu(pid)
+
+
+def system_seconds(pid):
+    """The kernel's part of cpu_seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mb(pid):
@@ -156,12 +161,12 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         except threading.BrokenBarrierError:
             raise RuntimeError("the producers did not all start in time: "
                                + ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if not p.is_alive())) from None
-        cpu0 = cpu_seconds(daemon.pid)
+        cpu0, sys0 = cpu_seconds(daemon.pid), system_seconds(daemon.pid)
         start.value = t0 = time.time() + 0.05
         go.set()
         time.sleep(max(0.0, t0 + seconds - time.time()))
         if rate is None:        # full speed: the window is the producing time
-            cpu1, t1 = cpu_seconds(daemon.pid), time.time()
+            cpu1, sys1, t1 = cpu_seconds(daemon.pid), system_seconds(daemon.pid), time.time()
         try:
             done.wait(READY_TIMEOUT)    # every producer has written its figures; none has exited
         except threading.BrokenBarrierError:
@@ -189,7 +194,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
                 if daemon.proc.poll() is not None:
                     raise RuntimeError(f"the daemon exited ({daemon.proc.returncode}) during the run: {daemon.tail()}")
                 time.sleep(0.05)
-            cpu1 = cpu_seconds(daemon.pid)
+            cpu1, sys1 = cpu_seconds(daemon.pid), system_seconds(daemon.pid)
             t1 = max(arrivals.seen.values(), default=time.time())
         release.set()
         for p in procs:
@@ -240,6 +245,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
             "relayed_at_lag_p50_ms": _pct(lag, 0.50), "relayed_at_lag_p99_ms": _pct(lag, 0.99),
             "seen_after_ctime_p50_ms": _pct(seen_lag, 0.50), "seen_after_ctime_p99_ms": _pct(seen_lag, 0.99),
             "daemon_cpu_s_per_1000": round((cpu1 - cpu0) / delivered * 1000, 3) if delivered else None,
+            "daemon_system_s_per_1000": round((sys1 - sys0) / delivered * 1000, 3) if delivered else None,
             "daemon_cpu_percent": round((cpu1 - cpu0) / window * 100, 1) if window > 0 else None,
             "inotify_overflows": overflows,
             # the slowest ten: (latency ms, sent at in seconds from the run's start, sender)
@@ -256,7 +262,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
                 p.join()
         if daemon is not None:
             daemon.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        bench.discard(root)
 
 
 def pressure():
@@ -344,6 +350,8 @@ def run(base, agents=20, rates=(100, 700, 1000), seconds=10.0, full_seconds=5.0,
     base.mkdir(parents=True, exist_ok=True)
     out = {"dir": str(base), "fs": fs_type(base), "cpus": os.cpu_count(), "rows": []}
     echo(f"sustained load in {base} ({out['fs']}), {agents} agents, {os.cpu_count()} CPUs")
+    out["create_us"] = us = bench.create_cost_us(base)
+    echo("  " + bench.create_cost_note(us))
     plan = [(f"rate {r:g}", dict(rate=r, seconds=seconds)) for r in rates]
     if full_seconds > 0:
         plan.append((f"full, cap {cap}/agent", dict(rate=None, seconds=full_seconds, cap=cap)))
@@ -403,4 +411,5 @@ def run(base, agents=20, rates=(100, 700, 1000), seconds=10.0, full_seconds=5.0,
                 echo(f"  {r['scenario']}: daemon CPU per message {r['cpu_vs_once']}x run --once's")
     echo(f"daemon idle CPU {out['idle_cpu_percent']}% (after load {out['idle_cpu_after_load_percent']}%), "
          f"peak RSS {out['daemon_peak_rss_mb']} MB")
+    bench.empty_trash(base)
     return out

@@ -175,6 +175,7 @@ def test_bench_prints_every_figure(tmp_path):
                                   "--rate", "50", "--seconds", "0.5", "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
+    assert not (tmp_path / ".relay-bench-done").exists() and doc["create_us"] > 0
     for key in ("disk", "naive_durable_per_s", "naive_nosync_per_s", "relay_full_per_s", "relay_normal_per_s",
                 "ratio_full_to_naive_durable", "ratio_normal_to_naive_nosync", "flow_control", "latency", "peak_rss_mb"):
         assert key in doc, key

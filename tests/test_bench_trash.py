@@ -1,0 +1,24 @@
+"""The benchmarks put finished runs aside instead of deleting them between runs (see bench.discard)."""
+from relay import bench
+
+
+def test_a_discarded_run_waits_in_the_trash_until_the_end(tmp_path):
+    run = tmp_path / "relay-full-abc"
+    (run / ".relay" / "inbox").mkdir(parents=True)
+    (run / ".relay" / "inbox" / "m.json").write_text("{}")
+    bench.discard(run)
+    assert not run.exists()
+    kept = tmp_path / bench.TRASH / "relay-full-abc" / ".relay" / "inbox" / "m.json"
+    assert kept.read_text() == "{}"        # not deleted: no inode freed during the benchmark
+    bench.empty_trash(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_create_probe_measures_and_leaves_only_trash(tmp_path):
+    us = bench.create_cost_us(tmp_path, n=50)
+    assert us >= 0
+    assert [p.name for p in tmp_path.iterdir()] == [bench.TRASH]
+    (made,) = (tmp_path / bench.TRASH).iterdir()
+    assert len(list(made.iterdir())) == 50
+    assert "slow" in bench.create_cost_note(bench.SLOW_CREATE_US + 1)
+    assert "slow" not in bench.create_cost_note(bench.SLOW_CREATE_US)
