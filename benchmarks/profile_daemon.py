@@ -421,7 +421,7 @@ def _frame(f):
 
 def cmd_daemon(args):
     sys.path.insert(0, str(HERE.parent.parent))
-    from relay import sustained
+    from relay import bench, sustained
     sys.path.insert(0, str(HERE.parent))
     from sustained import scenario_args
 
@@ -432,6 +432,7 @@ def cmd_daemon(args):
         cmd.append("--strace")
     work = Path(tempfile.mkdtemp(prefix="profile-", dir=args.dir))
     try:
+        print(bench.create_cost_note(bench.cheap_creates(work, 400.0)))
         before = sustained.quiet_disk()
         row = sustained.scenario(work, args.scenario, cmd=cmd, **scenario_args(args, args.scenario))
     finally:

@@ -2,6 +2,7 @@
 
     python benchmarks/sustained.py [--agents 20] [--rates 100,700,1000] [--seconds 10]
                                    [--full-seconds 5] [--cap 50] [--many-agents 1000] [--repeat 1] [--dir DIR]
+                                   [--settle-timeout 400]
     python benchmarks/sustained.py --only "full, cap 50/agent" --daemon-cmd "python benchmarks/profile_daemon.py serve --out p"
 
 Starts `relay run` as a process on a fresh project in a temporary directory under --dir (default:
@@ -24,7 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from relay import sustained
+from relay import bench, sustained
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,6 +42,8 @@ def main():
     ap.add_argument("--only", help="run this one scenario (a label as the table prints it, e.g. 'rate 100')")
     ap.add_argument("--daemon-cmd", help="the command that serves the project instead of `python -m relay run`")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where (its file system is the one measured)")
+    ap.add_argument("--settle-timeout", type=float, default=400.0,
+                    help="seconds to wait first, at most, for file creation to be cheap (0: do not wait)")
     args = ap.parse_args()
     logging.getLogger("relay").setLevel(logging.WARNING)
     base = Path(args.dir)
@@ -49,6 +52,7 @@ def main():
     cmd = shlex.split(args.daemon_cmd) if args.daemon_cmd else None
     try:
         if args.only:
+            print(bench.create_cost_note(bench.cheap_creates(work, args.settle_timeout)))
             before = sustained.quiet_disk()
             row = sustained.scenario(work, args.only, cmd=cmd, **scenario_args(args, args.only))
             row.update(sustained.pressure(), load_before=before["load_avg"])
@@ -58,6 +62,7 @@ def main():
         rates = [float(r) for r in args.rates.split(",") if r.strip()]
         out = sustained.run(work, agents=args.agents, rates=rates, seconds=args.seconds,
                             full_seconds=args.full_seconds, cap=args.cap, many_agents=args.many_agents,
+                            settle_timeout=args.settle_timeout,
                             many_rate=args.many_rate, idle_seconds=args.idle_seconds, once=not args.no_once,
                             cmd=cmd, repeat=args.repeat)
         print(json.dumps(out))

@@ -61,6 +61,20 @@ def create_cost_us(base, n=200):
         discard(d)
 
 
+def cheap_creates(base, timeout, echo=print, poll=10.0):
+    """Wait (at most `timeout` seconds) until creating a file under `base` is cheap again (see
+    discard), saying so once; returns the last create_cost_us()."""
+    us = create_cost_us(base)
+    deadline = time.monotonic() + timeout
+    if us > SLOW_CREATE_US and timeout > 0:
+        echo(f"  creating a file here costs {us} us of system CPU: waiting up to {timeout:.0f} s for the "
+             f"inodes deleted lately to age (ext4 without a journal passes over them for up to 6 minutes)")
+        while us > SLOW_CREATE_US and time.monotonic() < deadline:
+            time.sleep(poll)
+            us = create_cost_us(base)
+    return us
+
+
 def create_cost_note(us):
     slow = (f" (slow: on ext4 without a journal, files deleted in the last 30 s make creates "
             f"costly; figures taken now are low; wait and run again)") if us > SLOW_CREATE_US else ""

@@ -341,16 +341,18 @@ def table(rows):
 
 
 def run(base, agents=20, rates=(100, 700, 1000), seconds=10.0, full_seconds=5.0, cap=50,
-        many_agents=1000, many_rate=100, idle_seconds=3.0, once=True, cmd=None, repeat=1, echo=print):
+        many_agents=1000, many_rate=100, idle_seconds=3.0, once=True, cmd=None, repeat=1, echo=print,
+        settle_timeout=0.0):
     """Every scenario in turn, then run --once and the naive durable loop on a backlog the size
     of what the closed-loop full-speed run delivered. With `repeat`, each scenario runs that
     many times and its row is the median run by delivered msg/s (then p50), the spread beside
-    (`runs`). Returns the figures (a dict)."""
+    (`runs`). `settle_timeout`: how long to wait first for file creation to be cheap (see
+    bench.discard). Returns the figures (a dict)."""
     base = Path(base)
     base.mkdir(parents=True, exist_ok=True)
     out = {"dir": str(base), "fs": fs_type(base), "cpus": os.cpu_count(), "rows": []}
     echo(f"sustained load in {base} ({out['fs']}), {agents} agents, {os.cpu_count()} CPUs")
-    out["create_us"] = us = bench.create_cost_us(base)
+    out["create_us"] = us = bench.cheap_creates(base, settle_timeout, echo)
     echo("  " + bench.create_cost_note(us))
     plan = [(f"rate {r:g}", dict(rate=r, seconds=seconds)) for r in rates]
     if full_seconds > 0:
