@@ -27,7 +27,7 @@ SLOW_CREATE_US = 200
 
 def discard(path):
     """Put a finished run's directory aside instead of deleting it: on ext4 without a journal,
-    creating a file passes over every inode freed in the last 5 to 30 s (reading each one's
+    creating a file passes over every inode freed in the last 1 to 6 minutes (reading each one's
     deletion time), so deleting one run's tens of thousands of files made the next run's
     creates cost about 1 ms of system CPU each instead of 20 us, whichever was being measured.
     empty_trash() removes them once every figure is taken."""
@@ -76,8 +76,8 @@ def cheap_creates(base, timeout, echo=print, poll=10.0):
 
 
 def create_cost_note(us):
-    slow = (f" (slow: on ext4 without a journal, files deleted in the last 30 s make creates "
-            f"costly; figures taken now are low; wait and run again)") if us > SLOW_CREATE_US else ""
+    slow = (" (slow: on ext4 without a journal, files deleted in the last few minutes make creates "
+            "costly; figures taken now are low; wait and run again)") if us > SLOW_CREATE_US else ""
     return f"creating a file here costs {us} us of system CPU{slow}"
 
 
