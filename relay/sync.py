@@ -19,10 +19,7 @@ flush, chosen per file system:
   directories noted, a daemon delivering a steady trickle) is made by fsyncs even there, one
   after another: syncfs walks every cached inode of the file system and waits for whatever any
   process wrote on it, where an fsync waits for one journal commit, which the later fsyncs of
-  the same flush find done. For the same reason, while the kernel holds more than DIRTY_LIMIT
-  bytes not yet written back (agents writing faster than relay delivers: each syncfs would
-  wait for all of it, seconds, and relay would crawl while they flood), a flush is made as in
-  "file" mode: the files held, each one and each directory synced on the pool.
+  the same flush find done.
 
 With durability "normal" nothing is synced. An fsync error raises DurabilityError and is never
 retried: the data may be lost. `fsync` is a seam: on macOS it is fcntl(F_FULLFSYNC), since
@@ -49,7 +46,6 @@ POOL_SIZE = 16
 MAX_HELD = 256           # files held open for the batch's sync before an early flush
 FEW = 4                  # "fs" mode: a flush of at most this many files ...
 FEW_DIRS = 2             # ... and directories is made by fsyncs, not syncfs
-DIRTY_LIMIT = 32 << 20   # "fs" mode: dirty and under write-back, system-wide, above which fsyncs are cheaper
 
 _libc = None
 
@@ -104,24 +100,6 @@ def _done():
     return None
 
 
-def dirty_bytes():
-    """What the kernel holds not yet written back (Dirty + Writeback of /proc/meminfo), or 0
-    where that cannot be read."""
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            text = f.read()
-    except OSError:
-        return 0
-    total = 0
-    for line in text.split(b"\n"):
-        if line.startswith((b"Dirty:", b"Writeback:")):
-            try:
-                total += int(line.split()[1]) * 1024
-            except (IndexError, ValueError):
-                pass
-    return total
-
-
 class Syncer:
     """Collects what a batch wrote and makes it durable in one call per phase."""
 
@@ -134,8 +112,6 @@ class Syncer:
         self.files = []                        # descriptors held until the next flush
         self.dirs = set()                      # relative paths of changed directories
         self.many = False                      # "fs" mode: more than FEW files since the last flush
-        self.pressed = False                   # "fs" mode: this flush is made as in "file" mode
-        self.dirty = dirty_bytes               # a seam: tests say how much is waiting
         self._pool = None
         self._later = None                     # the one thread of flush_later()
         self._lock = threading.Lock()
@@ -151,23 +127,16 @@ class Syncer:
         """Take over the descriptor of a file just written; it is synced by the next flush."""
         if not self.durable:
             os.close(fd)
-        elif self.mode == "file" or self.pressed:
+        elif self.mode == "file":
             self.files.append(fd)
             if len(self.files) >= MAX_HELD:
                 self._sync_files("written files")
         elif self.many or len(self.files) >= FEW:       # a syncfs flushes them all
-            if not self.many and self._press():
-                return self.file_written(fd)
             self.many = True
             self._close_files()
             os.close(fd)
         else:
             self.files.append(fd)
-
-    def _press(self):
-        """In "fs" mode, whether this flush is to be made as in "file" mode (DIRTY_LIMIT)."""
-        self.pressed = self.pressed or self.dirty() > DIRTY_LIMIT
-        return self.pressed
 
     def sync_now(self, fd, what):
         """Sync one file at once (rare paths that must not wait for the batch)."""
@@ -189,8 +158,8 @@ class Syncer:
         if not self.durable:
             self.dirs.clear()
             return
+        dirs = dirs or self.mode == "file"
         whole = self._whole(dirs)
-        dirs = dirs or self.mode == "file" or self.pressed
         try:
             if whole:
                 self._close_files()
@@ -202,14 +171,11 @@ class Syncer:
         finally:
             if dirs or whole:
                 self.dirs.clear()
-            self.many = self.pressed = False
+            self.many = False
 
     def _whole(self, dirs=True):
-        """Whether this flush is one syncfs ("fs" mode, and more than a few things to sync,
-        unless too much is waiting to be written back: then it is pressed, as "file" mode)."""
-        if self.mode != "fs" or self.pressed:
-            return False
-        return self.many or (dirs and len(self.dirs) > FEW_DIRS and not self._press())
+        """Whether this flush is one syncfs ("fs" mode, and more than a few things to sync)."""
+        return self.mode == "fs" and (self.many or (dirs and len(self.dirs) > FEW_DIRS))
 
     def flush_later(self, what, submit=None):
         """Start making durable everything noted so far on another thread (`submit(fn, *args)`,
@@ -227,10 +193,9 @@ class Syncer:
         if self._whole():
             self._close_files()
             self.dirs.clear()
-            self.many = self.pressed = False
+            self.many = False
             return submit(self._call, self.syncfs, self.state.fd, what).result
-        pool = self.mode == "file" or self.pressed
-        self.many = self.pressed = False
+        self.many = False
         files, self.files = self.files, []
         jobs = [(fd, what) for fd in files]
         try:
@@ -241,13 +206,13 @@ class Syncer:
             raise
         finally:
             self.dirs.clear()
-        return submit(self._sync_and_close, jobs, pool).result
+        return submit(self._sync_and_close, jobs).result
 
     # -- internals --------------------------------------------------------------------------
 
-    def _sync_and_close(self, jobs, pool=None):
+    def _sync_and_close(self, jobs):
         try:
-            self._all(jobs, pool)
+            self._all(jobs)
         finally:
             for fd, _ in jobs:
                 os.close(fd)
@@ -307,13 +272,11 @@ class Syncer:
                 for fd, _ in jobs:
                     os.close(fd)
 
-    def _all(self, jobs, pool=None):
+    def _all(self, jobs):
         """fsync every (fd, what), many at once; the first error is raised after all ran. In "fs"
-        mode (a journalling file system: the first fsync commits what the others wait for)
-        unless pressed (or `pool`), and for two or fewer, one after another on this thread."""
-        if pool is None:
-            pool = self.mode == "file" or self.pressed
-        if len(jobs) <= 2 or not pool:
+        mode (a journalling file system: the first fsync commits what the others wait for) and
+        for two or fewer, one after another on this thread."""
+        if len(jobs) <= 2 or self.mode == "fs":
             for fd, what in jobs:
                 self._call(self.fsync, fd, what)
             return

@@ -233,37 +233,3 @@ def test_inbox_json_is_one_document(project):
     relay.drain()
     r = CliRunner().invoke(main, ["--root", str(project.root), "inbox", "Ben", "--json"])
     assert r.exit_code == 0 and [d["body"] for d in json.loads(r.output)] == ["hello"]
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names descriptors through /proc")
-def test_fs_mode_under_write_back_pressure_syncs_file_by_file_not_by_syncfs(project):
-    """Agents writing faster than relay delivers leave the kernel holding much not yet written
-    back; a syncfs would wait for all of it (seconds a batch). Then each envelope and each
-    directory the batch changed is synced on its own, as in "file" mode, and syncfs comes
-    back once the pressure is gone."""
-    from relay import sync
-    state = os.path.realpath(project.state)
-    synced, calls = [], []
-
-    def fsync(fd):
-        synced.append(os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), state))
-    relay = project.relay(sync_mode="fs", fsync=fsync)
-    relay.syncer.syncfs = calls.append
-    relay.syncer.dirty = lambda: sync.DIRTY_LIMIT + 1
-    for i in range(FEW + 3):
-        project.drop("Ann", f"b{i}", f"TO: Ben, Cy\n\nb{i}")
-    relay.drain()
-    assert calls == []
-    rows = list(relay.history.audit())
-    assert len(rows) == FEW + 3 and {r["status"] for r in rows} == {"archived"}
-    envelopes = {p for p in synced if p.startswith("inbox/") and "/tmp/" in p}
-    assert len(envelopes) == 2 * (FEW + 3)          # every envelope, each to Ben and to Cy
-    assert {"inbox/Ben/new", "inbox/Cy/new", "outbox/Ann", "spool/Ann"} <= set(synced)
-    assert any(p.startswith("archive/") for p in synced)
-    relay.syncer.dirty = lambda: 0
-    for i in range(FEW + 3):
-        project.drop("Ann", f"c{i}", f"TO: Ben\n\nc{i}")
-    relay.hint("rescan")
-    relay.drain()
-    assert len(calls) >= 1                          # syncfs again
-    assert sorted(e["body"] for e in project.inbox("Cy")) == sorted(f"b{i}" for i in range(FEW + 3))
