@@ -436,7 +436,7 @@ def cmd_daemon(args):
         before = sustained.quiet_disk()
         row = sustained.scenario(work, args.scenario, cmd=cmd, **scenario_args(args, args.scenario))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        bench.discard(work)     # deleted by the next run's cleanup, not now (see bench.discard)
     row.update(sustained.pressure(), load_before=before["load_avg"])
     print(sustained.table([row]))
     print(json.dumps(row))

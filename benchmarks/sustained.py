@@ -42,6 +42,8 @@ def main():
     ap.add_argument("--only", help="run this one scenario (a label as the table prints it, e.g. 'rate 100')")
     ap.add_argument("--daemon-cmd", help="the command that serves the project instead of `python -m relay run`")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where (its file system is the one measured)")
+    ap.add_argument("--keep", action="store_true",
+                    help="leave the projects (in a directory it names) instead of deleting them at the end")
     ap.add_argument("--settle-timeout", type=float, default=400.0,
                     help="seconds to wait first, at most, for file creation to be cheap (0: do not wait)")
     args = ap.parse_args()
@@ -67,7 +69,10 @@ def main():
                             cmd=cmd, repeat=args.repeat)
         print(json.dumps(out))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"the projects are left in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def scenario_args(args, label):
