@@ -52,6 +52,15 @@ class Inotify:
 
 # -- the producers (each in a process of its own) -----------------------------------------
 
+def _wait_while_parent(event, parent):
+    """Wait for `event` as long as the process that started this one lives (it may have been
+    killed: an orphan must not wait for ever). True if it was set."""
+    while not event.wait(0.5):
+        if os.getppid() != parent:
+            return False
+    return True
+
+
 def produce(k, boxes, rate, offset, seconds, cap, body, out, ready, go, start, done=None, release=None):
     """Producer `k`: message i goes from boxes[i % len][0] to boxes[i % len][1]. At `rate`
     msg/s (this producer's share; slot i at start + offset + i / rate, so the producers
@@ -59,16 +68,19 @@ def produce(k, boxes, rate, offset, seconds, cap, body, out, ready, go, start, d
     `cap`, a box holding `cap` waiting files is written to again only once the daemon has taken
     half of them (seen by inotify: the daemon renames each file it takes out of the outbox, so
     the producer waits without using the CPU, and refills in a burst). Writes (names, rename times, its CPU seconds,
-    seconds held by the cap) to `out`, then waits at `done` and stays until `release` is set:
-    twenty processes exiting at once take the CPU, and must not do it while the last messages
-    are still being measured."""
+    seconds held by the cap) to `out`, then says so on `done` (a semaphore) and stays until
+    `release` is set: twenty processes exiting at once take the CPU, and must not do it while
+    the last messages are still being measured. It leaves without it if the measuring process
+    is gone."""
+    parent = os.getppid()
     n_boxes = len(boxes)
     waiting = [0] * n_boxes     # per box: written and not yet taken
     ino = Inotify() if cap else None
     wds = {ino.add(box, IN_MOVED_FROM | IN_DELETE): b for b, (box, _) in enumerate(boxes)} if cap else {}
     names, times, held = [], [], 0.0
     ready.wait()
-    go.wait()
+    if not _wait_while_parent(go, parent):
+        return
     t0 = start.value
     end = t0 + seconds
     i = 0
@@ -109,9 +121,9 @@ def produce(k, boxes, rate, offset, seconds, cap, body, out, ready, go, start, d
     with open(out, "wb") as f:
         marshal.dump((names, times, time.process_time() - cpu0, held), f)
     if done is not None:
-        done.wait()
+        done.release()
     if release is not None:
-        release.wait()
+        _wait_while_parent(release, parent)
 
 
 # -- what arrives in the inboxes ------------------------------------------------------------

@@ -121,6 +121,21 @@ def _epoch(iso):
     return datetime.datetime.fromisoformat(iso).timestamp()
 
 
+def _wait_for_figures(done, procs):
+    """Until every producer has written its figures (each says so on `done`, then stays): a
+    producer that died instead is reported at once, one that is still writing after
+    READY_TIMEOUT once that is past."""
+    deadline, finished = time.monotonic() + READY_TIMEOUT, 0
+    while finished < len(procs):
+        if done.acquire(timeout=0.05):
+            finished += 1
+            continue
+        dead = [p for p in procs if p.exitcode is not None]
+        if dead or time.monotonic() > deadline:
+            raise RuntimeError("the producers did not all finish: " + ", ".join(
+                f"{p.name} exit {p.exitcode}" for p in dead or procs) + "; see the tracebacks above")
+
+
 def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap=None, cmd=None,
              body_size=200, settle=60.0, idle_seconds=0.0, durability="full"):
     """One run on a fresh project: `agents` agents, `producers` producer processes (default one
@@ -144,7 +159,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         arrivals = Arrivals([state / "inbox" / n / "new" for n in names])
         ctx = multiprocessing.get_context("spawn")
         ready, go, start = ctx.Barrier(producers + 1), ctx.Event(), ctx.Value("d", 0.0)
-        done, release = ctx.Barrier(producers + 1), ctx.Event()
+        done, release = ctx.Semaphore(0), ctx.Event()
         body = b"x" * body_size
         files = [root / f"producer-{k}.marshal" for k in range(producers)]
         for k in range(producers):
@@ -167,11 +182,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         time.sleep(max(0.0, t0 + seconds - time.time()))
         if rate is None:        # full speed: the window is the producing time
             cpu1, sys1, t1 = cpu_seconds(daemon.pid), system_seconds(daemon.pid), time.time()
-        try:
-            done.wait(READY_TIMEOUT)    # every producer has written its figures; none has exited
-        except threading.BrokenBarrierError:
-            raise RuntimeError("the producers did not all finish: " + ", ".join(
-                f"{p.name} exit {p.exitcode}" for p in procs if not p.is_alive())) from None
+        _wait_for_figures(done, procs)
         sent = {}
         written = producer_cpu = held = 0
         first = last = None
