@@ -66,11 +66,11 @@ def main():
                             full_seconds=args.full_seconds, cap=args.cap, many_agents=args.many_agents,
                             settle_timeout=args.settle_timeout,
                             many_rate=args.many_rate, idle_seconds=args.idle_seconds, once=not args.no_once,
-                            cmd=cmd, repeat=args.repeat)
+                            cmd=cmd, repeat=args.repeat, keep=args.keep)
         print(json.dumps(out))
     finally:
         if args.keep:
-            print(f"the projects are left in {work}")
+            print(f"the projects are left in {work / bench.TRASH}")
         else:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -353,12 +353,13 @@ def table(rows):
 
 def run(base, agents=20, rates=(100, 700, 1000), seconds=10.0, full_seconds=5.0, cap=50,
         many_agents=1000, many_rate=100, idle_seconds=3.0, once=True, cmd=None, repeat=1, echo=print,
-        settle_timeout=0.0):
+        settle_timeout=0.0, keep=False):
     """Every scenario in turn, then run --once and the naive durable loop on a backlog the size
     of what the closed-loop full-speed run delivered. With `repeat`, each scenario runs that
     many times and its row is the median run by delivered msg/s (then p50), the spread beside
     (`runs`). `settle_timeout`: how long to wait first for file creation to be cheap (see
-    bench.discard). Returns the figures (a dict)."""
+    bench.discard). `keep`: leave the finished projects in base's bench.TRASH instead of
+    deleting them at the end. Returns the figures (a dict)."""
     base = Path(base)
     base.mkdir(parents=True, exist_ok=True)
     out = {"dir": str(base), "fs": fs_type(base), "cpus": os.cpu_count(), "rows": []}
@@ -424,5 +425,6 @@ def run(base, agents=20, rates=(100, 700, 1000), seconds=10.0, full_seconds=5.0,
                 echo(f"  {r['scenario']}: daemon CPU per message {r['cpu_vs_once']}x run --once's")
     echo(f"daemon idle CPU {out['idle_cpu_percent']}% (after load {out['idle_cpu_after_load_percent']}%), "
          f"peak RSS {out['daemon_peak_rss_mb']} MB")
-    bench.empty_trash(base)
+    if not keep:
+        bench.empty_trash(base)
     return out

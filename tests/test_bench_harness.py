@@ -86,4 +86,4 @@ def test_sustained_keep_leaves_the_projects(tmp_path):
     assert r.returncode == 0, r.stderr
     where = Path(r.stdout.strip().splitlines()[-1].split(" in ", 1)[1])
     logs = list(where.rglob("daemon.log"))
-    assert len(logs) == 1 and (logs[0].parent / ".relay" / "ledger.db").exists(), sorted(tmp_path.rglob("*"))
+    assert len(logs) == 1 and (logs[0].parent / ".relay" / "ledger.sqlite").exists(), sorted(tmp_path.rglob("*"))
