@@ -432,11 +432,12 @@ def cmd_daemon(args):
         cmd.append("--strace")
     work = Path(tempfile.mkdtemp(prefix="profile-", dir=args.dir))
     try:
-        print(bench.create_cost_note(bench.cheap_creates(work, 400.0)))
+        print(bench.create_cost_note(bench.cheap_creates(work, args.settle_timeout)))
         before = sustained.quiet_disk()
         row = sustained.scenario(work, args.scenario, cmd=cmd, **scenario_args(args, args.scenario))
     finally:
-        bench.discard(work)     # deleted by the next run's cleanup, not now (see bench.discard)
+        # Deleted once the run is measured (the next run waits for creates to be cheap again).
+        shutil.rmtree(work, ignore_errors=True)
     row.update(sustained.pressure(), load_before=before["load_avg"])
     print(sustained.table([row]))
     print(json.dumps(row))
@@ -499,6 +500,8 @@ def main():
     d.add_argument("--seconds", type=float, default=5.0)
     d.add_argument("--out")
     d.add_argument("--dir", default=tempfile.gettempdir())
+    d.add_argument("--settle-timeout", type=float, default=400.0,
+                   help="seconds to wait first, at most, for file creation to be cheap (0: do not wait)")
     o = sub.add_parser("once", help="relay.drain() on a backlog, with counters and a profiler")
     o.add_argument("--messages", type=int, default=5000)
     o.add_argument("--agents", type=int, default=20)

@@ -87,3 +87,18 @@ def test_sustained_keep_leaves_the_projects(tmp_path):
     where = Path(r.stdout.strip().splitlines()[-1].split(" in ", 1)[1])
     logs = list(where.rglob("daemon.log"))
     assert len(logs) == 1 and (logs[0].parent / ".relay" / "ledger.sqlite").exists(), sorted(tmp_path.rglob("*"))
+
+
+@pytest.mark.timeout_s(40)
+def test_profile_daemon_leaves_nothing_in_its_dir(tmp_path):
+    """benchmarks/profile_daemon.py daemon put its project into <dir>/.relay-bench-done, which
+    nothing ever emptied (with --dir's default, the system temporary directory)."""
+    where = tmp_path / "dir"
+    where.mkdir()
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "profile_daemon.py"), "daemon", "--scenario", "rate 40",
+                        "--agents", "2", "--seconds", "0.3", "--settle-timeout", "0", "--out", str(tmp_path / "out"),
+                        "--dir", str(where)], capture_output=True, text=True, timeout=35,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert '"delivered": 12' in r.stdout, r.stdout
+    assert list(where.iterdir()) == [], "the benchmark left files behind"
