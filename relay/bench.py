@@ -35,6 +35,8 @@ def discard(path):
     trash = path.parent / TRASH
     try:
         trash.mkdir(exist_ok=True)
+        if trash.is_symlink() or not trash.is_dir():
+            raise IsADirectoryError(f"{trash} is not a plain directory")     # never moved through a link
         os.rename(path, trash / path.name)
     except OSError:
         shutil.rmtree(path, ignore_errors=True)

@@ -22,3 +22,15 @@ def test_the_create_probe_measures_and_leaves_only_trash(tmp_path):
     assert len(list(made.iterdir())) == 50
     assert "slow" in bench.create_cost_note(bench.SLOW_CREATE_US + 1)
     assert "slow" not in bench.create_cost_note(bench.SLOW_CREATE_US)
+
+
+def test_a_trash_name_that_is_a_link_is_not_followed(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / bench.TRASH).symlink_to(elsewhere)
+    run = base / "relay-full-abc"
+    (run / "x").mkdir(parents=True)
+    bench.discard(run)
+    assert not run.exists() and list(elsewhere.iterdir()) == []     # deleted where it was, not moved away
