@@ -98,12 +98,17 @@ def test_a_failed_sync_fails_its_batch_and_not_the_next(project):
     assert len(failed) == 2 and all("Input/output error" in row["error"] for row in failed)
 
 
-def test_a_batch_dropped_after_a_failed_step_is_recovered_and_delivered_once(project):
-    held = Held()
-    relay = relay_with(project, held)
-    for i in range(4):
+def stepped_with_sync_held(project, messages):
+    """A relay (its last sync held) that stepped once over `messages` files from Ann to Ben."""
+    relay = relay_with(project, Held())
+    for i in range(messages):
         project.drop("Ann", f"m{i}", f"TO: Ben\n\nbody {i}")
     relay.step()
+    return relay
+
+
+def test_a_batch_dropped_after_a_failed_step_is_recovered_and_delivered_once(project):
+    relay = stepped_with_sync_held(project, 4)
     relay.abandon()         # what a failed step does before recovery: the batch is not recorded
     assert relay.history.counts()["processing"] == 2
     relay.recover()
@@ -114,11 +119,7 @@ def test_a_batch_dropped_after_a_failed_step_is_recovered_and_delivered_once(pro
 
 
 def test_a_stop_records_the_batch_whose_sync_runs(project):
-    held = Held()
-    relay = relay_with(project, held)
-    for i in range(3):
-        project.drop("Ann", f"m{i}", f"TO: Ben\n\nbody {i}")
-    relay.step()
+    relay = stepped_with_sync_held(project, 3)
     assert relay.history.counts()["processing"] == 2
     relay.close()
     project.relays.remove(relay)

@@ -1,5 +1,6 @@
 """The daemon's file watcher (relay's own inotify reader): only the events relay needs, names it
 ignores dropped before they cost a hint, new agent directories watched before they are scanned."""
+import contextlib
 import os
 import sys
 
@@ -33,27 +34,29 @@ def pump_until(ino, hints, n, rounds=10):
     return hints.got
 
 
-def test_a_message_written_the_agents_way_costs_one_hint(project):
-    relay = project.relay()
-    hints = Hints(relay)
+@contextlib.contextmanager
+def watching(project):
+    """(inotify watcher, the hints it gave) over a new relay's outboxes, read by the caller."""
+    hints = Hints(project.relay())
     ino = watcher.Inotify(hints)
     ino.start(thread=False)
     try:
+        yield ino, hints
+    finally:
+        ino.stop()
+
+
+def test_a_message_written_the_agents_way_costs_one_hint(project):
+    with watching(project) as (ino, hints):
         project.drop("Ann", "m1", "TO: Ben\n\nx")          # .m1.tmp created, written, closed, renamed
         (project.state / "outbox" / "Ann" / "draft.tmp").write_text("ignored")
         (project.state / "outbox" / "Ann" / "inplace").write_text("TO: Ben\n\ny")   # create + close
         got = pump_until(ino, hints, 3)
-    finally:
-        ino.stop()
     assert got == [("closed", "Ann", "m1"), ("file", "Ann", "inplace"), ("closed", "Ann", "inplace")]
 
 
 def test_a_new_agent_directory_is_watched_before_the_loop_scans_it(project):
-    relay = project.relay()
-    hints = Hints(relay)
-    ino = watcher.Inotify(hints)
-    ino.start(thread=False)
-    try:
+    with watching(project) as (ino, hints):
         os.mkdir(project.state / "outbox" / "Dee")
         assert pump_until(ino, hints, 1) == [("dir", "Dee", None)]
         project.drop("Dee", "m", "TO: Ben\n\nx")
@@ -62,8 +65,6 @@ def test_a_new_agent_directory_is_watched_before_the_loop_scans_it(project):
         os.mkdir(project.state / "outbox" / "Fay")
         assert pump_until(ino, hints, 3)[2:] == [("dir", "Fay", None)]
         assert sorted(ino.names.values()) == ["Ann", "Ben", "Cy", "Dee", "Fay"]
-    finally:
-        ino.stop()
 
 
 def test_hints_of_events():
