@@ -175,7 +175,7 @@ class Relay(Loop):
         """Move everything one batch further. Returns what was done."""
         now = self.clock() if now is None else now
         self._began = (now, self.clock())
-        self.fs.forget()            # walk from the top again: a directory may have been swapped
+        self.fs.recheck()           # look each directory up again: one may have been swapped
         counts = Counts()
         found = []
         for f in self._gather(now):

@@ -7,9 +7,12 @@ archive) is refused, never followed, and nothing outside the state directory is 
 written, renamed or deleted. The last component is always acted on with `dir_fd=` and
 `follow_symlinks=False` (or `O_NOFOLLOW`).
 
-Directory descriptors are cached while a batch runs; `forget()` closes them (the relay calls
-it at the start of every step), so a directory an agent swaps for a link between two steps is
-seen as it is now.
+Directory descriptors are cached. `forget()` closes them; `recheck()` (the relay calls it at
+the start of every step) keeps them but has each looked up again, by name in its parent, the
+first time a path through it is used after: one that is no longer the directory its name gives
+(swapped for a link, another directory or nothing between two steps) is closed with everything
+cached under it, and the path is walked again, so a swap is seen as it is now. (A directory
+whose descriptor is held keeps its inode number: a name giving that number is that directory.)
 
 Names are str as the OS gives them (undecodable bytes as surrogate escapes); `bad_name` tells
 whether one is fit for the ledger, the logs and an envelope, and `shown` escapes any name for a
@@ -87,6 +90,8 @@ class StateDir:
         self.path = str(path)
         self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._dirs = {"": self.fd}
+        self._ids = {}              # relative path -> (st_dev, st_ino) of its cached descriptor
+        self._fresh = {""}          # cached paths looked up since the last recheck()
         # Called with the relative path of a directory whose entries changed because relay
         # created a sub-directory in it (the syncer makes that change durable).
         self.on_dir_created = on_dir_created
@@ -114,6 +119,23 @@ class StateDir:
                 except OSError:
                     pass
         self._dirs = {"": self.fd}
+        self._ids = {}
+        self._fresh = {""}
+
+    def recheck(self):
+        """Have every cached directory looked up again by name before it is next used."""
+        self._fresh = {""}
+
+    def _drop(self, rel):
+        """Close the cached descriptor of `rel` and of everything cached under it."""
+        under = rel + "/"
+        for key in [k for k in self._dirs if k == rel or k.startswith(under)]:
+            try:
+                os.close(self._dirs.pop(key))
+            except OSError:
+                pass
+            self._ids.pop(key, None)
+            self._fresh.discard(key)
 
     def _trim(self):
         """Keep the cache bounded; called before an operation, never in the middle of one."""
@@ -133,16 +155,27 @@ class StateDir:
     def dir(self, rel, create=False):
         """A descriptor of the directory at `rel` (cached; do not close it). With `create`,
         missing components are made (each creation noted for the syncer)."""
-        fd = self._dirs.get(rel)
-        if fd is not None:
-            return fd
+        if rel in self._fresh:
+            return self._dirs[rel]
         parts = split(rel)
         i = len(parts)
-        while i > 0 and "/".join(parts[:i]) not in self._dirs:
+        while i > 0 and "/".join(parts[:i]) not in self._fresh:
             i -= 1
         fd = self._dirs["/".join(parts[:i])]
         for j in range(i, len(parts)):
             name, here = parts[j], "/".join(parts[:j + 1])
+            kept = self._dirs.get(here)
+            if kept is not None:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    same = (st.st_dev, st.st_ino) == self._ids[here] and stat.S_ISDIR(st.st_mode)
+                except OSError:
+                    same = False
+                if same:
+                    self._fresh.add(here)
+                    fd = kept
+                    continue
+                self._drop(here)
             try:
                 child = os.open(name, DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -160,7 +193,14 @@ class StateDir:
                     raise _refusal(e, here) from None
             except OSError as e:
                 raise _refusal(e, here) from None
+            try:
+                st = os.fstat(child)
+            except OSError:
+                os.close(child)
+                raise
             self._dirs[here] = child
+            self._ids[here] = (st.st_dev, st.st_ino)
+            self._fresh.add(here)
             fd = child
         return fd
 
@@ -172,8 +212,7 @@ class StateDir:
         d, _, name = rel.rpartition("/")
         if not name or name in (".", "..") or "\0" in name:
             split(rel)              # raises with the reason
-        fd = self._dirs.get(d)
-        return (fd if fd is not None else self.dir(d, create=create)), name
+        return (self._dirs[d] if d in self._fresh else self.dir(d, create=create)), name
 
     def makedirs(self, rel):
         self._trim()
@@ -296,9 +335,7 @@ class StateDir:
     def rmdir(self, rel):
         fd, name = self._at(rel)
         os.rmdir(name, dir_fd=fd)
-        stale = self._dirs.pop(rel, None)
-        if stale is not None:
-            os.close(stale)
+        self._drop(rel)
 
 
 def write_all(fd, data):

@@ -233,3 +233,56 @@ def test_inbox_json_is_one_document(project):
     relay.drain()
     r = CliRunner().invoke(main, ["--root", str(project.root), "inbox", "Ben", "--json"])
     assert r.exit_code == 0 and [d["body"] for d in json.loads(r.output)] == ["hello"]
+
+
+def test_a_cached_directory_swapped_between_steps_is_looked_up_again(tmp_path):
+    """recheck() (each step) keeps directory descriptors, but a directory swapped since (for a
+    link out, for another directory, or removed and made again) is walked again, never used."""
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    state = tmp_path / "state"
+    (state / "a" / "b").mkdir(parents=True)
+    fs = StateDir(state)
+    try:
+        os.close(fs.create("a/b/one"))              # a and a/b cached
+        os.rename(state / "a" / "b", tmp_path / "moved-b")  # the cached a/b moved out ...
+        (state / "a" / "b").symlink_to(outside / "b")       # ... and a link put in its place
+        fs.recheck()
+        with pytest.raises(OSError) as e:
+            fs.create("a/b/two")
+        assert e.value.errno in (errno.ELOOP, errno.ENOTDIR)
+        assert not (outside / "b" / "two").exists() and not (tmp_path / "moved-b" / "two").exists()
+
+        (state / "a" / "b").unlink()
+        (state / "a" / "b").mkdir()
+        fs.recheck()
+        os.close(fs.create("a/b/three"))            # the directory there now, not the one moved
+        assert (state / "a" / "b" / "three").exists() and not (tmp_path / "moved-b" / "three").exists()
+
+        os.rename(state / "a", tmp_path / "moved-a")        # a parent swapped for another directory
+        (state / "a" / "b").mkdir(parents=True)
+        fs.recheck()
+        os.close(fs.create("a/b/four"))
+        assert (state / "a" / "b" / "four").exists() and not (tmp_path / "moved-a" / "b" / "four").exists()
+
+        (state / "a" / "b" / "four").unlink()
+        (state / "a" / "b").rmdir()
+        (state / "a" / "b").mkdir()                 # removed and made again: another inode
+        fs.recheck()
+        os.close(fs.create("a/b/five"))
+        assert (state / "a" / "b" / "five").exists()
+        assert len(os.listdir(f"/proc/self/fd")) < 64       # every dropped descriptor closed
+    finally:
+        fs.close()
+
+
+def test_a_directory_not_swapped_keeps_its_descriptor_across_steps(tmp_path):
+    state = tmp_path / "state"
+    (state / "a" / "b").mkdir(parents=True)
+    fs = StateDir(state)
+    try:
+        first = fs.dir("a/b")
+        fs.recheck()
+        assert fs.dir("a/b") == first and fs.dir("a") == fs._dirs["a"]
+    finally:
+        fs.close()
