@@ -192,7 +192,8 @@ class Relay(Loop):
             lambda sender, mid, name: self.layout.archive_rel(day, sender, mid, name))
         counts.registered, counts.claimed = len(registered), len(claimed)
         for mid, sender, name in registered:
-            log.info("%s discovered: outbox/%s/%s", mid, sender, name, **fields("discovered", mid, sender))
+            # DEBUG: the line of its outcome names the file too (its archive or failed/ path)
+            log.debug("%s discovered: outbox/%s/%s", mid, sender, name, **fields("discovered", mid, sender))
         if claimed:
             self._process(claimed, now, counts)
         if self._pending is not None and not (claimed and self._more_ready(claimed)):

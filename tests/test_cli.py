@@ -192,12 +192,16 @@ def test_bench_prints_every_figure(tmp_path):
 def test_json_logs_one_object_per_line(cli):
     cli("init", "--agent", "Ann", "--agent", "Ben")
     drop(cli, "Ann", "m", "TO: Ben\n\nx")
-    r = CliRunner().invoke(main, ["--root", str(cli.root), "run", "--once", "--log-format", "json"])
+    drop(cli, "Ann", "n", "TO: Ben\n\ny")
+    r = CliRunner().invoke(main, ["--root", str(cli.root), "run", "--once", "--log-format", "json"],
+                           env={"RELAY_LOG_LEVEL": "DEBUG"})
     assert r.exit_code == 0, r.output
     lines = [json.loads(line) for line in r.stderr.strip().splitlines()]
-    mid = json.loads(cli("audit", "--json").output)[0]["id"]
-    assert any(d["msg"].startswith(f"{mid} discovered") for d in lines)
-    assert any(mid in d["msg"] and "delivered from Ann to Ben" in d["msg"] for d in lines)
+    [mid] = [row["id"] for row in json.loads(cli("audit", "--json").output) if row["source_path"] == "outbox/Ann/m"]
+    assert any(d["msg"].startswith(f"{mid} discovered: outbox/Ann/m") and d["level"] == "debug" for d in lines)
+    # At INFO (the default) one line per message: its outcome, which names the file too.
+    [outcome] = [d for d in lines if mid in d["msg"] and "delivered from Ann to Ben" in d["msg"]]
+    assert outcome["level"] == "info" and f"{mid}--m" in outcome["msg"] and outcome["id"] == mid
     assert all({"ts", "level", "logger", "msg"} <= set(d) for d in lines)
 
 

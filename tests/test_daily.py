@@ -85,7 +85,8 @@ def test_each_lifecycle_event_keeps_its_own_instant(project):
 def test_json_log_lines_carry_the_message_fields(cli):
     cli("init", "--agent", "Ann", "--agent", "Ben", "--agent", "Cy")
     cli("send", "--from", "Ann", "--to", "Ben,Cy", "x")
-    r = CliRunner().invoke(main, ["--root", str(cli.root), "run", "--once", "--log-format", "json"])
+    r = CliRunner().invoke(main, ["--root", str(cli.root), "run", "--once", "--log-format", "json"],
+                           env={"RELAY_LOG_LEVEL": "DEBUG"})      # "discovered" is a DEBUG line
     lines = [json.loads(line) for line in r.stderr.strip().splitlines()]
     [archived] = [d for d in lines if d.get("event") == "archived"]
     assert archived["from"] == "Ann" and archived["to"] == ["Ben", "Cy"] and archived["id"] in archived["msg"]
