@@ -61,7 +61,8 @@ class Leases:
         self.supported = enabled and F_SETLEASE is not None
 
     def writers(self, fd):
-        """True when another process has the file open for writing."""
+        """True when another process has the file open for writing. Otherwise a read lease is
+        held on `fd` until the caller closes it (at once: a writer's open waits for it)."""
         if not self.supported:
             return False
         try:
@@ -73,8 +74,7 @@ class Leases:
                 log.info("file leases are not supported here (%s); completeness by the settle time alone", e)
                 self.supported = False
             return False
-        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
-        return False
+        return False        # the lease taken goes with the descriptor: each caller closes it at once
 
 
 class Outbox:
