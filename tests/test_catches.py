@@ -286,3 +286,17 @@ def test_a_directory_not_swapped_keeps_its_descriptor_across_steps(tmp_path):
         assert fs.dir("a/b") == first and fs.dir("a") == fs._dirs["a"]
     finally:
         fs.close()
+
+
+def test_no_lease_is_left_on_a_file_relay_looked_at(project, clock):
+    """The read lease that finds writers goes with the descriptor: once a step has looked at
+    files (held by a writer or not), relay holds no lease, so no agent's open waits on one."""
+    relay = project.relay(settle="1s")
+    project.drop("Ann", "done", b"TO: Ben\n\nwhole")
+    box = project.state / "outbox/Ann"
+    with open(box / "held", "w") as f:
+        f.write("TO: Ben\n\nhalf")
+        f.flush()
+        relay.step(clock.advance(5))        # a rescan: the look for writers, then the read
+        leases = [line for line in open("/proc/locks") if "LEASE" in line and f" {os.getpid()} " in line]
+        assert leases == [] and project.inbox("Ben") != []
