@@ -189,7 +189,7 @@ class Relay(Loop):
         day = day_of(now)
         registered, claimed = self.ledger.register_and_claim(
             [(self.ids.new(now), f.sender, f.name, f.sent_at) for f in found], now, self.batch,
-            lambda sender, mid, name: self.layout.archive_rel(day, sender, mid, name))
+            lambda sender, mid, name: self.layout.archive_rel(day, sender, mid, name), synced=False)
         counts.registered, counts.claimed = len(registered), len(claimed)
         for mid, sender, name in registered:
             # DEBUG: the line of its outcome names the file too (its archive or failed/ path)
@@ -272,12 +272,17 @@ class Relay(Loop):
         thorough = [w.id for w in works if w.thorough]
         had, shed = self.history.delivered_to(thorough), self.history.sheds_of(thorough)
         budget = self.config.batch_bytes
+        late = False
         for w in works:
             w.had = had.get(w.id, {})
             if budget <= 0:
                 w.defer = True      # left for the next batch: this one holds enough bytes
                 continue
-            self._prepare(w, now)
+            if not self._peek(w, now):
+                if not late:
+                    self._claim_durable()       # before the first file is taken
+                late = True
+                self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
         # The previous batch is recorded before this one's ids and request ids are settled (a
         # repeat must see whether the first failed), admitted and delivered.
@@ -287,11 +292,18 @@ class Relay(Loop):
         self.flow.admit(ready, now, self.config, self.history.archived_agents(), shed)
         ready = [w for w in ready if not w.refused]
         if self.router is not None:     # first tries only: a retry is published from its recorded row
+            self._custody(works)        # what is published for another node is in the spool first
+            ready = [w for w in ready if not (w.refused or w.error)]
             for w in ready:
                 w.remote = {r: n for r, n in w.remote.items()
                             if r in w.recipients and r not in w.shed and r not in w.shed_before}
             self.router.offer([w for w in ready if w.remote and not w.thorough])
-        linked = self.inbox.deliver(ready)
+        # The claim was committed unsynced: it is synced with the envelopes, and the files read
+        # before custody are taken between that sync and the links.
+        if self.ledger.unsynced and self.syncer.durable:
+            self.syncer.file_written(self.ledger.wal_fd())
+        linked = self.inbox.deliver(ready, custody=lambda: self._custody(works, synced=True))
+        self._custody(works)        # where deliver did not: its sync failed, or nothing was ready
         delivered = self.phase()
         for w in works:
             self._settle(w, now)
@@ -353,9 +365,58 @@ class Relay(Loop):
             except DurabilityError:
                 pass
 
+    def _claim_durable(self):
+        """Sync the claim, committed unsynced, unless a later commit or sync did (the ledger's
+        own fdatasync of its log, as its synced commit would: an error fails the step)."""
+        self.ledger.sync()
+
+    def _custody(self, works, synced=False):
+        """Take custody of the files read before it (Outbox.peek), once the claim is durable:
+        `synced` when the caller's sync included the ledger's log."""
+        if synced:
+            self.ledger.unsynced = False
+        todo = [w for w in works if w.peeked is not None and w.path is None]
+        if todo:
+            self._claim_durable()
+        for w in todo:
+            try:
+                self.outbox.take(w)
+            except Exception as e:  # noqa: BLE001 - isolate the message, keep the daemon alive
+                log.exception("%s from %s: unexpected error while taking it", w.id, w.sender,
+                              **fields("error", w))
+                w.error = e if isinstance(e, DurabilityError) else TransientError(f"unexpected error: {e!r}"[:500])
+                if w.path is not None and not self.fs.exists(w.path):
+                    w.path = None
+            w.data = b""        # kept for a private copy (Outbox.take)
+            w.spooled = w.path is not None and w.path.startswith("spool/")
+        taken = [w for w in todo if w.spooled]
+        if taken and self.syncer.mode == "file":
+            # Each directory is synced on its own there: the moves into the spool are durable
+            # before any move out of it (into the archive), or a file could come back in both.
+            try:
+                self.syncer.flush("the outbox and spool directories")
+            except DurabilityError as e:
+                for w in taken:
+                    w.error = e         # not delivered; quarantined (_settle)
+
+    def _peek(self, w, now):
+        """Read and parse a message before custody where its file allows (Outbox.peek): its
+        envelopes are then synced with the claim, one sync for both. False: not read."""
+        if w.thorough or w.spooled:
+            return False
+        try:
+            if not self.outbox.peek(w, self.config.max_body_bytes):
+                return False
+            self._parse(w, now)
+        except Exception as e:  # noqa: BLE001 - isolate the message, keep the daemon alive
+            log.exception("%s from %s: unexpected error while reading it", w.id, w.sender,
+                          **fields("error", w))
+            w.error = TransientError(f"unexpected error: {e!r}"[:500])
+        return True
+
     def _prepare(self, w, now):
-        """Custody, reading and parsing of one message. One message's unforeseen failure is
-        logged with its id; the batch goes on."""
+        """Custody, reading and parsing of one message (the claim is durable). One message's
+        unforeseen failure is logged with its id; the batch goes on."""
         try:
             self.outbox.take(w)
             if w.refused or w.error:
@@ -377,7 +438,8 @@ class Relay(Loop):
         except MessageRefused as e:
             return flow.refused(w, e, self.known_agents())
         finally:
-            w.data = b""            # the bytes are hashed and parsed; the batch need not hold them
+            if w.peeked is None:    # read before custody: kept until it (Outbox.take)
+                w.data = b""        # the bytes are hashed and parsed; the batch need not hold them
         w.message, w.recipients = accepted.message, accepted.recipients
         if self.router is not None:
             w.remote = self.router.route(w.recipients, self._local)

@@ -53,11 +53,13 @@ class Inbox:
 
     # -- delivery ---------------------------------------------------------------------------
 
-    def deliver(self, works):
+    def deliver(self, works, custody=None):
         """Deliver a batch up to the links into new/. Fills each work's `got` (recipient ->
         (size, sha256) of its envelope) and `missed` (recipient -> error), and returns the
         (work, recipient) pairs linked now: their new/ directories are noted with the syncer,
-        and they count only once the caller's next flush succeeds (`unlink` otherwise)."""
+        and they count only once the caller's next flush succeeds (`unlink` otherwise).
+        `custody()` is called between the envelopes' sync and the links: a work it refuses,
+        fails or defers (its file gone, swapped or held by a writer) is not linked."""
         fs = self.fs
         staged = []     # (work, recipient, tmp, new)
         for w in works:
@@ -86,8 +88,13 @@ class Inbox:
                 w.missed[r] = e
                 fs.unlink_quietly(tmp)
             return []
+        if custody is not None:
+            custody()
         linked = []
         for w, r, tmp, new in staged:
+            if w.refused or w.error or w.defer:
+                fs.unlink_quietly(tmp)
+                continue
             try:
                 try:
                     fs.link(tmp, new)

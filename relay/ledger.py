@@ -70,6 +70,9 @@ def link_hash(prev, *record):
     return hashlib.sha256(orjson.dumps([prev, *record])).hexdigest()
 
 
+_fdatasync = getattr(os, "fdatasync", os.fsync)
+
+
 class Ledger:
     """One connection to the ledger. Not shared between threads."""
 
@@ -78,6 +81,7 @@ class Ledger:
         self.readonly = readonly
         self.durability = durability
         self.busy_timeout_ms = busy_timeout_ms
+        self.unsynced = False       # a commit made without a sync, not yet synced (transaction())
         _refuse_links(self.path)
         try:
             if readonly:
@@ -171,18 +175,50 @@ class Ledger:
     # -- transactions -----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def transaction(self):
-        """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK when the block raises."""
-        self.db.execute("BEGIN IMMEDIATE")
+    def transaction(self, synced=True):
+        """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK when the block raises. With `synced` False
+        and durability "full", the commit is not synced (synchronous = NORMAL for it: in WAL
+        mode the ledger stays whole, only this commit may be lost): `unsynced` says so until the
+        caller syncs the write-ahead log (`wal_fd`) or a later commit of this connection, synced,
+        does (the log is one file, synced to its end)."""
+        quick = not synced and self.durability == "full"
+        changes = self.db.total_changes
+        if quick:
+            self.db.execute("PRAGMA synchronous = NORMAL")
         try:
-            yield self.db
-        except BaseException:
+            self.db.execute("BEGIN IMMEDIATE")
             try:
-                self.db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
-        self.db.execute("COMMIT")
+                yield self.db
+            except BaseException:
+                try:
+                    self.db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise
+            self.db.execute("COMMIT")
+        finally:
+            if quick:
+                self.db.execute("PRAGMA synchronous = FULL")
+        if quick:
+            self.unsynced = True
+        elif self.db.total_changes != changes and self.durability == "full":
+            self.unsynced = False       # a commit that wrote is synced to the log's end
+
+    def wal_fd(self):
+        """A read-only descriptor of the ledger's write-ahead log (never through a link): an
+        fsync of it makes every commit so far durable. The caller closes it."""
+        return os.open(self.path + "-wal", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def sync(self):
+        """Make every commit so far durable, as a synced commit would: the log's fdatasync (its
+        error is raised, as SQLite's own would fail the commit)."""
+        if self.unsynced:
+            fd = self.wal_fd()
+            try:
+                _fdatasync(fd)
+            finally:
+                os.close(fd)
+            self.unsynced = False
 
     def _events(self, rows):
         """rows: (message_id, at, event, detail[, actor])."""
@@ -192,16 +228,17 @@ class Ledger:
 
     # -- the pipeline ----------------------------------------------------------------------
 
-    def register_and_claim(self, found, now, limit, plan):
+    def register_and_claim(self, found, now, limit, plan, synced=True):
         """One transaction: insert newly found files as pending, claim up to `limit` due rows.
 
         `found` is a list of (id, sender, name, sent_at). A file already registered at the same
         outbox path (not yet in relay's custody) is skipped. Returns (registered ids, claimed
-        rows). The commit is durable before the caller moves any file the claim refers to.
+        rows). The commit is durable before the caller moves any file the claim refers to: at
+        once, or with `synced` False (see transaction) by the caller's sync of the log.
         """
         db = self.db
         registered = []
-        with self.transaction():
+        with self.transaction(synced):
             if found:
                 cur = db.executemany(
                     "INSERT INTO messages (id, sender, name, status, sent_at, discovered_at, next_attempt_at) "

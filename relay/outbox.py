@@ -209,6 +209,8 @@ class Outbox:
         try:
             st = fs.lstat(src)
         except FileNotFoundError:
+            if w.peeked is not None:
+                return self._keep_read(w, spool, "was deleted")
             if fs.exists(spool):        # taken before a power cut that the row did not see
                 w.path = spool
                 return
@@ -218,6 +220,8 @@ class Outbox:
         except OSError as e:
             w.error = TransientError(f"cannot look at outbox/{w.sender}/{w.name}: {e.strerror or e}")
             return
+        if w.peeked is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != w.peeked[:4]:
+            return self._keep_read(w, spool, "was written again")
         if not stat.S_ISREG(st.st_mode):
             w.path = src
             w.refused = not_regular(st)
@@ -225,6 +229,8 @@ class Outbox:
         try:
             fs.rename(src, spool, make_parents=True)
         except FileNotFoundError:
+            if w.peeked is not None:
+                return self._keep_read(w, spool, "was deleted")
             w.refused = f"outbox/{w.sender}/{w.name} disappeared before relay could read it"
             return
         except OSError as e:
@@ -234,6 +240,71 @@ class Outbox:
         self.syncer.dir_changed(f"outbox/{w.sender}")
         self.syncer.dir_changed(f"spool/{w.sender}")
         w.path = spool
+        if w.peeked is not None:
+            self._still_as_read(w)
+
+    def _keep_read(self, w, spool, what):
+        """A file read before custody whose name no longer gives it (deleted, written again or
+        replaced since): claimed, its bytes are this message all the same, kept in the spool as
+        a private copy; what is at the name now, if anything, is a new message."""
+        w.path = spool
+        self._private_copy(w, w.data, stat.S_IMODE(w.peeked[4]) & ~0o022,
+                           f"outbox/{w.sender}/{w.name} {what} after relay read it: relay delivers "
+                           "and archives the bytes it read")
+
+    def _still_as_read(self, w):
+        """After custody of a file read before it, as read() would find it: the file spooled is
+        the one read (not one swapped in between the look and the rename: that one is read
+        next time), no writer holds it (deferred), and it is relay's alone."""
+        try:
+            fd = self.fs.open_read(w.path)
+        except OSError as e:
+            w.error = TransientError(f"cannot open the message: {e.strerror or e}")
+            return
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != w.peeked[:4]:
+                w.error = TransientError(f"outbox/{w.sender}/{w.name} was replaced while relay took it; "
+                                         "relay reads it again")
+            elif self.leases.writers(fd):
+                w.defer = True
+            elif st.st_nlink > 1:           # linked elsewhere since it was read
+                self._private_copy(w, w.data, stat.S_IMODE(st.st_mode) & ~0o022,
+                                   "has other hard links: relay delivers and archives a private copy")
+            elif st.st_mode & 0o022:        # made writable since: the archived original is not
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+        except OSError as e:
+            w.error = TransientError(f"reading the message: {e.strerror or e}")
+        finally:
+            os.close(fd)
+
+    def peek(self, w, max_body_bytes):
+        """Read a claimed message where its sender left it, before custody, so that its
+        envelopes are written and synced together with the claim (daemon.py). Only a plain
+        case: a regular file with one link, not writable by group or other, no writer, within
+        the limit. Returns whether it was read; anything else is left to take() and read(),
+        which say what is wrong. take() checks that the file it moves is the one read."""
+        try:
+            fd = self.fs.open_read(f"outbox/{w.sender}/{w.name}")
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            limit = max_body_bytes + HEADER_ALLOWANCE
+            if (not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_mode & 0o022
+                    or st.st_size > limit or self.leases.writers(fd)):
+                return False
+            data = os.read(fd, st.st_size + 1)
+            if len(data) != st.st_size:     # written to since the fstat (take() checks again)
+                return False
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        w.data, w.size, w.sent_at = data, len(data), st.st_mtime
+        w.sha256 = hashlib.sha256(data).hexdigest()
+        w.peeked = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+        return True
 
     def read(self, w, max_body_bytes):
         """Read the spooled file into w.data (bounded), or set w.refused / w.error / w.defer."""
@@ -270,7 +341,8 @@ class Outbox:
                                      "read it, over max_body_bytes plus room for headers")
             if st.st_nlink > 1:
                 data = b"".join(chunks)
-                self._private_copy(w, data, stat.S_IMODE(st.st_mode) & ~0o022)
+                self._private_copy(w, data, stat.S_IMODE(st.st_mode) & ~0o022,
+                                   "has other hard links: relay delivers and archives a private copy")
                 chunks = [data]
             elif st.st_mode & 0o022:    # the archived original is not writable by group/other
                 os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
@@ -284,12 +356,13 @@ class Outbox:
         w.size = len(w.data)
         w.sha256 = hashlib.sha256(w.data).hexdigest()
 
-    def _private_copy(self, w, data, mode):
-        """The file shares its inode with another name (maybe outside the state directory):
-        deliver and archive a copy of its bytes that relay alone holds; the other names, and
-        the inode they share, are left as they are."""
+    def _private_copy(self, w, data, mode, why):
+        """Put at w.path (in the spool) a copy of the bytes `data` that relay alone holds, to
+        deliver and archive: the file shares its inode with another name (maybe outside the
+        state directory), or its name holds another file now. The file, its other names and
+        the inode they share are left as they are."""
         tmp = f"spool/{w.sender}/.copy-{w.id}"
-        fd = self.fs.create(tmp, mode)
+        fd = self.fs.create(tmp, mode, make_parents=True)
         try:
             write_all(fd, data)
             self.syncer.sync_now(fd, f"the private copy of {w.id}")
@@ -297,7 +370,7 @@ class Outbox:
             os.close(fd)
         self.fs.rename(tmp, w.path)
         self.syncer.dir_changed(f"spool/{w.sender}")
-        log.info("%s from %s has other hard links: relay delivers and archives a private copy", w.id, w.sender)
+        log.info("%s from %s: %s", w.id, w.sender, why)
 
 
 def too_large(w, limit, observed, text):

@@ -122,17 +122,21 @@ def test_symlinked_agent_directory_inside_the_root_is_not_followed(project):
 
 
 def test_deleted_from_outbox_after_claim_is_still_delivered(project, monkeypatch):
-    """Once claimed the file is in relay's spool: the agent deleting the outbox name changes nothing."""
+    """Once claimed and read, the message is relay's: the agent deleting the outbox name before
+    custody changes nothing (the bytes read are delivered and archived, from a private copy)."""
     relay = project.relay()
     path = project.drop("Ann", "m", "TO: Ben\n\nx")
     real = relay.inbox.deliver
 
-    def agent_deletes(items):
-        assert not path.exists()            # already in custody
-        return real(items)
+    def agent_deletes(items, **k):
+        path.unlink()                       # read already, not yet taken
+        return real(items, **k)
 
     monkeypatch.setattr(relay.inbox, "deliver", agent_deletes)
     assert relay.drain().archived == 1
+    [archived] = project.files("archive")
+    assert archived.read_text() == "TO: Ben\n\nx" and [e["body"] for e in project.inbox("Ben")] == ["x"]
+    assert [p for p in (project.state / "spool").rglob("*") if not p.is_dir()] == []
 
 
 def test_archived_and_inbox_files_not_group_or_other_writable(project):

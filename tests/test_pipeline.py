@@ -108,8 +108,8 @@ def test_rewritten_while_held_stays_as_a_new_message(project):
     project.drop("Ann", "msg", "TO: Ben\n\nfirst")
     real_deliver = relay.inbox.deliver
 
-    def deliver_then_agent_writes_again(items):
-        out = real_deliver(items)
+    def deliver_then_agent_writes_again(items, **k):
+        out = real_deliver(items, **k)
         project.drop("Ann", "msg", "TO: Ben\n\nsecond")
         return out
 
@@ -349,21 +349,54 @@ def test_newer_schema_refused_and_untouched(project):
     assert (project.state / "ledger.sqlite").read_bytes() == before
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
 @pytest.mark.parametrize("mode", ["fs", "file"])
-def test_claim_commit_is_durable_before_custody(project, mode):
-    """The custody rename depends on the claim's record: the claim commits at synchronous=FULL
-    (its WAL fsynced) before any file moves, whatever the file system's sync mode."""
-    relay = project.relay(sync_mode=mode)
-    project.drop("Ann", "m", "TO: Ben\n\nx")
+def test_claim_is_durable_before_custody(project, mode):
+    """The custody rename depends on the claim's record. The claim commits without a sync of
+    its own (synchronous = NORMAL for that one commit); its log is fsynced with the envelopes,
+    and that sync comes before any file moves, whatever the file system's sync mode. Every
+    other commit stays at FULL."""
     order = []
+
+    def fsync(fd):
+        order.append("fsync " + os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
+        os.fsync(fd)
+
+    relay = project.relay(sync_mode=mode, fsync=fsync)
+    relay.syncer.syncfs = lambda fd: order.append("syncfs")
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    order.clear()
     relay.ledger.db.set_trace_callback(lambda sql: order.append(sql))
     real = relay.fs.rename
     relay.fs.rename = lambda src, dst, **k: (order.append(f"rename {src}"), real(src, dst, **k))[1]
     relay.step()
     relay.ledger.db.set_trace_callback(None)
-    assert "PRAGMA synchronous = NORMAL" not in order
-    assert order.index("COMMIT") < order.index("rename outbox/Ann/m")
+    claim = order.index("COMMIT")
+    assert order[:2] == ["PRAGMA synchronous = NORMAL", "BEGIN IMMEDIATE"]
+    assert order[claim + 1] == "PRAGMA synchronous = FULL"
+    assert claim < order.index("fsync ledger.sqlite-wal") < order.index("rename outbox/Ann/m")
+    assert order.count("PRAGMA synchronous = NORMAL") == 1       # T2 (the record) is synced itself
     assert relay.history.pragmas()["synchronous"] == "FULL"
+
+
+def test_a_claim_is_synced_by_the_ledger_itself_when_the_envelopes_sync_fails(project):
+    """An envelope's sync that fails (EIO) fails its message, which is quarantined: the file is
+    still taken into custody first, after the claim's log is synced on its own."""
+    calls = []
+
+    def eio(fd):
+        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+        raise OSError(errno.EIO, "Input/output error")
+
+    relay = project.relay(sync_mode="file")
+    relay.syncer.fsync = eio
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.step()
+    [row] = relay.history.audit()
+    assert row["status"] == "failed" and "Input/output error" in row["error"]
+    assert any(c.endswith("ledger.sqlite-wal") for c in calls)       # noted with the envelopes
+    assert relay.ledger.unsynced is False and project.files("failed")
+    assert not (project.state / "outbox/Ann/m").exists()
 
 
 def test_archive_failure_in_a_later_step_is_retried(project, clock, monkeypatch):
