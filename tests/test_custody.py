@@ -1,0 +1,161 @@
+"""The window between reading a claimed file in the outbox and taking custody of it (daemon.py:
+the claim's log is synced with the envelopes, then each file is renamed into the spool). Whatever
+the agent does to its file in that window, the message claimed is the bytes relay read: delivered
+once, archived as delivered; what the agent put at the name since is a new message; nothing
+outside the state directory is touched. Driven by wrapping Inbox.deliver, which takes custody
+through its `custody` callback after the envelopes' sync."""
+import os
+import stat
+
+import pytest
+
+
+def before_custody(relay, act):
+    """Run `act()` inside the batch, after the files are read and before custody."""
+    real = relay.inbox.deliver
+
+    def deliver(works, custody=None):
+        act()
+        return real(works, custody=custody)
+
+    relay.inbox.deliver = deliver
+
+
+def bodies(project, agent="Ben"):
+    return sorted(e["body"] for e in project.inbox(agent))
+
+
+def archived(project):
+    return sorted(p.read_text() for p in project.files("archive"))
+
+
+def test_written_again_before_custody_the_bytes_read_are_the_message(project, clock):
+    relay = project.relay()
+    project.drop("Ann", "msg", "TO: Ben\n\nfirst")
+    before_custody(relay, lambda: project.drop("Ann", "msg", "TO: Ben\n\nsecond"))
+    assert relay.step().archived == 1
+    assert bodies(project) == ["first"] and archived(project) == ["TO: Ben\n\nfirst"]
+    assert (project.state / "outbox/Ann/msg").read_text() == "TO: Ben\n\nsecond"   # a new message
+    relay.inbox.deliver = type(relay.inbox).deliver.__get__(relay.inbox)
+    relay.hint("rescan")
+    relay.drain()
+    assert bodies(project) == ["first", "second"]
+    assert archived(project) == ["TO: Ben\n\nfirst", "TO: Ben\n\nsecond"]
+    assert [p for p in (project.state / "spool").rglob("*") if not p.is_dir()] == []
+
+
+def test_appended_to_in_place_before_custody_the_bytes_read_are_the_message(project):
+    relay = project.relay()
+    path = project.drop("Ann", "msg", "TO: Ben\n\nfirst")
+
+    def append():
+        with open(path, "a") as f:
+            f.write(" and more")
+
+    before_custody(relay, append)
+    relay.step()
+    assert bodies(project) == ["first"] and archived(project) == ["TO: Ben\n\nfirst"]
+    assert path.read_text() == "TO: Ben\n\nfirst and more"      # the agent's file, left as it is
+
+
+def test_hard_linked_out_before_custody_the_archive_holds_relays_own_copy(project, tmp_path):
+    relay = project.relay()
+    path = project.drop("Ann", "msg", "TO: Ben\n\nfirst")
+    outside = tmp_path / "outside-link"
+    before_custody(relay, lambda: os.link(path, outside))
+    relay.step()
+    [kept] = project.files("archive")
+    assert kept.read_text() == "TO: Ben\n\nfirst" and bodies(project) == ["first"]
+    assert os.stat(kept).st_ino != os.stat(outside).st_ino and os.stat(outside).st_nlink == 1
+    with open(outside, "a") as f:                   # the outside name cannot change the archive
+        f.write("tampered")
+    assert kept.read_text() == "TO: Ben\n\nfirst"
+
+
+def test_swapped_for_a_link_before_custody_nothing_outside_is_touched(project, tmp_path):
+    relay = project.relay()
+    path = project.drop("Ann", "msg", "TO: Ben\n\nfirst")
+    secret = tmp_path / "secret"
+    secret.write_text("TO: Ben\n\nsecret")
+
+    def swap():
+        path.unlink()
+        path.symlink_to(secret)
+
+    before_custody(relay, swap)
+    relay.step()
+    assert bodies(project) == ["first"] and archived(project) == ["TO: Ben\n\nfirst"]
+    assert secret.read_text() == "TO: Ben\n\nsecret" and path.is_symlink()
+    relay.inbox.deliver = type(relay.inbox).deliver.__get__(relay.inbox)
+    relay.hint("rescan")
+    relay.drain()                                   # the link is a new "message": refused, moved aside
+    assert bodies(project) == ["first"] and secret.read_text() == "TO: Ben\n\nsecret"
+    assert any("symbolic link" in (r["error"] or "") for r in relay.history.audit())
+
+
+def test_made_group_writable_before_custody_the_archive_is_not(project):
+    relay = project.relay()
+    path = project.drop("Ann", "msg", "TO: Ben\n\nfirst")
+    before_custody(relay, lambda: os.chmod(path, 0o666))
+    relay.step()
+    [kept] = project.files("archive")
+    assert stat.S_IMODE(os.stat(kept).st_mode) & 0o022 == 0 and bodies(project) == ["first"]
+
+
+def test_opened_for_writing_before_custody_is_deferred_then_delivered_whole(project, clock):
+    relay = project.relay(settle="1s")
+    path = project.drop("Ann", "msg", "TO: Ben\n\nfirst")
+    held = []
+    before_custody(relay, lambda: held.append(open(path, "a")))
+    counts = relay.step()
+    assert counts.deferred == 1 and project.inbox("Ben") == []
+    assert list((project.state / "inbox/Ben/tmp").iterdir()) == []      # its envelope not left
+    held[0].write(" and whole")
+    held[0].close()
+    relay.inbox.deliver = type(relay.inbox).deliver.__get__(relay.inbox)
+    relay.drain(wait=clock.advance)
+    assert bodies(project) == ["first and whole"] and archived(project) == ["TO: Ben\n\nfirst and whole"]
+
+
+def test_swapped_between_the_look_and_the_rename_is_read_again(project, clock):
+    """A file renamed over the name in the instant between take()'s look and its rename is the
+    one moved: it is read again from the spool next time, never delivered as the bytes read."""
+    relay = project.relay(retry_backoff="1s")
+    path = project.drop("Ann", "msg", "TO: Ben\n\nfirst")
+    real = relay.fs.rename
+
+    def rename(src, dst, **k):
+        if src == "outbox/Ann/msg" and path.read_text().endswith("first"):
+            project.drop("Ann", "msg", "TO: Ben\n\nsecond")
+        return real(src, dst, **k)
+
+    relay.fs.rename = rename
+    counts = relay.step()
+    assert counts.retried == 1 and project.inbox("Ben") == []
+    relay.fs.rename = real
+    relay.drain(wait=clock.advance)
+    assert bodies(project) == ["second"] and archived(project) == ["TO: Ben\n\nsecond"]
+
+
+@pytest.mark.parametrize("mode", ["fs", "file"])
+def test_a_step_failing_at_custody_leaves_it_to_recovery_exactly_once(project, mode):
+    """The process dies (a step that raises) right after the envelopes' sync, before any file is
+    taken: recovery on the same state directory delivers each message once."""
+    relay = project.relay(sync_mode=mode)
+    for i in range(3):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nbody {i}")
+
+    def die():
+        raise RuntimeError("killed")
+
+    real = relay.inbox.deliver
+    relay.inbox.deliver = lambda works, custody=None: real(works, custody=die)
+    with pytest.raises(RuntimeError):
+        relay.step()
+    relay.close()
+    project.relays.remove(relay)
+    again = project.relay(sync_mode=mode)
+    again.recover()
+    again.drain()
+    assert bodies(project) == ["body 0", "body 1", "body 2"]
+    assert len(project.files("archive")) == 3 and again.history.counts()["archived"] == 3
