@@ -1,12 +1,15 @@
 """The relay over one state directory: `step(now)` moves every message it can one batch further.
 
-    found files -> [T1: register + claim, durable] -> custody (outbox -> spool) -> read, accept
-      -> inbox tmp writes -> sync files -> links into new/ -> spool -> archive (or failed/)
+    found files -> [T1: register + claim, unsynced] -> read in the outbox, accept
+      -> inbox tmp writes -> sync files and the ledger's log (T1 durable) -> custody (outbox ->
+      spool) -> links into new/ -> spool -> archive (or failed/)
       -> sync directories (overlapping the next batch) -> [T2: deliveries per recipient, outcomes]
 
-Group commit: the last sync of a batch (links and moves) runs on a thread while the next step
-claims, takes and reads its batch; finish() then records the batch (T2) before the next one's
-request ids are settled, or it is admitted or delivered. A step records its batch at once when no more work is ready.
+A file that is not plain (Outbox.peek), or a retry, is taken into the spool before it is read,
+after the ledger syncs its log on its own. Group commit: the last sync of a batch (links and
+moves) runs on a thread while the next step claims and reads its batch; finish() then records the
+batch (T2) before the next one's request ids are settled, or it is admitted or delivered. A step
+records its batch at once when no more work is ready.
 
 `drain()` repeats steps until nothing present is left (relay run --once); `run(stop)` is the
 daemon's loop: it steps when the watcher's hints, a signal or `next_deadline()` say so, while
