@@ -284,8 +284,11 @@ class Outbox:
         case: a regular file with one link, not writable by group or other, no writer, within
         the limit. Returns whether it was read; anything else is left to take() and read(),
         which say what is wrong. take() checks that the file it moves is the one read."""
-        try:
-            fd = self.fs.open_read(f"outbox/{w.sender}/{w.name}")
+        src = f"outbox/{w.sender}/{w.name}"
+        try:            # never opened unless a regular file: opening a device may act on it
+            if not stat.S_ISREG(self.fs.lstat(src).st_mode):
+                return False
+            fd = self.fs.open_read(src)
         except OSError:
             return False
         try:

@@ -159,3 +159,17 @@ def test_a_step_failing_at_custody_leaves_it_to_recovery_exactly_once(project, m
     again.drain()
     assert bodies(project) == ["body 0", "body 1", "body 2"]
     assert len(project.files("archive")) == 3 and again.history.counts()["archived"] == 3
+
+
+def test_a_file_that_is_not_regular_is_never_opened(project):
+    """A FIFO (or a device an agent could make) in the outbox is refused by its type alone: it
+    is neither read before custody nor after (opening a device may act on it)."""
+    relay = project.relay()
+    os.mkfifo(project.state / "outbox/Ann/pipe")
+    opened = []
+    real = relay.fs.open_read
+    relay.fs.open_read = lambda rel: (opened.append(rel), real(rel))[1]
+    relay.hint("rescan")
+    relay.drain()
+    assert not any(rel.endswith("pipe") for rel in opened)
+    assert any("FIFO" in (r["error"] or "") for r in relay.history.audit())
