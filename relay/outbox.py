@@ -220,7 +220,9 @@ class Outbox:
         except OSError as e:
             w.error = TransientError(f"cannot look at outbox/{w.sender}/{w.name}: {e.strerror or e}")
             return
-        if w.peeked is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != w.peeked[:4]:
+        if w.peeked is not None and as_read(st) != w.peeked[:5]:
+            # Its change time too, which no agent can set back (its mtime it can, with the
+            # same size): any write, chmod or link since the read, the bytes read are kept.
             return self._keep_read(w, spool, "was written again")
         if not stat.S_ISREG(st.st_mode):
             w.path = src
@@ -248,14 +250,17 @@ class Outbox:
         replaced since): claimed, its bytes are this message all the same, kept in the spool as
         a private copy; what is at the name now, if anything, is a new message."""
         w.path = spool
-        self._private_copy(w, w.data, stat.S_IMODE(w.peeked[4]) & ~0o022,
+        self._private_copy(w, w.data, stat.S_IMODE(w.peeked[5]) & ~0o022,
                            f"outbox/{w.sender}/{w.name} {what} after relay read it: relay delivers "
                            "and archives the bytes it read")
 
     def _still_as_read(self, w):
         """After custody of a file read before it, as read() would find it: the file spooled is
         the one read (not one swapped in between the look and the rename: that one is read
-        next time), no writer holds it (deferred), and it is relay's alone."""
+        next time), no writer holds it (deferred), it holds the bytes read (a write between
+        the look and the rename, or through a descriptor opened before it and closed since: its
+        mtime may have been set back, and the rename changed its change time; read again),
+        and it is relay's alone."""
         try:
             fd = self.fs.open_read(w.path)
         except OSError as e:
@@ -268,6 +273,11 @@ class Outbox:
                                          "relay reads it again")
             elif self.leases.writers(fd):
                 w.defer = True
+            elif hashlib.sha256(os.pread(fd, st.st_size + 1, 0)).hexdigest() != w.sha256:
+                # No writer now (a lease is held until the close): the bytes spooled are what
+                # it holds; the bytes read were never in relay's custody.
+                w.error = TransientError(f"outbox/{w.sender}/{w.name} was written again while relay took it; "
+                                         "relay reads it again")
             elif st.st_nlink > 1:           # linked elsewhere since it was read
                 self._private_copy(w, w.data, stat.S_IMODE(st.st_mode) & ~0o022,
                                    "has other hard links: relay delivers and archives a private copy")
@@ -303,7 +313,7 @@ class Outbox:
             os.close(fd)
         w.data, w.size, w.sent_at = data, len(data), st.st_mtime
         w.sha256 = hashlib.sha256(data).hexdigest()
-        w.peeked = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+        w.peeked = (*as_read(st), st.st_mode)
         return True
 
     def read(self, w, max_body_bytes):
@@ -371,6 +381,11 @@ class Outbox:
         self.fs.rename(tmp, w.path)
         self.syncer.dir_changed(f"spool/{w.sender}")
         log.info("%s from %s: %s", w.id, w.sender, why)
+
+
+def as_read(st):
+    """What says a file is still the one read: (dev, inode, size, mtime ns, change time ns)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def too_large(w, limit, observed, text):

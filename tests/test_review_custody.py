@@ -1,0 +1,91 @@
+"""Hostile review of the read-before-custody order: an agent acting on its file between the
+read (in its outbox) and the custody rename, and crashes at each seam of that window."""
+import hashlib
+import os
+
+import pytest
+
+
+def _window(relay, act):
+    """Run `act()` after the batch's read and before the envelopes' sync and custody."""
+    real = relay.inbox.deliver
+    once = [act]
+
+    def deliver(works, **k):
+        if once:
+            once.pop()()
+        return real(works, **k)
+
+    relay.inbox.deliver = deliver
+    return real
+
+
+def _delivered_as_archived(project, agent="Ben"):
+    """Every envelope an agent holds has its original archived with the same bytes."""
+    archived = {hashlib.sha256(p.read_bytes()).hexdigest() for p in project.files("archive")}
+    got = project.inbox(agent)
+    for e in got:
+        assert e["sha256"] in archived, (e, archived)
+    return sorted(e["body"] for e in got)
+
+
+def test_same_size_rewrite_with_its_mtime_put_back_is_not_archived_for_the_bytes_read(project):
+    """An agent writes other bytes of the same length into the file after relay read it and
+    sets its mtime back: the name still gives the same inode, size and mtime. What is archived
+    is what was delivered (the envelope's sha256), and the bytes written later are not lost."""
+    relay = project.relay()
+    path = project.drop("Ann", "m", "TO: Ben\n\nfirst")
+    st = os.stat(path)
+
+    def rewrite():
+        with open(path, "r+b") as f:
+            f.write(b"TO: Ben\n\nSECND")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    real = _window(relay, rewrite)
+    relay.step()
+    relay.inbox.deliver = real
+    relay.step(project.clock.advance(60))
+    relay.drain()
+    assert _delivered_as_archived(project) == ["SECND", "first"]
+    assert len(project.files("archive")) == 2
+
+
+def _after_custody_rename(relay, act):
+    """Run `act()` just after the custody rename of a file out of an outbox."""
+    real = relay.fs.rename
+    once = [act]
+
+    def rename(src, dst, **k):
+        out = real(src, dst, **k)
+        if src.startswith("outbox/") and once:
+            once.pop()()
+        return out
+
+    relay.fs.rename = rename
+
+
+@pytest.mark.parametrize("put_back", [False, True])
+def test_a_writer_that_opened_the_file_before_custody_and_wrote_and_closed_after_it(project, put_back):
+    """The file is opened for writing after relay read it, the rename into the spool comes,
+    then the writer writes (and sets the mtime back) and closes before relay looks for
+    writers: what was delivered is what is archived, and nothing is delivered twice."""
+    relay = project.relay()
+    path = project.drop("Ann", "m", "TO: Ben\n\nfirst")
+    st = os.stat(path)
+    held = {}
+    _window(relay, lambda: held.setdefault("f", open(path, "r+b")))
+
+    def write_and_close():
+        held["f"].write(b"TO: Ben\n\nSECND")
+        held["f"].flush()
+        if put_back:
+            os.utime(held["f"].fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+        held["f"].close()
+
+    _after_custody_rename(relay, write_and_close)
+    relay.step()
+    relay.step(project.clock.advance(60))
+    relay.drain()
+    bodies = _delivered_as_archived(project)
+    assert len(bodies) == 1 and len(project.files("archive")) == 1, bodies
