@@ -220,9 +220,7 @@ class Outbox:
         except OSError as e:
             w.error = TransientError(f"cannot look at outbox/{w.sender}/{w.name}: {e.strerror or e}")
             return
-        if w.peeked is not None and as_read(st) != w.peeked[:5]:
-            # Its change time too, which no agent can set back (its mtime it can, with the
-            # same size): any write, chmod or link since the read, the bytes read are kept.
+        if w.peeked is not None and as_read(st) != w.peeked[:5] and not self._same_bytes(w, src, st):
             return self._keep_read(w, spool, "was written again")
         if not stat.S_ISREG(st.st_mode):
             w.path = src
@@ -244,6 +242,17 @@ class Outbox:
         w.path = spool
         if w.peeked is not None:
             self._still_as_read(w)
+
+    def _same_bytes(self, w, src, st):
+        """Whether the file at `src` (lstat `st`) is the one read and holds the bytes read.
+        Its change time moved (no agent can set it back, as it can its mtime, with the same
+        size): a chmod or a link leaves the bytes as read, a write may not."""
+        if st.st_dev != w.peeked[0] or st.st_ino != w.peeked[1] or st.st_size != w.peeked[2]:
+            return False
+        try:
+            return hashlib.sha256(self.fs.read(src, st.st_size)).hexdigest() == w.sha256
+        except OSError:
+            return False
 
     def _keep_read(self, w, spool, what):
         """A file read before custody whose name no longer gives it (deleted, written again or

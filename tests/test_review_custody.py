@@ -89,3 +89,21 @@ def test_a_writer_that_opened_the_file_before_custody_and_wrote_and_closed_after
     relay.drain()
     bodies = _delivered_as_archived(project)
     assert len(bodies) == 1 and len(project.files("archive")) == 1, bodies
+
+
+@pytest.mark.parametrize("change", ["chmod", "hard link"])
+def test_a_change_of_mode_or_links_after_the_read_delivers_the_message_once(project, tmp_path, change):
+    """A chmod or a hard link made after the read moves the file's change time, not its bytes:
+    the message is delivered once (a private copy, or the file made not writable), not kept
+    as read and then delivered again as a new message."""
+    relay = project.relay()
+    path = project.drop("Ann", "m", "TO: Ben\n\nfirst")
+    elsewhere = tmp_path / "elsewhere"
+    _window(relay, lambda: os.chmod(path, 0o666) if change == "chmod" else os.link(path, elsewhere))
+    relay.step()
+    relay.drain()
+    assert _delivered_as_archived(project) == ["first"]
+    [archived] = project.files("archive")
+    assert not archived.stat().st_mode & 0o022 and not list((project.state / "outbox/Ann").iterdir())
+    if change == "hard link":
+        assert elsewhere.read_bytes() == b"TO: Ben\n\nfirst" and archived.stat().st_ino != elsewhere.stat().st_ino
