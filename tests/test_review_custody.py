@@ -1,9 +1,13 @@
 """Hostile review of the read-before-custody order: an agent acting on its file between the
 read (in its outbox) and the custody rename, and crashes at each seam of that window."""
+import errno
 import hashlib
 import os
 
 import pytest
+
+from relay import ledger as ledger_mod
+from relay.sync import MAX_HELD
 
 
 def _window(relay, act):
@@ -107,3 +111,35 @@ def test_a_change_of_mode_or_links_after_the_read_delivers_the_message_once(proj
     assert not archived.stat().st_mode & 0o022 and not list((project.state / "outbox/Ann").iterdir())
     if change == "hard link":
         assert elsewhere.read_bytes() == b"TO: Ben\n\nfirst" and archived.stat().st_ino != elsewhere.stat().st_ino
+
+
+def test_a_failed_sync_of_the_claims_log_in_an_early_flush_is_not_taken_for_its_sync(project):
+    """"file" mode flushes early once MAX_HELD descriptors are held. The ledger's log, noted
+    with the envelopes, fails its fsync in that early flush (EIO): no file is moved into the
+    spool on the strength of that claim until a sync of the log has succeeded."""
+    order = []
+
+    def fsync(fd):
+        wal = os.readlink(f"/proc/self/fd/{fd}").endswith("-wal")
+        if wal and "wal failed" not in order:
+            order.append("wal failed")
+            raise OSError(errno.EIO, "Input/output error")
+        os.fsync(fd)
+        if wal:
+            order.append("wal synced")
+
+    relay = project.relay(sync_mode="file", fsync=fsync)
+    real_fdatasync = ledger_mod._fdatasync
+    ledger_mod._fdatasync = lambda fd: (real_fdatasync(fd), order.append("wal synced"))
+    try:
+        for i in range(MAX_HELD // 2 + 2):      # two envelopes each: past MAX_HELD
+            project.drop("Ann", f"m{i}", f"TO: Ben, Cy\n\n{i}")
+        real = relay.fs.rename
+        relay.fs.rename = lambda src, dst, **k: (order.append("take") if src.startswith("outbox/") else None,
+                                                 real(src, dst, **k))[1]
+        relay.step()
+    finally:
+        ledger_mod._fdatasync = real_fdatasync
+    assert "wal failed" in order
+    if "take" in order:
+        assert "wal synced" in order[order.index("wal failed"):order.index("take")], order[:8]
