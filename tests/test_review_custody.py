@@ -6,7 +6,6 @@ import os
 
 import pytest
 
-from relay import ledger as ledger_mod
 from relay.sync import MAX_HELD
 
 
@@ -129,17 +128,21 @@ def test_a_failed_sync_of_the_claims_log_in_an_early_flush_is_not_taken_for_its_
             order.append("wal synced")
 
     relay = project.relay(sync_mode="file", fsync=fsync)
-    real_fdatasync = ledger_mod._fdatasync
-    ledger_mod._fdatasync = lambda fd: (real_fdatasync(fd), order.append("wal synced"))
-    try:
-        for i in range(MAX_HELD // 2 + 2):      # two envelopes each: past MAX_HELD
-            project.drop("Ann", f"m{i}", f"TO: Ben, Cy\n\n{i}")
-        real = relay.fs.rename
-        relay.fs.rename = lambda src, dst, **k: (order.append("take") if src.startswith("outbox/") else None,
-                                                 real(src, dst, **k))[1]
-        relay.step()
-    finally:
-        ledger_mod._fdatasync = real_fdatasync
+    real_sync = relay.ledger.sync
+
+    def ledger_sync():
+        was = relay.ledger.unsynced
+        real_sync()
+        if was:
+            order.append("wal synced")
+
+    relay.ledger.sync = ledger_sync
+    for i in range(MAX_HELD // 2 + 2):      # two envelopes each: past MAX_HELD
+        project.drop("Ann", f"m{i}", f"TO: Ben, Cy\n\n{i}")
+    real = relay.fs.rename
+    relay.fs.rename = lambda src, dst, **k: (order.append("take") if src.startswith("outbox/") else None,
+                                             real(src, dst, **k))[1]
+    relay.step()
     assert "wal failed" in order
     if "take" in order:
         assert "wal synced" in order[order.index("wal failed"):order.index("take")], order[:8]
