@@ -4,6 +4,8 @@ import errno
 import hashlib
 import os
 
+import shutil
+
 import pytest
 
 from relay.sync import MAX_HELD
@@ -146,3 +148,86 @@ def test_a_failed_sync_of_the_claims_log_in_an_early_flush_is_not_taken_for_its_
     assert "wal failed" in order
     if "take" in order:
         assert "wal synced" in order[order.index("wal failed"):order.index("take")], order[:8]
+
+
+def _tree(d):
+    """Every entry under `d`: bytes of a file, target of a link, or "dir"."""
+    return {str(p.relative_to(d)): os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else "dir"
+            for p in sorted(d.rglob("*"))}
+
+
+WINDOW_ACTS = {
+    "deleted": (lambda path, out: path.unlink(), ["first"]),
+    "renamed over": (lambda path, out: ((out / "new").write_bytes(b"TO: Ben\n\nsecond"),
+                                        os.rename(out / "new", path)), ["first", "second"]),
+    "a link to a file outside": (lambda path, out: os.symlink(out / "secret", path.parent / ".l")
+                                 or os.rename(path.parent / ".l", path), ["first"]),
+    "linked outside": (lambda path, out: os.link(path, out / "hl"), ["first"]),
+    "linked outside and deleted": (lambda path, out: os.link(path, out / "hl") or path.unlink(), ["first"]),
+    "a FIFO": (lambda path, out: path.unlink() or os.mkfifo(path), ["first"]),
+    "appended to": (lambda path, out: open(path, "ab").write(b" more"), ["first", "first more"]),
+    "its outbox a link outside": (lambda path, out: os.rename(path.parent, out / "moved")
+                                  or os.symlink(out, path.parent), ["first"]),
+    "its outbox made again": (lambda path, out: os.rename(path.parent, out / "moved")
+                              or path.parent.mkdir(), ["first"]),
+}
+
+
+@pytest.mark.parametrize("mode", ["fs", "file"])
+@pytest.mark.parametrize("act", sorted(WINDOW_ACTS))
+def test_what_an_agent_does_between_the_read_and_custody(project, tmp_path, act, mode):
+    """Each message is delivered once, with the bytes archived; nothing outside the state
+    directory is read into a message, written or removed (a file the agent moved there with
+    its outbox directory inside one step excepted: relay holds that directory open)."""
+    relay = project.relay(sync_mode=mode)
+    out = tmp_path / "outside"
+    out.mkdir()
+    (out / "secret").write_bytes(b"TO: Ben\n\nsecret")
+    path = project.drop("Ann", "m", "TO: Ben\n\nfirst")
+    do, expected = WINDOW_ACTS[act]
+    before = _tree(out)
+    _window(relay, lambda: do(path, out))
+    relay.step()
+    for _ in range(3):      # the retries and rescans that come
+        relay.step(project.clock.advance(600))
+    relay.drain()
+    assert _delivered_as_archived(project) == expected
+    after = _tree(out)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert set(after) - set(before) <= {"hl", "moved", "moved/m"}
+
+
+SWAPPED = ["outbox", "outbox/Ann", "spool", "spool/Ann", "inbox", "inbox/Ben", "inbox/Ben/new",
+           "inbox/Ben/tmp", "archive", "archive/DAY", "archive/DAY/Ann", "failed", "failed/Ann"]
+
+
+@pytest.mark.parametrize("how", ["a link outside", "another directory", "removed and made again"])
+@pytest.mark.parametrize("which", SWAPPED)
+def test_a_directory_swapped_between_two_steps_is_never_acted_in_outside(project, tmp_path, which, how):
+    """Every directory relay held open in a step is swapped before the next: relay reads,
+    writes, moves and removes nothing in the directory outside it now names."""
+    relay = project.relay(sync_mode="file")
+    project.drop("Ann", "m1", "TO: Ben\n\none")
+    project.drop("Ann", "bad", b"\xff not a message")
+    relay.drain()
+    [day] = os.listdir(project.state / "archive")
+    target = project.state / which.replace("DAY", day)
+    out = tmp_path / "outside"
+    out.mkdir()
+    for sub in ("new", "tmp", "Ann", "Ben"):
+        (out / sub).mkdir()
+    (out / "m2").write_bytes(b"TO: Ben\n\noutside")
+    before = _tree(out)
+    if how == "removed and made again":
+        shutil.rmtree(target)
+    else:
+        os.rename(target, tmp_path / "aside")
+    if how == "a link outside":
+        os.symlink(out, target)
+    else:
+        target.mkdir()
+    if not (project.state / "outbox/Ann").is_symlink() and not (project.state / "outbox").is_symlink():
+        project.drop("Ann", "m2", "TO: Ben\n\ntwo")
+    for _ in range(3):
+        relay.step(project.clock.advance(5))
+    assert _tree(out) == before
