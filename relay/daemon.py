@@ -304,7 +304,7 @@ class Relay(Loop):
         # The claim was committed unsynced: it is synced with the envelopes, and the files read
         # before custody are taken between that sync and the links.
         if self.ledger.unsynced and self.syncer.durable:
-            self.syncer.file_written(self.ledger.wal_fd())
+            self.syncer.log_written(self.ledger.wal_fd())
         linked = self.inbox.deliver(ready, custody=lambda: self._custody(works, synced=True))
         self._custody(works)        # where deliver did not: its sync failed, or nothing was ready
         delivered = self.phase()

@@ -220,7 +220,7 @@ class Outbox:
         except OSError as e:
             w.error = TransientError(f"cannot look at outbox/{w.sender}/{w.name}: {e.strerror or e}")
             return
-        if w.peeked is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != w.peeked[:4]:
+        if w.peeked is not None and as_read(st) != w.peeked[:5] and not self._same_bytes(w, src, st):
             return self._keep_read(w, spool, "was written again")
         if not stat.S_ISREG(st.st_mode):
             w.path = src
@@ -243,19 +243,33 @@ class Outbox:
         if w.peeked is not None:
             self._still_as_read(w)
 
+    def _same_bytes(self, w, src, st):
+        """Whether the file at `src` (lstat `st`) is the one read and holds the bytes read.
+        Its change time moved (no agent can set it back, as it can its mtime, with the same
+        size): a chmod or a link leaves the bytes as read, a write may not."""
+        if st.st_dev != w.peeked[0] or st.st_ino != w.peeked[1] or st.st_size != w.peeked[2]:
+            return False
+        try:
+            return hashlib.sha256(self.fs.read(src, st.st_size)).hexdigest() == w.sha256
+        except OSError:
+            return False
+
     def _keep_read(self, w, spool, what):
         """A file read before custody whose name no longer gives it (deleted, written again or
         replaced since): claimed, its bytes are this message all the same, kept in the spool as
         a private copy; what is at the name now, if anything, is a new message."""
         w.path = spool
-        self._private_copy(w, w.data, stat.S_IMODE(w.peeked[4]) & ~0o022,
+        self._private_copy(w, w.data, stat.S_IMODE(w.peeked[5]) & ~0o022,
                            f"outbox/{w.sender}/{w.name} {what} after relay read it: relay delivers "
                            "and archives the bytes it read")
 
     def _still_as_read(self, w):
         """After custody of a file read before it, as read() would find it: the file spooled is
         the one read (not one swapped in between the look and the rename: that one is read
-        next time), no writer holds it (deferred), and it is relay's alone."""
+        next time), no writer holds it (deferred), it holds the bytes read (a write between
+        the look and the rename, or through a descriptor opened before it and closed since: its
+        mtime may have been set back, and the rename changed its change time; read again),
+        and it is relay's alone."""
         try:
             fd = self.fs.open_read(w.path)
         except OSError as e:
@@ -268,6 +282,11 @@ class Outbox:
                                          "relay reads it again")
             elif self.leases.writers(fd):
                 w.defer = True
+            elif hashlib.sha256(os.pread(fd, st.st_size + 1, 0)).hexdigest() != w.sha256:
+                # No writer now (a lease is held until the close): the bytes spooled are what
+                # it holds; the bytes read were never in relay's custody.
+                w.error = TransientError(f"outbox/{w.sender}/{w.name} was written again while relay took it; "
+                                         "relay reads it again")
             elif st.st_nlink > 1:           # linked elsewhere since it was read
                 self._private_copy(w, w.data, stat.S_IMODE(st.st_mode) & ~0o022,
                                    "has other hard links: relay delivers and archives a private copy")
@@ -306,7 +325,7 @@ class Outbox:
             os.close(fd)
         w.data, w.size, w.sent_at = data, len(data), st.st_mtime
         w.sha256 = hashlib.sha256(data).hexdigest()
-        w.peeked = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+        w.peeked = (*as_read(st), st.st_mode)
         return True
 
     def read(self, w, max_body_bytes):
@@ -374,6 +393,11 @@ class Outbox:
         self.fs.rename(tmp, w.path)
         self.syncer.dir_changed(f"spool/{w.sender}")
         log.info("%s from %s: %s", w.id, w.sender, why)
+
+
+def as_read(st):
+    """What says a file is still the one read: (dev, inode, size, mtime ns, change time ns)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def too_large(w, limit, observed, text):

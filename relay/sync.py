@@ -110,6 +110,7 @@ class Syncer:
         self.fsync = fsync or default_fsync
         self.syncfs = syncfs                   # a seam too: tests count or fail it
         self.files = []                        # descriptors held until the next flush
+        self.logs = []                         # descriptors synced by the next flush alone (log_written)
         self.dirs = set()                      # relative paths of changed directories
         self.many = False                      # "fs" mode: more than FEW files since the last flush
         self._pool = None
@@ -117,7 +118,7 @@ class Syncer:
         self._lock = threading.Lock()
 
     def close(self):
-        self._close_files()
+        self._close_files(logs=True)
         for pool in (self._later, self._pool):
             if pool is not None:
                 pool.shutdown(wait=True)
@@ -131,12 +132,21 @@ class Syncer:
             self.files.append(fd)
             if len(self.files) >= MAX_HELD:
                 self._sync_files("written files")
-        elif self.many or len(self.files) >= FEW:       # a syncfs flushes them all
+        elif self.many or len(self.files) + len(self.logs) >= FEW:     # a syncfs flushes them all
             self.many = True
             self._close_files()
             os.close(fd)
         else:
             self.files.append(fd)
+
+    def log_written(self, fd):
+        """Take over the descriptor of a log whose commits are not synced yet (the ledger's):
+        it is synced by the next flush() or flush_later(), never by the early sync of written
+        files (MAX_HELD), so that an error of its sync is that flush's, not a file's."""
+        if not self.durable:
+            os.close(fd)
+        else:
+            self.logs.append(fd)
 
     def sync_now(self, fd, what):
         """Sync one file at once (rare paths that must not wait for the batch)."""
@@ -162,10 +172,10 @@ class Syncer:
         whole = self._whole(dirs)
         try:
             if whole:
-                self._close_files()
+                self._close_files(logs=True)
                 self._call(self.syncfs, self.state.fd, what)
             else:
-                self._sync_files(what)
+                self._sync_files(what, logs=True)
                 if dirs:
                     self._sync_dirs(what)
         finally:
@@ -191,12 +201,12 @@ class Syncer:
                 self._later = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relay-commit")
             submit = self._later.submit
         if self._whole():
-            self._close_files()
+            self._close_files(logs=True)
             self.dirs.clear()
             self.many = False
             return submit(self._call, self.syncfs, self.state.fd, what).result
         self.many = False
-        files, self.files = self.files, []
+        files, self.files, self.logs = self.logs + self.files, [], []
         jobs = [(fd, what) for fd in files]
         try:
             jobs += self._open_dirs(sorted(self.dirs), what)
@@ -237,13 +247,17 @@ class Syncer:
             raise
         return jobs
 
-    def _close_files(self):
+    def _close_files(self, logs=False):
         files, self.files = self.files, []
+        if logs:
+            files, self.logs = self.logs + files, []
         for fd in files:
             os.close(fd)
 
-    def _sync_files(self, what):
+    def _sync_files(self, what, logs=False):
         files, self.files = self.files, []
+        if logs:
+            files, self.logs = self.logs + files, []
         try:
             self._all([(fd, what) for fd in files])
         finally:

@@ -79,7 +79,7 @@ class Work:
     refused: str = None             # permanent reason: quarantined
     error: Exception = None         # transient or durability error of the message as a whole
     defer: bool = False
-    peeked: tuple = None            # (dev, inode, size, mtime ns, mode) of the file read before custody
+    peeked: tuple = None            # (dev, inode, size, mtime ns, ctime ns, mode) of the file read before custody
     data: bytes = b""
     size: int = 0
     sha256: str = None
