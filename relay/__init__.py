@@ -11,12 +11,12 @@ from .api import Agent, Project, Received, agents  # noqa: E402
 from .config import Config, load  # noqa: E402
 from .daemon import Relay  # noqa: E402
 from .errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName,  # noqa: E402
-                     LedgerCorrupt, LedgerError, MessageRefused, NotFound, NotInProject, RelayError, SchemaError,
+                     LedgerCorrupt, LedgerError, LogSyncError, MessageRefused, NotFound, NotInProject, RelayError, SchemaError,
                      StateLost, TooLarge, TransientError, UnknownAgent)
 from .ledger import Status  # noqa: E402
 from .work import Counts  # noqa: E402
 
 __all__ = ["__version__", "Agent", "Project", "Received", "agents", "Config", "load", "Relay", "Counts", "Status",
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",
-           "StateLost", "MessageRefused", "TooLarge", "TransientError", "DurabilityError", "InvalidName", "NotFound",
+           "StateLost", "MessageRefused", "TooLarge", "TransientError", "DurabilityError", "LogSyncError", "InvalidName", "NotFound",
            "NotInProject", "UnknownAgent", "FederationError"]

@@ -304,8 +304,8 @@ class Relay(Loop):
         # The claim was committed unsynced: it is synced with the envelopes, and the files read
         # before custody are taken between that sync and the links.
         if self.ledger.unsynced and self.syncer.durable:
-            self.syncer.log_written(self.ledger.wal_fd())
-        linked = self.inbox.deliver(ready, custody=lambda: self._custody(works, synced=True))
+            self.syncer.log_written(self.ledger.wal_fd(), self.ledger.synced)
+        linked = self.inbox.deliver(ready, custody=lambda: self._custody(works))
         self._custody(works)        # where deliver did not: its sync failed, or nothing was ready
         delivered = self.phase()
         for w in works:
@@ -373,14 +373,14 @@ class Relay(Loop):
         own fdatasync of its log, as its synced commit would: an error fails the step)."""
         self.ledger.sync()
 
-    def _custody(self, works, synced=False):
-        """Take custody of the files read before it (Outbox.peek), once the claim is durable:
-        `synced` when the caller's sync included the ledger's log."""
-        if synced:
-            self.ledger.unsynced = False
+    def _custody(self, works):
+        """Take custody of the files read before it (Outbox.peek), once the claim is durable
+        (its log synced with the envelopes, or here by the ledger; a sync of it that failed
+        failed the step before this: never retried)."""
         todo = [w for w in works if w.peeked is not None and w.path is None]
         if todo:
             self._claim_durable()
+            self.fs.recheck("outbox")       # an outbox moved away since the read is not followed
         for w in todo:
             try:
                 self.outbox.take(w)

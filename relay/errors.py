@@ -97,6 +97,12 @@ class DurabilityError(RelayError):
     """An fsync failed: the data may not be on disk. Never retried into success."""
 
 
+class LogSyncError(DurabilityError):
+    """The sync of the ledger's log failed: a commit made without a sync (the claim) may not be
+    on disk, and nothing may depend on it. The step fails; recovery decides, as for a synced
+    commit that failed."""
+
+
 class InvalidName(RelayError):
     """An agent name given on the command line is not a valid agent name, or not allowed there."""
 

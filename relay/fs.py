@@ -122,9 +122,14 @@ class StateDir:
         self._ids = {}
         self._fresh = {""}
 
-    def recheck(self):
-        """Have every cached directory looked up again by name before it is next used."""
-        self._fresh = {""}
+    def recheck(self, top=None):
+        """Have every cached directory (or `top` and those under it) looked up again by name
+        before it is next used."""
+        if top is None:
+            self._fresh = {""}
+        else:
+            under = top + "/"
+            self._fresh = {k for k in self._fresh if k != top and not k.startswith(under)}
 
     def _drop(self, rel):
         """Close the cached descriptor of `rel` and of everything cached under it."""

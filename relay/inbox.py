@@ -15,7 +15,7 @@ import stat
 
 import orjson
 
-from .errors import DurabilityError, TransientError
+from .errors import DurabilityError, LogSyncError, TransientError
 from .fs import Unsafe, bad_name, shown, write_all
 from .layout import valid_id
 
@@ -84,6 +84,10 @@ class Inbox:
         try:       # the envelopes' content; in "fs" mode the directories wait for the links' flush
             self.syncer.flush("inbox tmp files", dirs=False)
         except DurabilityError as e:
+            if isinstance(e, LogSyncError):     # the claim's: the step fails (nothing linked)
+                for _, _, tmp, _ in staged:
+                    fs.unlink_quietly(tmp)
+                raise
             for w, r, tmp, _ in staged:
                 w.missed[r] = e
                 fs.unlink_quietly(tmp)

@@ -19,6 +19,7 @@ import urllib.parse
 import orjson
 
 from .errors import LedgerError, SchemaError
+from .sync import fdatasync
 from .schema import MIGRATIONS, SCHEMA_VERSION
 
 
@@ -68,9 +69,6 @@ def link_hash(prev, *record):
     """chain_hash of a record given as its values: id, sender, recipients (JSON), discovered_at,
     delivered_at, archived_at, sha256, archive_path."""
     return hashlib.sha256(orjson.dumps([prev, *record])).hexdigest()
-
-
-_fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
 class Ledger:
@@ -209,13 +207,17 @@ class Ledger:
         fsync of it makes every commit so far durable. The caller closes it."""
         return os.open(self.path + "-wal", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
+    def synced(self):
+        """The log was synced by someone else (the syncer, with a batch's envelopes)."""
+        self.unsynced = False
+
     def sync(self):
         """Make every commit so far durable, as a synced commit would: the log's fdatasync (its
         error is raised, as SQLite's own would fail the commit)."""
         if self.unsynced:
             fd = self.wal_fd()
             try:
-                _fdatasync(fd)
+                fdatasync(fd)
             finally:
                 os.close(fd)
             self.unsynced = False

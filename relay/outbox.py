@@ -208,9 +208,13 @@ class Outbox:
         src = f"outbox/{w.sender}/{w.name}"
         try:
             st = fs.lstat(src)
-        except FileNotFoundError:
-            if w.peeked is not None:
-                return self._keep_read(w, spool, "was deleted")
+        except (FileNotFoundError, Unsafe) as e:
+            if w.peeked is not None:     # the name (or its outbox) gives nothing, or a link, now
+                return self._keep_read(w, spool, "was deleted" if isinstance(e, FileNotFoundError)
+                                       else "is no longer in its outbox (moved away, or a link put there)")
+            if isinstance(e, Unsafe):
+                w.error = TransientError(f"cannot look at outbox/{w.sender}/{w.name}: {e.strerror or e}")
+                return
             if fs.exists(spool):        # taken before a power cut that the row did not see
                 w.path = spool
                 return

@@ -35,7 +35,7 @@ import struct
 import sys
 import threading
 
-from .errors import DurabilityError
+from .errors import DurabilityError, LogSyncError
 from .fs import Unsafe
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ def full_fsync(fd):
 
 
 default_fsync = full_fsync if sys.platform == "darwin" else os.fsync
+fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
 def choose_mode(fd):
@@ -109,8 +110,9 @@ class Syncer:
         self.mode = mode or choose_mode(state.fd)
         self.fsync = fsync or default_fsync
         self.syncfs = syncfs                   # a seam too: tests count or fail it
+        self.log_sync = fdatasync              # the ledger's log, as SQLite syncs it (a seam too)
         self.files = []                        # descriptors held until the next flush
-        self.logs = []                         # descriptors synced by the next flush alone (log_written)
+        self.logs = []                         # (descriptor, done) synced by the next flush alone (log_written)
         self.dirs = set()                      # relative paths of changed directories
         self.many = False                      # "fs" mode: more than FEW files since the last flush
         self._pool = None
@@ -139,14 +141,31 @@ class Syncer:
         else:
             self.files.append(fd)
 
-    def log_written(self, fd):
+    def log_written(self, fd, done):
         """Take over the descriptor of a log whose commits are not synced yet (the ledger's):
-        it is synced by the next flush() or flush_later(), never by the early sync of written
-        files (MAX_HELD), so that an error of its sync is that flush's, not a file's."""
+        it is synced first by the next flush() or flush_later(), before anything else noted,
+        never by the early sync of written files (MAX_HELD); `done()` is called once it is.
+        Its sync failing raises LogSyncError (a syncfs that fails, whatever it was for): never
+        taken for a file's, never retried."""
         if not self.durable:
             os.close(fd)
+            done()
         else:
-            self.logs.append(fd)
+            self.logs.append((fd, done))
+
+    def _sync_logs(self, what, whole=False):
+        """Sync the logs noted (or, `whole`, only close them: the caller's syncfs syncs them)."""
+        logs, self.logs = self.logs, []
+        try:
+            if not whole:
+                for fd, _ in logs:
+                    self._call(self.log_sync, fd, f"{what} (the ledger's log)")
+        except DurabilityError as e:
+            raise LogSyncError(str(e)) from e
+        finally:
+            for fd, _ in logs:
+                os.close(fd)
+        return [done for _, done in logs]
 
     def sync_now(self, fd, what):
         """Sync one file at once (rare paths that must not wait for the batch)."""
@@ -172,10 +191,20 @@ class Syncer:
         whole = self._whole(dirs)
         try:
             if whole:
-                self._close_files(logs=True)
-                self._call(self.syncfs, self.state.fd, what)
+                self._close_files()
+                done = self._sync_logs(what, whole=True)
+                try:
+                    self._call(self.syncfs, self.state.fd, what)
+                except DurabilityError as e:
+                    if done:
+                        raise LogSyncError(str(e)) from e
+                    raise
+                for fn in done:
+                    fn()
             else:
-                self._sync_files(what, logs=True)
+                for fn in self._sync_logs(what):
+                    fn()
+                self._sync_files(what)
                 if dirs:
                     self._sync_dirs(what)
         finally:
@@ -200,13 +229,15 @@ class Syncer:
             if self._later is None:
                 self._later = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="relay-commit")
             submit = self._later.submit
+        for fn in self._sync_logs(what):       # not overlapped: what depends on it waits for it
+            fn()
         if self._whole():
-            self._close_files(logs=True)
+            self._close_files()
             self.dirs.clear()
             self.many = False
             return submit(self._call, self.syncfs, self.state.fd, what).result
         self.many = False
-        files, self.files, self.logs = self.logs + self.files, [], []
+        files, self.files = self.files, []
         jobs = [(fd, what) for fd in files]
         try:
             jobs += self._open_dirs(sorted(self.dirs), what)
@@ -250,14 +281,12 @@ class Syncer:
     def _close_files(self, logs=False):
         files, self.files = self.files, []
         if logs:
-            files, self.logs = self.logs + files, []
+            files, self.logs = files + [fd for fd, _ in self.logs], []
         for fd in files:
             os.close(fd)
 
-    def _sync_files(self, what, logs=False):
+    def _sync_files(self, what):
         files, self.files = self.files, []
-        if logs:
-            files, self.logs = self.logs + files, []
         try:
             self._all([(fd, what) for fd in files])
         finally:

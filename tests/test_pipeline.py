@@ -364,6 +364,7 @@ def test_claim_is_durable_before_custody(project, mode):
 
     relay = project.relay(sync_mode=mode, fsync=fsync)
     relay.syncer.syncfs = lambda fd: order.append("syncfs")
+    relay.syncer.log_sync = fsync
     project.drop("Ann", "m", "TO: Ben\n\nx")
     order.clear()
     relay.ledger.db.set_trace_callback(lambda sql: order.append(sql))
@@ -379,24 +380,25 @@ def test_claim_is_durable_before_custody(project, mode):
     assert relay.history.pragmas()["synchronous"] == "FULL"
 
 
-def test_a_claim_is_synced_by_the_ledger_itself_when_the_envelopes_sync_fails(project):
-    """An envelope's sync that fails (EIO) fails its message, which is quarantined: the file is
-    still taken into custody first, after the claim's log is synced on its own."""
-    calls = []
+def test_an_envelope_sync_failing_after_the_claims_log_synced_fails_its_message(project):
+    """The flush before custody syncs the claim's log first, then the envelopes: an envelope's
+    sync that fails (EIO) fails its message, which is quarantined; the claim is durable (its log
+    synced), so the file is taken into custody first and moved to failed/."""
+    logs = []
 
     def eio(fd):
-        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
         raise OSError(errno.EIO, "Input/output error")
 
     relay = project.relay(sync_mode="file")
     relay.syncer.fsync = eio
+    relay.syncer.log_sync = lambda fd: (logs.append(os.readlink(f"/proc/self/fd/{fd}")), os.fsync(fd))
     project.drop("Ann", "m", "TO: Ben\n\nx")
     relay.step()
     [row] = relay.history.audit()
     assert row["status"] == "failed" and "Input/output error" in row["error"]
-    assert any(c.endswith("ledger.sqlite-wal") for c in calls)       # noted with the envelopes
+    assert len(logs) == 1 and logs[0].endswith("ledger.sqlite-wal")
     assert relay.ledger.unsynced is False and project.files("failed")
-    assert not (project.state / "outbox/Ann/m").exists()
+    assert not (project.state / "outbox/Ann/m").exists() and project.inbox("Ben") == []
 
 
 def test_archive_failure_in_a_later_step_is_retried(project, clock, monkeypatch):
