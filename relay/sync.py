@@ -5,8 +5,10 @@ envelope before its link into new/), a directory's changes are synced before any
 on them (the links in new/ before the ledger records a delivery), and no rename that depends on
 a ledger record happens before that record's commit is durable.
 
-A batch notes what it wrote (`file_written(fd)`, which takes the descriptor over) and which
-directories it changed (`dir_changed(rel)`), then calls `flush()` once per phase. Two ways to
+A batch notes what it wrote (`file_written(fd)`, which takes the descriptor over), the ledger's
+log when its claim was committed without a sync (`log_written`: synced first, as SQLite would,
+its failure a LogSyncError that fails the step), and which directories it changed
+(`dir_changed(rel)`), then calls `flush()` once per phase. Two ways to
 flush, chosen per file system:
 
 - "file": fsync of every noted file, then of every noted directory, many in flight at once on a
