@@ -304,9 +304,10 @@ class Outbox:
     def peek(self, w, max_body_bytes):
         """Read a claimed message where its sender left it, before custody, so that its
         envelopes are written and synced together with the claim (daemon.py). Only a plain
-        case: a regular file with one link, not writable by group or other, no writer, within
-        the limit. Returns whether it was read; anything else is left to take() and read(),
-        which say what is wrong. take() checks that the file it moves is the one read."""
+        case: a regular file with one link, not writable by group or other, within the limit.
+        Returns whether it was read; anything else is left to take() and read(), which say
+        what is wrong. take() checks that the file it moves is the one read, with the bytes
+        read, and that no writer holds it (else it is deferred, its envelopes never linked)."""
         src = f"outbox/{w.sender}/{w.name}"
         try:            # never opened unless a regular file: opening a device may act on it
             if not stat.S_ISREG(self.fs.lstat(src).st_mode):
@@ -317,8 +318,8 @@ class Outbox:
         try:
             st = os.fstat(fd)
             limit = max_body_bytes + HEADER_ALLOWANCE
-            if (not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_mode & 0o022
-                    or st.st_size > limit or self.leases.writers(fd)):
+            # A writer that holds it is found by the lease custody takes on the spooled file.
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_mode & 0o022 or st.st_size > limit:
                 return False
             data = os.read(fd, st.st_size + 1)
             if len(data) != st.st_size:     # written to since the fstat (take() checks again)
