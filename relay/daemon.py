@@ -282,8 +282,8 @@ class Relay(Loop):
                 w.defer = True      # left for the next batch: this one holds enough bytes
                 continue
             if not self._peek(w, now):
-                if not late:
-                    self._claim_durable()       # before the first file is taken
+                if not late:    # the claim synced before the first file is taken (an error fails the step)
+                    self.ledger.sync()
                 late = True
                 self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
@@ -368,18 +368,13 @@ class Relay(Loop):
             except DurabilityError:
                 pass
 
-    def _claim_durable(self):
-        """Sync the claim, committed unsynced, unless a later commit or sync did (the ledger's
-        own fdatasync of its log, as its synced commit would: an error fails the step)."""
-        self.ledger.sync()
-
     def _custody(self, works):
         """Take custody of the files read before it (Outbox.peek), once the claim is durable
         (its log synced with the envelopes, or here by the ledger; a sync of it that failed
         failed the step before this: never retried)."""
         todo = [w for w in works if w.peeked is not None and w.path is None]
         if todo:
-            self._claim_durable()
+            self.ledger.sync()              # a no-op once the envelopes' flush synced the log
             self.fs.recheck("outbox")       # an outbox moved away since the read is not followed
         for w in todo:
             try:
