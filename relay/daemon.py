@@ -275,16 +275,13 @@ class Relay(Loop):
         thorough = [w.id for w in works if w.thorough]
         had, shed = self.history.delivered_to(thorough), self.history.sheds_of(thorough)
         budget = self.config.batch_bytes
-        late = False
         for w in works:
             w.had = had.get(w.id, {})
             if budget <= 0:
                 w.defer = True      # left for the next batch: this one holds enough bytes
                 continue
             if not self._peek(w, now):
-                if not late:    # the claim synced before the first file is taken (an error fails the step)
-                    self.ledger.sync()
-                late = True
+                self.ledger.sync()      # the claim before any file is taken (a no-op once synced)
                 self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
         # The previous batch is recorded before this one's ids and request ids are settled (a
