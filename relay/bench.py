@@ -19,6 +19,7 @@ from pathlib import Path
 
 from . import config as config_mod
 from .daemon import Relay
+from .loop import quiet_gc
 
 
 TRASH = ".relay-bench-done"
@@ -332,6 +333,7 @@ def _cpu(pid):
 
 def run(base=None, messages=5000, agents=20, rate=100.0, seconds=5.0, echo=print):
     logging.getLogger("relay").setLevel(logging.WARNING)
+    quiet_gc()          # as `relay run` has it, for the naive loop too
     base = Path(base or tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     out = {"dir": str(base), "messages": messages, "agents": agents}

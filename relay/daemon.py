@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 BATCH = 256              # messages claimed per transaction
 SCAN_BUDGET = 2048       # files registered per step
+FRESH_KEPT = 100_000     # ids registered and not yet claimed whose rows are trusted as read
 SWEEP_BATCH = retention.BATCH
 ORPHAN_INTERVAL = 3600.0  # seconds between two removals of orphaned inbox tmp/ files
 RESTART_KEYS = ("root", "state_dir", "federation")    # what a reload cannot change under a running relay
@@ -73,6 +74,7 @@ class Relay(Loop):
         # `submit(fn, *args)` -> a future; None: a thread of the syncer's. A seam for tests.
         self.submit = submit
         self._pending = None                    # the batch whose last sync runs: (works, linked, now, delivered, wait)
+        self._fresh = set()     # ids this relay registered, not yet claimed: rows of its own making
         self.clock = clock
         self.batch = batch
         self.layout = Layout(config.root, config.state_dir).create()
@@ -158,6 +160,8 @@ class Relay(Loop):
         of messages recovered. `stopped`: relay stopped (this is a start), so what was being
         handled spends its claim budget; after a failed step of a running relay it does not."""
         now = self.clock() if now is None else now
+        if self._pending is not None:
+            self.finish()       # this relay's own batch in flight is recorded, not recovered
         recovered = self.recovery.recover(now, budget=max(1, self.config.max_retries), stopped=stopped)
         self.flow.seed(now, self.config)
         self._next_orphans = now + ORPHAN_INTERVAL
@@ -197,6 +201,9 @@ class Relay(Loop):
         for mid, sender, name in registered:
             # DEBUG: the line of its outcome names the file too (its archive or failed/ path)
             log.debug("%s discovered: outbox/%s/%s", mid, sender, name, **fields("discovered", mid, sender))
+        if len(self._fresh) > FRESH_KEPT:
+            self._fresh.clear()     # checked as any other row then
+        self._fresh.update(mid for mid, _, _ in registered)
         if claimed:
             self._process(claimed, now, counts)
         if self._pending is not None and not (claimed and self._more_ready(claimed)):
@@ -269,7 +276,9 @@ class Relay(Loop):
         return self._known
 
     def _process(self, rows, now, counts):
-        readable = self.recovery.readable(rows, now, need=("archive_path",))
+        fresh = {r["id"] for r in rows if r["id"] in self._fresh}
+        self._fresh -= fresh
+        readable = self.recovery.readable(rows, now, need=("archive_path",), fresh=fresh)
         counts.failed += len(rows) - len(readable)
         works = [Work.claimed(row) for row in readable]
         thorough = [w.id for w in works if w.thorough]

@@ -10,13 +10,13 @@ opened. A name that is not UTF-8 or holds control characters is quarantined with
 
 Custody: a claimed file is renamed into `spool/<agent>/<id>--<name>` before it is read.
 """
-import dataclasses
 import errno
 import hashlib
 import logging
 import os
 import signal
 import stat
+import typing
 
 from . import flow
 from .errors import TransientError
@@ -34,10 +34,12 @@ except ImportError:  # pragma: no cover - not POSIX
 
 MIN_RECHECK = 0.05          # seconds before a busy file is looked at again
 HEADER_ALLOWANCE = 256 * 1024
+READ_AHEAD_FILE = 64 * 1024         # a file found by a scan, read with its writers' check, up to this
+READ_AHEAD_STEP = 8 * 1024 * 1024   # bytes so read per step at most
 
 
-@dataclasses.dataclass(frozen=True)
-class Found:
+class Found(typing.NamedTuple):
+    """A file found in an outbox, to register (one per file a step finds: a plain tuple)."""
     sender: str
     name: str
     sent_at: float
@@ -89,6 +91,12 @@ class Outbox:
         self.waiting = {}        # (sender, name) -> (time to look again, why, waiting since)
         self.seen = {}           # (sender, name) -> ((size, mtime_ns, ino), first seen) for future mtimes
         self.reported = set()    # bad directories already logged
+        # (sender, name) -> (bytes, fstat) of a plain file a scan found, read under the lease of
+        # its writers' check (_busy): peek() takes them when its claim comes, instead of opening
+        # it again (custody checks that the file is still the one read, or delivers the bytes
+        # read, as for any read before it). Bounded; dropped when the next full scan begins.
+        self.read_ahead = {}
+        self.read_ahead_bytes = 0
 
     # -- finding ----------------------------------------------------------------------------
 
@@ -103,6 +111,7 @@ class Outbox:
 
     def scan_all(self, now):
         """Every complete file in every valid outbox (a generator)."""
+        self.drop_read_ahead()
         for name in self.agent_dirs():
             yield from self.scan_dir(name, now)
 
@@ -166,14 +175,30 @@ class Outbox:
         self.seen.pop(key, None)
 
     def _busy(self, sender, name):
+        """Whether a writer holds the file; if none does and it is a plain file (as peek()
+        reads), its bytes are read under the lease, for peek() to take after the claim."""
         try:
             fd = self.fs.open_read(f"outbox/{sender}/{name}")
         except OSError:
             return False
         try:
-            return self.leases.writers(fd)
+            if self.leases.writers(fd):
+                return True
+            st = os.fstat(fd)
+            if plain(st) and st.st_size <= READ_AHEAD_FILE and self.read_ahead_bytes < READ_AHEAD_STEP:
+                data = os.read(fd, st.st_size + 1)
+                if len(data) == st.st_size:
+                    self.read_ahead[sender, name] = (data, st)
+                    self.read_ahead_bytes += len(data)
+            return False
+        except OSError:
+            return False
         finally:
             os.close(fd)
+
+    def drop_read_ahead(self):
+        self.read_ahead.clear()
+        self.read_ahead_bytes = 0
 
     def due_waiting(self, now):
         """Waiting files whose time to look again has come."""
@@ -304,30 +329,34 @@ class Outbox:
     def peek(self, w, max_body_bytes):
         """Read a claimed message where its sender left it, before custody, so that its
         envelopes are written and synced together with the claim (daemon.py). Only a plain
-        case: a regular file with one link, not writable by group or other, within the limit.
-        Returns whether it was read; anything else is left to take() and read(), which say
+        case: a regular file with one link, not writable by group or other, within the limit;
+        read by a scan's check already (read_ahead) or now. Returns whether it was read; anything else is left to take() and read(), which say
         what is wrong. take() checks that the file it moves is the one read, with the bytes
         read, and that no writer holds it (else it is deferred, its envelopes never linked)."""
-        src = f"outbox/{w.sender}/{w.name}"
-        try:            # never opened unless a regular file: opening a device may act on it
-            if not stat.S_ISREG(self.fs.lstat(src).st_mode):
+        limit = max_body_bytes + HEADER_ALLOWANCE
+        ahead = self.read_ahead.pop((w.sender, w.name), None)
+        if ahead is not None and ahead[1].st_size <= limit:
+            data, st = ahead
+        else:
+            src = f"outbox/{w.sender}/{w.name}"
+            try:            # never opened unless a regular file: opening a device may act on it
+                if not stat.S_ISREG(self.fs.lstat(src).st_mode):
+                    return False
+                fd = self.fs.open_read(src)
+            except OSError:
                 return False
-            fd = self.fs.open_read(src)
-        except OSError:
-            return False
-        try:
-            st = os.fstat(fd)
-            limit = max_body_bytes + HEADER_ALLOWANCE
-            # A writer that holds it is found by the lease custody takes on the spooled file.
-            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_mode & 0o022 or st.st_size > limit:
+            try:
+                st = os.fstat(fd)
+                # A writer that holds it is found by the lease custody takes on the spooled file.
+                if not plain(st) or st.st_size > limit:
+                    return False
+                data = os.read(fd, st.st_size + 1)
+                if len(data) != st.st_size:     # written to since the fstat (take() checks again)
+                    return False
+            except OSError:
                 return False
-            data = os.read(fd, st.st_size + 1)
-            if len(data) != st.st_size:     # written to since the fstat (take() checks again)
-                return False
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
+            finally:
+                os.close(fd)
         w.data, w.size, w.sent_at = data, len(data), st.st_mtime
         w.sha256 = hashlib.sha256(data).hexdigest()
         w.peeked = (*as_read(st), st.st_mode)
@@ -398,6 +427,11 @@ class Outbox:
         self.fs.rename(tmp, w.path)
         self.syncer.dir_changed(f"spool/{w.sender}")
         log.info("%s from %s: %s", w.id, w.sender, why)
+
+
+def plain(st):
+    """A file read before custody: regular, one link, not writable by group or other."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and not st.st_mode & 0o022
 
 
 def as_read(st):

@@ -66,13 +66,16 @@ class Recovery:
             self.ledger.archived_late(now, done, retry)
         return len(done)
 
-    def readable(self, rows, now, need=()):
+    def readable(self, rows, now, need=(), fresh=frozenset()):
         """The rows (claimed) this build can read; each other one is named in the log with its
         id and column and failed with that reason (its file is not touched); the batch goes on
-        without it. `need`: columns that must not be NULL either."""
+        without it. `need`: columns that must not be NULL either. `fresh`: ids of rows this
+        relay registered and claims for the first time (every column of its own making): only
+        `need` is checked."""
         good, bad = [], []
         for row in rows:
-            problem = BadRow.of(row, need=need)
+            trusted = row["id"] in fresh and all(row[c] is not None for c in need)
+            problem = None if trusted else BadRow.of(row, need=need)
             if problem is None:
                 good.append(row)
             else:

@@ -40,6 +40,7 @@ import orjson
 
 from . import bench
 from .loadgen import Arrivals, produce
+from .loop import quiet_gc
 
 READY_TIMEOUT = 60.0
 
@@ -313,6 +314,7 @@ def quiet_disk(timeout=30.0):
 
 def _backlog_child(base, messages, agents, what, conn):
     """In a child process, so that its CPU time is that drain's alone."""
+    quiet_gc()          # as `relay run` has it (for both)
     stats = {}
     if what == "once":
         # Flow control's limits off, as for the daemon (Daemon): the backlog is the full-speed

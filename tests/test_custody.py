@@ -173,3 +173,83 @@ def test_a_file_that_is_not_regular_is_never_opened(project):
     relay.drain()
     assert not any(rel.endswith("pipe") for rel in opened)
     assert any("FIFO" in (r["error"] or "") for r in relay.history.audit())
+
+
+# -- read by a scan's check, before the claim (Outbox.read_ahead) ------------------------------
+
+def before_claim(relay, act):
+    """Run `act()` once, after the step's scan has read the files it found, before their claim."""
+    real = relay.ledger.register_and_claim
+
+    def claim(*a, **k):
+        relay.ledger.register_and_claim = real
+        act()
+        return real(*a, **k)
+
+    relay.ledger.register_and_claim = claim
+
+
+def test_read_by_the_scan_then_deleted_before_the_claim_is_delivered_as_read(project):
+    relay = project.relay()
+    path = project.drop("Ann", "msg", "TO: Ben\n\nfirst")
+    before_claim(relay, path.unlink)
+    assert relay.step().archived == 1
+    assert bodies(project) == ["first"] and archived(project) == ["TO: Ben\n\nfirst"]
+
+
+def test_read_by_the_scan_then_written_again_before_the_claim_both_are_delivered(project):
+    relay = project.relay()
+    project.drop("Ann", "msg", "TO: Ben\n\nfirst")
+    before_claim(relay, lambda: project.drop("Ann", "msg", "TO: Ben\n\nsecond", in_place=True))
+    relay.step()
+    assert bodies(project) == ["first"] and archived(project) == ["TO: Ben\n\nfirst"]
+    relay.hint("rescan")
+    relay.drain()
+    assert bodies(project) == ["first", "second"]
+    assert archived(project) == ["TO: Ben\n\nfirst", "TO: Ben\n\nsecond"]
+
+
+def test_files_read_by_a_scan_wait_for_their_claim_and_are_delivered_as_read(project):
+    from relay.daemon import Relay
+    relay = Relay(project.config(agents=["Ann", "Ben"]), clock=project.clock, batch=1)
+    project.relays.append(relay)
+    for name in ("a", "b", "c"):
+        project.drop("Ann", name, f"TO: Ben\n\n{name}")
+    relay.step()            # all three found and read, one claimed
+    assert len(relay.outbox.read_ahead) == 2
+    [(sender, later)] = [k for k in relay.outbox.read_ahead][:1]
+    project.drop("Ann", later, "TO: Ben\n\nchanged", in_place=True)
+    relay.step()
+    relay.step()            # the two others claimed: each delivered as the scan read it
+    assert bodies(project) == ["a", "b", "c"] and relay.outbox.read_ahead == {}
+    relay.hint("rescan")
+    relay.drain()           # what the agent wrote since is a new message
+    assert bodies(project) == ["a", "b", "c", "changed"]
+
+
+def test_a_file_over_the_read_ahead_bound_is_read_at_its_claim(project):
+    from relay.outbox import READ_AHEAD_FILE
+    relay = project.relay()
+    body = "x" * (READ_AHEAD_FILE + 10)
+    project.drop("Ann", "big", f"TO: Ben\n\n{body}")
+    real = relay.ledger.register_and_claim
+
+    def claim(*a, **k):
+        assert relay.outbox.read_ahead == {}
+        return real(*a, **k)
+
+    relay.ledger.register_and_claim = claim
+    relay.step()
+    assert bodies(project) == [body]
+
+
+def test_a_file_held_open_for_writing_is_not_read_by_the_scan(project):
+    relay = project.relay()
+    path = project.drop("Ann", "msg", "TO: Ben\n\npartial")
+    with open(path, "a") as writer:
+        relay.step()
+        assert relay.outbox.read_ahead == {} and bodies(project) == []
+        writer.write(" and the rest")
+    project.clock.advance(5)
+    relay.drain()
+    assert bodies(project) == ["partial and the rest"]

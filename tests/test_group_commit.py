@@ -141,3 +141,17 @@ def test_a_repeat_in_the_next_batch_is_delivered_when_the_first_failed_at_its_sy
     archived = [relay.history.get(row["id"]) for row in relay.history.audit(status="archived")]
     assert len(archived) == 1 and archived[0]["duplicate_of"] is None and archived[0]["request_id"] == "q"
     assert held.ran == [1, 2]
+
+
+def test_a_recovery_while_a_batch_is_in_flight_records_it_first(project):
+    # run --once (drain) after a step left its batch's sync running: recovery must not take
+    # that batch for one a stopped relay left, or it is delivered and chained twice.
+    held = Held()
+    relay = relay_with(project, held)
+    for i in range(4):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nbody {i}")
+    assert relay.step().claimed == 2 and held.ran == []
+    relay.drain()
+    assert sorted(e["body"] for e in project.inbox("Ben")) == [f"body {i}" for i in range(4)]
+    assert relay.history.counts()["archived"] == 4
+    assert all(r["retries"] == 0 for r in relay.history.audit())

@@ -267,6 +267,7 @@ def test_redelivery_skips_a_recipient_that_already_took_it(project, monkeypatch)
 def test_vanished_before_claim_fails_with_reason(project, monkeypatch):
     relay = project.relay()
     path = project.drop("Ann", "m", "TO: Ben\n\nx")
+    path.chmod(0o664)       # writable by its group: not read before custody (Outbox.peek)
     real = relay.ledger.register_and_claim
 
     def claim_then_vanish(*a, **k):
