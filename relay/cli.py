@@ -20,7 +20,7 @@ import orjson
 
 from . import __version__, config as config_mod, health
 from .daemon import Relay
-from .loop import DRAIN_PATIENCE, quiet_gc
+from .loop import DRAIN_PATIENCE, GC_YOUNG, quiet_gc
 from .errors import NotInProject, RelayError
 from .flow import REASONS
 from .guards import checked, duration, handle_errors, sender_name
@@ -215,7 +215,7 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     warn(cfg, lambda text: log.warning("%s", text))
     layout = Layout(cfg.root, cfg.state_dir)
     layout.state.mkdir(parents=True, exist_ok=True)
-    quiet_gc()
+    quiet_gc(GC_YOUNG if once else None)
     with DaemonLock(layout.lock) as lock:
         if once:
             link = None
