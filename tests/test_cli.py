@@ -181,6 +181,9 @@ def test_bench_prints_every_figure(tmp_path):
         assert key in doc, key
     assert doc["latency"]["delivered"] == doc["latency"]["messages"] == 25
     assert doc["relay_full_per_s"] > 0 and doc["disk"]["fsync_creates_per_s"] > 0
+    pairs = doc["full_naive_pairs"]
+    assert len(pairs) == 3 and all(p["ratio"] == round(p["relay_per_s"] / p["naive_per_s"], 2) for p in pairs)
+    assert sorted(p["relay_per_s"] for p in pairs)[1] == doc["relay_full_per_s"]
     fc = doc["flow_control"]
     assert len(fc["runs_on"]) == len(fc["runs_off"]) == 3 and fc["ratio"] == round(max(fc["runs_on"]) / max(fc["runs_off"]), 3)
     assert 0 < fc["own_seconds"] < fc["run_seconds"]
