@@ -35,7 +35,8 @@ except ImportError:  # pragma: no cover - not POSIX
 MIN_RECHECK = 0.05          # seconds before a busy file is looked at again
 HEADER_ALLOWANCE = 256 * 1024
 READ_AHEAD_FILE = 64 * 1024         # a file found by a scan, read with its writers' check, up to this
-READ_AHEAD_STEP = 8 * 1024 * 1024   # bytes so read per step at most
+READ_AHEAD_BYTES = 1024 * 1024      # held so at once at most, each file counted with READ_AHEAD_COST
+READ_AHEAD_COST = 400               # bytes of the objects that hold one file's bytes and identity
 
 
 class Found(typing.NamedTuple):
@@ -91,12 +92,13 @@ class Outbox:
         self.waiting = {}        # (sender, name) -> (time to look again, why, waiting since)
         self.seen = {}           # (sender, name) -> ((size, mtime_ns, ino), first seen) for future mtimes
         self.reported = set()    # bad directories already logged
-        # (sender, name) -> (bytes, fstat) of a plain file a scan found, read under the lease of
+        # (sender, name) -> (bytes, identity as Work.peeked, mtime) of a plain file a scan found, read under the lease of
         # its writers' check (_busy): peek() takes them when its claim comes, instead of opening
         # it again (custody checks that the file is still the one read, or delivers the bytes
         # read, as for any read before it). Bounded; dropped when the next full scan begins.
         self.read_ahead = {}
         self.read_ahead_bytes = 0
+        self.read_ahead_limit = READ_AHEAD_BYTES
 
     # -- finding ----------------------------------------------------------------------------
 
@@ -185,11 +187,14 @@ class Outbox:
             if self.leases.writers(fd):
                 return True
             st = os.fstat(fd)
-            if plain(st) and st.st_size <= READ_AHEAD_FILE and self.read_ahead_bytes < READ_AHEAD_STEP:
+            if plain(st) and st.st_size <= READ_AHEAD_FILE and self.read_ahead_bytes < self.read_ahead_limit:
                 data = os.read(fd, st.st_size + 1)
                 if len(data) == st.st_size:
-                    self.read_ahead[sender, name] = (data, st)
-                    self.read_ahead_bytes += len(data)
+                    old = self.read_ahead.get((sender, name))
+                    if old is not None:
+                        self.read_ahead_bytes -= len(old[0]) + READ_AHEAD_COST
+                    self.read_ahead[sender, name] = (data, (*as_read(st), st.st_mode), st.st_mtime)
+                    self.read_ahead_bytes += len(data) + READ_AHEAD_COST
             return False
         except OSError:
             return False
@@ -330,13 +335,16 @@ class Outbox:
         """Read a claimed message where its sender left it, before custody, so that its
         envelopes are written and synced together with the claim (daemon.py). Only a plain
         case: a regular file with one link, not writable by group or other, within the limit;
-        read by a scan's check already (read_ahead) or now. Returns whether it was read; anything else is left to take() and read(), which say
-        what is wrong. take() checks that the file it moves is the one read, with the bytes
-        read, and that no writer holds it (else it is deferred, its envelopes never linked)."""
+        read by a scan's check already (read_ahead) or now. Returns whether it was read;
+        anything else is left to take() and read(), which say what is wrong. take() checks
+        that the file it moves is the one read, with the bytes read, and that no writer holds
+        it (else it is deferred, its envelopes never linked)."""
         limit = max_body_bytes + HEADER_ALLOWANCE
         ahead = self.read_ahead.pop((w.sender, w.name), None)
-        if ahead is not None and ahead[1].st_size <= limit:
-            data, st = ahead
+        if ahead is not None:
+            self.read_ahead_bytes -= len(ahead[0]) + READ_AHEAD_COST
+        if ahead is not None and len(ahead[0]) <= limit:
+            data, peeked, sent_at = ahead
         else:
             src = f"outbox/{w.sender}/{w.name}"
             try:            # never opened unless a regular file: opening a device may act on it
@@ -357,9 +365,9 @@ class Outbox:
                 return False
             finally:
                 os.close(fd)
-        w.data, w.size, w.sent_at = data, len(data), st.st_mtime
+            peeked, sent_at = (*as_read(st), st.st_mode), st.st_mtime
+        w.data, w.size, w.sent_at, w.peeked = data, len(data), sent_at, peeked
         w.sha256 = hashlib.sha256(data).hexdigest()
-        w.peeked = (*as_read(st), st.st_mode)
         return True
 
     def read(self, w, max_body_bytes):

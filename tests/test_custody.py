@@ -253,3 +253,22 @@ def test_a_file_held_open_for_writing_is_not_read_by_the_scan(project):
     project.clock.advance(5)
     relay.drain()
     assert bodies(project) == ["partial and the rest"]
+
+
+def test_what_a_scan_reads_ahead_is_bounded_and_given_back_as_claims_take_it(project):
+    from relay import outbox as outbox_mod
+    from relay.daemon import Relay
+    relay = Relay(project.config(agents=["Ann", "Ben"]), clock=project.clock, batch=4)
+    project.relays.append(relay)
+    bound = 10 * (outbox_mod.READ_AHEAD_COST + 100)
+    relay.outbox.read_ahead_limit = bound
+    for i in range(30):
+        project.drop("Ann", f"m{i:02d}", f"TO: Ben\n\n{i:02d}" + "x" * 80)
+    relay.step()
+    assert 0 < relay.outbox.read_ahead_bytes <= bound + outbox_mod.READ_AHEAD_COST + 100
+    assert len(relay.outbox.read_ahead) < 30
+    while relay.step().claimed:
+        assert relay.outbox.read_ahead_bytes <= bound + outbox_mod.READ_AHEAD_COST + 100
+    # every claim took what was read for it, and gave its room back
+    assert len(project.inbox("Ben")) == 30 and relay.outbox.read_ahead == {}
+    assert relay.outbox.read_ahead_bytes == 0
