@@ -256,10 +256,12 @@ class Ledger:
                         ours.update(r[0] for r in db.execute(
                             f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
                     registered = [(mid, sender, name) for mid, sender, name, _ in found if mid in ours]
+            events = [(mid, now, "discovered", f"outbox/{s}/{n}") for mid, s, n in registered]
             if registered:
-                self._events([(mid, now, "discovered", f"outbox/{s}/{n}") for mid, s, n in registered])
                 self._seen({s for _, s, _ in registered}, now)
-            claimed = self._claim(now, limit, plan) if limit else []
+            claimed = self._claim(now, limit, plan, events) if limit else []
+            if events:
+                self._events(events)        # one statement for the discoveries and the claims
         return registered, claimed
 
     def identify(self, now, items, plan):
@@ -314,9 +316,10 @@ class Ledger:
                             (mid, sender, name, now, now, reason, failed_path))
             self._events([(mid, now, "discovered", f"outbox/{sender}/{name}"), (mid, now, "failed", reason)])
 
-    def _claim(self, now, limit, plan):
+    def _claim(self, now, limit, plan, events):
         """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
-        the claim so that recovery finds a file moved there before the batch was recorded."""
+        the claim so that recovery finds a file moved there before the batch was recorded.
+        Their events are appended to `events`, for the caller to insert."""
         # Read, then one UPDATE per row that claims it and records its archive path together
         # (BEGIN IMMEDIATE holds the write lock: nothing changes the rows in between).
         columns = ("id, sender, name, spooled, retries, attempts + 1 AS attempts, discovered_at, failing_since, "
@@ -341,7 +344,7 @@ class Ledger:
         self.db.executemany("UPDATE messages SET status = 'processing', claimed_at = ?, attempts = attempts + 1, "
                             "archive_path = ? WHERE id = ?",
                             [(now, r["archive_path"], r["id"]) for r in claimed])
-        self._events([(r["id"], now, "claimed", None) for r in claimed])
+        events.extend((r["id"], now, "claimed", None) for r in claimed)
         return claimed
 
     def _seen(self, names, now):
