@@ -92,11 +92,14 @@ class Outbox:
         self.waiting = {}        # (sender, name) -> (time to look again, why, waiting since)
         self.seen = {}           # (sender, name) -> ((size, mtime_ns, ino), first seen) for future mtimes
         self.reported = set()    # bad directories already logged
-        # (sender, name) -> (bytes, identity as Work.peeked, mtime) of a plain file a scan found, read under the lease of
-        # its writers' check (_busy): peek() takes them when its claim comes, instead of opening
-        # it again (custody checks that the file is still the one read, or delivers the bytes
-        # read, as for any read before it). Bounded; dropped when the next full scan begins.
+        # (sender, name) -> (bytes, identity as Work.peeked, mtime, message id) of a plain file a
+        # scan found, read under the lease of its writers' check (_busy): bind() gives them to
+        # the message registered for that file (else drops them), and peek() to that message's
+        # claim alone, instead of opening it again (custody checks that the file is still the
+        # one read, or delivers the bytes read, as for any read before it). Bounded; dropped
+        # when the next full scan begins.
         self.read_ahead = {}
+        self.unbound = []        # keys read since the last bind()
         self.read_ahead_bytes = 0
         self.read_ahead_limit = READ_AHEAD_BYTES
 
@@ -187,13 +190,17 @@ class Outbox:
             if self.leases.writers(fd):
                 return True
             st = os.fstat(fd)
+            old = self.read_ahead.get((sender, name))
+            if old is not None and old[3] is not None:
+                return False        # read for a message registered and not yet claimed: its bytes
             if plain(st) and st.st_size <= READ_AHEAD_FILE and self.read_ahead_bytes < self.read_ahead_limit:
                 data = os.read(fd, st.st_size + 1)
                 if len(data) == st.st_size:
-                    old = self.read_ahead.get((sender, name))
                     if old is not None:
                         self.read_ahead_bytes -= len(old[0]) + READ_AHEAD_COST
-                    self.read_ahead[sender, name] = (data, (*as_read(st), st.st_mode), st.st_mtime)
+                    else:
+                        self.unbound.append((sender, name))
+                    self.read_ahead[sender, name] = (data, (*as_read(st), st.st_mode), st.st_mtime, None)
                     self.read_ahead_bytes += len(data) + READ_AHEAD_COST
             return False
         except OSError:
@@ -203,7 +210,38 @@ class Outbox:
 
     def drop_read_ahead(self):
         self.read_ahead.clear()
+        self.unbound.clear()
         self.read_ahead_bytes = 0
+
+    def bind(self, registered):
+        """Give what this step's checks read to the messages registered for those files
+        (`registered`: (id, sender, name)); what was read for a file that registered nothing (its
+        path has a message already) is dropped: those bytes are no message's."""
+        ids = {(sender, name): mid for mid, sender, name in registered}
+        for key in self.unbound:
+            entry = self.read_ahead.get(key)
+            if entry is None or entry[3] is not None:
+                continue
+            mid = ids.get(key)
+            if mid is None:
+                self._unread(key)
+            else:
+                self.read_ahead[key] = (*entry[:3], mid)
+        self.unbound.clear()
+
+    def release(self, works):
+        """What was read ahead for claimed messages that did not take it (claimed again, or
+        deferred before peek()): their room given back."""
+        for w in works:
+            entry = self.read_ahead.get((w.sender, w.name))
+            if entry is not None and entry[3] == w.id:
+                self._unread((w.sender, w.name))
+
+    def _unread(self, key):
+        entry = self.read_ahead.pop(key, None)
+        if entry is not None:
+            self.read_ahead_bytes -= len(entry[0]) + READ_AHEAD_COST
+        return entry
 
     def due_waiting(self, now):
         """Waiting files whose time to look again has come."""
@@ -335,16 +373,14 @@ class Outbox:
         """Read a claimed message where its sender left it, before custody, so that its
         envelopes are written and synced together with the claim (daemon.py). Only a plain
         case: a regular file with one link, not writable by group or other, within the limit;
-        read by a scan's check already (read_ahead) or now. Returns whether it was read;
+        read for it by a scan's check already (read_ahead) or now. Returns whether it was read;
         anything else is left to take() and read(), which say what is wrong. take() checks
         that the file it moves is the one read, with the bytes read, and that no writer holds
         it (else it is deferred, its envelopes never linked)."""
         limit = max_body_bytes + HEADER_ALLOWANCE
-        ahead = self.read_ahead.pop((w.sender, w.name), None)
-        if ahead is not None:
-            self.read_ahead_bytes -= len(ahead[0]) + READ_AHEAD_COST
-        if ahead is not None and len(ahead[0]) <= limit:
-            data, peeked, sent_at = ahead
+        ahead = self._unread((w.sender, w.name))
+        if ahead is not None and ahead[3] == w.id and len(ahead[0]) <= limit:
+            data, peeked, sent_at, _ = ahead
         else:
             src = f"outbox/{w.sender}/{w.name}"
             try:            # never opened unless a regular file: opening a device may act on it
