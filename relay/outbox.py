@@ -319,7 +319,8 @@ class Outbox:
         """Whether the file at `src` (lstat `st`) is the one read and holds the bytes read.
         Its change time moved (no agent can set it back, as it can its mtime, with the same
         size): a chmod or a link leaves the bytes as read, a write may not."""
-        if st.st_dev != w.peeked[0] or st.st_ino != w.peeked[1] or st.st_size != w.peeked[2]:
+        if not stat.S_ISREG(st.st_mode) or st.st_dev != w.peeked[0] or st.st_ino != w.peeked[1] \
+                or st.st_size != w.peeked[2]:       # a FIFO with its inode number and size 0: never opened
             return False
         try:
             return hashlib.sha256(self.fs.read(src, st.st_size)).hexdigest() == w.sha256
