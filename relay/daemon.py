@@ -162,7 +162,7 @@ class Relay(Loop):
         now = self.clock() if now is None else now
         if self._pending is not None:
             self.finish()       # this relay's own batch in flight is recorded, not recovered
-        self.outbox.drop_read_ahead()   # read for a step that failed, maybe before its registration
+        self.outbox.read_ahead.drop()   # read for a step that failed, maybe before its registration
         recovered = self.recovery.recover(now, budget=max(1, self.config.max_retries), stopped=stopped)
         self.flow.seed(now, self.config)
         self._next_orphans = now + ORPHAN_INTERVAL
@@ -199,7 +199,7 @@ class Relay(Loop):
             [(self.ids.new(now), f.sender, f.name, f.sent_at) for f in found], now, self.batch,
             lambda sender, mid, name: self.layout.archive_rel(day, sender, mid, name), synced=False)
         counts.registered, counts.claimed = len(registered), len(claimed)
-        self.outbox.bind(registered)
+        self.outbox.read_ahead.bind(registered)
         for mid, sender, name in registered:
             # DEBUG: the line of its outcome names the file too (its archive or failed/ path)
             log.debug("%s discovered: outbox/%s/%s", mid, sender, name, **fields("discovered", mid, sender))
@@ -295,7 +295,7 @@ class Relay(Loop):
                 self.ledger.sync()      # the claim before any file is taken (a no-op once synced)
                 self._prepare(w, now)
             budget -= w.size + len(w.envelope) + (len(w.message.body) if w.message else 0)
-        self.outbox.release(works)      # what was read ahead for a claim that did not take it
+        self.outbox.read_ahead.release(works)      # what was read ahead for a claim that did not take it
         # The previous batch is recorded before this one's ids and request ids are settled (a
         # repeat must see whether the first failed), admitted and delivered.
         self.finish(counts)

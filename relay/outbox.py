@@ -22,6 +22,7 @@ from . import flow
 from .errors import TransientError
 from .fs import Unsafe, bad_name, shown, write_all
 from .layout import is_in_progress_name
+from .readahead import ReadAhead
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,6 @@ except ImportError:  # pragma: no cover - not POSIX
 
 MIN_RECHECK = 0.05          # seconds before a busy file is looked at again
 HEADER_ALLOWANCE = 256 * 1024
-READ_AHEAD_FILE = 64 * 1024         # a file found by a scan, read with its writers' check, up to this
-READ_AHEAD_BYTES = 1024 * 1024      # held so at once at most, each file counted with READ_AHEAD_COST
-READ_AHEAD_COST = 400               # bytes of the objects that hold one file's bytes and identity
 
 
 class Found(typing.NamedTuple):
@@ -92,16 +90,7 @@ class Outbox:
         self.waiting = {}        # (sender, name) -> (time to look again, why, waiting since)
         self.seen = {}           # (sender, name) -> ((size, mtime_ns, ino), first seen) for future mtimes
         self.reported = set()    # bad directories already logged
-        # (sender, name) -> (bytes, identity as Work.peeked, mtime, message id) of a plain file a
-        # scan found, read under the lease of its writers' check (_busy): bind() gives them to
-        # the message registered for that file (else drops them), and peek() to that message's
-        # claim alone, instead of opening it again (custody checks that the file is still the
-        # one read, or delivers the bytes read, as for any read before it). Bounded; dropped
-        # when the next full scan begins.
-        self.read_ahead = {}
-        self.unbound = []        # keys read since the last bind()
-        self.read_ahead_bytes = 0
-        self.read_ahead_limit = READ_AHEAD_BYTES
+        self.read_ahead = ReadAhead()     # what the checks of a scan read (readahead.py)
 
     # -- finding ----------------------------------------------------------------------------
 
@@ -116,7 +105,7 @@ class Outbox:
 
     def scan_all(self, now):
         """Every complete file in every valid outbox (a generator)."""
-        self.drop_read_ahead()
+        self.read_ahead.drop()
         for name in self.agent_dirs():
             yield from self.scan_dir(name, now)
 
@@ -190,58 +179,15 @@ class Outbox:
             if self.leases.writers(fd):
                 return True
             st = os.fstat(fd)
-            old = self.read_ahead.get((sender, name))
-            if old is not None and old[3] is not None:
-                return False        # read for a message registered and not yet claimed: its bytes
-            if plain(st) and st.st_size <= READ_AHEAD_FILE and self.read_ahead_bytes < self.read_ahead_limit:
+            if plain(st) and self.read_ahead.wants((sender, name), st.st_size):
                 data = os.read(fd, st.st_size + 1)
                 if len(data) == st.st_size:
-                    if old is not None:
-                        self.read_ahead_bytes -= len(old[0]) + READ_AHEAD_COST
-                    else:
-                        self.unbound.append((sender, name))
-                    self.read_ahead[sender, name] = (data, (*as_read(st), st.st_mode), st.st_mtime, None)
-                    self.read_ahead_bytes += len(data) + READ_AHEAD_COST
+                    self.read_ahead.put((sender, name), data, (*as_read(st), st.st_mode), st.st_mtime)
             return False
         except OSError:
             return False
         finally:
             os.close(fd)
-
-    def drop_read_ahead(self):
-        self.read_ahead.clear()
-        self.unbound.clear()
-        self.read_ahead_bytes = 0
-
-    def bind(self, registered):
-        """Give what this step's checks read to the messages registered for those files
-        (`registered`: (id, sender, name)); what was read for a file that registered nothing (its
-        path has a message already) is dropped: those bytes are no message's."""
-        ids = {(sender, name): mid for mid, sender, name in registered}
-        for key in self.unbound:
-            entry = self.read_ahead.get(key)
-            if entry is None or entry[3] is not None:
-                continue
-            mid = ids.get(key)
-            if mid is None:
-                self._unread(key)
-            else:
-                self.read_ahead[key] = (*entry[:3], mid)
-        self.unbound.clear()
-
-    def release(self, works):
-        """What was read ahead for claimed messages that did not take it (claimed again, or
-        deferred before peek()): their room given back."""
-        for w in works:
-            entry = self.read_ahead.get((w.sender, w.name))
-            if entry is not None and entry[3] == w.id:
-                self._unread((w.sender, w.name))
-
-    def _unread(self, key):
-        entry = self.read_ahead.pop(key, None)
-        if entry is not None:
-            self.read_ahead_bytes -= len(entry[0]) + READ_AHEAD_COST
-        return entry
 
     def due_waiting(self, now):
         """Waiting files whose time to look again has come."""
@@ -379,7 +325,7 @@ class Outbox:
         that the file it moves is the one read, with the bytes read, and that no writer holds
         it (else it is deferred, its envelopes never linked)."""
         limit = max_body_bytes + HEADER_ALLOWANCE
-        ahead = self._unread((w.sender, w.name))
+        ahead = self.read_ahead.take((w.sender, w.name))
         if ahead is not None and ahead[3] == w.id and len(ahead[0]) <= limit:
             data, peeked, sent_at, _ = ahead
         else:

@@ -228,7 +228,7 @@ def test_files_read_by_a_scan_wait_for_their_claim_and_are_delivered_as_read(pro
 
 
 def test_a_file_over_the_read_ahead_bound_is_read_at_its_claim(project):
-    from relay.outbox import READ_AHEAD_FILE
+    from relay.readahead import FILE as READ_AHEAD_FILE
     relay = project.relay()
     body = "x" * (READ_AHEAD_FILE + 10)
     project.drop("Ann", "big", f"TO: Ben\n\n{body}")
@@ -256,19 +256,19 @@ def test_a_file_held_open_for_writing_is_not_read_by_the_scan(project):
 
 
 def test_what_a_scan_reads_ahead_is_bounded_and_given_back_as_claims_take_it(project):
-    from relay import outbox as outbox_mod
+    from relay import readahead
     from relay.daemon import Relay
     relay = Relay(project.config(agents=["Ann", "Ben"]), clock=project.clock, batch=4)
     project.relays.append(relay)
-    bound = 10 * (outbox_mod.READ_AHEAD_COST + 100)
-    relay.outbox.read_ahead_limit = bound
+    bound = 10 * (readahead.COST + 100)
+    relay.outbox.read_ahead.limit = bound
     for i in range(30):
         project.drop("Ann", f"m{i:02d}", f"TO: Ben\n\n{i:02d}" + "x" * 80)
     relay.step()
-    assert 0 < relay.outbox.read_ahead_bytes <= bound + outbox_mod.READ_AHEAD_COST + 100
+    assert 0 < relay.outbox.read_ahead.held <= bound + readahead.COST + 100
     assert len(relay.outbox.read_ahead) < 30
     while relay.step().claimed:
-        assert relay.outbox.read_ahead_bytes <= bound + outbox_mod.READ_AHEAD_COST + 100
+        assert relay.outbox.read_ahead.held <= bound + readahead.COST + 100
     # every claim took what was read for it, and gave its room back
     assert len(project.inbox("Ben")) == 30 and relay.outbox.read_ahead == {}
-    assert relay.outbox.read_ahead_bytes == 0
+    assert relay.outbox.read_ahead.held == 0

@@ -211,16 +211,16 @@ def test_what_is_read_ahead_stays_within_its_bound_and_is_counted_exactly(projec
     # Many files over the bound, claims deferred by the batch's byte budget, files looked at
     # again (hints of every kind) and rescans in between: the count is the sum of what is held,
     # it never passes the bound by more than one file, and nothing is held once all is done.
-    from relay import outbox as outbox_mod
+    from relay import readahead
     relay = Relay(project.config(agents=["Ann", "Ben"], batch_bytes=2000), clock=project.clock, batch=7)
     project.relays.append(relay)
     box = relay.outbox
-    box.read_ahead_limit = 20 * (outbox_mod.READ_AHEAD_COST + 200)
-    most = box.read_ahead_limit + outbox_mod.READ_AHEAD_COST + 300
+    box.read_ahead.limit = 20 * (readahead.COST + 200)
+    most = box.read_ahead.limit + readahead.COST + 300
 
     def held():
-        assert box.read_ahead_bytes == sum(len(e[0]) + outbox_mod.READ_AHEAD_COST for e in box.read_ahead.values())
-        assert box.read_ahead_bytes <= most and box.unbound == []
+        assert box.read_ahead.held == sum(len(e[0]) + readahead.COST for e in box.read_ahead.values())
+        assert box.read_ahead.held <= most and box.read_ahead.unbound == []
 
     for i in range(120):
         project.drop("Ann", f"m{i:03d}", f"TO: Ben\n\n{i:03d}" + "x" * (i % 3 * 100))
@@ -237,7 +237,7 @@ def test_what_is_read_ahead_stays_within_its_bound_and_is_counted_exactly(projec
                 relay.hint("file", "Ann", name)
     relay.drain()
     assert len(project.inbox("Ben")) == 120 and len(set(bodies(project))) == 120
-    assert box.read_ahead == {} and box.read_ahead_bytes == 0
+    assert box.read_ahead == {} and box.read_ahead.held == 0
 
 
 def test_an_empty_file_read_ahead_then_swapped_for_a_fifo_never_opens_the_fifo(project):
