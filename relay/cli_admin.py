@@ -42,3 +42,41 @@ def service(ctx, manager, user):
     text = units.systemd(argv, root, user) if manager == "systemd" else units.launchd(argv, root, user)
     click.echo(text, nl=False)
     click.echo(units.install_hint(manager, root, user), err=True)
+
+
+@main.group()
+def federation():
+    """The federation's set-up: what the Redis server must hold for each node."""
+
+
+@federation.command("acl")
+@click.argument("node")
+@click.option("--team", help="The team (default: the [federation] section's).")
+@click.option("--password", help="The node's password (default: a new random one).")
+@pass_ctx
+@handle_errors
+def federation_acl(ctx, node, team, password):
+    """Print the ACL SETUSER line that gives NODE least privilege on the team's keys: it writes
+    only its own directory entry and streams, and reads the other nodes' entries and what is
+    sent to it. Run the line with redis-cli as the server's admin, one user per node; the URL
+    that node uses goes to stderr."""
+    import secrets
+
+    from .fedconfig import NAME, NAME_RULE
+    from .federation.keys import acl
+    if team is None:
+        fed = ctx.cfg.federation if ctx.cfg is not None else None
+        if fed is None:
+            raise click.UsageError("no [federation] section here: give --team")
+        team = fed.team
+    for value, what in ((node, "NODE"), (team, "--team")):
+        if not NAME.match(value):
+            raise click.BadParameter(f"{value!r} is not a valid name ({NAME_RULE})", param_hint=what)
+    if password is not None and (not password or any(c.isspace() or ord(c) < 32 for c in password)):
+        raise click.BadParameter("a password of printable characters without spaces", param_hint="--password")
+    secret = password or secrets.token_urlsafe(24)
+    click.echo(acl(team, node, secret))
+    user = f"relay-{team}-{node}"
+    encoded = __import__("urllib.parse").parse.quote(secret, safe="")
+    click.echo(f"# node {node} then uses: RELAY_FEDERATION_URL='redis://{user}:{encoded}@<redis-host>:6379/0' "
+               f"(and node = \"{node}\" in its [federation] section)", err=True)

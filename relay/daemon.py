@@ -27,7 +27,7 @@ import time
 from . import flow, health, retention
 from .archive import Archive, day_of
 from .config import SYSTEM
-from .errors import DurabilityError, MessageRefused, TransientError
+from .errors import DurabilityError, MessageRefused, TransientError, UnknownRecipient
 from .fs import shown
 from .history import History
 from .hooks import Hooks
@@ -40,7 +40,7 @@ from .loop import DRAIN_MIN_WAIT, MAX_HELD_WAIT, STEP_PAUSE, Loop
 from .message import accept
 from .outbox import Outbox, ignore_lease_breaks
 from .recovery import Recovery
-from .routes import Router
+from .federation.routes import Router
 from .sync import Syncer
 from .waker import Waker
 from .work import Counts, Outcome, Work, backoff, fields
@@ -52,6 +52,7 @@ SCAN_BUDGET = 2048       # files registered per step
 FRESH_KEPT = 100_000     # ids registered and not yet claimed whose rows are trusted as read
 SWEEP_BATCH = retention.BATCH
 ORPHAN_INTERVAL = 3600.0  # seconds between two removals of orphaned inbox tmp/ files
+CONVERGE = 2.0           # seconds after a message was found that the directory is read before its unknown name fails
 RESTART_KEYS = ("root", "state_dir", "federation")    # what a reload cannot change under a running relay
 
 
@@ -442,6 +443,10 @@ class Relay(Loop):
         try:
             accepted = accept(w.data, w.name, w.sender, self.known_agents, self.config, mid=w.id,
                               sent_at=w.sent_at, relayed_at=now, sha256=w.sha256)
+        except UnknownRecipient as e:
+            if self.router is not None and self._may_learn(w, e, now):
+                return
+            return flow.refused(w, e, self.known_agents())
         except MessageRefused as e:
             return flow.refused(w, e, self.known_agents())
         finally:
@@ -456,6 +461,22 @@ class Relay(Loop):
             log.info("%s: created the inbox of new agent %s", w.id, name, **fields("inbox-created", w))
         w.envelope = accepted.envelope
         w.envelope_sha256 = hashlib.sha256(w.envelope).hexdigest()
+
+    def _may_learn(self, w, e, now):
+        """A recipient this node does not know may be one the team is still announcing: the
+        message waits (a transient error, tried again within retry_period) until the directory
+        has been read whole CONVERGE seconds after the message was found; only then does it fail
+        ("did you mean"). True when it waits."""
+        read_at, error = self.router.directory_state()
+        since = w.discovered_at if w.discovered_at is not None else now
+        if error is None and read_at is not None and read_at >= since + CONVERGE:
+            return False
+        self.router.ask()
+        self._known = None
+        why = f"the team's directory cannot be read: {error}" if error else "the team's directory is being read"
+        w.message = e.parsed
+        w.error = TransientError(f"{e} ({why}; the message waits for the name)"[:800])
+        return True
 
     def _settle(self, w, now):
         """Decide the outcome of one work after delivery; archive or quarantine its file."""

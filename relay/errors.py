@@ -89,6 +89,15 @@ class TooLarge(MessageRefused):
         self.limit, self.observed, self.names = limit, observed, tuple(names)
 
 
+class UnknownRecipient(MessageRefused):
+    """A message naming recipients no known agent has (`names`). With a federation, a name the
+    team may still announce waits instead (daemon.py)."""
+
+    def __init__(self, reason, names=()):
+        super().__init__(reason)
+        self.names = tuple(names)
+
+
 class TransientError(RelayError):
     """Delivery failed for a reason that may go away (disk full, permission denied)."""
 

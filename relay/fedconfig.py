@@ -18,8 +18,10 @@ import urllib.parse
 
 NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 NAME = re.compile(NAME_RULE + r"\Z")
-KEYS = ("url", "team", "node", "heartbeat")
-SCHEMES = ("redis", "rediss")
+KEYS = ("url", "team", "node", "heartbeat", "ack_timeout", "max_agents_per_node")
+SCHEMES = ("redis", "rediss", "redis+sentinel")
+# Characters a password must hold percent-encoded in a URL: unencoded, they end the user part.
+RESERVED = {"#": "%23", "/": "%2F", "?": "%3F"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +30,8 @@ class Federation:
     team: str
     node: str
     heartbeat: float = 5.0          # seconds between two directory announcements
+    ack_timeout: float = 30.0       # a message not acknowledged by its node for this long is published again
+    max_agents_per_node: int = 4096     # names one node's directory entry may hold
 
     @property
     def shown_url(self):
@@ -35,25 +39,39 @@ class Federation:
         return redact(self.url)
 
     @property
+    def sentinel(self):
+        return self.url.startswith("redis+sentinel://")
+
+    @property
     def prefix(self):
         """Every key of the team starts with this; the braces keep a team's keys in one slot of
         a Redis Cluster."""
         return f"relay:{{{self.team}}}:"
 
-    def stream(self, node):
-        """The stream a node reads its incoming messages from."""
-        return f"{self.prefix}in:{node}"
+
+def _userinfo(url):
+    """(scheme://, userinfo or None, the rest): the user part ends at the last `@` before the
+    path, so a password holding an unencoded `/`, `?`, `#` or `@` is still all of it."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "", None, url
+    at = rest.rfind("@")
+    if at < 0:
+        return scheme + sep, None, rest
+    return scheme + sep, rest[:at], rest[at + 1:]
 
 
 def redact(url):
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    """The URL with any password hidden, whatever characters it holds (and any `password=` in
+    its query)."""
+    if not isinstance(url, str):
+        return "?"
+    head, info, rest = _userinfo(url)
+    if info is not None:
+        user, colon, _ = info.partition(":")
+        rest = f"{user}:***@{rest}" if colon else f"{user}@{rest}"
+    out = head + rest
+    return re.sub(r"(?i)(password=)[^&#]*", r"\1***", out)
 
 
 def default_node(root, host=None):
@@ -75,13 +93,31 @@ def _url(value):
         raise ValueError(f"url {value!r} is not a Redis URL (redis://host:6379 or rediss://user:password@host)")
     try:
         parts = urllib.parse.urlsplit(value)
-        parts.port      # noqa: B018 - raises ValueError on a bad port
-    except ValueError as e:
-        raise ValueError(f"url {redact(value)!r} is not a Redis URL: {e}") from None
+    except ValueError:
+        raise ValueError(f"url {redact(value)!r} is not a Redis URL") from None
+    _, info, _ = _userinfo(value)
+    if info is not None and info != parts.netloc.rpartition("@")[0]:
+        raise ValueError(f"url {redact(value)!r}: the password holds a character that ends it in a URL; write "
+                         f"{', '.join(f'{k} as {v}' for k, v in RESERVED.items())} (percent-encoding)")
+    try:
+        if parts.scheme != "redis+sentinel":
+            parts.port      # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError(f"url {redact(value)!r} is not a Redis URL: its port is not a number") from None
     if parts.scheme not in SCHEMES or not parts.hostname:
-        raise ValueError(f"url {redact(value)!r} must be redis://host[:port][/db] or rediss://... (TLS), "
-                         "with user:password@ for an ACL user")
+        raise ValueError(f"url {redact(value)!r} must be redis://host[:port][/db], rediss://... (TLS) or "
+                         "redis+sentinel://host:26379[,host:port...]/service, with user:password@ for an ACL user")
     return value
+
+
+def warnings(federation):
+    """What a working configuration should still be told (logged at start, shown by doctor)."""
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(federation.url).query))
+    out = []
+    if query.get("ssl_cert_reqs", "").lower() in ("none", "optional"):
+        out.append(f"ssl_cert_reqs={query['ssl_cert_reqs']} in the federation url: the server's TLS certificate is "
+                   "NOT verified; anyone on the path can read and forge the team's traffic. Give ssl_ca_certs= instead")
+    return out
 
 
 def parse(value, root, parse_duration):
@@ -97,6 +133,16 @@ def parse(value, root, parse_duration):
     heartbeat = parse_duration(value.get("heartbeat", "5s"))
     if heartbeat <= 0:
         raise ValueError("heartbeat must be more than 0s")
+    ack_timeout = parse_duration(value.get("ack_timeout", "30s"))
+    if ack_timeout <= 0:
+        raise ValueError("ack_timeout must be more than 0s")
+    limit = value.get("max_agents_per_node", 4096)
+    try:
+        limit = int(limit)
+    except (TypeError, ValueError):
+        limit = 0
+    if limit <= 0:
+        raise ValueError(f"max_agents_per_node {value.get('max_agents_per_node')!r} must be a whole number above 0")
     node = value.get("node") or default_node(root)
     return Federation(url=_url(value["url"]), team=_name(value["team"], "team"), node=_name(node, "node"),
-                      heartbeat=heartbeat)
+                      heartbeat=heartbeat, ack_timeout=ack_timeout, max_agents_per_node=limit)

@@ -50,7 +50,7 @@ NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "
 
 
 # A message with an outbound row still waiting to be published (a row `m` of messages).
-UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status = 'pending')"
+UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status IN ('pending', 'published'))"
 
 
 class History:
@@ -539,12 +539,52 @@ class History:
         return out
 
     def outbound_counts(self):
-        """{'pending': n, 'published': n, 'oldest_pending_at': t or None}."""
-        doc = {"pending": 0, "published": 0}
+        """{'pending': n, 'published': n (waiting for their node's acknowledgement),
+        'acknowledged': n, 'refused': n, 'oldest_pending_at', 'by_node': {node: {'waiting': n,
+        'oldest_published_at': t}}}."""
+        doc = {"pending": 0, "published": 0, "acknowledged": 0, "refused": 0}
         doc.update({r[0]: r[1] for r in self.db.execute("SELECT status, count(*) FROM outbound GROUP BY status")})
         doc["oldest_pending_at"] = self.db.execute(
             "SELECT min(queued_at) FROM outbound WHERE status = 'pending'").fetchone()[0]
+        doc["by_node"] = {r[0]: {"waiting": r[1], "oldest_at": r[2]} for r in self.db.execute(
+            "SELECT node, count(*), min(queued_at) FROM outbound WHERE status IN ('pending', 'published') "
+            "GROUP BY node ORDER BY node")}
         return doc
+
+    def unacknowledged(self, node=None):
+        """{node: count} of rows published and not yet acknowledged."""
+        sql = "SELECT node, count(*) FROM outbound WHERE status = 'published'"
+        args = ()
+        if node is not None:
+            sql, args = sql + " AND node = ?", (node,)
+        return dict(self.db.execute(sql + " GROUP BY node", args).fetchall())
+
+    def overdue(self, now, limit):
+        """(message_id, node, entry_id, recipients) of published rows whose acknowledgement is late."""
+        return self.db.execute("SELECT message_id, node, entry_id, recipients FROM outbound WHERE status = 'published' "
+                               "AND ack_deadline <= ? ORDER BY ack_deadline LIMIT ?", (now, limit)).fetchall()
+
+    def waiting_for(self, node, limit):
+        """(message_id, node, entry_id, recipients) of a node's rows published and not acknowledged."""
+        return self.db.execute("SELECT message_id, node, entry_id, recipients FROM outbound WHERE node = ? AND "
+                               "status = 'published' LIMIT ?", (node, limit)).fetchall()
+
+    def waiting_nodes(self):
+        """The nodes that have rows waiting (to be published or acknowledged)."""
+        return [r[0] for r in self.db.execute("SELECT DISTINCT node FROM outbound WHERE status IN ('pending', "
+                                              "'published')")]
+
+    def next_ack_deadline(self):
+        return self.db.execute("SELECT min(ack_deadline) FROM outbound WHERE status = 'published'").fetchone()[0]
+
+    def received_before(self, ids):
+        """{id: (node, sha256)} of the ids received from other nodes (kept past the retention sweep)."""
+        out = {}
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            out.update({r[0]: (r[1], r[2]) for r in self.db.execute(
+                f"SELECT id, node, sha256 FROM received_ids WHERE id IN ({','.join('?' * len(chunk))})", chunk)})
+        return out
 
     def received_counts(self):
         """{'delivered': n, 'refused': n} of the messages received from other nodes."""

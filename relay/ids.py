@@ -46,3 +46,11 @@ class IdGenerator:
             self._last_ms, self._last_rand = ms, rand
         return id_text(ms, rand)
 
+
+
+def id_time(mid):
+    """The time (epoch seconds) an id was made at, from its first 10 characters."""
+    ms = 0
+    for c in mid[:10]:
+        ms = ms * 32 + ALPHABET.index(c)
+    return ms / 1000.0

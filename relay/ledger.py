@@ -21,6 +21,7 @@ import orjson
 from .errors import LedgerError, SchemaError
 from .sync import fdatasync
 from .schema import MIGRATIONS, SCHEMA_VERSION
+from .ledger_federation import FederationRecords
 
 
 class Status(str, enum.Enum):
@@ -71,7 +72,7 @@ def link_hash(prev, *record):
     return hashlib.sha256(orjson.dumps([prev, *record])).hexdigest()
 
 
-class Ledger:
+class Ledger(FederationRecords):
     """One connection to the ledger. Not shared between threads."""
 
     def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):
@@ -654,121 +655,3 @@ class Ledger:
                 "VALUES (?, ?, ?, 'archived', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
                 [(*r[:9], r[9], r[9], r[9], r[9], r[9], r[10]) for r in rows])
             self._events([(r[0], r[9], "archived", None) for r in rows])
-
-    # -- federation: outbound (federation.py) and inbound (incoming.py) ----------------------
-
-    def _queue_remote(self, now, works, events):
-        """Recipients on other nodes: one outbound row per (message, node), in the batch's own
-        transaction; the link publishes it later. A message tried again is queued once."""
-        first, again = [], []       # a first attempt has no row yet: inserted in bulk
-        for w in works:
-            by_node = {}
-            for r, node in w.remote.items():
-                by_node.setdefault(node, []).append(r)
-            for node, names in sorted(by_node.items()):
-                row = (w.id, node, orjson.dumps(sorted(names)).decode(), w.envelope, now)
-                (again if w.thorough else first).append(row)
-        sql = ("INSERT INTO outbound (message_id, node, recipients, envelope, status, queued_at) "
-               "VALUES (?, ?, ?, ?, 'pending', ?) ON CONFLICT DO NOTHING")
-        if first:
-            self.db.executemany(sql, first)
-        queued = first + [row for row in again if self.db.execute(sql + " RETURNING node", row).fetchone()]
-        events.extend((mid, now, "queued", f"for node {node}: {', '.join(orjson.loads(names))}")
-                      for mid, node, names, _, _ in queued)
-
-    def published(self, now, done):
-        """Outbound rows now in their node's stream. done: (message_id, node, entry_id)."""
-        with self.transaction():
-            self.db.executemany("UPDATE outbound SET status = 'published', entry_id = ?, published_at = ?, "
-                                "attempts = attempts + 1, error = NULL WHERE message_id = ? AND node = ?",
-                                [(eid, now, mid, node) for mid, node, eid in done])
-            self._events([(mid, now, "published", f"to node {node} as entry {eid}") for mid, node, eid in done])
-
-    def publish_failed(self, now, failed, error):
-        """Outbound rows not published (the server unreachable): tried again at their time.
-        failed: (message_id, node, attempts so far, next_attempt_at). The first failure is an event."""
-        with self.transaction():
-            self.db.executemany("UPDATE outbound SET attempts = attempts + 1, error = ?, next_attempt_at = ? "
-                                "WHERE message_id = ? AND node = ?",
-                                [(error, at, mid, node) for mid, node, _, at in failed])
-            self._events([(mid, now, "publish-failed", f"to node {node}: {error}; retrying")
-                          for mid, node, attempts, _ in failed if attempts == 0])
-
-    def publish_now(self, now):
-        """The link is back: every outbound row waiting is due now."""
-        with self.transaction():
-            self.db.execute("UPDATE outbound SET next_attempt_at = ? WHERE status = 'pending' AND next_attempt_at > ?",
-                            (now, now))
-
-    def received(self, now, items, refused, sheds=(), failed=()):
-        """One transaction for a batch read from this node's stream: each message delivered here
-        (a row like any other, chained, with its node and entry id), each entry refused, each
-        message this node gave up or shed for every recipient, and each recipient this node's
-        limits shed. items: dicts (id, sender, name, node, entry_id, recipients, kind, thread,
-        subject, body, headers, sha256, sent_at, got {recipient: (size, sha256)}, note); failed:
-        such dicts with an `error`, recorded failed with the deliveries they had; refused: (id,
-        sender, name, node, entry_id, reason) of entries that are no message for this node;
-        sheds: (id, recipient, sender, reason, limit, observed) of messages among the others."""
-        with self.transaction():
-            events, links = [], []
-            seq, prev = self.head()
-            rows = [{**m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now} for m in items]
-            self.db.executemany(
-                "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
-                "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, node, entry_id) "
-                "VALUES (:id, :sender, :name, 'archived', :recipients, :kind, :thread, :subject, :body, :headers, "
-                ":sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id)", rows)
-            self.db.executemany(
-                "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
-                "sha256, sent_at, discovered_at, claimed_at, failed_at, error, attempts, node, entry_id) "
-                "VALUES (:id, :sender, :name, 'failed', :recipients, :kind, :thread, :subject, :body, :headers, "
-                ":sha256, :sent_at, :now, :now, :now, :error, 1, :node, :entry_id)",
-                [{**m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now} for m in failed])
-            self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
-                                "VALUES (?, ?, ?, ?, ?)",
-                                [(m["id"], r, now, *got) for m in (*items, *failed) for r, got in m["got"].items()])
-            for m in (*items, *failed):
-                events.append((m["id"], now, "received", f"from node {m['node']} as entry {m['entry_id']}"
-                               + (f"; {m['note']}" if m.get("note") else "")))
-                events.extend((m["id"], now, "delivered", r) for r in sorted(m["got"]))
-            events.extend((m["id"], now, "failed", m["error"]) for m in failed)
-            for m, row in zip(items, rows, strict=True):
-                seq += 1
-                prev = chain_hash(prev, {**row, "discovered_at": now, "delivered_at": now, "archived_at": now,
-                                         "archive_path": None})
-                links.append((seq, m["id"], prev))
-            self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
-            self.db.executemany("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, "
-                                "node, entry_id) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?, ?)",
-                                [(mid, sender, name, now, now, reason, node, eid)
-                                 for mid, sender, name, node, eid, reason in refused])
-            events.extend((mid, now, "refused", f"entry {eid} from node {node}: {reason}")
-                          for mid, _, _, node, eid, reason in refused)
-            self.db.executemany("INSERT OR IGNORE INTO sheds (message_id, recipient, sender, reason, limit_value, "
-                                "observed, at) VALUES (?, ?, ?, ?, ?, ?, ?)", [(*s, now) for s in sheds])
-            events.extend((mid, now, "shed", f"{r}: {reason}") for mid, r, _, reason, _, _ in sheds)
-            self._events(events)
-            got = {r for m in (*items, *failed) for r in m["got"]}
-            if got:
-                self._seen(got, now)
-
-    def directory(self, now, node, agents, conflicts):
-        """The team's directory as the server gave it: agents of other nodes (name, node,
-        node's last seen), and the names this node could not claim (name, other node)."""
-        with self.transaction():
-            self.db.execute("DELETE FROM remote_agents")
-            self.db.executemany("INSERT OR REPLACE INTO remote_agents (name, node, last_seen) VALUES (?, ?, ?)", agents)
-            self._link(now, node, True, None, orjson.dumps(conflicts).decode())
-
-    def link_state(self, now, node, connected, error=None):
-        """Whether the link to the server works now (relay status), and why not."""
-        with self.transaction():
-            self._link(now, node, connected, error, None)
-
-    def _link(self, now, node, connected, error, conflicts):
-        self.db.execute("INSERT INTO link (id, node, connected, since, error, conflicts, updated_at) "
-                        "VALUES (1, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET node = excluded.node, "
-                        "connected = excluded.connected, since = CASE WHEN link.connected = excluded.connected "
-                        "THEN link.since ELSE excluded.since END, error = excluded.error, "
-                        "conflicts = coalesce(excluded.conflicts, link.conflicts), updated_at = excluded.updated_at",
-                        (node, int(connected), now, error, conflicts, now))

@@ -7,6 +7,7 @@ its two halves. Nothing here opens a file; the CWD policy resolves the path a co
 names to see that it lies inside the project root.
 """
 import dataclasses
+import difflib
 import datetime
 import math
 
@@ -274,7 +275,9 @@ def resolve(message, sender, known, create_unknown=False):
         shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
         agents = sorted(known)
         listed = ", ".join(agents[:30]) + (f" ... ({len(agents)} in all)" if len(agents) > 30 else "")
-        raise MessageRefused(f"unknown recipient {shown}; known agents: {listed or '(none)'}")
+        near = difflib.get_close_matches(unknown[0], agents, n=1, cutoff=0.6) if len(agents) <= 10_000 else []
+        hint = f"; did you mean {near[0]}?" if near else ""
+        raise UnknownRecipient(f"unknown recipient {shown}{hint}; known agents: {listed or '(none)'}", unknown)
     recipients = out + unknown if len(message.to) == 1 and not broadcast else list(dict.fromkeys(out + unknown))
     if not recipients:
         raise MessageRefused("broadcast with no other agent to receive it")

@@ -136,6 +136,28 @@ CREATE TABLE link (
     updated_at REAL NOT NULL
 );
 """),
+    # Federation, second protocol (relay/federation/): a message for another node is done at the
+    # sender only once that node acknowledged its durable delivery; the receiver keeps the ids it
+    # received (not swept with the messages) so that a replay is refused; the link records when
+    # the team's directory was last read, or why it cannot be. Rows published under the first
+    # protocol (streams no node reads any more) are published again, and known by their ids.
+    (7, "federation: end-to-end acknowledgements, received ids, the directory's state", """
+ALTER TABLE outbound ADD COLUMN acked_at REAL;
+ALTER TABLE outbound ADD COLUMN ack_deadline REAL;
+CREATE INDEX outbound_node ON outbound(node, status);
+CREATE TABLE received_ids (
+    id     TEXT PRIMARY KEY,
+    node   TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    at     REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX received_ids_at ON received_ids(at);
+INSERT OR IGNORE INTO received_ids (id, node, sha256, at)
+    SELECT id, node, sha256, discovered_at FROM messages WHERE node IS NOT NULL AND sha256 IS NOT NULL;
+ALTER TABLE link ADD COLUMN directory_at REAL;
+ALTER TABLE link ADD COLUMN directory_error TEXT;
+UPDATE outbound SET status = 'pending', next_attempt_at = 0 WHERE status = 'published';
+"""),
     (4, "flow control and operator commands", """
 CREATE TABLE sheds (
     message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,

@@ -10,7 +10,7 @@ stay the record, and a publish repeated after a crash is recognised by the recei
 import collections
 import threading
 
-from .config import SYSTEM
+from ..config import SYSTEM
 
 MAX_OFFERED = 16 << 20      # envelope bytes offered and not yet taken by the link, at most
 
@@ -27,6 +27,19 @@ class Router:
         self._held = 0                      # envelope bytes in `offered`
         self._lock = threading.Lock()
         self._remote = None
+        self.asked = threading.Event()      # the loop met a name it does not know: read the directory now
+
+    def ask(self):
+        """Ask the link to read the team's directory now."""
+        self.asked.set()
+        self.queued.set()
+
+    def directory_state(self):
+        """(when the team's directory was last read whole, why it cannot be read now or None)."""
+        link = self.history.link()
+        if link is None:
+            return None, "not read yet"
+        return link["directory_at"], link["directory_error"]
 
     def remote(self, local, refresh=False):
         """{name: node} of the agents on other nodes (not local ones)."""

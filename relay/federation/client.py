@@ -1,0 +1,124 @@
+"""Connections to the team's server: a plain Redis URL (redis:// or rediss:// with its TLS
+parameters), or Sentinel (redis+sentinel://, following the master through a failover).
+
+A client made with a `limit` reads no reply whole before knowing its size: the parser checks the
+length each bulk string announces before reading it, and the total of one reply, and gives up on
+the connection (raising ReplyTooLarge) instead of reading past either. This is how a receiver is
+kept within its memory bound by whatever another node puts in its stream.
+
+`redis` is imported here only when a `[federation]` section exists.
+"""
+import logging
+import urllib.parse
+
+from ..errors import FederationError
+
+log = logging.getLogger(__name__)
+
+EXTRA = "the federation needs the redis package: pip install 'relay[federation]'"
+SOCKET_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 2.0
+
+
+def redis_module():
+    """The `redis` package, or FederationError saying which extra to install."""
+    try:
+        import redis
+    except ImportError:
+        raise FederationError(EXTRA) from None
+    return redis
+
+
+def reason(error):
+    """One line for a Redis error."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return f"{type(error).__name__}: {text}"[:300]
+
+
+class ReplyTooLarge(Exception):
+    """A reply announced a bulk string over the client's limit, or more bytes in all than its
+    budget: the connection is dropped unread. `size` is what was announced."""
+
+    def __init__(self, size, limit):
+        super().__init__(f"a reply of {size} bytes announced, over the limit of {limit}")
+        self.size = size
+        self.limit = limit
+
+
+def _guarded_parser(limit, budget):
+    from redis._parsers import _RESP2Parser
+
+    class Guarded(_RESP2Parser):
+        def read_response(self, disable_decoding=False, **kwargs):
+            self.read = 0
+            return super().read_response(disable_decoding=disable_decoding, **kwargs)
+
+        def _read_response(self, disable_decoding=False, **kwargs):
+            # The bulk's header is peeked at before the parent reads its bytes.
+            start = self._buffer.get_pos()
+            line = self._buffer.readline(**kwargs)
+            self._buffer.rewind(start)
+            if line[:1] == b"$" and line != b"$-1":
+                size = int(line[1:])
+                self.read += size
+                if size > limit:
+                    raise ReplyTooLarge(size, limit)
+                if self.read > budget:
+                    raise ReplyTooLarge(self.read, budget)
+            return super()._read_response(disable_decoding=disable_decoding, **kwargs)
+    return Guarded
+
+
+def _options(url):
+    """redis-py keyword arguments from the URL's query that redis-py does not take itself
+    (Sentinel's), and the URL without them."""
+    parts = urllib.parse.urlsplit(url)
+    return parts, dict(urllib.parse.parse_qsl(parts.query))
+
+
+def connect(federation, timeout=SOCKET_TIMEOUT, limit=None, budget=None, name=None):
+    """A client of the team's server. Commands fail fast (no hidden retries): the callers back
+    off themselves. With `limit`, no bulk string over `limit` bytes and no reply over `budget`
+    is read (ReplyTooLarge)."""
+    redis = redis_module()
+    options = {"socket_timeout": timeout, "socket_connect_timeout": min(timeout, CONNECT_TIMEOUT),
+               "retry": None, "retry_on_timeout": False,
+               "client_name": name or f"relay-{federation.node}"}
+    if limit is not None:
+        options["parser_class"] = _guarded_parser(limit, budget or 8 * limit)
+        options["protocol"] = 2
+    try:
+        if federation.sentinel:
+            return _sentinel(redis, federation, options)
+        return redis.Redis.from_url(federation.url, **options)
+    except (ValueError, TypeError) as e:
+        raise FederationError(f"the federation url {federation.shown_url} cannot be used: {e}") from None
+
+
+def _sentinel(redis, federation, options):
+    """redis+sentinel://[user:password@]host:port[,host:port...]/service[/db][?options]: the
+    master of `service` as the Sentinels name it now, found again after a failover."""
+    from redis.sentinel import Sentinel
+    parts, query = _options(federation.url)
+    hosts = []
+    for item in parts.netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
+        hosts.append((host.strip("[]"), int(port or 26379)))
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise ValueError("a Sentinel URL names the master's service: redis+sentinel://host:26379/mymaster")
+    service, db = path[0], int(path[1]) if len(path) > 1 else 0
+    user = urllib.parse.unquote(parts.username) if parts.username else None
+    password = urllib.parse.unquote(parts.password) if parts.password else None
+    tls = {k: v for k, v in query.items() if k.startswith("ssl")}
+    if tls:
+        tls = {"ssl": True, **{k: v for k, v in tls.items() if k != "ssl"}}
+    sentinel_auth = {}
+    if query.get("sentinel_password"):
+        sentinel_auth = {"password": query["sentinel_password"], "username": query.get("sentinel_username")}
+    sentinel = Sentinel(hosts, sentinel_kwargs={"socket_timeout": options["socket_timeout"], **sentinel_auth},
+                        socket_timeout=options["socket_timeout"],
+                        socket_connect_timeout=options["socket_connect_timeout"])
+    kwargs = {k: v for k, v in options.items() if k not in ("socket_timeout",)}
+    return sentinel.master_for(service, db=db, username=user, password=password,
+                               socket_timeout=options["socket_timeout"], **{**kwargs, **tls})

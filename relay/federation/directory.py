@@ -1,0 +1,282 @@
+"""The team's directory: which node holds which agent name.
+
+Each node writes its own entry, the hash `relay:{team}:node:<N>` (its agents, a version of that
+list, its owner: the host and project root of the relay running it, its heartbeat timeout, and
+its last seen by the server's clock, stamped by the announcing script), and reads the others':
+
+    announce (every heartbeat, and at once when its agents change)
+    look (every LOOK seconds, and at once when asked): SCAN for the team's node keys, one
+      pipeline of HMGET (version, last seen, timeout) per node, the agents of a node read only
+      when its version changed, then the names resolved and recorded in the ledger
+
+A node can write only its own entry (ACLs), so nothing it writes says anything of another
+node's names. Which node holds a name is decided by each reader, never by a claim alone:
+
+- a name of this node's own agents is local (another node claiming it is a conflict, shown);
+- a name one live node lists is that node's;
+- a name stays with the node this reader had it on for as long as that node lists it, alive or
+  not: no other node's claim moves it (a name moves when its node drops it, or when an operator
+  deletes the key of a node gone for good);
+- a new name several live nodes list is ambiguous: routed nowhere (its messages wait, then fail
+  with the reason) and shown as a conflict;
+- a node's "last seen" is its own, stamped by the server when it announces; a time it forged
+  only makes itself look alive;
+- a node the server no longer knows at all (it lost its data) keeps its names until it would
+  have timed out, so messages to it wait for it to announce again instead of failing.
+
+A node's list is read only up to `max_agents_per_node` names; past that it is cut, logged.
+"""
+import hashlib
+import logging
+
+import orjson
+
+from ..config import SYSTEM
+from ..fedconfig import NAME
+from ..layout import valid_agent
+from .client import reason
+from .keys import Keys
+
+log = logging.getLogger(__name__)
+
+LOOK = 1.0                  # seconds between two reads of the team's directory
+TIMEOUT_BEATS = 12          # a node not seen for this many of its heartbeats is gone
+NAME_BYTES = 70             # what one name costs in a node's list, at most (JSON)
+
+# KEYS[1]: this node's entry. ARGV: owner, timeout, agents (JSON), version. Written unless another
+# relay (another owner) announced under this node name within its timeout. Returns
+# {server time, the other owner or false}.
+ANNOUNCE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'seen', 'timeout')
+if cur[1] and cur[1] ~= ARGV[1] then
+  local seen, timeout = tonumber(cur[2] or '0') or 0, tonumber(cur[3] or '0') or 0
+  if now - seen < timeout then
+    return {tostring(now), cur[1]}
+  end
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'seen', tostring(now), 'timeout', ARGV[2], 'agents', ARGV[3],
+           'v', ARGV[4])
+return {tostring(now), false}
+"""
+
+
+def _text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _number(value):
+    try:
+        n = float(_text(value))
+    except (TypeError, ValueError):
+        return None
+    return n if n == n and abs(n) != float("inf") else None
+
+
+class Entry:
+    """What one node's key says (read, never trusted beyond its own names)."""
+    __slots__ = ("version", "seen", "timeout", "agents", "owner")
+
+    def __init__(self):
+        self.version, self.seen, self.timeout, self.agents, self.owner = None, None, None, (), None
+
+    def alive(self, now, default):
+        if self.seen is None:
+            return False
+        return now - self.seen < (self.timeout if self.timeout and self.timeout > 0 else default)
+
+
+class Directory:
+    """This node's side of the directory; used by the link's publisher thread only."""
+
+    def __init__(self, fed, client, ledger, history, identity, redis):
+        self.fed = fed
+        self.keys = Keys(fed.team)
+        self.node = fed.node
+        self.client = client
+        self.ledger = ledger
+        self.history = history
+        self.identity = identity
+        self.redis = redis
+        self._announce = client.register_script(ANNOUNCE)
+        self.timeout = fed.heartbeat * TIMEOUT_BEATS
+        self.entries = {}           # node -> Entry, as last read
+        self.announced = None       # the version of this node's list last written
+        self.duplicate = None       # why this relay may not act as its node (another holds the name)
+        self.conflicts = []
+        self.routes = {}            # name -> node, as last resolved
+        self.server_now = None
+        self.read_at = None         # when the directory was last read whole (this relay's clock)
+        self.error = None           # why it cannot be read now
+
+    # -- this node's entry -------------------------------------------------------------------
+
+    def announce(self, now, local):
+        """Write this node's entry (its agents). True when written; False when another relay
+        holds the node name (self.duplicate says why); RedisError when the server refuses."""
+        names = sorted(local)[:self.fed.max_agents_per_node]
+        if len(local) > len(names):
+            log.error("federation: this node has %d agents, over max_agents_per_node (%d): only the first %d are "
+                      "announced to the team", len(local), self.fed.max_agents_per_node, len(names))
+        listed = orjson.dumps(names)
+        version = hashlib.sha256(listed).hexdigest()[:16]
+        reply = self._announce(keys=[self.keys.node(self.node)],
+                               args=[self.identity, self.timeout, listed, version])
+        self.server_now = _number(reply[0])
+        holder = _text(reply[1]) if reply[1] else None
+        if holder:
+            why = (f"node name {self.node} is in use by another relay ({holder}); this one neither announces its "
+                   f"agents nor reads the node's streams until that one has been gone for {self.timeout:.0f}s: set "
+                   "another `node` in [federation]")
+            if self.duplicate != why:
+                log.error("federation: %s", why)
+            self.duplicate = why
+            return False
+        self.duplicate = None
+        self.announced = version
+        return True
+
+    def version_of(self, local):
+        return hashlib.sha256(orjson.dumps(sorted(local)[:self.fed.max_agents_per_node])).hexdigest()[:16]
+
+    # -- the others' entries -----------------------------------------------------------------
+
+    def nodes(self):
+        """Every node name found in the team's keys (SCAN), this one included."""
+        found = set()
+        for key in self.client.scan_iter(match=self.keys.node_pattern, count=1000):
+            name = self.keys.node_name(key)
+            if name and NAME.match(name):
+                found.add(name)
+        return found
+
+    def look(self, now, local):
+        """Read the team's directory and record what it resolves to. Returns True when the
+        routes changed. RedisError when the server cannot be read (recorded, with why)."""
+        try:
+            changed = self._look(now, local)
+        except self.redis.RedisError as e:
+            why = reason(e)
+            if self.error != why:
+                log.error("federation: cannot read the team's directory: %s; messages to names this node does "
+                          "not know wait", why)
+                self.ledger.directory_failed(now, self.node, why)
+            self.error = why
+            raise
+        if self.error is not None:
+            log.info("federation: the team's directory is read again")
+        self.error = None
+        self.read_at = now
+        self.ledger.directory_read(now)
+        return changed
+
+    def _look(self, now, local):
+        names = self.nodes() | {n for n, _ in self.history.remote_agents().values()}
+        names.discard(self.node)
+        names = sorted(names)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        for n in names:
+            pipe.hmget(self.keys.node(n), "v", "seen", "timeout", "owner")
+        reply = pipe.execute()
+        secs, micros = reply[0]
+        self.server_now = int(secs) + int(micros) / 1e6
+        stale, entries = [], {}
+        for n, (version, seen, timeout, owner) in zip(names, reply[1:], strict=True):
+            if version is None and seen is None:
+                continue            # no key: the node is gone, or the server lost it
+            e = Entry()
+            e.version, e.seen, e.timeout, e.owner = _text(version), _number(seen), _number(timeout), _text(owner)
+            old = self.entries.get(n)
+            if old is not None and old.version == e.version:
+                e.agents = old.agents
+            else:
+                stale.append(n)
+            entries[n] = e
+        if stale:
+            pipe = self.client.pipeline(transaction=False)
+            for n in stale:
+                pipe.hget(self.keys.node(n), "agents")
+            for n, listed in zip(stale, pipe.execute(), strict=True):
+                entries[n].agents = self._agents(n, listed)
+        before = (self.routes, self.conflicts)
+        if stale or set(entries) != set(self.entries) or self._liveness(entries) != self._liveness(self.entries) \
+                or self.read_at is None:
+            self.entries = entries
+            self.resolve(now, local)
+        else:
+            self.entries = entries
+        return (self.routes, self.conflicts) != before
+
+    def _liveness(self, entries):
+        return {n: e.alive(self.server_now, self.timeout) for n, e in entries.items()}
+
+    def _agents(self, node, listed):
+        """A node's list of names, as read: JSON, agent names only, at most max_agents_per_node."""
+        limit = self.fed.max_agents_per_node
+        if listed is None or len(listed) > limit * NAME_BYTES:
+            if listed is not None:
+                log.error("federation: node %s lists %d bytes of agent names, over what max_agents_per_node (%d) "
+                          "allows: its names are not taken", node, len(listed), limit)
+            return ()
+        try:
+            names = orjson.loads(listed)
+        except orjson.JSONDecodeError:
+            return ()
+        if not isinstance(names, list):
+            return ()
+        good = [n for n in names if isinstance(n, str) and valid_agent(n) and n != SYSTEM]
+        if len(good) > limit:
+            log.error("federation: node %s lists %d agents, over max_agents_per_node (%d): only the first %d are "
+                      "taken", node, len(good), limit, limit)
+        return tuple(dict.fromkeys(good[:limit]))
+
+    def _holder(self, name, holders, before, alive, server_now):
+        """The node a name is routed to, or None (unknown, or ambiguous)."""
+        if before is not None:
+            node, last = before
+            entry = self.entries.get(node)
+            if entry is None:       # its key is gone (the server lost it): kept until it would have timed out
+                if isinstance(last, (int, float)) and server_now is not None and server_now - last < self.timeout:
+                    return node
+            elif name in entry.agents:
+                return node         # still listed by its holder: no other node's claim moves it
+        live = [h for h in holders if alive[h]]
+        if len(live) == 1:
+            return live[0]
+        if not live and len(holders) == 1:
+            return holders[0]       # its node is away: messages wait for it
+        return None
+
+    def resolve(self, now, local):
+        """Decide each name's node (the rules in this module's docstring) and record it."""
+        server_now = self.server_now
+        previous = self.history.remote_agents()        # name -> (node, last seen)
+        claims = {}
+        for n, e in self.entries.items():
+            for name in e.agents:
+                claims.setdefault(name, []).append(n)
+        alive = {n: e.alive(server_now, self.timeout) for n, e in self.entries.items()}
+        routes, conflicts = {}, []
+        for name in set(claims) | {n for n, (node, _) in previous.items() if node not in self.entries}:
+            holders = claims.get(name, [])
+            if name in local:
+                conflicts.extend((name, h) for h in holders)
+                continue
+            node = self._holder(name, holders, previous.get(name), alive, server_now)
+            if node is not None:
+                routes[name] = node
+            elif holders:
+                conflicts.extend((name, h) for h in sorted(holders))
+        seen = {n: e.seen for n, e in self.entries.items()}
+        rows = sorted((name, node, seen.get(node, previous.get(name, (None, None))[1])) for name, node in routes.items())
+        conflicts = sorted(set(conflicts))
+        if conflicts != self.conflicts:
+            for name, other in conflicts:
+                where = "this node's own agent" if name in local else "claimed by more than one live node"
+                log.error("federation: agent %s is also listed by node %s (%s); %s", name, other, where,
+                          "it stays local here" if name in local else "messages to it wait until one of them drops it")
+            self.conflicts = conflicts
+        self.ledger.directory(now, self.node, rows, [list(c) for c in conflicts])
+        self.routes = routes

@@ -1,0 +1,65 @@
+"""The team's keys on the Redis server, laid out by who writes them, so that Redis ACLs (one user
+per node) let each node write only what is its own:
+
+    relay:{team}:node:<N>              hash: N's directory entry (its agents, owner, heartbeat)
+    relay:{team}:from:<N>:to:<M>       stream: messages N sends to M (N adds and deletes entries)
+    relay:{team}:from:<N>:ack:<M>      stream: N's acknowledgements of what M sent it
+
+Node N may write `relay:{team}:node:N` and `relay:{team}:from:N:*`, and read every node's entry
+and the streams addressed to it (`...:to:N`, `...:ack:N`). A receiver takes the sending node
+from the key it read, never from a field. Node names never hold `:` or a glob character, so a
+pattern never matches another node's key. The braces keep every key of a team in one hash slot
+(Redis Cluster).
+"""
+import shlex
+
+NODE_PREFIX = "node:"
+
+
+class Keys:
+    def __init__(self, team):
+        self.team = team
+        self.prefix = f"relay:{{{team}}}:"
+
+    def node(self, name):
+        return f"{self.prefix}{NODE_PREFIX}{name}"
+
+    def messages(self, sender, receiver):
+        return f"{self.prefix}from:{sender}:to:{receiver}"
+
+    def acks(self, receiver, sender):
+        """The stream in which `receiver` acknowledges what `sender` sent it."""
+        return f"{self.prefix}from:{receiver}:ack:{sender}"
+
+    @property
+    def node_pattern(self):
+        return f"{self.prefix}{NODE_PREFIX}*"
+
+    def node_name(self, key):
+        """The node a directory key belongs to, or None."""
+        key = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+        start = self.prefix + NODE_PREFIX
+        return key[len(start):] if key.startswith(start) else None
+
+
+# What a node runs: its own keys written, the others' read. Nothing else: no FLUSH, no CONFIG,
+# no KEYS, no DEL of another's key.
+WRITE = ("xadd", "xdel", "xtrim", "xlen", "xrange", "xinfo|stream", "del", "exists", "hset", "hgetall",
+         "hget", "hmget", "expire", "pexpire")
+READ = ("xread", "xrange", "xlen", "xinfo|stream", "hgetall", "hget", "hmget", "exists")
+EVERYONE = ("ping", "time", "scan", "info", "client|setname", "client|id", "client|info", "hello", "auth",
+            "select", "echo", "evalsha", "eval", "script|load", "script|exists")
+
+
+def acl(team, node, password=None):
+    """The `ACL SETUSER` line that gives one node least privilege (redis-cli syntax). Selectors
+    (Redis 7): the root permissions hold what the node writes; one selector holds what it reads."""
+    keys = Keys(team)
+    user = f"relay-{team}-{node}"
+    secret = f">{password}" if password else "><password>"
+    own = [f"~{keys.node(node)}", f"~{keys.prefix}from:{node}:*"]
+    reads = [f"%R~{keys.node_pattern}", f"%R~{keys.prefix}from:*:to:{node}", f"%R~{keys.prefix}from:*:ack:{node}"]
+    root = ["on", "resetkeys", "resetchannels", "-@all", *own, *(f"+{c}" for c in WRITE + EVERYONE)]
+    selector = "(" + " ".join([*reads, "-@all", *(f"+{c}" for c in READ)]) + ")"
+    words = ["ACL", "SETUSER", user, "reset", *root, secret, selector]
+    return " ".join(shlex.quote(w) for w in words)

@@ -1,0 +1,357 @@
+"""The federation link of one relay: the directory, the publisher and the receiver, each driven by
+a step that tests call with `now`, and run on threads of their own by `start()` in the daemon.
+
+    publisher thread: announce (heartbeat, or at once when this node's agents change), look at
+      the team's directory (every second, or at once when asked), publish what is due, read the
+      acknowledgements, publish again what the server lost or what is late
+    receiver thread: read the streams addressed to this node, deliver, acknowledge
+
+Each thread has its own ledger connection and Redis connection, so no local delivery ever
+waits for the server. Reading never depends on writing: a server that refuses writes (out of
+memory with noeviction) is still read. Errors are logged once per change of condition, then
+counted (conditions.py).
+"""
+import logging
+import socket
+import threading
+import time
+
+from ..history import History
+from ..hooks import Hooks
+from ..layout import Layout
+from ..ledger import Ledger
+from ..work import backoff
+from .client import SOCKET_TIMEOUT, connect, reason, redis_module
+from .conditions import Condition
+from .directory import LOOK, Directory
+from .publisher import ACK_BYTES, BATCH, RETRY_BASE, RETRY_CAP, Publisher
+from .receiver import Incoming, entry_limit
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT = 1.0              # the publisher looks at the ledger at least this often
+REPLAY_SWEEP = 3600.0       # how often received ids older than the replay window are forgotten
+
+
+class Link:
+    def __init__(self, config, clock=time.time, router=None, on_directory=None, hooks=None):
+        self.config = config
+        self.fed = config.federation
+        self.node = self.fed.node
+        self.clock = clock
+        self.redis = redis_module()
+        self.router = router
+        self.queued = router.queued if router is not None else threading.Event()
+        if router is not None:
+            router.linked = True                # offers are taken here (publish_offered)
+        self.on_directory = on_directory        # called when the routes changed
+        self.layout = Layout(config.root, config.state_dir).create()
+        # What the publisher records (entry ids, acknowledgements, the directory, the link's
+        # state) need not survive a power cut: lost, a row is published again and the receiver
+        # knows the repeat. Not syncing it keeps its commits from holding the write lock over an
+        # fsync the loop waits for.
+        self.ledger = Ledger(self.layout.ledger, durability="normal")
+        self.history = History(self.ledger)
+        self.client = connect(self.fed)
+        limit = entry_limit(config)
+        self.own_hooks = hooks is None
+        self.hooks = Hooks(config) if hooks is None else hooks
+        self.identity = f"{socket.gethostname()}:{config.root}"     # which relay holds the node name
+        self.directory = Directory(self.fed, self.client, self.ledger, self.history, self.identity, self.redis)
+        self.publisher = Publisher(config, self.client, connect(self.fed, limit=ACK_BYTES, name=f"relay-{self.node}-acks"),
+                                   self.ledger, self.history, router, self.redis)
+        self.incoming = Incoming(config, connect(self.fed, limit=limit, budget=max(limit, config.batch_bytes // 4)),
+                                 clock=clock, hooks=self.hooks, nodes=self.known_nodes, routes=self.routes,
+                                 on_name=self.look_soon)
+        self.connected = None
+        self.next_heartbeat = 0.0
+        self.next_look = 0.0
+        self.next_sweep = 0.0
+        self.local = None                       # this node's agents as last announced
+        self.nodes = set()                      # the team's nodes, as last read
+        self.alive = {}
+        self.down = Condition(log, "federation: the server cannot be used")
+        self.stopping = threading.Event()
+        self.back = threading.Event()           # set when the server is back (ends the receiver's wait)
+        self.threads = []
+
+    @property
+    def duplicate(self):
+        return self.directory.duplicate
+
+    @property
+    def conflicts(self):
+        return self.directory.conflicts
+
+    def known_nodes(self):
+        return self.nodes
+
+    def routes(self):
+        return self.directory.routes, {name for name, _ in self.directory.conflicts}
+
+    def look_soon(self):
+        self.next_look = 0.0
+        self.queued.set()
+
+    def close(self):
+        self.stop()
+        if self.own_hooks:
+            self.hooks.stop()
+        self.incoming.close()
+        self.publisher.acks_client.close()
+        self.client.close()
+        self.ledger.close()
+        self.layout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- the state of the link --------------------------------------------------------------
+
+    def _up(self, now):
+        if self.connected is not True and not self.duplicate:
+            log.info("federation: connected to %s as node %s of team %s", self.fed.shown_url, self.node, self.fed.team)
+            self.ledger.link_state(now, self.node, True)
+            if self.connected is False:
+                self.ledger.publish_now(now)    # what waited for the server goes now
+            self.down.clear()
+            self.back.set()
+            self.connected = True
+
+    def _down(self, now, error):
+        why = reason(error) if not isinstance(error, str) else error
+        self.down.report(why)
+        if self.connected is not False:
+            self.ledger.link_state(now, self.node, False, why)
+            self.connected = False
+
+    # -- the directory ----------------------------------------------------------------------
+
+    def heartbeat(self, now=None):
+        """Announce this node's agents (and stamp its last seen), then read the directory."""
+        now = self.clock() if now is None else now
+        self.next_heartbeat = now + self.fed.heartbeat
+        self.layout.fs.forget()
+        local = sorted(self.layout.agent_names(self.config.agents))
+        try:
+            written = self.directory.announce(now, local)
+        except self.redis.RedisError as e:
+            self._down(now, e)          # reading goes on: a server refusing writes is still read
+            written = None
+        if written is False:
+            self.incoming.paused = self.duplicate
+            self.ledger.link_state(now, self.node, False, self.duplicate)
+            self.connected = False
+            return False
+        self.incoming.paused = None
+        self.local = local if written else self.local
+        looked = self.look(now, local)
+        if written and looked:
+            self._up(now)
+        return bool(written and looked)
+
+    def look(self, now=None, local=None):
+        """Read the team's directory; tell the loop when the routes changed."""
+        now = self.clock() if now is None else now
+        self.next_look = now + LOOK
+        if local is None:
+            self.layout.fs.forget()
+            local = sorted(self.layout.agent_names(self.config.agents))
+            if self.local is not None and local != self.local:
+                return self.heartbeat(now)      # a new or removed agent: announced at once
+        try:
+            changed = self.directory.look(now, set(local))
+            self.nodes = set(self.directory.entries) | {n for n, _ in self.history.remote_agents().values()}
+            self.alive = {n: e.alive(self.directory.server_now, self.directory.timeout)
+                          for n, e in self.directory.entries.items()}
+        except self.redis.RedisError as e:
+            self._down(now, e)
+            return False
+        if changed and self.on_directory is not None:
+            self.on_directory()
+        return True
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def publish(self, now=None):
+        """Publish what is due, read the acknowledgements. Returns the number of rows published."""
+        now = self.clock() if now is None else now
+        done, error = self.publisher.publish(now)
+        if error is not None:
+            self._down(now, error)
+            return done
+        try:
+            self.publisher.read_acks(now, self.nodes)
+        except self.redis.RedisError as e:
+            self._down(now, e)
+            return done
+        if self.directory.read_at is not None and not self.duplicate:
+            self._up(now)
+        return done
+
+    def check(self, now=None):
+        """Publish again what the server lost or what is late; reroute what another node holds now."""
+        now = self.clock() if now is None else now
+        try:
+            again = self.publisher.check(now, self.alive)
+        except self.redis.RedisError as e:
+            self._down(now, e)
+            return 0
+        if again and self.publisher.run_id:
+            self.incoming.reset()
+        self.publisher.reroute(now, self.directory.routes, self.alive)
+        if now >= self.next_sweep:
+            from .receiver import REPLAY_WINDOW
+            self.next_sweep = now + REPLAY_SWEEP
+            self.ledger.forget_received(now - REPLAY_WINDOW)
+        return again
+
+    # -- the threads ------------------------------------------------------------------------
+
+    def start(self):
+        """The publisher and the receiver, each on its own thread, until stop()."""
+        self.stopping.clear()
+        self.threads = [threading.Thread(target=self._guarded, args=(serve,), name=name, daemon=True)
+                        for serve, name in ((self._serve_out, "relay-link-out"), (self._serve_in, "relay-link-in"))]
+        for t in self.threads:
+            t.start()
+
+    def stop(self):
+        self.stopping.set()
+        self.queued.set()
+        self.back.set()
+        for t in self.threads:
+            t.join(timeout=SOCKET_TIMEOUT + 1)
+        self.threads = []
+
+    def _guarded(self, serve):
+        """A thread's loop; an unforeseen error is logged and waited out, never fatal."""
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                serve()
+                return
+            except Exception:  # noqa: BLE001 - the link must outlive any one bad moment
+                log.exception("federation: the %s failed; starting it again", serve.__name__)
+                failures += 1
+                self.stopping.wait(backoff(RETRY_BASE, failures, RETRY_CAP))
+
+    def _serve_out(self):
+        while not self.stopping.is_set():
+            self.queued.clear()
+            now = self.clock()
+            if self.router is not None and self.router.asked.is_set():
+                self.router.asked.clear()
+                self.next_look = 0.0
+            if now >= self.next_heartbeat:
+                self.heartbeat(now)
+                self.check(now)
+            elif now >= self.next_look:
+                self.look(now)
+                self.check(now)
+            while self.publish(self.clock()) >= BATCH:
+                pass
+            due = self.history.next_outbound_due()
+            wake = min(self.next_heartbeat, self.next_look, due if due is not None else float("inf"))
+            self.queued.wait(max(0.0, min(wake - self.clock(), MAX_WAIT)))
+
+    def _serve_in(self):
+        while not self.stopping.is_set():
+            if self.incoming.paused or not self.nodes:
+                self.back.wait(MAX_WAIT)     # until a heartbeat says the node name is this relay's
+                self.back.clear()
+                continue
+            if not self.incoming.step(self.clock(), block_ms=int(MAX_WAIT * 1000)) and self.incoming.failures:
+                self.back.wait(self.incoming.pause())     # at most a second while the server answers
+                self.back.clear()
+
+    def once(self, now=None):
+        """One pass for `relay run --once`: the directory, every publish due, every entry waiting,
+        the acknowledgements. Returns (published, received)."""
+        now = self.clock() if now is None else now
+        self.heartbeat(now)
+        self.check(now)
+        published = 0
+        while (n := self.publish(now)) > 0:
+            published += n
+        received = 0
+        while (n := self.incoming.step(now)) > 0:
+            received += n
+        self.publish(now)
+        return published, received
+
+
+def directory(config, timeout=1.0):
+    """{agent: node} of the team's agents on other nodes, as the server has it now; {} when it
+    cannot be asked (relay send's check of a name this node has not heard of yet)."""
+    from .keys import Keys
+    import orjson
+    from ..config import SYSTEM
+    from ..layout import valid_agent
+    fed = config.federation
+    try:
+        client = connect(fed, timeout, limit=fed.max_agents_per_node * 70)
+    except Exception:  # noqa: BLE001 - no server, no package: nothing known
+        return {}
+    redis = redis_module()
+    keys = Keys(fed.team)
+    out = {}
+    try:
+        for key in client.scan_iter(match=keys.node_pattern, count=1000):
+            node = keys.node_name(key)
+            if not node or node == fed.node:
+                continue
+            try:
+                names = orjson.loads(client.hget(key, "agents") or b"[]")
+            except Exception:  # noqa: BLE001 - a node's entry that cannot be read names nobody
+                continue
+            for name in names if isinstance(names, list) else []:
+                if isinstance(name, str) and valid_agent(name) and name != SYSTEM:
+                    out.setdefault(name, node)
+    except redis.RedisError:
+        return out
+    finally:
+        client.close()
+    return out
+
+
+def probe(config, history, timeout=1.0):
+    """What `relay status` shows of the federation: the ledger's side (the daemon's link, what
+    waits to be published or acknowledged, what was received) and the server's, asked now
+    (reachable, the entries waiting in the streams this node sends and receives)."""
+    import orjson
+    from .keys import Keys
+    fed = config.federation
+    link = history.link()
+    out = history.outbound_counts()
+    doc = {"node": fed.node, "team": fed.team, "url": fed.shown_url,
+           "link": {"connected": bool(link["connected"]) if link else None,
+                    "since": link["since"] if link else None, "error": link["error"] if link else None},
+           "directory": {"read_at": link["directory_at"] if link else None,
+                         "error": link["directory_error"] if link else None},
+           "conflicts": orjson.loads(link["conflicts"]) if link and link["conflicts"] else [],
+           "outbound": out, "received": history.received_counts(),
+           "server": {"reachable": False, "error": None, "incoming": None}}
+    try:
+        client = connect(fed, timeout)
+    except Exception as e:  # noqa: BLE001 - the status shows why
+        doc["server"]["error"] = str(e)
+        return doc
+    redis = redis_module()
+    keys = Keys(fed.team)
+    try:
+        client.ping()
+        doc["server"]["reachable"] = True
+        nodes = sorted({n for n, _ in history.remote_agents().values()})
+        pipe = client.pipeline(transaction=False)
+        for n in nodes:
+            pipe.xlen(keys.messages(n, fed.node))
+        doc["server"]["incoming"] = sum(x for x in pipe.execute(raise_on_error=False) if isinstance(x, int))
+    except redis.RedisError as e:
+        doc["server"]["error"] = reason(e)
+    finally:
+        client.close()
+    return doc

@@ -1,0 +1,254 @@
+"""Publishing to other nodes, and knowing it arrived.
+
+    loop: T2 records the outbound row (and offers the message at once, routes.Router.offer)
+      -> publish: XADD to relay:{team}:from:<me>:to:<node>, the entry id recorded (published)
+      -> the receiving node delivers it durably, then XADDs its acknowledgement to
+         relay:{team}:from:<node>:ack:<me>
+      -> read_acks: the row is acknowledged (or refused, with the node's reason), and its entry
+         deleted from this node's stream (the stream holds only what waits for an acknowledgement)
+
+A published row whose acknowledgement does not come is published again (its old entry deleted
+first, if still there): at once when the server lost it (its stream shorter than what waits
+for an acknowledgement, or a new server run id: a restart without its data, a failover), and
+at its deadline (`ack_timeout`, doubled with each publish up to 10 minutes) when its node is
+alive. The receiver knows a message it already delivered by its id and content, and
+acknowledges it again without delivering it twice. A row whose recipients another node holds
+now (a node renamed, or one gone whose names another took) is rerouted there.
+"""
+import logging
+
+import orjson
+
+from ..work import backoff
+from .client import reason
+from .keys import Keys
+
+log = logging.getLogger(__name__)
+
+BATCH = 256                 # outbound rows per XADD pipeline
+RETRY_BASE = 0.5            # seconds before a failed publish is tried again, doubled each time ...
+RETRY_CAP = 30.0            # ... at most this (and at once when the link comes back)
+HELD = 4                    # bytes held in memory per byte of an envelope published (row, pipeline)
+ACK_BYTES = 1 << 20         # the largest acknowledgement entry read (a node's are a few KB)
+ACK_READ = 64               # acknowledgement entries per read and stream
+
+
+class Publisher:
+    """The sending half of the link (the publisher thread's, with its own ledger connection)."""
+
+    def __init__(self, config, client, acks_client, ledger, history, router, redis):
+        self.config = config
+        self.fed = config.federation
+        self.node = self.fed.node
+        self.keys = Keys(self.fed.team)
+        self.client = client
+        self.acks_client = acks_client      # a guarded client: no acknowledgement read past ACK_BYTES
+        self.ledger = ledger
+        self.history = history
+        self.router = router
+        self.redis = redis
+        self.early = {}                     # (message id, node) -> (entry id, when) published from an offer
+        self.cursors = {}                   # node -> last acknowledgement entry read from it
+        self.run_id = None                  # the server's, to know a restart or failover
+
+    def _xadd(self, entries):
+        """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry id
+        of each, or the error the server answered for that one."""
+        pipe = self.client.pipeline(transaction=False)
+        for mid, node, recipients, envelope in entries:
+            pipe.xadd(self.keys.messages(self.node, node), {"v": "2", "id": mid, "to": recipients, "env": envelope})
+        return [eid if isinstance(eid, Exception) else eid.decode() for eid in pipe.execute(raise_on_error=False)]
+
+    def publish_offered(self, now):
+        """Publish at once what the loop offered; the entry ids are recorded with the rows."""
+        offered = [(mid, node, orjson.dumps(names), envelope)
+                   for mid, node, names, envelope in (self.router.take(BATCH) if self.router is not None else [])]
+        if not offered:
+            return 0
+        ids = self._xadd(offered)       # RedisError: the rows are published from the ledger
+        self.early.update({(mid, node): (eid, now) for (mid, node, _, _), eid in zip(offered, ids, strict=True)
+                           if not isinstance(eid, Exception)})
+        if len(self.early) > 100 * BATCH:      # offers whose rows never came (a batch that failed): forgotten
+            self.early = {k: v for k, v in self.early.items() if now - v[1] < 600}
+        return len(offered)
+
+    def publish(self, now):
+        """Publish the outbound rows due now, record their entry ids. Returns (recorded, error)."""
+        error = None
+        try:
+            while self.publish_offered(now) >= BATCH:
+                pass
+        except self.redis.RedisError as e:
+            error = e
+        rows = self.history.outbound_due(now, BATCH, self.config.batch_bytes // HELD)
+        if not rows:
+            return 0, error
+        early, rest = [], []
+        for r in rows:
+            hit = self.early.pop((r["message_id"], r["node"]), None)
+            (rest.append(r) if hit is None else early.append((r, hit[0])))
+        try:
+            ids = self._xadd([(r["message_id"], r["node"], r["recipients"], r["envelope"]) for r in rest]) \
+                if rest else []
+        except self.redis.RedisError as e:
+            ids, error = [e] * len(rest), e
+        refused = {}
+        for r, eid in zip(rest, ids, strict=True):
+            if isinstance(eid, Exception):
+                refused.setdefault(reason(eid), []).append(r)
+        for why, failed in refused.items():
+            if error is None and any(r["attempts"] == 0 for r in failed):
+                log.error("federation: %s not published to node %s: %s; retrying", len(failed),
+                          ", ".join(sorted({r["node"] for r in failed})), why)
+            self.ledger.publish_failed(now, [(r["message_id"], r["node"], r["attempts"],
+                                              now + backoff(RETRY_BASE, r["attempts"], RETRY_CAP)) for r in failed], why)
+        done = [(r["message_id"], r["node"], eid) for r, eid in early + list(zip(rest, ids, strict=True))
+                if not isinstance(eid, Exception)]
+        if done:
+            self.ledger.published(now, done, self.fed.ack_timeout)
+            for mid, node, eid in done:
+                log.info("%s published to node %s as entry %s", mid, node, eid)
+        return len(done), error
+
+    # -- acknowledgements --------------------------------------------------------------------
+
+    def read_acks(self, now, nodes):
+        """Read what the other nodes acknowledged since the last read; record it and delete the
+        acknowledged entries from this node's streams. Returns the number of rows settled."""
+        nodes = sorted(n for n in nodes if n != self.node)
+        if not nodes:
+            return 0
+        streams = {self.keys.acks(n, self.node): self.cursors.get(n, "0-0") for n in nodes}
+        settled = 0
+        while True:
+            try:
+                reply = self.acks_client.xread(streams, count=ACK_READ)
+            except self.redis.RedisError:
+                raise
+            except Exception as e:      # ReplyTooLarge: a node wrote an acknowledgement too large to be one
+                log.error("federation: an acknowledgement stream holds an entry too large to read (%s); skipped", e)
+                self._skip_large(streams)
+                continue
+            if not reply:
+                return settled
+            deletions = {}
+            for key, entries in reply:
+                key = key.decode() if isinstance(key, bytes) else key
+                node = key.split(":from:", 1)[1].split(":ack:", 1)[0]
+                acks = []
+                for eid, fields in entries:
+                    acks.extend(_acks(fields))
+                    streams[key] = self.cursors[node] = eid.decode() if isinstance(eid, bytes) else eid
+                if acks:
+                    gone = self.ledger.acknowledged(now, node, acks)
+                    settled += len(gone)
+                    deletions.setdefault(node, []).extend(gone)
+            if deletions:
+                pipe = self.client.pipeline(transaction=False)
+                for node, gone in deletions.items():
+                    pipe.xdel(self.keys.messages(self.node, node), *gone)
+                pipe.execute(raise_on_error=False)     # an entry left there is acknowledged: known again
+
+    def _skip_large(self, streams):
+        """Move each cursor past the entries too large to read (their ids from XRANGE's count)."""
+        for key, cursor in list(streams.items()):
+            for eid, size in _sizes(self.client, key, cursor, ACK_READ):
+                if size > ACK_BYTES:
+                    streams[key] = eid
+                else:
+                    break
+
+    # -- what the server lost, and deadlines -------------------------------------------------
+
+    def check(self, now, alive):
+        """Publish again what the server no longer holds, and what is past its deadline while
+        its node is alive (`alive`: node -> bool). Returns the number of rows published again."""
+        info = self.client.info("server")
+        run_id = info.get("run_id")
+        again = []
+        if self.run_id is not None and run_id != self.run_id:
+            log.warning("federation: the server is another one now (run id %s, was %s: a restart or a failover); "
+                        "every message not yet acknowledged is published again", run_id, self.run_id)
+            again += [(r["message_id"], r["node"]) for n in self.history.unacknowledged()
+                      for r in self.history.waiting_for(n, 100_000)]
+        self.run_id = run_id
+        waiting = self.history.unacknowledged()
+        if waiting and not again:
+            pipe = self.client.pipeline(transaction=False)
+            nodes = sorted(waiting)
+            for n in nodes:
+                pipe.xlen(self.keys.messages(self.node, n))
+            for n, length in zip(nodes, pipe.execute(), strict=True):
+                if length < waiting[n]:
+                    log.warning("federation: the stream to node %s holds %d entries where %d wait for its "
+                                "acknowledgement: the server lost some; they are published again", n, length, waiting[n])
+                    again += [(r["message_id"], r["node"]) for r in self.history.waiting_for(n, 100_000)]
+        if again:
+            self._again(now, again, "the server lost it")
+        late = [(r["message_id"], r["node"]) for r in self.history.overdue(now, BATCH) if alive.get(r["node"])]
+        if late:
+            log.warning("federation: %d messages not acknowledged by their node in time; published again", len(late))
+            self._again(now, late, "no acknowledgement by its deadline")
+        return len(again) + len(late)
+
+    def _again(self, now, rows, why):
+        by_node = {}
+        for node, eid in self.ledger.republish(now, rows, why):
+            by_node.setdefault(node, []).append(eid)
+        pipe = self.client.pipeline(transaction=False)
+        for node, eids in by_node.items():
+            eids = [e for e in eids if e]
+            if eids:
+                pipe.xdel(self.keys.messages(self.node, node), *eids)
+        pipe.execute(raise_on_error=False)
+
+    def reroute(self, now, routes, alive):
+        """Rows waiting for a node that no longer holds their recipients, while another does."""
+        moves = []
+        for node in self.history.waiting_nodes():
+            if alive.get(node):
+                continue
+            for r in self.history.waiting_for(node, BATCH):
+                names = orjson.loads(r["recipients"])
+                new = {routes.get(n) for n in names}
+                if len(new) == 1 and None not in new and node not in new:
+                    moves.append((r["message_id"], node, new.pop(), r["recipients"]))
+        if moves:
+            self.ledger.reroute(now, moves)
+            log.warning("federation: %d messages for agents now on other nodes are sent there", len(moves))
+        return len(moves)
+
+
+def _acks(fields):
+    """(message id, refusal or None) of one acknowledgement entry; nothing for a malformed one."""
+    raw = fields.get(b"acks") if isinstance(fields, dict) else None
+    try:
+        items = orjson.loads(raw) if raw is not None else []
+    except orjson.JSONDecodeError:
+        return []
+    out = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, list) and item and isinstance(item[0], str):
+            refusal = item[1] if len(item) > 1 and isinstance(item[1], str) else None
+            out.append((item[0], refusal[:500] if refusal else None))
+    return out
+
+
+SIZES = """
+local out = {}
+local entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
+for _, e in ipairs(entries) do
+  local size = 0
+  for _, v in ipairs(e[2]) do size = size + #v end
+  table.insert(out, {e[1], size})
+end
+return out
+"""
+
+
+def _sizes(client, key, after, count):
+    """(entry id, bytes) of up to `count` entries of a stream after `after`, counted by the
+    server: nothing of an entry is read but its id and size."""
+    start = "(" + after if after not in ("0", "0-0") else "-"
+    reply = client.eval(SIZES, 1, key, start, count)
+    return [(eid.decode() if isinstance(eid, bytes) else eid, int(size)) for eid, size in reply]

@@ -1,0 +1,504 @@
+"""Receiving from the team: the streams addressed to this node, read with a cursor each.
+
+    XREAD of relay:{team}:from:<node>:to:<me> for every node of the team (blocking in the
+    daemon), through a client that reads no entry past its size bound (client.py)
+      -> each entry checked (read_entry): the sending node is the key's, the sender must be an
+         agent the directory gives to that node (never one of this node's own), the recipients
+         agents of this node
+      -> envelopes written into the local inboxes by the same idempotent Maildir write as local
+         deliveries (inbox.py), synced
+      -> one ledger transaction: each message a row (from node, entry id, the sender's id) and
+         its id kept in received_ids, each refused entry a failed row with its reason
+      -> the acknowledgement XADDed to relay:{team}:from:<me>:ack:<node>: delivered, or refused
+         with why (the sender then deletes the entry; this node writes nothing of another's)
+
+A message id already received (kept past the retention sweep, for REPLAY_WINDOW) is
+acknowledged again and not delivered again; an id older than the window is refused. An entry
+whose delivery keeps failing is tried again on its own (XRANGE of its id) and never holds back
+the entries behind it; after `retry_period` it is refused with the reason. An entry over the
+size bound is refused from its size alone, counted by the server (publisher._sizes).
+"""
+import collections
+import datetime
+import hashlib
+import logging
+import re
+
+import orjson
+
+from .. import flow
+from ..config import SYSTEM
+from ..errors import DurabilityError, MessageRefused
+from ..fs import shown
+from ..history import History
+from ..ids import IdGenerator, id_time
+from ..inbox import Inbox
+from ..layout import Layout, fit, is_inside, valid_agent, valid_id
+from ..ledger import Ledger
+from ..message import CONTROL_KEYS, MAX_RECIPIENTS
+from ..sync import Syncer
+from ..work import Work, backoff
+from .client import ReplyTooLarge, reason
+from .keys import Keys
+from .publisher import _sizes
+
+log = logging.getLogger(__name__)
+
+BATCH = 256                 # entries per read at most ...
+FIRST_READ = 8              # ... and at first, doubled each read while entries are small (batch_bytes)
+HELD = 4                    # bytes held in memory per byte of an entry read (parsed, written again)
+RETRY_BASE = 0.5            # seconds before an entry not yet delivered is tried again, doubled ...
+RETRY_CAP = 1.0             # ... at most this while the server answers
+REPLAY_WINDOW = 30 * 86400.0    # received ids are kept this long; an entry with an older id is refused
+ACK_KEEP = 3600.0           # seconds an acknowledgement stays in this node's stream for its sender
+HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+REPEAT = "repeat"           # the verdict on a message received before
+# What flow control and hooks read of a received message (a local one has its parsed Message).
+Remote = collections.namedtuple("Remote", "to kind thread subject")
+TEXT_FIELDS = ("kind", "thread", "subject", "sent_at", "relayed_at", "source")
+
+
+def entry_limit(config):
+    """The largest entry this node reads: its body at most max_body_bytes, JSON-escaped (6x),
+    plus the rest of the envelope."""
+    return 6 * config.max_body_bytes + (2 << 20)
+
+
+class Incoming:
+    """The receiving half of the link, with its own ledger connection, confined file system and
+    syncer (it runs on its own thread beside the relay's loop). `nodes()` gives the team's
+    nodes and `routes()` the directory as last resolved ({agent: node}, and the set of names in
+    conflict); `on_name()` asks for the directory to be read again now."""
+
+    def __init__(self, config, client, clock, hooks=None, nodes=None, routes=None, on_name=None):
+        self.config = config
+        self.fed = config.federation
+        self.keys = Keys(self.fed.team)
+        self.node = self.fed.node
+        self.client = client
+        self.clock = clock
+        self.hooks = hooks          # on_deliver, queued once a delivery is recorded (hooks.py)
+        self.nodes = nodes or (lambda: [])
+        self.routes = routes or (lambda: ({}, set()))
+        self.on_name = on_name or (lambda: None)
+        self._lists = {}            # node -> its list of names read in this batch (a name not yet resolved)
+        import redis
+        self.redis = redis
+        self.layout = Layout(config.root, config.state_dir).create()
+        self.syncer = Syncer(config.durability, self.layout.fs)
+        self.inbox = Inbox(self.layout, self.syncer)
+        self.ledger = Ledger(self.layout.ledger, durability=config.durability)
+        self.history = History(self.ledger)
+        self.ids = IdGenerator()
+        self.flow = flow.FlowControl(self.layout, self.history, self.inbox)     # this node's own limits
+        self.cursors = {}           # node -> the last entry id read from its stream to this node
+        self.failures = 0           # steps failed in a row (the server)
+        self.paused = None          # why this node's streams are not read now (another relay holds the name)
+        self.retry = {}             # (node, entry id) -> (first failure, next try): read again on their own
+        self.count = FIRST_READ     # entries the next read asks for (_fit)
+        self.acks = {}              # node -> [[message id, refusal or None]] to acknowledge
+        self.last_error = None
+
+    def close(self):
+        try:
+            self.acknowledge()
+        except self.redis.RedisError:
+            pass                    # the sender publishes them again, and they are known
+        self.client.close()
+        self.ledger.close()
+        self.syncer.close()
+        self.layout.close()
+
+    def pause(self):
+        return backoff(RETRY_BASE, self.failures - 1, RETRY_CAP)
+
+    def reset(self):
+        """Read every stream from its start again (a server restarted without its data, or a
+        failover: entry ids may have gone back). What was delivered is known by its id."""
+        self.cursors = {}
+
+    def step(self, now, block_ms=None):
+        """Acknowledge what was handled, retry what is due, then read and handle what waits
+        (waiting up to `block_ms` for it). Returns the number of entries handled."""
+        if self.paused:
+            return 0
+        handled = 0
+        try:
+            self.acknowledge()
+            handled += self._retry(now)
+            streams = {self.keys.messages(n, self.node): self.cursors.get(n, "0-0")
+                       for n in sorted(self.nodes()) if n != self.node}
+            if not streams:
+                return handled
+            entries = self._read(streams, block_ms)
+            handled += self.handle(entries, self.clock() if block_ms else now)
+            if block_ms is None:
+                self.acknowledge()
+        except self.redis.RedisError as e:
+            self._failed(e)
+            return handled
+        if self.failures:
+            log.info("federation: reading this node's streams again")
+        self.failures = 0
+        self.last_error = None
+        return handled
+
+    def _failed(self, error):
+        why = reason(error)
+        if why != self.last_error:
+            log.error("federation: cannot read the streams to this node: %s; trying again", why)
+        self.last_error = why
+        self.failures += 1
+
+    def _read(self, streams, block_ms):
+        """[(node, entry id, fields)] read after the cursors; an entry over the size bound is
+        refused from its size (the server counts it) and its cursor moved past it."""
+        try:
+            reply = self.client.xread(streams, count=self.count, block=block_ms)
+        except ReplyTooLarge:
+            return self._read_sized(streams)
+        out = []
+        for key, entries in reply or []:
+            node = self._node_of(key)
+            for eid, fields in entries:
+                out.append((node, eid.decode() if isinstance(eid, bytes) else eid, fields))
+        self._fit(out)
+        return out
+
+    def _node_of(self, key):
+        key = key.decode() if isinstance(key, bytes) else key
+        return key[len(self.keys.prefix + "from:"):].split(":to:", 1)[0]
+
+    def _read_sized(self, streams):
+        """After a reply too large to read: each stream's next entries by their sizes, those
+        within the bound read one by one, the others refused from their size."""
+        limit, out = entry_limit(self.config), []
+        self.count = 1
+        for key, cursor in streams.items():
+            node = self._node_of(key)
+            for eid, size in _sizes(self.client, key, cursor, FIRST_READ):
+                if size > limit:
+                    out.append((node, eid, {"oversize": size}))
+                    continue
+                try:
+                    got = self.client.xrange(key, eid, eid)
+                except ReplyTooLarge as e:     # grew meanwhile? it cannot: entries never change
+                    out.append((node, eid, {"oversize": e.size}))
+                    continue
+                out.extend((node, eid, fields) for _, fields in got)
+        return out
+
+    def _retry(self, now):
+        """Entries whose delivery failed before, read again on their own when due."""
+        due = [(node, eid) for (node, eid), (_, at) in self.retry.items() if at <= now]
+        if not due:
+            return 0
+        entries = []
+        for node, eid in due:
+            try:
+                got = self.client.xrange(self.keys.messages(node, self.node), eid, eid)
+            except ReplyTooLarge as e:
+                got = [(eid, {"oversize": e.size})]
+            if not got:             # gone: its sender deleted or republished it
+                self.retry.pop((node, eid), None)
+                continue
+            entries.extend((node, eid, fields) for _, fields in got)
+        return self.handle(entries, now, again=True)
+
+    def acknowledge(self):
+        """XADD the acknowledgements of what was handled (recorded in the ledger). One lost (a
+        crash, the server away) only makes the sender publish again, which this node knows."""
+        if not self.acks:
+            return
+        minid = int((self.clock() - ACK_KEEP) * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        nodes = sorted(self.acks)
+        for node in nodes:
+            pipe.xadd(self.keys.acks(self.node, node), {"acks": orjson.dumps(self.acks[node])},
+                      minid=minid, approximate=True)
+        results = pipe.execute(raise_on_error=False)
+        for node, result in zip(nodes, results, strict=True):
+            if not isinstance(result, Exception):
+                del self.acks[node]
+            elif "OOM" in str(result):
+                log.error("federation: the server refuses the acknowledgements to node %s (%s)", node, reason(result))
+        if self.acks:
+            raise next(r for r in results if isinstance(r, Exception))
+
+    def _fit(self, entries):
+        """The next read's size: doubled up to BATCH while the largest entry read, times what
+        handling one holds in memory, fits batch_bytes that many times; fewer otherwise."""
+        if not entries:
+            return
+        largest = max(sum(len(k) + len(v) for k, v in f.items()) if f else 0 for _, _, f in entries)
+        fits = self.config.batch_bytes // max(1, HELD * largest)
+        self.count = max(1, min(BATCH, 2 * self.count, fits))
+
+    # -- one batch --------------------------------------------------------------------------
+
+    def handle(self, entries, now, again=False):
+        """Deliver, record and acknowledge a batch of (node, entry id, fields); return how many
+        were handled."""
+        if not entries:
+            return 0
+        self.layout.fs.forget()     # walk from the top again: a directory may have been swapped since
+        self._lists = {}
+        local = self.layout.agent_names(self.config.agents)
+        works, refused, seen, repeats = [], [], {}, []      # seen: id -> sha256 of the original, in this read
+        ids = [_text(f.get(b"id")) for _, _, f in entries if f]
+        before = self.history.received_before([i for i in ids if i and valid_id(i)])
+        known = set(ids) - self.history.unknown([i for i in ids if i])     # ids this ledger holds already
+        for node, eid, fields in entries:
+            if not again:
+                self.cursors[node] = eid
+            try:
+                w, item = read_entry(node, eid, fields, local, self.config)
+                why = self._sender(w.sender, node, local)
+                if why:
+                    raise MessageRefused(why)
+                if now - id_time(w.id) > REPLAY_WINDOW and w.id not in before:
+                    raise MessageRefused(f"message id {w.id} is older than the replay window "
+                                         f"({REPLAY_WINDOW / 86400:.0f} days); refused")
+            except Exception as e:  # noqa: BLE001 - whatever an entry holds, it is refused, never fatal
+                if not isinstance(e, MessageRefused):
+                    e = MessageRefused(f"unreadable entry ({type(e).__name__}: {str(e)[:200]})")
+                mid = _text(fields.get(b"id")) if isinstance(fields, dict) else None
+                sender = _sender_of(fields)
+                refused.append((self.ids.new(now), sender or "?", f"entry {eid}", node, eid, str(e)))
+                log.error("federation: entry %s from node %s refused: %s", eid, node, e)
+                self._ack(node, mid, str(e), eid)
+                continue
+            w.thorough = True       # looked for in the inboxes first: a crash may have written it
+            verdict = self._verdict(w, node, before.get(w.id), self.history.get(w.id) if w.id in known else None, seen)
+            if verdict == REPEAT:
+                log.info("%s from node %s (entry %s) was received before: acknowledged again, not delivered again",
+                         w.id, node, eid)
+                repeats.append((node, w.id, eid))
+                continue
+            if verdict is not None:
+                refused.append((self.ids.new(now), item["sender"], item["name"], node, eid, verdict))
+                log.error("federation: entry %s from node %s refused: %s", eid, node, verdict)
+                self._ack(node, w.id, verdict, eid)
+                continue
+            seen[w.id] = w.sha256
+            works.append((w, item))
+        for node, mid, eid in repeats:
+            self._ack(node, mid, None, eid)
+        works, shed = self._admit(works, now)
+        done, gave_up = self._deliver(works, now)
+        failed = [dict(item, got=w.got, error=why) for w, item, why in gave_up + shed]
+        sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed) for w, _, *_ in done + shed for r, s in w.shed.items()]
+        if done or refused or failed:
+            self.ledger.received(now, [dict(item, got=w.got) for w, item in done], refused, sheds, failed)
+            self.flow.commit([w for w, _ in done], now, self.config)
+            if self.hooks is not None:
+                self.hooks.delivered([w for w, _ in done] + [w for w, _, _ in gave_up])
+            for w, item in done:
+                log.info("%s received from %s on node %s (entry %s), delivered to %s", w.id, item["sender"],
+                         item["node"], item["entry_id"], ",".join(sorted(w.got)))
+                flow.logged(w)
+        for w, item in done:
+            self._ack(item["node"], w.id, None, item["entry_id"])
+        for m in failed:
+            self._ack(m["node"], m["id"], m["error"], m["entry_id"])
+        return len(entries)
+
+    def _holds(self, agent, node):
+        """Whether the directory gives `agent` to `node`: True, False, or None (not known). A
+        name this node has not resolved yet (announced since its last read) is looked up in the
+        node's own entry, now."""
+        routes, ambiguous = self.routes()
+        if agent in routes:
+            return routes[agent] == node
+        if agent in ambiguous:
+            return False
+        if node not in self._lists:
+            try:
+                listed = self.client.hget(self.keys.node(node), "agents")
+                names = orjson.loads(listed) if listed else []
+            except (orjson.JSONDecodeError, ReplyTooLarge):
+                names = []
+            self._lists[node] = set(names) if isinstance(names, list) and \
+                len(names) <= self.fed.max_agents_per_node else set()
+            self.on_name()
+        return True if agent in self._lists[node] else None
+
+    def _ack(self, node, mid, refusal, eid):
+        self.retry.pop((node, eid), None)
+        if mid and valid_id(mid):
+            self.acks.setdefault(node, []).append([mid, refusal[:500]] if refusal else [mid])
+
+    def _sender(self, sender, node, local):
+        """Why `sender` cannot speak through `node`'s stream, or None when it can."""
+        if sender in local:
+            return f"the sender {sender} is an agent of this node ({self.node}); node {node} cannot speak for it"
+        holds = self._holds(sender, node)
+        if holds is False:
+            return f"the sender {sender} is not an agent of node {node} in the team's directory"
+        if holds is None:
+            return f"the sender {sender} is not in the team's directory (node {node} has not announced it)"
+        return None
+
+    def _verdict(self, w, node, before, row, seen):
+        """REPEAT for a message received before from the same node (a publish repeated: the same
+        id and original), None for one to deliver, else why the entry is refused: an id this node
+        knows for another message (a local one, another node's, another original), or one a
+        recipient holds for another message."""
+        if w.id in seen:
+            if seen[w.id] == w.sha256:
+                return REPEAT
+            return f"message id {w.id} came twice in one read with other content (sha256 of the original); refused"
+        if before is not None:
+            if before == (node, w.sha256):
+                return REPEAT
+            return (f"message id {w.id} was received before from node {before[0]} with "
+                    f"{'other content' if before[0] == node else 'this or other content'}; refused")
+        if row is not None:
+            return f"message id {w.id} is already a message of this node; refused"
+        for r in w.recipients:
+            if self.inbox.taken(r, w.id, w.sha256, partial_is_ours=w.thorough):
+                return (f"message id {w.id} is held by another message in the inbox of {r} (one this node's "
+                        "ledger no longer lists); refused, so that it is not replaced")
+        return None
+
+    def _admit(self, works, now):
+        """This node's own shedding limits (flow.py: queue_limit, per_pair_rate, an archived
+        recipient) on the messages about to be delivered. Returns the (work, item) to deliver
+        (each shed recipient in its `shed`) and the (work, item, reason) shed for every recipient."""
+        if not works:
+            return works, []
+        self.flow.admit([w for w, _ in works], now, self.config, self.history.archived_agents(), {}, senders=False)
+        shed = [(w, item, w.refused) for w, item in works if w.refused]
+        for w, item, why in shed:
+            log.error("%s from node %s: %s", w.id, item["node"], why)
+        return [(w, item) for w, item in works if not w.refused], shed
+
+    def _deliver(self, works, now):
+        """The Maildir writes, then one sync. Returns the (work, item) delivered to every
+        recipient, and the (work, item, reason) given up: an fsync error (never retried into
+        success), or a recipient still failing after `retry_period` (a local fault, as for a
+        local message). The others are tried again on their own (self.retry), without holding
+        back the entries behind them."""
+        if not works:
+            return [], []
+        batch = [w for w, _ in works]
+        linked = self.inbox.deliver(batch)     # a few envelopes are fsynced, more by syncfs (sync.py)
+        try:
+            self.syncer.flush("inbox new/ (received)")
+        except DurabilityError as e:
+            self.inbox.unlink(linked, e)
+        done, gave_up = [], []
+        for w, item in works:
+            key = (item["node"], item["entry_id"])
+            if w.complete:
+                done.append((w, item))
+                continue
+            since, _ = self.retry.get(key, (now, None))
+            missed = "; ".join(f"not delivered to {r}: {e}" for r, e in sorted(w.missed.items()))
+            fsync_failed = any(isinstance(e, DurabilityError) for e in w.missed.values())
+            if now - since >= self.config.retry_period or fsync_failed:
+                why = f"gave up after {now - since:.0f}s: {missed}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
+                gave_up.append((w, item, why))
+                log.error("%s from node %s: %s", w.id, item["node"], why)
+            else:
+                tries = len(self.retry)
+                self.retry[key] = (since, now + backoff(RETRY_BASE, min(tries, 6), 30.0))
+                log.warning("%s from node %s: %s; tried again shortly", w.id, item["node"], missed)
+        return done, gave_up
+
+
+def _text(value):
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError:
+        return None
+
+
+def _when(text):
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except (AttributeError, ValueError, OverflowError):
+        return None
+
+
+def _sender_of(fields):
+    """The sender an entry names, for the record of its refusal (never trusted)."""
+    try:
+        sender = orjson.loads(fields.get(b"env") or b"{}").get("from")
+    except (orjson.JSONDecodeError, AttributeError, TypeError):
+        return None
+    return sender if isinstance(sender, str) and valid_agent(sender) else None
+
+
+def read_entry(node, eid, fields, local, config):
+    """(Work, item) of a well-formed entry for this node's agents, sent by `node` (the stream's);
+    MessageRefused saying what is wrong otherwise. Nothing in the entry is trusted: every field
+    is checked, and the envelope the inboxes get is made again from the checked fields."""
+    if not isinstance(fields, dict):
+        raise MessageRefused("the entry has no fields")
+    fields = {(k.decode("utf-8", "replace") if isinstance(k, bytes) else k): v for k, v in fields.items()}
+    limit = entry_limit(config)
+    if "oversize" in fields:
+        raise MessageRefused(f"the entry is {fields['oversize']} bytes, over what this node reads ({limit} bytes)")
+    if _text(fields.get("v")) != "2":
+        raise MessageRefused(f"not a relay entry of version 2 (v={shown(str(fields.get('v')))[:20]})")
+    mid = _text(fields.get("id"))
+    if not mid or not valid_id(mid):
+        raise MessageRefused(f"{shown(str(mid))[:40]!r} is not a relay message id")
+    raw = fields.get("env")
+    if not isinstance(raw, bytes) or len(raw) > limit:
+        raise MessageRefused(f"the envelope is missing or larger than this node accepts ({limit} bytes)")
+    try:
+        doc = orjson.loads(raw)
+        to_here = orjson.loads(fields.get("to") or b"null")
+    except orjson.JSONDecodeError as e:
+        raise MessageRefused(f"the envelope or its recipients are not JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("id") != mid:
+        raise MessageRefused("the envelope is not an object with the entry's message id")
+    sender = doc.get("from")
+    if not isinstance(sender, str) or not valid_agent(sender) or sender == SYSTEM:
+        raise MessageRefused(f"the sender {shown(str(sender))[:70]!r} is not an agent name")
+    if not isinstance(to_here, list) or not to_here or len(to_here) > MAX_RECIPIENTS or \
+            not all(isinstance(r, str) and valid_agent(r) for r in to_here):
+        raise MessageRefused("the recipients are not a list of agent names")
+    body = doc.get("body")
+    if not isinstance(body, str):
+        raise MessageRefused("the body is not text")
+    size = len(body.encode("utf-8", "surrogatepass"))
+    if size > config.max_body_bytes:
+        raise MessageRefused(f"the body is {size} bytes, over this node's max_body_bytes ({config.max_body_bytes})")
+    sha = doc.get("sha256")
+    if not isinstance(sha, str) or not HEX64.match(sha):
+        raise MessageRefused("the envelope has no sha256 of the original")
+    for key in TEXT_FIELDS + CONTROL_KEYS:
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            raise MessageRefused(f"'{key}' is not text")
+    if not isinstance(doc.get("headers", {}), dict) or not isinstance(doc.get("to", []), list):
+        raise MessageRefused("'headers' or 'to' has the wrong type")
+    if doc.get("cwd") is not None and not is_inside(config.root / doc["cwd"], config.root):
+        raise MessageRefused(f"CWD {doc['cwd'][:100]!r} is outside this node's project root")
+    mine = [r for r in dict.fromkeys(to_here) if r in local and r != SYSTEM]
+    if not mine:
+        raise MessageRefused(f"none of {', '.join(to_here[:10])} is an agent of node {config.federation.node}")
+    others = [r for r in to_here if r not in mine]
+    envelope = {k: doc.get(k) for k in ("id", "from", "to", "kind", "thread", "subject", "body", "headers",
+                                         "sent_at", "relayed_at", "source", "sha256")}
+    envelope.update({k: doc[k] for k in CONTROL_KEYS if doc.get(k) is not None})
+    envelope["node"] = node
+    try:
+        data = orjson.dumps(envelope)
+    except TypeError as e:
+        raise MessageRefused(f"the envelope cannot be written again: {e}") from None
+    w = Work(id=mid, sender=sender, name=fit(shown(doc.get("source") or "remote")), archive_rel=None, retries=0,
+             thorough=True, sha256=sha, recipients=mine, envelope=data,
+             envelope_sha256=hashlib.sha256(data).hexdigest(),
+             message=Remote([t for t in envelope["to"] or [] if isinstance(t, str)], doc.get("kind"),
+                            doc.get("thread"), doc.get("subject")))
+    item = {"id": mid, "sender": sender, "name": w.name, "node": node, "entry_id": eid, "recipients": mine,
+            "kind": doc.get("kind"), "thread": doc.get("thread"), "subject": doc.get("subject"), "body": body,
+            "headers": orjson.dumps(doc.get("headers") or {}).decode(), "sha256": sha,
+            "sent_at": _when(doc.get("sent_at")),
+            "note": f"not agents of this node: {', '.join(others[:10])}" if others else None}
+    return w, item
