@@ -143,7 +143,10 @@ def show(ctx, message_id, as_json):
             out_json({**views.record(row), "body": body, "headers": views.headers(row),
                       "remote": [{"node": o["node"], "recipients": orjson.loads(o["recipients"]), "status": o["status"],
                                   "entry_id": o["entry_id"], "published_at": views.when(o["published_at"]),
-                                  "attempts": o["attempts"], "error": o["error"]} for o in remote],
+                                  "acknowledged_at": views.when(o["acked_at"]),
+                                  "ack_deadline": views.when(o["ack_deadline"]),
+                                  "attempts": o["attempts"], "error": o["error"],
+                                  "state": views.remote_state(o)} for o in remote],
                       "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),
                                       "inbox_path": paths.get(d["recipient"])} for d in deliveries],
                       "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
@@ -182,6 +185,19 @@ def verify(ctx, as_json):
             + f"; chain head {seq}:{head[:16]}")
 
 
+def federation_problems(fed, link):
+    """What doctor says of the federation: a directory that cannot be read (and why), a link
+    down, a URL that switches TLS verification off."""
+    from .fedconfig import warnings
+    out = [views.plain(w) for w in warnings(fed)]
+    if link is not None and link["directory_error"]:
+        out.append(f"federation: the team's directory cannot be read: {views.plain(link['directory_error'])}; "
+                   "messages to names this node does not know wait, then fail")
+    if link is not None and not link["connected"] and link["error"]:
+        out.append(f"federation: the link to the server is down: {views.plain(link['error'])}")
+    return out
+
+
 @main.command()
 @click.option("--quick", is_flag=True, help="Skip verify's checks (re-hashing archive files and envelopes, "
               "the hash chain); the summary says they were not run.")
@@ -196,6 +212,8 @@ def doctor(ctx, quick, as_json):
     with ctx.reader() as led:
         problems, facts = operator.doctor(led, ctx.layout, pid, configured=ctx.cfg.durability, quick=quick)
         migrations = led.migrations()
+        if ctx.cfg.federation:
+            problems += federation_problems(ctx.cfg.federation, led.link())
     verified = ("verify's checks not run (--quick): archive files and envelopes not re-hashed, hash chain "
                 "not walked; run `relay verify`") if quick else f"verified {facts['verified']} archived message(s)"
     if not as_json:

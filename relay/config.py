@@ -382,6 +382,7 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     if fed is not None:
         try:
             values["federation"] = fedconfig.parse(fed, root, parse_duration)
+            notes.extend(fedconfig.warnings(values["federation"]))
         except ValueError as e:
             error = ConfigError(f"bad value for 'federation' in {' + '.join(dict.fromkeys(sources))}: {e}")
             if warnings is None:

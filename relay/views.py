@@ -166,9 +166,7 @@ def show(row, deliveries, events, paths, body, remote=(), sheds=()):
         out.append("other nodes:")
         for o in remote:
             names = ", ".join(orjson.loads(o["recipients"]))
-            state = (f"published {iso(o['published_at'])} as entry {o['entry_id']}" if o["status"] == "published"
-                     else f"waiting for the server (attempt {o['attempts']}): {o['error'] or 'not tried yet'}")
-            out.append(f"  {names} @ {o['node']:<14} {state}")
+            out.append(f"  {plain(names)} @ {plain(o['node']):<14} {remote_state(o)}")
     if sheds:
         out.append("shed (not delivered to):")
         for s in sheds:
@@ -183,6 +181,19 @@ def show(row, deliveries, events, paths, body, remote=(), sheds=()):
     out.append("body:")
     out.append(body if body is not None else "  (not recorded)")
     return "\n".join(out)
+
+
+def remote_state(o):
+    """Where one outbound row stands: acknowledged by its node, refused by it, waiting for its
+    acknowledgement since when, or waiting to be published."""
+    if o["status"] == "acknowledged":
+        return f"acknowledged by node {plain(o['node'])} {iso(o['acked_at'])} (published as entry {o['entry_id']})"
+    if o["status"] == "refused":
+        return f"refused by node {plain(o['node'])} {iso(o['acked_at'])}: {plain(o['error'] or '')}"
+    if o["status"] == "published":
+        return (f"published {iso(o['published_at'])} as entry {o['entry_id']}, waiting for node "
+                f"{plain(o['node'])} to acknowledge it (published again after {iso(o['ack_deadline'])})")
+    return f"waiting for the server (attempt {o['attempts']}): {plain(o['error'] or 'not tried yet')}"
 
 
 def message_text(m, number=1, total=1):
@@ -207,7 +218,7 @@ def body_text(body):
 
 def federation(doc, running, now):
     """The federation lines of `relay status` (federation.probe's document)."""
-    link, server, out = doc["link"], doc["server"], doc["outbound"]
+    link, server, out, directory = doc["link"], doc["server"], doc["outbound"], doc["directory"]
     if not running:
         state = "daemon not running"
     elif link["connected"] is None:
@@ -215,19 +226,28 @@ def federation(doc, running, now):
     else:
         state = f"{'connected' if link['connected'] else 'DISCONNECTED'} since {when(link['since'])}" + (
             f" ({plain(link['error'])})" if link["error"] else "")
-    lines = [f"federation node {doc['node']} of team {doc['team']} at {doc['url']}", f"  link       {state}"]
+    lines = [f"federation node {plain(doc['node'])} of team {plain(doc['team'])} at {plain(doc['url'])}",
+             f"  link       {state}"]
+    if directory["error"]:
+        lines.append(f"  directory  CANNOT BE READ: {plain(directory['error'])}; names this node does not know wait")
+    elif directory["read_at"]:
+        lines.append(f"  directory  read {max(0.0, now - directory['read_at']):.1f}s ago")
     if server["reachable"] and server["error"]:
         lines.append(f"  server     reachable, but: {plain(server['error'])}")
     elif server["reachable"]:
-        lines.append(f"  server     reachable; this node's stream: {server['stream_length']} entries, lag "
-                     f"{server['lag'] if server['lag'] is not None else '?'}, {server['unacknowledged'] or 0} unacknowledged")
+        lines.append(f"  server     reachable; {server['incoming'] or 0} entries wait to be read by this node")
     else:
         lines.append(f"  server     unreachable: {plain(server['error'])}")
     waiting = f", oldest {now - out['oldest_pending_at']:.1f}s" if out["oldest_pending_at"] else ""
-    lines.append(f"  outbound   {out['pending']} waiting to be published{waiting}, {out['published']} published")
+    lines.append(f"  outbound   {out['pending']} waiting to be published{waiting}, {out['published']} waiting for "
+                 f"their node's acknowledgement, {out['acknowledged']} acknowledged, {out['refused']} refused")
+    for node, w in out["by_node"].items():
+        age = now - w["oldest_at"] if w["oldest_at"] else 0.0
+        warn = "  WARNING: unacknowledged for long" if age > doc.get("ack_warn", 300.0) else ""
+        lines.append(f"    {plain(node):<20} {w['waiting']} unacknowledged, oldest {age:.1f}s{warn}")
     lines.append(f"  received   {doc['received']['delivered']} delivered, {doc['received']['refused']} refused")
     for name, other in doc["conflicts"]:
-        lines.append(f"  CONFLICT   agent {name} is on node {other} too: it stays local here; rename one of them")
+        lines.append(f"  CONFLICT   agent {plain(name)} is also listed by node {plain(other)}: rename one of them")
     return "\n".join(lines)
 
 

@@ -327,7 +327,7 @@ def probe(config, history, timeout=1.0):
     fed = config.federation
     link = history.link()
     out = history.outbound_counts()
-    doc = {"node": fed.node, "team": fed.team, "url": fed.shown_url,
+    doc = {"node": fed.node, "team": fed.team, "url": fed.shown_url, "ack_warn": max(60.0, 4 * fed.ack_timeout),
            "link": {"connected": bool(link["connected"]) if link else None,
                     "since": link["since"] if link else None, "error": link["error"] if link else None},
            "directory": {"read_at": link["directory_at"] if link else None,

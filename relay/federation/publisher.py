@@ -234,7 +234,7 @@ def _acks(fields):
     return out
 
 
-SIZES = """
+SIZES = """#!lua flags=no-writes
 local out = {}
 local entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
 for _, e in ipairs(entries) do
@@ -250,5 +250,5 @@ def _sizes(client, key, after, count):
     """(entry id, bytes) of up to `count` entries of a stream after `after`, counted by the
     server: nothing of an entry is read but its id and size."""
     start = "(" + after if after not in ("0", "0-0") else "-"
-    reply = client.eval(SIZES, 1, key, start, count)
+    reply = client.eval_ro(SIZES, 1, key, start, count)
     return [(eid.decode() if isinstance(eid, bytes) else eid, int(size)) for eid, size in reply]

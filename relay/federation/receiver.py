@@ -423,6 +423,14 @@ def _when(text):
         return None
 
 
+def source_name(source):
+    """The name a received message is recorded under: the sender's file name as a plain name
+    (no path, no control character), or "remote"."""
+    name = shown(str(source or "")).replace("/", "_").replace("\0", "_")
+    name = fit(name)
+    return name if name not in ("", ".", "..") else "remote"
+
+
 def _sender_of(fields):
     """The sender an entry names, for the record of its refusal (never trusted)."""
     try:
@@ -491,7 +499,7 @@ def read_entry(node, eid, fields, local, config):
         data = orjson.dumps(envelope)
     except TypeError as e:
         raise MessageRefused(f"the envelope cannot be written again: {e}") from None
-    w = Work(id=mid, sender=sender, name=fit(shown(doc.get("source") or "remote")), archive_rel=None, retries=0,
+    w = Work(id=mid, sender=sender, name=source_name(doc.get("source")), archive_rel=None, retries=0,
              thorough=True, sha256=sha, recipients=mine, envelope=data,
              envelope_sha256=hashlib.sha256(data).hexdigest(),
              message=Remote([t for t in envelope["to"] or [] if isinstance(t, str)], doc.get("kind"),

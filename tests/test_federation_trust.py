@@ -1,0 +1,237 @@
+"""A hostile node holding only its own credentials (one ACL user per node, as `relay federation
+acl` prints them), against a real redis-server: what it may write, what it cannot, and what the
+honest nodes refuse of what it writes. Each attack fails with NOPERM from the server or with a
+refusal whose reason is recorded; nothing is lost."""
+import shlex
+import uuid
+
+import orjson
+import pytest
+
+from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange
+from relay.federation.keys import Keys, acl
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if REDIS_SERVER is None:
+        pytest.skip(MISSING)
+    s = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def team():
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+def admin(server):
+    import redis
+    return redis.Redis.from_url(server.url)
+
+
+def user_url(server, team, node):
+    """The node's own ACL user, made from the line `relay federation acl` prints."""
+    password = f"pw-{node}-{team}"
+    admin(server).execute_command(*shlex.split(acl(team, node, password)))
+    return f"redis://relay-{team}-{node}:{password}@127.0.0.1:{server.port}/0"
+
+
+def as_node(server, team, node):
+    """A raw client with `node`'s credentials: what a hostile node can do by hand."""
+    import redis
+    return redis.Redis.from_url(user_url(server, team, node))
+
+
+@pytest.fixture
+def nodes(tmp_path, clock):
+    made = []
+
+    def make(server, team, name, agents, extra=""):
+        node = Node(tmp_path / name, user_url(server, team, name), team, name, agents, clock, extra)
+        made.append(node)
+        return node
+    yield make
+    for n in made:
+        n.close()
+
+
+def bodies(node, agent):
+    return sorted(e["body"] for e in node.held(agent))
+
+
+def refusals(node):
+    """The reasons of the entries a node refused (its failed rows from other nodes)."""
+    rows = node.relay.history.db.execute("SELECT error FROM messages WHERE node IS NOT NULL AND status = 'failed'")
+    return [r[0] for r in rows]
+
+
+def envelope(mid, sender, to, body="forged", sha="0" * 64, **extra):
+    return orjson.dumps({"id": mid, "from": sender, "to": to, "kind": "message", "body": body, "sha256": sha,
+                         "headers": {}, **extra})
+
+
+def test_a_node_writes_only_its_own_keys(server, team, nodes):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    import redis
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    forbidden = [("XADD", keys.messages("n1", "n2"), "*", "v", "2"),          # speak as n1
+                 ("XDEL", keys.messages("n1", "n2"), "1-1"),                  # remove n1's traffic
+                 ("XTRIM", keys.messages("n1", "n2"), "MAXLEN", "0"),
+                 ("DEL", keys.messages("n1", "n2")),
+                 ("XREAD", "STREAMS", keys.messages("n1", "n2"), "0"),        # read n1's traffic to n2
+                 ("XADD", keys.acks("n2", "n1"), "*", "acks", "[]"),         # acknowledge for n2
+                 ("HSET", keys.node("n2"), "agents", '["Bob", "Eve"]'),      # rewrite n2's names ...
+                 ("HSET", keys.node("n2"), "seen", "99999999999"),          # ... or its last seen
+                 ("DEL", keys.node("n1")),
+                 ("EVAL", "return redis.call('DEL', KEYS[1])", 1, keys.node("n1")),
+                 ("FLUSHALL",), ("CONFIG", "SET", "maxmemory", "1"), ("KEYS", "*"),
+                 ("SET", "relay:{%s}:anything" % team, "x")]
+    for cmd in forbidden:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            evil.execute_command(*cmd)
+    # What it may do: its own entry and streams, and read what is addressed to it.
+    evil.hset(keys.node("n3"), "agents", "[]")
+    evil.xadd(keys.messages("n3", "n2"), {"v": "2"})
+    assert evil.xread({keys.messages("n1", "n3"): "0"}) == []
+    exchange(n1, n2)
+    n1.drop("Ann", "m", "TO: Bob\n\nstill fine")
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["still fine"]
+
+
+def test_a_node_cannot_speak_for_the_receivers_own_agents_or_another_nodes(server, team, nodes, clock):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob", "Al"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n1, n2, n3, rounds=1)
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    ids = [n2.relay.ids.new(clock()) for _ in range(4)]
+    for mid, sender in zip(ids, ["Al", "Bob", "Ann", "Zed"]):     # n2's own agents, n1's agent, a name nobody has
+        evil.xadd(keys.messages("n3", "n2"), {"v": "2", "id": mid, "to": '["Bob"]',
+                                              "env": envelope(mid, sender, ["Bob"], body=f"as {sender}")})
+    n3.drop("Eve", "m", "TO: Bob\n\nfrom Eve, honestly")
+    exchange(n1, n2, n3)
+    assert bodies(n2, "Bob") == ["from Eve, honestly"]
+    why = refusals(n2)
+    assert len(why) == 4
+    assert sum("is an agent of this node (n2); node n3 cannot speak for it" in w for w in why) == 2
+    assert any("the sender Ann is not an agent of node n3" in w for w in why)
+    assert any("the sender Zed is not in the team's directory" in w for w in why)
+    # The forged messages never counted against Al's or Bob's flow control: nothing is shed.
+    assert n2.relay.history.db.execute("SELECT count(*) FROM sheds").fetchone()[0] == 0
+    # n3 learns of each refusal through its acknowledgement stream.
+    acked = {r[0]: r[1] for r in evil.xrange(keys.acks("n2", "n3"))} if False else None
+    raw = admin(server).xrange(keys.acks("n2", "n3"))
+    refused = [a for _, f in raw for a in orjson.loads(f[b"acks"]) if len(a) > 1]
+    assert sorted(a[0] for a in refused) == sorted(ids)
+    assert acked is None
+
+
+def test_a_name_held_by_a_node_is_never_taken_by_anothers_claim(server, team, nodes, clock):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    assert n1.link.directory.routes["Bob"] == "n2"
+    # n3 lists Bob in its own entry, with a last seen far in the future.
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    evil.hset(keys.node("n3"), mapping={"agents": '["Bob", "Eve"]', "v": "x", "seen": "99999999999",
+                                        "timeout": "99999999999", "owner": "evil"})
+    exchange(n1, n2)
+    assert n1.link.directory.routes["Bob"] == "n2" and n1.link.directory.routes["Eve"] == "n3"
+    n1.drop("Ann", "m", "TO: Bob\n\nfor the real Bob")
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["for the real Bob"]
+    assert evil.xlen(keys.messages("n1", "n3")) == 0
+    # Even with n2 stopped for long, Bob stays n2's while n2's entry lists it: messages wait.
+    n2.close()
+    clock.advance(3600)
+    n1.link.heartbeat()
+    assert n1.link.directory.routes["Bob"] == "n2"
+    # A node new to the team sees two live claims of Bob only if n2 were alive; here n2 is not, and
+    # n3 is: still n2 for any node that knew it, and a conflict is shown where a name is ambiguous.
+    n4 = nodes(server, team, "n4", ["Dee"])
+    n4.link.heartbeat()
+    assert n4.link.directory.routes.get("Bob") == "n3" or ("Bob", "n3") in n4.link.conflicts
+
+
+def test_a_replay_after_the_retention_sweep_is_not_delivered_again(server, team, nodes, clock, cli):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"], extra='retention = "1h"')
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m", "TO: Bob\n\nonce only")
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["once only"]
+    [entry] = [e for e in n2.held("Bob")]
+    clock.advance(7200)
+    n2.relay.sweep(clock())
+    assert n2.relay.history.get(entry["id"]) is None                  # the message's row is swept ...
+    # ... and n1 (or anyone with n1's credentials) adds the very same entry again.
+    keys = Keys(team)
+    row = n1.link.history.outbound(entry["id"])[0]
+    as_node(server, team, "n1").xadd(keys.messages("n1", "n2"),
+                                     {"v": "2", "id": entry["id"], "to": '["Bob"]', "env": row["envelope"]})
+    for sub in ("new", "cur"):                                         # Bob read and deleted it meanwhile
+        for p in (n2.state / "inbox/Bob" / sub).iterdir():
+            p.unlink()
+    exchange(n1, n2)
+    assert n2.held("Bob") == []
+    # An id older than the replay window is refused from its id alone.
+    from relay.ids import IdGenerator
+    old = IdGenerator().new(clock() - 40 * 86400)
+    as_node(server, team, "n1").xadd(keys.messages("n1", "n2"), {"v": "2", "id": old, "to": '["Bob"]',
+                                                                 "env": envelope(old, "Ann", ["Bob"])})
+    exchange(n1, n2)
+    assert n2.held("Bob") == [] and any("older than the replay window" in w for w in refusals(n2))
+
+
+def test_an_oversized_entry_is_refused_from_its_size_and_holds_back_nothing(server, team, nodes, clock):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"], extra='max_body_bytes = "1KiB"')
+    exchange(n1, n2, rounds=1)
+    keys = Keys(team)
+    big = n1.relay.ids.new(clock())
+    as_node(server, team, "n1").xadd(keys.messages("n1", "n2"),
+                                     {"v": "2", "id": big, "to": '["Bob"]', "env": b"x" * (3 << 20)})
+    n1.drop("Ann", "m", "TO: Bob\n\nbehind the big one")
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["behind the big one"]
+    assert any("over what this node reads" in w for w in refusals(n2))
+
+
+def test_a_source_with_path_characters_is_shown_escaped_and_audited(server, team, nodes, clock, cli):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    keys = Keys(team)
+    mid = n1.relay.ids.new(clock())
+    as_node(server, team, "n1").xadd(keys.messages("n1", "n2"), {
+        "v": "2", "id": mid, "to": '["Bob"]', "env": envelope(mid, "Ann", ["Bob"], source="../../evil\x1b[31m")})
+    exchange(n1, n2)
+    [got] = n2.held("Bob")
+    assert got["id"] == mid
+    out = cli("--root", str(n2.root), "audit", "--json").output
+    audit = orjson.loads(out)
+    assert [r["id"] for r in audit] == [mid]
+    assert "\x1b" not in cli("--root", str(n2.root), "audit").output
+    assert not (n2.root.parent / "evil").exists()
+
+
+def test_a_flood_of_names_in_one_nodes_entry_is_cut_at_max_agents_per_node(server, team, nodes, clock):
+    n1 = nodes(server, team, "n1", ["Ann"], extra="")
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    keys = Keys(team)
+    names = [f"fake{i}" for i in range(50_000)]
+    as_node(server, team, "n3").hset(keys.node("n3"), mapping={"agents": orjson.dumps(names), "v": "1",
+                                                               "seen": "99999999999", "timeout": "60"})
+    n1.link.heartbeat()
+    assert not any(n.startswith("fake") for n in n1.link.directory.routes)      # over the bound: none taken
+    n1.drop("Ann", "all", "TO: *\n\nto everyone")
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["to everyone"]
