@@ -14,7 +14,7 @@ import math
 import orjson
 
 from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
-from .errors import MessageRefused, TooLarge
+from .errors import MessageRefused, TooLarge, UnknownRecipient
 from .ids import ALPHABET
 from .layout import is_inside, valid_id
 

@@ -6,7 +6,9 @@ per node) let each node write only what is its own:
     relay:{team}:from:<N>:ack:<M>      stream: N's acknowledgements of what M sent it
 
 Node N may write `relay:{team}:node:N` and `relay:{team}:from:N:*`, and read every node's entry
-and the streams addressed to it (`...:to:N`, `...:ack:N`). A receiver takes the sending node
+and the streams addressed to it (`...:to:N`, `...:ack:N`); the one write it has on another's key
+is XDEL of entries it handled in a stream addressed to it, used only when the server is out of
+memory. A receiver takes the sending node
 from the key it read, never from a field. Node names never hold `:` or a glob character, so a
 pattern never matches another node's key. The braces keep every key of a team in one hash slot
 (Redis Cluster).
@@ -61,5 +63,8 @@ def acl(team, node, password=None):
     reads = [f"%R~{keys.node_pattern}", f"%R~{keys.prefix}from:*:to:{node}", f"%R~{keys.prefix}from:*:ack:{node}"]
     root = ["on", "resetkeys", "resetchannels", "-@all", *own, *(f"+{c}" for c in WRITE + EVERYONE)]
     selector = "(" + " ".join([*reads, "-@all", *(f"+{c}" for c in READ)]) + ")"
-    words = ["ACL", "SETUSER", user, "reset", *root, secret, selector]
+    # What was handled is deleted from the senders' streams when the server is out of memory
+    # (an acknowledgement cannot be written then; a deletion needs no memory).
+    relief = f"(~{keys.prefix}from:*:to:{node} -@all +xdel)"
+    words = ["ACL", "SETUSER", user, "reset", *root, secret, selector, relief]
     return " ".join(shlex.quote(w) for w in words)

@@ -97,6 +97,7 @@ class Incoming:
         self.retry = {}             # (node, entry id) -> (first failure, next try): read again on their own
         self.count = FIRST_READ     # entries the next read asks for (_fit)
         self.acks = {}              # node -> [[message id, refusal or None]] to acknowledge
+        self.handled = {}           # node -> entry ids those acknowledgements are for
         self.last_error = None
 
     def close(self):
@@ -124,7 +125,10 @@ class Incoming:
             return 0
         handled = 0
         try:
-            self.acknowledge()
+            try:
+                self.acknowledge()
+            except self.redis.RedisError as e:      # reading goes on: it is what frees the server's memory
+                self._failed(e)
             handled += self._retry(now)
             streams = {self.keys.messages(n, self.node): self.cursors.get(n, "0-0")
                        for n in sorted(self.nodes()) if n != self.node}
@@ -217,11 +221,22 @@ class Incoming:
             pipe.xadd(self.keys.acks(self.node, node), {"acks": orjson.dumps(self.acks[node])},
                       minid=minid, approximate=True)
         results = pipe.execute(raise_on_error=False)
+        full = []
         for node, result in zip(nodes, results, strict=True):
             if not isinstance(result, Exception):
                 del self.acks[node]
-            elif "OOM" in str(result):
-                log.error("federation: the server refuses the acknowledgements to node %s (%s)", node, reason(result))
+                self.handled.pop(node, None)
+            elif isinstance(result, self.redis.exceptions.OutOfMemoryError):
+                full.append(node)
+        if full:
+            # The server is out of memory: what was handled is deleted from the senders' streams
+            # (XDEL needs no memory), which frees it; their senders publish again once it takes
+            # writes, and the repeats are acknowledged then.
+            pipe = self.client.pipeline(transaction=False)
+            for node in full:
+                if self.handled.get(node):
+                    pipe.xdel(self.keys.messages(node, self.node), *self.handled[node])
+            pipe.execute(raise_on_error=False)
         if self.acks:
             raise next(r for r in results if isinstance(r, Exception))
 
@@ -325,6 +340,7 @@ class Incoming:
 
     def _ack(self, node, mid, refusal, eid):
         self.retry.pop((node, eid), None)
+        self.handled.setdefault(node, []).append(eid)
         if mid and valid_id(mid):
             self.acks.setdefault(node, []).append([mid, refusal[:500]] if refusal else [mid])
 

@@ -1,0 +1,206 @@
+""""Published" is not "delivered": a cross-node message is done at the sender only when its node
+acknowledged the durable delivery. Whatever the server loses (a flush, a restart without its
+data, an acknowledgement) is published again and delivered once; names the team is still
+announcing wait instead of failing; a server refusing writes is still read."""
+import shlex
+import signal
+import uuid
+
+import orjson
+import pytest
+
+from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange
+from relay.federation.keys import Keys, acl
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
+
+
+@pytest.fixture
+def team():
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def nodes(tmp_path, clock):
+    made = []
+
+    def make(url, team, name, agents, extra=""):
+        node = Node(tmp_path / name, url, team, name, agents, clock, extra)
+        made.append(node)
+        return node
+    yield make
+    for n in made:
+        n.close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = RedisServer(tmp_path / "redis").start()
+    yield s
+    s.stop()
+
+
+def admin(url):
+    import redis
+    return redis.Redis.from_url(url)
+
+
+def bodies(node, agent):
+    return sorted(e["body"] for e in node.held(agent))
+
+
+def drain(node):
+    """Receive until nothing more waits; the number of entries handled."""
+    total = 0
+    while (n := node.receive()) > 0:
+        total += n
+    return total
+
+
+def states(node):
+    return dict(node.link.history.db.execute("SELECT status, count(*) FROM outbound GROUP BY status").fetchall())
+
+
+def test_a_message_is_done_only_when_its_node_acknowledged_it(server, team, nodes, cli):
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m", "TO: Bob\n\nhello")
+    n1.send()
+    assert states(n1) == {"published": 1}
+    [row] = orjson.loads(cli("--root", str(n1.root), "audit", "--json").output)
+    shown = cli("--root", str(n1.root), "show", row["id"]).output
+    assert "waiting for node n2 to acknowledge it" in shown
+    status = orjson.loads(cli("--root", str(n1.root), "status", "--json", ok=False).output)["federation"]
+    assert status["outbound"]["published"] == 1 and status["outbound"]["by_node"]["n2"]["waiting"] == 1
+    n2.receive()
+    n1.link.publish()                   # reads the acknowledgement
+    assert states(n1) == {"acknowledged": 1}
+    assert "acknowledged by node n2" in cli("--root", str(n1.root), "show", row["id"]).output
+    assert admin(server.url).xlen(n1.stream("n2")) == 0         # the acknowledged entry is deleted
+
+
+def test_a_flush_with_a_backlog_for_a_stopped_node_is_published_again_and_delivered_once(server, team, nodes):
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    for i in range(101):
+        n1.drop("Ann", f"m{i}", f"TO: Bob\n\nbacklog {i}")
+    n1.send()
+    assert states(n1) == {"published": 101}
+    admin(server.url).flushall()
+    n1.link.heartbeat()
+    assert n1.link.check() == 101                               # its stream is shorter than what waits
+    n1.link.publish()
+    assert drain(n2) == 101
+    exchange(n1, n2, rounds=1)
+    assert bodies(n2, "Bob") == sorted(f"backlog {i}" for i in range(101))
+    assert states(n1) == {"acknowledged": 101}
+
+
+def test_a_restart_without_its_data_is_a_new_server_and_everything_waiting_goes_again(tmp_path, team, nodes):
+    server = RedisServer(tmp_path / "redis", appendfsync="no")
+    server.start()
+    try:
+        n1 = nodes(server.url, team, "n1", ["Ann"])
+        n2 = nodes(server.url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        n1.link.check()                                         # the server's run id, known
+        for i in range(5):
+            n1.drop("Ann", f"m{i}", f"TO: Bob\n\nbefore {i}")
+        n1.send()
+        n2.receive()                                            # three of them read, acknowledged ...
+        server.stop(signal.SIGKILL)
+        (tmp_path / "redis" / "appendonlydir").exists() and __import__("shutil").rmtree(tmp_path / "redis" / "appendonlydir")
+        server.start()                                          # ... and all lost with the data
+        exchange(n1, n2, rounds=1)
+        n1.link.check()
+        exchange(n1, n2, rounds=3)
+        assert bodies(n2, "Bob") == sorted(f"before {i}" for i in range(5))
+        assert states(n1) == {"acknowledged": 5}
+    finally:
+        server.stop()
+
+
+def test_an_acknowledgement_lost_makes_the_message_go_again_at_its_deadline_delivered_once(server, team, nodes, clock):
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m", "TO: Bob\n\nonce")
+    n1.send()
+    n2.receive()
+    admin(server.url).delete(Keys(team).acks("n2", "n1"))     # the acknowledgement is lost
+    n1.link.publish()
+    assert states(n1) == {"published": 1}
+    clock.advance(31)                                           # past ack_timeout (30s)
+    exchange(n1, n2, rounds=1)
+    assert n1.link.check() == 1
+    exchange(n1, n2, rounds=2)
+    assert bodies(n2, "Bob") == ["once"]
+    assert states(n1) == {"acknowledged": 1}
+    events = [e["event"] for e in n1.link.history.events(n1.held and
+                                                         n1.link.history.db.execute("SELECT message_id FROM outbound").fetchone()[0])]
+    assert "republished" in events and events[-1] == "acknowledged"
+
+
+def test_a_name_announced_after_the_message_was_written_waits_for_it(server, team, nodes, clock, cli):
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m", "TO: Cleo\n\nfor an agent not made yet")
+    counts, _ = n1.send()
+    assert counts.failed == 0 and counts.retried == 1        # waits: the directory was not read since
+    (n2.state / "outbox/Cleo").mkdir()
+    n2.link.look()                                             # n2 sees its new agent: announced at once
+    clock.advance(3)
+    n1.link.look()
+    exchange(n1, n2, rounds=2)
+    assert bodies(n2, "Cleo") == ["for an agent not made yet"]
+    # A name the directory, read whole after the message, lacks: fails with the closest name.
+    n1.drop("Ann", "typo", "TO: Bbo\n\nmistyped")
+    n1.send()
+    clock.advance(3)
+    n1.link.look()
+    clock.advance(5)
+    counts, _ = n1.send()
+    assert counts.failed == 1
+    [failed] = [r for r in orjson.loads(cli("--root", str(n1.root), "audit", "--json").output) if r["status"] == "failed"]
+    assert "unknown recipient Bbo; did you mean Bob?" in failed["error"]
+
+
+def test_a_directory_that_cannot_be_read_makes_names_wait_and_says_why(tmp_path, team, nodes, clock, cli):
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        user, password = f"relay-{team}-n1", "pw"
+        admin(server.url).execute_command(*shlex.split(acl(team, "n1", password)))
+        admin(server.url).execute_command("ACL", "SETUSER", user, "-scan")      # an incomplete ACL
+        n1 = nodes(f"redis://{user}:{password}@127.0.0.1:{server.port}/0", team, "n1", ["Ann"])
+        n1.link.heartbeat()
+        n1.drop("Ann", "m", "TO: Bob\n\nwaits")
+        counts, _ = n1.send()
+        assert counts.failed == 0 and counts.retried == 1
+        out = cli("--root", str(n1.root), "status", ok=False).output
+        assert "directory  CANNOT BE READ" in out and "no permissions" in out
+        assert "cannot be read" in cli("--root", str(n1.root), "doctor", ok=False).output
+    finally:
+        server.stop()
+
+
+def test_a_server_that_refuses_writes_is_still_read(server, team, nodes):
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    for i in range(20):
+        n1.drop("Ann", f"m{i}", f"TO: Bob\n\n{i}")
+    n1.send()
+    r = admin(server.url)
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", 1)                               # every write is refused now
+    try:
+        assert n2.link.heartbeat() is False                    # its announce is refused ...
+        assert drain(n2) == 20                                 # ... and it reads all the same
+        assert len(n2.held("Bob")) == 20
+    finally:
+        r.config_set("maxmemory", 0)
+    exchange(n1, n2, rounds=2)
+    assert len(n2.held("Bob")) == 20 and states(n1) == {"acknowledged": 20}
