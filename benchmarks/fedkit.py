@@ -26,11 +26,13 @@ def free_port():
 class RedisServer:
     """One redis-server process; stop() and start() again keep its data (AOF, fsync always)."""
 
-    def __init__(self, directory, port=None, appendfsync="always"):
+    def __init__(self, directory, port=None, appendfsync="always", extra=(), program=None):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.appendfsync = appendfsync
+        self.extra = list(extra)          # more redis-server arguments (TLS, replicaof, ...)
+        self.program = program or REDIS_SERVER
         self.proc = None
 
     @property
@@ -39,9 +41,9 @@ class RedisServer:
 
     def start(self, timeout=10.0):
         self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+            [self.program, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
              "--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "", "--daemonize", "no",
-             "--protected-mode", "no", "--logfile", str(self.dir / "redis.log")],
+             "--protected-mode", "no", "--logfile", str(self.dir / "redis.log"), *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -60,6 +62,50 @@ class RedisServer:
     def stop(self, sig=signal.SIGTERM):
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
+            self.proc.wait(timeout=15)
+        self.proc = None
+
+
+class Sentinel:
+    """One redis-sentinel watching a master as `service` (failover after 1 s down)."""
+
+    def __init__(self, directory, master_port, service="mymaster", port=None):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.service = service
+        conf = self.dir / "sentinel.conf"
+        conf.write_text(f"port {self.port}\nbind 127.0.0.1\nprotected-mode no\ndir {self.dir}\n"
+                        f"sentinel monitor {service} 127.0.0.1 {master_port} 1\n"
+                        f"sentinel down-after-milliseconds {service} 1000\n"
+                        f"sentinel failover-timeout {service} 5000\n")
+        self.conf = conf
+        self.proc = None
+
+    @property
+    def url(self):
+        return f"redis+sentinel://127.0.0.1:{self.port}/{self.service}/0"
+
+    def start(self, timeout=10.0):
+        program = shutil.which("redis-sentinel") or REDIS_SERVER
+        args = [program, str(self.conf)] + ([] if program.endswith("redis-sentinel") else ["--sentinel"])
+        self.proc = subprocess.Popen(args + ["--logfile", str(self.dir / "sentinel.log")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError(f"redis-sentinel did not start on port {self.port}")
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
             self.proc.wait(timeout=15)
         self.proc = None
 

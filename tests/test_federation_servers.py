@@ -1,0 +1,137 @@
+"""The servers people run: TLS with a CA of their own and client certificates, and Sentinel
+following the master through a failover. Real redis-server, redis-sentinel and openssl (tests
+skip, saying why, when one is missing)."""
+import shutil
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange, fedkit
+from relay import config as config_mod
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
+OPENSSL = shutil.which("openssl")
+
+
+@pytest.fixture
+def team():
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def nodes(tmp_path, clock):
+    made = []
+
+    def make(url, team, name, agents, extra=""):
+        node = Node(tmp_path / name, url, team, name, agents, clock, extra)
+        made.append(node)
+        return node
+    yield make
+    for n in made:
+        n.close()
+
+
+def certificates(d):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, signed by it."""
+    def run(*args):
+        subprocess.run([OPENSSL, *args], cwd=d, check=True, capture_output=True)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+        "-subj", "/CN=relay test CA")
+    for name in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "2", "-copy_extensions", "copy")
+    return d
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="openssl is not installed (Debian's package; .ci/run installs it)")
+def test_tls_with_a_ca_of_its_own_and_client_certificates(tmp_path, team, nodes, cli, monkeypatch):
+    certs = certificates(tmp_path)
+    tls = fedkit.free_port()
+    server = RedisServer(tmp_path / "redis", extra=[
+        "--tls-port", str(tls), "--tls-cert-file", str(certs / "server.crt"), "--tls-key-file",
+        str(certs / "server.key"), "--tls-ca-cert-file", str(certs / "ca.crt"), "--tls-auth-clients", "yes"]).start()
+    try:
+        query = (f"ssl_ca_certs={certs / 'ca.crt'}&ssl_certfile={certs / 'client.crt'}"
+                 f"&ssl_keyfile={certs / 'client.key'}")
+        url = f"rediss://127.0.0.1:{tls}/0?{query}"
+        n1 = nodes(url, team, "n1", ["Ann"])
+        n2 = nodes(url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        n1.drop("Ann", "m", "TO: Bob\n\nover TLS")
+        exchange(n1, n2)
+        assert [e["body"] for e in n2.held("Bob")] == ["over TLS"]
+        # Without the CA the server's certificate is not trusted: the link is down, and says why.
+        n3 = nodes(f"rediss://127.0.0.1:{tls}/0?ssl_certfile={certs / 'client.crt'}&ssl_keyfile={certs / 'client.key'}",
+                   team, "n3", ["Cy"])
+        assert n3.link.heartbeat() is False
+        assert "CERTIFICATE_VERIFY_FAILED" in (n3.link.down.current or "")
+        # Verification switched off is said loudly, by every verb and the daemon's log.
+        cfg = config_mod.load(n3.root, ".relay", env={"RELAY_FEDERATION_URL": url + "&ssl_cert_reqs=none"})
+        assert any("NOT verified" in w for w in cfg.warnings)
+        monkeypatch.setenv("RELAY_FEDERATION_URL", url + "&ssl_cert_reqs=none")
+        assert "NOT verified" in cli("--root", str(n3.root), "config").output
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(shutil.which("redis-sentinel") is None, reason="redis-sentinel is not installed (Debian's "
+                    "package; .ci/run installs it)")
+@pytest.mark.timeout_s(90)
+def test_sentinel_follows_the_master_through_a_failover_and_loses_nothing(tmp_path, team, nodes, clock):
+    master = RedisServer(tmp_path / "master").start()
+    replica = RedisServer(tmp_path / "replica", extra=["--replicaof", "127.0.0.1", str(master_port := master.port)]
+                          ).start()
+    sentinel = fedkit.Sentinel(tmp_path / "sentinel", master_port).start()
+    try:
+        n1 = nodes(sentinel.url, team, "n1", ["Ann"])
+        n2 = nodes(sentinel.url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        n1.link.check()                                     # the master's run id, known
+        n1.drop("Ann", "before", "TO: Bob\n\nbefore the failover")
+        exchange(n1, n2)
+        for i in range(5):
+            n1.drop("Ann", f"m{i}", f"TO: Bob\n\npublished, not yet read {i}")
+        n1.send()
+        import redis
+        s = redis.Redis(port=sentinel.port)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:                  # the replica has caught up: a failover is allowed
+            try:
+                s.execute_command("SENTINEL", "FAILOVER", "mymaster")
+                break
+            except redis.ResponseError:
+                time.sleep(0.2)
+        while time.monotonic() < deadline:
+            host, port = s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster")
+            if int(port) == replica.port:
+                break
+            time.sleep(0.1)
+        assert int(port) == replica.port, "no failover"
+        while time.monotonic() < deadline:                  # the new master takes writes
+            try:
+                if redis.Redis(port=replica.port).info("replication")["role"] == "master":
+                    break
+            except redis.RedisError:
+                pass
+            time.sleep(0.1)
+        n1.drop("Ann", "after", "TO: Bob\n\nafter the failover")
+        for _ in range(50):
+            try:
+                exchange(n1, n2, rounds=1)
+                n1.link.check()
+            except Exception:  # noqa: BLE001 - a command cut by the switch: the next round goes on
+                pass
+            if len(n2.held("Bob")) == 7:
+                break
+            time.sleep(0.1)
+        got = sorted(e["body"] for e in n2.held("Bob"))
+        assert got == sorted(["before the failover", "after the failover"]
+                             + [f"published, not yet read {i}" for i in range(5)])
+    finally:
+        sentinel.stop()
+        replica.stop()
+        master.stop()
