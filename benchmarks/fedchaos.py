@@ -7,7 +7,7 @@ few times; at the end every recipient must hold every message addressed to it ex
 
 Prints kills, server kills, messages, deliveries, lost, duplicated, unexpected and left (one JSON
 line); exits 1 when any of the last four is not 0. `left` counts files still in an outbox or
-the spool, outbound rows not published and stream entries not acknowledged.
+the spool, outbound rows not acknowledged by their node and stream entries not deleted.
 """
 import argparse
 import collections
@@ -66,12 +66,14 @@ def leftovers(states, server):
     for state in states:
         left += len([p for sub in ("outbox", "spool") for p in (state / sub).rglob("*") if p.is_file()])
         left += query(state, "SELECT count(*) FROM messages WHERE status IN ('pending', 'processing', 'delivered')")
-        left += query(state, "SELECT count(*) FROM outbound WHERE status = 'pending'")
+        left += query(state, "SELECT count(*) FROM outbound WHERE status IN ('pending', 'published')")
     import redis
     r = redis.Redis.from_url(server.url, socket_timeout=5)
     try:
-        for node in NODES:
-            left += r.xlen(f"relay:{{{TEAM}}}:in:{node}")
+        for sender in NODES:
+            for receiver in NODES:
+                if sender != receiver:
+                    left += r.xlen(f"relay:{{{TEAM}}}:from:{sender}:to:{receiver}")
     finally:
         r.close()
     return left

@@ -16,6 +16,7 @@ acknowledges it again without delivering it twice. A row whose recipients anothe
 now (a node renamed, or one gone whose names another took) is rerouted there.
 """
 import logging
+import re
 
 import orjson
 
@@ -140,9 +141,11 @@ class Publisher:
                     acks.extend(_acks(fields))
                     streams[key] = self.cursors[node] = eid.decode() if isinstance(eid, bytes) else eid
                 if acks:
-                    gone = self.ledger.acknowledged(now, node, acks)
+                    # The entries acknowledged are deleted, the row's own and the one the receiver
+                    # names (an earlier publish of it, or one left by a crash after the record).
+                    gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in acks])
                     settled += len(gone)
-                    deletions.setdefault(node, []).extend(gone)
+                    deletions.setdefault(node, []).extend(set(gone) | {e for _, e, _ in acks if e})
             if deletions:
                 pipe = self.client.pipeline(transaction=False)
                 for node, gone in deletions.items():
@@ -219,8 +222,12 @@ class Publisher:
         return len(moves)
 
 
+ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}\Z")
+
+
 def _acks(fields):
-    """(message id, refusal or None) of one acknowledgement entry; nothing for a malformed one."""
+    """(message id, entry id or None, refusal or None) of one acknowledgement entry
+    (`[[id, entry id, refusal or null], ...]`); nothing for a malformed one."""
     raw = fields.get(b"acks") if isinstance(fields, dict) else None
     try:
         items = orjson.loads(raw) if raw is not None else []
@@ -229,8 +236,9 @@ def _acks(fields):
     out = []
     for item in items if isinstance(items, list) else []:
         if isinstance(item, list) and item and isinstance(item[0], str):
-            refusal = item[1] if len(item) > 1 and isinstance(item[1], str) else None
-            out.append((item[0], refusal[:500] if refusal else None))
+            eid = item[1] if len(item) > 1 and isinstance(item[1], str) and ENTRY_ID.match(item[1]) else None
+            refusal = item[2] if len(item) > 2 and isinstance(item[2], str) else None
+            out.append((item[0], eid, refusal[:500] if refusal else None))
     return out
 
 

@@ -10,7 +10,7 @@
       -> one ledger transaction: each message a row (from node, entry id, the sender's id) and
          its id kept in received_ids, each refused entry a failed row with its reason
       -> the acknowledgement XADDed to relay:{team}:from:<me>:ack:<node>: delivered, or refused
-         with why (the sender then deletes the entry; this node writes nothing of another's)
+         with why, naming the entry (the sender then deletes it; this node writes nothing of another's)
 
 A message id already received (kept past the retention sweep, for REPLAY_WINDOW) is
 acknowledged again and not delivered again; an id older than the window is refused. An entry
@@ -342,7 +342,7 @@ class Incoming:
         self.retry.pop((node, eid), None)
         self.handled.setdefault(node, []).append(eid)
         if mid and valid_id(mid):
-            self.acks.setdefault(node, []).append([mid, refusal[:500]] if refusal else [mid])
+            self.acks.setdefault(node, []).append([mid, eid, refusal[:500] if refusal else None])
 
     def _sender(self, sender, node, local):
         """Why `sender` cannot speak through `node`'s stream, or None when it can."""
