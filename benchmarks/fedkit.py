@@ -17,10 +17,23 @@ MISSING = ("redis-server is not installed: apt-get install redis-server (Debian'
            "it), so the federation tests cannot run here")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(below=None):
+    """A free local port; with `below`, one under it and with `port + 10000` free too (a cluster's bus)."""
+    if below is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    import random
+    for _ in range(1000):
+        port = random.randrange(20000, below)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair")
 
 
 class RedisServer:
@@ -108,6 +121,38 @@ class Sentinel:
             self.proc.terminate()
             self.proc.wait(timeout=15)
         self.proc = None
+
+
+class Cluster:
+    """A Redis Cluster of `masters` redis-servers on free ports, slots spread by redis-cli."""
+
+    def __init__(self, directory, masters=3):
+        self.servers = [RedisServer(Path(directory) / f"m{i}", port=free_port(below=55535), extra=["--cluster-enabled", "yes",
+                                                                      "--cluster-config-file", "nodes.conf"])
+                        for i in range(masters)]
+
+    @property
+    def url(self):
+        return f"redis+cluster://127.0.0.1:{self.servers[0].port}/0"
+
+    def start(self, timeout=30.0):
+        for s in self.servers:
+            s.start()
+        subprocess.run([shutil.which("redis-cli"), "--cluster", "create",
+                        *(f"127.0.0.1:{s.port}" for s in self.servers), "--cluster-replicas", "0", "--cluster-yes"],
+                       check=True, capture_output=True, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = subprocess.run([shutil.which("redis-cli"), "-p", str(self.servers[0].port), "cluster", "info"],
+                                 capture_output=True, text=True).stdout
+            if "cluster_state:ok" in out:
+                return self
+            time.sleep(0.1)
+        raise RuntimeError("the cluster did not come up")
+
+    def stop(self):
+        for s in self.servers:
+            s.stop()
 
 
 def write_config(root, url, team, node, agents, extra="", heartbeat="1s"):

@@ -19,7 +19,7 @@ import urllib.parse
 NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 NAME = re.compile(NAME_RULE + r"\Z")
 KEYS = ("url", "team", "node", "heartbeat", "ack_timeout", "max_agents_per_node")
-SCHEMES = ("redis", "rediss", "redis+sentinel")
+SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster", "rediss+cluster")
 # Characters a password must hold percent-encoded in a URL: unencoded, they end the user part.
 RESERVED = {"#": "%23", "/": "%2F", "?": "%3F"}
 
@@ -41,6 +41,10 @@ class Federation:
     @property
     def sentinel(self):
         return self.url.startswith("redis+sentinel://")
+
+    @property
+    def cluster(self):
+        return self.url.split("://", 1)[0] in ("redis+cluster", "rediss+cluster")
 
     @property
     def prefix(self):
@@ -106,7 +110,8 @@ def _url(value):
         raise ValueError(f"url {redact(value)!r} is not a Redis URL: its port is not a number") from None
     if parts.scheme not in SCHEMES or not parts.hostname:
         raise ValueError(f"url {redact(value)!r} must be redis://host[:port][/db], rediss://... (TLS) or "
-                         "redis+sentinel://host:26379[,host:port...]/service, with user:password@ for an ACL user")
+                         "redis+sentinel://host:26379[,host:port...]/service or redis+cluster://host:port (rediss+cluster:// "
+                         "with TLS), with user:password@ for an ACL user")
     return value
 
 

@@ -135,3 +135,30 @@ def test_sentinel_follows_the_master_through_a_failover_and_loses_nothing(tmp_pa
         sentinel.stop()
         replica.stop()
         master.stop()
+
+
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed (Debian's redis-tools; "
+                    ".ci/run installs it)")
+@pytest.mark.timeout_s(90)
+def test_a_cluster_of_three_masters_with_urls_at_nodes_that_do_not_hold_the_teams_slot(tmp_path, team, nodes):
+    cluster = fedkit.Cluster(tmp_path / "cluster").start()
+    try:
+        from redis.cluster import RedisCluster
+        rc = RedisCluster(host="127.0.0.1", port=cluster.servers[0].port)
+        holder = rc.get_node_from_key(f"relay:{{{team}}}:node:n1").port
+        others = [s.port for s in cluster.servers if s.port != holder]
+        rc.close()
+        n1 = nodes(f"redis+cluster://127.0.0.1:{others[0]}/0", team, "n1", ["Ann"])
+        n2 = nodes(f"redis+cluster://127.0.0.1:{others[1]}/0", team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        for i in range(3):
+            n1.drop("Ann", f"m{i}", f"TO: Bob\n\nthrough the cluster {i}")
+        n2.drop("Bob", "r", "TO: Ann\n\nand back")
+        exchange(n1, n2, rounds=3)
+        assert sorted(e["body"] for e in n2.held("Bob")) == [f"through the cluster {i}" for i in range(3)]
+        assert [e["body"] for e in n1.held("Ann")] == ["and back"]
+        assert n1.link.check() == 0 and n1.link.check() == 0        # the slot's master: one run id, no resend
+        counts = n1.link.history.outbound_counts()
+        assert counts["acknowledged"] == 3 and counts["published"] == 0
+    finally:
+        cluster.stop()

@@ -1,5 +1,7 @@
 """Connections to the team's server: a plain Redis URL (redis:// or rediss:// with its TLS
-parameters), or Sentinel (redis+sentinel://, following the master through a failover).
+parameters), Sentinel (redis+sentinel://, following the master through a failover), or a Redis
+Cluster (redis+cluster://, any of its nodes: the client follows MOVED and ASK; every key of a
+team lies in one hash slot).
 
 A client made with a `limit` reads no reply whole before knowing its size: the parser checks the
 length each bulk string announces before reading it, and the total of one reply, and gives up on
@@ -27,6 +29,17 @@ def redis_module():
     except ImportError:
         raise FederationError(EXTRA) from None
     return redis
+
+
+def server_errors():
+    """What a call to the server may raise when the server (or the way to it) fails: redis-py's
+    errors, and a cluster client's own."""
+    redis = redis_module()
+    try:
+        from redis.exceptions import RedisClusterException
+    except ImportError:
+        return (redis.RedisError,)
+    return (redis.RedisError, RedisClusterException)
 
 
 def reason(error):
@@ -90,6 +103,11 @@ def connect(federation, timeout=SOCKET_TIMEOUT, limit=None, budget=None, name=No
     try:
         if federation.sentinel:
             return _sentinel(redis, federation, options)
+        if federation.cluster:
+            from redis.cluster import RedisCluster
+            scheme, rest = federation.url.split("://", 1)
+            options.pop("retry")
+            return RedisCluster.from_url(scheme.split("+")[0] + "://" + rest, **options)
         return redis.Redis.from_url(federation.url, **options)
     except (ValueError, TypeError) as e:
         raise FederationError(f"the federation url {federation.shown_url} cannot be used: {e}") from None

@@ -34,7 +34,7 @@ import orjson
 from ..config import SYSTEM
 from ..fedconfig import NAME
 from ..layout import valid_agent
-from .client import reason
+from .client import reason, server_errors
 from .keys import Keys
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,7 @@ class Directory:
         self.history = history
         self.identity = identity
         self.redis = redis
+        self.errors = server_errors()
         self._announce = client.register_script(ANNOUNCE)
         self.timeout = fed.heartbeat * TIMEOUT_BEATS
         self.entries = {}           # node -> Entry, as last read
@@ -156,7 +157,7 @@ class Directory:
         routes changed. RedisError when the server cannot be read (recorded, with why)."""
         try:
             changed = self._look(now, local)
-        except self.redis.RedisError as e:
+        except self.errors as e:
             why = reason(e)
             if self.error != why:
                 log.error("federation: cannot read the team's directory: %s; messages to names this node does "
@@ -175,15 +176,14 @@ class Directory:
         names = self.nodes() | {n for n, _ in self.history.remote_agents().values()}
         names.discard(self.node)
         names = sorted(names)
+        secs, micros = self._time()
+        self.server_now = int(secs) + int(micros) / 1e6
         pipe = self.client.pipeline(transaction=False)
-        pipe.time()
         for n in names:
             pipe.hmget(self.keys.node(n), "v", "seen", "timeout", "owner")
-        reply = pipe.execute()
-        secs, micros = reply[0]
-        self.server_now = int(secs) + int(micros) / 1e6
+        reply = pipe.execute() if names else []
         stale, entries = [], {}
-        for n, (version, seen, timeout, owner) in zip(names, reply[1:], strict=True):
+        for n, (version, seen, timeout, owner) in zip(names, reply, strict=True):
             if version is None and seen is None:
                 continue            # no key: the node is gone, or the server lost it
             e = Entry()
@@ -208,6 +208,12 @@ class Directory:
         else:
             self.entries = entries
         return (self.routes, self.conflicts) != before
+
+    def _time(self):
+        """The clock of the server holding the team's keys (in a cluster, the slot's master)."""
+        if hasattr(self.client, "get_node_from_key"):
+            return self.client.time(target_nodes=self.client.get_node_from_key(self.keys.node(self.node)))
+        return self.client.time()
 
     def _liveness(self, entries):
         return {n: e.alive(self.server_now, self.timeout) for n, e in entries.items()}

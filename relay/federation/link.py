@@ -21,7 +21,7 @@ from ..hooks import Hooks
 from ..layout import Layout
 from ..ledger import Ledger
 from ..work import backoff
-from .client import SOCKET_TIMEOUT, connect, reason, redis_module
+from .client import SOCKET_TIMEOUT, connect, reason, redis_module, server_errors
 from .conditions import Condition
 from .directory import LOOK, Directory
 from .publisher import ACK_BYTES, BATCH, RETRY_BASE, RETRY_CAP, Publisher
@@ -40,6 +40,7 @@ class Link:
         self.node = self.fed.node
         self.clock = clock
         self.redis = redis_module()
+        self.errors = server_errors()
         self.router = router
         self.queued = router.queued if router is not None else threading.Event()
         if router is not None:
@@ -138,7 +139,7 @@ class Link:
         local = sorted(self.layout.agent_names(self.config.agents))
         try:
             written = self.directory.announce(now, local)
-        except self.redis.RedisError as e:
+        except self.errors as e:
             self._down(now, e)          # reading goes on: a server refusing writes is still read
             written = None
         if written is False:
@@ -167,7 +168,7 @@ class Link:
             self.nodes = set(self.directory.entries) | {n for n, _ in self.history.remote_agents().values()}
             self.alive = {n: e.alive(self.directory.server_now, self.directory.timeout)
                           for n, e in self.directory.entries.items()}
-        except self.redis.RedisError as e:
+        except self.errors as e:
             self._down(now, e)
             return False
         if changed and self.on_directory is not None:
@@ -185,7 +186,7 @@ class Link:
             return done
         try:
             self.publisher.read_acks(now, self.nodes)
-        except self.redis.RedisError as e:
+        except self.errors as e:
             self._down(now, e)
             return done
         if self.directory.read_at is not None and not self.duplicate:
@@ -197,7 +198,7 @@ class Link:
         now = self.clock() if now is None else now
         try:
             again = self.publisher.check(now, self.alive)
-        except self.redis.RedisError as e:
+        except self.errors as e:
             self._down(now, e)
             return 0
         if again and self.publisher.run_id:

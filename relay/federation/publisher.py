@@ -21,7 +21,7 @@ import re
 import orjson
 
 from ..work import backoff
-from .client import reason
+from .client import reason, server_errors
 from .keys import Keys
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class Publisher:
         self.history = history
         self.router = router
         self.redis = redis
+        self.errors = server_errors()
         self.early = {}                     # (message id, node) -> (entry id, when) published from an offer
         self.cursors = {}                   # node -> last acknowledgement entry read from it
         self.run_id = None                  # the server's, to know a restart or failover
@@ -79,7 +80,7 @@ class Publisher:
         try:
             while self.publish_offered(now) >= BATCH:
                 pass
-        except self.redis.RedisError as e:
+        except self.errors as e:
             error = e
         rows = self.history.outbound_due(now, BATCH, self.config.batch_bytes // HELD)
         if not rows:
@@ -91,7 +92,7 @@ class Publisher:
         try:
             ids = self._xadd([(r["message_id"], r["node"], r["recipients"], r["envelope"]) for r in rest]) \
                 if rest else []
-        except self.redis.RedisError as e:
+        except self.errors as e:
             ids, error = [e] * len(rest), e
         refused = {}
         for r, eid in zip(rest, ids, strict=True):
@@ -124,7 +125,7 @@ class Publisher:
         while True:
             try:
                 reply = self.acks_client.xread(streams, count=ACK_READ)
-            except self.redis.RedisError:
+            except self.errors:
                 raise
             except Exception as e:      # ReplyTooLarge: a node wrote an acknowledgement too large to be one
                 log.error("federation: an acknowledgement stream holds an entry too large to read (%s); skipped", e)
@@ -166,7 +167,10 @@ class Publisher:
     def check(self, now, alive):
         """Publish again what the server no longer holds, and what is past its deadline while
         its node is alive (`alive`: node -> bool). Returns the number of rows published again."""
-        info = self.client.info("server")
+        if hasattr(self.client, "get_node_from_key"):      # a cluster: the master of the team's slot
+            info = self.client.info("server", target_nodes=self.client.get_node_from_key(self.keys.node(self.node)))
+        else:
+            info = self.client.info("server")
         run_id = info.get("run_id")
         again = []
         if self.run_id is not None and run_id != self.run_id:

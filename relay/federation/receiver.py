@@ -38,7 +38,7 @@ from ..ledger import Ledger
 from ..message import CONTROL_KEYS, MAX_RECIPIENTS
 from ..sync import Syncer
 from ..work import Work, backoff
-from .client import ReplyTooLarge, reason
+from .client import ReplyTooLarge, reason, server_errors
 from .keys import Keys
 from .publisher import _sizes
 
@@ -84,6 +84,7 @@ class Incoming:
         self._lists = {}            # node -> its list of names read in this batch (a name not yet resolved)
         import redis
         self.redis = redis
+        self.errors = server_errors()
         self.layout = Layout(config.root, config.state_dir).create()
         self.syncer = Syncer(config.durability, self.layout.fs)
         self.inbox = Inbox(self.layout, self.syncer)
@@ -103,7 +104,7 @@ class Incoming:
     def close(self):
         try:
             self.acknowledge()
-        except self.redis.RedisError:
+        except self.errors:
             pass                    # the sender publishes them again, and they are known
         self.client.close()
         self.ledger.close()
@@ -127,7 +128,7 @@ class Incoming:
         try:
             try:
                 self.acknowledge()
-            except self.redis.RedisError as e:      # reading goes on: it is what frees the server's memory
+            except self.errors as e:      # reading goes on: it is what frees the server's memory
                 self._failed(e)
             handled += self._retry(now)
             streams = {self.keys.messages(n, self.node): self.cursors.get(n, "0-0")
@@ -138,7 +139,7 @@ class Incoming:
             handled += self.handle(entries, self.clock() if block_ms else now)
             if block_ms is None:
                 self.acknowledge()
-        except self.redis.RedisError as e:
+        except self.errors as e:
             self._failed(e)
             return handled
         if self.failures:
