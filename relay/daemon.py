@@ -308,8 +308,9 @@ class Relay(Loop):
             self._custody(works)        # what is published for another node is in the spool first
             ready = [w for w in ready if not (w.refused or w.error)]
             for w in ready:
+                named = set(w.recipients)
                 w.remote = {r: n for r, n in w.remote.items()
-                            if r in w.recipients and r not in w.shed and r not in w.shed_before}
+                            if r in named and r not in w.shed and r not in w.shed_before}
             self.router.offer([w for w in ready if w.remote and not w.thorough])
         # The claim was committed unsynced: it is synced with the envelopes, and the files read
         # before custody are taken between that sync and the links.

@@ -170,7 +170,8 @@ class FlowControl:
                 if reason and not released:
                     w.shed_before[r] = reason
                     continue
-                shed = self._check(w.sender, r, now, config, archived, adds, listed, limits=not released)
+                shed = self._check(w.sender, r, now, config, archived, adds, listed, limits=not released,
+                                   queue=r not in w.remote)
                 if shed is not None and w.thorough and self.inbox.held(r, w):
                     shed = None         # delivered by an attempt a crash cut short: it has it
                 if shed is None:
@@ -182,13 +183,15 @@ class FlowControl:
                                                                   for r in w.recipients):
                 w.refused = summary({**w.shed_before, **w.shed})
 
-    def _check(self, sender, r, now, config, archived, adds, listed, limits=True):
+    def _check(self, sender, r, now, config, archived, adds, listed, limits=True, queue=True):
+        """The Shed of recipient `r`, or None. `queue`: r's inbox is here (an agent of another
+        node has its queue there, checked by its own node)."""
         if r in archived:
             return Shed("recipient_archived", None, None,
                         f"{r} is archived (relay archive-agent); relay delivers nothing to it")
         if not limits:              # released by an operator's retry
             return None
-        if config.queue_limit:
+        if config.queue_limit and queue:
             held = self._held(r, now, config, adds[r], listed) + adds[r]
             if held >= config.queue_limit:
                 return Shed("queue_limit", config.queue_limit, held,
