@@ -234,7 +234,7 @@ class Agent:
         special = (*BROADCAST, SYSTEM)         # '*' and its alias Broadcast, relay's own inbox
         unknown = [n for n in names if n not in special and n not in known]
         if unknown and self.project.config.federation is not None:     # a node this one has not heard of yet
-            from .federation import directory
+            from .federation.link import directory
             known |= set(directory(self.project.config))
             unknown = [n for n in unknown if n not in known]
         if unknown and create:

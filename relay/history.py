@@ -564,10 +564,12 @@ class History:
         return self.db.execute("SELECT message_id, node, entry_id, recipients FROM outbound WHERE status = 'published' "
                                "AND ack_deadline <= ? ORDER BY ack_deadline LIMIT ?", (now, limit)).fetchall()
 
-    def waiting_for(self, node, limit):
-        """(message_id, node, entry_id, recipients) of a node's rows published and not acknowledged."""
+    def waiting_for(self, node, limit, pending=False):
+        """(message_id, node, entry_id, recipients) of a node's rows published and not
+        acknowledged (with `pending`, those not yet published too)."""
+        states = "('pending', 'published')" if pending else "('published')"
         return self.db.execute("SELECT message_id, node, entry_id, recipients FROM outbound WHERE node = ? AND "
-                               "status = 'published' LIMIT ?", (node, limit)).fetchall()
+                               f"status IN {states} LIMIT ?", (node, limit)).fetchall()
 
     def waiting_nodes(self):
         """The nodes that have rows waiting (to be published or acknowledged)."""

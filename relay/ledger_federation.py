@@ -91,16 +91,41 @@ class FederationRecords:
         return entries
 
     def reroute(self, now, moves):
-        """Rows whose recipients another node holds now (a node renamed, or gone and its names
-        taken): moves are (message_id, old node, new node, recipients JSON); the row is queued
-        for the new node (merged with one already there) and the old one dropped."""
+        """Rows whose recipients another node holds now (a node renamed, or one that dropped
+        them): moves are (message_id, old node, new node, recipients JSON). The row is queued for
+        the new node, or merged into one there not yet published; the old one is dropped. A row
+        the new node already got for other recipients cannot take them (the node knows the
+        message by its id): the old row is refused with that reason, never dropped unsaid.
+        Returns the entry ids the moved rows had (for the caller to delete)."""
+        entries = []
         with self.transaction():
             for mid, old, new, names in moves:
-                self.db.execute("INSERT INTO outbound (message_id, node, recipients, envelope, status, queued_at) "
-                                "SELECT message_id, ?, ?, envelope, 'pending', ? FROM outbound WHERE message_id = ? "
-                                "AND node = ? ON CONFLICT DO NOTHING", (new, names, now, mid, old))
+                row = self.db.execute("SELECT entry_id FROM outbound WHERE message_id = ? AND node = ?",
+                                      (mid, old)).fetchone()
+                if row is None:
+                    continue
+                there = self.db.execute("SELECT status, recipients FROM outbound WHERE message_id = ? AND node = ?",
+                                        (mid, new)).fetchone()
+                listed = ", ".join(orjson.loads(names))
+                if there is not None and there[0] != "pending":
+                    why = (f"{listed} moved to node {new}, which already has this message for "
+                           f"{', '.join(orjson.loads(there[1]))}: not delivered to {listed}; send it again")
+                    self.db.execute("UPDATE outbound SET status = 'refused', acked_at = ?, error = ? WHERE "
+                                    "message_id = ? AND node = ?", (now, why, mid, old))
+                    self._events([(mid, now, "refused-by-node", why)])
+                    continue
+                if there is not None:
+                    merged = sorted(set(orjson.loads(there[1])) | set(orjson.loads(names)))
+                    self.db.execute("UPDATE outbound SET recipients = ? WHERE message_id = ? AND node = ?",
+                                    (orjson.dumps(merged).decode(), mid, new))
+                else:
+                    self.db.execute("INSERT INTO outbound (message_id, node, recipients, envelope, status, queued_at) "
+                                    "SELECT message_id, ?, ?, envelope, 'pending', ? FROM outbound WHERE "
+                                    "message_id = ? AND node = ?", (new, names, now, mid, old))
                 self.db.execute("DELETE FROM outbound WHERE message_id = ? AND node = ?", (mid, old))
-                self._events([(mid, now, "rerouted", f"from node {old} to node {new}: {', '.join(orjson.loads(names))}")])
+                entries.append((old, row[0]))
+                self._events([(mid, now, "rerouted", f"from node {old} to node {new}: {listed}")])
+        return entries
 
     def received(self, now, items, refused, sheds=(), failed=()):
         """One transaction for a batch read from this node's stream: each message delivered here
@@ -163,8 +188,9 @@ class FederationRecords:
         with self.transaction():
             self.db.execute("DELETE FROM remote_agents")
             self.db.executemany("INSERT OR REPLACE INTO remote_agents (name, node, last_seen) VALUES (?, ?, ?)", agents)
-            self._link(now, node, True, None, orjson.dumps(conflicts).decode())
-            self.db.execute("UPDATE link SET directory_at = ?, directory_error = NULL", (now,))
+            self._row(now, node)
+            self.db.execute("UPDATE link SET directory_at = ?, directory_error = NULL, conflicts = ?",
+                            (now, orjson.dumps(conflicts).decode()))
 
     def directory_read(self, now):
         """The team's directory was read whole now (what a name not yet known waits for)."""
@@ -174,7 +200,7 @@ class FederationRecords:
     def directory_failed(self, now, node, error):
         """The team's directory could not be read (relay status and doctor say why)."""
         with self.transaction():
-            self._link(now, node, True, None, None)
+            self._row(now, node)
             self.db.execute("UPDATE link SET directory_error = ?", (error,))
 
     def forget_received(self, before):
@@ -186,6 +212,11 @@ class FederationRecords:
         """Whether the link to the server works now (relay status), and why not."""
         with self.transaction():
             self._link(now, node, connected, error, None)
+
+    def _row(self, now, node):
+        """The link's row, made (not connected yet) if there is none."""
+        self.db.execute("INSERT INTO link (id, node, connected, since, updated_at) VALUES (1, ?, 0, ?, ?) "
+                        "ON CONFLICT (id) DO NOTHING", (node, now, now))
 
     def _link(self, now, node, connected, error, conflicts):
         self.db.execute("INSERT INTO link (id, node, connected, since, error, conflicts, updated_at) "

@@ -185,7 +185,9 @@ class Link:
             self._down(now, error)
             return done
         try:
-            self.publisher.read_acks(now, self.nodes)
+            self.publisher.read_acks(now, self.nodes | set(self.history.waiting_nodes()))
+            if self.publisher.moved:        # refused by a node whose agents they are no longer
+                self.publisher.reroute(now, self.directory.routes, self.alive)
         except self.errors as e:
             self._down(now, e)
             return done
@@ -201,8 +203,8 @@ class Link:
         except self.errors as e:
             self._down(now, e)
             return 0
-        if again and self.publisher.run_id:
-            self.incoming.reset()
+        if self.publisher.new_server:
+            self.incoming.reset()           # entry ids may have gone back: every stream from its start
         self.publisher.reroute(now, self.directory.routes, self.alive)
         if now >= self.next_sweep:
             from .receiver import REPLAY_WINDOW

@@ -52,6 +52,8 @@ class Publisher:
         self.early = {}                     # (message id, node) -> (entry id, when) published from an offer
         self.cursors = {}                   # node -> last acknowledgement entry read from it
         self.run_id = None                  # the server's, to know a restart or failover
+        self.new_server = False             # the last check found another run id
+        self.moved = []                     # (message id, node) refused by a node as not its agents
 
     def _xadd(self, entries):
         """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry id
@@ -142,9 +144,13 @@ class Publisher:
                     acks.extend(_acks(fields))
                     streams[key] = self.cursors[node] = eid.decode() if isinstance(eid, bytes) else eid
                 if acks:
+                    # A refusal because the recipients are not the node's (any more) is rerouted
+                    # when another node holds them now (reroute), else recorded as refused.
+                    here = [a for a in acks if not (a[2] and a[2].startswith(NOT_HERE))]
+                    self.moved += [(mid, node) for mid, _, refusal in acks if refusal and refusal.startswith(NOT_HERE)]
                     # The entries acknowledged are deleted, the row's own and the one the receiver
                     # names (an earlier publish of it, or one left by a crash after the record).
-                    gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in acks])
+                    gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in here])
                     settled += len(gone)
                     deletions.setdefault(node, []).extend(set(gone) | {e for _, e, _ in acks if e})
             if deletions:
@@ -173,7 +179,8 @@ class Publisher:
             info = self.client.info("server")
         run_id = info.get("run_id")
         again = []
-        if self.run_id is not None and run_id != self.run_id:
+        self.new_server = self.run_id is not None and run_id != self.run_id
+        if self.new_server:
             log.warning("federation: the server is another one now (run id %s, was %s: a restart or a failover); "
                         "every message not yet acknowledged is published again", run_id, self.run_id)
             again += [(r["message_id"], r["node"]) for n in self.history.unacknowledged()
@@ -210,23 +217,38 @@ class Publisher:
         pipe.execute(raise_on_error=False)
 
     def reroute(self, now, routes, alive):
-        """Rows waiting for a node that no longer holds their recipients, while another does."""
+        """Rows waiting for a node that no longer holds their recipients, while another does: the
+        rows of a node that is gone, and those a live node refused as not its agents'."""
         moves = []
         for node in self.history.waiting_nodes():
             if alive.get(node):
                 continue
-            for r in self.history.waiting_for(node, BATCH):
+            for r in self.history.waiting_for(node, BATCH, pending=True):
                 names = orjson.loads(r["recipients"])
                 new = {routes.get(n) for n in names}
                 if len(new) == 1 and None not in new and node not in new:
                     moves.append((r["message_id"], node, new.pop(), r["recipients"]))
+        for mid, node in self.moved:
+            for r in self.history.outbound(mid):
+                if r["node"] == node:
+                    names = orjson.loads(r["recipients"])
+                    new = {routes.get(n) for n in names}
+                    if len(new) == 1 and None not in new and node not in new:
+                        moves.append((mid, node, new.pop(), r["recipients"]))
+        self.moved = []
         if moves:
-            self.ledger.reroute(now, moves)
+            gone = self.ledger.reroute(now, moves)
             log.warning("federation: %d messages for agents now on other nodes are sent there", len(moves))
+            pipe = self.client.pipeline(transaction=False)
+            for node, eid in gone:
+                if eid:
+                    pipe.xdel(self.keys.messages(self.node, node), eid)
+            pipe.execute(raise_on_error=False)
         return len(moves)
 
 
 ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}\Z")
+NOT_HERE = "none of "          # how a receiver's refusal for recipients that are not its agents begins
 
 
 def _acks(fields):
@@ -250,17 +272,24 @@ SIZES = """#!lua flags=no-writes
 local out = {}
 local entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
 for _, e in ipairs(entries) do
-  local size = 0
-  for _, v in ipairs(e[2]) do size = size + #v end
-  table.insert(out, {e[1], size})
+  local size, id = 0, ''
+  for i, v in ipairs(e[2]) do
+    size = size + #v
+    if i % 2 == 0 and e[2][i - 1] == 'id' and #v <= 64 then id = v end
+  end
+  table.insert(out, {e[1], size, id})
 end
 return out
 """
 
 
-def _sizes(client, key, after, count):
-    """(entry id, bytes) of up to `count` entries of a stream after `after`, counted by the
-    server: nothing of an entry is read but its id and size."""
+def _sizes(client, key, after, count, with_ids=False):
+    """(entry id, bytes[, its message id]) of up to `count` entries of a stream after `after`,
+    counted by the server: nothing of an entry is read but its ids and size."""
     start = "(" + after if after not in ("0", "0-0") else "-"
     reply = client.eval_ro(SIZES, 1, key, start, count)
-    return [(eid.decode() if isinstance(eid, bytes) else eid, int(size)) for eid, size in reply]
+    out = []
+    for eid, size, mid in reply:
+        eid = eid.decode() if isinstance(eid, bytes) else eid
+        out.append((eid, int(size), mid.decode("utf-8", "replace")) if with_ids else (eid, int(size)))
+    return out

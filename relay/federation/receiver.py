@@ -50,7 +50,7 @@ HELD = 4                    # bytes held in memory per byte of an entry read (pa
 RETRY_BASE = 0.5            # seconds before an entry not yet delivered is tried again, doubled ...
 RETRY_CAP = 1.0             # ... at most this while the server answers
 REPLAY_WINDOW = 30 * 86400.0    # received ids are kept this long; an entry with an older id is refused
-ACK_KEEP = 3600.0           # seconds an acknowledgement stays in this node's stream for its sender
+ACK_KEEP = 10_000           # acknowledgement entries kept in this node's stream to a sender (each holds a batch's)
 HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 REPEAT = "repeat"           # the verdict on a message received before
 # What flow control and hooks read of a received message (a local one has its parsed Message).
@@ -181,9 +181,9 @@ class Incoming:
         self.count = 1
         for key, cursor in streams.items():
             node = self._node_of(key)
-            for eid, size in _sizes(self.client, key, cursor, FIRST_READ):
+            for eid, size, mid in _sizes(self.client, key, cursor, FIRST_READ, with_ids=True):
                 if size > limit:
-                    out.append((node, eid, {"oversize": size}))
+                    out.append((node, eid, {"oversize": size, b"id": mid.encode()}))
                     continue
                 try:
                     got = self.client.xrange(key, eid, eid)
@@ -215,12 +215,11 @@ class Incoming:
         crash, the server away) only makes the sender publish again, which this node knows."""
         if not self.acks:
             return
-        minid = int((self.clock() - ACK_KEEP) * 1000)
         pipe = self.client.pipeline(transaction=False)
         nodes = sorted(self.acks)
         for node in nodes:
             pipe.xadd(self.keys.acks(self.node, node), {"acks": orjson.dumps(self.acks[node])},
-                      minid=minid, approximate=True)
+                      maxlen=ACK_KEEP, approximate=True)
         results = pipe.execute(raise_on_error=False)
         full = []
         for node, result in zip(nodes, results, strict=True):
@@ -332,7 +331,7 @@ class Incoming:
             try:
                 listed = self.client.hget(self.keys.node(node), "agents")
                 names = orjson.loads(listed) if listed else []
-            except (orjson.JSONDecodeError, ReplyTooLarge):
+            except (orjson.JSONDecodeError, TypeError, ReplyTooLarge):
                 names = []
             self._lists[node] = set(names) if isinstance(names, list) and \
                 len(names) <= self.fed.max_agents_per_node else set()
@@ -468,7 +467,7 @@ def read_entry(node, eid, fields, local, config):
     if "oversize" in fields:
         raise MessageRefused(f"the entry is {fields['oversize']} bytes, over what this node reads ({limit} bytes)")
     if _text(fields.get("v")) != "2":
-        raise MessageRefused(f"not a relay entry of version 2 (v={shown(str(fields.get('v')))[:20]})")
+        raise MessageRefused(f"not a relay entry of version 2 (v={shown(str(_text(fields.get('v'))))[:20]})")
     mid = _text(fields.get("id"))
     if not mid or not valid_id(mid):
         raise MessageRefused(f"{shown(str(mid))[:40]!r} is not a relay message id")
