@@ -10,13 +10,14 @@
 
 The CLI's agent verbs (send, inbox, read) are built on this, so both check the same things:
 names against the known agents (an unknown one is refused with the closest match), an id that
-`relay show` finds at once (the sender's file carries it), request ids that make a repeated send
-harmless. Messages are written the way SPEC section 2 asks: a hidden temporary, synced, renamed
+`relay show` finds at once (the sender's file carries it, and the ledger records it as that
+sender's before the file is written), request ids that make a repeated send harmless. Messages are written the way SPEC section 2 asks: a hidden temporary, synced, renamed
 into the outbox under a name no other message uses.
 """
 import dataclasses
 import difflib
 import os
+import sqlite3
 import time
 
 import orjson
@@ -165,6 +166,15 @@ class Project:
                               if node != self.config.federation.node}
         return sorted(names)
 
+    def reserve(self, mid, sender):
+        """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_ids.py): a file
+        of another outbox that copies it cannot have it."""
+        try:
+            with Ledger(self.layout.ledger, durability=self.config.durability) as ledger:
+                ledger.reserve_id(mid, sender, time.time())
+        except sqlite3.Error as e:
+            raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
+
     def history(self):
         """The ledger read-only (close it, or use `with`); None when there is no ledger yet."""
         if not self.layout.ledger.exists():
@@ -260,6 +270,7 @@ class Agent:
                              "send it in parts, or raise max_body_bytes in relay.toml")
         mid = _ids.new(time.time())
         data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id)
+        self.project.reserve(mid, self.name)       # the id is this sender's before any file names it
         self.layout.fs.put(f"outbox/{self.name}/msg-{mid.lower()}", data)
         return mid
 

@@ -73,23 +73,40 @@ class History:
         return self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
 
     def find(self, mid):
-        """A message by id or unique id prefix (any case); NotFound or RelayError otherwise."""
+        """A message by id or unique id prefix (any case); NotFound or RelayError otherwise. An
+        id `relay send` gave a sender names that sender's message only: never another's, even
+        one whose file was named after it; what cannot be told apart is refused."""
         prefix = mid.upper()
+        owner = self.id_owner(prefix) if valid_id(prefix) else None
         rows = self.db.execute("SELECT * FROM messages WHERE id >= ? AND id < ? ORDER BY id LIMIT 2",
                                (prefix, prefix + "\x7f")).fetchall()
         if len(rows) == 1 or (rows and rows[0]["id"] == prefix):
+            if owner is not None and rows[0]["id"] == prefix and rows[0]["sender"] != owner:
+                raise RelayError(f"the id {prefix} was given to {owner} by relay send, but the message recorded "
+                                 f"under it is from {rows[0]['sender']}; relay will not say which is meant")
             return rows[0]
         if rows:
             raise RelayError(f"{mid!r} matches more than one message; give more of the id")
         if valid_id(prefix):
             # The id `relay send` printed is in the file, read when relay parses it: a message
             # failed or held back before that (too large, unreadable, not yet read) is still
-            # under the id relay gave it when found, but its file name carries the printed one.
-            rows = self.db.execute("SELECT * FROM messages WHERE name = ? ORDER BY discovered_at, id LIMIT 2",
-                                   (f"msg-{prefix.lower()}",)).fetchall()
+            # under the id relay gave it when found, but its file name carries the printed one
+            # (in its sender's outbox: any agent may name a file so).
+            sql = "SELECT * FROM messages WHERE name = ?" + (" AND sender = ?" if owner else "")
+            rows = self.db.execute(sql + " ORDER BY discovered_at, id LIMIT 2",
+                                   (f"msg-{prefix.lower()}", *([owner] if owner else []))).fetchall()
             if len(rows) == 1:
                 return rows[0]
+            if rows and rows[0]["sender"] != rows[1]["sender"]:
+                raise RelayError(f"no message has the id {prefix}, and files of more than one agent are named "
+                                 f"msg-{prefix.lower()}; relay will not say which is meant")
         raise NotFound(f"no message with id {mid!r} in the ledger")
+
+    def id_owner(self, mid):
+        """The agent `relay send` gave the id `mid` to, or None (an id relay gave at discovery,
+        one chosen by hand, one given before the retention sweep forgot it)."""
+        row = self.db.execute("SELECT sender FROM sent_ids WHERE id = ?", (mid,)).fetchone()
+        return row[0] if row is not None and isinstance(row[0], str) else None
 
     def by_request(self, sender, request_id):
         """The id of the sender's message with this request id that did not fail, or None."""

@@ -175,6 +175,15 @@ UPDATE messages SET expired_at = failed_at WHERE status = 'failed' AND EXISTS (
     SELECT 1 FROM events e WHERE e.message_id = messages.id AND e.event = 'expired' AND e.seq > coalesce(
         (SELECT max(r.seq) FROM events r WHERE r.message_id = messages.id AND r.event = 'retry'), 0));
 """),
+    # Ids bound to their senders (ledger_ids.py): the id relay send gave each sender.
+    (7, "ids bound to their senders", """
+CREATE TABLE sent_ids (
+    id     TEXT PRIMARY KEY,
+    sender TEXT NOT NULL,
+    at     REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX sent_ids_at ON sent_ids(at)
+"""),
 ]
 # Versions are applied by number, each once, in order: a ledger may lack a lower number that
 # was added later, and gets it at its next start.
