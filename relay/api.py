@@ -30,6 +30,7 @@ from .history import History
 from .ids import IdGenerator
 from .inbox import Inbox
 from .layout import Layout, valid_id
+from .lock import wake
 from .mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
 from .ledger import Ledger
 from .message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
@@ -167,7 +168,7 @@ class Project:
         return sorted(names)
 
     def reserve(self, mid, sender):
-        """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_ids.py): a file
+        """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_senders.py): a file
         of another outbox that copies it cannot have it."""
         try:
             with Ledger(self.layout.ledger, durability=self.config.durability) as ledger:
@@ -221,7 +222,7 @@ class Agent:
         if not self.layout.state.is_dir():
             raise RelayError(f"no relay state directory at {self.layout.state}: run `relay init` first")
         if create and name != SYSTEM:
-            _create(self.layout, [name])
+            _create(self.layout, [name], "created by an agent")
         # System, relay's own inbox (control messages), may be read; it never sends.
         self.name = name if name == SYSTEM else check_known(name, self.project.agents(), role)
 
@@ -248,7 +249,7 @@ class Agent:
             known |= set(directory(self.project.config))
             unknown = [n for n in unknown if n not in known]
         if unknown and create:
-            _create(self.layout, unknown)
+            _create(self.layout, unknown, "created by an agent")
             known |= set(unknown)
         for n in names:
             if n not in special:
@@ -429,7 +430,7 @@ def agents(root=None, state_dir=None):
         return project.agents()
 
 
-def _create(layout, names):
+def _create(layout, names, how):
     for name in names:
         if not AGENT_NAME.match(name) or name == SYSTEM:
             raise InvalidName(f"invalid agent name {name!r}: agent names match {AGENT_NAME_RULE}")
@@ -438,6 +439,21 @@ def _create(layout, names):
     problems = layout.init(names)
     if problems:
         raise RelayError("; ".join(problems))
+    declare(layout, names, how)
+
+
+def declare(layout, names, how, durability="full"):
+    """Record in the ledger that these agents are senders (with `senders = "declared"` relay
+    reads only the outboxes of declared agents and those listed in `agents`); `how` says what
+    declared them. A running daemon is woken to look at their outboxes now."""
+    if not names:
+        return
+    try:
+        with Ledger(layout.ledger, durability=durability) as ledger:
+            ledger.declare(names, time.time(), how)
+    except sqlite3.Error as e:
+        raise RelayError(f"cannot record the agents {', '.join(names)} in the ledger ({e})") from None
+    wake(layout.lock)
 
 
 def _json(raw):

@@ -16,6 +16,7 @@ from .history import BadRow, sift
 from .inbox import Inbox
 from .ledger import STATUSES
 from .lock import holder
+from .outbox import declared
 
 TABLE_LIMIT = 50        # messages in audit's table unless --limit says otherwise
 OPERATOR_TABLES = ("sheds", "pings", "archived_agents")    # what agents and queues read beside messages
@@ -199,7 +200,8 @@ def doctor(ctx, quick, as_json):
     from . import operator
     pid = holder(ctx.layout.lock)
     with ctx.reader() as led:
-        problems, facts = operator.doctor(led, ctx.layout, pid, configured=ctx.cfg.durability, quick=quick)
+        problems, facts = operator.doctor(led, ctx.layout, pid, configured=ctx.cfg.durability, quick=quick,
+                                          declared=declared(ctx.cfg, led))
         migrations = led.migrations()
     verified = ("verify's checks not run (--quick): archive files and envelopes not re-hashed, hash chain "
                 "not walked; run `relay verify`") if quick else f"verified {facts['verified']} archived message(s)"

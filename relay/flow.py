@@ -111,13 +111,23 @@ WHAT_TO_DO = ("the recipients listed under `shed` did not get this message (the 
               "for the window to pass; queue_limit, the recipient must read its inbox; then send it to them again")
 
 
+class Unread:
+    """What flow control keeps of a recipient's new/: how many envelopes (an upper bound between
+    listings: relay adds, readers take away), how many of them each sender's, when listed."""
+    __slots__ = ("count", "at", "by")
+
+    def __init__(self, count, at):
+        self.count, self.at, self.by = count, at, collections.Counter()
+
+
 class FlowControl:
     def __init__(self, layout, history, inbox):
         self.fs = layout.fs
         self.history = history
         self.inbox = inbox          # a message tried before may be held already: never shed then
         self.pairs = {}             # (sender, recipient) -> deque of delivery times, oldest first
-        self.unread = {}            # recipient -> [unread envelopes (at most), when listed]
+        self.unread = {}            # recipient -> Unread: its envelopes in new/ (at most), whose, when listed
+        self.owners = {}            # recipient near its queue_limit -> {id of an envelope in its new/: sender}
         self.seeded_for = None      # (pair_rate, pair_window) the windows were seeded with
         self.next_prune = 0.0
 
@@ -125,6 +135,7 @@ class FlowControl:
         """The per-pair windows from the deliveries the ledger recorded in the last pair_window."""
         self.pairs = {}
         self.unread = {}
+        self.owners = {}
         self.seeded_for = (config.pair_rate, config.pair_window)
         if not (config.pair_rate and config.pair_window):
             return
@@ -191,9 +202,15 @@ class FlowControl:
         if config.queue_limit:
             held = self._held(r, now, config, adds[r], listed) + adds[r]
             if held >= config.queue_limit:
-                return Shed("queue_limit", config.queue_limit, held,
-                            f"{r} already holds {held} unread messages in its new/ (queue_limit = "
-                            f"{config.queue_limit}); it is not reading its inbox")
+                # The queue is full, but each of its senders has a share of it: one under its
+                # share (made-up senders filled the rest) is not shed.
+                mine, senders = self._share(r, sender, adds)
+                share = config.queue_limit / senders
+                if mine >= share:
+                    return Shed("queue_limit", config.queue_limit, held,
+                                f"{r} already holds {held} unread messages in its new/ (queue_limit = "
+                                f"{config.queue_limit}), {mine} of them from {sender}, its share ({share:g}) "
+                                f"among {senders} sender(s); {r} is not reading its inbox")
         if config.pair_rate and config.pair_window:
             q = self.pairs.get((sender, r))
             if q and q[-1] > now:
@@ -212,13 +229,36 @@ class FlowControl:
         return None
 
     def _held(self, r, now, config, adding, listed):
-        """Unread envelopes in r's new/: the count kept, or a listing (at most once a batch)."""
+        """Unread envelopes in r's new/: the count kept, or a listing (at most once a batch).
+        A listing that finds the queue near its limit also counts whose they are (the ledger
+        says who sent each id it knows; an envelope it does not know, a ping or one put there
+        by hand, is nobody's)."""
         kept = self.unread.get(r)
-        if r not in listed and (kept is None or kept[0] + adding + 1 >= config.queue_limit
-                                or now - kept[1] >= config.rescan_interval):
+        if r not in listed and (kept is None or kept.count + adding + 1 >= config.queue_limit
+                                or now - kept.at >= config.rescan_interval):
             listed.add(r)
-            kept = self.unread[r] = [self.fs.count(f"inbox/{r}/new", is_envelope), now]
-        return kept[0]
+            ids = []
+            count = self.fs.count(f"inbox/{r}/new", lambda e: is_envelope(e) and not ids.append(e.name[:-5]))
+            kept = self.unread[r] = Unread(count, now)
+            if count + adding + 1 >= config.queue_limit:
+                known = self.owners.get(r, {})
+                missing = [i for i in ids if i not in known]
+                if missing:
+                    known.update(self.history.senders_of(missing))
+                self.owners[r] = {i: known[i] for i in ids if i in known}
+                kept.by = collections.Counter(self.owners[r].values())
+            else:
+                self.owners.pop(r, None)
+                kept.by = collections.Counter()     # far from full: what this relay adds is what counts
+        return kept.count
+
+    def _share(self, r, sender, adds):
+        """(unread envelopes of `sender` in r's new/, senders sharing r's queue): those with
+        envelopes there, counted or admitted in this batch, and `sender` itself."""
+        by = self.unread[r].by
+        batch = {k[0]: n for k, n in adds.items() if isinstance(k, tuple) and k[1] == r and n}
+        senders = {s for s, n in by.items() if n} | set(batch) | {sender}
+        return by[sender] + batch.get(sender, 0), len(senders)
 
     def commit(self, works, now, config):
         """After the batch is recorded: its deliveries enter the windows and the counts kept."""
@@ -227,7 +267,10 @@ class FlowControl:
             for r in w.got:
                 kept = self.unread.get(r)
                 if kept is not None:
-                    kept[0] += 1
+                    kept.count += 1
+                    kept.by[w.sender] += 1
+                    if r in self.owners:
+                        self.owners[r][w.id] = w.sender
                 if window:
                     q = self.pairs.get((w.sender, r))
                     if q is None:

@@ -102,6 +102,10 @@ class History:
                                  f"msg-{prefix.lower()}; relay will not say which is meant")
         raise NotFound(f"no message with id {mid!r} in the ledger")
 
+    def declared_agents(self):
+        """The names of the agents declared as senders (ledger_senders.py)."""
+        return {r[0] for r in self.db.execute("SELECT name FROM declared_agents") if isinstance(r[0], str)}
+
     def id_owner(self, mid):
         """The agent `relay send` gave the id `mid` to, or None (an id relay gave at discovery,
         one chosen by hand, one given before the retention sweep forgot it)."""
@@ -136,6 +140,15 @@ class History:
 
     def processing(self):
         return self.db.execute("SELECT * FROM messages WHERE status = 'processing' ORDER BY id").fetchall()
+
+    def senders_of(self, ids):
+        """{id: sender} of the messages among `ids` the ledger has (flow control's shares)."""
+        out = {}
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            out.update((r[0], r[1]) for r in self.db.execute(
+                f"SELECT id, sender FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+        return out
 
     def unknown(self, ids):
         """The ids among `ids` that no row holds, as its id or as the id its spool file is

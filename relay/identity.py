@@ -1,5 +1,5 @@
 """Ids chosen by senders and request ids, settled for a batch after its files are read and
-before anything is delivered (the rule is ledger_ids.py's): a sender-chosen id becomes the
+before anything is delivered (the rule is ledger_senders.py's): a sender-chosen id becomes the
 message id when it is the sender's to have and unused; one given to another sender by relay
 send, or held by another message, is not taken (the message keeps relay's id, event
 `id_refused`); a sender's reuse of its own id is refused with the reason. A message whose

@@ -2,7 +2,7 @@
 migrations, discovery and claims, each batch's outcomes, recovery, the hash chain, the
 retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
 expire, ping, archive-agent) and the record of each operator command. The ids bound to their
-senders are settled in ledger_ids.py (mixed in). The read-only queries are in history.py.
+senders are settled in ledger_senders.py (mixed in). The read-only queries are in history.py.
 
 The ledger knows rows and states, nothing about files. Every write happens in an explicit
 `BEGIN IMMEDIATE` transaction on the connection's own thread; one transaction covers a whole
@@ -19,7 +19,7 @@ import urllib.parse
 import orjson
 
 from .errors import LedgerError, SchemaError
-from .ledger_ids import Identities
+from .ledger_senders import Senders
 from .sync import fdatasync
 from .schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -72,7 +72,7 @@ def link_hash(prev, *record):
     return hashlib.sha256(orjson.dumps([prev, *record])).hexdigest()
 
 
-class Ledger(Identities):
+class Ledger(Senders):
     """One connection to the ledger. Not shared between threads."""
 
     def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):

@@ -175,7 +175,7 @@ UPDATE messages SET expired_at = failed_at WHERE status = 'failed' AND EXISTS (
     SELECT 1 FROM events e WHERE e.message_id = messages.id AND e.event = 'expired' AND e.seq > coalesce(
         (SELECT max(r.seq) FROM events r WHERE r.message_id = messages.id AND r.event = 'retry'), 0));
 """),
-    # Ids bound to their senders (ledger_ids.py): the id relay send gave each sender.
+    # Ids bound to their senders (ledger_senders.py): the id relay send gave each sender.
     (7, "ids bound to their senders", """
 CREATE TABLE sent_ids (
     id     TEXT PRIMARY KEY,
@@ -183,6 +183,14 @@ CREATE TABLE sent_ids (
     at     REAL NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX sent_ids_at ON sent_ids(at)
+"""),
+    # The agents declared as senders (senders = "declared"; ledger_senders.py).
+    (8, "declared senders", """
+CREATE TABLE declared_agents (
+    name TEXT PRIMARY KEY,
+    at   REAL NOT NULL,
+    how  TEXT NOT NULL
+) WITHOUT ROWID
 """),
 ]
 # Versions are applied by number, each once, in order: a ledger may lack a lower number that

@@ -1,7 +1,9 @@
-"""The ledger's writes that bind ids to senders (mixed into Ledger, whose transactions they use):
-the id `relay send` gave a sender, recorded before its file is written; the ids and request ids
-the messages of a batch name, settled before anything is delivered; their records forgotten with
-the messages at the retention sweep. The reads are in history.py (`id_owner`, `find`).
+"""The ledger's writes about senders (mixed into Ledger, whose transactions they use): the agents
+declared as senders (`senders = "declared"`: relay init --agent, send --create, the API, adopt
+--create); the id `relay send` gave a sender, recorded before its file is written; the ids and
+request ids the messages of a batch name, settled before anything is delivered; their records
+forgotten with the messages at the retention sweep. The reads are in history.py
+(`declared_agents`, `id_owner`, `find`).
 
 The rule: an id `relay send` printed to a sender is that sender's. A file of another sender that
 names it keeps the id relay gave it when found (event `id_refused`) and goes on like any other;
@@ -11,8 +13,15 @@ id is refused, as its own mistake. A request id repeats only the same sender's m
 REFUSED = "this message keeps the id relay gave it"
 
 
-class Identities:
-    """Ledger's part for ids bound to senders (uses self.db, self.transaction, self._events)."""
+class Senders:
+    """Ledger's part for senders and their ids (uses self.db, self.transaction, self._events)."""
+
+    def declare(self, names, now, how):
+        """These agents are senders (`how`: what declared them); one declared already stays as
+        it was."""
+        with self.transaction():
+            self.db.executemany("INSERT INTO declared_agents (name, at, how) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                                [(n, now, how) for n in names])
 
     def reserve_id(self, mid, sender, now):
         """`relay send` gives `mid` to `sender`: committed before the file naming it is written,
