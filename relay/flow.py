@@ -6,10 +6,14 @@ shed for every recipient is failed with the reason. The reasons, each with the l
 and the value observed:
 
 - `body_size`: the body is over `max_body_bytes` (decided where the file is read and parsed);
-- `per_pair_rate`: the sender has had `pair_rate` messages delivered to this recipient in the
-  last `pair_window` (an echo loop between two agents is stopped here);
+- `per_pair_rate`: the sender has had `pair_rate` messages delivered to this recipient that
+  were written in the `pair_window` before this one (an echo loop between two agents is stopped
+  here). A message counts as written at its file's mtime, or now when that is in relay's future:
+  the backlog written while relay was stopped is not a loop;
 - `queue_limit`: the recipient already holds `queue_limit` unread envelopes in its new/ (regular
-  files named <id>.json: whatever else was put there is no envelope and is not counted);
+  files named <id>.json: whatever else was put there is no envelope and is not counted), and
+  the sender its share of them: queue_limit over the senders with envelopes there, so no sender,
+  made up or not, takes the room another needs;
 - `recipient_archived`: an operator archived the recipient (relay archive-agent).
 
 The hot path stays cheap: the per-pair windows live in memory (seeded from the ledger's
@@ -18,6 +22,7 @@ per batch, only when the count kept since its last listing (relay's own deliveri
 upper bound since readers only take envelopes away) could reach the limit, or when that count
 is older than `rescan_interval`.
 """
+import bisect
 import collections
 import logging
 
@@ -125,29 +130,33 @@ class FlowControl:
         self.fs = layout.fs
         self.history = history
         self.inbox = inbox          # a message tried before may be held already: never shed then
-        self.pairs = {}             # (sender, recipient) -> deque of delivery times, oldest first
+        self.pairs = {}             # (sender, recipient) -> sorted times its delivered messages were written
+        self.low = float("inf")     # the oldest time written counted since the windows were last pruned
+        self.admitted = {}          # (sender, recipient) -> sorted times written of those admitted in this batch
         self.unread = {}            # recipient -> Unread: its envelopes in new/ (at most), whose, when listed
         self.owners = {}            # recipient near its queue_limit -> {id of an envelope in its new/: sender}
         self.seeded_for = None      # (pair_rate, pair_window) the windows were seeded with
         self.next_prune = 0.0
 
     def seed(self, now, config):
-        """The per-pair windows from the deliveries the ledger recorded in the last pair_window."""
+        """The per-pair windows from the deliveries the ledger recorded in the last pair_window,
+        each at the time its message was written (no later than its delivery)."""
         self.pairs = {}
         self.unread = {}
         self.owners = {}
         self.seeded_for = (config.pair_rate, config.pair_window)
+        self.low = float("inf")
         if not (config.pair_rate and config.pair_window):
             return
         times = collections.defaultdict(list)
-        for sender, recipient, at in self.history.deliveries_since(now - config.pair_window):
+        for sender, recipient, at, sent in self.history.deliveries_since(now - config.pair_window):
             # A row this build cannot read is left out, and so is a delivery in the clock's
             # future (recorded before the clock was set back): nothing says how long ago it was,
             # and counted as now at every start it would hold the pair until the clock caught up.
             if isinstance(at, (int, float)) and at <= now:
-                times[(sender, recipient)].append(at)
+                times[(sender, recipient)].append(min(sent, at) if isinstance(sent, (int, float)) else at)
         for pair, ts in times.items():
-            self.pairs[pair] = collections.deque(sorted(ts)[-config.pair_rate:])
+            self.pairs[pair] = sorted(ts)
         self.next_prune = now + config.pair_window
 
     def admit(self, works, now, config, archived, prior, senders=True):
@@ -161,8 +170,10 @@ class FlowControl:
         if self.seeded_for != (config.pair_rate, config.pair_window):
             self.seed(now, config)
         adds = collections.Counter()        # admitted in this batch, not yet delivered
+        self.admitted = {}                  # (sender, recipient) -> sorted times written, of those
         listed = set()                      # new/ directories listed in this batch
         for w in works:
+            w.written = written(w.sent_at, now)
             if senders and w.sender in archived:
                 w.refused = (f"agent {w.sender} is archived (relay archive-agent): relay accepts nothing from it; "
                              f"`relay archive-agent --undo {w.sender}` restores it")
@@ -181,19 +192,20 @@ class FlowControl:
                 if reason and not released:
                     w.shed_before[r] = reason
                     continue
-                shed = self._check(w.sender, r, now, config, archived, adds, listed, limits=not released)
+                shed = self._check(w.sender, r, now, config, archived, adds, listed, w.written, limits=not released)
                 if shed is not None and w.thorough and self.inbox.held(r, w):
                     shed = None         # delivered by an attempt a crash cut short: it has it
                 if shed is None:
                     adds[r] += 1
                     adds[(w.sender, r)] += 1
+                    bisect.insort(self.admitted.setdefault((w.sender, r), []), w.written)
                 else:
                     w.shed[r] = shed
             if (w.shed or w.shed_before) and w.recipients and all(r in w.shed or r in w.shed_before
                                                                   for r in w.recipients):
                 w.refused = summary({**w.shed_before, **w.shed})
 
-    def _check(self, sender, r, now, config, archived, adds, listed, limits=True):
+    def _check(self, sender, r, now, config, archived, adds, listed, at, limits=True):
         if r in archived:
             return Shed("recipient_archived", None, None,
                         f"{r} is archived (relay archive-agent); relay delivers nothing to it")
@@ -212,19 +224,20 @@ class FlowControl:
                                 f"{config.queue_limit}), {mine} of them from {sender}, its share ({share:g}) "
                                 f"among {senders} sender(s); {r} is not reading its inbox")
         if config.pair_rate and config.pair_window:
+            # The pair's messages written in the window before this one was (`at`), delivered
+            # or admitted in this batch; one written later but delivered already counts too.
             q = self.pairs.get((sender, r))
             if q and q[-1] > now:
                 # The clock was set back: deliveries in its future happened just before it, not
                 # later, so they count from now, or the pair would wait for the clock to catch up.
-                q = self.pairs[(sender, r)] = collections.deque(min(t, now) for t in q)
-            if q:
-                while q and q[0] <= now - config.pair_window:
-                    q.popleft()
-            sent = (len(q) if q else 0) + adds[(sender, r)]
+                q = self.pairs[(sender, r)] = [min(t, now) for t in q]
+            self.low = min(self.low, at)
+            since = at - config.pair_window
+            sent = sum(len(ts) - bisect.bisect_right(ts, since) for ts in (q or (), self.admitted.get((sender, r), ())))
             if sent >= config.pair_rate:
                 return Shed("per_pair_rate", config.pair_rate, sent + 1,
-                            f"{sender} sent {r} {sent} messages in the last {seconds(config.pair_window)}; "
-                            f"this one is over pair_rate = {config.pair_rate} per pair_window = "
+                            f"{sender} sent {r} {sent} messages in the last {seconds(config.pair_window)} "
+                            f"(counted by when they were written); this one is over pair_rate = {config.pair_rate} per pair_window = "
                             f"{seconds(config.pair_window)}")
         return None
 
@@ -261,7 +274,8 @@ class FlowControl:
         return by[sender] + batch.get(sender, 0), len(senders)
 
     def commit(self, works, now, config):
-        """After the batch is recorded: its deliveries enter the windows and the counts kept."""
+        """After the batch is recorded: its deliveries enter the windows (at the times their
+        messages were written) and the counts kept."""
         window = config.pair_rate and config.pair_window
         for w in works:
             for r in w.got:
@@ -272,13 +286,19 @@ class FlowControl:
                     if r in self.owners:
                         self.owners[r][w.id] = w.sender
                 if window:
-                    q = self.pairs.get((w.sender, r))
-                    if q is None:
-                        q = self.pairs[(w.sender, r)] = collections.deque()
-                    q.append(now)
-                    if len(q) > config.pair_rate:
-                        q.popleft()
+                    at = written(w.sent_at, now) if w.written is None else w.written
+                    bisect.insort(self.pairs.setdefault((w.sender, r), []), at)
         if window and now >= self.next_prune:
-            cutoff = now - config.pair_window
-            self.pairs = {pair: q for pair, q in self.pairs.items() if q and q[-1] > cutoff}
+            # What no message written since the oldest one counted lately can count any more
+            # (a backlog's old messages are counted among their own time's).
+            cutoff = min(now, self.low) - config.pair_window
+            self.pairs = {pair: ts[bisect.bisect_right(ts, cutoff):] for pair, ts in self.pairs.items()
+                          if ts and ts[-1] > cutoff}
             self.next_prune = now + config.pair_window
+            self.low = float("inf")
+
+
+def written(sent_at, now):
+    """When flow control counts a message as written: its file's time, or now when that is in
+    relay's future (or unknown)."""
+    return min(sent_at, now) if isinstance(sent_at, (int, float)) and sent_at == sent_at else now

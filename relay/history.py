@@ -274,9 +274,9 @@ class History:
     # -- flow control and the operator's view ------------------------------------------------
 
     def deliveries_since(self, since):
-        """(sender, recipient, delivered_at) of every delivery at or after `since` (the flow
-        control's per-pair windows); each part is served by an index."""
-        sql = ("SELECT m.sender, d.recipient, d.delivered_at FROM messages m {} JOIN deliveries d "
+        """(sender, recipient, delivered_at, sent_at) of every delivery at or after `since` (the
+        flow control's per-pair windows); each part is served by an index."""
+        sql = ("SELECT m.sender, d.recipient, d.delivered_at, m.sent_at FROM messages m {} JOIN deliveries d "
                "ON d.message_id = m.id WHERE {} AND d.delivered_at >= :since")
         out = []
         for hint, where in (("INDEXED BY messages_archived_at", "m.status = 'archived' AND m.archived_at >= :since"),
