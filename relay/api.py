@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import os
 import sqlite3
+import threading
 import time
 
 import orjson
@@ -145,9 +146,16 @@ class Project:
             config = config_mod.load(found, state_dir, env=env)
         self.config = config
         self.layout = Layout(self.config.root, self.config.state_dir)
+        self._writer = None         # the ledger, for the ids sent (reserve)
+        self._writing = threading.Lock()
 
     def close(self):
-        """Close the descriptors of the state directory (opened again when next needed)."""
+        """Close the descriptors of the state directory and the ledger (opened again when next
+        needed)."""
+        with self._writing:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
         self.layout.close()
 
     def __enter__(self):
@@ -169,12 +177,15 @@ class Project:
 
     def reserve(self, mid, sender):
         """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_senders.py): a file
-        of another outbox that copies it cannot have it."""
-        try:
-            with Ledger(self.layout.ledger, durability=self.config.durability) as ledger:
-                ledger.reserve_id(mid, sender, time.time())
-        except sqlite3.Error as e:
-            raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
+        of another outbox that copies it cannot have it. The connection is kept for the next
+        send (closing the last one checkpoints the log) until close()."""
+        with self._writing:
+            try:
+                if self._writer is None:
+                    self._writer = Ledger(self.layout.ledger, durability=self.config.durability)
+                self._writer.reserve_id(mid, sender, time.time())
+            except sqlite3.Error as e:
+                raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
 
     def history(self):
         """The ledger read-only (close it, or use `with`); None when there is no ledger yet."""
@@ -404,7 +415,7 @@ class Agent:
         descriptor waits for the kernel, some milliseconds) and close the descriptors of the
         state directory. The Agent may be used again: they are opened when next needed."""
         self._unwatch()
-        self.layout.close()
+        self.project.close()
 
     def _unwatch(self):
         if self._mail is not None:
