@@ -2,14 +2,19 @@
 keep planting, at random, what SPEC section 4 says relay must survive: symlinks at every level of
 .relay/, hard links to files outside the project, names that are not UTF-8 or hold control
 characters, 250-byte names, names starting with '-', far-future and far-past mtimes, files held
-open for writing, FIFOs, directories in outboxes and an outbox named System.
+open for writing, FIFOs, directories in outboxes and an outbox named System; made-up senders
+(new outbox directories with messages for the producers' agents) and ids copied from another
+agent's outbox into a back-dated file (the producers send half their messages with relay's API,
+whose ids the ledger binds to their sender).
 
     python benchmarks/hostile.py --seconds 20 --seed 1 --producers 3 --rate 10 [--skip bad-utf8]
 
-A decoy tree beside the project and the project's own files are checksummed before and after.
-Exits 1 when anything outside .relay/ changed, a producer's message was lost, duplicated or
-misdelivered, a decoy or project file or a half-written or oddly named file was delivered, or the
-daemon died or did not exit 0 on SIGTERM.
+The daemon runs with `senders = "declared"` (`--senders any` for the default). A decoy tree beside
+the project and the project's own files are checksummed before and after. Exits 1 when anything
+outside .relay/ changed, a producer's message was lost, duplicated or misdelivered, a message
+relay's API sent was delivered under another id than the one it printed, a decoy or project file
+or a half-written or oddly named file was delivered, a made-up sender's file was delivered (in
+declared mode) or lost, or the daemon died or did not exit 0 on SIGTERM.
 """
 import argparse
 import collections
@@ -33,8 +38,9 @@ OLD = time.time() - 2 * 86400
 HOSTILES = 3
 KINDS = {"file-link": 3, "agent-link": 2, "ghost-inbox": 1, "swap": 2, "hardlink": 2, "bad-utf8": 2,
          "control-name": 2, "long-name": 2, "dash-name": 2, "future-mtime": 2, "past-mtime": 2,
-         "held-open": 1, "fifo": 2, "dir": 1, "system-outbox": 1}
+         "held-open": 1, "fifo": 2, "dir": 1, "system-outbox": 1, "made-up-sender": 2, "copied-id": 3}
 BUSY, BUSY_LOCK = set(), threading.Lock()     # directories a hostile has swapped for a symlink
+RECENT = collections.deque(maxlen=8)         # (sender, id) of the latest messages sent by relay's API
 
 
 def write(path, text, mtime=None):
@@ -120,6 +126,7 @@ class Hostile:
         self.rnd = random.Random(f"{seed}-hostile-{n}")
         self.planted = collections.Counter()
         self.held, self.asides, self.count = [], [], 0     # held: (file, rest, when to finish it)
+        self.made_up = []                                   # files planted in made-up senders' outboxes
 
     def box(self):
         return self.state / "outbox" / self.rnd.choice(AGENTS)
@@ -176,6 +183,34 @@ class Hostile:
                 BUSY.discard(real)
         return "swap:" + kind
 
+    def made_up_sender(self):
+        """A new outbox directory nobody declared, with a message for a producer's agent."""
+        box = self.state / "outbox" / f"M{self.n}x{self.count}"
+        box.mkdir()
+        self.drop("madeup", b"m", box=box)
+        self.made_up.append(box / "m")
+
+    def copied_id(self):
+        """The id of a message relay's API wrote in one agent's outbox, copied into an older file
+        of another agent's (which an agent can read before relay takes the file)."""
+        mine, theirs = self.rnd.sample(AGENTS, 2)
+        try:
+            names = [n for n in os.listdir(self.state / "outbox" / theirs) if n.startswith("msg-")]
+            text = (self.state / "outbox" / theirs / self.rnd.choice(names)).read_text()
+            mid = next(line[4:].strip() for line in text.splitlines() if line.startswith("ID: "))
+        except (OSError, IndexError, StopIteration, UnicodeDecodeError):
+            # relay took them all already: one just sent, as an agent watching the outbox saw it
+            sent = [(a, m) for a, m in list(RECENT) if a != mine]
+            if not sent:
+                return None
+            mid = self.rnd.choice(sent)[1]
+        box = self.state / "outbox" / mine
+        tmp = box / f".c{self.n}-{self.count}.tmp"
+        write(tmp, f"ID: {mid}\nTO: {self.rnd.choice([a for a in AGENTS if a != mine])}\n\n"
+                   f"hostile-copied-{self.n}-{self.count}", time.time() - self.rnd.uniform(60, 86400))
+        os.rename(tmp, box / f"c-{self.n}-{self.count}")
+        return "copied-id"
+
     def held_open(self, path):
         """Half a message written, the file held open for seconds, then finished."""
         text = self.body("open") + "-" + "x" * 300 + "-END"
@@ -204,8 +239,9 @@ class Hostile:
                "fifo": lambda: os.mkfifo(box / f"fifo-{n}-{c}"),
                "dir": lambda: (os.mkdir(box / f"d-{n}-{c}"), write(box / f"d-{n}-{c}" / "in", self.body(kind))),
                "system-outbox": lambda: (os.makedirs(outbox / "System", exist_ok=True),
-                                         self.drop(kind, b"sys-" + tag, box=outbox / "System"))}[kind]()
-        kind = act if kind in ("agent-link", "swap") else kind      # these two say which, or None
+                                         self.drop(kind, b"sys-" + tag, box=outbox / "System")),
+               "made-up-sender": self.made_up_sender, "copied-id": self.copied_id}[kind]()
+        kind = act if kind in ("agent-link", "swap", "copied-id") else kind     # these say which, or None
         if kind:
             self.planted[kind] += 1
 
@@ -232,39 +268,60 @@ class Hostile:
             restore(real, aside)
 
 
-def producer(state, idx, rate, seed, stop, sent):
+def producer(state, idx, rate, seed, stop, sent, printed):
+    """Messages from the producers' agents: half through relay's API (`printed`: token -> the id
+    it printed), half as files renamed into the outbox."""
+    import relay
     rnd = random.Random(f"{seed}-producer-{idx}")
+    agents = {}
     i = 0
-    while not stop.is_set():
-        sender = rnd.choice(AGENTS)
-        recipients = rnd.sample([a for a in AGENTS if a != sender], rnd.choice([1, 1, 2, 3]))
-        token, box = f"p{idx}-{i}-s{seed}", state / "outbox" / sender
-        write(box / f".m-{token}.tmp", f"TO: {', '.join(recipients)}\n\n{token}")
-        os.rename(box / f".m-{token}.tmp", box / f"m-{token}")
-        sent.extend((r, token) for r in recipients)
-        i += 1
-        stop.wait(rnd.expovariate(rate))
+    try:
+        while not stop.is_set():
+            sender = rnd.choice(AGENTS)
+            recipients = rnd.sample([a for a in AGENTS if a != sender], rnd.choice([1, 1, 2, 3]))
+            token, box = f"p{idx}-{i}-s{seed}", state / "outbox" / sender
+            if rnd.random() < 0.5:
+                if sender not in agents:
+                    agents[sender] = relay.Agent(sender, root=state.parent)
+                try:
+                    printed[token] = agents[sender].send(recipients, token)
+                    RECENT.append((sender, printed[token]))
+                except relay.RelayError as e:   # e.g. outbox/<sender> swapped for a link just now
+                    print(f"producer {idx}: {token} not sent: {e}", file=sys.stderr)
+                    continue
+            else:
+                write(box / f".m-{token}.tmp", f"TO: {', '.join(recipients)}\n\n{token}")
+                os.rename(box / f".m-{token}.tmp", box / f"m-{token}")
+            sent.extend((r, token) for r in recipients)
+            i += 1
+            stop.wait(rnd.expovariate(rate))
+    finally:
+        for a in agents.values():
+            a.close()
 
 
 def inboxes(state, seen):
-    """(agent, body) -> envelopes held in the producers' inboxes, and how many were unreadable.
-    `seen` caches each envelope's body by path (a complete envelope never changes)."""
-    got, bad = collections.Counter(), 0
+    """(agent, body) -> envelopes held in the producers' inboxes, how many were unreadable, and
+    (agent, body) -> the ids they bear. `seen` caches each envelope's (body, id) by path (a
+    complete envelope never changes)."""
+    got, bad, ids = collections.Counter(), 0, collections.defaultdict(set)
     for d in (state / "inbox" / a / sub for a in AGENTS for sub in ("new", "cur")):
         for p in (d.iterdir() if d.is_dir() and not d.is_symlink() else ()):
             if p not in seen:
                 try:
                     if not stat.S_ISREG(os.lstat(p).st_mode):
                         raise ValueError("not a regular file")
-                    seen[p] = str(json.loads(p.read_bytes())["body"])
+                    doc = json.loads(p.read_bytes())
+                    seen[p] = (str(doc["body"]), str(doc["id"]))
                 except (OSError, ValueError, KeyError, TypeError):
                     bad += 1
                     continue
-            got[(d.parent.name, seen[p])] += 1
-    return got, bad
+            got[(d.parent.name, seen[p][0])] += 1
+            ids[(d.parent.name, seen[p][0])].add(seen[p][1])
+    return got, bad, ids
 
 
-def run(seconds, seed, producers, rate, settle, skip=(), keep=False):
+def run(seconds, seed, producers, rate, settle, skip=(), keep=False, senders="declared"):
     base = Path(tempfile.mkdtemp(prefix="relay-hostile-"))
     project, log = base / "project", base / "daemon.log"
     state = project / ".relay"
@@ -278,7 +335,7 @@ def run(seconds, seed, producers, rate, settle, skip=(), keep=False):
     decoy = make_decoy(base, project)
     env = dict(os.environ, RELAY_ROOT=str(project), RELAY_AGENTS=",".join(AGENTS), RELAY_SETTLE="100ms",
                RELAY_RESCAN_INTERVAL="1s", RELAY_MAX_RETRIES="8", RELAY_RETRY_BACKOFF="50ms",
-               RELAY_LOG_LEVEL="ERROR")
+               RELAY_LOG_LEVEL="ERROR", RELAY_SENDERS=senders)
     logf = open(log, "wb")
     before = snapshot(base, state, log)
     hostiles = [Hostile(n, project, decoy, seed) for n in range(HOSTILES)]
@@ -286,9 +343,9 @@ def run(seconds, seed, producers, rate, settle, skip=(), keep=False):
         if kind not in ("swap", "held-open", *skip):
             hostiles[0].attempt(kind)
     proc = subprocess.Popen(cli + ["run"], env=env, stdout=logf, stderr=subprocess.STDOUT)
-    stop, sent, seen = threading.Event(), [], {}
+    stop, sent, seen, printed = threading.Event(), [], {}, {}
     threads = [threading.Thread(target=h.run, args=(stop, skip)) for h in hostiles]
-    threads += [threading.Thread(target=producer, args=(state, i, rate, seed, stop, sent))
+    threads += [threading.Thread(target=producer, args=(state, i, rate, seed, stop, sent, printed))
                 for i in range(producers)]
     try:
         for t in threads:
@@ -323,13 +380,16 @@ def run(seconds, seed, producers, rate, settle, skip=(), keep=False):
         logf.close()
     diffs = list(differences(before, snapshot(base, state, log)))
     planted = sum((h.planted for h in hostiles), collections.Counter())
-    failed = report(planted, diffs, status, inboxes(state, seen), expected, alive, rc, log, base)
+    made_up = [p for h in hostiles for p in h.made_up]
+    waiting = sum(1 for p in made_up if p.is_file())
+    failed = report(planted, diffs, status, inboxes(state, seen), expected, alive, rc, log, base,
+                    printed, (senders, len(made_up), waiting))
     if not keep:
         shutil.rmtree(base, ignore_errors=True)
     return not failed
 
 
-def report(planted, diffs, status, inbox, expected, alive, rc, log, base):
+def report(planted, diffs, status, inbox, expected, alive, rc, log, base, printed, made_up):
     print("planted:", " ".join(f"{k}={v}" for k, v in sorted(planted.items())))
     groups = collections.defaultdict(list)
     for path, what, detail in diffs:
@@ -342,8 +402,10 @@ def report(planted, diffs, status, inbox, expected, alive, rc, log, base):
         print("relay status:", json.dumps({k: json.loads(status)[k] for k in ("daemon", "counts")}))
     except (ValueError, KeyError):
         print("relay status:", status.strip()[-300:])
-    got, bad = inbox
+    got, bad, ids = inbox
     odd = ("hostile-bad-utf8", "hostile-control")
+    senders, made_up_planted, made_up_waiting = made_up
+    made_up_delivered = sum(n for k, n in got.items() if k[1].startswith("hostile-madeup"))
     result = {"messages": len({t for _, t in expected}), "deliveries": sum(expected.values()),
               "lost": sum(1 for k in expected if not got[k]),
               "duplicated": sum(1 for k, n in got.items() if k in expected and n > 1),
@@ -355,9 +417,16 @@ def report(planted, diffs, status, inbox, expected, alive, rc, log, base):
               "outside_created_removed": sum(1 for d in diffs if d[1] != "changed"),
               "bad_envelopes": bad,
               "hostile_deliveries": sum(n for k, n in got.items() if not k[1].startswith("p")),
+              "sent_by_api": len(printed),
+              "ids_taken": sum(1 for k in expected if k[1] in printed and ids[k] - {printed[k[1]]}),
+              "copied_ids_delivered": sum(n for k, n in got.items() if k[1].startswith("hostile-copied")),
+              "made_up_planted": made_up_planted, "made_up_waiting": made_up_waiting,
+              "made_up_delivered": made_up_delivered,
+              "made_up_lost": made_up_planted - made_up_waiting - made_up_delivered if senders == "declared" else 0,
               "daemon_alive": alive, "daemon_exit": rc, "dir": str(base)}
     failed = [k for k in ("lost", "duplicated", "unexpected", "followed", "partial", "odd_names_delivered",
-                          "decoy_changes", "outside_created_removed") if result[k]]
+                          "decoy_changes", "outside_created_removed", "ids_taken", "made_up_lost") if result[k]]
+    failed += ["made_up_delivered"] if senders == "declared" and made_up_delivered else []
     failed += [] if alive and rc == 0 else ["daemon"]
     for what, keys in (("lost", [k for k in expected if not got[k]]),
                        ("duplicated", [k for k in expected if got[k] > 1])):
@@ -383,12 +452,15 @@ def main():
     ap.add_argument("--settle", type=float, default=60, help="wait at most this for delivery (default 60)")
     ap.add_argument("--skip", default="", help="plant kinds left out, comma-separated: " + ",".join(KINDS))
     ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    ap.add_argument("--senders", choices=("declared", "any"), default="declared",
+                    help="the daemon's `senders` setting (default declared: made-up senders' files must wait)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # stop the daemon on the way out
     skip = [k for k in args.skip.split(",") if k]
     if set(skip) - set(KINDS):
         ap.error(f"unknown kind in --skip: {', '.join(set(skip) - set(KINDS))}")
-    sys.exit(0 if run(args.seconds, args.seed, args.producers, args.rate, args.settle, skip, args.keep) else 1)
+    sys.exit(0 if run(args.seconds, args.seed, args.producers, args.rate, args.settle, skip, args.keep,
+                      args.senders) else 1)
 
 
 if __name__ == "__main__":

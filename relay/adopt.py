@@ -26,7 +26,7 @@ import stat
 import sys
 from pathlib import Path
 
-from .api import check_known
+from .api import check_known, declare
 from .errors import RelayError
 from .fs import write_all
 from .layout import is_inside
@@ -351,6 +351,7 @@ def adopt(layout, configured, agent, path, create=False, fsync=None):
         problems = layout.init([agent])
         if problems:
             raise RelayError("; ".join(problems))
+        declare(layout, [agent], "relay adopt --create")
     return update(path, agent, block(agent, known - {agent}), fsync=fsync)
 
 

@@ -10,13 +10,15 @@
 
 The CLI's agent verbs (send, inbox, read) are built on this, so both check the same things:
 names against the known agents (an unknown one is refused with the closest match), an id that
-`relay show` finds at once (the sender's file carries it), request ids that make a repeated send
-harmless. Messages are written the way SPEC section 2 asks: a hidden temporary, synced, renamed
+`relay show` finds at once (the sender's file carries it, and the ledger records it as that
+sender's before the file is written), request ids that make a repeated send harmless. Messages are written the way SPEC section 2 asks: a hidden temporary, synced, renamed
 into the outbox under a name no other message uses.
 """
 import dataclasses
 import difflib
 import os
+import sqlite3
+import threading
 import time
 
 import orjson
@@ -29,6 +31,7 @@ from .history import History
 from .ids import IdGenerator
 from .inbox import Inbox
 from .layout import Layout, valid_id
+from .lock import wake
 from .mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
 from .ledger import Ledger
 from .message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
@@ -143,9 +146,16 @@ class Project:
             config = config_mod.load(found, state_dir, env=env)
         self.config = config
         self.layout = Layout(self.config.root, self.config.state_dir)
+        self._writer = None         # the ledger, for the ids sent (reserve)
+        self._writing = threading.Lock()
 
     def close(self):
-        """Close the descriptors of the state directory (opened again when next needed)."""
+        """Close the descriptors of the state directory and the ledger (opened again when next
+        needed)."""
+        with self._writing:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
         self.layout.close()
 
     def __enter__(self):
@@ -164,6 +174,18 @@ class Project:
                     names |= {n for n, (node, _) in history.remote_agents().items()
                               if node != self.config.federation.node}
         return sorted(names)
+
+    def reserve(self, mid, sender):
+        """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_senders.py): a file
+        of another outbox that copies it cannot have it. The connection is kept for the next
+        send (closing the last one checkpoints the log) until close()."""
+        with self._writing:
+            try:
+                if self._writer is None:
+                    self._writer = Ledger(self.layout.ledger, durability=self.config.durability)
+                self._writer.reserve_id(mid, sender, time.time())
+            except sqlite3.Error as e:
+                raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
 
     def history(self):
         """The ledger read-only (close it, or use `with`); None when there is no ledger yet."""
@@ -211,7 +233,7 @@ class Agent:
         if not self.layout.state.is_dir():
             raise RelayError(f"no relay state directory at {self.layout.state}: run `relay init` first")
         if create and name != SYSTEM:
-            _create(self.layout, [name])
+            _create(self.layout, [name], "created by an agent")
         # System, relay's own inbox (control messages), may be read; it never sends.
         self.name = name if name == SYSTEM else check_known(name, self.project.agents(), role)
 
@@ -238,7 +260,7 @@ class Agent:
             known |= set(directory(self.project.config))
             unknown = [n for n in unknown if n not in known]
         if unknown and create:
-            _create(self.layout, unknown)
+            _create(self.layout, unknown, "created by an agent")
             known |= set(unknown)
         for n in names:
             if n not in special:
@@ -260,6 +282,7 @@ class Agent:
                              "send it in parts, or raise max_body_bytes in relay.toml")
         mid = _ids.new(time.time())
         data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id)
+        self.project.reserve(mid, self.name)       # the id is this sender's before any file names it
         self.layout.fs.put(f"outbox/{self.name}/msg-{mid.lower()}", data)
         return mid
 
@@ -392,7 +415,7 @@ class Agent:
         descriptor waits for the kernel, some milliseconds) and close the descriptors of the
         state directory. The Agent may be used again: they are opened when next needed."""
         self._unwatch()
-        self.layout.close()
+        self.project.close()
 
     def _unwatch(self):
         if self._mail is not None:
@@ -418,7 +441,7 @@ def agents(root=None, state_dir=None):
         return project.agents()
 
 
-def _create(layout, names):
+def _create(layout, names, how):
     for name in names:
         if not AGENT_NAME.match(name) or name == SYSTEM:
             raise InvalidName(f"invalid agent name {name!r}: agent names match {AGENT_NAME_RULE}")
@@ -427,6 +450,21 @@ def _create(layout, names):
     problems = layout.init(names)
     if problems:
         raise RelayError("; ".join(problems))
+    declare(layout, names, how)
+
+
+def declare(layout, names, how, durability="full"):
+    """Record in the ledger that these agents are senders (with `senders = "declared"` relay
+    reads only the outboxes of declared agents and those listed in `agents`); `how` says what
+    declared them. A running daemon is woken to look at their outboxes now."""
+    if not names:
+        return
+    try:
+        with Ledger(layout.ledger, durability=durability) as ledger:
+            ledger.declare(names, time.time(), how)
+    except sqlite3.Error as e:
+        raise RelayError(f"cannot record the agents {', '.join(names)} in the ledger ({e})") from None
+    wake(layout.lock)
 
 
 def _json(raw):

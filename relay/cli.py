@@ -27,9 +27,11 @@ from .guards import checked, duration, handle_errors, sender_name
 from .inbox import Inbox
 from .fs import shown
 from .history import History
+from .api import declare
 from .layout import Layout
 from .ledger import STATUSES, Ledger
 from .lock import DaemonLock, holder
+from .outbox import declared, undeclared_outboxes
 from . import views
 
 EXIT_LEFT = 3       # run --once finished but left files that made no progress (held open, changing)
@@ -192,6 +194,7 @@ def init(ctx, agents):
     if problems:
         raise RelayError("; ".join(problems))
     Ledger(layout.ledger, durability=cfg.durability).close()
+    declare(layout, list(agents), "relay init", cfg.durability)
     click.echo(f"initialised {layout.state}" + (f" with agents {', '.join(agents)}" if agents else ""))
 
 
@@ -273,6 +276,7 @@ def status(ctx, max_pending_age, as_json):
     oldest = None
     att = {"attested": False, "running": False}
     unknown, bad = 0, []
+    undeclared = []
     federation = None
     if cfg.federation:
         from .federation import redis_module
@@ -285,6 +289,7 @@ def status(ctx, max_pending_age, as_json):
             first = led.oldest_pending()
             oldest = round(time.time() - first, 3) if first is not None else None
             att = health.attestation(led, pid)
+            undeclared = [{"agent": n, "waiting": w} for n, w in undeclared_outboxes(layout, declared(cfg, led))]
             unknown, bad = led.unknown_statuses()
             # the sheds counted and the attestation shown: rows this relay cannot read are named, left out
             others = list(itertools.islice(led.bad_rows(tables=("sheds", "attestations")), 20))
@@ -296,7 +301,8 @@ def status(ctx, max_pending_age, as_json):
     settings = {k: att.get(k) for k in ("journal_mode", "synchronous", "busy_timeout_ms", "foreign_keys")}
     doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
            "daemon": {"running": pid is not None, "pid": pid}, "counts": counts,
-           "agents": sorted(layout.agent_names(cfg.agents)), "oldest_pending_age_s": oldest, "sheds": sheds,
+           "agents": sorted(layout.agent_names(cfg.agents)), "undeclared": undeclared,
+           "oldest_pending_age_s": oldest, "sheds": sheds,
            "durability": {**settings, **att, "setting": cfg.durability},
            "unreadable": {"count": unknown, "rows": [str(b) for b in bad]},
            "health": {"ok": code == 0, "exit": code, "problems": problems}}
@@ -315,6 +321,9 @@ def status(ctx, max_pending_age, as_json):
     if oldest is not None:
         click.echo(f"oldest pending  {oldest:.1f}s")
     click.echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
+    if undeclared:
+        click.echo("undeclared " + ", ".join(f"{u['agent']} ({u['waiting']} waiting)" for u in undeclared)
+                   + ': not read (senders = "declared"; relay init --agent NAME declares one)')
     click.echo("durability " + (health.describe(att, pid) if with_ledger else "not attested"))
     if federation is not None:
         click.echo(views.federation(federation, running=pid is not None, now=time.time()))

@@ -11,11 +11,12 @@ import orjson
 from . import health, views
 from .cli import main, out_json, pass_ctx, verdict
 from .guards import agent_name, checked, duration, handle_errors, moment
-from .errors import NotFound
+from .errors import NotFound, RelayError
 from .history import BadRow, sift
 from .inbox import Inbox
 from .ledger import STATUSES
 from .lock import holder
+from .outbox import declared
 
 TABLE_LIMIT = 50        # messages in audit's table unless --limit says otherwise
 OPERATOR_TABLES = ("sheds", "pings", "archived_agents")    # what agents and queues read beside messages
@@ -113,7 +114,7 @@ def show(ctx, message_id, as_json):
         try:
             row = led.find(message_id)
         except NotFound:
-            waiting = _waiting(layout, message_id)
+            waiting = _waiting(layout, message_id, led.id_owner(message_id.upper()))
             if waiting is None:
                 raise
             if as_json:
@@ -157,13 +158,18 @@ def show(ctx, message_id, as_json):
         led.close()
 
 
-def _waiting(layout, mid):
-    """The outbox path of a message `relay send` wrote that relay has not taken yet, or None."""
+def _waiting(layout, mid, owner):
+    """The outbox path of a message `relay send` wrote that relay has not taken yet, or None:
+    in the outbox of the agent `relay send` gave the id to (`owner`), never another's. An id
+    the ledger does not bind (an older relay send's) is looked for in every outbox, and files of
+    more than one agent named after it are refused, not chosen between."""
     name = f"msg-{mid.lower()}"
-    for agent, _, problem in layout.outbox_dirs():
-        if problem is None and layout.fs.exists(f"outbox/{agent}/{name}"):
-            return f"outbox/{agent}/{name}"
-    return None
+    agents = [owner] if owner else [agent for agent, _, problem in layout.outbox_dirs() if problem is None]
+    found = [f"outbox/{agent}/{name}" for agent in agents if layout.fs.exists(f"outbox/{agent}/{name}")]
+    if len(found) > 1:
+        raise RelayError(f"no message has the id {mid.upper()} yet, and files of more than one agent are named "
+                         f"{name}; relay will not say which is meant")
+    return found[0] if found else None
 
 
 @main.command()
@@ -210,7 +216,8 @@ def doctor(ctx, quick, as_json):
     from . import operator
     pid = holder(ctx.layout.lock)
     with ctx.reader() as led:
-        problems, facts = operator.doctor(led, ctx.layout, pid, configured=ctx.cfg.durability, quick=quick)
+        problems, facts = operator.doctor(led, ctx.layout, pid, configured=ctx.cfg.durability, quick=quick,
+                                          declared=declared(ctx.cfg, led))
         migrations = led.migrations()
         if ctx.cfg.federation:
             problems += federation_problems(ctx.cfg.federation, led.link())

@@ -8,6 +8,7 @@ unknown key or a bad value in relay.toml, which then counts as not given. `Confi
 where each value came from; `describe()` lays it out for `relay config`.
 """
 import dataclasses
+import difflib
 import errno
 import os
 import stat
@@ -181,6 +182,7 @@ _PARSERS = {
     "durability": _choice("full", "normal"),
     "unknown_recipient": _choice("fail", "create"),
     "agents": _agents,
+    "senders": _choice("any", "declared"),
     "log_format": _choice("text", "json"),
     "log_level": _level,
     "on_deliver": _command,
@@ -214,6 +216,7 @@ class Config:
     durability: str = "full"
     unknown_recipient: str = "fail"
     agents: tuple = ()
+    senders: str = "any"                # "declared": only declared agents' outboxes are read (roster.py)
     log_format: str = "text"
     log_level: str = "INFO"
     on_deliver: object = None           # a command run per delivered envelope (hooks.py): str or tuple
@@ -243,7 +246,9 @@ def _clean(values, where, warnings=None):
         try:
             if parser is None:
                 known = ", ".join(sorted(_PARSERS))
-                raise ConfigError(f"unknown configuration key {key!r} in {where} (known keys: {known})")
+                near = difflib.get_close_matches(str(key), _PARSERS, 1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ConfigError(f"unknown configuration key {key!r} in {where}{hint} (known keys: {known})")
             try:
                 out[key] = parser(raw)
             except ValueError as e:

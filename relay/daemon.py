@@ -38,7 +38,7 @@ from .layout import Layout, fit, valid_agent
 from .ledger import Ledger
 from .loop import DRAIN_MIN_WAIT, MAX_HELD_WAIT, STEP_PAUSE, Loop
 from .message import accept
-from .outbox import Outbox, ignore_lease_breaks
+from .outbox import Outbox, declared, ignore_lease_breaks
 from .recovery import Recovery
 from .federation.routes import Router
 from .sync import Syncer
@@ -116,7 +116,12 @@ class Relay(Loop):
         self._next_archive_retry = 0.0
         self._began = (0.0, 0.0)                # (now, clock()) when the current step began
         self.held_wait = MAX_HELD_WAIT          # the longest wait for a file held open (drain: its horizon)
+        self._senders(config)
         ignore_lease_breaks()
+
+    def _senders(self, config):
+        """Whose outboxes are read: every agent's, or only the declared ones (outbox.Declared)."""
+        self.outbox.declared = declared(config, self.history)
 
     def close(self):
         try:
@@ -242,7 +247,7 @@ class Relay(Loop):
                 self._known = None
                 if sender in set(self.outbox.agent_dirs()):
                     found.extend(self.outbox.scan_dir(sender, now))
-            elif valid_agent(sender) and sender != SYSTEM:
+            elif valid_agent(sender) and sender != SYSTEM and self.outbox.serves(sender):
                 hit = self.outbox.check(sender, name, now, hinted=(kind == "closed"))
                 if hit:
                     found.append(hit)
@@ -598,6 +603,9 @@ class Relay(Loop):
                 log.warning("%s", problem)
             self.syncer.flush("the state directory's layout")
             self._known = None
+        self._senders(config)
+        if "senders" in changed or "agents" in changed:
+            self.hint("rescan")         # outboxes read now, or no longer
         now = self.clock()
         if "rescan_interval" in changed:
             self._next_rescan = min(self._next_rescan, now + config.rescan_interval)

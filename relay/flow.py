@@ -6,10 +6,14 @@ shed for every recipient is failed with the reason. The reasons, each with the l
 and the value observed:
 
 - `body_size`: the body is over `max_body_bytes` (decided where the file is read and parsed);
-- `per_pair_rate`: the sender has had `pair_rate` messages delivered to this recipient in the
-  last `pair_window` (an echo loop between two agents is stopped here);
+- `per_pair_rate`: the sender has had `pair_rate` messages delivered to this recipient that
+  were written in the `pair_window` before this one (an echo loop between two agents is stopped
+  here). A message counts as written at its file's mtime, or now when that is in relay's future:
+  the backlog written while relay was stopped is not a loop;
 - `queue_limit`: the recipient already holds `queue_limit` unread envelopes in its new/ (regular
-  files named <id>.json: whatever else was put there is no envelope and is not counted);
+  files named <id>.json: whatever else was put there is no envelope and is not counted), and
+  the sender its share of them: queue_limit over the senders with envelopes there, so no sender,
+  made up or not, takes the room another needs;
 - `recipient_archived`: an operator archived the recipient (relay archive-agent).
 
 The hot path stays cheap: the per-pair windows live in memory (seeded from the ledger's
@@ -18,6 +22,7 @@ per batch, only when the count kept since its last listing (relay's own deliveri
 upper bound since readers only take envelopes away) could reach the limit, or when that count
 is older than `rescan_interval`.
 """
+import bisect
 import collections
 import logging
 
@@ -111,32 +116,47 @@ WHAT_TO_DO = ("the recipients listed under `shed` did not get this message (the 
               "for the window to pass; queue_limit, the recipient must read its inbox; then send it to them again")
 
 
+class Unread:
+    """What flow control keeps of a recipient's new/: how many envelopes (an upper bound between
+    listings: relay adds, readers take away), how many of them each sender's, when listed."""
+    __slots__ = ("count", "at", "by")
+
+    def __init__(self, count, at):
+        self.count, self.at, self.by = count, at, collections.Counter()
+
+
 class FlowControl:
     def __init__(self, layout, history, inbox):
         self.fs = layout.fs
         self.history = history
         self.inbox = inbox          # a message tried before may be held already: never shed then
-        self.pairs = {}             # (sender, recipient) -> deque of delivery times, oldest first
-        self.unread = {}            # recipient -> [unread envelopes (at most), when listed]
+        self.pairs = {}             # (sender, recipient) -> sorted times its delivered messages were written
+        self.low = float("inf")     # the oldest time written counted since the windows were last pruned
+        self.admitted = {}          # (sender, recipient) -> sorted times written of those admitted in this batch
+        self.unread = {}            # recipient -> Unread: its envelopes in new/ (at most), whose, when listed
+        self.owners = {}            # recipient near its queue_limit -> {id of an envelope in its new/: sender}
         self.seeded_for = None      # (pair_rate, pair_window) the windows were seeded with
         self.next_prune = 0.0
 
     def seed(self, now, config):
-        """The per-pair windows from the deliveries the ledger recorded in the last pair_window."""
+        """The per-pair windows from the deliveries the ledger recorded in the last pair_window,
+        each at the time its message was written (no later than its delivery)."""
         self.pairs = {}
         self.unread = {}
+        self.owners = {}
         self.seeded_for = (config.pair_rate, config.pair_window)
+        self.low = float("inf")
         if not (config.pair_rate and config.pair_window):
             return
         times = collections.defaultdict(list)
-        for sender, recipient, at in self.history.deliveries_since(now - config.pair_window):
+        for sender, recipient, at, sent in self.history.deliveries_since(now - config.pair_window):
             # A row this build cannot read is left out, and so is a delivery in the clock's
             # future (recorded before the clock was set back): nothing says how long ago it was,
             # and counted as now at every start it would hold the pair until the clock caught up.
             if isinstance(at, (int, float)) and at <= now:
-                times[(sender, recipient)].append(at)
+                times[(sender, recipient)].append(min(sent, at) if isinstance(sent, (int, float)) else at)
         for pair, ts in times.items():
-            self.pairs[pair] = collections.deque(sorted(ts)[-config.pair_rate:])
+            self.pairs[pair] = sorted(ts)
         self.next_prune = now + config.pair_window
 
     def admit(self, works, now, config, archived, prior, senders=True):
@@ -150,8 +170,10 @@ class FlowControl:
         if self.seeded_for != (config.pair_rate, config.pair_window):
             self.seed(now, config)
         adds = collections.Counter()        # admitted in this batch, not yet delivered
+        self.admitted = {}                  # (sender, recipient) -> sorted times written, of those
         listed = set()                      # new/ directories listed in this batch
         for w in works:
+            w.written = written(w.sent_at, now)
             if senders and w.sender in archived:
                 w.refused = (f"agent {w.sender} is archived (relay archive-agent): relay accepts nothing from it; "
                              f"`relay archive-agent --undo {w.sender}` restores it")
@@ -170,20 +192,21 @@ class FlowControl:
                 if reason and not released:
                     w.shed_before[r] = reason
                     continue
-                shed = self._check(w.sender, r, now, config, archived, adds, listed, limits=not released,
+                shed = self._check(w.sender, r, now, config, archived, adds, listed, w.written, limits=not released,
                                    queue=r not in w.remote)
                 if shed is not None and w.thorough and self.inbox.held(r, w):
                     shed = None         # delivered by an attempt a crash cut short: it has it
                 if shed is None:
                     adds[r] += 1
                     adds[(w.sender, r)] += 1
+                    bisect.insort(self.admitted.setdefault((w.sender, r), []), w.written)
                 else:
                     w.shed[r] = shed
             if (w.shed or w.shed_before) and w.recipients and all(r in w.shed or r in w.shed_before
                                                                   for r in w.recipients):
                 w.refused = summary({**w.shed_before, **w.shed})
 
-    def _check(self, sender, r, now, config, archived, adds, listed, limits=True, queue=True):
+    def _check(self, sender, r, now, config, archived, adds, listed, at, limits=True, queue=True):
         """The Shed of recipient `r`, or None. `queue`: r's inbox is here (an agent of another
         node has its queue there, checked by its own node)."""
         if r in archived:
@@ -194,51 +217,91 @@ class FlowControl:
         if config.queue_limit and queue:
             held = self._held(r, now, config, adds[r], listed) + adds[r]
             if held >= config.queue_limit:
-                return Shed("queue_limit", config.queue_limit, held,
-                            f"{r} already holds {held} unread messages in its new/ (queue_limit = "
-                            f"{config.queue_limit}); it is not reading its inbox")
+                # The queue is full, but each of its senders has a share of it: one under its
+                # share (made-up senders filled the rest) is not shed.
+                mine, senders = self._share(r, sender, adds)
+                share = config.queue_limit / senders
+                if mine >= share:
+                    return Shed("queue_limit", config.queue_limit, held,
+                                f"{r} already holds {held} unread messages in its new/ (queue_limit = "
+                                f"{config.queue_limit}), {mine} of them from {sender}, its share ({share:g}) "
+                                f"among {senders} sender(s); {r} is not reading its inbox")
         if config.pair_rate and config.pair_window:
+            # The pair's messages written in the window before this one was (`at`), delivered
+            # or admitted in this batch; one written later but delivered already counts too.
             q = self.pairs.get((sender, r))
             if q and q[-1] > now:
                 # The clock was set back: deliveries in its future happened just before it, not
                 # later, so they count from now, or the pair would wait for the clock to catch up.
-                q = self.pairs[(sender, r)] = collections.deque(min(t, now) for t in q)
-            if q:
-                while q and q[0] <= now - config.pair_window:
-                    q.popleft()
-            sent = (len(q) if q else 0) + adds[(sender, r)]
+                q = self.pairs[(sender, r)] = [min(t, now) for t in q]
+            self.low = min(self.low, at)
+            since = at - config.pair_window
+            sent = sum(len(ts) - bisect.bisect_right(ts, since) for ts in (q or (), self.admitted.get((sender, r), ())))
             if sent >= config.pair_rate:
                 return Shed("per_pair_rate", config.pair_rate, sent + 1,
-                            f"{sender} sent {r} {sent} messages in the last {seconds(config.pair_window)}; "
-                            f"this one is over pair_rate = {config.pair_rate} per pair_window = "
+                            f"{sender} sent {r} {sent} messages in the last {seconds(config.pair_window)} "
+                            f"(counted by when they were written); this one is over pair_rate = {config.pair_rate} per pair_window = "
                             f"{seconds(config.pair_window)}")
         return None
 
     def _held(self, r, now, config, adding, listed):
-        """Unread envelopes in r's new/: the count kept, or a listing (at most once a batch)."""
+        """Unread envelopes in r's new/: the count kept, or a listing (at most once a batch).
+        A listing that finds the queue near its limit also counts whose they are (the ledger
+        says who sent each id it knows; an envelope it does not know, a ping or one put there
+        by hand, is nobody's)."""
         kept = self.unread.get(r)
-        if r not in listed and (kept is None or kept[0] + adding + 1 >= config.queue_limit
-                                or now - kept[1] >= config.rescan_interval):
+        if r not in listed and (kept is None or kept.count + adding + 1 >= config.queue_limit
+                                or now - kept.at >= config.rescan_interval):
             listed.add(r)
-            kept = self.unread[r] = [self.fs.count(f"inbox/{r}/new", is_envelope), now]
-        return kept[0]
+            ids = []
+            count = self.fs.count(f"inbox/{r}/new", lambda e: is_envelope(e) and not ids.append(e.name[:-5]))
+            kept = self.unread[r] = Unread(count, now)
+            if count + adding + 1 >= config.queue_limit:
+                known = self.owners.get(r, {})
+                missing = [i for i in ids if i not in known]
+                if missing:
+                    known.update(self.history.senders_of(missing))
+                self.owners[r] = {i: known[i] for i in ids if i in known}
+                kept.by = collections.Counter(self.owners[r].values())
+            else:
+                self.owners.pop(r, None)
+                kept.by = collections.Counter()     # far from full: what this relay adds is what counts
+        return kept.count
+
+    def _share(self, r, sender, adds):
+        """(unread envelopes of `sender` in r's new/, senders sharing r's queue): those with
+        envelopes there, counted or admitted in this batch, and `sender` itself."""
+        by = self.unread[r].by
+        batch = {k[0]: n for k, n in adds.items() if isinstance(k, tuple) and k[1] == r and n}
+        senders = {s for s, n in by.items() if n} | set(batch) | {sender}
+        return by[sender] + batch.get(sender, 0), len(senders)
 
     def commit(self, works, now, config):
-        """After the batch is recorded: its deliveries enter the windows and the counts kept."""
+        """After the batch is recorded: its deliveries enter the windows (at the times their
+        messages were written) and the counts kept."""
         window = config.pair_rate and config.pair_window
         for w in works:
             for r in w.got:
                 kept = self.unread.get(r)
                 if kept is not None:
-                    kept[0] += 1
+                    kept.count += 1
+                    kept.by[w.sender] += 1
+                    if r in self.owners:
+                        self.owners[r][w.id] = w.sender
                 if window:
-                    q = self.pairs.get((w.sender, r))
-                    if q is None:
-                        q = self.pairs[(w.sender, r)] = collections.deque()
-                    q.append(now)
-                    if len(q) > config.pair_rate:
-                        q.popleft()
+                    at = written(w.sent_at, now) if w.written is None else w.written
+                    bisect.insort(self.pairs.setdefault((w.sender, r), []), at)
         if window and now >= self.next_prune:
-            cutoff = now - config.pair_window
-            self.pairs = {pair: q for pair, q in self.pairs.items() if q and q[-1] > cutoff}
+            # What no message written since the oldest one counted lately can count any more
+            # (a backlog's old messages are counted among their own time's).
+            cutoff = min(now, self.low) - config.pair_window
+            self.pairs = {pair: ts[bisect.bisect_right(ts, cutoff):] for pair, ts in self.pairs.items()
+                          if ts and ts[-1] > cutoff}
             self.next_prune = now + config.pair_window
+            self.low = float("inf")
+
+
+def written(sent_at, now):
+    """When flow control counts a message as written: its file's time, or now when that is in
+    relay's future (or unknown)."""
+    return min(sent_at, now) if isinstance(sent_at, (int, float)) and sent_at == sent_at else now

@@ -73,23 +73,44 @@ class History:
         return self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
 
     def find(self, mid):
-        """A message by id or unique id prefix (any case); NotFound or RelayError otherwise."""
+        """A message by id or unique id prefix (any case); NotFound or RelayError otherwise. An
+        id `relay send` gave a sender names that sender's message only: never another's, even
+        one whose file was named after it; what cannot be told apart is refused."""
         prefix = mid.upper()
+        owner = self.id_owner(prefix) if valid_id(prefix) else None
         rows = self.db.execute("SELECT * FROM messages WHERE id >= ? AND id < ? ORDER BY id LIMIT 2",
                                (prefix, prefix + "\x7f")).fetchall()
         if len(rows) == 1 or (rows and rows[0]["id"] == prefix):
+            if owner is not None and rows[0]["id"] == prefix and rows[0]["sender"] != owner:
+                raise RelayError(f"the id {prefix} was given to {owner} by relay send, but the message recorded "
+                                 f"under it is from {rows[0]['sender']}; relay will not say which is meant")
             return rows[0]
         if rows:
             raise RelayError(f"{mid!r} matches more than one message; give more of the id")
         if valid_id(prefix):
             # The id `relay send` printed is in the file, read when relay parses it: a message
             # failed or held back before that (too large, unreadable, not yet read) is still
-            # under the id relay gave it when found, but its file name carries the printed one.
-            rows = self.db.execute("SELECT * FROM messages WHERE name = ? ORDER BY discovered_at, id LIMIT 2",
-                                   (f"msg-{prefix.lower()}",)).fetchall()
+            # under the id relay gave it when found, but its file name carries the printed one
+            # (in its sender's outbox: any agent may name a file so).
+            sql = "SELECT * FROM messages WHERE name = ?" + (" AND sender = ?" if owner else "")
+            rows = self.db.execute(sql + " ORDER BY discovered_at, id LIMIT 2",
+                                   (f"msg-{prefix.lower()}", *([owner] if owner else []))).fetchall()
             if len(rows) == 1:
                 return rows[0]
+            if rows and rows[0]["sender"] != rows[1]["sender"]:
+                raise RelayError(f"no message has the id {prefix}, and files of more than one agent are named "
+                                 f"msg-{prefix.lower()}; relay will not say which is meant")
         raise NotFound(f"no message with id {mid!r} in the ledger")
+
+    def declared_agents(self):
+        """The names of the agents declared as senders (ledger_senders.py)."""
+        return {r[0] for r in self.db.execute("SELECT name FROM declared_agents") if isinstance(r[0], str)}
+
+    def id_owner(self, mid):
+        """The agent `relay send` gave the id `mid` to, or None (an id relay gave at discovery,
+        one chosen by hand, one given before the retention sweep forgot it)."""
+        row = self.db.execute("SELECT sender FROM sent_ids WHERE id = ?", (mid,)).fetchone()
+        return row[0] if row is not None and isinstance(row[0], str) else None
 
     def by_request(self, sender, request_id):
         """The id of the sender's message with this request id that did not fail, or None."""
@@ -119,6 +140,15 @@ class History:
 
     def processing(self):
         return self.db.execute("SELECT * FROM messages WHERE status = 'processing' ORDER BY id").fetchall()
+
+    def senders_of(self, ids):
+        """{id: sender} of the messages among `ids` the ledger has (flow control's shares)."""
+        out = {}
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            out.update((r[0], r[1]) for r in self.db.execute(
+                f"SELECT id, sender FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+        return out
 
     def unknown(self, ids):
         """The ids among `ids` that no row holds, as its id or as the id its spool file is
@@ -244,9 +274,9 @@ class History:
     # -- flow control and the operator's view ------------------------------------------------
 
     def deliveries_since(self, since):
-        """(sender, recipient, delivered_at) of every delivery at or after `since` (the flow
-        control's per-pair windows); each part is served by an index."""
-        sql = ("SELECT m.sender, d.recipient, d.delivered_at FROM messages m {} JOIN deliveries d "
+        """(sender, recipient, delivered_at, sent_at) of every delivery at or after `since` (the
+        flow control's per-pair windows); each part is served by an index."""
+        sql = ("SELECT m.sender, d.recipient, d.delivered_at, m.sent_at FROM messages m {} JOIN deliveries d "
                "ON d.message_id = m.id WHERE {} AND d.delivered_at >= :since")
         out = []
         for hint, where in (("INDEXED BY messages_archived_at", "m.status = 'archived' AND m.archived_at >= :since"),

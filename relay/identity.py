@@ -1,8 +1,11 @@
 """Ids chosen by senders and request ids, settled for a batch after its files are read and
-before anything is delivered: a sender-chosen id becomes the message id (unused and well formed,
-or the message is refused with the reason), and a message whose request id its sender used
-before (on a message that did not fail) is a duplicate of that one: archived, never delivered
-again. One ledger transaction per batch, only when a message of the batch names either."""
+before anything is delivered (the rule is ledger_senders.py's): a sender-chosen id becomes the
+message id when it is the sender's to have and unused; one given to another sender by relay
+send, or held by another message, is not taken (the message keeps relay's id, event
+`id_refused`); a sender's reuse of its own id is refused with the reason. A message whose
+request id its sender used before (on a message that did not fail) is a duplicate of that one:
+archived, never delivered again. One ledger transaction per batch, only when a message of the
+batch names either."""
 import hashlib
 import logging
 
@@ -27,27 +30,26 @@ def identify(ledger, layout, works, now):
     todo.sort(key=lambda w: w.message.id or w.id)
     day = day_of(now)
     box = Inbox(layout, None)
-    held = set()        # works whose chosen id a recipient holds: they keep the id relay gave
+    held = {}           # work id -> a recipient holding its chosen id under another message
     chosen = [w for w in todo if w.message.id and w.message.id != w.id and not w.refused]
     forgotten = History(ledger).unknown([w.message.id for w in chosen]) if chosen else set()
     for w in chosen:
         # The ledger forgets an id at the retention sweep; a recipient may still hold that
-        # message (unread even): delivering another under its id would replace it. (An id the
-        # ledger knows is refused by the ledger.)
+        # message (unread even): delivering another under its id would replace it.
         if w.message.id in forgotten:
             holder = next((r for r in w.recipients if box.taken(r, w.message.id, w.sha256)), None)
             if holder is not None:
-                w.refused = (f"the id {w.message.id} is already used by another message (in the inbox of "
-                             f"{holder}); choose another, or leave ID out and relay gives one")
-                held.add(w.id)
-    items = [(w.id, w.sender, w.name, None if w.id in held else w.message.id,
-              None if w.refused else w.message.request_id) for w in todo]
+                held[w.id] = holder
+    items = [(w.id, w.sender, w.name, w.message.id, None if w.refused else w.message.request_id, held.get(w.id))
+             for w in todo]
     verdicts = ledger.identify(now, items, lambda sender, mid, name: layout.archive_rel(day, sender, mid, name))
     for w in todo:
-        new, path, first, refusal = verdicts[w.id]
+        new, path, first, refusal, note = verdicts[w.id]
         if refusal:
             w.refused = refusal
             continue
+        if note:
+            log.warning("%s from %s: %s", w.id, w.sender, note, **fields("id_refused", w.id, w.sender))
         if new != w.id:
             log.info("%s is %s: the id its sender chose", w.id, new, **fields("identified", new, w.sender))
             w.spool_id = w.spool_id or w.id

@@ -1,8 +1,8 @@
 """The SQLite ledger and every write to it: the connection and its settings, schema and
 migrations, discovery and claims, each batch's outcomes, recovery, the hash chain, the
 retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
-expire, ping, archive-agent) and the record of each operator command. The read-only queries
-are in history.py.
+expire, ping, archive-agent) and the record of each operator command. The ids bound to their
+senders are settled in ledger_senders.py (mixed in). The read-only queries are in history.py.
 
 The ledger knows rows and states, nothing about files. Every write happens in an explicit
 `BEGIN IMMEDIATE` transaction on the connection's own thread; one transaction covers a whole
@@ -19,6 +19,7 @@ import urllib.parse
 import orjson
 
 from .errors import LedgerError, SchemaError
+from .ledger_senders import Senders
 from .sync import fdatasync
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .ledger_federation import FederationRecords
@@ -72,7 +73,7 @@ def link_hash(prev, *record):
     return hashlib.sha256(orjson.dumps([prev, *record])).hexdigest()
 
 
-class Ledger(FederationRecords):
+class Ledger(Senders, FederationRecords):
     """One connection to the ledger. Not shared between threads."""
 
     def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):
@@ -264,50 +265,6 @@ class Ledger(FederationRecords):
             if events:
                 self._events(events)        # one statement for the discoveries and the claims
         return registered, claimed
-
-    def identify(self, now, items, plan):
-        """One transaction for the messages of a batch that name their own id or a request id,
-        in order. items: (id, sender, name, chosen id or None, request id or None). A chosen
-        id not used by any row becomes the row's id (its events follow; `spool_id` keeps the
-        id its spool file is named by; the archive path is planned again by `plan(sender, id,
-        name)`). A request id already held by an earlier message of the same sender that did
-        not fail makes this one its duplicate. Returns {id: (new id, archive path or None,
-        duplicate_of or None, refusal or None)}."""
-        out = {}
-        db = self.db
-        with self.transaction():
-            db.execute("PRAGMA defer_foreign_keys = ON")    # a row and its sheds change id together
-            for mid, sender, name, chosen, request in items:
-                new, path, first, refusal = mid, None, None, None
-                if chosen and chosen != mid and db.execute(
-                        "SELECT 1 FROM deliveries WHERE message_id = ? UNION ALL SELECT 1 FROM outbound "
-                        "WHERE message_id = ? LIMIT 1", (mid, mid)).fetchone():
-                    # Recipients hold it under its id already, here or queued for another node
-                    # (its file gained an ID since): it keeps that id, or they would get it twice.
-                    self._events([(mid, now, "identified", f"keeps its id: delivered under it already; the id "
-                                                           f"in its file ({chosen}) is not taken")])
-                elif chosen and chosen != mid:
-                    if db.execute("SELECT 1 FROM messages WHERE id = ? OR spool_id = ?", (chosen, chosen)).fetchone():
-                        refusal = (f"the id {chosen} is already used by another message; choose another, "
-                                   "or leave ID out and relay gives one")
-                    else:
-                        path = plan(sender, chosen, name)
-                        db.execute("UPDATE messages SET id = ?, spool_id = coalesce(spool_id, id), archive_path = ? "
-                                   "WHERE id = ?", (chosen, path, mid))
-                        db.execute("UPDATE events SET message_id = ? WHERE message_id = ?", (chosen, mid))
-                        db.execute("UPDATE sheds SET message_id = ? WHERE message_id = ?", (chosen, mid))
-                        self._events([(chosen, now, "identified", f"the id its sender chose (found as {mid})")])
-                        new = chosen
-                if request and refusal is None:
-                    row = db.execute("SELECT id FROM messages WHERE sender = ? AND request_id = ? AND id != ? "
-                                     "AND duplicate_of IS NULL AND status != 'failed' ORDER BY discovered_at, id "
-                                     "LIMIT 1", (sender, request, new)).fetchone()
-                    first = row[0] if row else None
-                    db.execute("UPDATE messages SET request_id = ?, duplicate_of = ? WHERE id = ?", (request, first, new))
-                    if first:
-                        self._events([(new, now, "duplicate", f"request id {request!r} was sent before as {first}")])
-                out[mid] = (new, path, first, refusal)
-        return out
 
     def refuse_found(self, mid, sender, name, now, reason, failed_path):
         """A file refused before any claim (its name is unfit): recorded straight as failed."""
@@ -635,6 +592,7 @@ class Ledger(FederationRecords):
         with self.transaction():
             self.db.executemany("DELETE FROM events WHERE message_id = ?", [(i,) for i in ids])
             self.db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
+            self.db.executemany("DELETE FROM sent_ids WHERE id = ?", [(i,) for i in ids])
             if archived:
                 last = archived[-1]
                 self.db.execute("DELETE FROM chain WHERE seq <= ?", (last["seq"],))

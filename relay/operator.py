@@ -17,6 +17,7 @@ from .history import BadRow, History, sift
 from .inbox import ORPHAN_AGE, Inbox
 from .layout import is_in_progress_name
 from .ledger import Status
+from .outbox import undeclared, undeclared_outboxes
 from .roster import ping_state
 from .sync import Syncer
 from .views import when_or_raw
@@ -239,10 +240,12 @@ def verify(history, layout, rows=True):
     return checked, problems
 
 
-def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False):
+def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False, declared=None):
     """Problems, each one line with what to do about it; and the facts found on the way:
     `unreadable` (rows this build cannot read), `durability` (the attested settings),
-    `verified` (archived messages re-hashed, None with `quick`: verify's checks not run)."""
+    `verified` (archived messages re-hashed, None with `quick`: verify's checks not run).
+    `declared` (an outbox.Declared, with senders = "declared"): outboxes of agents not declared
+    are problems too."""
     now = time.time() if now is None else now
     facts = {}
     unread, out = unreadable(history, limit=20)
@@ -300,6 +303,8 @@ def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False
     for name, _, problem in layout.outbox_dirs():
         if problem:
             out.append(f"outbox/{shown(name)}: {problem}; rename or remove it")
+    for name, waiting in undeclared_outboxes(layout, declared):
+        out.append(f"outbox/{name}: {undeclared(name, waiting)}; or remove it")
     return out, facts
 
 

@@ -78,6 +78,21 @@ class Leases:
         return False        # the lease taken goes with the descriptor: each caller closes it at once
 
 
+class Declared:
+    """With `senders = "declared"`: whether an agent is a declared sender, listed in `agents` or
+    declared in the ledger (relay init --agent, send --create, the API, adopt --create)."""
+
+    def __init__(self, listed, history):
+        self.listed, self.history, self.names = set(listed), history, None
+
+    def __call__(self, name):
+        if name in self.listed:
+            return True
+        if self.names is None:
+            self.names = self.history.declared_agents()
+        return name in self.names
+
+
 class Outbox:
     """Finds complete message files in outbox/<agent>/ directories and takes custody of them."""
 
@@ -90,18 +105,29 @@ class Outbox:
         self.waiting = {}        # (sender, name) -> (time to look again, why, waiting since)
         self.seen = {}           # (sender, name) -> ((size, mtime_ns, ino), first seen) for future mtimes
         self.reported = set()    # bad directories already logged
+        self.declared = None     # senders = "declared": whether an agent is declared (name -> bool)
         self.read_ahead = ReadAhead()     # what the checks of a scan read (readahead.py)
 
     # -- finding ----------------------------------------------------------------------------
 
     def agent_dirs(self):
+        if self.declared is not None:
+            self.declared.names = None      # who is declared, read again at each look at outbox/
         for name, rel, problem in self.layout.outbox_dirs():
+            if problem is None and not self.serves(name):
+                problem = undeclared(name)
             if problem:
                 if name not in self.reported:
                     self.reported.add(name)
                     log.warning("outbox/%s is not read: %s", shown(name), problem)
                 continue
+            self.reported.discard(name)
             yield name
+
+    def serves(self, name):
+        """Whether relay reads this agent's outbox: every valid one, or with `senders =
+        "declared"` (`self.declared` is then set: name -> bool) the declared agents' only."""
+        return self.declared is None or self.declared(name)
 
     def scan_all(self, now):
         """Every complete file in every valid outbox (a generator)."""
@@ -418,6 +444,27 @@ class Outbox:
         self.fs.rename(tmp, w.path)
         self.syncer.dir_changed(f"spool/{w.sender}")
         log.info("%s from %s: %s", w.id, w.sender, why)
+
+
+def undeclared(name, waiting=None):
+    """Why the outbox of an agent nobody declared is not read (senders = "declared")."""
+    files = "its files wait" if waiting is None else f"{waiting} file(s) wait"
+    return (f'not a declared agent (senders = "declared"): {files} until `relay init --agent {name}` '
+            "declares it (or it is listed in `agents`)")
+
+
+def declared(config, history):
+    """The Declared of a configuration with `senders = "declared"` (None: every agent sends)."""
+    return Declared(config.agents, history) if config.senders == "declared" else None
+
+
+def undeclared_outboxes(layout, declared):
+    """(name, files waiting) of each valid outbox relay does not read because its agent is not
+    declared (`declared`: a Declared, or None when every agent's outbox is read)."""
+    if declared is None:
+        return []
+    return [(name, layout.fs.count(rel, lambda e: e.is_file(follow_symlinks=False) and not is_in_progress_name(e.name)))
+            for name, rel, problem in layout.outbox_dirs() if problem is None and not declared(name)]
 
 
 def plain(st):

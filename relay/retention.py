@@ -41,6 +41,8 @@ def sweep_before(ledger, archive, now, cutoff, dry_run=False, limit=BATCH):
     result.archived, result.failed = len(archived), len(failed)
     result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
     result.more = len(archived) == limit or len(failed) == limit
+    if not dry_run and ledger.forget_sent_ids(cutoff, limit) == limit:
+        result.more = True      # ids relay send gave whose file never came (ledger_senders.py)
     if dry_run or not result.ids:
         return result
     # A row goes only with its file: one that cannot be removed (a link planted in its path)

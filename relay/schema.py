@@ -141,7 +141,7 @@ CREATE TABLE link (
     # received (not swept with the messages) so that a replay is refused; the link records when
     # the team's directory was last read, or why it cannot be. Rows published under the first
     # protocol (streams no node reads any more) are published again, and known by their ids.
-    (7, "federation: end-to-end acknowledgements, received ids, the directory's state", """
+    (9, "federation: end-to-end acknowledgements, received ids, the directory's state", """
 ALTER TABLE outbound ADD COLUMN acked_at REAL;
 ALTER TABLE outbound ADD COLUMN ack_deadline REAL;
 CREATE INDEX outbound_node ON outbound(node, status);
@@ -196,6 +196,23 @@ ALTER TABLE messages ADD COLUMN expired_at REAL;
 UPDATE messages SET expired_at = failed_at WHERE status = 'failed' AND EXISTS (
     SELECT 1 FROM events e WHERE e.message_id = messages.id AND e.event = 'expired' AND e.seq > coalesce(
         (SELECT max(r.seq) FROM events r WHERE r.message_id = messages.id AND r.event = 'retry'), 0));
+"""),
+    # Ids bound to their senders (ledger_senders.py): the id relay send gave each sender.
+    (7, "ids bound to their senders", """
+CREATE TABLE sent_ids (
+    id     TEXT PRIMARY KEY,
+    sender TEXT NOT NULL,
+    at     REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX sent_ids_at ON sent_ids(at)
+"""),
+    # The agents declared as senders (senders = "declared"; ledger_senders.py).
+    (8, "declared senders", """
+CREATE TABLE declared_agents (
+    name TEXT PRIMARY KEY,
+    at   REAL NOT NULL,
+    how  TEXT NOT NULL
+) WITHOUT ROWID
 """),
 ]
 # Versions are applied by number, each once, in order: a ledger may lack a lower number that

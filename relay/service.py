@@ -161,6 +161,7 @@ class Daemon:
             # claims what is due there, without waiting for the next deadline.
             self.signals.poke = False
             log.info("SIGUSR1: looking at the ledger now")
+            self.relay.hint("rescan")       # and at the outboxes: an agent may have been declared
         if self.signals.reload:
             # Before the step, so that the step this SIGHUP woke runs with the new file.
             self.do_reload()

@@ -84,6 +84,7 @@ class Work:
     size: int = 0
     sha256: str = None
     sent_at: float = None
+    written: float = None           # when flow control counts it written: sent_at, no later than relay's clock
     message: object = None
     recipients: list = ()
     envelope: bytes = b""

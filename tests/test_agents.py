@@ -104,13 +104,15 @@ def test_a_malformed_chosen_id_is_refused_with_the_reason(project, chosen, reaso
 
 
 def test_a_reused_id_is_refused_and_the_first_message_keeps_it(project):
+    """A sender's own reuse of an id is its mistake, refused (another sender's file naming the
+    id is delivered under relay's id: test_taken_ids)."""
     r = project.relay()
     mid = "01KC3ABCDEFGHJKMNPQRSTVWXY"
     project.drop("Ann", "first", f"ID: {mid}\nTO: Ben\n\nfirst")
     assert r.drain().archived == 1
-    project.drop("Cy", "second", json.dumps({"id": mid.lower(), "to": "Ben", "body": "second"}))
+    project.drop("Ann", "second", json.dumps({"id": mid.lower(), "to": "Ben", "body": "second"}))
     assert r.drain().failed == 1
-    [report] = (project.state / "failed" / "Cy").glob("*.error.json")
+    [report] = (project.state / "failed" / "Ann").glob("*.error.json")
     assert json.loads(report.read_text())["reason"] == (
         f"the id {mid} is already used by another message; choose another, or leave ID out and relay gives one")
     assert [e["body"] for e in project.inbox("Ben")] == ["first"]

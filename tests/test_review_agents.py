@@ -202,7 +202,7 @@ def test_the_printed_id_finds_a_message_that_failed_before_relay_read_its_id(tea
 # -- ids -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("read_first", [False, True])
-def test_an_id_the_ledger_forgot_at_a_sweep_is_still_refused_while_a_recipient_holds_it(project, read_first):
+def test_an_id_the_ledger_forgot_at_a_sweep_is_not_taken_while_a_recipient_holds_it(project, read_first):
     """After the retention sweep forgot a message, a file choosing its id was delivered under
     it: the recipient's unread envelope (new/<id>.json) was replaced by the newcomer, and a read
     one (cur/) got a second message of the same id."""
@@ -215,13 +215,15 @@ def test_an_id_the_ledger_forgot_at_a_sweep_is_still_refused_while_a_recipient_h
     assert r.sweep_all().archived == 1 and r.history.get(MID) is None
     project.drop("Cy", "b", f"ID: {MID}\nTO: Ben\n\nposing as the first")
     project.clock.advance(10)
-    assert r.drain().failed == 1
-    [report] = (project.state / "failed" / "Cy").glob("*.error.json")
-    assert json.loads(report.read_text())["reason"] == (
-        f"the id {MID} is already used by another message (in the inbox of Ben); choose another, or leave "
-        "ID out and relay gives one")
-    assert [e["body"] for e in project.inbox("Ben", "cur" if read_first else "new")] == ["the first"]
-    assert project.inbox("Ben", "new" if read_first else "cur") == []
+    assert r.drain().archived == 1           # another sender's message: not failed, not under that id
+    [row] = r.history.audit()
+    assert row["id"] != MID and [e["detail"] for e in r.history.events(row["id"]) if e["event"] == "id_refused"] == [
+        f"the id {MID} in its file is another message's (in the inbox of Ben); this message keeps the id relay "
+        "gave it"]
+    held = project.inbox("Ben", "cur" if read_first else "new")
+    assert [e["body"] for e in held if e["id"] == MID] == ["the first"]
+    assert [(e["id"], e["body"]) for e in held + project.inbox("Ben", "new" if read_first else "cur")
+            if e["id"] != MID] == [(row["id"], "posing as the first")]
     assert r.history.get(MID) is None                   # the refused file keeps the id relay gave it
 
 

@@ -516,7 +516,7 @@ def read_entry(node, eid, fields, local, config):
     except TypeError as e:
         raise MessageRefused(f"the envelope cannot be written again: {e}") from None
     w = Work(id=mid, sender=sender, name=source_name(doc.get("source")), archive_rel=None, retries=0,
-             thorough=True, sha256=sha, recipients=mine, envelope=data,
+             thorough=True, sha256=sha, recipients=mine, envelope=data, sent_at=_when(doc.get("sent_at")),
              envelope_sha256=hashlib.sha256(data).hexdigest(),
              message=Remote([t for t in envelope["to"] or [] if isinstance(t, str)], doc.get("kind"),
                             doc.get("thread"), doc.get("subject")))
