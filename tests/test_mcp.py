@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import relay
-from mcp_client import ToolFailed, serve, server_pid, until, until_async, watches, watching
+from mcp_client import ToolFailed, deliver, serve, server_pid, until, until_async, watches, watching
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
 
@@ -35,16 +35,6 @@ def team(cli, project):
     yield project
     for a in made:
         a.layout.close()
-
-
-def deliver(project):
-    """One relay pass over the project (files just written are past their settle time)."""
-    project.clock.now = max(project.clock.now, time.time() + 10)
-    r = project.relay(agents=("Alice", "Bob"))
-    total = r.drain()
-    r.close()
-    project.relays.remove(r)
-    return total
 
 
 def run(scenario, root, tmp_path, agent="Bob"):
