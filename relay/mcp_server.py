@@ -10,6 +10,8 @@ had before version 2) on api.py's Agent, so its tools check what the shell and P
     agents()            who the agent is and the known agents
     thread(thread)      a conversation oldest first, as the ledger has it
 
+inbox and wait read only the envelopes they return (the oldest `limit`), in worker threads.
+
 A refusal (an unknown recipient with the closest match, a bad request id, ...) comes back as a
 tool error carrying relay's one-line message; the server goes on. Only this module imports
 `mcp`; cli_mcp.py loads it when `relay mcp` runs.
@@ -58,8 +60,8 @@ class Unreadable(TypedDict):
 
 class Messages(TypedDict):
     messages: list[Message]
-    more: int                   # new messages left in the inbox (past `limit`)
-    unreadable: list[Unreadable]    # envelopes relay cannot read: never marked read
+    more: int                   # new messages left in the inbox past those returned (not read yet)
+    unreadable: list[Unreadable]    # envelopes relay cannot read met on the way: never marked read
     timed_out: bool             # wait only: the time ran out with no new message
 
 
@@ -131,8 +133,9 @@ def build(agent):
     def inbox(limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:
         """Your new messages, whole (from, to, thread, subject, body, sent_at, id), oldest first.
         Marks read exactly the messages it returns; `more` counts those left for the next call."""
+        limit = clamp(limit, 1, MAX_LIMIT)
         with me() as agent, tool_errors():
-            return take(agent, reading, agent.inbox(), clamp(limit, 1, MAX_LIMIT))
+            return take(agent, reading, agent.inbox(limit=limit), limit)
 
     @server.tool()
     async def wait(timeout_s: Annotated[float, Field(description=f"Seconds to wait at most (0 to {MAX_WAIT:g}; "
@@ -140,9 +143,11 @@ def build(agent):
                    limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:
         """Block until at least one new message is there (or timeout_s passes: `timed_out`), then
         return the new messages as inbox does, marked read."""
+        limit = clamp(limit, 1, MAX_LIMIT)
+
         def waiting(seconds, stop):
             with me() as agent:     # its own: a cancelled call leaves this thread running a moment
-                return agent.wait(seconds, stop=stop)
+                return agent.wait(seconds, stop=stop, limit=limit)
 
         deadline = time.monotonic() + clamp(timeout_s, 0, MAX_WAIT)
         while True:
@@ -155,7 +160,7 @@ def build(agent):
             finally:
                 stop.set()          # a cancelled call's thread returns at once, having marked nothing read
             with me() as agent, tool_errors():
-                out = take(agent, reading, got, clamp(limit, 1, MAX_LIMIT))
+                out = take(agent, reading, got, limit)
             # all it saw were taken by another reader meanwhile: wait on for the time left
             if out["messages"] or out["unreadable"] or not got or time.monotonic() >= deadline:
                 return out | {"timed_out": not out["messages"] and not out["unreadable"]}
@@ -178,8 +183,9 @@ def build(agent):
 
 
 def take(agent, lock, items, limit):
-    """Up to `limit` readable new messages of `items`, marked read (one by one: a message
-    another reader took meanwhile is left out), and what is left."""
+    """Up to `limit` readable new messages of `items` (agent.inbox's), marked read (one by one:
+    a message another reader took meanwhile is left out), and how many are left in new/ past
+    them (counted, not read)."""
     unreadable = [{"id": m.id, "error": m.error} for m in items if m.error]
     new = [m for m in items if m.state == "new" and not m.error]
     taken = []
@@ -195,8 +201,11 @@ def take(agent, lock, items, limit):
                     break           # return those marked read; the next call meets the error
                 raise
             taken.append(m)
-    return {"messages": [message(m) for m in taken], "more": max(0, len(new) - limit),
-            "unreadable": unreadable, "timed_out": False}
+    more = 0
+    if len(new) >= limit:           # the listing stopped there: count what is past it, unopened
+        last = os.path.basename(new[limit - 1].path)
+        more = sum(1 for n in agent.inbox_.names(agent.name) if n > last)
+    return {"messages": [message(m) for m in taken], "more": more, "unreadable": unreadable, "timed_out": False}
 
 
 def clamp(value, low, high):
