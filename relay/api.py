@@ -314,11 +314,17 @@ class Agent:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def inbox(self, ack=False, include_read=False):
+    def inbox(self, ack=False, include_read=False, limit=None, skip=()):
         """The new messages (with `include_read`, the read ones too), oldest first. With `ack`
-        the new ones returned are marked read; nothing else is."""
+        the new ones returned are marked read; nothing else is. With `limit`, at most that many
+        messages (an unreadable entry met before the last of them is among them, not counted),
+        and no envelope past them is read. `skip`: names of new/ entries ("<id>.json") to
+        leave out, unread."""
         self._check_inbox()
-        items = [Received.of(doc, sub, path) for sub, path, doc in self.inbox_.list(self.name, include_read)]
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise RelayError(f"the limit must be a whole number of messages, 1 or more, not {limit!r}")
+        listed = self.inbox_.list(self.name, include_read, limit=limit, skip=skip)
+        items = [Received.of(doc, sub, path) for sub, path, doc in listed]
         return self.ack(items) if ack else items
 
     def _check_inbox(self):
@@ -372,19 +378,20 @@ class Agent:
         m = Received.of(found[2], found[0], found[1])
         return self.ack([m])[0] if ack else m
 
-    def wait(self, timeout=None, ack=False, listening=None, stop=None):
+    def wait(self, timeout=None, ack=False, listening=None, stop=None, limit=None, skip=()):
         """Block until at least one new message is there and return the new ones (marked read
         with `ack`; an unreadable entry of new/ is among them, never marked read, but does not
         end the wait by itself); [] when `timeout` seconds pass first, or at once when `stop` (a
         Stop) is set from another thread. Woken by inotify (watchdog), not a polling loop.
-        `listening` (a threading.Event) is set once an arrival would wake it."""
+        `listening` (a threading.Event) is set once an arrival would wake it. `limit` and
+        `skip` as for inbox()."""
         if timeout is not None and not timeout >= 0:
             if timeout != timeout:          # NaN: no time at all can be meant
                 raise RelayError(f"the timeout must be a number of seconds, not {timeout!r}")
             timeout = 0
         # A message is what wakes it: an entry of new/ that is no envelope (junk an agent put
         # there) is listed with the messages, but alone it would make every wait return at once.
-        got = self.inbox(ack=ack)
+        got = self.inbox(ack=ack, limit=limit, skip=skip)
         if any(not m.error for m in got) or (stop is not None and stop.is_set()):
             return got
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -400,7 +407,7 @@ class Agent:
                 self._mail = NewMail([box, box / self.name, box / self.name / "new"]).open()
             if listening is not None:
                 listening.set()
-            got = self.inbox(ack=ack)
+            got = self.inbox(ack=ack, limit=limit, skip=skip)
             if any(not m.error for m in got):
                 return got
             if stop is not None and stop.is_set():

@@ -199,32 +199,51 @@ class Inbox:
         rel = next((r for r in self._copies(recipient, mid) if self.fs.exists(r)), None)
         return None if rel is None else self.fs.abspath(rel)
 
-    def list(self, agent, include_cur=False):
-        """(sub, path, envelope) of an agent's messages, oldest first."""
-        out = []
+    def list(self, agent, include_cur=False, limit=None, skip=()):
+        """(sub, path, envelope) of an agent's messages, oldest first (by name: ids sort by time).
+        With `limit`, at most that many readable envelopes, and no file past the last of them is
+        opened (an unreadable one met before it is listed too and not counted). An entry of
+        new/ named in `skip` is left out unopened; one that left its directory since the
+        listing (another reader took it) is left out."""
+        out, readable = [], 0
         for sub in ("new", "cur") if include_cur else ("new",):
-            try:
-                entries = self.fs.scandir(f"inbox/{agent}/{sub}")
-            except OSError:
-                continue
-            for entry in sorted(entries, key=lambda e: e.name):
-                if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+            for name in self.names(agent, sub):
+                if limit is not None and readable >= limit:
+                    return out
+                if sub == "new" and name in skip:
                     continue
-                rel = f"inbox/{agent}/{sub}/{entry.name}"
-                odd = bad_name(entry.name)
-                if odd:     # relay never writes such a name: something planted, shown escaped
-                    doc = {"id": shown(entry.name.split(".")[0]),
-                           "error": f"not an envelope relay wrote: {odd} ('{shown(entry.name)}')"}
-                    out.append((sub, shown(self.fs.abspath(rel)), doc))
-                    continue
-                try:
-                    doc = orjson.loads(self.fs.read(rel, MAX_ENVELOPE_READ))
-                    if not isinstance(doc, dict):
-                        raise ValueError("not a JSON object")
-                except (OSError, ValueError) as e:
-                    doc = {"id": entry.name.split(".")[0], "error": f"unreadable envelope: {e}"}
-                out.append((sub, self.fs.abspath(rel), doc))
+                item = self.entry(agent, sub, name)
+                if item is not None:
+                    out.append(item)
+                    readable += "error" not in item[2]
         return out
+
+    def names(self, agent, sub="new"):
+        """The names of the files list() shows in inbox/<agent>/<sub>, sorted: a directory
+        listing, nothing opened."""
+        try:
+            entries = self.fs.scandir(f"inbox/{agent}/{sub}")
+        except OSError:
+            return []
+        return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_file(follow_symlinks=False))
+
+    def entry(self, agent, sub, name):
+        """(sub, path, envelope) of one file of inbox/<agent>/<sub>; an envelope that cannot be
+        read is {"id", "error"}; None when the file is no longer there."""
+        rel = f"inbox/{agent}/{sub}/{name}"
+        odd = bad_name(name)
+        if odd:     # relay never writes such a name: something planted, shown escaped
+            doc = {"id": shown(name.split(".")[0]), "error": f"not an envelope relay wrote: {odd} ('{shown(name)}')"}
+            return sub, shown(self.fs.abspath(rel)), doc
+        try:
+            doc = orjson.loads(self.fs.read(rel, MAX_ENVELOPE_READ))
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            doc = {"id": name.split(".")[0], "error": f"unreadable envelope: {e}"}
+        return sub, self.fs.abspath(rel), doc
 
     def ack(self, path):
         """Move one envelope from new/ to cur/ (Maildir 'seen')."""

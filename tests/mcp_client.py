@@ -98,6 +98,16 @@ def until(check, what, seconds=20):
         time.sleep(0.005)
 
 
+def deliver(project, agents=("Alice", "Bob")):
+    """One relay pass over the project (files just written are past their settle time)."""
+    project.clock.now = max(project.clock.now, time.time() + 10)
+    r = project.relay(agents=agents)
+    total = r.drain()
+    r.close()
+    project.relays.remove(r)
+    return total
+
+
 async def until_async(check, what, seconds=20):
     deadline = time.monotonic() + seconds
     while not check():

@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 import relay
+import relay.fs
 from conftest import error_line
 from relay.cli import main
 
@@ -257,6 +258,36 @@ def test_wait_returns_at_once_when_mail_is_there(team):
     out = team("inbox", "Bob", "--wait", "--ack").output
     assert "already here" in out
     assert relay.Agent("Bob", root=team.root).inbox() == []
+
+
+def test_inbox_and_wait_with_a_limit_read_only_what_they_return(team, monkeypatch):
+    """With `limit`, the oldest messages up to it are read and nothing past them; an unreadable
+    entry met on the way is listed and not counted; `skip` leaves entries out unread."""
+    alice = relay.Agent("Alice", root=team.root)
+    sent = [alice.send("Bob", f"m{i}") for i in range(4)]
+    drain(team.root)
+    opened, read = [], relay.fs.StateDir.read
+
+    def counting(self, rel, limit=None):
+        if rel.startswith("inbox/Bob/new/"):
+            opened.append(rel.rsplit("/", 1)[1])
+        return read(self, rel, limit)
+    monkeypatch.setattr(relay.fs.StateDir, "read", counting)
+    bob = relay.Agent("Bob", root=team.root)
+    assert [m.id for m in bob.inbox(limit=2)] == sent[:2] and opened == [f"{m}.json" for m in sent[:2]]
+    opened.clear()
+    assert [m.id for m in bob.wait(timeout=0, limit=1, skip={f"{sent[0]}.json"})] == sent[1:2]
+    assert opened == [f"{sent[1]}.json"]
+    (team.state / "inbox" / "Bob" / "new" / "00PLANTED.json").write_bytes(b"not json")    # sorts first
+    opened.clear()
+    got = bob.inbox(limit=1)
+    assert [(m.id, bool(m.error)) for m in got] == [("00PLANTED", True), (sent[0], False)]
+    assert opened == ["00PLANTED.json", f"{sent[0]}.json"]
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(relay.RelayError) as e:
+            bob.inbox(limit=bad)
+        assert str(e.value) == f"the limit must be a whole number of messages, 1 or more, not {bad!r}"
+    bob.close()
 
 
 def test_reply_goes_to_the_sender_in_the_thread(team):

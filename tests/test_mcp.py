@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import relay
-from mcp_client import ToolFailed, serve, server_pid, until, until_async, watches, watching
+from mcp_client import ToolFailed, deliver, serve, server_pid, until, until_async, watches, watching
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
 
@@ -35,16 +35,6 @@ def team(cli, project):
     yield project
     for a in made:
         a.layout.close()
-
-
-def deliver(project):
-    """One relay pass over the project (files just written are past their settle time)."""
-    project.clock.now = max(project.clock.now, time.time() + 10)
-    r = project.relay(agents=("Alice", "Bob"))
-    total = r.drain()
-    r.close()
-    project.relays.remove(r)
-    return total
 
 
 def run(scenario, root, tmp_path, agent="Bob"):
@@ -82,7 +72,10 @@ def test_tools_send_read_and_thread_through_a_real_relay(team, tmp_path):
             "id": first, "from": "Alice", "to": ["Bob"], "thread": "T-1", "subject": "review",
             "body": "please review the parser\nline two"}
         assert m["sent_at"] and m["relayed_at"]
-        assert (await bob.call("inbox"))["messages"] == []          # marked read: returned once
+        assert (await bob.call("inbox"))["messages"] == []          # returned once
+        # marked read once the reply holding it is written: just after the client could read it
+        cur = team.state / "inbox" / "Bob" / "cur"
+        await until_async(lambda: any(cur.iterdir()), "the message is marked read")
         [kept] = team.agent("Bob").inbox(include_read=True)
         assert kept.id == first and kept.state == "cur"
 
@@ -148,7 +141,7 @@ def test_wait_and_inbox_timeout_wake_cancel_races_and_planted_files(team, tmp_pa
         [got] = results
         assert [m["id"] for m in got["messages"]] == [mid] and got["timed_out"] is False
         assert got["messages"][0]["body"] == "woken"
-        assert team.agent("Bob").inbox() == []      # marked read
+        await until_async(lambda: not any(new.iterdir()), "the message is marked read")
 
         with anyio.CancelScope() as scope:                          # a wait the client gives up
             async with anyio.create_task_group() as tg:
@@ -237,8 +230,9 @@ def test_a_message_another_reader_took_after_the_listing_is_not_returned_again(t
     bob = team.agent("Bob")
     listed = bob.inbox()
     assert [m.id for m in team.agent("Bob").inbox(ack=True)] == [mid]       # the other reader
-    got = mcp_server.take(bob, threading.Lock(), listed, 10)
-    assert got["messages"] == [] and got["more"] == 0
+    for wire in (False, True):
+        got = mcp_server.Handover("Bob", bob.project.config, wire=wire).take(bob, listed, 10, key="1")
+        assert got["messages"] == [] and got["more"] == 0
 
 
 def test_a_damaged_ledger_is_a_tool_error_with_what_to_do(team):

@@ -1,0 +1,182 @@
+"""`relay mcp` marks a message read only once a reply holding it reached a client that is there,
+and reads no more of the inbox than a call returns."""
+import json
+import os
+import subprocess
+import sys
+
+import anyio
+import pytest
+
+import relay
+import relay.fs
+from relay.guards import EXIT_PIPE
+from mcp_client import deliver, until, watching
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
+
+
+@pytest.fixture
+def team(cli, project):
+    """Alice and Bob; `team.agent(name)` is a relay.Agent closed after the test."""
+    cli("init", "--agent", "Alice", "--agent", "Bob")
+    made = []
+
+    def agent(name):
+        made.append(relay.Agent(name, root=project.root))
+        return made[-1]
+    project.agent = agent
+    yield project
+    for a in made:
+        a.layout.close()
+
+
+def rpc(proc, doc):
+    proc.stdin.write(json.dumps({"jsonrpc": "2.0"} | doc).encode() + b"\n")
+    proc.stdin.flush()
+
+
+class Server:
+    """`relay mcp --agent Bob` as a subprocess, initialized; its stdout a pipe, or one end of a
+    socket pair (`socket=True`). `close_reading()` does what a client that is gone does: the
+    pipe's read end closed (the server's poll sees it), or the socket shut for reading (only the
+    server's next write fails)."""
+
+    def __init__(self, root, errlog, socket=False):
+        self.sock = None
+        if socket:
+            import socket as sockets
+            self.sock, theirs = sockets.socketpair()
+            out = theirs.fileno()
+        else:
+            out = subprocess.PIPE
+        self.proc = subprocess.Popen([sys.executable, "-m", "relay", "mcp", "--agent", "Bob", "--root", str(root)],
+                                     stdin=subprocess.PIPE, stdout=out, stderr=errlog)
+        if socket:
+            theirs.close()
+        self.replies = self.sock.makefile("rb") if socket else self.proc.stdout
+        rpc(self.proc, {"id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}})
+        assert json.loads(self.replies.readline())["result"]["serverInfo"]["name"] == "relay"
+        rpc(self.proc, {"method": "notifications/initialized"})
+
+    def close_reading(self):
+        if self.sock is not None:
+            import socket as sockets
+            self.sock.shutdown(sockets.SHUT_RD)
+        else:
+            self.proc.stdout.close()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdin.close()
+        self.replies.close()
+        if self.sock is not None:
+            self.sock.close()
+
+
+@pytest.mark.parametrize("socket", [False, True], ids=["pipe", "socket"])
+@pytest.mark.parametrize("tool", ["wait", "inbox"])
+def test_a_client_that_closed_its_end_gets_nothing_marked_read_and_the_server_exits(team, tmp_path, tool, socket):
+    """The client stops reading the server's stdout but keeps stdin open, during a wait or
+    before an inbox call: the message the server would have returned stays new, and the server,
+    whose replies can reach no one, exits quietly (as any verb whose reader went away)."""
+    new, cur = (team.state / "inbox" / "Bob" / sub for sub in ("new", "cur"))
+    alice = team.agent("Alice")
+    with open(tmp_path / "server.err", "w") as err:
+        server = Server(team.root, err, socket=socket)
+        try:
+            if tool == "wait":
+                rpc(server.proc, {"id": 2, "method": "tools/call", "params": {"name": "wait", "arguments": {"timeout_s": 300}}})
+                until(lambda: watching(server.proc.pid, new), "the server waits")
+                server.close_reading()
+                mid = alice.send("Bob", "for a client that is gone")
+                deliver(team)
+            else:
+                mid = alice.send("Bob", "for a client that is gone")
+                deliver(team)
+                server.close_reading()
+                rpc(server.proc, {"id": 2, "method": "tools/call", "params": {"name": "inbox", "arguments": {}}})
+            assert server.proc.wait(timeout=20) == EXIT_PIPE
+        finally:
+            server.close()
+    assert sorted(p.name for p in new.iterdir()) == [f"{mid}.json"]
+    assert list(cur.iterdir()) == []
+    assert "Traceback" not in (tmp_path / "server.err").read_text()
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """The envelopes in an inbox's new/ read through the confined file system, in order."""
+    seen = []
+    read = relay.fs.StateDir.read
+
+    def counting(self, rel, limit=None):
+        if rel.startswith("inbox/") and rel.split("/")[2:3] == ["new"]:
+            seen.append(rel.rsplit("/", 1)[1].split(".")[0])
+        return read(self, rel, limit)
+    monkeypatch.setattr(relay.fs.StateDir, "read", counting)
+    return seen
+
+
+def test_inbox_and_wait_with_a_limit_read_only_the_envelopes_they_return(team, opened):
+    """Five new messages: inbox(limit=2) and wait(limit=1) open only those they return, the
+    oldest first, and count the others as `more`. In process, through MCPServer.call_tool."""
+    from relay import mcp_server
+    alice = team.agent("Alice")
+    sent = [alice.send("Bob", f"m{i}") for i in range(5)]
+    deliver(team)
+    server = mcp_server.build(team.agent("Bob"))
+
+    async def call(tool, **args):
+        return (await server.call_tool(tool, args)).structured_content
+
+    async def main():
+        got = await call("inbox", limit=2)
+        assert [m["id"] for m in got["messages"]] == sent[:2] and got["more"] == 3
+        assert opened == sent[:2]
+        opened.clear()
+        got = await call("wait", timeout_s=5, limit=1)
+        assert [m["id"] for m in got["messages"]] == sent[2:3] and got["more"] == 2
+        assert opened == sent[2:3]
+    anyio.run(main)
+
+
+def test_a_reply_marks_read_what_it_holds_only_once_written(team):
+    """Over the wire, what a call takes is held (no other call returns it) until the transport
+    says its reply was written (then marked read) or not (then new again). In process, through
+    the Handover the transport reports to."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from relay import mcp_server
+    alice = team.agent("Alice")
+    first, second = alice.send("Bob", "one"), alice.send("Bob", "two")
+    deliver(team)
+    bob = team.agent("Bob")
+    handover = mcp_server.Handover("Bob", bob.project.config, wire=True)
+    new = team.state / "inbox" / "Bob" / "new"
+
+    def take(key, limit=1):
+        got = handover.take(bob, bob.inbox(limit=limit, skip=handover.held), limit, key)
+        return [m["id"] for m in got["messages"]], got["more"]
+
+    assert take("7") == ([first], 1)
+    assert take("8") == ([second], 0)           # the first is held: not returned again
+    assert take("9") == ([], 0)
+    handover.unanswered("7")                    # its reply was not written: new, free again
+    assert sorted(p.name for p in new.iterdir()) == [f"{first}.json", f"{second}.json"]
+    assert take("10") == ([first], 0)
+    handover.written("8")
+    handover.written("10")
+    assert list(new.iterdir()) == [] and handover.held == set()
+    assert [(m.id, m.state) for m in bob.inbox(include_read=True)] == [(first, "cur"), (second, "cur")]
+    third = alice.send("Bob", "three")
+    deliver(team)
+    assert take("11") == ([third], 0)
+    handover.gone()                             # the client is gone: nothing more is taken
+    with pytest.raises(ToolError):
+        take("12")
+    handover.written("11")                      # forgotten: stays new
+    assert [p.name for p in new.iterdir()] == [f"{third}.json"]
