@@ -11,8 +11,8 @@ from .guards import checked, handle_errors, sender_name
 @main.command()
 @click.argument("agent", callback=checked(sender_name))
 @click.option("--file", "file_", type=click.Path(dir_okay=False),
-              help=f"The instructions file, relative to the project root (default {adopt_mod.DEFAULT_FILE}; "
-                   "CLAUDE.md is a common choice).")
+              help=f"The instructions file, relative to the project root and inside it, never through a "
+                   f"symbolic link (default {adopt_mod.DEFAULT_FILE}; CLAUDE.md is a common choice).")
 @click.option("--create", is_flag=True, help="AGENT is new on purpose: create its outbox and inbox.")
 @pass_ctx
 @handle_errors
@@ -26,7 +26,7 @@ def adopt(ctx, agent, file_, create):
         raise RelayError(f"no relay state directory at {layout.state}: run `relay init` in the project first")
     path = adopt_mod.target(cfg.root, cfg.state_dir, file_)
     try:
-        done = adopt_mod.adopt(layout, cfg.agents, agent, path, create=create)
+        done = adopt_mod.adopt(layout, cfg.agents, agent, path, create=create, root=cfg.root)
     finally:
         layout.close()
     click.echo({"added": f"added the relay block for {agent} to {path}",
