@@ -6,6 +6,7 @@ from . import adopt as adopt_mod
 from .cli import main, pass_ctx
 from .errors import RelayError
 from .guards import checked, handle_errors, sender_name
+from .terminal import echo
 
 
 @main.command()
@@ -29,6 +30,6 @@ def adopt(ctx, agent, file_, create):
         done = adopt_mod.adopt(layout, cfg.agents, agent, path, create=create, root=cfg.root)
     finally:
         layout.close()
-    click.echo({"added": f"added the relay block for {agent} to {path}",
+    echo({"added": f"added the relay block for {agent} to {path}",
                 "updated": f"updated the relay block for {agent} in {path}",
                 "unchanged": f"the relay block for {agent} in {path} is up to date"}[done])

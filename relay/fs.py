@@ -22,6 +22,8 @@ import errno
 import os
 import stat
 
+from .terminal import escaped
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -34,32 +36,23 @@ class Unsafe(OSError):
 
 
 def bad_name(name):
-    """Why a file name cannot be taken as a message name (not UTF-8, control characters), or None."""
+    """Why a file name cannot be taken as a message name (not UTF-8, control characters: C0,
+    DEL and C1), or None."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return "its name is not valid UTF-8"
-    if any(c < " " or c == "\x7f" for c in name):
+    if any(c < " " or "\x7f" <= c <= "\x9f" for c in name):
         return "its name holds control characters"
     return None
 
 
 def shown(name):
-    """A name fit for one log line or report: undecodable bytes and control characters escaped."""
+    """A name fit for one log line or report: undecodable bytes, control and bidi characters
+    (terminal.UNSAFE) escaped, and a backslash doubled, so that the escape is unambiguous."""
     if isinstance(name, bytes):
         name = os.fsdecode(name)
-    out = []
-    for c in name:
-        o = ord(c)
-        if 0xDC80 <= o <= 0xDCFF:           # an undecodable byte (surrogate escape)
-            out.append(f"\\x{o - 0xDC00:02x}")
-        elif o < 32 or o == 0x7F or 0xD800 <= o <= 0xDFFF:
-            out.append(f"\\x{o:02x}" if o < 256 else f"\\u{o:04x}")
-        elif c == "\\":
-            out.append("\\\\")
-        else:
-            out.append(c)
-    return "".join(out)
+    return escaped(name.replace("\\", "\\\\"), keep="")
 
 
 def split(rel):
