@@ -153,3 +153,15 @@ def test_the_gate_shows_each_unsafe_character_as_an_escape():
     assert terminal.spaced("a\x1b\x9b\u202e\n\tb") == "a     b"
     assert json.loads(terminal.json_text({"k": HOSTILE})) == {"k": HOSTILE}
     assert not raw(terminal.json_text({"k": HOSTILE}))
+
+
+def test_the_cli_prints_only_through_the_gate():
+    """Every verb prints with terminal.echo / echo_json (and click's error line, which the group
+    passes through the gate): no other way out to a terminal in the CLI's modules."""
+    import re
+    from pathlib import Path
+    package = Path(__file__).parent.parent / "relay"
+    other = re.compile(r"\bclick\.(s?echo|secho)\(|\bprint\(|sys\.std(out|err)\.write|orjson\.dumps")
+    found = [f"{p.name}:{n}: {line.strip()}" for p in sorted(package.glob("cli*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if other.search(line)]
+    assert not found, "printed past the gate:\n" + "\n".join(found)
