@@ -235,7 +235,7 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     setup_logging(cfg, quiet)
     warn(cfg, lambda text: log.warning("%s", text))
     layout = Layout(cfg.root, cfg.state_dir)
-    layout.state.mkdir(parents=True, exist_ok=True)
+    layout.create()
     quiet_gc(GC_YOUNG if once else None)
     with DaemonLock(layout.lock) as lock:
         if once:

@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 
 from .errors import ConfigError, NotInProject
+from .terminal import unsafe
 
 AGENT_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"     # agent names (SPEC section 1), as people read it
 AGENT_NAME = re.compile(AGENT_NAME_RULE + r"\Z")
@@ -161,6 +162,8 @@ def _table(value):
 def _state_dir(value):
     if not isinstance(value, str) or not value:
         raise ValueError(f"{value!r} is not a directory path")
+    if any(unsafe(c) for c in value):
+        raise ValueError(f"{value!r} holds a control or bidi character; name a plain directory")
     return value
 
 
@@ -295,6 +298,49 @@ def discover(root=None, state_dir=None, env=None, cwd=None, uid=None):
     raise NotInProject(f"not in a relay project (no {name.rstrip('/')}/ here or above); run relay init")
 
 
+def state_parts(root, state):
+    """The components of the state directory's path below the project root, when it lies there
+    (named relative to the root, or absolute under it) and holds no '..'; else None: a place
+    elsewhere (an operator's --state-dir or RELAY_STATE_DIR) is taken as it is named."""
+    root, state = Path(root), Path(state)
+    n = len(root.parts)
+    if state.parts[:n] != root.parts or ".." in state.parts[n:]:
+        return None
+    return state.parts[n:]
+
+
+def state_link(root, state):
+    """The first symbolic link on the way from the project root down to the state directory
+    (the state directory itself included), or None. Components not made yet end the look:
+    Layout.create makes them without following a link."""
+    here = Path(root)
+    for part in state_parts(root, state) or ():
+        here = here / part
+        try:
+            if stat.S_ISLNK(os.lstat(here).st_mode):
+                return here
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return None         # (not a directory, no permission: making or opening it says so)
+    return None
+
+
+def linked(state, link, origin):
+    """The refusal of a state directory reached through a link: agents can write in the project
+    and plant one, and relay would then keep its ledger and deliver mail outside the project."""
+    return ConfigError(f"the state directory {state} ({origin}) is reached through the symbolic link {link}; "
+                       "relay never follows a link to its state directory inside the project (an agent can "
+                       "plant one): remove the link, or name the place it points to with --state-dir or "
+                       "RELAY_STATE_DIR (a place outside the project is yours to name)")
+
+
+def check_state(root, state, origin):
+    link = state_link(root, state)
+    if link is not None:
+        raise linked(state, link, origin)
+
+
 def _read_toml(path):
     """The parsed relay.toml, or None when there is none. Read without following a link and
     without blocking on a FIFO: it lies where agents can write."""
@@ -334,6 +380,8 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     # The state dir named in relay.toml only counts when flags and env named none:
     # the file is looked for in the default state dir then.
     candidate = state or root / ".relay"
+    check_state(root, candidate, {"flag": "--state-dir", "env RELAY_STATE_DIR": "RELAY_STATE_DIR"}.get(
+        origins["state_dir"], "the default .relay"))
     toml_path = candidate / "relay.toml"
     data = _read_toml(toml_path)
     if data is not None:
@@ -350,6 +398,7 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
                                   "relative path inside the project root (use --state-dir or "
                                   "RELAY_STATE_DIR for any other place)")
             state = root / where
+            check_state(root, state, f"state_dir in {toml_path}")
     from . import fedconfig
     env_values, fed_env = {}, {}
     for name, value in env.items():
