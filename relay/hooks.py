@@ -29,6 +29,7 @@ import time
 
 from .config import SYSTEM
 from .fs import shown
+from .terminal import spaced
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +55,20 @@ class Delivery:
     kind: str
 
     def environment(self):
-        return {"RELAY_MESSAGE_ID": self.message_id, "RELAY_SENDER": self.sender,
-                "RELAY_RECIPIENT": self.recipient, "RELAY_ENVELOPE": self.envelope,
-                "RELAY_SUBJECT": self.subject, "RELAY_THREAD": self.thread, "RELAY_KIND": self.kind}
+        """The delivery's RELAY_* variables: every value from the message through `plain` (the
+        envelope's path is the state directory's, which relay.toml cannot give such a character,
+        and must name the file exactly)."""
+        return {"RELAY_MESSAGE_ID": plain(self.message_id), "RELAY_SENDER": plain(self.sender),
+                "RELAY_RECIPIENT": plain(self.recipient), "RELAY_ENVELOPE": self.envelope,
+                "RELAY_SUBJECT": plain(self.subject), "RELAY_THREAD": plain(self.thread),
+                "RELAY_KIND": plain(self.kind)}
 
 
 def plain(value):
-    """A value an agent wrote, fit for one environment variable a hook may type somewhere:
-    control characters (newlines too) become spaces, at most VALUE_MAX characters."""
-    if value is None:
-        return ""
-    text = "".join(" " if ord(c) < 32 or ord(c) == 0x7F or 0xD800 <= ord(c) <= 0xDFFF else c for c in str(value))
-    return text[:VALUE_MAX]
+    """A value an agent wrote, fit for one environment variable a hook may type somewhere: each
+    control character (C0 with newlines, DEL, C1), bidi override and line separator
+    (terminal.UNSAFE) becomes a space, at most VALUE_MAX characters."""
+    return spaced(value)[:VALUE_MAX]
 
 
 def argv(command):
