@@ -3,7 +3,6 @@ report. They open the ledger read-only, so they work beside a running daemon. A 
 build cannot read is named on stderr (with its id and column) and left out; the verb goes on."""
 import sys
 import time
-from pathlib import Path
 
 import click
 import orjson
@@ -12,6 +11,7 @@ from . import health, views
 from .cli import main, out_json, pass_ctx, verdict
 from .guards import agent_name, checked, duration, handle_errors, moment
 from .errors import NotFound
+from .fs import replace_file
 from .history import BadRow, sift
 from .inbox import Inbox
 from .ledger import STATUSES
@@ -309,5 +309,5 @@ def report(ctx, since, html_file):
         data = led.figures(moment(since, "--since"))
     skipped(list(data["unreadable"]))
     page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
-    Path(html_file).write_text(page, encoding="utf-8")
+    replace_file(html_file, page.encode("utf-8"))
     echo(f"wrote {html_file}")

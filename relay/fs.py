@@ -336,6 +336,48 @@ class StateDir:
         self._drop(rel)
 
 
+def replace_file(path, data, fsync=None):
+    """Put `data` at `path`, a file a person named (anywhere, not under the state directory), as
+    a new file: a hidden temporary beside it, written in full, synced, renamed over the name, the
+    directory synced. A symbolic link at the name is refused (Unsafe), never written through; a
+    hard link there is replaced, the file its other names share left as it was. An existing
+    file's permissions are kept; a new one gets 0o666 less the umask."""
+    if fsync is None:
+        from .sync import default_fsync as fsync
+    parent, name = os.path.split(os.path.abspath(path))
+    dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    tmp = None
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise Unsafe(errno.ELOOP, f"{shown(path)} is a symbolic link; relay never writes through one (agents "
+                                      "can plant them): remove it, or name another file")
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise Unsafe(errno.EINVAL, f"{shown(path)} is not a regular file; name a file to write")
+        tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+        fd = os.open(tmp, CREATE_FLAGS, 0o666, dir_fd=dfd)
+        try:
+            if st is not None:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            write_all(fd, data)
+            fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        tmp = None
+        fsync(dfd)
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+        os.close(dfd)
+
+
 def write_all(fd, data):
     """Write every byte of `data` to `fd` (a short write is continued)."""
     view = memoryview(data)
