@@ -258,10 +258,18 @@ def _clean(values, where, warnings=None):
     return out
 
 
+def absolute(path):
+    """`path` made absolute, as named (a link in it kept); one that holds '..' as the kernel takes
+    it: '..' after a symbolic link is the parent of the link's target, which no lexical
+    normalisation gives (a unit or a hook would otherwise name another directory than relay uses)."""
+    path = Path(path).absolute()
+    return Path(os.path.realpath(path)) if ".." in path.parts else path
+
+
 def resolve_dirs(root=None, state_dir=None, env=None):
     """The project root and state directory from flags, then env, then defaults."""
     env = os.environ if env is None else env
-    root = Path(root or env.get("RELAY_ROOT") or os.getcwd()).absolute()
+    root = absolute(root or env.get("RELAY_ROOT") or os.getcwd())
     state = state_dir or env.get("RELAY_STATE_DIR") or None
     return root, (root / state if state else None)
 
@@ -279,7 +287,7 @@ def discover(root=None, state_dir=None, env=None, cwd=None, uid=None):
     uid = os.geteuid() if uid is None else uid
     given = root or env.get("RELAY_ROOT")
     if given:
-        return Path(given).absolute()
+        return absolute(given)
     name = state_dir or env.get("RELAY_STATE_DIR") or ".relay"
     start = Path(cwd or os.getcwd()).absolute()
     if Path(name).is_absolute():
@@ -373,6 +381,8 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     origins = {"root": "flag" if root else "env RELAY_ROOT" if env.get("RELAY_ROOT") else "default (the current directory)",
                "state_dir": "flag" if state_dir else "env RELAY_STATE_DIR" if env.get("RELAY_STATE_DIR") else "default"}
     root, state = resolve_dirs(root, state_dir, env)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"the project root {root} is not a directory")
     warnings = [] if not strict else None
     notes = []
     sources = []
