@@ -143,6 +143,23 @@ def test_c1_controls_and_bidi_overrides_arrive_as_spaces_in_every_variable(proje
         assert not [c for c in value if c < " " or "\x7f" <= c <= "\x9f" or c in nasty], name
 
 
+@linux
+def test_a_hook_gets_none_of_the_service_manager_s_variables(project, monkeypatch):
+    """relay's own line to systemd (NOTIFY_SOCKET, the watchdog's) is not handed to a command
+    relay.toml names: a hook cannot say READY, STOPPING or ping the watchdog in relay's name."""
+    out = project.root / "out"
+    out.mkdir()
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+        monkeypatch.setenv(name, "@relay-test")
+    relay = project.relay(on_deliver=[sys.executable, "-c", DUMP, str(out)])
+    project.drop("Ann", "m", "TO: Ben\n\nhello")
+    assert relay.step().archived == 1 and relay.hooks.join(30)
+    [doc] = [json.loads(p.read_text()) for p in out.iterdir()]
+    assert not {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
+                "LISTEN_FDNAMES"} & set(doc["env"])
+    assert doc["env"]["RELAY_RECIPIENT"] == "Ben"
+
+
 def test_a_failing_hook_is_logged_and_the_delivery_stands(project, caplog):
     relay = project.relay(on_deliver="echo 'no such pane' >&2; exit 3")
     project.drop("Ann", "m", "TO: Ben\n\nhello")
