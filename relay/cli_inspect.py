@@ -298,8 +298,9 @@ def tail(ctx, follow, lines, timeout, as_json):
 
 @main.command()
 @click.option("--since", help="Messages discovered since (a date, or a duration meaning that long ago).")
-@click.option("--html", "html_file", required=True, type=click.Path(dir_okay=False, writable=True),
-              help="Write the page to this file.")
+@click.option("--html", "html_file", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write the page to this file (a new file renamed over the name, never through a "
+                   "symbolic link there); '-': to standard output.")
 @pass_ctx
 @handle_errors
 def report(ctx, since, html_file):
@@ -309,5 +310,8 @@ def report(ctx, since, html_file):
         data = led.figures(moment(since, "--since"))
     skipped(list(data["unreadable"]))
     page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
+    if html_file == "-":
+        echo(page, nl=False)
+        return
     replace_file(html_file, page.encode("utf-8"))
     echo(f"wrote {html_file}")

@@ -341,7 +341,9 @@ def replace_file(path, data, fsync=None):
     a new file: a hidden temporary beside it, written in full, synced, renamed over the name, the
     directory synced. A symbolic link at the name is refused (Unsafe), never written through; a
     hard link there is replaced, the file its other names share left as it was. An existing
-    file's permissions are kept; a new one gets 0o666 less the umask."""
+    file's permissions are kept; a new one gets 0o666 less the umask. A character device or a
+    FIFO at the name (/dev/full, a pipe a reader holds) is written into as it is; a FIFO no one
+    reads is refused at once, never waited on."""
     if fsync is None:
         from .sync import default_fsync as fsync
     parent, name = os.path.split(os.path.abspath(path))
@@ -355,6 +357,8 @@ def replace_file(path, data, fsync=None):
         if st is not None and stat.S_ISLNK(st.st_mode):
             raise Unsafe(errno.ELOOP, f"{shown(path)} is a symbolic link; relay never writes through one (agents "
                                       "can plant them): remove it, or name another file")
+        if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+            return _write_into(dfd, name, path, data)
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise Unsafe(errno.EINVAL, f"{shown(path)} is not a regular file; name a file to write")
         tmp = f".{name}.{os.urandom(6).hex()}.tmp"
@@ -376,6 +380,20 @@ def replace_file(path, data, fsync=None):
             except OSError:
                 pass
         os.close(dfd)
+
+
+def _write_into(dfd, name, path, data):
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise Unsafe(errno.ENXIO, f"{shown(path)} is a FIFO no one reads; name a file to write") from None
+        raise
+    try:
+        os.set_blocking(fd, True)
+        write_all(fd, data)
+    finally:
+        os.close(fd)
 
 
 def write_all(fd, data):

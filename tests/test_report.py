@@ -144,3 +144,14 @@ def test_the_page_is_never_written_through_a_planted_link(project, tmp_path, pla
         lines = r.output.strip().splitlines()
         assert r.exit_code == 1 and len(lines) == 1 and "is a symbolic link" in lines[0], r.output
         assert name.is_symlink()
+
+
+def test_the_page_to_standard_output_a_fifo_and_a_device(project, tmp_path):
+    project.relay(agents=("Ann",)).drain()
+    r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", "-"])
+    assert r.exit_code == 0 and r.stdout.startswith("<!doctype html>") and r.stdout.rstrip().endswith("</html>")
+    os.mkfifo(tmp_path / "fifo.html")           # no one reads it: refused at once, not waited on
+    r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", str(tmp_path / "fifo.html")])
+    assert r.exit_code == 1 and "is a FIFO no one reads" in r.output
+    r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", "/dev/null"])
+    assert r.exit_code == 0 and os.path.exists("/dev/null")
