@@ -1,11 +1,12 @@
 """Hostile soak: while the daemon runs and well-behaved producers send messages, hostile agents
 keep planting, at random, what SPEC section 4 says relay must survive: symlinks at every level of
 .relay/, hard links to files outside the project, names that are not UTF-8 or hold control
-characters, 250-byte names, names starting with '-', far-future and far-past mtimes, files held
-open for writing, FIFOs, directories in outboxes and an outbox named System; made-up senders
-(new outbox directories with messages for the producers' agents) and ids copied from another
-agent's outbox into a back-dated file (the producers send half their messages with relay's API,
-whose ids the ledger binds to their sender).
+characters (C0 or C1), 250-byte names, names starting with '-', far-future and far-past mtimes,
+files held open for writing, FIFOs, directories in outboxes, an outbox named System, messages whose
+subject, thread and body are terminal escapes (OSC 52, OSC 8, CSI), C1 controls and bidi overrides;
+made-up senders (new outbox directories with messages for the producers' agents) and ids copied
+from another agent's outbox into a back-dated file (the producers send half their messages with
+relay's API, whose ids the ledger binds to their sender).
 
     python benchmarks/hostile.py --seconds 20 --seed 1 --producers 3 --rate 10 [--skip bad-utf8]
 
@@ -14,7 +15,8 @@ the project and the project's own files are checksummed before and after. Exits 
 outside .relay/ changed, a producer's message was lost, duplicated or misdelivered, a message
 relay's API sent was delivered under another id than the one it printed, a decoy or project file
 or a half-written or oddly named file was delivered, a made-up sender's file was delivered (in
-declared mode) or lost, or the daemon died or did not exit 0 on SIGTERM.
+declared mode) or lost, a raw escape, control or bidi character reached the daemon's log or the
+output of audit, show, tail or inbox, or the daemon died or did not exit 0 on SIGTERM.
 """
 import argparse
 import collections
@@ -38,7 +40,13 @@ OLD = time.time() - 2 * 86400
 HOSTILES = 3
 KINDS = {"file-link": 3, "agent-link": 2, "ghost-inbox": 1, "swap": 2, "hardlink": 2, "bad-utf8": 2,
          "control-name": 2, "long-name": 2, "dash-name": 2, "future-mtime": 2, "past-mtime": 2,
-         "held-open": 1, "fifo": 2, "dir": 1, "system-outbox": 1, "made-up-sender": 2, "copied-id": 3}
+         "held-open": 1, "fifo": 2, "dir": 1, "system-outbox": 1, "made-up-sender": 2, "copied-id": 3,
+         "escapes": 2, "c1-name": 1}
+# What a message may hold to drive a terminal: none of it may reach one raw.
+ESCAPES = ("\x1b]52;c;cm0gLXJmIH4K\x07\x1b]8;;https://evil.example/\x1b\\link\x1b]8;;\x1b\\\x1b[2J\x1b[31m"
+           "\x9b2J\x9d0;t\x9c\x85\u202e\u2066\u2069\u2028\r\x08\x7f")
+UNSAFE = ({chr(c) for c in range(0x20)} - {"\n", "\t"}) | {chr(c) for c in range(0x7F, 0xA0)} | set(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029")
 BUSY, BUSY_LOCK = set(), threading.Lock()     # directories a hostile has swapped for a symlink
 RECENT = collections.deque(maxlen=8)         # (sender, id) of the latest messages sent by relay's API
 
@@ -134,6 +142,8 @@ class Hostile:
     def body(self, kind):
         ghosts = [p.name for p in (self.state / "inbox").iterdir() if p.name.startswith("G")]
         to = self.rnd.choice(AGENTS + ["*", "System"] + ghosts[-2:])
+        if kind == "escapes":
+            return f"TO: {to}\nSUBJECT: {ESCAPES}\nTHREAD: t{ESCAPES}\n\nhostile-{kind}-{self.n}-{self.count}{ESCAPES}"
         return f"TO: {to}\n\nhostile-{kind}-{self.n}-{self.count}"
 
     def drop(self, kind, name, mtime=None, box=None):
@@ -231,6 +241,8 @@ class Hostile:
                "hardlink": lambda: os.link(r.choice(self.linked), box / f"h-{n}-{c}"),
                "bad-utf8": lambda: self.drop(kind, b"bad\xff\xfe-" + tag),
                "control-name": lambda: self.drop(kind, b"ctl\n%d\x01%d\t\x1b[31m\r" % (n, c)),
+               "c1-name": lambda: self.drop(kind, "c1\x9b%d\x9d%d\x85".encode() % (n, c)),
+               "escapes": lambda: self.drop(kind, b"esc-" + tag),
                "long-name": lambda: self.drop(kind, long_name + b"x" * (250 - len(long_name))),
                "dash-name": lambda: self.drop(kind, r.choice([b"-rf-", b"--help-", b"-"]) + tag),
                "future-mtime": lambda: self.drop(kind, b"fut-" + tag, r.choice([4102444800, 2 ** 40, 2 ** 62])),
@@ -366,6 +378,7 @@ def run(seconds, seed, producers, rate, settle, skip=(), keep=False, senders="de
             status = out.stdout or out.stderr
         except subprocess.TimeoutExpired:
             status = "relay status timed out"
+        leaked = shown_raw(cli)
         alive = proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         try:
@@ -382,14 +395,39 @@ def run(seconds, seed, producers, rate, settle, skip=(), keep=False, senders="de
     planted = sum((h.planted for h in hostiles), collections.Counter())
     made_up = [p for h in hostiles for p in h.made_up]
     waiting = sum(1 for p in made_up if p.is_file())
+    leaked += [f"daemon log: {c}" for c in raw(log.read_text(errors="replace"))]
     failed = report(planted, diffs, status, inboxes(state, seen), expected, alive, rc, log, base,
-                    printed, (senders, len(made_up), waiting))
+                    printed, (senders, len(made_up), waiting), leaked)
     if not keep:
         shutil.rmtree(base, ignore_errors=True)
     return not failed
 
 
-def report(planted, diffs, status, inbox, expected, alive, rc, log, base, printed, made_up):
+def raw(text):
+    """The unsafe characters of `text`, as code points."""
+    return sorted({f"U+{ord(c):04X}" for c in text if c in UNSAFE})
+
+
+def shown_raw(cli):
+    """What the verbs people read print raw of the hostile messages: ["verb: U+...", ...]."""
+    def run(*args):
+        r = subprocess.run(cli + list(args), capture_output=True, text=True, errors="replace", timeout=120)
+        return r.stdout, r.stderr
+    found = []
+    try:
+        doc = json.loads(run("audit", "--json", "--grep", "hostile-escapes")[0] or "[]")
+        verbs = [["audit", "--limit", "1000000"], ["tail", "-n", "100000"], ["audit", "--jsonl"],
+                 *(["inbox", a, "--all"] for a in AGENTS), ["inbox", AGENTS[0], "--all", "--json"],
+                 *(["show", d["id"]] for d in doc[:5]), *(["show", d["id"], "--json"] for d in doc[:2])]
+        for args in verbs:
+            for text in run(*args):
+                found += [f"relay {' '.join(args)}: {c}" for c in raw(text)]
+    except (ValueError, subprocess.TimeoutExpired) as e:
+        found.append(f"could not look: {e}")
+    return found
+
+
+def report(planted, diffs, status, inbox, expected, alive, rc, log, base, printed, made_up, leaked=()):
     print("planted:", " ".join(f"{k}={v}" for k, v in sorted(planted.items())))
     groups = collections.defaultdict(list)
     for path, what, detail in diffs:
@@ -403,7 +441,7 @@ def report(planted, diffs, status, inbox, expected, alive, rc, log, base, printe
     except (ValueError, KeyError):
         print("relay status:", status.strip()[-300:])
     got, bad, ids = inbox
-    odd = ("hostile-bad-utf8", "hostile-control")
+    odd = ("hostile-bad-utf8", "hostile-control", "hostile-c1-name")
     senders, made_up_planted, made_up_waiting = made_up
     made_up_delivered = sum(n for k, n in got.items() if k[1].startswith("hostile-madeup"))
     result = {"messages": len({t for _, t in expected}), "deliveries": sum(expected.values()),
@@ -415,7 +453,7 @@ def report(planted, diffs, status, inbox, expected, alive, rc, log, base, printe
               "odd_names_delivered": sum(n for k, n in got.items() if k[1].startswith(odd)),
               "decoy_changes": sum(1 for d in diffs if d[0].startswith(b"decoy")),
               "outside_created_removed": sum(1 for d in diffs if d[1] != "changed"),
-              "bad_envelopes": bad,
+              "bad_envelopes": bad, "escapes_shown_raw": len(leaked),
               "hostile_deliveries": sum(n for k, n in got.items() if not k[1].startswith("p")),
               "sent_by_api": len(printed),
               "ids_taken": sum(1 for k in expected if k[1] in printed and ids[k] - {printed[k[1]]}),
@@ -425,8 +463,11 @@ def report(planted, diffs, status, inbox, expected, alive, rc, log, base, printe
               "made_up_lost": made_up_planted - made_up_waiting - made_up_delivered if senders == "declared" else 0,
               "daemon_alive": alive, "daemon_exit": rc, "dir": str(base)}
     failed = [k for k in ("lost", "duplicated", "unexpected", "followed", "partial", "odd_names_delivered",
-                          "decoy_changes", "outside_created_removed", "ids_taken", "made_up_lost") if result[k]]
+                          "decoy_changes", "outside_created_removed", "ids_taken", "made_up_lost",
+                          "escapes_shown_raw") if result[k]]
     failed += ["made_up_delivered"] if senders == "declared" and made_up_delivered else []
+    if leaked:
+        print("raw in what people read, e.g.:", *sorted(set(leaked))[:10], sep="\n  ")
     failed += [] if alive and rc == 0 else ["daemon"]
     for what, keys in (("lost", [k for k in expected if not got[k]]),
                        ("duplicated", [k for k in expected if got[k] > 1])):

@@ -9,8 +9,10 @@ The block lies between `<!-- relay:begin agent=NAME -->` and `<!-- relay:end age
 lines. A second run replaces it in place; text outside every block is never changed; each agent
 has a block of its own. A file whose relay markers do not pair up is refused, never rewritten.
 
-The file lies outside the state directory, where agents write, so it is handled here rather than
-through fs.py: the directory is opened once and everything after goes through its descriptor;
+The file lies outside the state directory, in the project, where agents write too: its path is
+relative to the project root (no '..'; an absolute one only inside the root), and its directory is
+reached from the root one component at a time without following a link (fs.StateDir, opened on
+the root), then held by its descriptor, through which everything after goes;
 the file is read with O_NOFOLLOW (a symbolic link is refused, never written through) and must
 be a regular file; the new text goes to a temporary file beside it, synced, renamed over the
 old one only if that is still the file that was read, and the directory is synced. Two adopt
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from .api import check_known, declare
 from .errors import RelayError
-from .fs import write_all
+from .fs import StateDir, Unsafe, write_all
 from .layout import is_inside
 
 DEFAULT_FILE = "AGENTS.md"
@@ -215,41 +217,80 @@ def place(text, me, new_block, where):
 # -- the file -----------------------------------------------------------------------------------
 
 def target(root, state, file_=None):
-    """The file to write: `file_` (relative to the project root) or AGENTS.md there. Never a
-    file inside the state directory."""
-    path = Path(file_ or DEFAULT_FILE)
-    if not path.is_absolute():
-        path = Path(root) / path
-    path = Path(os.path.normpath(path))
+    """The file to write: `file_` relative to the project root (an absolute path only inside
+    it), or AGENTS.md there. No '..', never a file inside the state directory. The directories on
+    the way are looked at only when it is opened (`open_parent`, never through a link)."""
+    given = file_ or DEFAULT_FILE
+    path = Path(given)
+    where = f"--file {given!r}"
+    if ".." in path.parts:
+        raise RelayError(f"{where} holds '..'; relay adopt writes a file relative to the project root "
+                         f"{root}, inside it")
+    if path.is_absolute():
+        try:
+            path = path.relative_to(root)
+        except ValueError:
+            raise RelayError(f"{where} is not inside the project root {root}; relay adopt writes a file "
+                             "relative to the project root, inside it") from None
+    if not path.parts or path.name in ("", "."):
+        raise RelayError(f"{where} names no file; relay adopt writes a file relative to the project root")
+    path = Path(root) / path
     if is_inside(path, state) or is_inside(path.parent, state):
         raise RelayError(f"{path} is inside the state directory {state}; relay adopt writes an "
                          "instructions file of the project (e.g. AGENTS.md or CLAUDE.md)")
     return path
 
 
-def open_parent(path):
+def open_parent(path, root=None):
+    """A descriptor of the directory `path` is in. With `root` (the project root) it is walked
+    down from there one directory at a time with O_NOFOLLOW (fs.StateDir): a symbolic link on
+    the way is refused, and everything after goes through the descriptor, so a directory
+    swapped for a link later changes nothing."""
+    parent = path.parent
+    rel = "" if root is None else "/".join(parent.relative_to(root).parts)
+    top = None
     try:
-        return os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        top = StateDir(parent if root is None else root)
+        return top.open_dir(rel) if rel else os.dup(top.fd)
     except FileNotFoundError:
-        raise RelayError(f"no directory {path.parent} to write {path.name} in") from None
+        raise RelayError(f"no directory {parent} to write {path.name} in") from None
+    except Unsafe:
+        link = _link(Path(parent if root is None else root), rel)
+        if link is None:
+            raise RelayError(f"{parent} is not a directory to write {path.name} in") from None
+        raise RelayError(f"{link} is a symbolic link; relay adopt never writes through one (agents can plant "
+                         "them): give --file the real path, or remove the link") from None
+    finally:
+        if top is not None:
+            top.close()
 
 
-def check(path):
+def _link(root, rel):
+    """The first symbolic link on the way from `root` down `rel` (what made the walk stop), if any."""
+    parts = rel.split("/") if rel else []
+    for i in range(1, len(parts) + 1):
+        if root.joinpath(*parts[:i]).is_symlink():
+            return root.joinpath(*parts[:i])
+    return None
+
+
+def check(path, root=None):
     """Refuse, as `update` would, a file that cannot take a block (a link, broken markers)."""
     path = Path(path)
-    dfd = open_parent(path)
+    dfd = open_parent(path, root)
     try:
         blocks(read(dfd, path)[0] or "", path)
     finally:
         os.close(dfd)
 
 
-def update(path, me, new_block, fsync=None):
-    """Write `new_block` into the file at `path` for agent `me`: 'added', 'updated' or 'unchanged'."""
+def update(path, me, new_block, fsync=None, root=None):
+    """Write `new_block` into the file at `path` for agent `me`: 'added', 'updated' or 'unchanged'.
+    `root`: the directory the walk to `path` starts from (open_parent)."""
     if fsync is None:
         from .sync import default_fsync as fsync
     path = Path(path)
-    dfd = open_parent(path)
+    dfd = open_parent(path, root)
     try:
         fcntl.flock(dfd, fcntl.LOCK_EX)         # two adopt runs on one directory take turns
         old, seen = read(dfd, path)
@@ -340,19 +381,20 @@ def replace(dfd, path, data, seen, fsync):
 
 # -- the agent ----------------------------------------------------------------------------------
 
-def adopt(layout, configured, agent, path, create=False, fsync=None):
-    """Write agent `agent`'s block into `path`. An agent relay does not know is refused unless
-    `create`, which makes its outbox and inbox. Returns 'added', 'updated' or 'unchanged'."""
+def adopt(layout, configured, agent, path, create=False, fsync=None, root=None):
+    """Write agent `agent`'s block into `path` (walked from `root`, never through a link). An
+    agent relay does not know is refused unless `create`, which makes its outbox and inbox.
+    Returns 'added', 'updated' or 'unchanged'."""
     known = layout.agent_names(configured)
     if agent not in known:
         if not create:
             check_known(agent, known, "agent")
-        check(path)                             # a file adopt would refuse creates no agent
+        check(path, root)                       # a file adopt would refuse creates no agent
         problems = layout.init([agent])
         if problems:
             raise RelayError("; ".join(problems))
         declare(layout, [agent], "relay adopt --create")
-    return update(path, agent, block(agent, known - {agent}), fsync=fsync)
+    return update(path, agent, block(agent, known - {agent}), fsync=fsync, root=root)
 
 
 if __name__ == "__main__":

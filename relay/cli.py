@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import click
-import orjson
 
 from . import __version__, config as config_mod, health
 from .daemon import Relay
@@ -33,6 +32,7 @@ from .ledger import STATUSES, Ledger
 from .lock import DaemonLock, holder
 from .outbox import declared, undeclared_outboxes
 from . import views
+from .terminal import echo, echo_json, escaped, json_text
 
 EXIT_LEFT = 3       # run --once finished but left files that made no progress (held open, changing)
 
@@ -50,7 +50,15 @@ class JsonFormatter(logging.Formatter):
                 doc[key] = getattr(record, attr)
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(doc).decode()
+        return json_text(doc)
+
+
+class TextFormatter(logging.Formatter):
+    """A log line as people read it, through the terminal's gate (terminal.py): a name or a
+    reason that holds an escape is shown escaped."""
+
+    def format(self, record):
+        return escaped(super().format(record))
 
 
 def setup_logging(cfg, quiet=False):
@@ -62,7 +70,7 @@ def setup_logging(cfg, quiet=False):
     if cfg.log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(message)s"))
     root = logging.getLogger("relay")
     root.handlers[:] = [handler]
     root.setLevel("WARNING" if quiet else cfg.log_level)
@@ -76,13 +84,13 @@ def fail(message):
 _WARNED = set()     # configuration warnings already printed by this process
 
 
-def warn(cfg, echo=None):
-    """Print each of the configuration's warnings once per process (stderr, or `echo`)."""
+def warn(cfg, say=None):
+    """Print each of the configuration's warnings once per process (stderr, or `say`)."""
     for w in cfg.warnings:
         if w not in _WARNED:
             _WARNED.add(w)
             # relay.toml and the environment's names may hold anything: no control character is written
-            (echo or (lambda text: click.echo(f"relay: warning: {text}", err=True)))(views.plain(w))
+            (say or (lambda text: echo(f"relay: warning: {text}", err=True)))(views.plain(w))
 
 
 class Context:
@@ -154,7 +162,20 @@ def pass_ctx(fn):
 
 
 def out_json(doc):
-    click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    echo_json(doc, indent=True)
+
+
+class Group(click.Group):
+    """relay's click group: an error line (a ClickException, relay's own turned into one by
+    guards.handle_errors, or click's usage errors) goes out through the terminal's gate too,
+    on one line."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as e:
+            e.message = escaped(e.message, keep="")
+            raise
 
 
 def verdict(as_json, problems, extra, summary):
@@ -163,13 +184,13 @@ def verdict(as_json, problems, extra, summary):
         out_json({"ok": not problems, "problems": problems, **extra})
     else:
         for p in problems:
-            click.echo(p)
-        click.echo(summary)
+            echo(p)
+        echo(summary)
     if problems:
         sys.exit(1)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="relay")
 @click.option("--root", type=click.Path(file_okay=False), help="Project root (env RELAY_ROOT; default: the current directory).")
 @click.option("--state-dir", help="State directory, relative to the root (env RELAY_STATE_DIR; default .relay).")
@@ -195,7 +216,7 @@ def init(ctx, agents):
         raise RelayError("; ".join(problems))
     Ledger(layout.ledger, durability=cfg.durability).close()
     declare(layout, list(agents), "relay init", cfg.durability)
-    click.echo(f"initialised {layout.state}" + (f" with agents {', '.join(agents)}" if agents else ""))
+    echo(f"initialised {layout.state}" + (f" with agents {', '.join(agents)}" if agents else ""))
 
 
 @main.command()
@@ -217,7 +238,7 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     setup_logging(cfg, quiet)
     warn(cfg, lambda text: log.warning("%s", text))
     layout = Layout(cfg.root, cfg.state_dir)
-    layout.state.mkdir(parents=True, exist_ok=True)
+    layout.create()
     quiet_gc(GC_YOUNG if once else None)
     with DaemonLock(layout.lock) as lock:
         if once:
@@ -233,18 +254,18 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 took = time.monotonic() - t0
                 left = relay.left
             shed = f", {total.shed} delivery(ies) shed by flow control" if total.shed else ""
-            click.echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry{shed}, "
+            echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry{shed}, "
                        f"in {took:.2f}s")
             if link is not None:
                 with link:
                     published, received = link.once()
                     waiting = link.history.outbound_counts()["pending"]
-                click.echo(f"federation: published {published}, received {received}"
+                echo(f"federation: published {published}, received {received}"
                            + (f", {waiting} waiting for the server" if waiting else ""))
             if left:
                 shown_left = "; ".join(f"{shown(what)} ({why})" for what, why in left[:20])
                 more = f" and {len(left) - 20} more" if len(left) > 20 else ""
-                click.echo(f"relay: left {len(left)} file(s) for a later run, no progress in "
+                echo(f"relay: left {len(left)} file(s) for a later run, no progress in "
                            f"{DRAIN_PATIENCE:.0f}s: {shown_left}{more}", err=True)
                 sys.exit(EXIT_LEFT)
             return
@@ -309,27 +330,27 @@ def status(ctx, max_pending_age, as_json):
     if federation is not None:
         doc["federation"] = federation
     for b in bad:
-        click.echo(f"relay: {b}", err=True)
+        echo(f"relay: {b}", err=True)
     if as_json:
         out_json(doc)
         return
-    click.echo(f"root       {doc['root']}\nstate dir  {doc['state_dir']}")
-    click.echo(f"daemon     {'running, pid ' + str(pid) if pid else 'not running'}")
-    click.echo("messages   " + ", ".join(f"{k} {v}" for k, v in counts.items())
+    echo(f"root       {doc['root']}\nstate dir  {doc['state_dir']}")
+    echo(f"daemon     {'running, pid ' + str(pid) if pid else 'not running'}")
+    echo("messages   " + ", ".join(f"{k} {v}" for k, v in counts.items())
                + (f"; {unknown} with a status this relay cannot read" if unknown else ""))
-    click.echo("sheds      " + ", ".join(f"{k} {v}" for k, v in sheds.items()) + "  (relay audit --status shed)")
+    echo("sheds      " + ", ".join(f"{k} {v}" for k, v in sheds.items()) + "  (relay audit --status shed)")
     if oldest is not None:
-        click.echo(f"oldest pending  {oldest:.1f}s")
-    click.echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
+        echo(f"oldest pending  {oldest:.1f}s")
+    echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
     if undeclared:
-        click.echo("undeclared " + ", ".join(f"{u['agent']} ({u['waiting']} waiting)" for u in undeclared)
-                   + ': not read (senders = "declared"; relay init --agent NAME declares one)')
-    click.echo("durability " + (health.describe(att, pid) if with_ledger else "not attested"))
+        echo("undeclared " + ", ".join(f"{u['agent']} ({u['waiting']} waiting)" for u in undeclared)
+             + ': not read (senders = "declared"; relay init --agent NAME declares one)')
+    echo("durability " + (health.describe(att, pid) if with_ledger else "not attested"))
     if federation is not None:
-        click.echo(views.federation(federation, running=pid is not None, now=time.time()))
+        echo(views.federation(federation, running=pid is not None, now=time.time()))
     if not with_ledger:
-        click.echo("no ledger yet: run `relay init` or `relay run`")
-    click.echo("health     " + ("ok" if not problems else "; ".join(problems)))
+        echo("no ledger yet: run `relay init` or `relay run`")
+    echo("health     " + ("ok" if not problems else "; ".join(problems)))
     sys.exit(code)
 
 
@@ -346,7 +367,7 @@ def sweep(ctx, older_than, dry_run, as_json):
     # Only the `retention` key's 0 keeps forever; an explicit --older-than 0s means everything.
     keep = duration(older_than, "--older-than") if older_than is not None else cfg.retention
     if older_than is None and not keep:
-        click.echo("retention is 0 (keep forever): nothing to sweep")
+        echo("retention is 0 (keep forever): nothing to sweep")
         return
     layout = Layout(cfg.root, cfg.state_dir)
     with Relay(cfg) as relay:
@@ -356,11 +377,11 @@ def sweep(ctx, older_than, dry_run, as_json):
         out_json({"dry_run": dry_run, "archived": result.archived, "failed": result.failed, "ids": result.ids})
         return
     verb = "would delete" if dry_run else "deleted"
-    click.echo(f"{verb} {result.archived} archived and {result.failed} failed message(s) older than "
+    echo(f"{verb} {result.archived} archived and {result.failed} failed message(s) older than "
                f"{older_than or f'{int(keep)}s'} from {layout.state}")
     if dry_run:
         for mid in result.ids:
-            click.echo(f"  {mid}")
+            echo(f"  {mid}")
 
 
 @main.command()
@@ -388,20 +409,20 @@ def demo(ctx, outboxes, keep):
         with Relay(cfg) as relay:
             total = relay.drain(now_fn=lambda: time.time() + cfg.settle)
             rows = list(relay.history.audit(oldest_first=True))
-        click.echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} quarantined\n")
+        echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} quarantined\n")
         box = Inbox(layout, None)
         for agent in ["System"] + agents:
             items = box.list(agent)
-            click.echo(f"inbox/{agent}/new: {len(items)} message(s)")
+            echo(f"inbox/{agent}/new: {len(items)} message(s)")
             for _, _, doc in items:
                 title = doc.get("subject") or views.clip(doc.get("body") or "", 50)
-                click.echo(f"  from {doc['from']:<8} [{doc['kind']}] {title}")
-        click.echo("\nrelay audit:")
-        click.echo(views.table(rows))
+                echo(f"  from {doc['from']:<8} [{doc['kind']}] {title}")
+        echo("\nrelay audit:")
+        echo(views.table(rows))
         for p in sorted(layout.failed.rglob("*.error.json")):
-            click.echo(f"\nquarantined: {p.relative_to(layout.state)}\n  reason: {json.loads(p.read_text())['reason']}")
+            echo(f"\nquarantined: {p.relative_to(layout.state)}\n  reason: {json.loads(p.read_text())['reason']}")
         if keep:
-            click.echo(f"\nproject kept at {project}")
+            echo(f"\nproject kept at {project}")
     finally:
         if not keep:
             shutil.rmtree(project, ignore_errors=True)
@@ -426,13 +447,13 @@ def bench(ctx, base, messages, agents, rate, seconds, sustained, as_json):
     from . import bench as bench_mod
     root, _ = config_mod.resolve_dirs(ctx.root, ctx.state_dir)
     work = Path(tempfile.mkdtemp(prefix=".relay-bench-", dir=base or root))
-    echo = (lambda *_: None) if as_json else click.echo
+    say = (lambda *_: None) if as_json else echo
     try:
         if sustained:
             from . import sustained as sustained_mod
-            result = sustained_mod.run(work, agents=agents, seconds=seconds, full_seconds=seconds, echo=echo)
+            result = sustained_mod.run(work, agents=agents, seconds=seconds, full_seconds=seconds, echo=say)
         else:
-            result = bench_mod.run(work, messages, agents, rate, seconds, echo=echo)
+            result = bench_mod.run(work, messages, agents, rate, seconds, echo=say)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if as_json:

@@ -6,6 +6,7 @@ import click
 from . import config as config_mod, units, views
 from .cli import main, out_json, pass_ctx
 from .guards import handle_errors
+from .terminal import echo
 
 
 @main.command("config")
@@ -25,7 +26,7 @@ def config_(ctx, as_json):
     width = max(len(key) for key, *_ in rows)
     text_width = min(40, max(len(text) for _, _, text, _ in rows))
     for key, _, text, origin in rows:
-        click.echo(f"{key:<{width}}  {text:<{text_width}}  ({origin})")
+        echo(f"{key:<{width}}  {text:<{text_width}}  ({origin})")
 
 
 @main.command()
@@ -40,8 +41,8 @@ def service(ctx, manager, user):
     root = ctx.cfg.root
     argv = units.command()
     text = units.systemd(argv, root, user) if manager == "systemd" else units.launchd(argv, root, user)
-    click.echo(text, nl=False)
-    click.echo(units.install_hint(manager, root, user), err=True)
+    echo(text, nl=False)
+    echo(units.install_hint(manager, root, user), err=True)
 
 
 @main.group()
@@ -75,8 +76,8 @@ def federation_acl(ctx, node, team, password):
     if password is not None and (not password or any(c.isspace() or ord(c) < 32 for c in password)):
         raise click.BadParameter("a password of printable characters without spaces", param_hint="--password")
     secret = password or secrets.token_urlsafe(24)
-    click.echo(acl(team, node, secret))
+    echo(acl(team, node, secret))
     user = f"relay-{team}-{node}"
     encoded = __import__("urllib.parse").parse.quote(secret, safe="")
-    click.echo(f"# node {node} then uses: RELAY_FEDERATION_URL='redis://{user}:{encoded}@<redis-host>:6379/0' "
+    echo(f"# node {node} then uses: RELAY_FEDERATION_URL='redis://{user}:{encoded}@<redis-host>:6379/0' "
                f"(and node = \"{node}\" in its [federation] section)", err=True)

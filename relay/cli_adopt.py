@@ -6,13 +6,14 @@ from . import adopt as adopt_mod
 from .cli import main, pass_ctx
 from .errors import RelayError
 from .guards import checked, handle_errors, sender_name
+from .terminal import echo
 
 
 @main.command()
 @click.argument("agent", callback=checked(sender_name))
 @click.option("--file", "file_", type=click.Path(dir_okay=False),
-              help=f"The instructions file, relative to the project root (default {adopt_mod.DEFAULT_FILE}; "
-                   "CLAUDE.md is a common choice).")
+              help=f"The instructions file, relative to the project root and inside it, never through a "
+                   f"symbolic link (default {adopt_mod.DEFAULT_FILE}; CLAUDE.md is a common choice).")
 @click.option("--create", is_flag=True, help="AGENT is new on purpose: create its outbox and inbox.")
 @pass_ctx
 @handle_errors
@@ -26,9 +27,9 @@ def adopt(ctx, agent, file_, create):
         raise RelayError(f"no relay state directory at {layout.state}: run `relay init` in the project first")
     path = adopt_mod.target(cfg.root, cfg.state_dir, file_)
     try:
-        done = adopt_mod.adopt(layout, cfg.agents, agent, path, create=create)
+        done = adopt_mod.adopt(layout, cfg.agents, agent, path, create=create, root=cfg.root)
     finally:
         layout.close()
-    click.echo({"added": f"added the relay block for {agent} to {path}",
+    echo({"added": f"added the relay block for {agent} to {path}",
                 "updated": f"updated the relay block for {agent} in {path}",
                 "unchanged": f"the relay block for {agent} in {path} is up to date"}[done])

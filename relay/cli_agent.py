@@ -3,12 +3,12 @@ shell and Python check the same things. A message is marked read only once it ha
 import sys
 
 import click
-import orjson
 
 from . import views
 from .api import Agent, Project
 from .cli import main, out_json, pass_ctx
 from .guards import checked, handle_errors, recipient_names, sender_name
+from .terminal import echo, echo_json
 
 EXIT_TIMEOUT = 124      # relay inbox --wait: the time ran out with no new message (as timeout(1))
 
@@ -51,8 +51,8 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, b
     else:
         mid = me.send(to, body, kind=kind, thread=thread, subject=subject, request_id=request_id, create=create)
     if me.repeated:
-        click.echo(f"relay: request id {request_id!r} was sent before as {mid}; not sent again", err=True)
-    click.echo(mid)
+        echo(f"relay: request id {request_id!r} was sent before as {mid}; not sent again", err=True)
+    echo(mid)
 
 
 @main.command()
@@ -74,7 +74,7 @@ def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
         timeout = None if wait == "forever" else _seconds(wait)
         got = me.wait(timeout)
         if not got:
-            click.echo(f"relay: no new message for {agent} in {wait}", err=True)
+            echo(f"relay: no new message for {agent} in {wait}", err=True)
             sys.exit(EXIT_TIMEOUT)
         items = me.inbox(include_read=show_all) if show_all else got
     else:
@@ -108,14 +108,14 @@ def _show(me, items, ack, as_json, jsonl, empty=None, single=False):
         out_json(docs[0] if single else docs)
     elif jsonl:
         for d in docs:
-            click.echo(orjson.dumps(d).decode())
+            echo_json(d)
     elif not items:
-        click.echo(empty)
+        echo(empty)
     else:
         for i, m in enumerate(items):
             if i:
-                click.echo()
-            click.echo(views.message_text(m, i + 1, len(items)))
+                echo()
+            echo(views.message_text(m, i + 1, len(items)))
     sys.stdout.flush()
     if shown:
         me.ack(shown)

@@ -3,7 +3,6 @@ report. They open the ledger read-only, so they work beside a running daemon. A 
 build cannot read is named on stderr (with its id and column) and left out; the verb goes on."""
 import sys
 import time
-from pathlib import Path
 
 import click
 import orjson
@@ -12,11 +11,13 @@ from . import health, views
 from .cli import main, out_json, pass_ctx, verdict
 from .guards import agent_name, checked, duration, handle_errors, moment
 from .errors import NotFound, RelayError
+from .fs import replace_file
 from .history import BadRow, sift
 from .inbox import Inbox
 from .ledger import STATUSES
 from .lock import holder
 from .outbox import declared
+from .terminal import echo, echo_json, escaped
 
 TABLE_LIMIT = 50        # messages in audit's table unless --limit says otherwise
 OPERATOR_TABLES = ("sheds", "pings", "archived_agents")    # what agents and queues read beside messages
@@ -25,7 +26,7 @@ OPERATOR_TABLES = ("sheds", "pings", "archived_agents")    # what agents and que
 def skipped(bad):
     """Name on stderr each stored row this build could not read (a verb then goes on without it)."""
     for b in bad:
-        click.echo(f"relay: {b}", err=True)
+        echo(f"relay: {b}", err=True)
     bad.clear()
 
 
@@ -69,13 +70,14 @@ def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limi
             out_json([views.record(r) for r in rows])
         elif jsonl:
             for r in rows:
-                click.echo(orjson.dumps(views.record(r)).decode())
+                echo_json(views.record(r))
         elif fmt == "csv":
             import csv
             writer = None
             for r in rows:
                 rec = views.record(r)
                 rec["to"] = ",".join(rec["to"])
+                rec = {k: escaped(v) if isinstance(v, str) else v for k, v in rec.items()}     # as the table shows them
                 if writer is None:
                     writer = csv.DictWriter(sys.stdout, fieldnames=list(rec))
                     writer.writeheader()
@@ -83,9 +85,9 @@ def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limi
         else:
             rows = list(rows)
             if not rows:
-                click.echo("no messages match")
+                echo("no messages match")
             else:
-                click.echo(views.table(rows, remote=led.remote_routes([r["id"] for r in rows])))
+                echo(views.table(rows, remote=led.remote_routes([r["id"] for r in rows])))
         skipped(bad)
 
 
@@ -95,7 +97,7 @@ def _limited(rows, limit, bad):
     for i, row in enumerate(rows):
         if limit and i == limit:
             skipped(bad)
-            click.echo(f"relay: stopped at the limit of {limit} message(s); more match (--limit N shows more)",
+            echo(f"relay: stopped at the limit of {limit} message(s); more match (--limit N shows more)",
                        err=True)
             return
         yield row
@@ -120,7 +122,7 @@ def show(ctx, message_id, as_json):
             if as_json:
                 out_json({"id": message_id.upper(), "status": "waiting", "source_path": waiting})
             else:
-                click.echo(f"message {message_id.upper()}\n  status         waiting in {waiting}: relay has not "
+                echo(f"message {message_id.upper()}\n  status         waiting in {waiting}: relay has not "
                            "taken it yet (is the daemon running? see relay status)")
             return
         bad = []
@@ -153,7 +155,7 @@ def show(ctx, message_id, as_json):
                       "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
                                   "actor": e["actor"]} for e in events], "sheds": sheds})
         else:
-            click.echo(views.show(row, deliveries, events, paths, body, remote, sheds))
+            echo(views.show(row, deliveries, events, paths, body, remote, sheds))
     finally:
         led.close()
 
@@ -224,9 +226,9 @@ def doctor(ctx, quick, as_json):
     verified = ("verify's checks not run (--quick): archive files and envelopes not re-hashed, hash chain "
                 "not walked; run `relay verify`") if quick else f"verified {facts['verified']} archived message(s)"
     if not as_json:
-        click.echo(f"durability: {health.describe(facts['durability'], pid)}")
+        echo(f"durability: {health.describe(facts['durability'], pid)}")
         if facts["unreadable"]:
-            click.echo(f"unreadable: {facts['unreadable']} ledger row(s) this relay cannot read")
+            echo(f"unreadable: {facts['unreadable']} ledger row(s) this relay cannot read")
     verdict(as_json, problems,
             {"migrations": [{"version": v, "name": n, "checksum_ok": ok} for v, n, ok in migrations],
              "durability": facts["durability"], "unreadable": facts["unreadable"], "verified": facts["verified"]},
@@ -252,17 +254,17 @@ def agents(ctx, as_json):
         out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
         return
     node = "NODE" if ctx.cfg.federation else ""
-    click.echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6} {'SHED':>9}  "
+    echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6} {'SHED':>9}  "
                f"{'LAST SEEN':<15} {'PING':<14} LAST ERROR")
     dash = lambda v: "-" if v is None else v     # noqa: E731 - what a remote node does not tell
     for r in rows:
         shed = f"{sum(r['shed_to'].values())}/{sum(r['shed_from'].values())}" if "shed_to" in r else "-"
         name = f"{r['agent']} (archived)" if r.get("archived") else r["agent"]
-        click.echo(f"{name:<16} {views.clip(r.get('node') or '', 14):<14} {dash(r['outbox_waiting']):>6} "
+        echo(f"{name:<16} {views.clip(r.get('node') or '', 14):<14} {dash(r['outbox_waiting']):>6} "
                    f"{dash(r['inbox_new']):>5} {dash(r['inbox_cur']):>5} {r['sent']:>6} {dash(r['received']):>6} "
                    f"{shed:>9}  {views.short_time(r['last_seen']):<15} {views.ping(r.get('ping')):<14} "
                    f"{views.clip(r['last_error'] or '', 60)}")
-    click.echo("SHED: messages shed on the way to the agent / from it (relay queues, relay audit --status shed)")
+    echo("SHED: messages shed on the way to the agent / from it (relay queues, relay audit --status shed)")
 
 
 @main.command()
@@ -279,7 +281,7 @@ def queues(ctx, as_json):
     if as_json:
         out_json(doc)
         return
-    click.echo(views.queues(doc))
+    echo(views.queues(doc))
 
 
 @main.command()
@@ -304,13 +306,12 @@ def tail(ctx, follow, lines, timeout, as_json):
                     skipped([problem])
                     continue
                 if as_json:
-                    click.echo(orjson.dumps({"seq": seq, "at": views.when(e["at"]), "id": e["message_id"],
-                                             "event": e["event"], "detail": e["detail"], "actor": e["actor"],
-                                             "from": e["sender"]}).decode())
+                    echo_json({"seq": seq, "at": views.when(e["at"]), "id": e["message_id"], "event": e["event"],
+                               "detail": e["detail"], "actor": e["actor"], "from": e["sender"]})
                 else:
                     who = f" from {e['sender']}" if e["sender"] else ""
                     detail = f": {e['detail']}" if e["detail"] else ""
-                    click.echo(f"{views.when(e['at'])}  {e['message_id'] or '-':<26}  {e['event']:<10}{who}{detail}")
+                    echo(f"{views.when(e['at'])}  {e['message_id'] or '-':<26}  {e['event']:<10}{who}{detail}")
             if not follow or (stop_at is not None and time.monotonic() >= stop_at):
                 return
             time.sleep(0.2)
@@ -322,8 +323,9 @@ def tail(ctx, follow, lines, timeout, as_json):
 
 @main.command()
 @click.option("--since", help="Messages discovered since (a date, or a duration meaning that long ago).")
-@click.option("--html", "html_file", required=True, type=click.Path(dir_okay=False, writable=True),
-              help="Write the page to this file.")
+@click.option("--html", "html_file", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write the page to this file (a new file renamed over the name, never through a "
+                   "symbolic link there); '-': to standard output.")
 @pass_ctx
 @handle_errors
 def report(ctx, since, html_file):
@@ -333,5 +335,8 @@ def report(ctx, since, html_file):
         data = led.figures(moment(since, "--since"))
     skipped(list(data["unreadable"]))
     page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
-    Path(html_file).write_text(page, encoding="utf-8")
-    click.echo(f"wrote {html_file}")
+    if html_file == "-":
+        echo(page, nl=False)
+        return
+    replace_file(html_file, page.encode("utf-8"))
+    echo(f"wrote {html_file}")

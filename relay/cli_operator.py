@@ -9,6 +9,7 @@ from . import commands, operator, roster
 from .cli import main, out_json, pass_ctx
 from .guards import agent_name, checked, handle_errors
 from .lock import wake
+from .terminal import echo
 
 COMMAND_ID = click.option("--command-id", help="An id for this command: given again, the first result is printed "
                                               "and nothing changes.")
@@ -27,9 +28,9 @@ def _run(ctx, verb, arguments, command_id, action, as_json):
                   "errors": result.errors, "exit": result.code})
     else:
         for line in result.lines:
-            click.echo(line)
+            echo(line)
         for line in result.errors:
-            click.echo(line, err=True)
+            echo(line, err=True)
     if result.code:
         sys.exit(result.code)
 

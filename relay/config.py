@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 
 from .errors import ConfigError, NotInProject
+from .terminal import unsafe
 
 AGENT_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"     # agent names (SPEC section 1), as people read it
 AGENT_NAME = re.compile(AGENT_NAME_RULE + r"\Z")
@@ -162,6 +163,8 @@ def _table(value):
 def _state_dir(value):
     if not isinstance(value, str) or not value:
         raise ValueError(f"{value!r} is not a directory path")
+    if any(unsafe(c) for c in value):
+        raise ValueError(f"{value!r} holds a control or bidi character; name a plain directory")
     return value
 
 
@@ -260,10 +263,18 @@ def _clean(values, where, warnings=None):
     return out
 
 
+def absolute(path):
+    """`path` made absolute, as named (a link in it kept); one that holds '..' as the kernel takes
+    it: '..' after a symbolic link is the parent of the link's target, which no lexical
+    normalisation gives (a unit or a hook would otherwise name another directory than relay uses)."""
+    path = Path(path).absolute()
+    return Path(os.path.realpath(path)) if ".." in path.parts else path
+
+
 def resolve_dirs(root=None, state_dir=None, env=None):
     """The project root and state directory from flags, then env, then defaults."""
     env = os.environ if env is None else env
-    root = Path(root or env.get("RELAY_ROOT") or os.getcwd()).absolute()
+    root = absolute(root or env.get("RELAY_ROOT") or os.getcwd())
     state = state_dir or env.get("RELAY_STATE_DIR") or None
     return root, (root / state if state else None)
 
@@ -281,7 +292,7 @@ def discover(root=None, state_dir=None, env=None, cwd=None, uid=None):
     uid = os.geteuid() if uid is None else uid
     given = root or env.get("RELAY_ROOT")
     if given:
-        return Path(given).absolute()
+        return absolute(given)
     name = state_dir or env.get("RELAY_STATE_DIR") or ".relay"
     start = Path(cwd or os.getcwd()).absolute()
     if Path(name).is_absolute():
@@ -298,6 +309,49 @@ def discover(root=None, state_dir=None, env=None, cwd=None, uid=None):
                 raise e
             return place
     raise NotInProject(f"not in a relay project (no {name.rstrip('/')}/ here or above); run relay init")
+
+
+def state_parts(root, state):
+    """The components of the state directory's path below the project root, when it lies there
+    (named relative to the root, or absolute under it) and holds no '..'; else None: a place
+    elsewhere (an operator's --state-dir or RELAY_STATE_DIR) is taken as it is named."""
+    root, state = Path(root), Path(state)
+    n = len(root.parts)
+    if state.parts[:n] != root.parts or ".." in state.parts[n:]:
+        return None
+    return state.parts[n:]
+
+
+def state_link(root, state):
+    """The first symbolic link on the way from the project root down to the state directory
+    (the state directory itself included), or None. Components not made yet end the look:
+    Layout.create makes them without following a link."""
+    here = Path(root)
+    for part in state_parts(root, state) or ():
+        here = here / part
+        try:
+            if stat.S_ISLNK(os.lstat(here).st_mode):
+                return here
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return None         # (not a directory, no permission: making or opening it says so)
+    return None
+
+
+def linked(state, link, origin):
+    """The refusal of a state directory reached through a link: agents can write in the project
+    and plant one, and relay would then keep its ledger and deliver mail outside the project."""
+    return ConfigError(f"the state directory {state} ({origin}) is reached through the symbolic link {link}; "
+                       "relay never follows a link to its state directory inside the project (an agent can "
+                       "plant one): remove the link, or name the place it points to with --state-dir or "
+                       "RELAY_STATE_DIR (a place outside the project is yours to name)")
+
+
+def check_state(root, state, origin):
+    link = state_link(root, state)
+    if link is not None:
+        raise linked(state, link, origin)
 
 
 def _read_toml(path):
@@ -332,6 +386,8 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     origins = {"root": "flag" if root else "env RELAY_ROOT" if env.get("RELAY_ROOT") else "default (the current directory)",
                "state_dir": "flag" if state_dir else "env RELAY_STATE_DIR" if env.get("RELAY_STATE_DIR") else "default"}
     root, state = resolve_dirs(root, state_dir, env)
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"the project root {root} is not a directory")
     warnings = [] if not strict else None
     notes = []
     sources = []
@@ -339,6 +395,8 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     # The state dir named in relay.toml only counts when flags and env named none:
     # the file is looked for in the default state dir then.
     candidate = state or root / ".relay"
+    check_state(root, candidate, {"flag": "--state-dir", "env RELAY_STATE_DIR": "RELAY_STATE_DIR"}.get(
+        origins["state_dir"], "the default .relay"))
     toml_path = candidate / "relay.toml"
     data = _read_toml(toml_path)
     if data is not None:
@@ -355,6 +413,7 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
                                   "relative path inside the project root (use --state-dir or "
                                   "RELAY_STATE_DIR for any other place)")
             state = root / where
+            check_state(root, state, f"state_dir in {toml_path}")
     from . import fedconfig
     env_values, fed_env = {}, {}
     for name, value in env.items():

@@ -22,6 +22,8 @@ import errno
 import os
 import stat
 
+from .terminal import escaped
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -34,32 +36,23 @@ class Unsafe(OSError):
 
 
 def bad_name(name):
-    """Why a file name cannot be taken as a message name (not UTF-8, control characters), or None."""
+    """Why a file name cannot be taken as a message name (not UTF-8, control characters: C0,
+    DEL and C1), or None."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return "its name is not valid UTF-8"
-    if any(c < " " or c == "\x7f" for c in name):
+    if any(c < " " or "\x7f" <= c <= "\x9f" for c in name):
         return "its name holds control characters"
     return None
 
 
 def shown(name):
-    """A name fit for one log line or report: undecodable bytes and control characters escaped."""
+    """A name fit for one log line or report: undecodable bytes, control and bidi characters
+    (terminal.UNSAFE) escaped, and a backslash doubled, so that the escape is unambiguous."""
     if isinstance(name, bytes):
         name = os.fsdecode(name)
-    out = []
-    for c in name:
-        o = ord(c)
-        if 0xDC80 <= o <= 0xDCFF:           # an undecodable byte (surrogate escape)
-            out.append(f"\\x{o - 0xDC00:02x}")
-        elif o < 32 or o == 0x7F or 0xD800 <= o <= 0xDFFF:
-            out.append(f"\\x{o:02x}" if o < 256 else f"\\u{o:04x}")
-        elif c == "\\":
-            out.append("\\\\")
-        else:
-            out.append(c)
-    return "".join(out)
+    return escaped(name.replace("\\", "\\\\"), keep="")
 
 
 def split(rel):
@@ -341,6 +334,66 @@ class StateDir:
         fd, name = self._at(rel)
         os.rmdir(name, dir_fd=fd)
         self._drop(rel)
+
+
+def replace_file(path, data, fsync=None):
+    """Put `data` at `path`, a file a person named (anywhere, not under the state directory), as
+    a new file: a hidden temporary beside it, written in full, synced, renamed over the name, the
+    directory synced. A symbolic link at the name is refused (Unsafe), never written through; a
+    hard link there is replaced, the file its other names share left as it was. An existing
+    file's permissions are kept; a new one gets 0o666 less the umask. A character device or a
+    FIFO at the name (/dev/full, a pipe a reader holds) is written into as it is; a FIFO no one
+    reads is refused at once, never waited on."""
+    if fsync is None:
+        from .sync import default_fsync as fsync
+    parent, name = os.path.split(os.path.abspath(path))
+    dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    tmp = None
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise Unsafe(errno.ELOOP, f"{shown(path)} is a symbolic link; relay never writes through one (agents "
+                                      "can plant them): remove it, or name another file")
+        if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+            return _write_into(dfd, name, path, data)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise Unsafe(errno.EINVAL, f"{shown(path)} is not a regular file; name a file to write")
+        tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+        fd = os.open(tmp, CREATE_FLAGS, 0o666, dir_fd=dfd)
+        try:
+            if st is not None:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            write_all(fd, data)
+            fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        tmp = None
+        fsync(dfd)
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+        os.close(dfd)
+
+
+def _write_into(dfd, name, path, data):
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise Unsafe(errno.ENXIO, f"{shown(path)} is a FIFO no one reads; name a file to write") from None
+        raise
+    try:
+        os.set_blocking(fd, True)
+        write_all(fd, data)
+    finally:
+        os.close(fd)
 
 
 def write_all(fd, data):

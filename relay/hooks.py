@@ -13,7 +13,8 @@ limit is killed with its whole process group and logged. Neither delays or fails
 - The command: a string runs under /bin/sh -c, a tuple is the argv (no shell). It runs in the
   project root, in a session of its own, stdin /dev/null, stdout and stderr captured together
   (the last OUTPUT_TAIL bytes kept), no descriptor of relay's inherited, with the relay's
-  environment plus RELAY_ROOT, RELAY_STATE_DIR and the delivery's RELAY_* variables.
+  environment (less its service manager's NOTIFY_SOCKET, watchdog and socket variables) plus
+  RELAY_ROOT, RELAY_STATE_DIR and the delivery's RELAY_* variables.
 - `stop()` (relay's stop, the end of run --once) waits a second past `on_deliver_timeout` (at
   most STOP_GRACE) for what is queued and running, then drops the rest and kills what still runs.
 """
@@ -29,6 +30,7 @@ import time
 
 from .config import SYSTEM
 from .fs import shown
+from .terminal import spaced
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,9 @@ TICK = 0.1              # without pidfd_open: how often a hook's exit is looked 
 REAP_WAIT = 5.0         # how long a killed hook may take to die
 DROP_LOG_EVERY = 10.0   # seconds between two log lines about dropped hooks
 STOP_GRACE = 30.0       # the longest stop() waits for hooks (within a service manager's stop timeout)
+# relay's own line to its service manager: not for a command relay.toml names
+SERVICE_VARIABLES = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
+                               "LISTEN_FDNAMES"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,18 +59,20 @@ class Delivery:
     kind: str
 
     def environment(self):
-        return {"RELAY_MESSAGE_ID": self.message_id, "RELAY_SENDER": self.sender,
-                "RELAY_RECIPIENT": self.recipient, "RELAY_ENVELOPE": self.envelope,
-                "RELAY_SUBJECT": self.subject, "RELAY_THREAD": self.thread, "RELAY_KIND": self.kind}
+        """The delivery's RELAY_* variables: every value from the message through `plain` (the
+        envelope's path is the state directory's, which relay.toml cannot give such a character,
+        and must name the file exactly)."""
+        return {"RELAY_MESSAGE_ID": plain(self.message_id), "RELAY_SENDER": plain(self.sender),
+                "RELAY_RECIPIENT": plain(self.recipient), "RELAY_ENVELOPE": self.envelope,
+                "RELAY_SUBJECT": plain(self.subject), "RELAY_THREAD": plain(self.thread),
+                "RELAY_KIND": plain(self.kind)}
 
 
 def plain(value):
-    """A value an agent wrote, fit for one environment variable a hook may type somewhere:
-    control characters (newlines too) become spaces, at most VALUE_MAX characters."""
-    if value is None:
-        return ""
-    text = "".join(" " if ord(c) < 32 or ord(c) == 0x7F or 0xD800 <= ord(c) <= 0xDFFF else c for c in str(value))
-    return text[:VALUE_MAX]
+    """A value an agent wrote, fit for one environment variable a hook may type somewhere: each
+    control character (C0 with newlines, DEL, C1), bidi override and line separator
+    (terminal.UNSAFE) becomes a space, at most VALUE_MAX characters."""
+    return spaced(value)[:VALUE_MAX]
 
 
 def argv(command):
@@ -261,7 +268,8 @@ class Hooks:
                     self._idle.notify_all()
 
     def _run(self, d, command, timeout):
-        env = dict(os.environ, RELAY_ROOT=self.root, RELAY_STATE_DIR=self.state_dir, **d.environment())
+        env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARIABLES}
+        env.update(RELAY_ROOT=self.root, RELAY_STATE_DIR=self.state_dir, **d.environment())
         started = time.monotonic()
         with self._lock:
             if self._killing:

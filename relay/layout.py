@@ -1,11 +1,12 @@
 """The state directory's layout (SPEC section 1): where each thing lives, and which entries relay
 serves."""
+import errno
 import logging
 import os
 from pathlib import Path
 
-from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
-from .fs import StateDir, Unsafe, bad_name, shown
+from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM, linked, state_parts
+from .fs import DIR_FLAGS, DIR_MODE, StateDir, Unsafe, bad_name, shown
 from .ids import ALPHABET
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,33 @@ class Layout:
             self._fs = None
 
     def create(self):
-        """Make the state directory itself (the operator chose where it is)."""
-        os.makedirs(self.state, exist_ok=True)
+        """Make the state directory itself. Inside the project root it is made (and looked at)
+        from the root down one directory at a time, never through a symbolic link (config.load
+        refused one already; this holds against one planted since). Elsewhere the operator chose
+        the place, and it is made as named."""
+        parts = state_parts(self.root, self.state)
+        if not parts:
+            os.makedirs(self.state, exist_ok=True)
+            return self
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for i, part in enumerate(parts):
+                try:
+                    os.mkdir(part, DIR_MODE, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                try:
+                    child = os.open(part, DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        link = self.root.joinpath(*parts[:i + 1])
+                        if link.is_symlink():
+                            raise linked(self.state, link, "as configured") from None
+                    raise
+                os.close(fd)
+                fd = child
+        finally:
+            os.close(fd)
         return self
 
     def init(self, agents=()):

@@ -8,6 +8,7 @@ import html
 from .ledger import Status
 from .flow import REASONS
 from .message import iso
+from .terminal import escaped
 from .views import num
 
 
@@ -26,7 +27,9 @@ th{background:#f7fafc} td.n{text-align:right;font-variant-numeric:tabular-nums}
 
 
 def _e(value):
-    return html.escape("" if value is None else str(value))
+    """A value for the page: HTML-escaped, each control and bidi character shown as an escape
+    (terminal.escaped), as a terminal would show it."""
+    return html.escape(escaped("" if value is None else str(value), keep=""))
 
 
 def _matrix(rows):

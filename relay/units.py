@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from .errors import RelayError
+from .fs import shown
+from .terminal import unsafe
 
 _SYSTEMD_SAFE = re.compile(r"[A-Za-z0-9/._:+,=@-]+\Z")    # an ExecStart word needing no quotes
 
@@ -31,10 +33,29 @@ def command():
 
 
 def _checked(*paths):
+    """Refuse a path a unit cannot hold as it is: one that is not UTF-8 (a unit file and a property
+    list are UTF-8 text), or holds a control character (C0, DEL, C1: a line break, XML 1.0 has no
+    room for most) or a bidi override or line separator (terminal.UNSAFE: the unit would not read
+    as what it runs)."""
     for p in paths:
-        if any(ord(c) < 32 or ord(c) == 0x7F for c in str(p)):
-            raise RelayError(f"{str(p)!r} holds a control character; a service unit cannot name it: move "
-                             "the project (or relay) to a plain path")
+        text = str(p)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RelayError(f"'{shown(text)}' is not valid UTF-8; a service unit cannot name it: move the "
+                             "project (or relay) to a plain path") from None
+        if any(unsafe(c) for c in text):
+            raise RelayError(f"'{shown(text)}' holds a control character or bidi control; a service unit cannot name "
+                             "it: move the project (or relay) to a plain path")
+
+
+def _path_value(path):
+    """A path as the value of a setting that takes it unquoted (WorkingDirectory=, and the same
+    words in Description=): `%` written `%%`; a path ending in a backslash gets a '/' after it,
+    which names the same directory, so that the line does not end in one (systemd would join
+    the next line to it, and lose that setting)."""
+    text = _specifiers(path)
+    return text + "/" if text.endswith("\\") else text
 
 
 def escape_path(path):
@@ -87,7 +108,7 @@ def systemd(argv, root, user=True):
     lines = [
         f"# relay for {root if exact else repr(root)}: written by `relay service systemd{scope}`; save it as {systemd_name(root)}",
         "[Unit]",
-        f"Description=relay outbox daemon for {_specifiers(root if exact else repr(root))}",
+        f"Description=relay outbox daemon for {_path_value(root if exact else repr(root))}",
         "After=local-fs.target",
         "",
         "[Service]",
@@ -95,7 +116,7 @@ def systemd(argv, root, user=True):
         "NotifyAccess=main",
         f"ExecStart={run}",
         "ExecReload=/bin/kill -HUP $MAINPID",
-        *([f"WorkingDirectory={_specifiers(root)}"] if exact else []),
+        *([f"WorkingDirectory={_path_value(root)}"] if exact else []),
         "Restart=on-failure",
         "RestartSec=1",
         "WatchdogSec=30",

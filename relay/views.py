@@ -7,6 +7,7 @@ import orjson
 
 from .ledger import Status
 from .message import iso
+from .terminal import spaced
 
 
 def unreadable(value):
@@ -71,14 +72,11 @@ def excerpt(row, width):
     return clip(text, width)
 
 
-_CONTROLS = {c: " " for c in range(32)} | {0x7F: " ", 0x1B: "\\e"} | {c: " " for c in range(0x80, 0xA0)} | {
-    c: " " for c in (0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E, 0x2066, 0x2067, 0x2068, 0x2069)}
-
-
 def plain(value):
-    """Any stored value as one line of plain text: no terminal escape or bidi control from a
-    message reaches the terminal."""
-    return ("" if value is None else str(value)).translate(_CONTROLS)
+    """Any stored value as one line of plain text (a table's cell, a header of a message): each
+    character terminal.UNSAFE names a space, ESC shown as `\\e`. (terminal.echo, which prints
+    every line, would show them as escapes anyway.)"""
+    return spaced(("" if value is None else str(value)).replace("\x1b", "\\e"))
 
 
 def clip(text, width):

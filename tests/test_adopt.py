@@ -165,17 +165,73 @@ def test_a_file_inside_the_state_directory_is_refused(team):
     line = error(team("adopt", "bob", "--file", ".relay/outbox/bob/AGENTS.md", ok=False))
     assert line == (f"{team.state / 'outbox/bob/AGENTS.md'} is inside the state directory {team.state}; relay "
                     "adopt writes an instructions file of the project (e.g. AGENTS.md or CLAUDE.md)")
-    assert "inside the state directory" in error(team("adopt", "bob", "--file", "sub/../.relay", ok=False))
+    assert "inside the state directory" in error(team("adopt", "bob", "--file", "./.relay//x.md", ok=False))
     assert os.listdir(team.state / "outbox" / "bob") == []
 
 
-def test_an_absolute_file_and_the_mode_of_an_existing_one(team, tmp_path_factory):
-    path = tmp_path_factory.mktemp("elsewhere") / "CLAUDE.md"
+def test_an_absolute_file_in_the_project_and_the_mode_of_an_existing_one(team):
+    (team.root / "docs").mkdir()
+    path = team.root / "docs" / "CLAUDE.md"
     path.write_text("x\n")
     path.chmod(0o600)
     team("adopt", "carol", "--file", str(path))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert path.read_text() == "x\n\n" + adopt.block("carol", {"alice", "bob"})
+
+
+@pytest.fixture
+def outside(tmp_path_factory):
+    """A directory outside the project, with a file in it."""
+    place = tmp_path_factory.mktemp("outside")
+    (place / "notes.md").write_text("mine\n")
+    return place
+
+
+def test_a_file_outside_the_project_root_is_refused_and_nothing_is_written(team, outside):
+    before = sorted(os.listdir(team.root.parent))
+    for given, why in [("../escaped.md", "holds '..'"), ("docs/../../escaped.md", "holds '..'"),
+                       (str(outside / "AGENTS.md"), f"is not inside the project root {team.root}"),
+                       (str(outside / "notes.md"), f"is not inside the project root {team.root}")]:
+        line = error(team("adopt", "bob", "--file", given, ok=False))
+        assert line.startswith(f"--file {given!r} ") and why in line, line
+        assert "relative to the project root" in line
+    assert sorted(os.listdir(team.root.parent)) == before
+    assert sorted(os.listdir(outside)) == ["notes.md"] and (outside / "notes.md").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("planted, given", [("docs", "docs/AGENTS.md"), ("a/b", "a/b/c/AGENTS.md"),
+                                            ("a/b", "a/b/notes.md")])
+def test_a_symlinked_directory_on_the_way_is_refused_and_nothing_is_written_through_it(team, outside, planted,
+                                                                                       given):
+    link = team.root / planted
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside, target_is_directory=True)
+    (outside / "c").mkdir()
+    line = error(team("adopt", "bob", "--file", given, ok=False))
+    assert line == (f"{link} is a symbolic link; relay adopt never writes through one (agents can plant them): "
+                    "give --file the real path, or remove the link")
+    assert sorted(os.listdir(outside)) == ["c", "notes.md"] and os.listdir(outside / "c") == []
+    assert (outside / "notes.md").read_text() == "mine\n"
+    line = error(team("adopt", "dave", "--create", "--file", given, ok=False))      # no agent made either
+    assert "is a symbolic link" in line and not (team.state / "outbox" / "dave").exists()
+
+
+def test_a_directory_swapped_for_a_link_while_adopt_writes_is_not_written_through(team, outside):
+    """The walk holds each directory by its descriptor: a swap after it changes nothing."""
+    docs = team.root / "docs"
+    docs.mkdir()
+
+    def fsync_while_someone_swaps(fd):      # the seam runs between writing the new text and the rename
+        if not docs.is_symlink():
+            docs.rename(team.root / "docs.old")
+            docs.symlink_to(outside, target_is_directory=True)
+
+    assert adopt.update(docs / "AGENTS.md", "bob", adopt.block("bob", set()), fsync=fsync_while_someone_swaps,
+                        root=team.root) == "added"
+    assert os.listdir(outside) == ["notes.md"]
+    assert (team.root / "docs.old" / "AGENTS.md").read_text() == adopt.block("bob", set())
+    with pytest.raises(RelayError, match="docs is a symbolic link; relay adopt never writes through one"):
+        adopt.update(docs / "AGENTS.md", "bob", adopt.block("bob", set()), root=team.root)
 
 
 def test_unknown_and_invalid_agents(team):

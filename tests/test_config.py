@@ -108,3 +108,33 @@ def test_origins_say_where_each_value_came_from(tmp_path):
     shown = {key: (text, origin) for key, _, text, origin in config_mod.describe(cfg)}
     assert shown["retention"][0] == "1d" and shown["max_body_bytes"] == ("1MiB", "default")
     assert set(shown) == {"root", "state_dir", *config_mod.KEYS}
+
+
+def test_a_root_with_dot_dot_after_a_link_is_the_kernel_s_directory_not_the_lexical_one(tmp_path, monkeypatch):
+    """`--root lnk/..` names the parent of where the link points (as `cd -P` and every system call
+    take it), not the directory holding the link: a unit, a hook's RELAY_ROOT and every path relay
+    shows name that one."""
+    from click.testing import CliRunner
+    from relay.cli import main
+    here, there = tmp_path / "here", tmp_path / "far" / "away"
+    there.mkdir(parents=True)
+    here.mkdir()
+    (here / "lnk").symlink_to(there, target_is_directory=True)
+    monkeypatch.chdir(here)
+    for given in ("lnk/..", str(here / "lnk" / "..")):
+        assert config_mod.load(given, env={}).root == tmp_path / "far"
+        assert config_mod.load(env={"RELAY_ROOT": given}).root == tmp_path / "far"
+        assert config_mod.discover(given, env={}) == tmp_path / "far"
+    assert config_mod.load("sub/../x", env={}).root == here / "x"          # no link: as written, made plain
+    r = CliRunner().invoke(main, ["--root", "lnk/..", "service", "systemd"])
+    assert f"--root {tmp_path / 'far'} run" in r.stdout, r.output
+
+
+def test_a_root_that_is_not_a_directory_is_one_clear_line(tmp_path):
+    from click.testing import CliRunner
+    from relay.cli import main
+    (tmp_path / "afile").write_text("")
+    for verb in (["init"], ["status"], ["run", "--once"]):
+        r = CliRunner().invoke(main, verb, env={"RELAY_ROOT": str(tmp_path / "afile")})
+        assert r.exit_code == 1 and r.output == f"Error: the project root {tmp_path / 'afile'} is not a directory\n"
+    assert CliRunner().invoke(main, ["--root", str(tmp_path / "afile"), "status"]).exit_code == 2     # click's usage

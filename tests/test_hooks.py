@@ -125,6 +125,41 @@ def test_a_string_runs_under_the_shell_and_agent_text_is_made_plain(project):
     assert project.inbox("Ben")[0]["subject"] == subject        # the envelope keeps what was sent
 
 
+@linux
+def test_c1_controls_and_bidi_overrides_arrive_as_spaces_in_every_variable(project):
+    out = project.root / "out"
+    out.mkdir()
+    relay = project.relay(on_deliver=[sys.executable, "-c", DUMP, str(out)])
+    nasty = "\x9b\x9d\x9c\x85\x80\x9f\u202e\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061c\u2028\u2029\x7f\x1b"
+    project.drop("Ann", "m.json", json.dumps({"to": "Ben", "subject": "a" + nasty + "b", "thread": "t" + nasty,
+                                              "kind": "k" + nasty, "body": "x"}))
+    assert relay.step().archived == 1 and relay.hooks.join(30)
+    [doc] = [json.loads(p.read_text()) for p in out.iterdir()]
+    env = {k: v for k, v in doc["env"].items() if k.startswith("RELAY_")}
+    blank = " " * len(nasty)
+    assert (env["RELAY_SUBJECT"], env["RELAY_THREAD"], env["RELAY_KIND"]) == ("a" + blank + "b", "t" + blank,
+                                                                              "k" + blank)
+    for name, value in env.items():
+        assert not [c for c in value if c < " " or "\x7f" <= c <= "\x9f" or c in nasty], name
+
+
+@linux
+def test_a_hook_gets_none_of_the_service_manager_s_variables(project, monkeypatch):
+    """relay's own line to systemd (NOTIFY_SOCKET, the watchdog's) is not handed to a command
+    relay.toml names: a hook cannot say READY, STOPPING or ping the watchdog in relay's name."""
+    out = project.root / "out"
+    out.mkdir()
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+        monkeypatch.setenv(name, "@relay-test")
+    relay = project.relay(on_deliver=[sys.executable, "-c", DUMP, str(out)])
+    project.drop("Ann", "m", "TO: Ben\n\nhello")
+    assert relay.step().archived == 1 and relay.hooks.join(30)
+    [doc] = [json.loads(p.read_text()) for p in out.iterdir()]
+    assert not {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
+                "LISTEN_FDNAMES"} & set(doc["env"])
+    assert doc["env"]["RELAY_RECIPIENT"] == "Ben"
+
+
 def test_a_failing_hook_is_logged_and_the_delivery_stands(project, caplog):
     relay = project.relay(on_deliver="echo 'no such pane' >&2; exit 3")
     project.drop("Ann", "m", "TO: Ben\n\nhello")

@@ -130,3 +130,83 @@ def test_inspect_verbs_do_not_read_through_links(proj, tmp_path):
     assert r.exit_code == 0 and all(a["outbox_waiting"] == 0 for a in json.loads(r.output))
     r = CliRunner().invoke(main, ["--root", str(proj), "doctor"])
     assert "f0" not in r.output and "outbox/A: a symbolic link" in r.output
+
+
+LINKED = "is reached through the symbolic link"
+
+
+@pytest.fixture
+def outside(tmp_path):
+    place = tmp_path / "outside"
+    place.mkdir()
+    return place
+
+
+def in_process(root, *args, env=None):
+    return CliRunner().invoke(main, ["--root", str(root), *args] if root else list(args), env=env)
+
+
+def one_line(result):
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("planted, named", [("st", "st"), ("a", "a/b/st"), ("a/b", "a/b/st")])
+def test_a_relay_toml_state_dir_through_a_link_is_refused(proj, outside, planted, named):
+    link = proj / planted
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside, target_is_directory=True)
+    (proj / ".relay/relay.toml").write_text(f'state_dir = "{named}"\n')
+    for verb in (["run", "--once"], ["init", "--agent", "C"], ["status"], ["send", "--from", "A", "--to", "B", "x"],
+                 ["inbox", "B"]):
+        line = one_line(in_process(proj, *verb))
+        assert f"{LINKED} {link}" in line and "relay.toml" in line, (verb, line)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_relay_toml_state_dir_with_control_or_bidi_characters_is_refused(proj):
+    (proj / ".relay/relay.toml").write_text('state_dir = "st\\u202eate"\n')
+    assert "control or bidi character" in one_line(in_process(proj, "status"))
+    assert sorted(os.listdir(proj)) == [".relay"]
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_an_operator_state_dir_inside_the_project_through_a_link_is_refused(proj, outside, how):
+    (proj / "st").symlink_to(outside, target_is_directory=True)
+    for named in ("st", "st/deeper", str(proj / "st")):
+        args, env = (["--state-dir", named], None) if how == "flag" else ([], {"RELAY_STATE_DIR": named})
+        line = one_line(in_process(proj, *args, "init", "--agent", "C", env=env))
+        assert f"{LINKED} {proj / 'st'}" in line and ("--state-dir" if how == "flag" else "RELAY_STATE_DIR") in line
+    assert list(outside.iterdir()) == []
+    # A place outside the project is the operator's to name, links and all.
+    r = in_process(proj, "--state-dir", str(outside), "init", "--agent", "C")
+    assert r.exit_code == 0, r.output
+    assert (outside / "outbox" / "C").is_dir()
+
+
+def test_a_planted_default_state_dir_link_is_refused_from_relay_root_and_the_current_directory(tmp_path, outside,
+                                                                                               monkeypatch):
+    root = tmp_path / "p"
+    root.mkdir()
+    (root / ".relay").symlink_to(outside, target_is_directory=True)
+    (outside / "relay.toml").write_text("retention = '1d'\n")
+    line = one_line(in_process(None, "init", "--agent", "A", env={"RELAY_ROOT": str(root)}))
+    assert f"{LINKED} {root / '.relay'}" in line and "default" in line
+    monkeypatch.chdir(root)
+    assert LINKED in one_line(in_process(None, "status"))
+    assert sorted(os.listdir(outside)) == ["relay.toml"]
+
+
+def test_the_state_dir_is_made_without_following_a_link_planted_on_the_way(tmp_path, outside):
+    """A link planted after the configuration was read, before the directories are made."""
+    from relay import config as config_mod
+    from relay.errors import RelayError
+    from relay.layout import Layout
+    root = tmp_path / "p"
+    root.mkdir()
+    cfg = config_mod.load(root, "a/b/.relay", env={})
+    (root / "a").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(RelayError, match=LINKED):
+        Layout(cfg.root, cfg.state_dir).create()
+    assert list(outside.iterdir()) == []

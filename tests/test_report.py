@@ -1,4 +1,5 @@
 """relay report: the page's numbers, and the page rendered in a real headless browser."""
+import os
 import re
 import shutil
 import struct
@@ -106,3 +107,51 @@ def test_report_renders_in_a_headless_browser(page, tmp_path):
     dark = sum(1 for row in rows[:200] for i in range(0, len(row), ch) if row[i] < 100)
     assert bar_pixels > 200, "the per-hour chart was not painted"
     assert dark > 500, "no text was painted"
+
+
+def test_the_page_holds_no_raw_control_or_bidi_character(project, tmp_path):
+    relay = project.relay(agents=("Ann", "Ben"))
+    project.drop("Ann", "a", "TO: Ben\nTHREAD: t\x1b]8;;https://x/\x1b\\\u202eevil\x9b2J\n\nhello")
+    project.drop("Ann", "b", "TO: Nobody\u202e\x9d\nTHREAD: u\u2066\n\nlost")
+    relay.drain()
+    out = tmp_path / "report.html"
+    r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", str(out)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text()
+    assert "t\\x1b]8;;https://x/\\x1b\\\\u202eevil\\x9b2J" in page
+    assert not [c for c in page if (c < " " and c not in "\n\t") or "\x7f" <= c <= "\x9f"
+                or "\u202a" <= c <= "\u202e" or "\u2066" <= c <= "\u2069"]
+
+
+@pytest.mark.parametrize("plant", ["symlink", "dangling", "hardlink"])
+def test_the_page_is_never_written_through_a_planted_link(project, tmp_path, plant):
+    project.relay(agents=("Ann",)).drain()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "bashrc").write_text("export SECRET=1\n")
+    name = project.root / "report.html"
+    if plant == "symlink":
+        name.symlink_to(outside / "bashrc")
+    elif plant == "dangling":
+        name.symlink_to(outside / "created")
+    else:
+        os.link(outside / "bashrc", name)
+    r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", str(name)])
+    assert (outside / "bashrc").read_text() == "export SECRET=1\n" and sorted(os.listdir(outside)) == ["bashrc"]
+    if plant == "hardlink":             # replaced by a new file, the other name's inode untouched
+        assert r.exit_code == 0 and "<html" in name.read_text() and not name.is_symlink()
+    else:
+        lines = r.output.strip().splitlines()
+        assert r.exit_code == 1 and len(lines) == 1 and "is a symbolic link" in lines[0], r.output
+        assert name.is_symlink()
+
+
+def test_the_page_to_standard_output_a_fifo_and_a_device(project, tmp_path):
+    project.relay(agents=("Ann",)).drain()
+    r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", "-"])
+    assert r.exit_code == 0 and r.stdout.startswith("<!doctype html>") and r.stdout.rstrip().endswith("</html>")
+    os.mkfifo(tmp_path / "fifo.html")           # no one reads it: refused at once, not waited on
+    r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", str(tmp_path / "fifo.html")])
+    assert r.exit_code == 1 and "is a FIFO no one reads" in r.output
+    r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", "/dev/null"])
+    assert r.exit_code == 0 and os.path.exists("/dev/null")

@@ -100,3 +100,69 @@ def test_contrib_holds_what_the_verb_writes_for_an_example_project():
     plist = CONTRIB / f"{units.launchd_label(mac)}.plist"
     assert plist.read_text() == units.launchd(mac_argv, mac, user=True, home="/Users/me")
     assert sorted(p.name for p in CONTRIB.iterdir()) == sorted(["AGENT_SNIPPET.md", plist.name, units.systemd_name(root)])
+
+
+def effective(unit):
+    """What systemd makes of a unit file: `systemd-analyze verify` at debug level dumps the unit
+    as loaded ({setting: value}, the ExecStart command line as "Command Line"), and its log."""
+    r = subprocess.run([ANALYZE, "verify", str(unit)], capture_output=True, text=True, timeout=60,
+                       errors="surrogateescape", env=dict(os.environ, SYSTEMD_LOG_LEVEL="debug"))
+    settings, inside = {}, False
+    for line in (r.stdout + r.stderr).splitlines():
+        if line.startswith("\t-> Unit "):
+            inside = line == f"\t-> Unit {unit.name}:"
+        elif inside and line.startswith("\t\t") and ": " in line:
+            key, _, value = line.strip().partition(": ")
+            settings.setdefault(key, value)
+    return r, settings
+
+
+HOSTILE_ROOTS = ["ends in a backslash\\", "two\\\\", "mid\\dle", "x\\\nnot", "spec %h %i %%", "$HOME ${X} $$",
+                 "quo\"tes' and ;#", "été 😀 ünïcode", " lead", "-dash", "~tilde", "tab\there"]
+
+
+@needs_analyze
+@pytest.mark.parametrize("name", [n for n in HOSTILE_ROOTS if "\n" not in n and "\t" not in n])
+def test_systemd_loads_the_unit_of_a_hostile_path_as_written(cli, tmp_path, name):
+    root = tmp_path / name
+    root.mkdir()
+    unit = tmp_path / "units" / units.systemd_name(root)
+    unit.parent.mkdir()
+    unit.write_text(cli("--root", str(root), "service", "systemd").stdout)
+    r, loaded = effective(unit)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for complaint in ("Unknown key", "not UTF-8", "Invalid", "Ignoring", "ignoring", "Failed to"):
+        assert complaint not in "\n".join(ln for ln in r.stderr.splitlines() if unit.name in ln), r.stderr[-3000:]
+    assert loaded["WorkingDirectory"] in (str(root), f"{root}/")
+    assert loaded["Restart"] == "on-failure" and loaded["WatchdogSec"] == "30s"
+    assert loaded["Description"] in (f"relay outbox daemon for {root}", f"relay outbox daemon for {root}/")
+    # systemd shows the command line quoted for a shell, `$` unexpanded (`$$` is one `$` when it runs)
+    words = subprocess.run(["sh", "-c", "printf '%s\\0' " + loaded["Command Line"]], capture_output=True,
+                           text=True, check=True).stdout.split("\0")[:-1]
+    assert [w.replace("$$", "$") for w in words] == [*units.command(), "--root", str(root), "run"]
+
+
+@pytest.mark.parametrize("manager", ["systemd", "launchd"])
+@pytest.mark.parametrize("name, why", [(os.fsdecode(b"latin1-\xe9"), "is not valid UTF-8"),
+                                       ("c1-\x9b2J", "a control character or bidi control"),
+                                       ("bidi-\u202egnp.exe", "a control character or bidi control"),
+                                       ("line\u2028sep", "a control character or bidi control"),
+                                       ("nul-less\x7fdel", "a control character or bidi control")])
+def test_a_path_a_unit_cannot_hold_is_refused_with_one_line(cli, tmp_path, manager, name, why):
+    root = os.path.join(os.fsencode(tmp_path), os.fsencode(name))
+    os.mkdir(root)
+    r = cli("--root", os.fsdecode(root), "service", manager, ok=False)
+    assert r.exit_code == 1 and r.stdout == "", r.output
+    [line] = r.stderr.splitlines()
+    assert why in line and "a service unit cannot name it" in line, line
+
+
+@pytest.mark.parametrize("name", HOSTILE_ROOTS[:-1] + ["<xml> & <\\plist>", "]]>"])
+def test_the_launchd_plist_of_a_hostile_path_is_xml_that_reads_back_the_same(cli, tmp_path, name):
+    import xml.dom.minidom
+    root = tmp_path / name.replace("\n", "_")
+    root.mkdir()
+    text = cli("--root", str(root), "service", "launchd", "--user").stdout
+    xml.dom.minidom.parseString(text.encode())          # well-formed
+    doc = plistlib.loads(text.encode())
+    assert doc["WorkingDirectory"] == str(root) and doc["ProgramArguments"][-2:] == [str(root), "run"]
