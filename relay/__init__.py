@@ -12,11 +12,11 @@ from .config import Config, load  # noqa: E402
 from .daemon import Relay  # noqa: E402
 from .errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName,  # noqa: E402
                      LedgerCorrupt, LedgerError, LogSyncError, MessageRefused, NotFound, NotInProject, RelayError, SchemaError,
-                     StateLost, TooLarge, TransientError, UnknownAgent)
+                     StateLost, TooLarge, TransientError, UnknownAgent, UnknownRecipient)
 from .ledger import Status  # noqa: E402
 from .work import Counts  # noqa: E402
 
 __all__ = ["__version__", "Agent", "Project", "Received", "agents", "Config", "load", "Relay", "Counts", "Status",
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",
-           "StateLost", "MessageRefused", "TooLarge", "TransientError", "DurabilityError", "LogSyncError", "InvalidName", "NotFound",
+           "StateLost", "MessageRefused", "TooLarge", "UnknownRecipient", "TransientError", "DurabilityError", "LogSyncError", "InvalidName", "NotFound",
            "NotInProject", "UnknownAgent", "FederationError"]

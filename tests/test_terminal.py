@@ -82,6 +82,7 @@ def invocations(ids):
         "report": [["--html", "report.html"]],
         "sweep": [["--dry-run"], ["--dry-run", "--json"]],
         "service": [["systemd", "--user"], ["launchd", "--user"]],
+        "federation": [["acl", "n1", "--team", "acme", "--password", "x"]],
         "adopt": [["Bob"]],
         "ping": [["Bob"], ["Bob", "--json"]],
         "retry": [ids, ["--failed"], ["--failed", "--json"]],
