@@ -151,7 +151,7 @@ class Link:
         self.local = local if written else self.local
         looked = self.look(now, local)
         if written and looked:
-            self._up(now)
+            self._up(self.clock())       # when it worked, not when the attempt began
         return bool(written and looked)
 
     def look(self, now=None, local=None):
@@ -192,7 +192,7 @@ class Link:
             self._down(now, e)
             return done
         if self.directory.read_at is not None and not self.duplicate:
-            self._up(now)
+            self._up(self.clock())
         return done
 
     def check(self, now=None):
