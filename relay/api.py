@@ -240,6 +240,18 @@ class Agent:
     def __repr__(self):
         return f"Agent({self.name!r}, root={str(self.project.config.root)!r})"
 
+    def _team_names(self, wanted, wait=2.0, every=0.25):
+        """The names of the team's other nodes, as the server has them now. A name not there yet
+        may be one another node is announcing (it does within a second of the agent's making):
+        the server is asked again for up to `wait` seconds before the name is called unknown."""
+        from .federation.link import directory
+        deadline = time.monotonic() + wait
+        while True:
+            names = set(directory(self.project.config))
+            if all(n in names for n in wanted) or time.monotonic() >= deadline:
+                return names
+            time.sleep(every)
+
     # -- sending ----------------------------------------------------------------------------
 
     def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False):
@@ -256,8 +268,7 @@ class Agent:
         special = (*BROADCAST, SYSTEM)         # '*' and its alias Broadcast, relay's own inbox
         unknown = [n for n in names if n not in special and n not in known]
         if unknown and self.project.config.federation is not None:     # a node this one has not heard of yet
-            from .federation.link import directory
-            known |= set(directory(self.project.config))
+            known |= self._team_names(unknown, wait=0.0 if create else 2.0)
             unknown = [n for n in unknown if n not in known]
         if unknown and create:
             _create(self.layout, unknown, "created by an agent")

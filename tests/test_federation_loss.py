@@ -204,3 +204,20 @@ def test_a_server_that_refuses_writes_is_still_read(server, team, nodes):
         r.config_set("maxmemory", 0)
     exchange(n1, n2, rounds=2)
     assert len(n2.held("Bob")) == 20 and states(n1) == {"acknowledged": 20}
+
+
+def test_relay_send_to_an_agent_another_node_is_announcing_waits_for_it_not_fails(server, team, nodes, cli):
+    import threading
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    (n2.state / "outbox/Cleo").mkdir()                  # made on n2, announced a moment later
+    announce = threading.Timer(0.3, n2.link.look)
+    announce.start()
+    try:
+        out = cli("--root", str(n1.root), "send", "--from", "Ann", "--to", "Cleo", "welcome")
+    finally:
+        announce.join()
+    assert out.exit_code == 0
+    typo = cli("--root", str(n1.root), "send", "--from", "Ann", "--to", "Cleoo", "x", ok=False)
+    assert typo.exit_code == 1 and "did you mean Cleo?" in typo.output
