@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from relay import bench
+from relay.bench import bench
 
 _spec = importlib.util.spec_from_file_location("fedkit", Path(__file__).parent / "fedkit.py")
 fedkit = importlib.util.module_from_spec(_spec)

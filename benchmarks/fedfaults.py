@@ -656,6 +656,12 @@ def scenario(fault, team, traffic, inboxes, seconds, drain, echo):
             break
         time.sleep(0.05)
     inboxes.scan()
+    for node, proc in list(team.procs.items()):
+        if proc.poll() is not None:     # a daemon that died is said, and started again for the next fault
+            last = [x.strip() for x in open(proc.log, errors="replace") if x.strip()][-1:] or [""]
+            notes[f"{node}_exited"] = f"rc={proc.returncode}: {last[0][:200]}"
+            team.procs.pop(node)
+            team.start(node)
     result = dict(figures(fault, traffic, inboxes, end), **notes)
     echo(line(fault, result))
     return end, result
@@ -689,8 +695,10 @@ def explain(team, traffic, inboxes, fault, limit=5):
         mid = rows[0][0] if rows else None
         text = [f"{token} to {agent}: held {n} times; sender {node}: {rows}"]
         if mid:
-            text.append(f"  outbound: {query(team.states[node], 'SELECT node, status, attempts, entry_id, error FROM outbound WHERE message_id = ?', (mid,))}")
-            text.append(f"  receiver {other}: {query(team.states[other], 'SELECT status, entry_id FROM messages WHERE id = ?', (mid,))}")
+            outbound = query(team.states[node], "SELECT node, status, attempts, entry_id, error FROM outbound "
+                                                "WHERE message_id = ?", (mid,))
+            received = query(team.states[other], "SELECT status, entry_id FROM messages WHERE id = ?", (mid,))
+            text += [f"  outbound: {outbound}", f"  receiver {other}: {received}"]
             for n2 in NODES:
                 for log in team.logs[n2]:
                     text += [f"  {n2}: {x.rstrip()}" for x in open(log, errors="replace") if mid in x][:12]

@@ -9,7 +9,7 @@ import argparse
 import json
 import tempfile
 
-from relay import bench
+from relay.bench import bench
 
 
 def main():

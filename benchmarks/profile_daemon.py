@@ -96,7 +96,11 @@ def instrument(counters):
     """Counters around relay's seams and the watcher's calls (class level: before any instance).
     Either watcher is counted: relay's own inotify reader (watcher.hints_of, Relay.hint_many)
     or watchdog's observer (its inotify thread, emitter and the handler, Relay.hint)."""
-    from relay import daemon as daemon_mod, ledger, outbox, sync, watcher
+    from relay.core import daemon as daemon_mod
+    from relay.ledger import ledger
+    from relay.core import outbox
+    from relay.files import sync
+    from relay.core import watcher
 
     try:
         from watchdog.observers import api as wd_api
@@ -173,15 +177,15 @@ def instrument(counters):
 
 def archived(ledger_path):
     """Messages the ledger holds archived (its public history, read-only): the denominator."""
-    from relay.history import History
-    from relay.ledger import Ledger
+    from relay.ledger.history import History
+    from relay.ledger.ledger import Ledger
     with History(Ledger(ledger_path, readonly=True)) as history:
         return history.counts()["archived"]
 
 
 def instrument_instance(relay, counters):
     """The Syncer's own seams (syncfs, fsync) and the loop's wake event."""
-    from relay.waker import Waker
+    from relay.core.waker import Waker
     count_calls(relay.syncer, "syncfs", counters, "syncfs calls", timed=True)
     count_calls(relay.syncer, "fsync", counters, "fsync calls (Python)", timed=True)
     wake = relay.wake
@@ -276,10 +280,11 @@ def attach_strace(out):
 # -- serve: the daemon itself -------------------------------------------------------------------
 
 def cmd_serve(args):
-    from relay import config as config_mod, service
-    from relay.cli import setup_logging
-    from relay.layout import Layout
-    from relay.lock import DaemonLock
+    from relay import config as config_mod
+    from relay import service
+    from relay.cli.context import setup_logging
+    from relay.files.layout import Layout
+    from relay.files.lock import DaemonLock
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -421,7 +426,8 @@ def _frame(f):
 
 def cmd_daemon(args):
     sys.path.insert(0, str(HERE.parent.parent))
-    from relay import bench, sustained
+    from relay.bench import bench
+    from relay.bench import sustained
     sys.path.insert(0, str(HERE.parent))
     from sustained import scenario_args
 
@@ -448,8 +454,9 @@ def cmd_daemon(args):
 def cmd_once(args):
     import logging
     sys.path.insert(0, str(HERE.parent.parent))
-    from relay import bench, config as config_mod
-    from relay.daemon import Relay
+    from relay.bench import bench
+    from relay import config as config_mod
+    from relay.core.daemon import Relay
 
     logging.getLogger("relay").setLevel(logging.WARNING)
     out = Path(args.out or tempfile.mkdtemp(prefix="relay-profile-once-"))

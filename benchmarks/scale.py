@@ -19,8 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from relay import bench, config as config_mod
-from relay.daemon import Relay
+from relay.bench import bench
+
+from relay import config as config_mod
+from relay.core.daemon import Relay
 
 logging.getLogger("relay").setLevel(logging.CRITICAL)
 

@@ -25,7 +25,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from relay import bench, sustained
+from relay.bench import bench
+
+from relay.bench import sustained
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

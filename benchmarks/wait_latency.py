@@ -89,7 +89,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="relay-wait-", dir=args.dir) as d:
         root = Path(d)
         cfg = relay.load(root, ".relay", env={})
-        from relay.layout import Layout
+        from relay.files.layout import Layout
         Layout(cfg.root, cfg.state_dir).create().init(["Alice", "Bob"])
         box = root / ".relay" / "inbox" / "Bob"
         bob = relay.Agent("Bob", root=root)

@@ -7,14 +7,14 @@ foresees is a RelayError or one of its children. Everything else is inside.
 """
 __version__ = "0.1.0"
 
-from .api import Agent, Project, Received, agents  # noqa: E402
-from .config import Config, load  # noqa: E402
-from .daemon import Relay  # noqa: E402
-from .errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName,  # noqa: E402
+from relay.agent.api import Agent, Project, Received, agents  # noqa: E402
+from relay.config import Config, load  # noqa: E402
+from relay.core.daemon import Relay  # noqa: E402
+from relay.errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName,  # noqa: E402
                      LedgerCorrupt, LedgerError, LogSyncError, MessageRefused, NotFound, NotInProject, RelayError, SchemaError,
                      StateLost, TooLarge, TransientError, UnknownAgent, UnknownRecipient)
-from .ledger import Status  # noqa: E402
-from .work import Counts  # noqa: E402
+from relay.ledger.ledger import Status  # noqa: E402
+from relay.core.work import Counts  # noqa: E402
 
 __all__ = ["__version__", "Agent", "Project", "Received", "agents", "Config", "load", "Relay", "Counts", "Status",
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",

@@ -1,3 +1,3 @@
-from .cli import entry
+from relay.cli import entry
 
 entry()

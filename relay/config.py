@@ -16,8 +16,8 @@ import re
 import tomllib
 from pathlib import Path
 
-from .errors import ConfigError, NotInProject
-from .terminal import unsafe
+from relay.errors import ConfigError, NotInProject
+from relay.terminal import unsafe
 
 AGENT_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"     # agent names (SPEC section 1), as people read it
 AGENT_NAME = re.compile(AGENT_NAME_RULE + r"\Z")
@@ -414,7 +414,7 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
                                   "RELAY_STATE_DIR for any other place)")
             state = root / where
             check_state(root, state, f"state_dir in {toml_path}")
-    from . import fedconfig
+    from relay import fedconfig
     env_values, fed_env = {}, {}
     for name, value in env.items():
         if not name.startswith("RELAY_") or name in NOT_KEYS or name in HOOK_VARIABLES:

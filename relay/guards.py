@@ -11,9 +11,9 @@ import time
 
 import click
 
-from . import config as config_mod
-from .config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
-from .errors import FREE_SPACE, InvalidName, LedgerCorrupt, RelayError, sqlite_cause
+from relay import config as config_mod
+from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
+from relay.errors import FREE_SPACE, InvalidName, LedgerCorrupt, RelayError, sqlite_cause
 
 
 def agent_name(name, where="agent"):

@@ -11,11 +11,11 @@ import socket
 import sys
 import time
 
-from . import __version__, config as config_mod
-from .daemon import Relay
-from .errors import ConfigError, StateLost
-from .lock import identity
-from .watcher import Watcher
+from relay import __version__, config as config_mod
+from relay.core.daemon import Relay
+from relay.errors import ConfigError, StateLost
+from relay.files.lock import identity
+from relay.core.watcher import Watcher
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Daemon:
         self.load = load or (lambda: config_mod.load(cfg.root, os.path.relpath(cfg.state_dir, cfg.root)))
         self.on_config = on_config
         if cfg.federation:
-            from . import federation
+            from relay import federation
             federation.redis_module()        # no redis package: one line naming the extra, before anything starts
         self.relay = Relay(cfg, clock=clock)
         self.link = None
@@ -136,7 +136,7 @@ class Daemon:
             log.info("recovered %d message(s) left processing", recovered)
         self.watcher.start()
         if cfg.federation:
-            from .federation import Link
+            from relay.federation import Link
             self.link = Link(cfg, router=relay.router, on_directory=lambda: relay.hint("dir"), hooks=relay.hooks)
             self.link.start()
         notify("READY=1\nSTATUS=watching " + str(relay.layout.outbox))

@@ -8,7 +8,7 @@ import traceback
 import pytest
 
 from relay import config as config_mod
-from relay.daemon import Relay
+from relay.core.daemon import Relay
 
 
 class Clock:

@@ -4,7 +4,7 @@ import os
 import sys
 
 from relay import config as config_mod
-from relay.daemon import Relay
+from relay.core.daemon import Relay
 
 CRASH = 137
 

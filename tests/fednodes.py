@@ -23,7 +23,7 @@ class Node:
 
     def __init__(self, root, url, team, name, agents, clock, extra="", heartbeat="1s"):
         from relay import config as config_mod
-        from relay.daemon import Relay
+        from relay.core.daemon import Relay
         from relay.federation import Link
         self.root = Path(root)
         self.name = name

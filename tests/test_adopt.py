@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from relay import adopt
+from relay.agent import adopt
 from relay.errors import RelayError
 
 SNIPPET = Path(__file__).parent.parent / "contrib" / "AGENT_SNIPPET.md"
@@ -337,7 +337,7 @@ def test_adopt_runs_at_once_on_one_file_take_turns(tmp_path):
 
 KILLER = """
 import os, signal, sys
-from relay import adopt
+from relay.agent import adopt
 calls = []
 def fsync(fd):
     calls.append(fd)

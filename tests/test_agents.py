@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 import relay
-import relay.fs
+import relay.files.fs
 from conftest import error_line
 from relay.cli import main
 
@@ -266,13 +266,13 @@ def test_inbox_and_wait_with_a_limit_read_only_what_they_return(team, monkeypatc
     alice = relay.Agent("Alice", root=team.root)
     sent = [alice.send("Bob", f"m{i}") for i in range(4)]
     drain(team.root)
-    opened, read = [], relay.fs.StateDir.read
+    opened, read = [], relay.files.fs.StateDir.read
 
     def counting(self, rel, limit=None):
         if rel.startswith("inbox/Bob/new/"):
             opened.append(rel.rsplit("/", 1)[1])
         return read(self, rel, limit)
-    monkeypatch.setattr(relay.fs.StateDir, "read", counting)
+    monkeypatch.setattr(relay.files.fs.StateDir, "read", counting)
     bob = relay.Agent("Bob", root=team.root)
     assert [m.id for m in bob.inbox(limit=2)] == sent[:2] and opened == [f"{m}.json" for m in sent[:2]]
     opened.clear()

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from relay.layout import Layout
-from relay.lock import DaemonLock
+from relay.files.layout import Layout
+from relay.files.lock import DaemonLock
 
 from test_daemon_e2e import Daemon, wait_for
 

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from relay.history import BadRow, unreadable
+from relay.ledger.history import BadRow, unreadable
 
 
 def mid(n):
@@ -180,7 +180,7 @@ def test_blobs_and_a_chained_row_with_a_time_that_is_no_number(cli):
 def test_the_sql_that_narrows_the_scan_misses_no_row_the_checks_refuse(project):
     """bad_rows() looks at events and deliveries only where SQL finds a suspect value: every row
     the Python checks refuse must be among them."""
-    from relay.rows import unreadable_rows
+    from relay.ledger.rows import unreadable_rows
     relay = project.relay()
     project.drop("Ann", "m", "TO: Ben\n\nx")
     relay.drain()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from relay import sustained
+from relay.bench import sustained
 
 REPO = Path(__file__).parent.parent
 
@@ -39,7 +39,7 @@ def test_a_producer_that_dies_is_reported_at_once_not_after_the_barriers_timeout
 # as it were) without releasing it: the producer must not wait for ever.
 ORPHAN = textwrap.dedent("""
     import multiprocessing, os, sys, time
-    from relay.loadgen import produce
+    from relay.bench.loadgen import produce
     if __name__ == "__main__":
         base = sys.argv[1]
         os.makedirs(f"{base}/outbox/a", exist_ok=True)

@@ -1,5 +1,5 @@
 """The benchmarks put finished runs aside instead of deleting them between runs (see bench.discard)."""
-from relay import bench
+from relay.bench import bench
 
 
 def test_a_discarded_run_waits_in_the_trash_until_the_end(tmp_path):

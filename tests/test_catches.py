@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-from relay import operator
-from relay.work import MAX_BACKOFF, backoff
-from relay.fs import StateDir
-from relay.outbox import HEADER_ALLOWANCE
-from relay.sync import FEW
+from relay.operator import doctor as operator
+from relay.core.work import MAX_BACKOFF, backoff
+from relay.files.fs import StateDir
+from relay.core.outbox import HEADER_ALLOWANCE
+from relay.files.sync import FEW
 
 
 def test_a_row_already_processing_is_never_claimed_again(project):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from relay.operator import retry
+from relay.operator.doctor import retry
 
 
 class Killed(BaseException):

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from relay.history import History
-from relay.ledger import Ledger
+from relay.ledger.history import History
+from relay.ledger.ledger import Ledger
 from test_daemon_e2e import daemon, rename_in, wait_for  # noqa: F401  (daemon: the fixture)
 
 
@@ -239,8 +239,8 @@ def test_a_running_daemon_honours_an_archive_at_once(daemon, tmp_path):  # noqa:
 def test_messages_expired_before_the_upgrade_stay_expired(tmp_path):
     """Migration 4 marks what an operator expired before it (its last word an `expired` event)."""
     import sqlite3
-    from relay.ledger import checksum
-    from relay.schema import MIGRATIONS
+    from relay.ledger.ledger import checksum
+    from relay.ledger.schema import MIGRATIONS
     path = tmp_path / "ledger.sqlite"
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 from conftest import failing_create
 
-from relay.loop import DRAIN_PATIENCE
+from relay.core.loop import DRAIN_PATIENCE
 
 
 def tree(path):
@@ -201,7 +201,7 @@ def test_a_future_mtime_is_handled_now(project, clock):
 
 
 def test_times_beyond_the_calendar_are_shown_at_its_ends():
-    from relay.message import iso
+    from relay.core.message import iso
     assert iso(1e18) == "9999-12-31T23:59:59.000000Z" and iso(-1e18).startswith("0001-01-01")
 
 
@@ -271,7 +271,7 @@ def test_one_recipient_failing_never_makes_the_other_receive_twice(project, cloc
     report = json.loads((project.state / f"{row['failed_path']}.error.json").read_text())
     assert report["delivered_to"] == ["Ben"]
     switch["on"] = False
-    from relay import operator
+    from relay.operator import doctor as operator
     assert operator.retry(relay.ledger, relay.layout, [row["id"]]).lines == [f"{row['id']}: back to pending"]
     relay.step(clock.advance(1))
     assert bodies(project, "Cy") == ["once each"] and bodies(project, "Ben") == []
@@ -298,7 +298,7 @@ def test_a_passing_fault_on_one_inbox_is_retried_for_an_hour(project, clock):
 ORDINARY = textwrap.dedent("""
     import os, sys
     from relay import config
-    from relay.daemon import Relay
+    from relay.core.daemon import Relay
     root = sys.argv[1]
     relay = Relay(config.load(root, ".relay", env={}, overrides={"agents": ["Ann", "Ben", "Cy"]}))
     os.chmod(root + "/.relay/inbox/Cy/tmp", 0o500)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from relay import config as config_mod
-from relay.daemon import Relay
+from relay.core.daemon import Relay
 
 RUNNER = Path(__file__).with_name("crash_runner.py")
 BOUNDARIES = ["registered-claimed", "custody", "tmp-write-1", "tmp-write-2", "tmp-synced", "link-1",

@@ -210,7 +210,7 @@ def test_read_by_the_scan_then_written_again_before_the_claim_both_are_delivered
 
 
 def test_files_read_by_a_scan_wait_for_their_claim_and_are_delivered_as_read(project):
-    from relay.daemon import Relay
+    from relay.core.daemon import Relay
     relay = Relay(project.config(agents=["Ann", "Ben"]), clock=project.clock, batch=1)
     project.relays.append(relay)
     for name in ("a", "b", "c"):
@@ -228,7 +228,7 @@ def test_files_read_by_a_scan_wait_for_their_claim_and_are_delivered_as_read(pro
 
 
 def test_a_file_over_the_read_ahead_bound_is_read_at_its_claim(project):
-    from relay.readahead import FILE as READ_AHEAD_FILE
+    from relay.core.readahead import FILE as READ_AHEAD_FILE
     relay = project.relay()
     body = "x" * (READ_AHEAD_FILE + 10)
     project.drop("Ann", "big", f"TO: Ben\n\n{body}")
@@ -256,8 +256,8 @@ def test_a_file_held_open_for_writing_is_not_read_by_the_scan(project):
 
 
 def test_what_a_scan_reads_ahead_is_bounded_and_given_back_as_claims_take_it(project):
-    from relay import readahead
-    from relay.daemon import Relay
+    from relay.core import readahead
+    from relay.core.daemon import Relay
     relay = Relay(project.config(agents=["Ann", "Ben"]), clock=project.clock, batch=4)
     project.relays.append(relay)
     bound = 10 * (readahead.COST + 100)

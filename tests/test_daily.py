@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 from relay.cli import main
 from relay.ids import IdGenerator
-from relay.layout import Layout
-from relay.ledger import Ledger
-from relay.lock import DaemonLock
-from relay import operator
+from relay.files.layout import Layout
+from relay.ledger.ledger import Ledger
+from relay.files.lock import DaemonLock
+from relay.operator import doctor as operator
 
 
 def test_relay_config_says_where_each_value_came_from(cli):
@@ -67,7 +67,7 @@ class Ticking:
 
 
 def test_each_lifecycle_event_keeps_its_own_instant(project):
-    from relay.daemon import Relay
+    from relay.core.daemon import Relay
     clock = Ticking(time.time() + 10)
     relay = Relay(project.config(agents=["Ann", "Ben", "Cy"]), clock=clock)
     project.relays.append(relay)

@@ -397,8 +397,8 @@ def wait_for(predicate, timeout=30.0, what="condition"):
 
 
 def knows(root, name):
-    from relay.history import History
-    from relay.ledger import Ledger
+    from relay.ledger.history import History
+    from relay.ledger.ledger import Ledger
     path = root / ".relay" / "ledger.sqlite"
     if not path.exists():
         return False

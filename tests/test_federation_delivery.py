@@ -646,8 +646,8 @@ def test_the_receiver_reads_large_entries_a_few_at_a_time_within_batch_bytes(red
 def test_messages_for_other_nodes_are_offered_only_to_a_link_and_within_a_bound(redis_server, team, nodes, clock):
     """run --once drains with no link beside the loop: every envelope for another node was kept in
     memory until the end (256 of 1 MiB: 320 MB, 94 MB with local recipients)."""
-    from relay.daemon import Relay
-    from relay.federation.routes import MAX_OFFERED
+    from relay.core.daemon import Relay
+    from relay.core.routes import MAX_OFFERED
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])
     n2 = nodes(redis_server.url, team, "n2", ["Bob"])
     exchange(n1, n2, rounds=1)

@@ -155,7 +155,7 @@ def test_a_shed_is_recorded_once_even_when_the_message_is_retried(project, clock
 
 
 def test_retry_delivers_a_shed_message_past_the_limits(project, clock):
-    from relay import operator
+    from relay.operator import doctor as operator
     relay = project.relay(queue_limit=1)
     project.drop("Ann", "a", "TO: Ben\n\na")
     project.drop("Ann", "b", "TO: Ben\n\nb")
@@ -201,7 +201,7 @@ def test_defaults_never_shed_a_busy_pair(project):
 
 
 def test_a_shed_report_is_known_to_doctor_and_swept_with_its_message(project, clock):
-    from relay import operator
+    from relay.operator import doctor as operator
     relay = project.relay(pair_rate=1, pair_window="1h")
     project.drop("Ann", "a", "TO: Ben\n\na")
     relay.drain()
@@ -266,7 +266,7 @@ def test_a_broadcast_when_everyone_else_is_archived_fails_at_once(project):
 
 
 def test_an_operator_retry_passes_the_limits_but_never_an_archive(project, clock):
-    from relay import operator
+    from relay.operator import doctor as operator
     relay = project.relay(queue_limit=1)
     project.drop("Ann", "a", "TO: Ben\n\na")
     project.drop("Ann", "b", "TO: Ben\n\nb")
@@ -307,8 +307,8 @@ def test_rows_this_build_cannot_read_do_not_stop_flow_control_or_the_views(cli):
 
 
 def test_the_reason_names_whom_a_message_was_shed_for():
-    from relay.flow import summary
-    from relay.work import Shed
+    from relay.core.flow import summary
+    from relay.core.work import Shed
     rate = Shed("per_pair_rate", 1, 2, "over")
     assert summary({"Ben": rate}) == "shed for Ben (per_pair_rate: over)"
     assert summary({"Ben": rate, "Cy": rate}) == "shed for every recipient (per_pair_rate: over)"

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from relay.history import History
-from relay.ledger import Ledger
+from relay.ledger.history import History
+from relay.ledger.ledger import Ledger
 from test_crash import crash, restart
 
 BOUNDARIES = ["tmp-synced", "link-1", "batch-synced", "before-commit", "after-commit"]

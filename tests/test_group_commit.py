@@ -1,7 +1,7 @@
 """Group commit (daemon.py finish()): a batch's last sync runs while the next batch is claimed
 and read; the batch is recorded only after that sync, and before the next batch is
 admitted or written into an inbox. Driven step by step, the sync held by a seam (`submit`)."""
-from relay.daemon import Relay
+from relay.core.daemon import Relay
 from relay.errors import DurabilityError
 
 

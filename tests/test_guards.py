@@ -13,11 +13,11 @@ import time
 import pytest
 
 from relay import config as config_mod
-from relay.daemon import Relay
+from relay.core.daemon import Relay
 from relay.errors import StateLost
-from relay.history import History
-from relay.ledger import Ledger
-from relay.lock import DaemonLock
+from relay.ledger.history import History
+from relay.ledger.ledger import Ledger
+from relay.files.lock import DaemonLock
 from relay.service import Daemon
 from test_daemon_e2e import daemon, rename_in, wait_for  # noqa: F401  (daemon: the fixture)
 
@@ -325,7 +325,7 @@ def test_retry_wakes_a_running_daemon_long_before_its_rescan(daemon, tmp_path): 
 
 
 def test_wake_signals_no_one_when_no_daemon_holds_the_lock(tmp_path):
-    from relay.lock import wake
+    from relay.files.lock import wake
     assert wake(tmp_path / "relay.lock") is None                # no lock file
     (tmp_path / "relay.lock").write_text(f"{os.getppid()}\n")   # a pid, but no flock
     assert wake(tmp_path / "relay.lock") is None
@@ -354,7 +354,7 @@ def test_wake_signals_only_a_lock_holder_that_catches_sigusr1(tmp_path, catches)
     used) would be ended by it: it is left alone, and finds the work at its next rescan."""
     if not os.path.isdir("/proc/self"):
         pytest.skip("without /proc, wake() cannot tell which signals a process catches")
-    from relay.lock import holder, wake
+    from relay.files.lock import holder, wake
     lock = tmp_path / "relay.lock"
     child = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), "catches" if catches else "-"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -381,7 +381,7 @@ def test_wake_leaves_another_users_daemon_alone_without_failing(tmp_path):
                     "process this test can start is the user's own and may be signalled")
     import pwd
     import tempfile
-    from relay.lock import wake
+    from relay.files.lock import wake
     nobody = pwd.getpwnam("nobody")
     shared = tempfile.mkdtemp(prefix="relay-wake-")          # tmp_path is not reachable by nobody
     try:

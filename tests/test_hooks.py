@@ -16,7 +16,7 @@ import pytest
 
 from relay import config as config_mod
 from relay.errors import ConfigError
-from relay.hooks import OUTPUT_TAIL, VALUE_MAX, Hooks
+from relay.core.hooks import OUTPUT_TAIL, VALUE_MAX, Hooks
 
 from conftest import failing_create
 from test_daemon_e2e import daemon, rename_in, wait_for  # noqa: F401 - daemon is a fixture

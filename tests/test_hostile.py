@@ -7,7 +7,7 @@ import stat
 import threading
 
 
-from relay.ledger import Ledger
+from relay.ledger.ledger import Ledger
 
 
 def reasons(relay):

@@ -8,7 +8,11 @@ import random
 import orjson
 import pytest
 
-from relay import fs, ids, message
+from relay.files import fs
+
+from relay import ids
+
+from relay.core import message
 from relay.errors import MessageRefused, TooLarge
 from relay.ids import ALPHABET
 

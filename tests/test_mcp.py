@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 import relay
+import relay.agent.api
 from mcp_client import ToolFailed, deliver, serve, server_pid, until, until_async, watches, watching
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
@@ -206,7 +207,7 @@ def test_a_message_that_cannot_be_marked_read_is_an_error_not_a_spin(team):
     a message it cannot take) and the message stays new. In process, through the SDK's
     MCPServer.call_tool."""
     from mcp.server.mcpserver.exceptions import ToolError
-    from relay import mcp_server
+    from relay.agent import mcp_server
     mid = team.agent("Alice").send("Bob", "stuck")
     deliver(team)
     (team.state / "inbox" / "Bob" / "cur").rmdir()
@@ -224,7 +225,7 @@ def test_a_message_that_cannot_be_marked_read_is_an_error_not_a_spin(team):
 def test_a_message_another_reader_took_after_the_listing_is_not_returned_again(team):
     """Two readers list the same new message; the first marks it read; the second returns
     nothing (each message is returned by exactly one reader). In process."""
-    from relay import mcp_server
+    from relay.agent import mcp_server
     mid = team.agent("Alice").send("Bob", "once")
     deliver(team)
     bob = team.agent("Bob")
@@ -237,7 +238,7 @@ def test_a_message_another_reader_took_after_the_listing_is_not_returned_again(t
 
 def test_a_damaged_ledger_is_a_tool_error_with_what_to_do(team):
     from mcp.server.mcpserver.exceptions import ToolError
-    from relay import mcp_server
+    from relay.agent import mcp_server
     team.agent("Alice").send("Bob", "hi", thread="T")
     deliver(team)
     server = mcp_server.build(team.agent("Bob"))
@@ -254,8 +255,8 @@ def test_a_damaged_ledger_is_a_tool_error_with_what_to_do(team):
 
 
 def test_send_says_whether_a_relay_is_running_to_deliver_it(team):
-    from relay import mcp_server
-    from relay.lock import DaemonLock
+    from relay.agent import mcp_server
+    from relay.files.lock import DaemonLock
     server = mcp_server.build(team.agent("Bob"))
 
     async def send():
@@ -268,7 +269,7 @@ def test_send_says_whether_a_relay_is_running_to_deliver_it(team):
 def test_waits_at_once_are_capped_and_the_other_tools_still_answer(team):
     """MAX_WAITS waits block at once (a thread and an inotify instance each); more queue, and
     the other tools keep answering. In process, through the SDK's MCPServer.call_tool."""
-    from relay import mcp_server
+    from relay.agent import mcp_server
     server = mcp_server.build(team.agent("Bob"))
     new = team.state / "inbox" / "Bob" / "new"
     results = []
@@ -328,7 +329,7 @@ def test_the_server_ends_when_its_input_closes_or_on_ctrl_c_during_a_wait(team, 
 
 def test_a_stop_ends_an_agent_wait_from_another_thread(team):
     bob = team.agent("Bob")
-    stop = relay.api.Stop()
+    stop = relay.agent.api.Stop()
     out = []
     waiter = threading.Thread(target=lambda: out.append(bob.wait(timeout=300, stop=stop)))
     waiter.start()
@@ -362,7 +363,7 @@ def test_without_the_sdk_relay_mcp_says_how_to_install_it(cli, monkeypatch):
     for name in [n for n in sys.modules if n == "mcp" or n.startswith("mcp.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "mcp", None)
-    monkeypatch.delitem(sys.modules, "relay.mcp_server", raising=False)
+    monkeypatch.delitem(sys.modules, "relay.agent.mcp_server", raising=False)
     r = cli("mcp", "--agent", "Bob", ok=False)
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 import relay
-import relay.fs
+import relay.files.fs
 from relay.guards import EXIT_PIPE
 from mcp_client import deliver, until, watching
 
@@ -111,20 +111,20 @@ def test_a_client_that_closed_its_end_gets_nothing_marked_read_and_the_server_ex
 def opened(monkeypatch):
     """The envelopes in an inbox's new/ read through the confined file system, in order."""
     seen = []
-    read = relay.fs.StateDir.read
+    read = relay.files.fs.StateDir.read
 
     def counting(self, rel, limit=None):
         if rel.startswith("inbox/") and rel.split("/")[2:3] == ["new"]:
             seen.append(rel.rsplit("/", 1)[1].split(".")[0])
         return read(self, rel, limit)
-    monkeypatch.setattr(relay.fs.StateDir, "read", counting)
+    monkeypatch.setattr(relay.files.fs.StateDir, "read", counting)
     return seen
 
 
 def test_inbox_and_wait_with_a_limit_read_only_the_envelopes_they_return(team, opened):
     """Five new messages: inbox(limit=2) and wait(limit=1) open only those they return, the
     oldest first, and count the others as `more`. In process, through MCPServer.call_tool."""
-    from relay import mcp_server
+    from relay.agent import mcp_server
     alice = team.agent("Alice")
     sent = [alice.send("Bob", f"m{i}") for i in range(5)]
     deliver(team)
@@ -150,7 +150,7 @@ def test_a_reply_marks_read_what_it_holds_only_once_written(team):
     the Handover the transport reports to."""
     from mcp.server.mcpserver.exceptions import ToolError
 
-    from relay import mcp_server
+    from relay.agent import mcp_server
     alice = team.agent("Alice")
     first, second = alice.send("Bob", "one"), alice.send("Bob", "two")
     deliver(team)

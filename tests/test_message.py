@@ -3,7 +3,7 @@ import pytest
 
 from relay import config as config_mod
 from relay.errors import MessageRefused
-from relay.message import accept, parse, resolve
+from relay.core.message import accept, parse, resolve
 
 MAX = 1024 * 1024
 

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from conftest import failing_create
 
-from relay.ledger import Ledger
+from relay.ledger.ledger import Ledger
 
 
 def events(relay, mid):

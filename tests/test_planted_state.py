@@ -202,7 +202,7 @@ def test_the_state_dir_is_made_without_following_a_link_planted_on_the_way(tmp_p
     """A link planted after the configuration was read, before the directories are made."""
     from relay import config as config_mod
     from relay.errors import RelayError
-    from relay.layout import Layout
+    from relay.files.layout import Layout
     root = tmp_path / "p"
     root.mkdir()
     cfg = config_mod.load(root, "a/b/.relay", env={})

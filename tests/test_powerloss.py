@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from relay import operator
+from relay.operator import doctor as operator
 
 
 class Crash(BaseException):

@@ -3,8 +3,9 @@ import json
 import os
 
 from conftest import failing_create
-from relay import queues, roster
-from relay.message import iso
+from relay.operator import queues
+from relay.operator import roster
+from relay.core.message import iso
 
 
 def project_now(relay, now):

@@ -337,7 +337,7 @@ def test_an_agent_never_marks_read_another_agents_copy(team):
 def test_a_subject_longer_than_a_header_line_is_refused_before_anything_is_written(team):
     """relay send exited 0 with a 70000-character subject; the daemon then failed the file with
     "header line 3 is 70009 characters long ... is the blank line after the headers missing?"."""
-    from relay.message import MAX_HEADER_LINE
+    from relay.core.message import MAX_HEADER_LINE
     fits = MAX_HEADER_LINE - len("SUBJECT: ")
     r = team("send", "--from", "Alice", "--to", "Bob", "--subject", "s" * (fits + 1), "x", ok=False)
     assert error_line(r) == f"the subject is {fits + 1} characters long; a header line holds at most {fits} of them"
@@ -353,13 +353,13 @@ def test_a_wait_with_no_watch_to_be_had_still_waits_and_wakes(team, monkeypatch,
     """With the user's inotify instances used up (128 by default, shared by every daemon, editor
     and IDE of the user), the wait ended in "OSError: inotify instance limit reached" (exit 1):
     the fallback Observer needs an inotify instance too."""
-    import relay.mail
-    import relay.watcher
+    import relay.agent.mail
+    import relay.core.watcher
 
     def no_observer():
         raise OSError(errno.EMFILE, "inotify instance limit reached")
-    monkeypatch.setattr(relay.mail, "inotify_init", lambda: -1)           # what the kernel answers then
-    monkeypatch.setattr(relay.watcher, "observer", no_observer)
+    monkeypatch.setattr(relay.agent.mail, "inotify_init", lambda: -1)           # what the kernel answers then
+    monkeypatch.setattr(relay.core.watcher, "observer", no_observer)
     bob = relay.Agent("Bob", root=team.root)
     assert bob.wait(timeout=0.1) == []
     assert "the wait looks for new messages every 0.5s instead" in caplog.text
@@ -440,7 +440,7 @@ def test_a_stop_at_any_step_of_a_rekeying_batch_delivers_once_under_the_chosen_i
     at the at-th file-system or ledger operation, then recovered: each recipient holds the
     message once under the chosen id, the repeat is a duplicate, nothing is left in the spool,
     and doctor and verify see no problem."""
-    from relay import operator
+    from relay.operator import doctor as operator
     first = project.relay()
     project.drop("Ann", "a", f"ID: {MID}\nTO: Ben, Cy\nREQUEST-ID: q\n\nonce")
     project.drop("Ann", "b", "TO: Ben, Cy\nREQUEST-ID: q\n\nrepeat")

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from relay.errors import LogSyncError
-from relay.sync import MAX_HELD
+from relay.files.sync import MAX_HELD
 
 
 def _window(relay, act):

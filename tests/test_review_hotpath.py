@@ -164,7 +164,7 @@ def test_the_parsers_shortcuts_at_their_edges():
     """Inputs at the edges of parse()'s shortcuts (the same outcomes as the plain rules give,
     checked against the previous parser over 200,000 random files while reviewing them)."""
     from relay.errors import MessageRefused, TooLarge
-    from relay.message import parse
+    from relay.core.message import parse
 
     def body(data, limit=1000):
         return parse(data, "m", limit).body

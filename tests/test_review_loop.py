@@ -3,7 +3,7 @@ wake-ups racing with the loop's clear(), idle spinning, and the watcher's descri
 import os
 import threading
 
-from relay.waker import Waker
+from relay.core.waker import Waker
 
 
 class CountingStop:
@@ -94,7 +94,7 @@ def test_the_outbox_moved_away_and_back_under_a_running_daemon(project, caplog):
     observer never started): the daemon died with a traceback. It must run on without a watcher,
     say so once, try again after its steps without spinning, and watch the outbox once it is back."""
     from relay.service import Daemon
-    from relay.work import Counts
+    from relay.core.work import Counts
     project.relay().close()
     project.relays.clear()
     d = Daemon(project.config(agents=["Ann", "Ben"]))
@@ -129,7 +129,7 @@ def test_the_outbox_moved_away_and_back_under_a_running_daemon(project, caplog):
 def test_a_watcher_that_never_started_stops_without_error(project):
     """stop() after a start() that failed (no outbox at all) raises nothing: it runs in the
     daemon's `finally`, where an error hides the real one and prints a traceback."""
-    from relay import watcher
+    from relay.core import watcher
     relay = project.relay()
     os.rename(project.state / "outbox", project.state / "outbox.away")
     w = watcher.Watcher(relay, thread=False)
@@ -169,7 +169,7 @@ def test_a_burst_beyond_one_read_and_an_agent_made_mid_step_are_all_delivered(pr
     names: about 240 events a read), and an agent directory created, and written to at once,
     while the loop is busy: every message is delivered by the events alone (the rescan is an
     hour away), and the loop then sleeps."""
-    from relay import watcher
+    from relay.core import watcher
     relay = project.relay(agents=["Ann", "Ben", "Dee"], rescan_interval="1h")
     project.drop("Ann", "first", "TO: Ben\n\nfirst")
     w = watcher.Watcher(relay, thread=False)

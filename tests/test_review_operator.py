@@ -98,7 +98,7 @@ def test_a_command_id_whose_record_cannot_be_read_is_refused_in_one_line(planted
 def test_the_sql_that_leaves_sheds_out_refuses_exactly_what_the_checks_refuse(project):
     """shed_counts() and shed_pairs() leave out in SQL the rows bad_rows() names in Python: the
     two must agree row for row, or a count would hold a row no verb names (or lose a good one)."""
-    from relay.rows import unreadable
+    from relay.ledger.rows import unreadable
     relay = project.relay()
     project.drop("Ann", "m", "TO: Ben\n\nx")
     relay.drain()
@@ -276,7 +276,7 @@ def test_an_expire_killed_after_its_record_finishes_when_run_again(project):
     """relay expire records the expiry, then moves the file to failed/. Killed in between, the
     file stayed in the spool with no failed_path: run again, expire said `expired already` and
     left it there, relay retry said `its file is gone`, and no relay run ever took it up again."""
-    from relay.operator import expire, retry
+    from relay.operator.doctor import expire, retry
     relay, mid = pending_in_spool(project)
     killed_at(relay.layout.fs, "rename")
     with pytest.raises(Killed):
@@ -295,7 +295,7 @@ def test_a_retry_killed_after_its_move_finishes_when_run_again(project):
     """relay retry moves the file back to the spool, then records the message pending. Killed in
     between, run again it said `its file is gone; write the message again`: the file was in the
     spool, under a failed row no relay run takes up. Run again it now finishes."""
-    from relay.operator import retry
+    from relay.operator.doctor import retry
     relay = project.relay()
     project.drop("Ann", "m", "TO: Nobody\n\nto someone not there yet")
     assert relay.drain().failed == 1
@@ -319,9 +319,10 @@ def test_the_same_command_id_run_twice_at_once_runs_once(project):
     second found the first's reservation unfinished, took it for a killed run and ran again
     (two pings in the inbox), and the last to finish overwrote the recorded result. While one
     runs a command id, another process waits for it (here: not at all) and is refused."""
-    from relay import commands, roster
+    from relay.operator import commands
+    from relay.operator import roster
     from relay.errors import RelayError
-    from relay.ledger import Ledger
+    from relay.ledger.ledger import Ledger
     relay = project.relay()
     other = Ledger(relay.layout.ledger)
     seen = []
@@ -367,7 +368,7 @@ def test_a_systemd_unit_for_a_path_ending_in_a_space_names_that_path(tmp_path):
     """systemd strips the white space that ends a value: `WorkingDirectory=/p/my project ` named
     /p/my project, another directory (or none: the unit failed to start). No line of the unit
     may rely on white space at its end; ExecStart quotes the path and carries it whole."""
-    from relay import units
+    from relay.operator import units
     root = tmp_path / "my project "
     root.mkdir()
     unit = units.systemd(["/usr/bin/relay"], root, user=True)
@@ -521,7 +522,7 @@ def test_a_quarantine_cut_short_leaves_no_report_of_a_failure_that_did_not_stand
     the batch is recorded. Killed in between, recovery moved the file back to the spool but left
     the report: the message was then delivered (its window had passed), while failed/ still told
     the sender it was shed, and doctor named the report as a file no record knows."""
-    from relay.operator import doctor
+    from relay.operator.doctor import doctor
     relay = project.relay(pair_rate="1")
     drop_at(project, "Ann", "m1", "TO: Ben\n\none", clock.now)
     assert relay.drain().archived == 1

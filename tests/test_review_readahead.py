@@ -3,7 +3,7 @@ is the message registered for that file and no other: attacks on the bytes read 
 outlive their claim, a name used again, and the bound on what is held."""
 import os
 
-from relay.daemon import Relay
+from relay.core.daemon import Relay
 
 
 def bodies(project, agent="Ben"):
@@ -211,7 +211,7 @@ def test_what_is_read_ahead_stays_within_its_bound_and_is_counted_exactly(projec
     # Many files over the bound, claims deferred by the batch's byte budget, files looked at
     # again (hints of every kind) and rescans in between: the count is the sum of what is held,
     # it never passes the bound by more than one file, and nothing is held once all is done.
-    from relay import readahead
+    from relay.core import readahead
     relay = Relay(project.config(agents=["Ann", "Ben"], batch_bytes=2000), clock=project.clock, batch=7)
     project.relays.append(relay)
     box = relay.outbox

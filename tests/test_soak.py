@@ -40,7 +40,7 @@ def test_sustained_load_benchmark_at_a_tiny_size(tmp_path):
     and capped, many outboxes, then run --once and the naive loop. Every message of the
     fixed-rate runs is seen arriving and matched to its rename; every figure is there. No
     figure is judged: this proves the benchmark works, not how fast relay is."""
-    from relay import sustained
+    from relay.bench import sustained
     lines = []
     out = sustained.run(tmp_path, agents=3, rates=(50,), seconds=0.5, full_seconds=0.5, cap=5, many_agents=30,
                         many_rate=50, idle_seconds=0.2, echo=lines.append)

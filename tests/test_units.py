@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relay import units
+from relay.operator import units
 
 CONTRIB = Path(__file__).parent.parent / "contrib"
 ANALYZE = shutil.which("systemd-analyze")

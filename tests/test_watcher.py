@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from relay import watcher
-from relay.watcher import (IN_CLOSE_WRITE, IN_CREATE, IN_IGNORED, IN_ISDIR, IN_MOVED_TO, IN_Q_OVERFLOW,
+from relay.core import watcher
+from relay.core.watcher import (IN_CLOSE_WRITE, IN_CREATE, IN_IGNORED, IN_ISDIR, IN_MOVED_TO, IN_Q_OVERFLOW,
                            hints_of, parse)
 
 pytestmark = pytest.mark.skipif(watcher.inotify_init is None or not sys.platform.startswith("linux"),

@@ -13,7 +13,7 @@ kept within its memory bound by whatever another node puts in its stream.
 import logging
 import urllib.parse
 
-from ..errors import FederationError
+from relay.errors import FederationError
 
 log = logging.getLogger(__name__)
 

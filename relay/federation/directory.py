@@ -31,11 +31,11 @@ import logging
 
 import orjson
 
-from ..config import SYSTEM
-from ..fedconfig import NAME
-from ..layout import valid_agent
-from .client import reason, server_errors
-from .keys import Keys
+from relay.config import SYSTEM
+from relay.fedconfig import NAME
+from relay.files.layout import valid_agent
+from relay.federation.client import reason, server_errors
+from relay.federation.keys import Keys
 
 log = logging.getLogger(__name__)
 

@@ -16,16 +16,16 @@ import socket
 import threading
 import time
 
-from ..history import History
-from ..hooks import Hooks
-from ..layout import Layout
-from ..ledger import Ledger
-from ..work import backoff
-from .client import SOCKET_TIMEOUT, connect, reason, redis_module, server_errors
-from .conditions import Condition
-from .directory import LOOK, Directory
-from .publisher import ACK_BYTES, BATCH, RETRY_BASE, RETRY_CAP, Publisher
-from .receiver import Incoming, entry_limit
+from relay.ledger.history import History
+from relay.core.hooks import Hooks
+from relay.files.layout import Layout
+from relay.ledger.ledger import Ledger
+from relay.core.work import backoff
+from relay.federation.client import SOCKET_TIMEOUT, connect, reason, redis_module, server_errors
+from relay.federation.conditions import Condition
+from relay.federation.directory import LOOK, Directory
+from relay.federation.publisher import ACK_BYTES, BATCH, RETRY_BASE, RETRY_CAP, Publisher
+from relay.federation.receiver import Incoming, entry_limit
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class Link:
             self.incoming.reset()           # entry ids may have gone back: every stream from its start
         self.publisher.reroute(now, self.directory.routes, self.alive)
         if now >= self.next_sweep:
-            from .receiver import REPLAY_WINDOW
+            from relay.federation.receiver import REPLAY_WINDOW
             self.next_sweep = now + REPLAY_SWEEP
             self.ledger.forget_received(now - REPLAY_WINDOW)
         return again
@@ -290,10 +290,10 @@ class Link:
 def directory(config, timeout=1.0):
     """{agent: node} of the team's agents on other nodes, as the server has it now; {} when it
     cannot be asked (relay send's check of a name this node has not heard of yet)."""
-    from .keys import Keys
+    from relay.federation.keys import Keys
     import orjson
-    from ..config import SYSTEM
-    from ..layout import valid_agent
+    from relay.config import SYSTEM
+    from relay.files.layout import valid_agent
     fed = config.federation
     try:
         client = connect(fed, timeout, limit=fed.max_agents_per_node * 70)
@@ -326,7 +326,7 @@ def probe(config, history, timeout=1.0):
     waits to be published or acknowledged, what was received) and the server's, asked now
     (reachable, the entries waiting in the streams this node sends and receives)."""
     import orjson
-    from .keys import Keys
+    from relay.federation.keys import Keys
     fed = config.federation
     link = history.link()
     out = history.outbound_counts()

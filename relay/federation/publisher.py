@@ -20,9 +20,9 @@ import re
 
 import orjson
 
-from ..work import backoff
-from .client import reason, server_errors
-from .keys import Keys
+from relay.core.work import backoff
+from relay.federation.client import reason, server_errors
+from relay.federation.keys import Keys
 
 log = logging.getLogger(__name__)
 

@@ -26,21 +26,21 @@ import re
 
 import orjson
 
-from .. import flow
-from ..config import SYSTEM
-from ..errors import DurabilityError, MessageRefused
-from ..fs import shown
-from ..history import History
-from ..ids import IdGenerator, id_time
-from ..inbox import Inbox
-from ..layout import Layout, fit, is_inside, valid_agent, valid_id
-from ..ledger import Ledger
-from ..message import CONTROL_KEYS, MAX_RECIPIENTS
-from ..sync import Syncer
-from ..work import Work, backoff
-from .client import ReplyTooLarge, reason, server_errors
-from .keys import Keys
-from .publisher import _sizes
+from relay.core import flow
+from relay.config import SYSTEM
+from relay.errors import DurabilityError, MessageRefused
+from relay.files.fs import shown
+from relay.ledger.history import History
+from relay.ids import IdGenerator, id_time
+from relay.core.inbox import Inbox
+from relay.files.layout import Layout, fit, is_inside, valid_agent, valid_id
+from relay.ledger.ledger import Ledger
+from relay.core.message import CONTROL_KEYS, MAX_RECIPIENTS
+from relay.files.sync import Syncer
+from relay.core.work import Work, backoff
+from relay.federation.client import ReplyTooLarge, reason, server_errors
+from relay.federation.keys import Keys
+from relay.federation.publisher import _sizes
 
 log = logging.getLogger(__name__)
 

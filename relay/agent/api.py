@@ -1,0 +1,504 @@
+"""The agent's side of relay, for programs: send, read, wait, acknowledge, reply.
+
+    import relay
+    me = relay.Agent("bob")                 # finds .relay/ here or in a parent, like git
+    mid = me.send("alice", "the tests are green", subject="review", thread="review-42")
+    for m in me.wait(timeout=60):           # blocks until a message is there; [] on timeout
+        print(m.sender, m.subject, m.body)
+        me.reply(m, "thanks")
+    me.ack(...)                             # marks read what was shown
+
+The CLI's agent verbs (send, inbox, read) are built on this, so both check the same things:
+names against the known agents (an unknown one is refused with the closest match), an id that
+`relay show` finds at once (the sender's file carries it, and the ledger records it as that
+sender's before the file is written), request ids that make a repeated send harmless. Messages are written the way SPEC section 2 asks: a hidden temporary, synced, renamed
+into the outbox under a name no other message uses.
+"""
+import dataclasses
+import difflib
+import os
+import sqlite3
+import threading
+import time
+
+import orjson
+
+from relay import config as config_mod
+from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
+from relay.errors import InvalidName, NotFound, RelayError, UnknownAgent
+from relay.files.fs import Unsafe
+from relay.ledger.history import History
+from relay.ids import IdGenerator
+from relay.core.inbox import Inbox
+from relay.files.layout import Layout, valid_id
+from relay.files.lock import wake
+from relay.agent.mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
+from relay.ledger.ledger import Ledger
+from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
+from relay.files.sync import Syncer
+
+_ids = IdGenerator()
+
+
+@dataclasses.dataclass(frozen=True)
+class Received:
+    """One message in an agent's inbox (its envelope, SPEC section 3)."""
+    id: str
+    sender: str
+    to: list
+    kind: str
+    thread: str
+    subject: str
+    body: str
+    headers: dict
+    sent_at: str
+    relayed_at: str
+    state: str              # "new" (not read yet) or "cur" (read)
+    path: str
+    error: str = None       # an envelope relay could not read: shown, never marked read
+
+    @classmethod
+    def of(cls, doc, state, path):
+        def text(key):
+            value = doc.get(key)
+            return value if isinstance(value, str) else None
+        to = doc.get("to")
+        return cls(id=text("id") or os.path.basename(str(path)).split(".")[0], sender=text("from"),
+                   to=[t for t in to if isinstance(t, str)] if isinstance(to, list) else [],
+                   kind=text("kind"), thread=text("thread"), subject=text("subject"), body=text("body") or "",
+                   headers=doc.get("headers") if isinstance(doc.get("headers"), dict) else {},
+                   sent_at=text("sent_at"), relayed_at=text("relayed_at"), state=state, path=str(path),
+                   error=text("error"))
+
+    def as_dict(self):
+        """The envelope's fields (`from` for the sender), with `state` and `path`."""
+        doc = {"id": self.id, "from": self.sender, "to": self.to, "kind": self.kind, "thread": self.thread,
+               "subject": self.subject, "body": self.body, "headers": self.headers, "sent_at": self.sent_at,
+               "relayed_at": self.relayed_at, "state": self.state, "path": self.path}
+        if self.error:
+            doc["error"] = self.error
+        return doc
+
+    @property
+    def reply_thread(self):
+        """The thread a reply belongs to: this message's, or its id when it had none."""
+        return self.thread or self.id
+
+
+def closest(name, known):
+    """The known name closest to `name`: the same but for case, else the nearest spelling."""
+    by_case = [k for k in known if k.lower() == name.lower()]
+    if by_case:
+        return by_case[0]
+    lowered = {k.lower(): k for k in known}
+    near = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[near[0]] if near else None
+
+
+def check_known(name, known, role):
+    """`name` when it is a known agent; UnknownAgent naming the closest match and the known
+    ones otherwise."""
+    if not AGENT_NAME.match(name):
+        raise InvalidName(f"invalid agent name {name!r} ({role}): agent names match {AGENT_NAME_RULE}")
+    if name in known:
+        return name
+    near = closest(name, known)
+    hint = f"; did you mean {near}?" if near else ";"
+    names = sorted(known)
+    listed = ", ".join(names[:30]) + (f" ... ({len(names)} in all)" if len(names) > 30 else "")
+    raise UnknownAgent(f"unknown {role} {name!r}{hint} known agents: {listed or '(none)'} "
+                       "(--create adds a new agent on purpose)")
+
+
+def one_line(value, what):
+    if value is not None and ("\n" in value or "\r" in value):
+        raise RelayError(f"{what} must be one line")
+    return value
+
+
+def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=None):
+    """The bytes of a message file in the header format (SPEC section 2)."""
+    lines = [f"ID: {mid}", f"TO: {', '.join(to)}"]
+    for key, value in (("KIND", kind), ("THREAD", thread), ("SUBJECT", subject), ("REQUEST-ID", request_id)):
+        if value is not None:
+            lines.append(f"{key}: {one_line(value, key.lower())}")
+    # What relay's parser would refuse is refused here, before the file is written.
+    for line in lines:
+        if len(line) > MAX_HEADER_LINE:
+            key, _, value = line.partition(": ")
+            what = "the recipient list" if key == "TO" else f"the {key.lower()}"
+            raise RelayError(f"{what} is {len(value)} characters long; a header line holds at most "
+                             f"{MAX_HEADER_LINE - len(key) - 2} of them")
+    head = "\n".join(lines)
+    if len(head) > MAX_HEADER_BYTES:
+        raise RelayError(f"the headers are {len(head)} characters long, over the {MAX_HEADER_BYTES} relay reads; "
+                         "shorten the subject or thread")
+    return (head + "\n\n" + body).encode("utf-8")
+
+
+class Project:
+    """A relay project found like git: `root` when given, else RELAY_ROOT, else the current
+    directory or its nearest parent holding the state directory."""
+
+    def __init__(self, root=None, state_dir=None, env=None, cwd=None, config=None):
+        if config is None:
+            found = config_mod.discover(root, state_dir, env, cwd=cwd)
+            config = config_mod.load(found, state_dir, env=env)
+        self.config = config
+        self.layout = Layout(self.config.root, self.config.state_dir)
+        self._writer = None         # the ledger, for the ids sent (reserve)
+        self._writing = threading.Lock()
+
+    def close(self):
+        """Close the descriptors of the state directory and the ledger (opened again when next
+        needed)."""
+        with self._writing:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+        self.layout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def agents(self):
+        """The known agents, sorted (SPEC section 2), with a federation's agents of other nodes."""
+        names = self.layout.agent_names(self.config.agents)
+        if self.config.federation is not None:
+            history = self.history()
+            if history is not None:
+                with history:
+                    names |= {n for n, (node, _) in history.remote_agents().items()
+                              if node != self.config.federation.node}
+        return sorted(names)
+
+    def reserve(self, mid, sender):
+        """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_senders.py): a file
+        of another outbox that copies it cannot have it. The connection is kept for the next
+        send (closing the last one checkpoints the log) until close()."""
+        with self._writing:
+            try:
+                if self._writer is None:
+                    self._writer = Ledger(self.layout.ledger, durability=self.config.durability)
+                self._writer.reserve_id(mid, sender, time.time())
+            except sqlite3.Error as e:
+                raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
+
+    def history(self):
+        """The ledger read-only (close it, or use `with`); None when there is no ledger yet."""
+        if not self.layout.ledger.exists():
+            return None
+        return History(Ledger(self.layout.ledger, readonly=True))
+
+    def message(self, mid):
+        """A message from any recipient's inbox, or from the ledger when no inbox holds it."""
+        history = self.history()
+        if history is None:
+            raise NotFound(f"no message with id {mid!r}: the project has no ledger yet")
+        with history:
+            row = history.find(mid)
+        box = Inbox(self.layout, None)
+        for recipient in _recipients(row):
+            found = box.envelope(recipient, row["id"])
+            if found is not None:
+                return Received.of(found[2], found[0], found[1])
+        return Received(id=row["id"], sender=row["sender"], to=_recipients(row), kind=row["kind"],
+                        thread=row["thread"], subject=row["subject"], body=row["body"] or "",
+                        headers=_json(row["headers"]) or {}, sent_at=_when(row["sent_at"]),
+                        relayed_at=_when(row["delivered_at"]), state=row["status"], path=None,
+                        error=row["error"])
+
+    def thread(self, thread):
+        """The messages of a thread, oldest first, as ledger records."""
+        from relay.operator import views
+        history = self.history()
+        if history is None:
+            return []
+        with history:
+            return [views.record(r) | {"body": r["body"]} for r in history.audit(thread=thread, oldest_first=True)]
+
+
+class Agent:
+    """One agent's side: its outbox to send from, its inbox to read."""
+
+    def __init__(self, name, root=None, *, state_dir=None, create=False, project=None, role="agent"):
+        self._mail = None           # the inbox watch wait() keeps
+        self.project = project or Project(root, state_dir)
+        self.repeated = False       # the last send's request id was used before: nothing was sent
+        self.layout = self.project.layout
+        self.inbox_ = Inbox(self.layout, Syncer("normal", self.layout.fs))
+        if not self.layout.state.is_dir():
+            raise RelayError(f"no relay state directory at {self.layout.state}: run `relay init` first")
+        if create and name != SYSTEM:
+            _create(self.layout, [name], "created by an agent")
+        # System, relay's own inbox (control messages), may be read; it never sends.
+        self.name = name if name == SYSTEM else check_known(name, self.project.agents(), role)
+
+    def __repr__(self):
+        return f"Agent({self.name!r}, root={str(self.project.config.root)!r})"
+
+    def _team_names(self, wanted, wait=2.0, every=0.25):
+        """The names of the team's other nodes, as the server has them now. A name not there yet
+        may be one another node is announcing (it does within a second of the agent's making):
+        the server is asked again for up to `wait` seconds before the name is called unknown."""
+        from relay.federation.link import directory
+        deadline = time.monotonic() + wait
+        while True:
+            names = set(directory(self.project.config))
+            if all(n in names for n in wanted) or time.monotonic() >= deadline:
+                return names
+            time.sleep(every)
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False):
+        """Write a message into this agent's outbox; returns its id, which `relay show` finds.
+        `to`: a name, a list of names, "*" (or its alias "Broadcast") or "System". With a request id used before by this
+        agent (on a message that did not fail), nothing is written and that message's id is
+        returned: a send retried after a timeout is not delivered twice."""
+        if self.name == SYSTEM:
+            raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender: only agents have outboxes")
+        names = [n.strip() for n in (to.split(",") if isinstance(to, str) else to) if n.strip()]
+        if not names:
+            raise RelayError("no recipient: give a name, a list of names, '*' or System")
+        known = set(self.project.agents())
+        special = (*BROADCAST, SYSTEM)         # '*' and its alias Broadcast, relay's own inbox
+        unknown = [n for n in names if n not in special and n not in known]
+        if unknown and self.project.config.federation is not None:     # a node this one has not heard of yet
+            known |= self._team_names(unknown, wait=0.0 if create else 2.0)
+            unknown = [n for n in unknown if n not in known]
+        if unknown and create:
+            _create(self.layout, unknown, "created by an agent")
+            known |= set(unknown)
+        for n in names:
+            if n not in special:
+                check_known(n, known, "recipient")
+        if request_id is not None:
+            try:
+                request_id = checked_request_id(request_id)
+            except RelayError:
+                raise RelayError(f"--request-id must be one line of at most {MAX_REQUEST_ID} characters") from None
+            first = self.sent_before(request_id)
+            self.repeated = first is not None
+            if first:
+                return first
+        if not isinstance(body, str):
+            raise RelayError(f"the body must be text, not {type(body).__name__}")
+        size, limit = len(body.encode("utf-8")), self.project.config.max_body_bytes
+        if size > limit:        # refused now, not after an exit 0, in the daemon's log
+            raise RelayError(f"the body is {size} bytes, over max_body_bytes ({limit}); relay would refuse it: "
+                             "send it in parts, or raise max_body_bytes in relay.toml")
+        mid = _ids.new(time.time())
+        data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id)
+        self.project.reserve(mid, self.name)       # the id is this sender's before any file names it
+        self.layout.fs.put(f"outbox/{self.name}/msg-{mid.lower()}", data)
+        return mid
+
+    def reply(self, message, body, *, to=None, thread=None, subject=None, **kw):
+        """Answer `message` (a Received or an id): to its sender (or `to`), in its thread (or
+        `thread`), subject "Re: " and its subject (or `subject`)."""
+        if not isinstance(message, Received):
+            message = self.find(message)
+        if subject is None and message.subject:
+            subject = message.subject if message.subject.lower().startswith("re:") else f"Re: {message.subject}"
+        if not message.sender:
+            raise RelayError(f"{message.id} names no sender to reply to")
+        return self.send(to or message.sender, body, thread=thread or message.reply_thread, subject=subject, **kw)
+
+    def find(self, mid):
+        """A message by id: this agent's copy, else the project's (the ledger's)."""
+        try:
+            return self.read(mid)
+        except NotFound:
+            return self.project.message(mid)
+
+    def sent_before(self, request_id):
+        """The id of this agent's message with this request id (not failed), or None."""
+        history = self.project.history()
+        if history is None:
+            return None
+        with history:
+            return history.by_request(self.name, request_id)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def inbox(self, ack=False, include_read=False, limit=None, skip=()):
+        """The new messages (with `include_read`, the read ones too), oldest first. With `ack`
+        the new ones returned are marked read; nothing else is. With `limit`, at most that many
+        messages (an unreadable entry met before the last of them is among them, not counted),
+        and no envelope past them is read. `skip`: names of new/ entries ("<id>.json") to
+        leave out, unread."""
+        self._check_inbox()
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise RelayError(f"the limit must be a whole number of messages, 1 or more, not {limit!r}")
+        listed = self.inbox_.list(self.name, include_read, limit=limit, skip=skip)
+        items = [Received.of(doc, sub, path) for sub, path, doc in listed]
+        return self.ack(items) if ack else items
+
+    def _check_inbox(self):
+        """The agent's inbox is plain directories inside the state directory, or RelayError.
+        Walked from the top again at each look: a long-lived Agent must not keep reading a
+        directory that was renamed away or swapped since its last look."""
+        self.layout.fs.forget()
+        for where in (f"inbox/{self.name}", f"inbox/{self.name}/new", f"inbox/{self.name}/cur"):
+            try:
+                self.layout.fs.dir(where)
+            except Unsafe as e:
+                raise RelayError(f"{e.strerror}: it may lead outside the state directory, and relay reads and "
+                                 "moves only files inside it") from None
+            except FileNotFoundError:
+                pass
+
+    def ack(self, messages):
+        """Mark these messages read (new/ -> cur/); returns them as they are now. A message
+        read already (here or by another reader of this inbox meanwhile), an envelope relay
+        could not read, or another agent's copy (find() may return one) is left as it is."""
+        out = []
+        mine = os.path.join(str(self.layout.inbox), self.name, "new")
+        for m in [messages] if isinstance(messages, Received) else messages:
+            if m.state == "new" and not m.error and m.path and os.path.dirname(str(m.path)) == mine:
+                try:
+                    m = dataclasses.replace(m, state="cur", path=str(self.inbox_.ack(m.path)))
+                except FileNotFoundError:   # taken from new/ by another reader since it was listed?
+                    if os.path.lexists(m.path):
+                        raise               # no: cur/ is missing, say so
+                    done = self.inbox_.read_path(m.path)
+                    if os.path.lexists(done):
+                        m = dataclasses.replace(m, state="cur", path=str(done))
+            out.append(m)
+        return out
+
+    def read(self, mid, ack=False):
+        """One message of this agent's inbox by id (or unique prefix of it)."""
+        self._check_inbox()
+        full = mid.upper()
+        if full and not valid_id(full):         # a prefix: the ledger knows which message it is
+            history = self.project.history()
+            if history is not None:
+                with history:
+                    try:
+                        full = history.find(full)["id"]
+                    except NotFound:
+                        pass
+        found = self.inbox_.envelope(self.name, full) if full else None
+        if found is None:
+            raise NotFound(f"no message {mid!r} in the inbox of {self.name}")
+        m = Received.of(found[2], found[0], found[1])
+        return self.ack([m])[0] if ack else m
+
+    def wait(self, timeout=None, ack=False, listening=None, stop=None, limit=None, skip=()):
+        """Block until at least one new message is there and return the new ones (marked read
+        with `ack`; an unreadable entry of new/ is among them, never marked read, but does not
+        end the wait by itself); [] when `timeout` seconds pass first, or at once when `stop` (a
+        Stop) is set from another thread. Woken by inotify (watchdog), not a polling loop.
+        `listening` (a threading.Event) is set once an arrival would wake it. `limit` and
+        `skip` as for inbox()."""
+        if timeout is not None and not timeout >= 0:
+            if timeout != timeout:          # NaN: no time at all can be meant
+                raise RelayError(f"the timeout must be a number of seconds, not {timeout!r}")
+            timeout = 0
+        # A message is what wakes it: an entry of new/ that is no envelope (junk an agent put
+        # there) is listed with the messages, but alone it would make every wait return at once.
+        got = self.inbox(ack=ack, limit=limit, skip=skip)
+        if any(not m.error for m in got) or (stop is not None and stop.is_set()):
+            return got
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            # The watch is armed before each look, so nothing that arrives after the look is
+            # missed; one whose directory was since replaced (or swapped for a link) is armed
+            # again on the directory there now, or the wait ends with the reason.
+            if self._mail is None or self._mail.stale():
+                self._unwatch()
+                self._check_inbox()                     # a link in the way: the reason, at once
+                self.layout.make_inbox(self.name)
+                box = self.layout.inbox
+                self._mail = NewMail([box, box / self.name, box / self.name / "new"]).open()
+            if listening is not None:
+                listening.set()
+            got = self.inbox(ack=ack, limit=limit, skip=skip)
+            if any(not m.error for m in got):
+                return got
+            if stop is not None and stop.is_set():
+                return []
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return []
+            self._mail.wait(left, stop)
+
+    def close(self):
+        """Stop watching the inbox (wait() keeps its watch for the next call: closing an inotify
+        descriptor waits for the kernel, some milliseconds) and close the descriptors of the
+        state directory. The Agent may be used again: they are opened when next needed."""
+        self._unwatch()
+        self.project.close()
+
+    def _unwatch(self):
+        if self._mail is not None:
+            self._mail.close()
+            self._mail = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "layout", None) is not None:
+            self.close()
+        else:           # refused in __init__ before it had a layout
+            self._unwatch()
+
+
+def agents(root=None, state_dir=None):
+    """The known agents of the project found from the current directory (or `root`)."""
+    with Project(root, state_dir) as project:
+        return project.agents()
+
+
+def _create(layout, names, how):
+    for name in names:
+        if not AGENT_NAME.match(name) or name == SYSTEM:
+            raise InvalidName(f"invalid agent name {name!r}: agent names match {AGENT_NAME_RULE}")
+        if name in BROADCAST:
+            raise InvalidName(f"{name!r} means every agent (as '*') and cannot be one agent's name")
+    problems = layout.init(names)
+    if problems:
+        raise RelayError("; ".join(problems))
+    declare(layout, names, how)
+
+
+def declare(layout, names, how, durability="full"):
+    """Record in the ledger that these agents are senders (with `senders = "declared"` relay
+    reads only the outboxes of declared agents and those listed in `agents`); `how` says what
+    declared them. A running daemon is woken to look at their outboxes now."""
+    if not names:
+        return
+    try:
+        with Ledger(layout.ledger, durability=durability) as ledger:
+            ledger.declare(names, time.time(), how)
+    except sqlite3.Error as e:
+        raise RelayError(f"cannot record the agents {', '.join(names)} in the ledger ({e})") from None
+    wake(layout.lock)
+
+
+def _json(raw):
+    try:
+        return orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _recipients(row):
+    value = _json(row["recipients"])
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _when(ts):
+    return iso(ts) if isinstance(ts, (int, float)) else None
+
+
+__all__ = ["Agent", "Project", "Received", "Stop", "agents"]

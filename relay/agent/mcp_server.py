@@ -1,0 +1,339 @@
+"""`relay mcp --agent NAME`: the agent's side of relay as a Model Context Protocol server over
+stdio, for agents in MCP clients (Claude Code, Cursor, Codex and the like).
+
+It is built with the official `mcp` SDK (the `relay[mcp]` extra; its MCPServer, the name FastMCP
+had before version 2) on api.py's Agent, so its tools check what the shell and Python check:
+
+    send(to, body, subject, thread, request_id)  -> {id, repeated, relay_running}
+    inbox(limit)        the new messages with their bodies, oldest first; marks read exactly those
+    wait(timeout_s)     blocks (inotify, in a worker thread) until a message is there, then as inbox
+    agents()            who the agent is and the known agents
+    thread(thread)      a conversation oldest first, as the ledger has it
+
+inbox and wait read only the envelopes they return (the oldest `limit`), in worker threads. A
+message is marked read only once the reply holding it was written whole to the client
+(mcp_wire.py, relay's stdio transport, says when); until then no other call returns it, and a
+reply that is not written (the client gone, the call cancelled) leaves it new. A server whose
+client no longer reads exits.
+
+A refusal (an unknown recipient with the closest match, a bad request id, ...) comes back as a
+tool error carrying relay's one-line message; the server goes on. Only this module and
+mcp_wire.py import `mcp`; cli_mcp.py loads them when `relay mcp` runs.
+"""
+import contextlib
+import functools
+import logging
+import os
+import signal
+import sqlite3
+import threading
+import time
+from typing import Annotated, Optional
+
+import anyio
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+from typing_extensions import TypedDict     # pydantic reads typing's only from Python 3.12
+
+from relay import __version__
+from relay.agent.api import Agent, Project, Stop
+from relay.errors import RelayError
+from relay.guards import explain
+from relay.files.lock import holder
+from relay.agent.mcp_wire import serve as serve_stdio
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT = 600.0            # seconds: the longest one wait call blocks
+MAX_WAITS = 8               # waits blocking at once (each a thread and an inotify instance); more queue
+MAX_LIMIT = 500             # messages one inbox or wait call returns at most
+DEFAULT_LIMIT = 50
+LIMIT = f"At most this many messages (1 to {MAX_LIMIT}); the others stay new for the next call."
+# api.py's messages name the shell's flags; through MCP they name the tool's parameters
+FLAGS = ((" (--create adds a new agent on purpose)", ""), ("--request-id ", "request_id "))
+
+# A message as the inbox and wait tools return it (`from` is a Python keyword: functional form).
+Message = TypedDict("Message", {
+    "id": str, "from": Optional[str], "to": list[str], "kind": Optional[str], "thread": Optional[str],
+    "subject": Optional[str], "body": str, "sent_at": Optional[str], "relayed_at": Optional[str],
+    "headers": dict[str, str]})
+
+
+class Unreadable(TypedDict):
+    id: str
+    error: str
+
+
+class Messages(TypedDict):
+    messages: list[Message]
+    more: int                   # new messages left in the inbox past those returned (not read yet)
+    unreadable: list[Unreadable]    # envelopes relay cannot read met on the way: never marked read
+    timed_out: bool             # wait only: the time ran out with no new message
+
+
+class Sent(TypedDict):
+    id: str
+    repeated: bool              # the request id was used before: nothing was sent, `id` is the first's
+    relay_running: bool         # false: the message waits in the outbox until `relay run`
+
+
+class Agents(TypedDict):
+    me: str
+    agents: list[str]
+
+
+ThreadMessage = TypedDict("ThreadMessage", {
+    "id": str, "from": Optional[str], "to": list[str], "kind": Optional[str], "thread": Optional[str],
+    "subject": Optional[str], "body": Optional[str], "sent_at": Optional[str], "status": str,
+    "delivered_at": Optional[str], "error": Optional[str]})
+
+
+class Thread(TypedDict):
+    thread: str
+    messages: list[ThreadMessage]
+
+
+INSTRUCTIONS = """\
+You are the agent {me} on relay, which carries messages between the agents of this project.
+Call inbox() for your new messages (with bodies; it marks read what it returns) and wait(timeout_s)
+to block until one comes. send(to, body, subject, thread, request_id) sends; to reply, send to the
+message's `from` with its thread (its id when it has none). Give a request_id to make a retried
+send harmless. agents() lists who you can write to; thread(thread) shows a conversation."""
+
+
+def build(agent, handover=None):
+    """The MCP server for `agent` (an api.Agent, checked); serve it with `serve()` (stdio), or
+    call its tools in process. `handover`: what marks read the messages a reply holds (a
+    Handover; by default one with no wire: a call's return is the hand-off)."""
+    server = MCPServer("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
+                       log_level="WARNING")
+    waits = anyio.CapacityLimiter(MAX_WAITS)    # the other tools keep the SDK's worker threads
+    name, config = agent.name, agent.project.config
+    handover = handover or Handover(name, config)
+    me = functools.partial(fresh, name, config)
+
+    @server.tool()
+    def send(to: Annotated[str, Field(description="Recipient(s): NAME, NAME,NAME, '*' (everyone) or System.")],
+             body: Annotated[str, Field(description="The message text.")],
+             subject: Annotated[Optional[str], Field(description="One line.")] = None,
+             thread: Annotated[Optional[str], Field(description="The conversation's thread id: a reply "
+                                                    "uses the message's thread (its id when it has none).")] = None,
+             request_id: Annotated[Optional[str], Field(description="Your id for this request: a second send "
+                                                        "with it is not delivered again.")] = None) -> Sent:
+        """Send a message to other agents. Returns its id; `repeated` is true when request_id was
+        used before (nothing new was sent: the id is the first message's)."""
+        with me() as agent, tool_errors():
+            mid = agent.send(to, body, subject=subject, thread=thread, request_id=request_id)
+            return {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None}
+
+    @server.tool()
+    def inbox(ctx: Context, limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:
+        """Your new messages, whole (from, to, thread, subject, body, sent_at, id), oldest first.
+        Marks read exactly the messages it returns; `more` counts those left for the next call."""
+        key, limit = handover.key(ctx), clamp(limit, 1, MAX_LIMIT)
+        with me() as agent, tool_errors():
+            return handover.take(agent, agent.inbox(limit=limit, skip=handover.held), limit, key)
+
+    @server.tool()
+    async def wait(ctx: Context,
+                   timeout_s: Annotated[float, Field(description=f"Seconds to wait at most (0 to {MAX_WAIT:g}; "
+                                                     "more is taken as the most).")] = 60.0,
+                   limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:
+        """Block until at least one new message is there (or timeout_s passes: `timed_out`), then
+        return the new messages as inbox does, marked read."""
+        key, limit = handover.key(ctx), clamp(limit, 1, MAX_LIMIT)
+
+        def waiting(seconds, stop):
+            # In this thread from the wait to the taking: a cancelled call leaves it running a
+            # moment, and `stop` (set then) makes it take nothing.
+            with me() as agent, tool_errors():
+                got = agent.wait(seconds, stop=stop, limit=limit, skip=handover.held)
+                return handover.take(agent, got, limit, key, stop=stop)
+
+        deadline = time.monotonic() + clamp(timeout_s, 0, MAX_WAIT)
+        while True:
+            stop = Stop()
+            try:
+                out = await anyio.to_thread.run_sync(
+                    functools.partial(waiting, max(0, deadline - time.monotonic()), stop),
+                    abandon_on_cancel=True, limiter=waits)
+            finally:
+                stop.set()
+            # all it saw were taken by another reader meanwhile: wait on for the time left
+            if out["messages"] or out["unreadable"] or time.monotonic() >= deadline:
+                return out | {"timed_out": not out["messages"] and not out["unreadable"]}
+
+    @server.tool()
+    def agents() -> Agents:
+        """Your name and the agents you can send to."""
+        with me() as agent, tool_errors():
+            return {"me": agent.name, "agents": agent.project.agents()}
+
+    @server.tool()
+    def thread(thread: Annotated[str, Field(description="A thread id (a message's `thread`).")]) -> Thread:
+        """The messages of a thread, oldest first, with their bodies and delivery status."""
+        with me() as agent, tool_errors():
+            rows = agent.project.thread(thread)
+        keys = ThreadMessage.__annotations__
+        return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows]}
+
+    return server
+
+
+@contextlib.contextmanager
+def fresh(name, config):
+    """The agent for one call, on a state directory opened afresh: a long-lived server sees a
+    directory swapped or re-made since (as each CLI run does), and calls share no descriptor."""
+    with tool_errors():
+        agent = Agent(name, project=Project(config=config))
+    try:
+        yield agent
+    finally:
+        agent.close()
+        agent.layout.close()
+
+
+class Handover:
+    """The messages on their way to the client. With a wire (`serve`), a call takes them by
+    holding them (no other call of this server lists them), and they are marked read (new/ ->
+    cur/) only when the transport says the reply holding them was written (`written`); a reply
+    that was not (`unanswered`, `gone`) leaves them new. With no wire (calls in process) the
+    return of the call is the hand-off: they are marked read as they are taken.
+    A message another reader took from new/ after the listing is not returned again."""
+
+    def __init__(self, name, config, wire=False):
+        self.name, self.config, self.wire = name, config, wire
+        self.lock = threading.Lock()    # one call at a time takes messages
+        self.held = set()               # names in new/ ("<id>.json") of the messages replies hold
+        self.replies = {}               # request id -> lists of the paths its replies hold
+        self.closed = False
+
+    def key(self, ctx):
+        """The request id of a call, when its reply goes over the wire."""
+        return ctx.request_id if self.wire else None
+
+    def take(self, agent, items, limit, key=None, stop=None):
+        """Up to `limit` readable new messages of `items` (agent.inbox's), taken, and how many
+        are left in new/ past them."""
+        unreadable = [{"id": m.id, "error": m.error} for m in items if m.error]
+        new = [m for m in items if m.state == "new" and not m.error]
+        fs = agent.layout.fs
+        taken = []
+        with self.lock:
+            if self.closed:
+                raise ToolError("the client is gone: nothing is marked read")
+            if stop is not None and stop.is_set():
+                return {"messages": [], "more": 0, "unreadable": [], "timed_out": False}
+            if new and self.wire:       # where they will go: missing, the reason now, not a silent later
+                fs.dir(f"inbox/{agent.name}/cur")
+            for m in new[:limit]:
+                name, rel = os.path.basename(m.path), os.path.relpath(m.path, fs.path)
+                if name in self.held:
+                    continue
+                if self.wire:
+                    if not fs.exists(rel):
+                        continue    # read by someone else since it was listed
+                    self.held.add(name)
+                else:
+                    try:
+                        agent.inbox_.ack(m.path)    # raises when the envelope left new/ (Agent.ack would not)
+                    except OSError as e:
+                        if isinstance(e, FileNotFoundError) and not fs.exists(rel):
+                            continue
+                        if taken:
+                            break   # return those marked read; the next call meets the error
+                        raise
+                taken.append(m)
+            if self.wire and taken:
+                self.replies.setdefault(key, []).append([m.path for m in taken])
+        more = 0
+        if len(new) >= limit:           # the listing stopped there: count what is past it, unopened
+            last = os.path.basename(new[limit - 1].path)
+            more = sum(1 for n in agent.inbox_.names(agent.name) if n > last and n not in self.held)
+        return {"messages": [message(m) for m in taken], "more": more, "unreadable": unreadable, "timed_out": False}
+
+    def written(self, key):
+        """The reply to request `key` was written whole: mark read what it holds."""
+        paths = self._pop(key)
+        if not paths:
+            return
+        try:
+            with fresh(self.name, self.config) as agent:
+                for path in paths:
+                    try:
+                        agent.inbox_.ack(path)
+                    except FileNotFoundError:
+                        if agent.layout.fs.exists(os.path.relpath(path, agent.layout.fs.path)):
+                            raise   # not taken by another reader meanwhile: cur/ is missing
+        except (ToolError, OSError) as e:
+            log.warning("a reply was written but its messages could not be marked read (%s); they stay new", e)
+        finally:
+            self._release(paths)
+
+    def unanswered(self, key):
+        """Request `key` ended with no reply holding messages: they stay new."""
+        self._release(self._pop(key))
+
+    def gone(self):
+        """The client is gone: every message held stays new, and no call takes any more."""
+        with self.lock:
+            self.closed = True
+            self.replies.clear()
+            self.held.clear()
+
+    def _pop(self, key):
+        with self.lock:
+            queued = self.replies.get(key)
+            if not queued:
+                return []
+            paths = queued.pop(0)
+            if not queued:
+                del self.replies[key]
+            return paths
+
+    def _release(self, paths):
+        with self.lock:
+            self.held.difference_update(os.path.basename(p) for p in paths)
+
+
+def clamp(value, low, high):
+    """`value` within low..high (NaN is `low`)."""
+    return low if value != value else min(max(value, low), high)
+
+
+def message(m):
+    return {"id": m.id, "from": m.sender, "to": m.to, "kind": m.kind, "thread": m.thread, "subject": m.subject,
+            "body": m.body, "sent_at": m.sent_at, "relayed_at": m.relayed_at,
+            "headers": {str(k): str(v) for k, v in m.headers.items()}}
+
+
+@contextlib.contextmanager
+def tool_errors():
+    """A RelayError, OSError or SQLite error inside becomes a ToolError with the one line the
+    CLI would print (the server goes on)."""
+    try:
+        yield
+    except (RelayError, OSError, sqlite3.Error) as error:
+        text = explain(error)
+        for flag, parameter in FLAGS:
+            text = text.replace(flag, parameter)
+        raise ToolError(text) from None
+
+
+def serve(agent):
+    """Serve `agent` over stdio until the client closes its input (or goes away: mcp_wire.ClientGone,
+    a BrokenPipeError, which the CLI turns into a quiet exit)."""
+    handover = Handover(agent.name, agent.project.config, wire=True)
+    server = build(agent, handover)
+    agent.layout.close()            # each call opens the state directory afresh
+    # Ctrl-C ends the server at once, as SIGTERM does: the SDK's shutdown would wait for the
+    # tools' worker threads. Nothing is left half done that relay does not tolerate (a send is a
+    # hidden temporary in the outbox until its rename; a message is new until its reply is out).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # The SDK's Server under MCPServer, run on relay's transport (MCPServer.run_stdio_async
+    # runs it on the SDK's, which cannot say whether a reply was written).
+    lowlevel = server._lowlevel_server
+    run = functools.partial(lowlevel.run, initialization_options=lowlevel.create_initialization_options())
+    anyio.run(serve_stdio, run, handover)

@@ -1,0 +1,388 @@
+"""`relay bench`: this disk's limits and relay's throughput and latency, side by side.
+
+Everything runs in a temporary directory on the file system under test. Figures, not verdicts:
+the targets are printed beside them so a reader can compare.
+"""
+import hashlib
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+from relay import config as config_mod
+from relay.core.daemon import Relay
+from relay.core.loop import quiet_gc
+
+
+TRASH = ".relay-bench-done"
+SLOW_CREATE_US = 200
+
+
+def discard(path):
+    """Put a finished run's directory aside instead of deleting it: on ext4 without a journal,
+    creating a file passes over every inode freed in the last 1 to 6 minutes (reading each one's
+    deletion time), so deleting one run's tens of thousands of files made the next run's
+    creates cost about 1 ms of system CPU each instead of 20 us, whichever was being measured.
+    empty_trash() removes them once every figure is taken."""
+    path = Path(path)
+    trash = path.parent / TRASH
+    try:
+        trash.mkdir(exist_ok=True)
+        if trash.is_symlink() or not trash.is_dir():
+            raise IsADirectoryError(f"{trash} is not a plain directory")     # never moved through a link
+        os.rename(path, trash / path.name)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def empty_trash(base):
+    shutil.rmtree(Path(base) / TRASH, ignore_errors=True)
+
+
+def create_cost_us(base, n=200):
+    """The system CPU, in microseconds, of creating one empty file in a new directory under
+    `base` now (the files are discarded, not deleted)."""
+    d = Path(tempfile.mkdtemp(dir=base, prefix="create-"))
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            t = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+            for i in range(n):
+                os.close(os.open(f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd))
+            return round((resource.getrusage(resource.RUSAGE_SELF).ru_stime - t) / n * 1e6, 1)
+        finally:
+            os.close(fd)
+    finally:
+        discard(d)
+
+
+def cheap_creates(base, timeout, echo=print, poll=10.0):
+    """Wait (at most `timeout` seconds) until creating a file under `base` is cheap again (see
+    discard), saying so once; returns the last create_cost_us()."""
+    us = create_cost_us(base)
+    deadline = time.monotonic() + timeout
+    if us > SLOW_CREATE_US and timeout > 0:
+        echo(f"  creating a file here costs {us} us of system CPU: waiting up to {timeout:.0f} s for the "
+             f"inodes deleted lately to age (ext4 without a journal passes over them for up to 6 minutes)")
+        while us > SLOW_CREATE_US and time.monotonic() < deadline:
+            time.sleep(poll)
+            us = create_cost_us(base)
+    return us
+
+
+def create_cost_note(us):
+    slow = (" (slow: on ext4 without a journal, files deleted in the last few minutes make creates "
+            "costly; figures taken now are low; wait and run again)") if us > SLOW_CREATE_US else ""
+    return f"creating a file here costs {us} us of system CPU{slow}"
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def disk(base, n=300):
+    """fsync'd file creates/s, directory fsyncs/s, renames/s."""
+    d = Path(tempfile.mkdtemp(dir=base, prefix="disk-"))
+    try:
+        t = time.perf_counter()
+        for i in range(n):
+            fd = os.open(d / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, b"x" * 300)
+            os.fsync(fd)
+            os.close(fd)
+        creates = n / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in range(n):
+            _fsync_dir(d)
+        dir_fsyncs = n / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for i in range(n):
+            os.rename(d / f"f{i}", d / f"g{i}")
+        renames = n / (time.perf_counter() - t)
+        return {"fsync_creates_per_s": round(creates), "dir_fsyncs_per_s": round(dir_fsyncs),
+                "renames_per_s": round(renames)}
+    finally:
+        discard(d)
+
+
+def make_backlog(state, messages, agents, body_size=200):
+    names = [f"agent{i:03d}" for i in range(agents)]
+    for name in names:
+        (state / "outbox" / name).mkdir(parents=True, exist_ok=True)
+        for sub in ("tmp", "new", "cur"):
+            (state / "inbox" / name / sub).mkdir(parents=True, exist_ok=True)
+    old = time.time() - 60
+    body = "x" * body_size
+    for i in range(messages):
+        sender = names[i % agents]
+        to = names[(i + 1) % agents]
+        path = state / "outbox" / sender / f"m{i}"
+        path.write_text(f"TO: {to}\nSUBJECT: bench {i}\n\n{body}")
+        os.utime(path, (old, old))
+    return names
+
+
+def naive(base, messages, agents, durable, stats=None):
+    """The simplest correct loop with no ledger: per file, read, write an envelope to tmp
+    (+fsync), rename into new/ (+fsync dir), move the original to the archive (+fsync dir).
+    `stats`, a dict, gets the loop's CPU seconds as "cpu_s"."""
+    root = Path(tempfile.mkdtemp(dir=base, prefix="naive-"))
+    try:
+        state = root / ".relay"
+        names = make_backlog(state, messages, agents)
+        archive = state / "archive"
+        for n in names:
+            (archive / n).mkdir(parents=True)
+        t, cpu = time.perf_counter(), time.process_time()
+        for sender in names:
+            box = state / "outbox" / sender
+            for entry in os.scandir(box):
+                data = open(entry.path, "rb").read()
+                head, _, body = data.partition(b"\n\n")
+                to = head.split(b"\n", 1)[0].split(b":", 1)[1].strip().decode()
+                env = json.dumps({"from": sender, "to": [to], "body": body.decode(),
+                                  "sha256": hashlib.sha256(data).hexdigest()}).encode()
+                tmp = state / "inbox" / to / "tmp" / f"{entry.name}.json"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.write(fd, env)
+                if durable:
+                    os.fsync(fd)
+                os.close(fd)
+                os.rename(tmp, state / "inbox" / to / "new" / tmp.name)
+                if durable:
+                    _fsync_dir(state / "inbox" / to / "new")
+                os.rename(entry.path, archive / sender / entry.name)
+                if durable:
+                    _fsync_dir(archive / sender)
+        took = time.perf_counter() - t
+        if stats is not None:
+            stats["cpu_s"] = time.process_time() - cpu
+        return messages / took
+    finally:
+        discard(root)
+
+
+LIMITS_OFF = {"pair_rate": 0, "pair_window": 0, "queue_limit": 0}
+FLOW_RUNS = 3           # runs with the limits off, for the ratio with the limits on
+PAIRS = 3               # alternated runs of the naive durable loop and of run --once
+
+
+def offer(count, rate, route, inboxes, patience):
+    """Offer `count` messages at `rate` per second, each written the agents' way (a dot-tmp file
+    renamed in); `route(i)` gives message i's outbox directory and recipient. A watcher of
+    `inboxes` (the recipients' new/) notes when each envelope appears; wait up to `patience`
+    seconds for all. Returns the latencies in ms, from each rename to its envelope seen."""
+    from watchdog.events import FileSystemEventHandler
+    from watchdog.observers import Observer
+    seen = {}
+
+    class Seen(FileSystemEventHandler):
+        def on_any_event(self, event):
+            if event.event_type in ("created", "moved") and not event.is_directory:
+                path = event.dest_path if event.event_type == "moved" else event.src_path
+                if "/new/" in path:
+                    seen.setdefault(os.path.basename(path), time.time())
+
+    observer = Observer()
+    for new in inboxes:
+        observer.schedule(Seen(), str(new))
+    observer.start()
+    try:
+        sent = {}
+        t0 = time.time()
+        for i in range(count):
+            delay = t0 + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            box, to = route(i)
+            tmp = box / f".m{i}.tmp"
+            tmp.write_text(f"TO: {to}\n\ntoken {i}")
+            sent[i] = time.time()
+            os.rename(tmp, box / f"m{i}")
+        deadline = time.time() + patience
+        while len(seen) < count and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        observer.stop()
+        observer.join()
+    lat = []
+    for new in inboxes:
+        for p in new.iterdir():
+            i = int(json.loads(p.read_bytes())["body"].split()[1])
+            if p.name in seen:
+                lat.append((seen[p.name] - sent[i]) * 1000)
+    return lat
+
+
+def relay_once(base, messages, agents, durability, preload=0, limits=True, timing=None, stats=None):
+    """relay run --once on a backlog; messages/s of the drain alone. `limits`: flow control's
+    defaults (True) or all turned off (False). `timing`, a dict, receives the seconds of the
+    drain ("total") and of flow control's own work in it ("flow"). `stats`, a dict, gets the
+    drain's CPU seconds as "cpu_s" (all threads of this process)."""
+    root = Path(tempfile.mkdtemp(dir=base, prefix=f"relay-{durability}-"))
+    try:
+        state = root / ".relay"
+        make_backlog(state, messages, agents)
+        cfg = config_mod.load(root, ".relay", env={},
+                              overrides={"durability": durability, **({} if limits else LIMITS_OFF)})
+        with Relay(cfg) as relay:
+            if preload:
+                preload_ledger(relay.ledger, preload)
+            if timing is not None:
+                _time_flow(relay.flow, timing)
+            t, cpu = time.perf_counter(), time.process_time()
+            total = relay.drain()
+            took = time.perf_counter() - t
+            if timing is not None:
+                timing["total"] = took
+            if stats is not None:
+                stats["cpu_s"] = time.process_time() - cpu
+        if total.archived + (total.failed if total.shed else 0) != messages:
+            raise RuntimeError(f"bench: relay archived {total.archived} of {messages} messages")
+        if total.shed:
+            logging.getLogger("relay").warning("bench: flow control shed %d deliveries of this backlog (more than "
+                                               "pair_rate per pair)", total.shed)
+        return messages / took
+    finally:
+        discard(root)
+
+
+def _time_flow(flow, timing):
+    """Add the seconds spent in flow control's decisions (admit) and bookkeeping (commit) to
+    timing["flow"]: its cost measured inside the run, apart from the disk's noise."""
+    timing["flow"] = 0.0
+    for name in ("admit", "commit"):
+        real = getattr(flow, name)
+
+        def timed(*a, real=real, **k):
+            t = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                timing["flow"] += time.perf_counter() - t
+        setattr(flow, name, timed)
+
+
+def preload_ledger(ledger, rows, chunk=50_000):
+    """Fill the ledger with `rows` archived messages (as a long-running project would have)."""
+    now = time.time() - 3600
+    done = 0
+    while done < rows:
+        n = min(chunk, rows - done)
+        ledger.add_archived((f"00000000{done + i:018d}", f"agent{(done + i) % 20:03d}", f"old{done + i}",
+                             '["agent001"]', "message", "s", "b", 10, "h", now, f"archive/x/old{done + i}")
+                            for i in range(n))
+        done += n
+
+
+def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full"):
+    """Offer `rate` messages/s from `agents` agents to a running daemon; time from each rename
+    into an outbox to its envelope appearing in the recipient's new/ (seen by inotify)."""
+    root = Path(tempfile.mkdtemp(dir=base, prefix="latency-"))
+    names = [f"agent{i}" for i in range(agents)]
+
+    # An abstract socket: no path, so no length limit from a deep benchmark directory.
+    sock_path = f"@relay-bench-{os.getpid()}-{os.urandom(4).hex()}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + sock_path[1:])
+    sock.settimeout(30)
+    env = dict(os.environ, RELAY_ROOT=str(root), NOTIFY_SOCKET=sock_path, RELAY_AGENTS=",".join(names),
+               RELAY_DURABILITY=durability, RELAY_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        while b"READY=1" not in sock.recv(4096):
+            pass
+        state = root / ".relay"
+        count = int(rate * seconds)
+        lat = offer(count, rate, lambda i: (state / "outbox" / names[i % agents], names[(i + 1) % agents]),
+                    [state / "inbox" / n / "new" for n in names], 30)
+        # idle CPU: the daemon's CPU time over an idle second
+        before = _cpu(proc.pid)
+        time.sleep(2.0)
+        idle = (_cpu(proc.pid) - before) / 2.0 * 100
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        sock.close()
+        rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        discard(root)
+    lat.sort()
+    if not lat:
+        raise RuntimeError("bench: no envelope was seen")
+
+    def pct(p):
+        return round(lat[min(len(lat) - 1, int(len(lat) * p))], 2)
+    return {"messages": count, "delivered": len(lat), "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+            "max_ms": round(lat[-1], 2), "idle_cpu_percent": round(idle, 3), "daemon_peak_rss_mb": round(rss_kb / 1024, 1)}
+
+
+def _cpu(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(base=None, messages=5000, agents=20, rate=100.0, seconds=5.0, echo=print):
+    logging.getLogger("relay").setLevel(logging.WARNING)
+    quiet_gc()          # as `relay run` has it, for the naive loop too
+    base = Path(base or tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    out = {"dir": str(base), "messages": messages, "agents": agents}
+    echo(f"relay bench in {base}: backlog {messages} messages from {agents} agents")
+    out["create_us"] = us = create_cost_us(base)
+    echo(create_cost_note(us))
+    out["disk"] = d = disk(base)
+    echo(f"disk: {d['fsync_creates_per_s']} fsync'd creates/s, {d['dir_fsyncs_per_s']} dir fsyncs/s, "
+         f"{d['renames_per_s']} renames/s")
+    # The naive durable loop and run --once, alternated: the disk and the CPU of a shared
+    # machine drift by a third within minutes, so each ratio is of two runs side by side.
+    pairs = []
+    for _ in range(PAIRS):
+        pairs.append((round(naive(base, messages, agents, True)), round(relay_once(base, messages, agents, "full"))))
+    ratios = sorted(rf / nd for nd, rf in pairs)
+    out["naive_durable_per_s"] = nd = round(median(nd for nd, _ in pairs))
+    out["naive_nosync_per_s"] = nn = round(naive(base, messages, agents, False))
+    echo(f"naive loop: {nd} msg/s with fsyncs (median of {PAIRS}), {nn} msg/s without")
+    out["relay_full_per_s"] = rf = round(median(rf for _, rf in pairs))
+    out["relay_normal_per_s"] = rn = round(relay_once(base, messages, agents, "normal"))
+    out["full_naive_pairs"] = [{"naive_per_s": a, "relay_per_s": b, "ratio": round(b / a, 2)} for a, b in pairs]
+    out["ratio_full_to_naive_durable"] = round(median(ratios), 2)
+    out["ratio_normal_to_naive_nosync"] = round(rn / nn, 2)
+    echo(f"relay run --once: durability full {rf} msg/s ({out['ratio_full_to_naive_durable']:.2f}x the naive durable "
+         f"loop, the median of {PAIRS} alternated pairs: " + ", ".join(f"{b} vs {a}" for a, b in pairs)
+         + f"; target 3x), normal {rn} msg/s ({rn / nn:.2f}x the naive loop without fsyncs; target 0.5x)")
+    # Flow control's cost: the same backlog with the limits at their defaults and all off,
+    # alternated, the best of three runs each.
+    on, off, timing = [], [], {}
+    for _ in range(FLOW_RUNS):
+        off.append(round(relay_once(base, messages, agents, "full", limits=False)))
+        on.append(round(relay_once(base, messages, agents, "full", timing=timing)))
+    out["flow_control"] = fc = {"limits_on_per_s": max(on), "limits_off_per_s": max(off), "runs_on": on,
+                                "runs_off": off, "ratio": round(max(on) / max(off), 3),
+                                "own_seconds": round(timing["flow"], 4), "run_seconds": round(timing["total"], 3),
+                                "own_share": round(timing["flow"] / timing["total"], 4)}
+    fc["within_5_percent"] = abs(1 - fc["ratio"]) <= 0.05
+    echo(f"flow control: run --once with the limits on (defaults) {fc['limits_on_per_s']} msg/s, off (all 0) "
+         f"{fc['limits_off_per_s']} msg/s, best of {FLOW_RUNS} each: ratio {fc['ratio']:.3f} "
+         f"({'within' if fc['within_5_percent'] else 'NOT within'} 5%; target within 5%); its own work in the last "
+         f"run with the limits on: {fc['own_seconds'] * 1000:.0f} ms of {fc['run_seconds']:.2f} s "
+         f"({fc['own_share'] * 100:.1f}%)")
+    out["latency"] = lat = latency(base, rate, seconds)
+    echo(f"daemon latency at {rate:g} msg/s from 8 agents (durability full): p50 {lat['p50_ms']} ms, "
+         f"p99 {lat['p99_ms']} ms, max {lat['max_ms']} ms ({lat['delivered']}/{lat['messages']} seen); "
+         f"idle CPU {lat['idle_cpu_percent']}%")
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    echo(f"peak RSS: bench process {out['peak_rss_mb']} MB, daemon {lat['daemon_peak_rss_mb']} MB")
+    empty_trash(base)
+    return out

@@ -1,0 +1,87 @@
+"""The operator's set-up verbs: `relay config` (the configuration in force and where each value
+came from) and `relay service` (a systemd unit or launchd property list for this project, with
+this installation's absolute path)."""
+import click
+
+from relay import config as config_mod
+from relay.operator import units, views
+from relay.cli.context import out_json, pass_ctx
+from relay.guards import handle_errors
+from relay.terminal import echo
+
+
+@click.command("config")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def config_(ctx, as_json):
+    """The configuration in force, and where each value came from (default, relay.toml, env, flag)."""
+    cfg = ctx.cfg
+    rows = config_mod.describe(cfg)
+    if as_json:         # (JSON escapes control characters itself)
+        out_json({"values": {key: {"value": value, "text": text, "from": origin} for key, value, text, origin in rows},
+                  "warnings": list(cfg.warnings)})
+        return
+    # relay.toml lies where agents can write: no control character in it reaches the terminal
+    rows = [(key, value, views.plain(text), views.plain(origin)) for key, value, text, origin in rows]
+    width = max(len(key) for key, *_ in rows)
+    text_width = min(40, max(len(text) for _, _, text, _ in rows))
+    for key, _, text, origin in rows:
+        echo(f"{key:<{width}}  {text:<{text_width}}  ({origin})")
+
+
+@click.command()
+@click.argument("manager", type=click.Choice(["systemd", "launchd"]))
+@click.option("--user", is_flag=True, help="A unit of the user's own service manager (systemd --user, a "
+              "LaunchAgent); without it, a system unit (a LaunchDaemon) that runs as the current user.")
+@pass_ctx
+@handle_errors
+def service(ctx, manager, user):
+    """Print a systemd unit or launchd property list that runs relay for this project, with this
+    installation's absolute path; where to save it goes to stderr."""
+    root = ctx.cfg.root
+    argv = units.command()
+    text = units.systemd(argv, root, user) if manager == "systemd" else units.launchd(argv, root, user)
+    echo(text, nl=False)
+    echo(units.install_hint(manager, root, user), err=True)
+
+
+@click.group()
+def federation():
+    """The federation's set-up: what the Redis server must hold for each node."""
+
+
+@federation.command("acl")
+@click.argument("node")
+@click.option("--team", help="The team (default: the [federation] section's).")
+@click.option("--password", help="The node's password (default: a new random one).")
+@pass_ctx
+@handle_errors
+def federation_acl(ctx, node, team, password):
+    """Print the ACL SETUSER line that gives NODE least privilege on the team's keys: it writes
+    only its own directory entry and streams, and reads the other nodes' entries and what is
+    sent to it. Run the line with redis-cli as the server's admin, one user per node; the URL
+    that node uses goes to stderr."""
+    import secrets
+
+    from relay.fedconfig import NAME, NAME_RULE
+    from relay.federation.keys import acl
+    if team is None:
+        fed = ctx.cfg.federation if ctx.cfg is not None else None
+        if fed is None:
+            raise click.UsageError("no [federation] section here: give --team")
+        team = fed.team
+    for value, what in ((node, "NODE"), (team, "--team")):
+        if not NAME.match(value):
+            raise click.BadParameter(f"{value!r} is not a valid name ({NAME_RULE})", param_hint=what)
+    if password is not None and (not password or any(c.isspace() or ord(c) < 32 for c in password)):
+        raise click.BadParameter("a password of printable characters without spaces", param_hint="--password")
+    secret = password or secrets.token_urlsafe(24)
+    echo(acl(team, node, secret))
+    user = f"relay-{team}-{node}"
+    encoded = __import__("urllib.parse").parse.quote(secret, safe="")
+    echo(f"# node {node} then uses: RELAY_FEDERATION_URL='redis://{user}:{encoded}@<redis-host>:6379/0' "
+               f"(and node = \"{node}\" in its [federation] section)", err=True)
+
+
+COMMANDS = [config_, service, federation]

@@ -1,0 +1,38 @@
+"""`relay adopt`: write (or update in place) an agent's relay instructions in a file it reads.
+The text and the file handling are in adopt.py."""
+import click
+
+from relay.agent import adopt as adopt_mod
+from relay.cli.context import pass_ctx
+from relay.errors import RelayError
+from relay.guards import checked, handle_errors, sender_name
+from relay.terminal import echo
+
+
+@click.command()
+@click.argument("agent", callback=checked(sender_name))
+@click.option("--file", "file_", type=click.Path(dir_okay=False),
+              help=f"The instructions file, relative to the project root and inside it, never through a "
+                   f"symbolic link (default {adopt_mod.DEFAULT_FILE}; CLAUDE.md is a common choice).")
+@click.option("--create", is_flag=True, help="AGENT is new on purpose: create its outbox and inbox.")
+@pass_ctx
+@handle_errors
+def adopt(ctx, agent, file_, create):
+    """Write AGENT's relay instructions (who it is, who the others are, how to send, read, wait
+    and reply, by shell and by MCP) into a marked block of AGENTS.md; run again to update it in
+    place. Text outside the block is never changed."""
+    cfg = ctx.cfg
+    layout = ctx.layout
+    if not layout.state.is_dir():
+        raise RelayError(f"no relay state directory at {layout.state}: run `relay init` in the project first")
+    path = adopt_mod.target(cfg.root, cfg.state_dir, file_)
+    try:
+        done = adopt_mod.adopt(layout, cfg.agents, agent, path, create=create, root=cfg.root)
+    finally:
+        layout.close()
+    echo({"added": f"added the relay block for {agent} to {path}",
+                "updated": f"updated the relay block for {agent} in {path}",
+                "unchanged": f"the relay block for {agent} in {path} is up to date"}[done])
+
+
+COMMANDS = [adopt]

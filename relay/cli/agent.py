@@ -1,0 +1,133 @@
+"""The verbs agents use: send, inbox (with --wait) and read. They are built on api.py, so the
+shell and Python check the same things. A message is marked read only once it has been printed."""
+import sys
+
+import click
+
+from relay.operator import views
+from relay.agent.api import Agent, Project
+from relay.cli.context import out_json, pass_ctx
+from relay.guards import checked, handle_errors, recipient_names, sender_name
+from relay.terminal import echo, echo_json
+
+EXIT_TIMEOUT = 124      # relay inbox --wait: the time ran out with no new message (as timeout(1))
+
+
+def _project(ctx):
+    return Project(config=ctx.cfg)
+
+
+@click.command()
+@click.option("--from", "sender", required=True, callback=checked(sender_name),
+              help="The sending agent (its outbox).")
+@click.option("--to", "to", callback=checked(recipient_names),
+              help="Recipient(s): NAME[,NAME...], '*' or System.")
+@click.option("--reply-to", "reply_to", metavar="ID",
+              help="Answer this message: to its sender, in its thread, subject 'Re: ...'.")
+@click.option("--kind", help="Message kind (default: message).")
+@click.option("--thread", help="Thread id.")
+@click.option("--subject", help="Subject line.")
+@click.option("--request-id", "request_id",
+              help="Your id for this request: a second send with it is not delivered again.")
+@click.option("--create", is_flag=True, help="Allow agents that do not exist yet (they are created).")
+@click.argument("body", required=False)
+@pass_ctx
+@handle_errors
+def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, body):
+    """Write a message atomically into SENDER's outbox and print its id.
+
+    BODY '-' (or none) reads standard input. Names are checked against the known agents first:
+    an unknown one is refused with the closest match."""
+    ctx.strict = False      # a mistake in relay.toml stops the daemon, not an agent's send (it warns)
+    if to is None and reply_to is None:
+        raise click.UsageError("give --to NAME[,NAME...] (or --reply-to ID)")
+    if body is None or body == "-":
+        body = sys.stdin.read()
+    me = Agent(sender, project=_project(ctx), create=create, role="sender")
+    if reply_to is not None:
+        original = me.find(reply_to)
+        mid = me.reply(original, body, to=to, kind=kind, thread=thread, subject=subject,
+                       request_id=request_id, create=create)
+    else:
+        mid = me.send(to, body, kind=kind, thread=thread, subject=subject, request_id=request_id, create=create)
+    if me.repeated:
+        echo(f"relay: request id {request_id!r} was sent before as {mid}; not sent again", err=True)
+    echo(mid)
+
+
+@click.command()
+@click.argument("agent")
+@click.option("--all", "show_all", is_flag=True, help="Include messages already read (cur/).")
+@click.option("--ack", is_flag=True, help="Mark read the new messages printed (new/ -> cur/).")
+@click.option("--wait", "wait", is_flag=False, flag_value="forever", default=None, metavar="[TIMEOUT]",
+              help="Block until a new message is there (at most TIMEOUT: 30, 30s, 5m); "
+                   f"exit {EXIT_TIMEOUT} when none came.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.option("--jsonl", is_flag=True, help="Print one JSON object per line.")
+@pass_ctx
+@handle_errors
+def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
+    """Print AGENT's new messages whole, oldest first (with --ack, mark them read)."""
+    ctx.strict = False
+    me = Agent(agent, project=_project(ctx), role="agent")
+    if wait is not None:
+        timeout = None if wait == "forever" else _seconds(wait)
+        got = me.wait(timeout)
+        if not got:
+            echo(f"relay: no new message for {agent} in {wait}", err=True)
+            sys.exit(EXIT_TIMEOUT)
+        items = me.inbox(include_read=show_all) if show_all else got
+    else:
+        items = me.inbox(include_read=show_all)
+    _show(me, items, ack, as_json, jsonl, empty=f"no {'messages' if show_all else 'new messages'} for {agent}")
+
+
+@click.command()
+@click.argument("message_id")
+@click.option("--agent", help="Read it from this agent's inbox, and mark it read there.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def read(ctx, message_id, agent, as_json):
+    """Print one message whole: from an agent's inbox, or as the ledger has it."""
+    ctx.strict = False
+    project = _project(ctx)
+    if agent:
+        me = Agent(agent, project=project, role="agent")
+        _show(me, [me.read(message_id)], True, as_json, False, single=True)
+    else:
+        _show(None, [project.message(message_id)], False, as_json, False, single=True)
+
+
+def _show(me, items, ack, as_json, jsonl, empty=None, single=False):
+    """Print, flush, then mark read what was printed: nothing is marked read unseen."""
+    shown = [m for m in items if m.state == "new" and not m.error] if ack else []
+    docs = [m.as_dict() | ({"state": "cur", "path": str(me.inbox_.read_path(m.path))} if m in shown else {})
+            for m in items]
+    if as_json:
+        out_json(docs[0] if single else docs)
+    elif jsonl:
+        for d in docs:
+            echo_json(d)
+    elif not items:
+        echo(empty)
+    else:
+        for i, m in enumerate(items):
+            if i:
+                echo()
+            echo(views.message_text(m, i + 1, len(items)))
+    sys.stdout.flush()
+    if shown:
+        me.ack(shown)
+
+
+def _seconds(value):
+    """A --wait timeout: a duration (30s, 5m) or a plain number of seconds."""
+    from relay.config import parse_duration
+    try:
+        return float(value) if value.replace(".", "", 1).isdigit() else parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--wait") from None
+
+
+COMMANDS = [send, inbox, read]

@@ -1,0 +1,27 @@
+"""The `relay` command: one click group (its options find the project) and the verbs of every
+module of this package added to it. What the verbs share is in context.py."""
+import click
+
+from relay import __version__
+from relay.cli import admin, adopt, agent, inspect, mcp, operator, run
+from relay.cli.context import Context, Group
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="relay")
+@click.option("--root", type=click.Path(file_okay=False), help="Project root (env RELAY_ROOT; default: the current directory).")
+@click.option("--state-dir", help="State directory, relative to the root (env RELAY_STATE_DIR; default .relay).")
+@click.pass_context
+def main(ctx, root, state_dir):
+    """relay: deliver agents' outbox files into each other's inboxes, exactly once."""
+    ctx.obj = Context(root, state_dir)
+
+
+
+def entry():
+    main(prog_name="relay")
+
+
+# The verbs, each module's list (cli_mcp imports the SDK only when run).
+for module in (run, agent, inspect, operator, admin, adopt, mcp):
+    for command in module.COMMANDS:
+        main.add_command(command)

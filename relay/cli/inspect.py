@@ -1,0 +1,346 @@
+"""The verbs that look without changing anything: audit, show, verify, doctor, agents, tail,
+report. They open the ledger read-only, so they work beside a running daemon. A stored row this
+build cannot read is named on stderr (with its id and column) and left out; the verb goes on."""
+import sys
+import time
+
+import click
+import orjson
+
+from relay.core import health
+from relay.operator import views
+from relay.cli.context import out_json, pass_ctx, verdict
+from relay.guards import agent_name, checked, duration, handle_errors, moment
+from relay.errors import NotFound, RelayError
+from relay.files.fs import replace_file
+from relay.ledger.history import BadRow, sift
+from relay.core.inbox import Inbox
+from relay.ledger.ledger import STATUSES
+from relay.files.lock import holder
+from relay.core.outbox import declared
+from relay.terminal import echo, echo_json, escaped
+
+TABLE_LIMIT = 50        # messages in audit's table unless --limit says otherwise
+OPERATOR_TABLES = ("sheds", "pings", "archived_agents")    # what agents and queues read beside messages
+
+
+def skipped(bad):
+    """Name on stderr each stored row this build could not read (a verb then goes on without it)."""
+    for b in bad:
+        echo(f"relay: {b}", err=True)
+    bad.clear()
+
+
+def _audit_options(fn):
+    for opt in reversed([
+        click.option("--from", "sender", callback=checked(agent_name), help="Sent by this agent."),
+        click.option("--to", "recipient", callback=checked(agent_name), help="Addressed to this agent."),
+        click.option("--status", type=click.Choice(STATUSES + ("shed",)),
+                     help="In this state; `shed`: shed by flow control for at least one recipient."),
+        click.option("--kind", help="Of this kind."),
+        click.option("--thread", help="In this thread (shown oldest first, as a conversation)."),
+        click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago)."),
+        click.option("--until", help="Discovered before (same forms as --since)."),
+        click.option("--grep", help="Subject, body or file name contains TEXT (case-insensitive)."),
+        click.option("--limit", type=click.IntRange(1, 10**12), default=None,
+                     help=f"At most N messages (default {TABLE_LIMIT} in the table); stderr says when more match."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+@click.command()
+@_audit_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of message records.")
+@click.option("--jsonl", is_flag=True, help="Print one JSON record per line.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv"]), default="table", help="Table or CSV.")
+@pass_ctx
+@handle_errors
+def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limit, as_json, jsonl, fmt):
+    """The ledger, newest first, for humans (a thread: oldest first)."""
+    with ctx.reader() as led:
+        if limit is None and not (as_json or jsonl or fmt == "csv"):
+            limit = TABLE_LIMIT
+        bad = []
+        # No LIMIT in SQL: the rows stream, and a row skipped as unreadable does not count.
+        found = led.audit(sender=sender, recipient=recipient, status=status, kind=kind, thread=thread,
+                          since=moment(since, "--since"), until=moment(until, "--until"), grep=grep,
+                          oldest_first=bool(thread))
+        rows = _limited(sift(found, bad), limit, bad)
+        if as_json:
+            out_json([views.record(r) for r in rows])
+        elif jsonl:
+            for r in rows:
+                echo_json(views.record(r))
+        elif fmt == "csv":
+            import csv
+            writer = None
+            for r in rows:
+                rec = views.record(r)
+                rec["to"] = ",".join(rec["to"])
+                rec = {k: escaped(v) if isinstance(v, str) else v for k, v in rec.items()}     # as the table shows them
+                if writer is None:
+                    writer = csv.DictWriter(sys.stdout, fieldnames=list(rec))
+                    writer.writeheader()
+                writer.writerow(rec)
+        else:
+            rows = list(rows)
+            if not rows:
+                echo("no messages match")
+            else:
+                echo(views.table(rows, remote=led.remote_routes([r["id"] for r in rows])))
+        skipped(bad)
+
+
+def _limited(rows, limit, bad):
+    """The first `limit` rows of `rows`; when there are more, stderr says so once the rows are
+    out (and the bad rows met are named)."""
+    for i, row in enumerate(rows):
+        if limit and i == limit:
+            skipped(bad)
+            echo(f"relay: stopped at the limit of {limit} message(s); more match (--limit N shows more)",
+                       err=True)
+            return
+        yield row
+
+
+@click.command()
+@click.argument("message_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def show(ctx, message_id, as_json):
+    """One message: every field, deliveries, lifecycle events, files and body."""
+    led = ctx.reader()
+    layout = ctx.layout
+    try:
+        try:
+            row = led.find(message_id)
+        except NotFound:
+            waiting = _waiting(layout, message_id, led.id_owner(message_id.upper()))
+            if waiting is None:
+                raise
+            if as_json:
+                out_json({"id": message_id.upper(), "status": "waiting", "source_path": waiting})
+            else:
+                echo(f"message {message_id.upper()}\n  status         waiting in {waiting}: relay has not "
+                           "taken it yet (is the daemon running? see relay status)")
+            return
+        bad = []
+        problem = BadRow.of(row)
+        if problem is not None:     # shown as it is stored, each unreadable value marked
+            skipped([problem])
+        deliveries = list(sift(led.deliveries(row["id"]), bad, "deliveries"))
+        events = list(sift(led.events(row["id"]), bad, "events"))
+        sheds = led.sheds(row["id"])      # each shown as stored, an unreadable one named and marked
+        bad += [b for b in (BadRow.of(s, "sheds") for s in sheds) if b is not None]
+        sheds = [views.shed(s) for s in sheds]
+        skipped(bad)
+        box = Inbox(layout, None)
+        paths = {}
+        for d in deliveries:
+            held = box.holder(d["recipient"], row["id"])
+            paths[d["recipient"]] = str(held) if held else None
+        body = views.value(row["body"])
+        remote = led.outbound(row["id"])
+        if as_json:
+            out_json({**views.record(row), "body": body, "headers": views.headers(row),
+                      "remote": [{"node": o["node"], "recipients": orjson.loads(o["recipients"]), "status": o["status"],
+                                  "entry_id": o["entry_id"], "published_at": views.when(o["published_at"]),
+                                  "acknowledged_at": views.when(o["acked_at"]),
+                                  "ack_deadline": views.when(o["ack_deadline"]),
+                                  "attempts": o["attempts"], "error": o["error"],
+                                  "state": views.remote_state(o)} for o in remote],
+                      "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),
+                                      "inbox_path": paths.get(d["recipient"])} for d in deliveries],
+                      "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
+                                  "actor": e["actor"]} for e in events], "sheds": sheds})
+        else:
+            echo(views.show(row, deliveries, events, paths, body, remote, sheds))
+    finally:
+        led.close()
+
+
+def _waiting(layout, mid, owner):
+    """The outbox path of a message `relay send` wrote that relay has not taken yet, or None:
+    in the outbox of the agent `relay send` gave the id to (`owner`), never another's. An id
+    the ledger does not bind (an older relay send's) is looked for in every outbox, and files of
+    more than one agent named after it are refused, not chosen between."""
+    name = f"msg-{mid.lower()}"
+    agents = [owner] if owner else [agent for agent, _, problem in layout.outbox_dirs() if problem is None]
+    found = [f"outbox/{agent}/{name}" for agent in agents if layout.fs.exists(f"outbox/{agent}/{name}")]
+    if len(found) > 1:
+        raise RelayError(f"no message has the id {mid.upper()} yet, and files of more than one agent are named "
+                         f"{name}; relay will not say which is meant")
+    return found[0] if found else None
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def verify(ctx, as_json):
+    """Check archive files against their sha256 and the ledger's hash chain."""
+    from relay.operator import doctor as operator
+    with ctx.reader() as led:
+        checked, problems = operator.verify(led, ctx.layout)
+        seq, head = led.head()
+    if not isinstance(seq, int) or not isinstance(head, str):     # a checkpoint row this build cannot read
+        problems.append(f"ledger chain head {seq!r}:{head!r}: this relay cannot read it")
+        seq, head = -1, str(head)
+    # The head, noted somewhere else, also reveals records removed from the end of the chain.
+    verdict(as_json, problems, {"checked": checked, "head": {"seq": seq, "hash": head}},
+            f"verified {checked} archived message(s): " + ("ok" if not problems else f"{len(problems)} problem(s)")
+            + f"; chain head {seq}:{head[:16]}")
+
+
+def federation_problems(fed, link):
+    """What doctor says of the federation: a directory that cannot be read (and why), a link
+    down, a URL that switches TLS verification off."""
+    from relay.fedconfig import warnings
+    out = [views.plain(w) for w in warnings(fed)]
+    if link is not None and link["directory_error"]:
+        out.append(f"federation: the team's directory cannot be read: {views.plain(link['directory_error'])}; "
+                   "messages to names this node does not know wait, then fail")
+    if link is not None and not link["connected"] and link["error"]:
+        out.append(f"federation: the link to the server is down: {views.plain(link['error'])}")
+    return out
+
+
+@click.command()
+@click.option("--quick", is_flag=True, help="Skip verify's checks (re-hashing archive files and envelopes, "
+              "the hash chain); the summary says they were not run.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def doctor(ctx, quick, as_json):
+    """Integrity, migrations, attested durability, rows this relay cannot read, verify's archive
+    checks and ledger-vs-files reconciliation; exit 1 on a problem."""
+    from relay.operator import doctor as operator
+    pid = holder(ctx.layout.lock)
+    with ctx.reader() as led:
+        problems, facts = operator.doctor(led, ctx.layout, pid, configured=ctx.cfg.durability, quick=quick,
+                                          declared=declared(ctx.cfg, led))
+        migrations = led.migrations()
+        if ctx.cfg.federation:
+            problems += federation_problems(ctx.cfg.federation, led.link())
+    verified = ("verify's checks not run (--quick): archive files and envelopes not re-hashed, hash chain "
+                "not walked; run `relay verify`") if quick else f"verified {facts['verified']} archived message(s)"
+    if not as_json:
+        echo(f"durability: {health.describe(facts['durability'], pid)}")
+        if facts["unreadable"]:
+            echo(f"unreadable: {facts['unreadable']} ledger row(s) this relay cannot read")
+    verdict(as_json, problems,
+            {"migrations": [{"version": v, "name": n, "checksum_ok": ok} for v, n, ok in migrations],
+             "durability": facts["durability"], "unreadable": facts["unreadable"], "verified": facts["verified"]},
+            "doctor: " + ("no problems" if not problems else f"{len(problems)} problem(s)") + f"; {verified}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def agents(ctx, as_json):
+    """Each agent: outbox, inbox new/cur, sent/received, sheds, last ping, archived, last error."""
+    from relay.operator import doctor as operator
+    bad = []
+    with ctx.reader() as led:
+        local = ctx.layout.agent_names(ctx.cfg.agents)
+        rows = operator.agents_report(led, ctx.layout, local, bad)
+        bad += led.bad_rows(tables=OPERATOR_TABLES)     # left out of the report: named here
+        if ctx.cfg.federation:      # agents of other nodes: their node and when it was last seen
+            rows = [{**r, "node": ctx.cfg.federation.node} for r in rows] + operator.remote_agents_report(led, local)
+    skipped(bad)
+    if as_json:
+        out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
+        return
+    node = "NODE" if ctx.cfg.federation else ""
+    echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6} {'SHED':>9}  "
+               f"{'LAST SEEN':<15} {'PING':<14} LAST ERROR")
+    dash = lambda v: "-" if v is None else v     # noqa: E731 - what a remote node does not tell
+    for r in rows:
+        shed = f"{sum(r['shed_to'].values())}/{sum(r['shed_from'].values())}" if "shed_to" in r else "-"
+        name = f"{r['agent']} (archived)" if r.get("archived") else r["agent"]
+        echo(f"{name:<16} {views.clip(r.get('node') or '', 14):<14} {dash(r['outbox_waiting']):>6} "
+                   f"{dash(r['inbox_new']):>5} {dash(r['inbox_cur']):>5} {r['sent']:>6} {dash(r['received']):>6} "
+                   f"{shed:>9}  {views.short_time(r['last_seen']):<15} {views.ping(r.get('ping')):<14} "
+                   f"{views.clip(r['last_error'] or '', 60)}")
+    echo("SHED: messages shed on the way to the agent / from it (relay queues, relay audit --status shed)")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_ctx
+@handle_errors
+def queues(ctx, as_json):
+    """Queue depth per agent and per sender -> recipient pair, worst first: pending plus unread,
+    oldest unread age, last delivery, sheds by reason, last ping."""
+    from relay.operator import queues as queues_mod
+    with ctx.reader() as led:
+        doc = queues_mod.project(led, ctx.layout, ctx.layout.agent_names(ctx.cfg.agents), time.time())
+        skipped(list(led.bad_rows(tables=OPERATOR_TABLES)))     # left out of the projection: named here
+    if as_json:
+        out_json(doc)
+        return
+    echo(views.queues(doc))
+
+
+@click.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing events as they happen.")
+@click.option("-n", "lines", type=click.IntRange(0), default=20, show_default=True, help="Events to show first.")
+@click.option("--timeout", help="With --follow: stop after this long (e.g. 10m).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
+@pass_ctx
+@handle_errors
+def tail(ctx, follow, lines, timeout, as_json):
+    """relay's lifecycle events as they happen (reads the ledger only)."""
+    led = ctx.reader()
+    stop_at = time.monotonic() + duration(timeout, "--timeout") if timeout else None
+    try:
+        last = led.last_event()
+        seq = max(0, last - lines)
+        while True:
+            for e in led.events_after(seq):
+                seq = e["seq"]
+                problem = BadRow.of(e, "events")
+                if problem is not None:
+                    skipped([problem])
+                    continue
+                if as_json:
+                    echo_json({"seq": seq, "at": views.when(e["at"]), "id": e["message_id"], "event": e["event"],
+                               "detail": e["detail"], "actor": e["actor"], "from": e["sender"]})
+                else:
+                    who = f" from {e['sender']}" if e["sender"] else ""
+                    detail = f": {e['detail']}" if e["detail"] else ""
+                    echo(f"{views.when(e['at'])}  {e['message_id'] or '-':<26}  {e['event']:<10}{who}{detail}")
+            if not follow or (stop_at is not None and time.monotonic() >= stop_at):
+                return
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        return
+    finally:
+        led.close()
+
+
+@click.command()
+@click.option("--since", help="Messages discovered since (a date, or a duration meaning that long ago).")
+@click.option("--html", "html_file", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write the page to this file (a new file renamed over the name, never through a "
+                   "symbolic link there); '-': to standard output.")
+@pass_ctx
+@handle_errors
+def report(ctx, since, html_file):
+    """One self-contained HTML page: traffic matrix, messages per hour, failures, threads."""
+    from relay.operator import report as report_mod
+    with ctx.reader() as led:
+        data = led.figures(moment(since, "--since"))
+    skipped(list(data["unreadable"]))
+    page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
+    if html_file == "-":
+        echo(page, nl=False)
+        return
+    replace_file(html_file, page.encode("utf-8"))
+    echo(f"wrote {html_file}")
+
+
+COMMANDS = [audit, show, verify, doctor, agents, queues, tail, report]

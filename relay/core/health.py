@@ -1,0 +1,114 @@
+"""What relay says about its own health: the durability settings a relay attests for its
+writer connection (recorded in the ledger at start and at each reload, so that readers show
+what the running relay has, not what they would configure themselves), whether the process that
+attested them still runs, what doctor flags about them, and the health check of `relay status`
+(its exit codes)."""
+import logging
+import os
+import socket
+
+from relay import __version__
+from relay.config import show_duration
+from relay.core.message import iso
+from relay.ledger.rows import BadRow
+
+log = logging.getLogger(__name__)
+
+SYNC_LEVELS = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
+NEEDED = {"full": "FULL", "normal": "NORMAL"}     # the synchronous level each durability needs
+
+EXIT_OK = 0
+EXIT_DOWN = 3           # relay status: no daemon holds relay.lock
+EXIT_STALE = 4          # relay status: the oldest pending message is older than --max-pending-age
+MAX_PENDING_AGE = 600.0  # --max-pending-age by default (10 minutes)
+
+
+def attest(ledger, history, config, mode, event, now):
+    """Record what the writer connection `ledger` reports (journal mode, synchronous, busy
+    timeout, foreign keys, read through `history` on that connection), with this process's pid,
+    host and relay version, `mode` ("daemon" or "once"), `event` ("start" or "reload") and the
+    configured durability. Returns what was recorded."""
+    facts = {"pid": os.getpid(), "host": socket.gethostname(), "version": __version__, "mode": mode,
+             "event": event, "durability": config.durability, **history.pragmas()}
+    ledger.attest(now, facts)
+    log.info("attested the ledger's settings at %s: journal_mode=%s synchronous=%s busy_timeout=%sms "
+             "foreign_keys=%s", event, facts["journal_mode"], facts["synchronous"], facts["busy_timeout_ms"],
+             facts["foreign_keys"])
+    return facts
+
+
+def attestation(history, daemon_pid):
+    """The newest attestation as a document (status --json, doctor --json): `attested` False
+    when no relay recorded one; `running` whether the process that attested it is the daemon
+    holding relay.lock now."""
+    row = history.attestation()
+    if row is None:
+        return {"attested": False, "running": False}
+    problem = BadRow.of(row, "attestations")
+    if problem is not None:     # named by bad_rows(); what it says is not shown as what the daemon has
+        return {"attested": False, "running": False, "unreadable": str(problem)}
+    return {"attested": True, "journal_mode": row["journal_mode"], "synchronous": row["synchronous"],
+            "busy_timeout_ms": row["busy_timeout_ms"], "foreign_keys": bool(row["foreign_keys"]),
+            "configured": row["durability"], "pid": row["pid"], "host": row["host"], "version": row["version"],
+            "mode": row["mode"], "event": row["event"], "at": _when(row["at"]),
+            "running": daemon_pid is not None and daemon_pid == row["pid"] and row["host"] == socket.gethostname()}
+
+
+def _when(ts):
+    return iso(ts) if isinstance(ts, (int, float)) else repr(ts)
+
+
+def describe(att, daemon_pid):
+    """One line for a person: what was attested, by whom, and whether that process runs."""
+    if not att["attested"]:
+        if att.get("unreadable"):
+            return "not attested: the newest attestation is a row this relay cannot read (relay doctor names it)"
+        who = f"the running daemon (pid {daemon_pid}) has" if daemon_pid else "no relay has"
+        return f"not attested: {who} recorded its ledger settings (a relay older than this one, or none ran yet)"
+    settings = (f"journal_mode={att['journal_mode']} synchronous={att['synchronous']} "
+                f"busy_timeout={att['busy_timeout_ms']}ms foreign_keys={'on' if att['foreign_keys'] else 'off'} "
+                f"(durability {att['configured']})")
+    what = "the daemon" if att["mode"] == "daemon" else "relay run --once"
+    by = f"attested by {what}, pid {att['pid']} on {att['host']}, relay {att['version']}, at {att['event']} {att['at']}"
+    if att["running"]:
+        return f"{settings}; {by}, running"
+    now = f"; the daemon running now (pid {daemon_pid}) has not attested" if daemon_pid else ""
+    return f"{settings}; {by}, which is not running{now}"
+
+
+def problems(att, configured, daemon_pid):
+    """What doctor flags: a running daemon whose ledger settings are less than the configured
+    durability (or that recorded none), a journal that is not WAL, foreign keys off."""
+    if daemon_pid is None:
+        return []
+    if not att["running"]:
+        return [f"the running daemon (pid {daemon_pid}) has not attested its ledger settings, so what it runs "
+                "with is unknown; restart it with this relay to have it recorded"]
+    out = []
+    need = NEEDED.get(configured, "FULL")
+    if SYNC_LEVELS.get(att["synchronous"], -1) < SYNC_LEVELS[need] or (configured == "full" and att["configured"] != "full"):
+        out.append(f"the running daemon (pid {daemon_pid}) runs with durability {att['configured']} "
+                   f"(synchronous={att['synchronous']}), less than the configured {configured}: what it "
+                   "acknowledges may not survive a power cut; restart it (without --durability "
+                   f"{att['configured']} or RELAY_DURABILITY)")
+    if str(att["journal_mode"]).lower() != "wal":
+        out.append(f"the running daemon (pid {daemon_pid}) has its ledger in journal mode {att['journal_mode']}, "
+                   "not WAL; readers may block it; restart it")
+    if not att["foreign_keys"]:
+        out.append(f"the running daemon (pid {daemon_pid}) runs with foreign keys off; restart it")
+    return out
+
+
+def check(daemon_pid, oldest_age, max_age):
+    """(exit code, problems) of `relay status` as a health check: EXIT_DOWN when no daemon
+    runs, else EXIT_STALE when the oldest pending message is older than `max_age` (0: no
+    limit), else EXIT_OK."""
+    out, code = [], EXIT_OK
+    if daemon_pid is None:
+        out.append("no daemon is running (relay.lock is not held)")
+        code = EXIT_DOWN
+    if max_age and oldest_age is not None and oldest_age > max_age:
+        out.append(f"the oldest pending message waits for {oldest_age:.0f}s, more than --max-pending-age "
+                   f"{show_duration(max_age)}")
+        code = code or EXIT_STALE
+    return code, out

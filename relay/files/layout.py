@@ -1,0 +1,209 @@
+"""The state directory's layout (SPEC section 1): where each thing lives, and which entries relay
+serves."""
+import errno
+import logging
+import os
+from pathlib import Path
+
+from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM, linked, state_parts
+from relay.files.fs import DIR_FLAGS, DIR_MODE, StateDir, Unsafe, bad_name, shown
+from relay.ids import ALPHABET
+
+log = logging.getLogger(__name__)
+
+IGNORED_SUFFIXES = (".tmp", ".part", ".pending", ".swp", "~")
+
+
+def is_in_progress_name(name):
+    """Names an agent uses while it still writes: ignored by relay (SPEC section 1)."""
+    return name.startswith(".") or name.endswith(IGNORED_SUFFIXES)
+
+
+def valid_agent(name):
+    return bool(AGENT_NAME.match(name))
+
+
+def is_inside(path, root):
+    """True when `path` (resolved) lies inside `root` (resolved)."""
+    try:
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
+        return True
+    except ValueError:
+        return False
+
+
+class Layout:
+    """Where everything lives under the state directory. Paths for people (`Path` objects) and
+    relative paths for the confined file system (`self.fs`, opened on first use)."""
+
+    def __init__(self, root, state_dir):
+        self.root = Path(root)
+        self.state = Path(state_dir)
+        self.outbox = self.state / "outbox"
+        self.inbox = self.state / "inbox"
+        self.archive = self.state / "archive"
+        self.failed = self.state / "failed"
+        self.spool = self.state / "spool"
+        self.ledger = self.state / "ledger.sqlite"
+        self.lock = self.state / "relay.lock"
+        self.command_lock = self.state / "commands.lock"    # held while an operator command runs under its id
+        self._fs = None
+
+    @property
+    def fs(self):
+        """The confined file system of the state directory (which must exist: `create()`)."""
+        if self._fs is None:
+            self._fs = StateDir(self.state)
+        return self._fs
+
+    def close(self):
+        if self._fs is not None:
+            self._fs.close()
+            self._fs = None
+
+    def create(self):
+        """Make the state directory itself. Inside the project root it is made (and looked at)
+        from the root down one directory at a time, never through a symbolic link (config.load
+        refused one already; this holds against one planted since). Elsewhere the operator chose
+        the place, and it is made as named."""
+        parts = state_parts(self.root, self.state)
+        if not parts:
+            os.makedirs(self.state, exist_ok=True)
+            return self
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for i, part in enumerate(parts):
+                try:
+                    os.mkdir(part, DIR_MODE, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                try:
+                    child = os.open(part, DIR_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        link = self.root.joinpath(*parts[:i + 1])
+                        if link.is_symlink():
+                            raise linked(self.state, link, "as configured") from None
+                    raise
+                os.close(fd)
+                fd = child
+        finally:
+            os.close(fd)
+        return self
+
+    def init(self, agents=()):
+        """Create the layout and each agent's outbox and inbox. Idempotent. A place that is a
+        symbolic link (or not a directory) is left as it is and returned as a problem: the
+        steps that use it wait until it is a directory again."""
+        self.create()
+        problems = []
+        for rel in ["outbox", "inbox", "archive", "failed", "spool"] + [f"outbox/{a}" for a in agents] + [
+                f"inbox/{a}/{sub}" for a in (SYSTEM, *agents) for sub in ("tmp", "new", "cur")]:
+            try:
+                self.fs.makedirs(rel)
+            except Unsafe as e:
+                problems.append(str(e))
+        return problems
+
+    def make_inbox(self, agent):
+        for sub in ("tmp", "new", "cur"):
+            self.fs.makedirs(f"inbox/{agent}/{sub}")
+        return self.inbox / agent
+
+    def outbox_dirs(self):
+        """(name, rel, problem) for each entry of outbox/: problem is None for a served agent."""
+        try:
+            entries = self.fs.scandir("outbox")
+        except OSError:
+            return []
+        out = []
+        for entry in sorted(entries, key=lambda e: e.name):
+            problem = outbox_problem(entry)
+            if problem == "not a directory":
+                continue
+            out.append((entry.name, f"outbox/{entry.name}", problem))
+        return out
+
+    def agent_names(self, configured=()):
+        """Known agents: an outbox or inbox directory, or listed in config (SPEC section 2).
+        A symbolic link is no agent directory."""
+        names = set(configured)
+        for name, _, problem in self.outbox_dirs():
+            if problem is None:
+                names.add(name)
+        try:
+            for entry in self.fs.scandir("inbox"):
+                if valid_agent(entry.name) and entry.is_dir(follow_symlinks=False):
+                    names.add(entry.name)
+        except OSError:
+            pass
+        names.discard(SYSTEM)
+        return names
+
+    def archive_rel(self, day, sender, message_id, name):
+        return f"archive/{day}/{sender}/{message_id}--{fit(name)}"
+
+    def failed_rel(self, sender, message_id, name):
+        return f"failed/{sender}/{message_id}--{fit(name)}"
+
+    def spool_rel(self, sender, message_id, name):
+        """Where a claimed message waits while relay delivers it. The name says whose and
+        which message it is, so a file found there with no ledger record can be registered
+        again after a power loss."""
+        return f"spool/{sender}/{message_id}--{fit(name)}"
+
+    def spool_of(self, row):
+        """The spool path of a ledger row: named by the id relay gave the file when it found it,
+        which a sender-chosen id (`spool_id` keeps the first) does not change."""
+        return self.spool_rel(row["sender"], row["spool_id"] or row["id"], row["name"])
+
+    def spooled(self):
+        """(sender, id, name, rel) of every file in the spool whose name relay made. Anything
+        else there (a planted link, an odd name) is skipped and logged, never fatal."""
+        try:
+            senders = self.fs.scandir("spool")
+        except OSError:
+            return
+        for d in senders:
+            if not valid_agent(d.name) or not d.is_dir(follow_symlinks=False):
+                log.warning("spool/%s is not a directory relay made; it is left alone", shown(d.name))
+                continue
+            try:
+                entries = self.fs.scandir(f"spool/{d.name}")
+            except OSError as e:
+                log.warning("cannot list spool/%s: %s", d.name, e.strerror or e)
+                continue
+            for e in entries:
+                mid, sep, name = e.name.partition("--")
+                if sep and valid_id(mid) and name and bad_name(name) is None and not e.is_dir(follow_symlinks=False):
+                    yield d.name, mid, name, f"spool/{d.name}/{e.name}"
+                else:
+                    log.warning("spool/%s/%s is not a file relay made; it is left alone", d.name, shown(e.name))
+
+
+def outbox_problem(entry):
+    """Why relay will not read this entry of outbox/ as an agent's outbox, or None."""
+    if not valid_agent(entry.name):
+        return f"invalid agent name (must match {AGENT_NAME_RULE})"
+    if entry.name == SYSTEM:
+        return f"{SYSTEM} is relay's own name; no agent sends as {SYSTEM}"
+    if entry.is_symlink():
+        return "a symbolic link; relay never follows links under its state directory"
+    if not entry.is_dir(follow_symlinks=False):
+        return "not a directory"
+    return None
+
+
+def valid_id(mid):
+    return len(mid) == 26 and all(c in ALPHABET for c in mid)
+
+
+MAX_NAME = 255 - 26 - 2 - len(".error.json")
+
+
+def fit(name):
+    """A file name short enough to stand after `<id>--` (and before `.error.json`)."""
+    data = name.encode("utf-8", "surrogateescape")
+    if len(data) <= MAX_NAME:
+        return name
+    return data[:MAX_NAME].decode("utf-8", "ignore")

@@ -1,0 +1,615 @@
+"""The SQLite ledger and every write to it: the connection and its settings, schema and
+migrations, discovery and claims, each batch's outcomes, recovery, the hash chain, the
+retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
+expire, ping, archive-agent) and the record of each operator command. The ids bound to their
+senders are settled in ledger_senders.py (mixed in). The read-only queries are in history.py.
+
+The ledger knows rows and states, nothing about files. Every write happens in an explicit
+`BEGIN IMMEDIATE` transaction on the connection's own thread; one transaction covers a whole
+batch.
+"""
+import contextlib
+import enum
+import hashlib
+import os
+import sqlite3
+import stat
+import urllib.parse
+
+import orjson
+
+from relay.errors import LedgerError, SchemaError
+from relay.ledger.senders import Senders
+from relay.files.sync import fdatasync
+from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+from relay.ledger.remote import FederationRecords
+
+
+class Status(str, enum.Enum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    DELIVERED = "delivered"
+    ARCHIVED = "archived"
+    FAILED = "failed"
+
+    def __str__(self):
+        return self.value
+
+
+STATUSES = tuple(s.value for s in Status)
+
+GENESIS = "0" * 64
+ATTESTATIONS_KEPT = 100     # the newest attestations kept in the ledger
+
+
+def _refuse_links(path):
+    """The ledger and its -wal and -shm lie where agents can write: a link there would make
+    SQLite write elsewhere. Refused, with what to do."""
+    for p in (path, f"{path}-wal", f"{path}-shm"):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else \
+                "not a regular file" if not stat.S_ISREG(st.st_mode) else "a file with other hard links"
+            raise LedgerError(f"{p} is {what}; relay never opens its ledger through one. Move the real "
+                              "ledger file there (no daemon running), or remove the link")
+
+
+def checksum(sql):
+    return hashlib.sha256(sql.encode()).hexdigest()
+
+
+def chain_hash(prev, row):
+    """The hash of one archived record, covering the previous hash (relay verify)."""
+    return link_hash(prev, row["id"], row["sender"], row["recipients"], row["discovered_at"], row["delivered_at"],
+                     row["archived_at"], row["sha256"], row["archive_path"])
+
+
+def link_hash(prev, *record):
+    """chain_hash of a record given as its values: id, sender, recipients (JSON), discovered_at,
+    delivered_at, archived_at, sha256, archive_path."""
+    return hashlib.sha256(orjson.dumps([prev, *record])).hexdigest()
+
+
+class Ledger(Senders, FederationRecords):
+    """One connection to the ledger. Not shared between threads."""
+
+    def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):
+        self.path = str(path)
+        self.readonly = readonly
+        self.durability = durability
+        self.busy_timeout_ms = busy_timeout_ms
+        self.unsynced = False       # a commit made without a sync, not yet synced (transaction())
+        _refuse_links(self.path)
+        try:
+            if readonly:
+                self.db = sqlite3.connect(f"file:{urllib.parse.quote(self.path)}?mode=ro", uri=True,
+                                          isolation_level=None, check_same_thread=False)
+            else:
+                self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            self.db.execute("PRAGMA foreign_keys = ON")
+            if not readonly:
+                mode = self.db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode.lower() != "wal":
+                    raise LedgerError(f"{self.path}: could not switch the ledger to WAL (got {mode})")
+                self.set_durability(durability)
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            if getattr(self, "db", None) is not None:
+                self.db.close()         # no file descriptor left open on a ledger refused
+            raise LedgerError.opening(self.path, e) from None
+
+    def close(self):
+        self.db.close()
+
+    def set_durability(self, durability):
+        """"full": every commit is on disk when it returns (synchronous = FULL); "normal": not."""
+        self.durability = durability
+        self.db.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- attestation ------------------------------------------------------------------------
+
+    def attest(self, now, facts):
+        """Record what this (writer) connection reports about its settings, with the process
+        that holds it: `facts` has pid, host, version, mode (daemon | once), event (start |
+        reload), durability (configured), journal_mode, synchronous, busy_timeout_ms and
+        foreign_keys. The newest ATTESTATIONS_KEPT are kept."""
+        with self.transaction():
+            self.db.execute(
+                "INSERT INTO attestations (at, pid, host, version, mode, event, durability, journal_mode, "
+                "synchronous, busy_timeout_ms, foreign_keys) VALUES (:at, :pid, :host, :version, :mode, :event, "
+                ":durability, :journal_mode, :synchronous, :busy_timeout_ms, :foreign_keys)",
+                {**facts, "at": now, "foreign_keys": int(bool(facts["foreign_keys"]))})
+            self.db.execute("DELETE FROM attestations WHERE seq <= (SELECT max(seq) FROM attestations) - ?",
+                            (ATTESTATIONS_KEPT,))
+
+    # -- schema -----------------------------------------------------------------------------
+
+    def _migrate(self):
+        db = self.db
+        has_table = db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'").fetchone()
+        applied = {}
+        if has_table:
+            for row in db.execute("SELECT version, name, checksum FROM schema_migrations"):
+                applied[row["version"]] = (row["name"], row["checksum"])
+        newest = max(applied, default=0)
+        if newest > SCHEMA_VERSION:
+            raise SchemaError(f"the ledger {self.path} has schema version {newest}, newer than this relay "
+                              f"knows ({SCHEMA_VERSION}); upgrade relay to use it (the ledger was not changed)")
+        for version, name, sql in MIGRATIONS:
+            if version in applied and applied[version][1] != checksum(sql):
+                raise SchemaError(f"the ledger's migration {version} ({name}) does not match this relay's "
+                                  f"(checksum {applied[version][1][:12]} != {checksum(sql)[:12]})")
+        todo = sorted(m for m in MIGRATIONS if m[0] not in applied)
+        if not todo:
+            return
+        if self.readonly:
+            raise SchemaError(f"the ledger {self.path} needs migration to version {SCHEMA_VERSION}; "
+                              "start `relay run` once to apply it")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                       "name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at REAL NOT NULL)")
+            for version, name, sql in todo:
+                for stmt in sql.split(";"):
+                    if stmt.strip():
+                        db.execute(stmt)
+                db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, julianday('now'))",
+                           (version, name, checksum(sql)))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    # -- transactions -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self, synced=True):
+        """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK when the block raises. With `synced` False
+        and durability "full", the commit is not synced (synchronous = NORMAL for it: in WAL
+        mode the ledger stays whole, only this commit may be lost): `unsynced` says so until the
+        caller syncs the write-ahead log (`wal_fd`) or a later commit of this connection, synced,
+        does (the log is one file, synced to its end)."""
+        quick = not synced and self.durability == "full"
+        changes = self.db.total_changes
+        if quick:
+            self.db.execute("PRAGMA synchronous = NORMAL")
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                try:
+                    self.db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise
+            self.db.execute("COMMIT")
+        finally:
+            if quick:
+                self.db.execute("PRAGMA synchronous = FULL")
+        if quick:
+            self.unsynced = True
+        elif self.db.total_changes != changes and self.durability == "full":
+            self.unsynced = False       # a commit that wrote is synced to the log's end
+
+    def wal_fd(self):
+        """A read-only descriptor of the ledger's write-ahead log (never through a link): an
+        fsync of it makes every commit so far durable. The caller closes it."""
+        return os.open(self.path + "-wal", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def synced(self):
+        """The log was synced by someone else (the syncer, with a batch's envelopes)."""
+        self.unsynced = False
+
+    def sync(self):
+        """Make every commit so far durable, as a synced commit would: the log's fdatasync (its
+        error is raised, as SQLite's own would fail the commit)."""
+        if self.unsynced:
+            fd = self.wal_fd()
+            try:
+                fdatasync(fd)
+            finally:
+                os.close(fd)
+            self.unsynced = False
+
+    def _events(self, rows):
+        """rows: (message_id, at, event, detail[, actor])."""
+        self.db.executemany("INSERT INTO events (message_id, at, event, detail, actor) "
+                            "VALUES (?, ?, ?, ?, ?)",
+                            [r if len(r) == 5 else (*r, "relay") for r in rows])
+
+    # -- the pipeline ----------------------------------------------------------------------
+
+    def register_and_claim(self, found, now, limit, plan, synced=True):
+        """One transaction: insert newly found files as pending, claim up to `limit` due rows.
+
+        `found` is a list of (id, sender, name, sent_at). A file already registered at the same
+        outbox path (not yet in relay's custody) is skipped. Returns (registered ids, claimed
+        rows). The commit is durable before the caller moves any file the claim refers to: at
+        once, or with `synced` False (see transaction) by the caller's sync of the log.
+        """
+        db = self.db
+        registered = []
+        with self.transaction(synced):
+            if found:
+                cur = db.executemany(
+                    "INSERT INTO messages (id, sender, name, status, sent_at, discovered_at, next_attempt_at) "
+                    "VALUES (?, ?, ?, 'pending', ?, ?, 0) ON CONFLICT DO NOTHING",
+                    [(mid, sender, name, sent_at, now) for mid, sender, name, sent_at in found])
+                if cur.rowcount == len(found):
+                    registered = [(mid, sender, name) for mid, sender, name, _ in found]
+                else:   # some were registered already: find which rows are ours
+                    ours = set()
+                    ids = [f[0] for f in found]
+                    for i in range(0, len(ids), 500):
+                        chunk = ids[i:i + 500]
+                        ours.update(r[0] for r in db.execute(
+                            f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+                    registered = [(mid, sender, name) for mid, sender, name, _ in found if mid in ours]
+            events = [(mid, now, "discovered", f"outbox/{s}/{n}") for mid, s, n in registered]
+            if registered:
+                self._seen({s for _, s, _ in registered}, now)
+            claimed = self._claim(now, limit, plan, events) if limit else []
+            if events:
+                self._events(events)        # one statement for the discoveries and the claims
+        return registered, claimed
+
+    def refuse_found(self, mid, sender, name, now, reason, failed_path):
+        """A file refused before any claim (its name is unfit): recorded straight as failed."""
+        with self.transaction():
+            self.db.execute("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, "
+                            "failed_path) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?)",
+                            (mid, sender, name, now, now, reason, failed_path))
+            self._events([(mid, now, "discovered", f"outbox/{sender}/{name}"), (mid, now, "failed", reason)])
+
+    def _claim(self, now, limit, plan, events):
+        """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
+        the claim so that recovery finds a file moved there before the batch was recorded.
+        Their events are appended to `events`, for the caller to insert."""
+        # Read, then one UPDATE per row that claims it and records its archive path together
+        # (BEGIN IMMEDIATE holds the write lock: nothing changes the rows in between).
+        columns = ("id, sender, name, spooled, retries, attempts + 1 AS attempts, discovered_at, failing_since, "
+                   "spool_id, interrupted")
+        due = ("FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
+               "ORDER BY next_attempt_at, id LIMIT :limit")
+        rows = self.db.execute(f"SELECT {columns}, interrupted > 0 {due}", {"now": now, "limit": limit}).fetchall()
+        # A message that was being handled when relay stopped is claimed alone: if it is what
+        # stops relay, the next interruption (and the claim budget) is its own, not its batch's.
+        alone = next((r for r in rows if r[-1]), None)
+        if alone is not None:
+            rows = [alone]
+        claimed = []
+        keys = rows[0].keys()[:-1] if rows else ()     # one query: every row has the same columns
+        for r in sorted(rows, key=lambda r: r["id"]):
+            row = dict(zip(keys, r[:-1], strict=True))
+            try:
+                row["archive_path"] = plan(row["sender"], row["id"], row["name"])
+            except (TypeError, ValueError, AttributeError):
+                row["archive_path"] = None      # an unreadable row: reported by the caller
+            claimed.append(row)
+        self.db.executemany("UPDATE messages SET status = 'processing', claimed_at = ?, attempts = attempts + 1, "
+                            "archive_path = ? WHERE id = ?",
+                            [(now, r["archive_path"], r["id"]) for r in claimed])
+        events.extend((r["id"], now, "claimed", None) for r in claimed)
+        return claimed
+
+    def _seen(self, names, now):
+        self.db.executemany("INSERT INTO agents (name, first_seen, last_seen) VALUES (?, ?, ?) "
+                            "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen",
+                            [(n, now, now) for n in names])
+
+    def record(self, now, works, delivered=None, settled=None):
+        """One transaction recording what a batch did: each work by its Outcome, and every
+        recipient's delivery that became durable in it, each at the instant it happened:
+        `delivered` (links into new/ made), `settled` (moves synced, retries decided), else `now`."""
+        events = []
+        delivered, settled = delivered or now, settled or now
+        with self.transaction():
+            deliveries = [(w.id, r, delivered, size, sha) for w in works for r, (size, sha) in w.got.items()]
+            if deliveries:
+                self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "
+                                    "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
+                events.extend((mid, delivered, "delivered", r) for mid, r, *_ in deliveries)
+                self._seen({d[1] for d in deliveries}, delivered)
+            sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed, now) for w in works for r, s in w.shed.items()]
+            if sheds:
+                # One record per (message, recipient); one released by `relay retry` and shed again is renewed.
+                self.db.executemany("INSERT INTO sheds (message_id, recipient, sender, reason, limit_value, observed, "
+                                    "at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET reason = excluded.reason, "
+                                    "limit_value = excluded.limit_value, observed = excluded.observed, at = excluded.at, "
+                                    "released_at = NULL WHERE released_at IS NOT NULL", sheds)
+                events.extend((w.id, now, "shed", f"{r}: {s}") for w in works for r, s in w.shed.items())
+            by_kind = {}
+            for w in works:
+                by_kind.setdefault(w.outcome, []).append(w)
+            for outcome, group in by_kind.items():
+                getattr(self, f"_record_{outcome.value}")((delivered, settled), group, events)
+            self._queue_remote(now, [w for w in works if w.remote and not w.duplicate_of
+                                     and not (w.refused and w.outcome.value == "failed" and not w.got)], events)
+            self._events(events)
+
+    @staticmethod
+    def _fields(w):
+        m = w.message
+        if m is None:
+            return dict.fromkeys(("kind", "thread", "subject", "body", "headers", "recipients"))
+        return {"kind": m.kind, "thread": m.thread, "subject": m.subject, "body": m.body,
+                "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(w.recipients).decode()}
+
+    def _record_archived(self, at, works, events):
+        """The common case, in bulk: delivered to everyone and archived; chained for verify.
+        `at`: (delivered, settled) instants of the batch, as for the other outcomes."""
+        delivered, archived = at
+        rows = []
+        seq, prev = self.head()     # read in this transaction: another connection (the federation's
+        links = []                  # receiver) may have chained records since
+        for w in works:
+            m, mid, rel = w.message, w.id, w.archive_rel
+            if m is None:
+                recipients = kind = thread = subject = body = headers = None
+            else:       # as _fields(w), without its dict
+                recipients, kind, thread, subject, body = (orjson.dumps(w.recipients).decode(), m.kind, m.thread,
+                                                           m.subject, m.body)
+                headers = orjson.dumps(m.headers).decode()
+            rows.append((recipients, kind, thread, subject, body, headers, w.size, w.sha256, w.sent_at, delivered,
+                         archived, rel, mid))
+            events.append((mid, archived, "archived", rel, "relay"))
+            seq += 1
+            prev = link_hash(prev, mid, w.sender, recipients, w.discovered_at, delivered, archived, w.sha256, rel)
+            links.append((seq, mid, prev))
+        self.db.executemany(
+            "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
+            "body = ?, headers = ?, size = ?, sha256 = ?, sent_at = ?, delivered_at = ?, archived_at = ?, "
+            "spooled = 0, error = NULL, archive_path = ?, next_attempt_at = 0, failing_since = NULL "
+            "WHERE id = ?", rows)
+        self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
+
+    def _record_delivered(self, at, works, events):
+        """Delivered to everyone, but the archive move failed: retried when History.delivered_due()
+        returns it."""
+        delivered, settled = at
+        for w in works:
+            self.db.execute(
+                "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
+                "thread = :thread, subject = :subject, body = :body, headers = :headers, size = :size, "
+                "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
+                "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
+                {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at,
+                 "now": delivered, "error": str(w.error), "archive_path": w.archive_rel,
+                 "at": w.next_attempt_at, "id": w.id})
+            events.append((w.id, settled, "archive-failed", str(w.error)))
+
+    def _record_retry(self, at, works, events):
+        """Back to pending after a transient failure (of the message, or of some recipients)."""
+        settled = at[1]
+        for w in works:
+            f = self._fields(w)
+            self.db.execute(
+                "UPDATE messages SET status = 'pending', retries = :retries, error = :error, "
+                "next_attempt_at = :at, spooled = :spooled, archive_path = NULL, "
+                "failing_since = coalesce(failing_since, :now), recipients = coalesce(:recipients, recipients), "
+                "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
+                "subject = coalesce(:subject, subject), body = coalesce(:body, body), "
+                "headers = coalesce(:headers, headers), size = coalesce(:size, size), "
+                "sha256 = coalesce(:sha256, sha256), sent_at = coalesce(:sent_at, sent_at) WHERE id = :id",
+                {**f, "retries": w.retries + 1, "error": w.error_text, "at": w.next_attempt_at,
+                 "spooled": int(w.spooled), "now": settled, "size": w.size or None, "sha256": w.sha256,
+                 "sent_at": w.sent_at, "id": w.id})
+            events.append((w.id, settled, "retried", w.error_text))
+
+    def _record_defer(self, at, works, events):
+        settled = at[1]
+        self.db.executemany("UPDATE messages SET status = 'pending', next_attempt_at = ?, spooled = ?, "
+                            "archive_path = NULL WHERE id = ?",
+                            [(w.next_attempt_at, int(w.spooled), w.id) for w in works])
+        events.extend((w.id, settled, "deferred", w.error_text) for w in works)
+
+    def _record_failed(self, at, works, events):
+        settled = at[1]
+        for w in works:
+            f = self._fields(w)
+            self.db.execute(
+                "UPDATE messages SET status = 'failed', failed_at = :now, error = :error, "
+                "failed_path = :failed_path, spooled = 0, archive_path = NULL, "
+                "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
+                "subject = coalesce(:subject, subject), size = coalesce(:size, size), "
+                "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
+                "headers = coalesce(:headers, headers), sha256 = coalesce(:sha256, sha256), "
+                "sent_at = coalesce(:sent_at, sent_at), retries = :retries WHERE id = :id",
+                {**f, "now": settled, "error": w.refused, "failed_path": w.failed_rel,
+                 "size": w.size or None, "sha256": w.sha256, "sent_at": w.sent_at,
+                 "retries": w.retries + (1 if w.error else 0), "id": w.id})
+            events.append((w.id, settled, "failed", w.refused))
+
+    def fail_unreadable(self, now, problems):
+        """Claimed rows this build cannot read: failed with the reason. problems: (id, reason)."""
+        with self.transaction():
+            self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, spooled = 0 "
+                                "WHERE id = ?", [(now, reason, mid) for mid, reason in problems])
+            self._events([(mid, now, "failed", reason) for mid, reason in problems])
+
+    def archived_late(self, now, done, retry):
+        """Archive moves retried after delivery. done: (id, archive_path); retry: (id, error,
+        next_attempt_at, retries)."""
+        with self.transaction():
+            for mid, rel in done:
+                self.db.execute("UPDATE messages SET status = 'archived', archived_at = ?, spooled = 0, "
+                                "error = NULL, archive_path = ? WHERE id = ?", (now, rel, mid))
+                self._events([(mid, now, "archived", rel)])
+                self._chain(mid)
+            self.db.executemany("UPDATE messages SET error = ?, next_attempt_at = ?, retries = ? WHERE id = ?",
+                                [(err, at, retries, mid) for mid, err, at, retries in retry])
+
+    # -- hash chain -------------------------------------------------------------------------
+
+    def head(self):
+        """(seq, hash) of the chain's last record, or of the last checkpoint when it is empty."""
+        row = self.db.execute("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
+        if row:
+            return row["seq"], row["hash"]
+        cp = self.db.execute("SELECT upto, head FROM checkpoints ORDER BY seq DESC LIMIT 1").fetchone()
+        return (cp["upto"], cp["head"]) if cp else (0, GENESIS)
+
+    def _chain(self, mid):
+        """Append one archived record to the chain (the bulk path does this in _record_archived)."""
+        seq, prev = self.head()
+        row = self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
+        h = chain_hash(prev, row)
+        self.db.execute("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", (seq + 1, mid, h))
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def reset(self, rows, now, stopped=(), interrupted=True):
+        """Crash recovery, one transaction. rows: (id, spooled) of processing rows back to pending;
+        each was being handled when relay stopped, which counts as an attempt (`retries`) and,
+        with `interrupted` (relay stopped, not a step of it failed), an interruption. stopped:
+        (id, reason, failed_path) of processing rows whose interruptions used up the claim
+        budget: failed (quarantined) instead."""
+        with self.transaction():
+            self.db.executemany("UPDATE messages SET status = 'pending', spooled = ?, archive_path = NULL, "
+                                "next_attempt_at = 0, retries = retries + 1, interrupted = interrupted + ? "
+                                "WHERE id = ? AND status = 'processing'",
+                                [(int(s), int(interrupted), mid) for mid, s in rows])
+            self._events([(mid, now, "recovered", "left processing by a stopped relay; back to pending")
+                          for mid, _ in rows])
+            self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, failed_path = ?, "
+                                "spooled = 0, archive_path = NULL, retries = retries + 1, "
+                                "interrupted = interrupted + 1 WHERE id = ? AND status = 'processing'",
+                                [(now, reason, rel, mid) for mid, reason, rel in stopped])
+            self._events([(mid, now, "failed", reason) for mid, reason, _ in stopped])
+
+    def readopt(self, found, now):
+        """Spooled files with no ledger record (id, sender, name): registered again as pending,
+        keeping their id so a recipient that already holds one is recognised."""
+        if not found:
+            return
+        with self.transaction():
+            self.db.executemany(
+                "INSERT OR IGNORE INTO messages (id, sender, name, status, spooled, discovered_at, attempts) "
+                "VALUES (?, ?, ?, 'pending', 1, ?, 1)", [(mid, s, n, now) for mid, s, n in found])
+            self._events([(mid, now, "recovered", "found in the spool with no ledger record; registered again")
+                          for mid, _, _ in found])
+
+    # -- operator actions -------------------------------------------------------------------
+
+    def requeue(self, ids, now, actor):
+        """Failed messages back to pending (relay retry). The file is put back in the spool by the
+        caller first. A recipient the message was shed for is released: the operator's retry
+        delivers to it past the limits. Returns the ids changed."""
+        done = []
+        with self.transaction():
+            for mid in ids:
+                row = self.db.execute(
+                    "UPDATE messages SET status = 'pending', retries = 0, interrupted = 0, next_attempt_at = 0, "
+                    "error = NULL, failed_at = NULL, failed_path = NULL, spooled = 1, expired_at = NULL WHERE id = ? "
+                    "AND status = 'failed' RETURNING id", (mid,)).fetchone()
+                if row:
+                    done.append(mid)
+                    self.db.execute("UPDATE sheds SET released_at = ? WHERE message_id = ? AND released_at IS NULL",
+                                    (now, mid))
+            self._events([(mid, now, "retry", "put back to pending by an operator", actor) for mid in done])
+        return done
+
+    def expire(self, mid, now, reason, actor):
+        """A pending or failed message will not be delivered: failed with `reason`, and its
+        outbound rows not yet published are dropped (relay retry queues them again). False when
+        it is neither (claimed meanwhile) or was expired already: nothing changed."""
+        with self.transaction():
+            changed = self.db.execute("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, expired_at = ? "
+                                      "WHERE id = ? AND status IN ('pending', 'failed') AND expired_at IS NULL "
+                                      "RETURNING spooled", (now, reason, now, mid)).fetchone()
+            if changed is None:
+                return False
+            dropped = self.db.execute("DELETE FROM outbound WHERE message_id = ? AND status = 'pending' RETURNING node",
+                                      (mid,)).fetchall()
+            self._events([(mid, now, "expired", reason, actor)]
+                         + [(mid, now, "unqueued", f"for node {r[0]}: not published (expired)", actor) for r in dropped])
+        return True
+
+    def begin_command(self, cid, verb, arguments, actor, now):
+        """Reserve the command id `cid` for a verb and its arguments (JSON). Returns the row
+        recorded under `cid` before (result None: it never finished), or None for a new id."""
+        with self.transaction():
+            row = self.db.execute("SELECT * FROM commands WHERE id = ?", (cid,)).fetchone()
+            if row is None:
+                self._command(cid, verb, arguments, actor, now, None)
+        return row
+
+    def finish_command(self, cid, verb, arguments, actor, now, result):
+        """Record a command and its result (JSON)."""
+        with self.transaction():
+            self._command(cid, verb, arguments, actor, now, result)
+
+    def _command(self, *row):
+        self.db.execute("INSERT INTO commands (id, verb, arguments, actor, at, result) VALUES (?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT (id) DO UPDATE SET result = excluded.result", row)
+
+    def ping(self, pid, agent, now, actor):
+        """A ping envelope `pid` is in the agent's inbox."""
+        with self.transaction():
+            self.db.execute("INSERT INTO pings (id, agent, sent_at, actor) VALUES (?, ?, ?, ?)", (pid, agent, now, actor))
+            self._events([(pid, now, "ping", f"inbox/{agent}/new/{pid}.json", actor)])
+
+    def archive_agent(self, name, now, actor, undo=False):
+        """The agent is archived (with `undo`, restored). False when it already was (was not)."""
+        # A row the caller found archived is not written again; one it could not read (a time
+        # that is no number: left out by History.archived_agents) is replaced.
+        sql = ("DELETE FROM archived_agents WHERE name = :name RETURNING name" if undo else
+               "INSERT INTO archived_agents VALUES (:name, :now, :actor) ON CONFLICT (name) DO UPDATE SET "
+               "at = excluded.at, actor = excluded.actor WHERE typeof(archived_agents.at) NOT IN ('integer', 'real') "
+               "OR typeof(archived_agents.actor) != 'text' RETURNING name")
+        with self.transaction():
+            changed = self.db.execute(sql, {"name": name, "now": now, "actor": actor}).fetchone()
+            if changed:
+                self._events([(None, now, "agent-restored" if undo else "agent-archived", name, actor)])
+        return changed is not None
+
+    def quarantined(self, mid, rel):
+        """A failed message's file is now at `rel` in failed/ (relay expire moved it there)."""
+        with self.transaction():
+            self.db.execute("UPDATE messages SET failed_path = ?, spooled = 0 WHERE id = ?", (rel, mid))
+
+    # -- retention --------------------------------------------------------------------------
+
+    def sweep(self, now, archived, failed):
+        """Delete swept rows (their files are already gone) and leave a checkpoint of the chain
+        head. archived: (seq, hash, id) rows, a prefix of the chain; failed: rows with an id."""
+        ids = [r["id"] for r in archived] + [r["id"] for r in failed]
+        if not ids:
+            return
+        with self.transaction():
+            self.db.executemany("DELETE FROM events WHERE message_id = ?", [(i,) for i in ids])
+            self.db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
+            self.db.executemany("DELETE FROM sent_ids WHERE id = ?", [(i,) for i in ids])
+            if archived:
+                last = archived[-1]
+                self.db.execute("DELETE FROM chain WHERE seq <= ?", (last["seq"],))
+                self.db.execute("INSERT INTO checkpoints (at, upto, head, removed) VALUES (?, ?, ?, ?)",
+                                (now, last["seq"], last["hash"], len(archived)))
+            detail = orjson.dumps({"archived": len(archived), "failed": len(failed),
+                                   "first": min(ids), "last": max(ids)}).decode()
+            self._events([(None, now, "swept", detail)])
+
+    def add_archived(self, rows):
+        """Archived records as they are, with their event (relay bench's long-running ledger).
+        rows: (id, sender, name, recipients, kind, subject, body, size, sha256, at, archive_path)."""
+        rows = list(rows)
+        with self.transaction():
+            self.db.executemany(
+                "INSERT INTO messages (id, sender, name, status, recipients, kind, subject, body, size, "
+                "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, archive_path) "
+                "VALUES (?, ?, ?, 'archived', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
+                [(*r[:9], r[9], r[9], r[9], r[9], r[9], r[10]) for r in rows])
+            self._events([(r[0], r[9], "archived", None) for r in rows])

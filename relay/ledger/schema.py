@@ -1,0 +1,224 @@
+"""The ledger's schema: its migrations in order. A migration once released never changes (its
+checksum is recorded in the ledger and checked at open); a change of schema is a new one."""
+
+# Why a delivery to one recipient was shed (the sheds table's `reason`; flow.py decides them).
+REASONS = ("body_size", "per_pair_rate", "queue_limit", "recipient_archived")
+
+MIGRATIONS = [
+    (1, "initial schema", """
+CREATE TABLE messages (
+    id              TEXT PRIMARY KEY,
+    sender          TEXT NOT NULL,
+    name            TEXT NOT NULL,
+    status          TEXT NOT NULL,
+    spooled         INTEGER NOT NULL DEFAULT 0,
+    recipients      TEXT,
+    kind            TEXT,
+    thread          TEXT,
+    subject         TEXT,
+    body            TEXT,
+    headers         TEXT,
+    size            INTEGER,
+    sha256          TEXT,
+    sent_at         REAL,
+    discovered_at   REAL NOT NULL,
+    claimed_at      REAL,
+    delivered_at    REAL,
+    archived_at     REAL,
+    failed_at       REAL,
+    retries         INTEGER NOT NULL DEFAULT 0,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    error           TEXT,
+    archive_path    TEXT,
+    failed_path     TEXT
+);
+CREATE UNIQUE INDEX messages_unclaimed_path ON messages(sender, name)
+    WHERE spooled = 0 AND status IN ('pending', 'processing');
+CREATE INDEX messages_due ON messages(status, next_attempt_at, id);
+CREATE INDEX messages_archived_at ON messages(archived_at) WHERE status = 'archived';
+CREATE INDEX messages_failed_at ON messages(failed_at) WHERE status = 'failed';
+CREATE INDEX messages_thread ON messages(thread, id);
+CREATE INDEX messages_sender ON messages(sender, id);
+CREATE TABLE deliveries (
+    message_id   TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    recipient    TEXT NOT NULL,
+    delivered_at REAL NOT NULL,
+    PRIMARY KEY (message_id, recipient)
+) WITHOUT ROWID;
+CREATE INDEX deliveries_recipient ON deliveries(recipient, message_id);
+CREATE TABLE events (
+    seq        INTEGER PRIMARY KEY,
+    message_id TEXT,
+    at         REAL NOT NULL,
+    event      TEXT NOT NULL,
+    detail     TEXT,
+    actor      TEXT NOT NULL DEFAULT 'relay'
+);
+CREATE INDEX events_message ON events(message_id, seq);
+CREATE TABLE agents (
+    name       TEXT PRIMARY KEY,
+    first_seen REAL NOT NULL,
+    last_seen  REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE chain (
+    seq        INTEGER PRIMARY KEY,
+    message_id TEXT NOT NULL UNIQUE,
+    hash       TEXT NOT NULL
+);
+CREATE TABLE checkpoints (
+    seq     INTEGER PRIMARY KEY,
+    at      REAL NOT NULL,
+    upto    INTEGER NOT NULL,
+    head    TEXT NOT NULL,
+    removed INTEGER NOT NULL
+);
+"""),
+    (2, "per-recipient deliveries", """
+ALTER TABLE deliveries ADD COLUMN size INTEGER;
+ALTER TABLE deliveries ADD COLUMN sha256 TEXT;
+ALTER TABLE messages ADD COLUMN failing_since REAL;
+"""),
+    (3, "ids chosen by senders, request ids", """
+ALTER TABLE messages ADD COLUMN spool_id TEXT;
+ALTER TABLE messages ADD COLUMN request_id TEXT;
+ALTER TABLE messages ADD COLUMN duplicate_of TEXT;
+CREATE INDEX messages_spool_id ON messages(spool_id) WHERE spool_id IS NOT NULL;
+CREATE INDEX messages_request ON messages(sender, request_id) WHERE request_id IS NOT NULL
+"""),
+    (5, "attested durability; interrupted attempts", """
+CREATE TABLE attestations (
+    seq             INTEGER PRIMARY KEY,
+    at              REAL NOT NULL,
+    pid             INTEGER NOT NULL,
+    host            TEXT NOT NULL,
+    version         TEXT NOT NULL,
+    mode            TEXT NOT NULL,
+    event           TEXT NOT NULL,
+    durability      TEXT NOT NULL,
+    journal_mode    TEXT NOT NULL,
+    synchronous     TEXT NOT NULL,
+    busy_timeout_ms INTEGER NOT NULL,
+    foreign_keys    INTEGER NOT NULL
+);
+ALTER TABLE messages ADD COLUMN interrupted INTEGER NOT NULL DEFAULT 0;
+"""),
+    # Federation (relay/federation.py). A message received from another node is a row like any
+    # other, with the node it came from and its stream entry id; one sent to agents of other
+    # nodes has one outbound row per node (its own state, retries, the entry id once published).
+    (6, "federation over Redis Streams", """
+ALTER TABLE messages ADD COLUMN node TEXT;
+ALTER TABLE messages ADD COLUMN entry_id TEXT;
+CREATE TABLE outbound (
+    message_id      TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    node            TEXT NOT NULL,
+    recipients      TEXT NOT NULL,
+    envelope        BLOB NOT NULL,
+    status          TEXT NOT NULL,
+    queued_at       REAL NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    error           TEXT,
+    entry_id        TEXT,
+    published_at    REAL,
+    PRIMARY KEY (message_id, node)
+) WITHOUT ROWID;
+CREATE INDEX outbound_due ON outbound(status, next_attempt_at);
+CREATE TABLE remote_agents (
+    name      TEXT PRIMARY KEY,
+    node      TEXT NOT NULL,
+    last_seen REAL
+) WITHOUT ROWID;
+CREATE TABLE link (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    node       TEXT NOT NULL,
+    connected  INTEGER NOT NULL,
+    since      REAL NOT NULL,
+    error      TEXT,
+    conflicts  TEXT,
+    updated_at REAL NOT NULL
+);
+"""),
+    # Federation, second protocol (relay/federation/): a message for another node is done at the
+    # sender only once that node acknowledged its durable delivery; the receiver keeps the ids it
+    # received (not swept with the messages) so that a replay is refused; the link records when
+    # the team's directory was last read, or why it cannot be. Rows published under the first
+    # protocol (streams no node reads any more) are published again, and known by their ids.
+    (9, "federation: end-to-end acknowledgements, received ids, the directory's state", """
+ALTER TABLE outbound ADD COLUMN acked_at REAL;
+ALTER TABLE outbound ADD COLUMN ack_deadline REAL;
+CREATE INDEX outbound_node ON outbound(node, status);
+CREATE TABLE received_ids (
+    id     TEXT PRIMARY KEY,
+    node   TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    at     REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX received_ids_at ON received_ids(at);
+INSERT OR IGNORE INTO received_ids (id, node, sha256, at)
+    SELECT id, node, sha256, discovered_at FROM messages WHERE node IS NOT NULL AND sha256 IS NOT NULL;
+ALTER TABLE link ADD COLUMN directory_at REAL;
+ALTER TABLE link ADD COLUMN directory_error TEXT;
+UPDATE outbound SET status = 'pending', next_attempt_at = 0 WHERE status = 'published';
+"""),
+    (4, "flow control and operator commands", """
+CREATE TABLE sheds (
+    message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    recipient  TEXT NOT NULL,
+    sender     TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    limit_value REAL,
+    observed   REAL,
+    at         REAL NOT NULL,
+    released_at REAL,
+    PRIMARY KEY (message_id, recipient)
+) WITHOUT ROWID;
+CREATE INDEX sheds_pair ON sheds(sender, recipient, reason);
+CREATE INDEX sheds_at ON sheds(at);
+CREATE TABLE commands (
+    id        TEXT PRIMARY KEY,
+    verb      TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    actor     TEXT NOT NULL,
+    at        REAL NOT NULL,
+    result    TEXT
+) WITHOUT ROWID;
+CREATE TABLE pings (
+    id      TEXT PRIMARY KEY,
+    agent   TEXT NOT NULL,
+    sent_at REAL NOT NULL,
+    actor   TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX pings_agent ON pings(agent, sent_at);
+CREATE TABLE archived_agents (
+    name   TEXT PRIMARY KEY,
+    at     REAL NOT NULL,
+    actor  TEXT NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE messages ADD COLUMN expired_at REAL;
+UPDATE messages SET expired_at = failed_at WHERE status = 'failed' AND EXISTS (
+    SELECT 1 FROM events e WHERE e.message_id = messages.id AND e.event = 'expired' AND e.seq > coalesce(
+        (SELECT max(r.seq) FROM events r WHERE r.message_id = messages.id AND r.event = 'retry'), 0));
+"""),
+    # Ids bound to their senders (ledger_senders.py): the id relay send gave each sender.
+    (7, "ids bound to their senders", """
+CREATE TABLE sent_ids (
+    id     TEXT PRIMARY KEY,
+    sender TEXT NOT NULL,
+    at     REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX sent_ids_at ON sent_ids(at)
+"""),
+    # The agents declared as senders (senders = "declared"; ledger_senders.py).
+    (8, "declared senders", """
+CREATE TABLE declared_agents (
+    name TEXT PRIMARY KEY,
+    at   REAL NOT NULL,
+    how  TEXT NOT NULL
+) WITHOUT ROWID
+"""),
+]
+# Versions are applied by number, each once, in order: a ledger may lack a lower number that
+# was added later, and gets it at its next start.
+MIGRATIONS.sort(key=lambda m: m[0])
+SCHEMA_VERSION = max(v for v, _, _ in MIGRATIONS)

@@ -1,0 +1,3 @@
+"""What operators use: recorded commands (commands.py), doctor's checks (doctor.py), the roster of
+agents and their pings (roster.py), queues (queues.py), the HTML report (report.py), the text
+views of every verb (views.py) and the service units (units.py)."""
