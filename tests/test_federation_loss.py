@@ -221,3 +221,49 @@ def test_relay_send_to_an_agent_another_node_is_announcing_waits_for_it_not_fail
     assert out.exit_code == 0
     typo = cli("--root", str(n1.root), "send", "--from", "Ann", "--to", "Cleoo", "x", ok=False)
     assert typo.exit_code == 1 and "did you mean Cleo?" in typo.output
+
+
+def test_a_server_out_of_memory_takes_writes_again_and_everything_waiting_goes_at_once(server, team, nodes, clock):
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    r = admin(server.url)
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", 1)
+    try:
+        for i in range(5):
+            n1.drop("Ann", f"m{i}", f"TO: Bob\n\n{i}")
+        n1.send()
+        for _ in range(6):                          # refused again and again: each row's backoff grows
+            clock.advance(40)
+            n1.link.publish()
+        assert states(n1) == {"pending": 5} and n1.link.publisher.refusing
+    finally:
+        r.config_set("maxmemory", 0)
+    n1.link.look()                                  # its announcement is taken: the server writes again
+    n1.link.publish()                               # at once, not at each row's backoff
+    assert states(n1) == {"published": 5}
+    drain(n2)
+    n1.link.publish()
+    assert states(n1) == {"acknowledged": 5} and len(n2.held("Bob")) == 5
+
+
+def test_a_reset_that_comes_while_a_read_is_in_flight_moves_no_cursor(server, team, nodes):
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m", "TO: Bob\n\nduring a failover")
+    n1.send()
+    incoming = n2.link.incoming
+    real = incoming.client.xread
+
+    def read_then_reset(*args, **kwargs):          # the publisher's thread finds a new run id meanwhile
+        reply = real(*args, **kwargs)
+        incoming.reset()
+        return reply
+    incoming.client.xread = read_then_reset
+    try:
+        assert n2.receive() == 1
+    finally:
+        incoming.client.xread = real
+    assert incoming.cursors == {}                   # the next read starts every stream from its start

@@ -163,6 +163,8 @@ class Link:
             local = sorted(self.layout.agent_names(self.config.agents))
             if self.local is not None and local != self.local:
                 return self.heartbeat(now)      # a new or removed agent: announced at once
+        if self.publisher.refusing and self.local is not None:
+            self._probe_writes(now)
         try:
             changed = self.directory.look(now, set(local))
             self.nodes = set(self.directory.entries) | {n for n, _ in self.history.remote_agents().values()}
@@ -174,6 +176,19 @@ class Link:
         if changed and self.on_directory is not None:
             self.on_directory()
         return True
+
+    def _probe_writes(self, now):
+        """The server refused writes for want of memory: its announcement, tried again at every
+        look, says when it takes them again, and then everything waiting goes at once (not at
+        each row's own backoff)."""
+        try:
+            written = self.directory.announce(now, self.local)
+        except self.errors:
+            return
+        if written:
+            self.publisher.refusing = False
+            self.ledger.publish_now(now)
+            self.queued.set()
 
     # -- publishing -------------------------------------------------------------------------
 
@@ -234,12 +249,13 @@ class Link:
         """A thread's loop; an unforeseen error is logged and waited out, never fatal."""
         failures = 0
         while not self.stopping.is_set():
+            began = time.monotonic()
             try:
                 serve()
                 return
             except Exception:  # noqa: BLE001 - the link must outlive any one bad moment
                 log.exception("federation: the %s failed; starting it again", serve.__name__)
-                failures += 1
+                failures = 1 if time.monotonic() - began > 60 else failures + 1    # a good minute forgives
                 self.stopping.wait(backoff(RETRY_BASE, failures, RETRY_CAP))
 
     def _serve_out(self):

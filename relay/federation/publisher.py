@@ -53,6 +53,7 @@ class Publisher:
         self.cursors = {}                   # node -> last acknowledgement entry read from it
         self.run_id = None                  # the server's, to know a restart or failover
         self.new_server = False             # the last check found another run id
+        self.refusing = False               # the server refused a publish for want of memory
         self.moved = []                     # (message id, node) refused by a node as not its agents
 
     def _xadd(self, entries):
@@ -100,6 +101,8 @@ class Publisher:
         for r, eid in zip(rest, ids, strict=True):
             if isinstance(eid, Exception):
                 refused.setdefault(reason(eid), []).append(r)
+                if isinstance(eid, self.redis.exceptions.OutOfMemoryError):
+                    self.refusing = True    # the link probes the server's writes and publishes all at once
         for why, failed in refused.items():
             if error is None and any(r["attempts"] == 0 for r in failed):
                 log.error("federation: %s not published to node %s: %s; retrying", len(failed),

@@ -93,6 +93,7 @@ class Incoming:
         self.ids = IdGenerator()
         self.flow = flow.FlowControl(self.layout, self.history, self.inbox)     # this node's own limits
         self.cursors = {}           # node -> the last entry id read from its stream to this node
+        self.epoch = 0              # counts the resets: a read made before one moves no cursor
         self.failures = 0           # steps failed in a row (the server)
         self.paused = None          # why this node's streams are not read now (another relay holds the name)
         self.retry = {}             # (node, entry id) -> (first failure, next try): read again on their own
@@ -116,7 +117,9 @@ class Incoming:
 
     def reset(self):
         """Read every stream from its start again (a server restarted without its data, or a
-        failover: entry ids may have gone back). What was delivered is known by its id."""
+        failover: entry ids may have gone back). What was delivered is known by its id. Called
+        from the publisher's thread: a read in flight then moves no cursor (its epoch is old)."""
+        self.epoch += 1
         self.cursors = {}
 
     def step(self, now, block_ms=None):
@@ -135,8 +138,9 @@ class Incoming:
                        for n in sorted(self.nodes()) if n != self.node}
             if not streams:
                 return handled
+            epoch = self.epoch
             entries = self._read(streams, block_ms)
-            handled += self.handle(entries, self.clock() if block_ms else now)
+            handled += self.handle(entries, self.clock() if block_ms else now, again=self.epoch != epoch)
             if block_ms is None:
                 self.acknowledge()
         except self.errors as e:
@@ -253,7 +257,8 @@ class Incoming:
 
     def handle(self, entries, now, again=False):
         """Deliver, record and acknowledge a batch of (node, entry id, fields); return how many
-        were handled."""
+        were handled. `again`: entries read out of order (a retry, or a read the streams were
+        reset under), which move no cursor."""
         if not entries:
             return 0
         self.layout.fs.forget()     # walk from the top again: a directory may have been swapped since
