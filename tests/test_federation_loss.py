@@ -255,15 +255,21 @@ def test_a_reset_that_comes_while_a_read_is_in_flight_moves_no_cursor(server, te
     n1.drop("Ann", "m", "TO: Bob\n\nduring a failover")
     n1.send()
     incoming = n2.link.incoming
-    real = incoming.client.xread
+    real = incoming.client.pipeline
 
-    def read_then_reset(*args, **kwargs):          # the publisher's thread finds a new run id meanwhile
-        reply = real(*args, **kwargs)
-        incoming.reset()
-        return reply
-    incoming.client.xread = read_then_reset
+    def pipeline(*args, **kwargs):                  # the publisher's thread finds a new run id meanwhile
+        pipe = real(*args, **kwargs)
+        execute = pipe.execute
+
+        def execute_then_reset(*a, **k):
+            reply = execute(*a, **k)
+            incoming.reset()
+            return reply
+        pipe.execute = execute_then_reset
+        return pipe
+    incoming.client.pipeline = pipeline
     try:
         assert n2.receive() == 1
     finally:
-        incoming.client.xread = real
+        incoming.client.pipeline = real
     assert incoming.cursors == {}                   # the next read starts every stream from its start

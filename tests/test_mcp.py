@@ -367,7 +367,7 @@ def test_without_the_sdk_relay_mcp_says_how_to_install_it(cli, monkeypatch):
     r = cli("mcp", "--agent", "Bob", ok=False)
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [
-        "Error: relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'relay[mcp]'"]
+        "Error: relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'agent-outbox-relay[mcp]'"]
 
 
 def test_import_relay_and_other_verbs_never_import_mcp(cli):

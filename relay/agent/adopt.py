@@ -109,7 +109,7 @@ id alphabet, unused), a blank line, the body; or JSON with the keys `to`, `subje
 With relay's MCP server registered for you, use its tools: `send(to, body, subject, thread,
 request_id)`, `inbox()` (new messages with bodies; marks read what it returns), `wait(timeout_s)`,
 `agents()`, `thread(thread)`. To reply, `send` to the message's sender with its thread (its id
-when it has none). Register it (the `mcp` extra: `pip install 'relay[mcp]'`) from the project root:
+when it has none). Register it (the `mcp` extra: `pip install 'agent-outbox-relay[mcp]'`) from the project root:
 
     claude mcp add relay-{{me}} -- "$(command -v relay)" mcp --agent {{me}} --root "$PWD"
 

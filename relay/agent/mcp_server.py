@@ -1,7 +1,7 @@
 """`relay mcp --agent NAME`: the agent's side of relay as a Model Context Protocol server over
 stdio, for agents in MCP clients (Claude Code, Cursor, Codex and the like).
 
-It is built with the official `mcp` SDK (the `relay[mcp]` extra; its MCPServer, the name FastMCP
+It is built with the official `mcp` SDK (the `agent-outbox-relay[mcp]` extra; its MCPServer, the name FastMCP
 had before version 2) on api.py's Agent, so its tools check what the shell and Python check:
 
     send(to, body, subject, thread, request_id)  -> {id, repeated, relay_running}

@@ -9,7 +9,7 @@ from relay.cli.context import pass_ctx
 from relay.errors import RelayError, UnknownAgent
 from relay.guards import checked, handle_errors, sender_name
 
-INSTALL = "relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'relay[mcp]'"
+INSTALL = "relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'agent-outbox-relay[mcp]'"
 
 
 def server_module():

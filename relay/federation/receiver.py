@@ -129,10 +129,6 @@ class Incoming:
             return 0
         handled = 0
         try:
-            try:
-                self.acknowledge()
-            except self.errors as e:      # reading goes on: it is what frees the server's memory
-                self._failed(e)
             handled += self._retry(now)
             streams = {self.keys.messages(n, self.node): self.cursors.get(n, "0-0")
                        for n in sorted(self.nodes()) if n != self.node}
@@ -160,12 +156,24 @@ class Incoming:
         self.failures += 1
 
     def _read(self, streams, block_ms):
-        """[(node, entry id, fields)] read after the cursors; an entry over the size bound is
-        refused from its size (the server counts it) and its cursor moved past it."""
+        """[(node, entry id, fields)] read after the cursors, in one round trip with the
+        acknowledgements of what was handled before (the server syncs its log once for both); an
+        entry over the size bound is refused from its size (the server counts it) and its cursor
+        moved past it. A refused acknowledgement never stops the read: reading is what frees a
+        server out of memory."""
+        pipe, nodes = self._acks()
+        pipe.xread(streams, count=self.count, block=block_ms)
         try:
-            reply = self.client.xread(streams, count=self.count, block=block_ms)
+            results = pipe.execute(raise_on_error=False)
         except ReplyTooLarge:
             return self._read_sized(streams)
+        try:
+            self._acked(nodes, results[:-1])
+        except self.errors as e:
+            self._failed(e)
+        reply = results[-1]
+        if isinstance(reply, Exception):
+            raise reply
         out = []
         for key, entries in reply or []:
             node = self._node_of(key)
@@ -217,14 +225,21 @@ class Incoming:
     def acknowledge(self):
         """XADD the acknowledgements of what was handled (recorded in the ledger). One lost (a
         crash, the server away) only makes the sender publish again, which this node knows."""
-        if not self.acks:
-            return
+        if self.acks:
+            pipe, nodes = self._acks()
+            self._acked(nodes, pipe.execute(raise_on_error=False))
+
+    def _acks(self):
+        """A pipeline holding the XADD of every acknowledgement waiting, and their nodes."""
         pipe = self.client.pipeline(transaction=False)
         nodes = sorted(self.acks)
         for node in nodes:
             pipe.xadd(self.keys.acks(self.node, node), {"acks": orjson.dumps(self.acks[node])},
                       maxlen=ACK_KEEP, approximate=True)
-        results = pipe.execute(raise_on_error=False)
+        return pipe, nodes
+
+    def _acked(self, nodes, results):
+        """What the server answered to the acknowledgements (RedisError when one was refused)."""
         full = []
         for node, result in zip(nodes, results, strict=True):
             if not isinstance(result, Exception):
