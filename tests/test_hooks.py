@@ -385,8 +385,8 @@ def test_run_once_kills_a_hook_past_its_limit(cli):
 
 
 def readme_hook():
-    """The on_deliver example of the README's "Waking agents" section."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    """The on_deliver example of docs/agents.md's "Waking agents" section."""
+    readme = (Path(__file__).parent.parent / "docs" / "agents.md").read_text()
     section = readme.split("## Waking agents", 1)[1].split("\n## ", 1)[0]
     toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
     return tomllib.loads(toml)["on_deliver"]

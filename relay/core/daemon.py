@@ -19,7 +19,6 @@ composes the rooms: recovery.py, message.py, retention.py and the file and ledge
 import collections
 import concurrent.futures
 import dataclasses
-import hashlib
 import itertools
 import logging
 import time
@@ -27,7 +26,7 @@ import time
 from relay.core import flow, health, retention
 from relay.core.archive import Archive, day_of
 from relay.config import SYSTEM
-from relay.errors import DurabilityError, MessageRefused, TransientError, UnknownRecipient
+from relay.errors import DurabilityError, TransientError
 from relay.files.fs import shown
 from relay.ledger.history import History
 from relay.core.hooks import Hooks
@@ -36,14 +35,14 @@ from relay.core.identity import identify
 from relay.core.inbox import Inbox
 from relay.files.layout import Layout, fit, valid_agent
 from relay.ledger.ledger import Ledger
-from relay.core.loop import DRAIN_MIN_WAIT, MAX_HELD_WAIT, STEP_PAUSE, Loop
-from relay.core.message import accept
+from relay.core.handling import Handling
+from relay.core.loop import MAX_HELD_WAIT, STEP_PAUSE, Loop
 from relay.core.outbox import Outbox, declared, ignore_lease_breaks
 from relay.core.recovery import Recovery
 from relay.core.routes import Router
 from relay.files.sync import Syncer
 from relay.core.waker import Waker
-from relay.core.work import Counts, Outcome, Work, backoff, fields
+from relay.core.work import Counts, Outcome, Work, fields
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,6 @@ SCAN_BUDGET = 2048       # files registered per step
 FRESH_KEPT = 100_000     # ids registered and not yet claimed whose rows are trusted as read
 SWEEP_BATCH = retention.BATCH
 ORPHAN_INTERVAL = 3600.0  # seconds between two removals of orphaned inbox tmp/ files
-CONVERGE = 2.0           # seconds after a message was found that the directory is read before its unknown name fails
 RESTART_KEYS = ("root", "state_dir", "federation")    # what a reload cannot change under a running relay
 
 
@@ -66,7 +64,7 @@ def inline(fn, *args):
     return done
 
 
-class Relay(Loop):
+class Relay(Handling, Loop):
     """The pipeline over one state directory. Ledger writes happen on the caller's thread."""
 
     def __init__(self, config, clock=time.time, sync_mode=None, batch=BATCH, fsync=None, submit=None):
@@ -412,158 +410,6 @@ class Relay(Loop):
             except DurabilityError as e:
                 for w in taken:
                     w.error = e         # not delivered; quarantined (_settle)
-
-    def _peek(self, w, now):
-        """Read and parse a message before custody where its file allows (Outbox.peek): its
-        envelopes are then synced with the claim, one sync for both. False: not read."""
-        if w.thorough or w.spooled:
-            return False
-        try:
-            if not self.outbox.peek(w, self.config.max_body_bytes):
-                return False
-            self._parse(w, now)
-        except Exception as e:  # noqa: BLE001 - isolate the message, keep the daemon alive
-            log.exception("%s from %s: unexpected error while reading it", w.id, w.sender,
-                          **fields("error", w))
-            w.error = TransientError(f"unexpected error: {e!r}"[:500])
-        return True
-
-    def _prepare(self, w, now):
-        """Custody, reading and parsing of one message (the claim is durable). One message's
-        unforeseen failure is logged with its id; the batch goes on."""
-        try:
-            self.outbox.take(w)
-            if w.refused or w.error:
-                return
-            w.spooled = True
-            self.outbox.read(w, self.config.max_body_bytes)
-            if w.refused or w.error or w.defer:
-                return
-            self._parse(w, now)
-        except Exception as e:  # noqa: BLE001 - isolate the message, keep the daemon alive
-            log.exception("%s from %s: unexpected error while reading it", w.id, w.sender,
-                          **fields("error", w))
-            w.error = TransientError(f"unexpected error: {e!r}"[:500])
-
-    def _parse(self, w, now):
-        try:
-            accepted = accept(w.data, w.name, w.sender, self.known_agents, self.config, mid=w.id,
-                              sent_at=w.sent_at, relayed_at=now, sha256=w.sha256)
-        except UnknownRecipient as e:
-            if self.router is not None and self._may_learn(w, e, now):
-                return
-            return flow.refused(w, e, self.known_agents())
-        except MessageRefused as e:
-            return flow.refused(w, e, self.known_agents())
-        finally:
-            if w.peeked is None:    # read before custody: kept until it (Outbox.take)
-                w.data = b""        # the bytes are hashed and parsed; the batch need not hold them
-        w.message, w.recipients = accepted.message, accepted.recipients
-        if self.router is not None:
-            w.remote = self.router.route(w.recipients, self._local)
-        for name in accepted.created:
-            self.layout.make_inbox(name)
-            self._known = None
-            log.info("%s: created the inbox of new agent %s", w.id, name, **fields("inbox-created", w))
-        w.envelope = accepted.envelope
-        w.envelope_sha256 = hashlib.sha256(w.envelope).hexdigest()
-
-    def _may_learn(self, w, e, now):
-        """A recipient this node does not know may be one the team is still announcing: the
-        message waits (a transient error, tried again within retry_period) until the directory
-        has been read whole CONVERGE seconds after the message was found; only then does it fail
-        ("did you mean"). True when it waits."""
-        read_at, error = self.router.directory_state()
-        since = w.discovered_at if w.discovered_at is not None else now
-        if error is None and read_at is not None and read_at >= since + CONVERGE:
-            return False
-        self.router.ask()
-        self._known = None
-        why = f"the team's directory cannot be read: {error}" if error else "the team's directory is being read"
-        w.message = e.parsed
-        w.error = TransientError(f"{e} ({why}; the message waits for the name)"[:800])
-        return True
-
-    def _settle(self, w, now):
-        """Decide the outcome of one work after delivery; archive or quarantine its file."""
-        durability = next((e for e in w.missed.values() if isinstance(e, DurabilityError)), None)
-        if w.refused or isinstance(w.error, DurabilityError) or durability:
-            if durability and not w.refused:
-                w.refused = f"{durability}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
-            return self._quarantine(w, now)
-        flow.report(self.archive, w, now)       # shed for some: the sender learns who, and why
-        if w.defer:
-            w.outcome = Outcome.DEFER
-            # Held open for writing (found by the lease on the spooled file): looked at again
-            # after the settle time, doubled at each claim that finds it still held, so that a
-            # writer that never lets go does not cost a claim and a commit every settle time.
-            w.next_attempt_at = now + backoff(max(self.config.settle, DRAIN_MIN_WAIT), w.attempts - 1,
-                                              self.held_wait) if w.path else now
-            w.error = TransientError("still open for writing") if w.path else None
-            return
-        if w.error is None and w.complete:
-            try:
-                self.archive.store(w.path, w.archive_rel)
-                w.outcome = Outcome.ARCHIVED
-            except OSError as e:
-                w.outcome = Outcome.DELIVERED
-                w.error = TransientError(f"moving the original to {w.archive_rel}: {e.strerror or e}")
-                w.next_attempt_at = now + self.config.retry_backoff
-                self._next_archive_retry = min(self._next_archive_retry, w.next_attempt_at)
-            return
-        if w.error is None:
-            w.error = TransientError("; ".join(f"not delivered to {r}: {e}" for r, e in sorted(w.missed.items())))
-        since = w.failing_since if w.failing_since is not None else now
-        if w.retries + 1 > self.config.max_retries and now - since >= self.config.retry_period:
-            return self._quarantine(w, now)
-        w.outcome = Outcome.RETRY
-        w.next_attempt_at = now + backoff(self.config.retry_backoff, w.retries)
-
-    def _quarantine(self, w, now):
-        if w.refused is None:
-            w.refused = f"gave up after {w.retries + 1} attempts: {w.error}" \
-                if isinstance(w.error, TransientError) else str(w.error)
-        delivered = sorted(set(w.got) | set(w.had))
-        report = self.archive.report(w.id, w.sender, w.name, w.refused, now, w.retries + 1, delivered, flow.entries(w))
-        try:
-            w.failed_rel = self.archive.quarantine(w.path, w.sender, w.id, w.name, report)
-        except (OSError, DurabilityError) as e:
-            log.error("%s: could not quarantine the file (%s); it stays at %s", w.id, e, w.path,
-                      **fields("failed", w))
-            w.failed_rel = None
-        w.outcome = Outcome.FAILED
-
-    def _report(self, w, now, counts):
-        """Count and log one work's outcome."""
-        to = ",".join(w.recipients)
-        counts.shed += flow.logged(w)
-        if w.outcome is Outcome.FAILED:
-            counts.failed += 1
-            log.error("%s from %s failed: %s", w.id, w.sender, w.refused, **fields("failed", w))
-        elif w.outcome is Outcome.DEFER:
-            counts.deferred += 1
-            if w.path:
-                log.info("%s from %s is still open for writing; looking again shortly", w.id, w.sender,
-                         **fields("deferred", w))
-        elif w.duplicate_of:
-            counts.archived += 1
-            log.info("%s from %s repeats %s (request id %r): not delivered again; archived as %s",
-                     w.id, w.sender, w.duplicate_of, w.request_id, w.archive_rel, **fields("duplicate", w))
-        elif w.outcome is Outcome.ARCHIVED:
-            counts.delivered += 1
-            counts.archived += 1
-            log.info("%s delivered from %s to %s; archived as %s", w.id, w.sender, to, w.archive_rel,
-                     **fields("archived", w))
-        elif w.outcome is Outcome.DELIVERED:
-            counts.delivered += 1
-            log.warning("%s delivered from %s to %s; archive move failed, will retry: %s",
-                        w.id, w.sender, to, w.error, **fields("archive-failed", w))
-        else:
-            counts.retried += 1
-            log.warning("%s from %s: %s; attempt %d failed, next in %.1fs%s", w.id, w.sender, w.error,
-                        w.retries + 1, w.next_attempt_at - now,
-                        f" (delivered to {', '.join(sorted(w.got))})" if w.got else "",
-                        **fields("retried", w))
 
     def _retry_archive(self, now, counts):
         counts.archived += self.recovery.retry_archive(now, self.batch, self.config.retry_backoff)

@@ -25,7 +25,8 @@ from relay.federation.client import SOCKET_TIMEOUT, connect, reason, redis_modul
 from relay.federation.conditions import Condition
 from relay.federation.directory import LOOK, Directory
 from relay.federation.publisher import ACK_BYTES, BATCH, RETRY_BASE, RETRY_CAP, Publisher
-from relay.federation.receiver import Incoming, entry_limit
+from relay.federation.entries import entry_limit
+from relay.federation.receiver import Incoming
 
 log = logging.getLogger(__name__)
 

@@ -18,27 +18,21 @@ whose delivery keeps failing is tried again on its own (XRANGE of its id) and ne
 the entries behind it; after `retry_period` it is refused with the reason. An entry over the
 size bound is refused from its size alone, counted by the server (publisher._sizes).
 """
-import collections
-import datetime
-import hashlib
 import logging
-import re
 
 import orjson
 
 from relay.core import flow
-from relay.config import SYSTEM
 from relay.errors import DurabilityError, MessageRefused
-from relay.files.fs import shown
 from relay.ledger.history import History
 from relay.ids import IdGenerator, id_time
 from relay.core.inbox import Inbox
-from relay.files.layout import Layout, fit, is_inside, valid_agent, valid_id
+from relay.files.layout import Layout, valid_id
 from relay.ledger.ledger import Ledger
-from relay.core.message import CONTROL_KEYS, MAX_RECIPIENTS
 from relay.files.sync import Syncer
-from relay.core.work import Work, backoff
+from relay.core.work import backoff
 from relay.federation.client import ReplyTooLarge, reason, server_errors
+from relay.federation.entries import _sender_of, _text, entry_limit, read_entry
 from relay.federation.keys import Keys
 from relay.federation.publisher import _sizes
 
@@ -51,17 +45,7 @@ RETRY_BASE = 0.5            # seconds before an entry not yet delivered is tried
 RETRY_CAP = 1.0             # ... at most this while the server answers
 REPLAY_WINDOW = 30 * 86400.0    # received ids are kept this long; an entry with an older id is refused
 ACK_KEEP = 10_000           # acknowledgement entries kept in this node's stream to a sender (each holds a batch's)
-HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 REPEAT = "repeat"           # the verdict on a message received before
-# What flow control and hooks read of a received message (a local one has its parsed Message).
-Remote = collections.namedtuple("Remote", "to kind thread subject")
-TEXT_FIELDS = ("kind", "thread", "subject", "sent_at", "relayed_at", "source")
-
-
-def entry_limit(config):
-    """The largest entry this node reads: its body at most max_body_bytes, JSON-escaped (6x),
-    plus the rest of the envelope."""
-    return 6 * config.max_body_bytes + (2 << 20)
 
 
 class Incoming:
@@ -441,108 +425,3 @@ class Incoming:
                 self.retry[key] = (since, now + backoff(RETRY_BASE, min(tries, 6), 30.0))
                 log.warning("%s from node %s: %s; tried again shortly", w.id, item["node"], missed)
         return done, gave_up
-
-
-def _text(value):
-    if value is None:
-        return None
-    try:
-        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-    except UnicodeDecodeError:
-        return None
-
-
-def _when(text):
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except (AttributeError, ValueError, OverflowError):
-        return None
-
-
-def source_name(source):
-    """The name a received message is recorded under: the sender's file name as a plain name
-    (no path, no control character), or "remote"."""
-    name = shown(str(source or "")).replace("/", "_").replace("\0", "_")
-    name = fit(name)
-    return name if name not in ("", ".", "..") else "remote"
-
-
-def _sender_of(fields):
-    """The sender an entry names, for the record of its refusal (never trusted)."""
-    try:
-        sender = orjson.loads(fields.get(b"env") or b"{}").get("from")
-    except (orjson.JSONDecodeError, AttributeError, TypeError):
-        return None
-    return sender if isinstance(sender, str) and valid_agent(sender) else None
-
-
-def read_entry(node, eid, fields, local, config):
-    """(Work, item) of a well-formed entry for this node's agents, sent by `node` (the stream's);
-    MessageRefused saying what is wrong otherwise. Nothing in the entry is trusted: every field
-    is checked, and the envelope the inboxes get is made again from the checked fields."""
-    if not isinstance(fields, dict):
-        raise MessageRefused("the entry has no fields")
-    fields = {(k.decode("utf-8", "replace") if isinstance(k, bytes) else k): v for k, v in fields.items()}
-    limit = entry_limit(config)
-    if "oversize" in fields:
-        raise MessageRefused(f"the entry is {fields['oversize']} bytes, over what this node reads ({limit} bytes)")
-    if _text(fields.get("v")) != "2":
-        raise MessageRefused(f"not a relay entry of version 2 (v={shown(str(_text(fields.get('v'))))[:20]})")
-    mid = _text(fields.get("id"))
-    if not mid or not valid_id(mid):
-        raise MessageRefused(f"{shown(str(mid))[:40]!r} is not a relay message id")
-    raw = fields.get("env")
-    if not isinstance(raw, bytes) or len(raw) > limit:
-        raise MessageRefused(f"the envelope is missing or larger than this node accepts ({limit} bytes)")
-    try:
-        doc = orjson.loads(raw)
-        to_here = orjson.loads(fields.get("to") or b"null")
-    except orjson.JSONDecodeError as e:
-        raise MessageRefused(f"the envelope or its recipients are not JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("id") != mid:
-        raise MessageRefused("the envelope is not an object with the entry's message id")
-    sender = doc.get("from")
-    if not isinstance(sender, str) or not valid_agent(sender) or sender == SYSTEM:
-        raise MessageRefused(f"the sender {shown(str(sender))[:70]!r} is not an agent name")
-    if not isinstance(to_here, list) or not to_here or len(to_here) > MAX_RECIPIENTS or \
-            not all(isinstance(r, str) and valid_agent(r) for r in to_here):
-        raise MessageRefused("the recipients are not a list of agent names")
-    body = doc.get("body")
-    if not isinstance(body, str):
-        raise MessageRefused("the body is not text")
-    size = len(body.encode("utf-8", "surrogatepass"))
-    if size > config.max_body_bytes:
-        raise MessageRefused(f"the body is {size} bytes, over this node's max_body_bytes ({config.max_body_bytes})")
-    sha = doc.get("sha256")
-    if not isinstance(sha, str) or not HEX64.match(sha):
-        raise MessageRefused("the envelope has no sha256 of the original")
-    for key in TEXT_FIELDS + CONTROL_KEYS:
-        if doc.get(key) is not None and not isinstance(doc[key], str):
-            raise MessageRefused(f"'{key}' is not text")
-    if not isinstance(doc.get("headers", {}), dict) or not isinstance(doc.get("to", []), list):
-        raise MessageRefused("'headers' or 'to' has the wrong type")
-    if doc.get("cwd") is not None and not is_inside(config.root / doc["cwd"], config.root):
-        raise MessageRefused(f"CWD {doc['cwd'][:100]!r} is outside this node's project root")
-    mine = [r for r in dict.fromkeys(to_here) if r in local and r != SYSTEM]
-    if not mine:
-        raise MessageRefused(f"none of {', '.join(to_here[:10])} is an agent of node {config.federation.node}")
-    others = [r for r in to_here if r not in mine]
-    envelope = {k: doc.get(k) for k in ("id", "from", "to", "kind", "thread", "subject", "body", "headers",
-                                         "sent_at", "relayed_at", "source", "sha256")}
-    envelope.update({k: doc[k] for k in CONTROL_KEYS if doc.get(k) is not None})
-    envelope["node"] = node
-    try:
-        data = orjson.dumps(envelope)
-    except TypeError as e:
-        raise MessageRefused(f"the envelope cannot be written again: {e}") from None
-    w = Work(id=mid, sender=sender, name=source_name(doc.get("source")), archive_rel=None, retries=0,
-             thorough=True, sha256=sha, recipients=mine, envelope=data, sent_at=_when(doc.get("sent_at")),
-             envelope_sha256=hashlib.sha256(data).hexdigest(),
-             message=Remote([t for t in envelope["to"] or [] if isinstance(t, str)], doc.get("kind"),
-                            doc.get("thread"), doc.get("subject")))
-    item = {"id": mid, "sender": sender, "name": w.name, "node": node, "entry_id": eid, "recipients": mine,
-            "kind": doc.get("kind"), "thread": doc.get("thread"), "subject": doc.get("subject"), "body": body,
-            "headers": orjson.dumps(doc.get("headers") or {}).decode(), "sha256": sha,
-            "sent_at": _when(doc.get("sent_at")),
-            "note": f"not agents of this node: {', '.join(others[:10])}" if others else None}
-    return w, item

@@ -1,0 +1,104 @@
+"""The ledger's reads for the federation, a mixin of History: outbound rows due, waiting for an
+acknowledgement or late, the ids received from other nodes, the directory as last resolved and
+the link's state."""
+import orjson
+
+CHUNK = 500         # ids per `IN (...)` query
+
+
+class RemoteHistory:
+    """A mixin: see the module's docstring."""
+
+    def outbound_due(self, now, limit, max_bytes=None):
+        """Outbound rows to publish now, oldest due first: at most `limit`, and no more once
+        their envelopes reach `max_bytes` (one at least)."""
+        rows, held = [], 0
+        for row in self.db.execute("SELECT message_id, node, recipients, envelope, attempts FROM outbound WHERE "
+                                   "status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
+                                   (now, limit)):
+            rows.append(row)
+            held += len(row["envelope"])
+            if max_bytes is not None and held >= max_bytes:
+                break
+        return rows
+
+    def next_outbound_due(self):
+        return self.db.execute("SELECT min(next_attempt_at) FROM outbound WHERE status = 'pending'").fetchone()[0]
+
+    def outbound(self, mid):
+        """One message's outbound rows (relay show)."""
+        return self.db.execute("SELECT * FROM outbound WHERE message_id = ? ORDER BY node", (mid,)).fetchall()
+
+    def remote_routes(self, ids):
+        """{id: {recipient: node}} of the recipients on other nodes (relay audit)."""
+        out = {}
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            for r in self.db.execute("SELECT message_id, node, recipients FROM outbound WHERE message_id "
+                                     f"IN ({','.join('?' * len(chunk))})", chunk):
+                out.setdefault(r[0], {}).update(dict.fromkeys(orjson.loads(r[2]), r[1]))
+        return out
+
+    def outbound_counts(self):
+        """{'pending': n, 'published': n (waiting for their node's acknowledgement),
+        'acknowledged': n, 'refused': n, 'oldest_pending_at', 'by_node': {node: {'waiting': n,
+        'oldest_published_at': t}}}."""
+        doc = {"pending": 0, "published": 0, "acknowledged": 0, "refused": 0}
+        doc.update({r[0]: r[1] for r in self.db.execute("SELECT status, count(*) FROM outbound GROUP BY status")})
+        doc["oldest_pending_at"] = self.db.execute(
+            "SELECT min(queued_at) FROM outbound WHERE status = 'pending'").fetchone()[0]
+        doc["by_node"] = {r[0]: {"waiting": r[1], "oldest_at": r[2]} for r in self.db.execute(
+            "SELECT node, count(*), min(queued_at) FROM outbound WHERE status IN ('pending', 'published') "
+            "GROUP BY node ORDER BY node")}
+        return doc
+
+    def unacknowledged(self, node=None):
+        """{node: count} of rows published and not yet acknowledged."""
+        sql = "SELECT node, count(*) FROM outbound WHERE status = 'published'"
+        args = ()
+        if node is not None:
+            sql, args = sql + " AND node = ?", (node,)
+        return dict(self.db.execute(sql + " GROUP BY node", args).fetchall())
+
+    def overdue(self, now, limit):
+        """(message_id, node, entry_id, recipients) of published rows whose acknowledgement is late."""
+        return self.db.execute("SELECT message_id, node, entry_id, recipients FROM outbound WHERE status = 'published' "
+                               "AND ack_deadline <= ? ORDER BY ack_deadline LIMIT ?", (now, limit)).fetchall()
+
+    def waiting_for(self, node, limit, pending=False):
+        """(message_id, node, entry_id, recipients) of a node's rows published and not
+        acknowledged (with `pending`, those not yet published too)."""
+        states = "('pending', 'published')" if pending else "('published')"
+        return self.db.execute("SELECT message_id, node, entry_id, recipients FROM outbound WHERE node = ? AND "
+                               f"status IN {states} LIMIT ?", (node, limit)).fetchall()
+
+    def waiting_nodes(self):
+        """The nodes that have rows waiting (to be published or acknowledged)."""
+        return [r[0] for r in self.db.execute("SELECT DISTINCT node FROM outbound WHERE status IN ('pending', "
+                                              "'published')")]
+
+    def next_ack_deadline(self):
+        return self.db.execute("SELECT min(ack_deadline) FROM outbound WHERE status = 'published'").fetchone()[0]
+
+    def received_before(self, ids):
+        """{id: (node, sha256)} of the ids received from other nodes (kept past the retention sweep)."""
+        out = {}
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            out.update({r[0]: (r[1], r[2]) for r in self.db.execute(
+                f"SELECT id, node, sha256 FROM received_ids WHERE id IN ({','.join('?' * len(chunk))})", chunk)})
+        return out
+
+    def received_counts(self):
+        """{'delivered': n, 'refused': n} of the messages received from other nodes."""
+        rows = dict(self.db.execute("SELECT status, count(*) FROM messages WHERE node IS NOT NULL GROUP BY status"
+                                    ).fetchall())
+        return {"delivered": rows.get("archived", 0), "refused": rows.get("failed", 0)}
+
+    def remote_agents(self):
+        """{name: (node, node's last seen)} of the agents the directory puts on other nodes."""
+        return {r[0]: (r[1], r[2]) for r in self.db.execute("SELECT name, node, last_seen FROM remote_agents")}
+
+    def link(self):
+        """The link's last recorded state (relay status), or None."""
+        return self.db.execute("SELECT * FROM link WHERE id = 1").fetchone()
