@@ -5,7 +5,7 @@ For running relay: `load()` a Config, open a Relay on it and `step()`, `drain()`
 What a step did comes back as Counts, a message's state is a Status, and every failure relay
 foresees is a RelayError or one of its children. Everything else is inside.
 """
-__version__ = "0.1.0"
+from relay.version import __version__  # noqa: E402,F401
 
 from relay.agent.api import Agent, Project, Received, agents  # noqa: E402
 from relay.config import Config, load  # noqa: E402

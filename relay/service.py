@@ -11,7 +11,8 @@ import socket
 import sys
 import time
 
-from relay import __version__, config as config_mod
+from relay import config as config_mod
+from relay.version import __version__
 from relay.core.daemon import Relay
 from relay.errors import ConfigError, StateLost
 from relay.files.lock import identity

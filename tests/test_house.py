@@ -21,21 +21,102 @@ def offences(paths, patterns):
             for p in paths for n, line in lines(p) if any(pat.search(line) for pat in patterns)]
 
 
-def test_sql_is_written_only_in_the_ledger_and_the_history():
-    """Writes are in ledger.py and the rooms it mixes in (ledger_*.py; its schema in schema.py),
-    reads in history.py; no other module holds a statement."""
-    others = [p for p in sorted(PACKAGE.glob("*.py"))
-              if p.name not in ("ledger.py", "history.py", "schema.py") and not p.name.startswith("ledger_")]
-    found = offences(others, SQL)
-    assert not found, "SQL outside relay/ledger.py and relay/history.py:\n" + "\n".join(found)
+def outside_the_ledger():
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if p.parent.name != "ledger"]
+
+
+def test_sql_is_written_only_in_the_ledger_package():
+    """Writes are in relay/ledger/ledger.py and the rooms it mixes in, reads in history.py and
+    its mixins, the schema in schema.py; no module outside relay/ledger/ holds a statement."""
+    found = offences(outside_the_ledger(), SQL)
+    assert not found, "SQL outside relay/ledger/:\n" + "\n".join(found)
 
 
 def test_no_module_reaches_into_the_ledger():
     """Other modules use the Ledger's and the History's methods, never their connection or a
     private member."""
-    others = [p for p in sorted(PACKAGE.glob("*.py")) if p.name not in ("ledger.py", "history.py")]
-    found = offences(others, [LEDGER_INSIDES])
+    found = offences(outside_the_ledger(), [LEDGER_INSIDES])
     assert not found, "a private part of the ledger used outside it:\n" + "\n".join(found)
+
+
+# Each package's layer: a module imports only from its own layer or lower ones (configuration
+# and errors at the bottom, used by all), at the top of the module or inside a function.
+LAYERS = {"": 0, "files": 1, "ledger": 2, "core": 3, "agent": 4, "operator": 4, "federation": 4, "service": 5,
+          "bench": 5, "cli": 6}
+
+
+def relay_imports(path):
+    """The relay modules a file imports (dotted, without 'relay.'), wherever the import stands."""
+    import ast
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "relay":
+                out |= {a.name for a in node.names}
+            elif node.module.startswith("relay."):
+                out.add(node.module[len("relay."):])
+        elif isinstance(node, ast.Import):
+            out |= {a.name[len("relay."):] for a in node.names if a.name.startswith("relay.")}
+    return out
+
+
+def module_of(path):
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(p for p in parts if p != "__init__")
+
+
+def layer(module):
+    top = module.split(".")[0]
+    if top == "service":
+        return LAYERS["service"]
+    return LAYERS.get(top, 0) if top in LAYERS else 0
+
+
+def test_lower_layers_never_import_upper_ones():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = module_of(path)
+        if here in ("", "__main__"):            # the package's facade and python -m relay
+            continue
+        for target in relay_imports(path):
+            if layer(target) > layer(here):
+                found.append(f"{here} (layer {layer(here)}) imports {target} (layer {layer(target)})")
+    assert not found, "\n".join(found)
+
+
+def test_no_import_circle():
+    """Between the modules (the package facade aside), wherever the imports stand."""
+    paths = {module_of(p): p for p in PACKAGE.rglob("*.py") if module_of(p) not in ("", "__main__")}
+    graph = {m: {t for t in relay_imports(p) if t in paths and t != m} for m, p in paths.items()}
+    # a package imports its modules' names through __init__: an edge to a package means its __init__
+    seen, stack, circles = set(), [], []
+
+    def visit(m):
+        if m in stack:
+            circles.append(" -> ".join(stack[stack.index(m):] + [m]))
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        stack.append(m)
+        for t in sorted(graph[m]):
+            visit(t)
+        stack.pop()
+    for m in sorted(graph):
+        visit(m)
+    assert not circles, "\n".join(circles)
+
+
+def test_no_module_over_about_five_hundred_lines():
+    big = [f"{p.relative_to(PACKAGE.parent)}: {n}" for p in sorted(PACKAGE.rglob("*.py"))
+           if (n := len(p.read_text(encoding="utf-8").splitlines())) > 520]
+    assert not big, "split by concern:\n" + "\n".join(big)
+
+
+def test_every_package_says_what_it_holds():
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        doc = __import__("ast").get_docstring(__import__("ast").parse(init.read_text(encoding="utf-8")))
+        assert doc and len(doc) > 80, f"{init.relative_to(PACKAGE.parent)} has no docstring saying what it holds"
 
 
 def test_the_package_exports_its_public_api():

@@ -37,7 +37,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 from typing_extensions import TypedDict     # pydantic reads typing's only from Python 3.12
 
-from relay import __version__
+from relay.version import __version__
 from relay.agent.api import Agent, Project, Stop
 from relay.errors import RelayError
 from relay.guards import explain

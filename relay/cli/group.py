@@ -2,8 +2,14 @@
 module of this package added to it. What the verbs share is in context.py."""
 import click
 
-from relay import __version__
-from relay.cli import admin, adopt, agent, inspect, mcp, operator, run
+from relay.version import __version__
+import relay.cli.admin as admin
+import relay.cli.adopt as adopt
+import relay.cli.agent as agent
+import relay.cli.inspect as inspect
+import relay.cli.mcp as mcp
+import relay.cli.operator as operator
+import relay.cli.run as run
 from relay.cli.context import Context, Group
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

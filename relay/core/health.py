@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 
-from relay import __version__
+from relay.version import __version__
 from relay.config import show_duration
 from relay.core.message import iso
 from relay.ledger.rows import BadRow

@@ -19,6 +19,7 @@ import urllib.parse
 import orjson
 
 from relay.errors import LedgerError, SchemaError
+from relay.ledger.chain import GENESIS, chain_hash, link_hash  # noqa: F401  (the chain's, offered here too)
 from relay.ledger.operations import Operations
 from relay.ledger.senders import Senders
 from relay.files.sync import fdatasync
@@ -39,7 +40,6 @@ class Status(str, enum.Enum):
 
 STATUSES = tuple(s.value for s in Status)
 
-GENESIS = "0" * 64
 ATTESTATIONS_KEPT = 100     # the newest attestations kept in the ledger
 
 
@@ -60,18 +60,6 @@ def _refuse_links(path):
 
 def checksum(sql):
     return hashlib.sha256(sql.encode()).hexdigest()
-
-
-def chain_hash(prev, row):
-    """The hash of one archived record, covering the previous hash (relay verify)."""
-    return link_hash(prev, row["id"], row["sender"], row["recipients"], row["discovered_at"], row["delivered_at"],
-                     row["archived_at"], row["sha256"], row["archive_path"])
-
-
-def link_hash(prev, *record):
-    """chain_hash of a record given as its values: id, sender, recipients (JSON), discovered_at,
-    delivered_at, archived_at, sha256, archive_path."""
-    return hashlib.sha256(orjson.dumps([prev, *record])).hexdigest()
 
 
 class Ledger(Senders, FederationRecords, Operations):

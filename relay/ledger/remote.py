@@ -4,6 +4,8 @@ received from other nodes with the ids that make a replay known, the team's dire
 state of the link. A mixin of Ledger: the same connection and transactions."""
 import orjson
 
+from relay.ledger.chain import chain_hash
+
 ACK_CAP = 600.0             # seconds: the longest wait for an acknowledgement before publishing again
 
 
@@ -138,7 +140,6 @@ class FederationRecords:
         sheds: (id, recipient, sender, reason, limit, observed) of messages among the others."""
         with self.transaction():
             events, links = [], []
-            from relay.ledger.ledger import chain_hash
             seq, prev = self.head()
             rows = [{**m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now} for m in items]
             self.db.executemany(
