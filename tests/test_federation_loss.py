@@ -4,33 +4,18 @@ data, an acknowledgement) is published again and delivered once; names the team 
 announcing wait instead of failing; a server refusing writes is still read."""
 import shlex
 import signal
-import uuid
 
 import orjson
 import pytest
 
-from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange
+from fednodes import MISSING, REDIS_SERVER, RedisServer, exchange, nodes, team  # noqa: F401 - fixtures
 from relay.federation.keys import Keys, acl
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
 
 
-@pytest.fixture
-def team():
-    return f"t{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def nodes(tmp_path, clock):
-    made = []
-
-    def make(url, team, name, agents, extra=""):
-        node = Node(tmp_path / name, url, team, name, agents, clock, extra)
-        made.append(node)
-        return node
-    yield make
-    for n in made:
-        n.close()
 
 
 @pytest.fixture

@@ -4,33 +4,18 @@ skip, saying why, when one is missing)."""
 import shutil
 import subprocess
 import time
-import uuid
 
 import pytest
 
-from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange, fedkit
+from fednodes import MISSING, REDIS_SERVER, RedisServer, exchange, fedkit, nodes, team  # noqa: F401 - fixtures
 from relay import config as config_mod
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
 OPENSSL = shutil.which("openssl")
 
 
-@pytest.fixture
-def team():
-    return f"t{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def nodes(tmp_path, clock):
-    made = []
-
-    def make(url, team, name, agents, extra=""):
-        node = Node(tmp_path / name, url, team, name, agents, clock, extra)
-        made.append(node)
-        return node
-    yield make
-    for n in made:
-        n.close()
 
 
 def certificates(d):

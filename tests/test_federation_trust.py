@@ -3,12 +3,11 @@ acl` prints them), against a real redis-server: what it may write, what it canno
 honest nodes refuse of what it writes. Each attack fails with NOPERM from the server or with a
 refusal whose reason is recorded; nothing is lost."""
 import shlex
-import uuid
 
 import orjson
 import pytest
 
-from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange
+from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange, team  # noqa: F401 - fixtures
 from relay.federation.keys import Keys, acl
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
@@ -23,9 +22,6 @@ def server(tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture
-def team():
-    return f"t{uuid.uuid4().hex[:10]}"
 
 
 def admin(server):
