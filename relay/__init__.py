@@ -8,10 +8,12 @@ foresees is a RelayError or one of its children. Everything else is inside.
 from relay.version import __version__  # noqa: E402,F401
 
 from relay.agent.api import Agent, Project, Received, agents  # noqa: E402
+from relay.agent.leases import Reservation  # noqa: E402
 from relay.config import Config, load  # noqa: E402
 from relay.core.daemon import Relay  # noqa: E402
 from relay.errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName,  # noqa: E402
-                     LedgerCorrupt, LedgerError, LogSyncError, MessageRefused, NotFound, NotInProject, RelayError, SchemaError,
+                     LedgerCorrupt, LedgerError, LogSyncError, MessageRefused, NotFound, NotInProject, RelayError,
+                     ReservationConflict, SchemaError,
                      StateLost, TooLarge, TransientError, UnknownAgent, UnknownRecipient)
 from relay.ledger.ledger import Status  # noqa: E402
 from relay.core.work import Counts  # noqa: E402
@@ -19,4 +21,4 @@ from relay.core.work import Counts  # noqa: E402
 __all__ = ["__version__", "Agent", "Project", "Received", "agents", "Config", "load", "Relay", "Counts", "Status",
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",
            "StateLost", "MessageRefused", "TooLarge", "UnknownRecipient", "TransientError", "DurabilityError", "LogSyncError", "InvalidName", "NotFound",
-           "NotInProject", "UnknownAgent", "FederationError"]
+           "NotInProject", "UnknownAgent", "FederationError", "ReservationConflict", "Reservation"]

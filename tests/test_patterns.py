@@ -9,7 +9,7 @@ import re
 import pytest
 
 from relay.errors import RelayError
-from relay.files.patterns import covers, normalise, overlap
+from relay.files.patterns import covers, normalise, overlap, scope
 
 
 @pytest.mark.parametrize("given, stored", [
@@ -131,3 +131,16 @@ def test_covers_a_file():
     # a file name holding glob characters is taken as it is written
     assert covers("docs", "docs/[draft]*.md")
     assert not covers("docs/a.md", "docs/[a].md")
+
+
+def test_a_plain_path_naming_an_existing_file_holds_only_that_file(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "app.py").write_text("")
+    assert [scope(p, tmp_path) for p in ("src", "src/app.py", "src/new.py", "src/*.py", ".")] == [
+        "tree", "file", "tree", "glob", "tree"]
+    assert not overlap("src/app.py", "**/*.md", "file", "glob")
+    assert overlap("src/new.py", "**/*.md", "tree", "glob")           # src/new.py/x.md
+    assert overlap("src/app.py", "src", "file", "tree")
+    assert overlap("src/app.py", "src/app.py", "file", "tree")
+    assert not overlap("src/app.py", "src/app.py/x", "file", "tree")
+    assert covers("src/app.py", "src/app.py", "file") and not covers("src/app.py", "src/app.py/x", "file")

@@ -2,28 +2,33 @@
 project root, never outside it) and whether two overlap.
 
 The rule. A reservation is a path or a glob, relative to the project root, '/'-separated. In a
-glob, `*` is any run of characters within one name, `?` one character, `[abc]`, `[a-z]`,
-`[!a]` / `[^a]` one character of (not of) a set, and `**` as a whole segment any number of
-whole segments, none included (`**` inside a segment is `*`). A plain path (no glob character)
-holds itself and everything under it: it may be a directory (`src` holds `src/app.py`; `.` the
-whole project). A glob holds exactly the paths it matches: `src/*.py` the .py files directly in
-src/, `src/**` everything under src/, `src/*` the entries of src/ but not what is under them
-(write `src/*/**` or `src/**` for that). Two reservations overlap when some path is held by
-both, decided exactly (the two are intersected as regular languages, segment by segment and
-character by character): `src` overlaps `src/app.py` and `**/*.md` (src/x.md); `src/*.py`
-overlaps `src/a*` (src/a.py) but not `src/*.md` or `src/lib/x.py`; `**/*.py` never overlaps
-`**/*.md`; `[!a]*` never overlaps `a*`.
+glob, `*` is any run of characters within one name, `?` one character, `[abc]`, `[a-z]`, `[!a]`
+/ `[^a]` one character of (not of) a set, and `**` as a whole segment any number of whole
+segments, none included (`**` inside a segment is `*`). A plain path (no glob character) holds
+itself and everything under it (`src` holds `src/app.py`; `.` the whole project), unless it
+names a file that exists when it is reserved (not a directory: a regular file, a link): then
+only that file (scope "file"; "tree" otherwise). A glob holds exactly the paths it matches:
+`src/*.py` the .py files directly in src/, `src/**` everything under src/, `src/*` the entries
+of src/ but not what is under them (write `src/*/**` or `src/**` for that). Two reservations
+overlap when some path is held by both, decided exactly (the two are intersected as regular
+languages, segment by segment and character by character): `src` overlaps `src/app.py` and
+`**/*.md` (src/x.md); `src/*.py` overlaps `src/a*` (src/a.py) but not `src/*.md` or
+`src/lib/x.py`; `**/*.py` never overlaps `**/*.md`; `[!a]*` never overlaps `a*`; `src/app.py`, a
+file, does not overlap `**/*.md`, but `src/new.py`, not there yet, does (src/new.py/x.md: it may
+become a directory).
 
 The limits. Paths are compared as written, not as the file system resolves them: a symbolic
 link, a hard link or a case-insensitive file system can give one file two paths, and relay sees
 two. `..` is taken lexically. Glob characters cannot be escaped: a name holding `*`, `?` or a
 `[...]` makes a glob (reserve its directory instead). `*` and `?` match a leading dot. Matching
-is case-sensitive. Whether a matched name is a file or a directory is not known: a glob holds
-the name, not what may be under it.
+is case-sensitive. Whether a name a glob matches is a file or a directory is not asked: a glob
+holds the name, not what may be under it. A file reserved as a file that is later replaced by a
+directory stays held as one path.
 """
 import functools
 import os
 import re
+import stat
 from pathlib import Path, PurePosixPath
 
 from relay.errors import RelayError
@@ -86,22 +91,37 @@ def _inside(path, root):
     return None
 
 
-def overlap(a, b):
-    """Whether some path is held by both reservations `a` and `b` (normalised patterns)."""
-    return _sequences_meet(_held(a), _held(b))
+def scope(pattern, root):
+    """What a normalised pattern holds: "glob" (what it matches), "file" (a plain path naming
+    an existing entry of the project that is not a directory: itself) or "tree" (itself and
+    everything under it: a directory, or a path not there yet)."""
+    if is_glob(pattern):
+        return "glob"
+    try:
+        st = os.lstat(os.path.join(root, pattern))
+    except (OSError, ValueError):
+        return "tree"
+    return "tree" if stat.S_ISDIR(st.st_mode) else "file"
 
 
-def covers(pattern, path):
-    """Whether the reservation `pattern` holds the file at `path` (relative, normalised; taken
-    literally: its glob characters are characters)."""
-    return _sequences_meet(_held(pattern), tuple(tuple(((ord(c), ord(c)),) for c in s) for s in path.split("/") if s))
+def overlap(a, b, a_scope=None, b_scope=None):
+    """Whether some path is held by both reservations `a` and `b` (normalised patterns, with
+    their scopes; a plain path without one is a "tree")."""
+    return _sequences_meet(_held(a, a_scope), _held(b, b_scope))
+
+
+def covers(pattern, path, scope_=None):
+    """Whether the reservation `pattern` (of scope `scope_`) holds the file at `path`
+    (relative, normalised; taken literally: its glob characters are characters)."""
+    return _sequences_meet(_held(pattern, scope_),
+                           tuple(tuple(((ord(c), ord(c)),) for c in s) for s in path.split("/") if s))
 
 
 @functools.lru_cache(maxsize=4096)
-def _held(pattern):
-    """The segments of what a reservation holds: a glob's own; a plain path's, and `**` after."""
+def _held(pattern, scope_=None):
+    """The segments of what a reservation holds: a glob's own; a file's; a tree's, `**` after."""
     segs = _segments(pattern)
-    return segs if is_glob(pattern) else segs + (GLOBSTAR,)
+    return segs if is_glob(pattern) or scope_ == "file" else segs + (GLOBSTAR,)
 
 
 @functools.lru_cache(maxsize=4096)
