@@ -2,6 +2,7 @@
 and MCP. An overlapping exclusive reservation is refused naming its holder and its end, and the
 holder is told; leases end by themselves (the injected clock), are renewed by reserving again,
 and show in `relay status` and `relay agents`."""
+import importlib.util
 import json
 import threading
 
@@ -235,3 +236,36 @@ def test_tail_shows_every_change(team):
     team("release", "--agent", "Alice", "src")
     seen = [json.loads(line)["event"] for line in team("tail", "--json").output.splitlines()]
     assert seen == ["reserved", "reservation-refused", "reservation-notice", "released"]
+
+
+# -- MCP -------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(importlib.util.find_spec("mcp") is None, reason="needs the mcp extra")
+def test_mcp_tools_reserve_release_and_reservations(team, tmp_path):
+    """Through the SDK's own client, two servers (Alice's and Bob's) on one project."""
+    import anyio
+    from mcp_client import ToolFailed, serve
+    errlog = tmp_path / "server.err"
+
+    async def main():
+        with open(errlog, "w") as err:
+            async with serve(team.root, "Alice", err) as alice, serve(team.root, "Bob", err) as bob:
+                tools = await alice.tools()
+                assert {"reserve", "release", "reservations"} <= set(tools)
+                got = await alice.call("reserve", paths=["src/"], ttl="30m", exclusive=True, reason="refactor")
+                [lease] = got["reservations"]
+                assert (lease["agent"], lease["path"], lease["exclusive"], lease["scope"]) == ("Alice", "src", True, "tree")
+                assert 1790 < lease["expires_in_s"] <= 1800
+                with pytest.raises(ToolFailed) as refused:
+                    await bob.call("reserve", paths=["src/app.py"])
+                text = str(refused.value)
+                assert "Alice" in text and "until" in text and "refactor" in text and "\n" not in text
+                assert [r["agent"] for r in (await bob.call("reservations"))["reservations"]] == ["Alice"]
+                assert (await bob.call("reservations", mine=True))["reservations"] == []
+                assert await alice.call("release", paths=["src", "docs"]) == {"released": ["src"], "not_held": ["docs"]}
+                got = await bob.call("reserve", paths=["src/app.py"], exclusive=True)
+                assert got["reservations"][0]["agent"] == "Bob"
+                assert await bob.call("release") == {"released": ["src/app.py"], "not_held": []}
+    anyio.run(main)
+    assert "Traceback" not in errlog.read_text()
+    assert len(notices(team.root, "Alice")) == 1

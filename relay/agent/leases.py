@@ -151,7 +151,7 @@ class Leases:
     def release(self, paths=None, *, base=None):
         """Release this agent's reservations of `paths` (as reserved; None: all of them).
         Returns the paths released: one not held is left out."""
-        patterns = None if paths is None else [p for p, _ in self._patterns(paths, base)]
+        patterns = None if paths is None else self.normalised(paths, base)
         now = self.project.clock()
         with self.project.writing() as ledger:
             gone = ledger.release_paths(self.name, patterns or (), now, everything=patterns is None)
@@ -166,6 +166,10 @@ class Leases:
         with history:
             rows = history.reservations(self.project.clock(), agent=self.name if mine else None)
         return [Reservation.of(r) for r in rows]
+
+    def normalised(self, paths, base=None):
+        """`paths` as reservations name them: relative to the project root, normalised."""
+        return [p for p, _ in self._patterns(paths, base)]
 
     def _patterns(self, paths, base):
         paths = [paths] if isinstance(paths, str) else list(paths)

@@ -12,7 +12,6 @@ from relay.agent.api import Agent, Project
 from relay.agent.leases import MAX_TTL, Reservation, left
 from relay.cli.context import out_json, pass_ctx
 from relay.errors import LedgerError, RelayError
-from relay.files.patterns import normalise
 from relay.guards import checked, duration, handle_errors, sender_name
 from relay.ledger.reservations import utc
 from relay.terminal import echo
@@ -86,7 +85,7 @@ def release(ctx, agent, paths, everything):
     me = _agent(ctx, agent)
     try:
         base = here(ctx)
-        asked = [] if everything else list(dict.fromkeys(normalise(p, ctx.cfg.root, base) for p in paths))
+        asked = [] if everything else me.normalised(paths, base)
         gone = me.release(None if everything else paths, base=base)
     finally:
         me.close()
