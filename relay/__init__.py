@@ -1,6 +1,6 @@
 """relay: a filesystem outbox relay for teams of agents.
 
-For agents: `Agent(name)` sends, reads, waits and replies (api.py).
+For agents: `Agent(name)` sends, reads, waits and replies (api.py), and reserves files (leases.py).
 For running relay: `load()` a Config, open a Relay on it and `step()`, `drain()` or `run()` it.
 What a step did comes back as Counts, a message's state is a Status, and every failure relay
 foresees is a RelayError or one of its children. Everything else is inside.

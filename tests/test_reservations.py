@@ -153,6 +153,24 @@ def test_the_holder_is_told_once_per_lease_and_requester(crew):
     assert len(events(crew.root, "reservation-notice")) == 3
 
 
+def test_a_notice_that_could_not_be_written_is_written_later_and_once(crew):
+    alice, bob, carol = crew.agent("Alice"), crew.agent("Bob"), crew.agent("Carol")
+    alice.reserve(["src"], exclusive=True)
+    tmp = crew.root / ".relay" / "inbox" / "Alice" / "tmp"
+    tmp.rmdir()
+    tmp.write_text("in the way\n")                    # Alice's inbox cannot take an envelope now
+    with pytest.raises(ReservationConflict):
+        bob.reserve(["src/app.py"])
+    assert notices(crew.root, "Alice") == [] and events(crew.root, "reservation-notice") == []
+    tmp.unlink()
+    tmp.mkdir()
+    carol.reserve(["docs"])                           # any later write of any agent writes it
+    [told] = notices(crew.root, "Alice")
+    assert told["headers"]["requester"] == "Bob"
+    carol.release(["docs"])
+    assert len(notices(crew.root, "Alice")) == 1 and len(events(crew.root, "reservation-notice")) == 1
+
+
 def test_two_agents_racing_for_one_exclusive_reservation_exactly_one_wins(crew):
     """Each on its own connection; the check and the write are one BEGIN IMMEDIATE transaction."""
     for round_ in range(10):
