@@ -176,3 +176,11 @@ def test_guard_check_on_named_paths(repo, monkeypatch):
     refused = repo("guard", "check", "--agent", "Bob", "src/a.py", "docs/b.md", ok=False)
     assert refused.exit_code == 1 and "Alice" in refused.output and "docs/b.md" not in refused.output
     assert repo("guard", "check", "--agent", "Bob", "docs/b.md").exit_code == 0
+
+
+def test_guard_check_json(repo, monkeypatch):
+    import json
+    monkeypatch.chdir(repo.root)
+    doc = json.loads(repo("guard", "check", "--agent", "Bob", "src/a.py", "--json").output)
+    assert doc["ok"] is False and doc["paths"] == ["src/a.py"]
+    assert [(c["path"], c["held"], c["agent"]) for c in doc["conflicts"]] == [("src/a.py", "src", "Alice")]

@@ -152,12 +152,14 @@ def guard_uninstall(ctx):
 @guard.command("check")
 @click.option("--agent", help="Who commits (default: $RELAY_AGENT, else `git config relay.agent`).")
 @click.argument("paths", nargs=-1, metavar="[PATH...]")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON (exit 0 unless an error).")
 @pass_ctx
 @handle_errors
-def guard_check(ctx, agent, paths):
+def guard_check(ctx, agent, paths, as_json):
     """Exit 1 naming the holders when PATHs (default: the files staged for commit) touch
     another agent's exclusive reservation; what the hook runs. RELAY_GUARD=off: exit 0."""
-    if os.environ.get("RELAY_GUARD", "").strip().lower() in guard_mod.OFF:
+    off = os.environ.get("RELAY_GUARD", "").strip().lower() in guard_mod.OFF
+    if off and not as_json:
         echo("relay guard: RELAY_GUARD=off: this commit is not checked against file reservations", err=True)
         return
     ctx.strict = False
@@ -170,6 +172,10 @@ def guard_check(ctx, agent, paths):
         found = guard_mod.conflicts(ctx.layout.ledger, agent, files, now)
     except (LedgerError, RelayError) as e:
         echo(f"relay guard: the reservations cannot be read ({e}); not checked", err=True)
+        found = []
+    if as_json:
+        out_json({"ok": not found or off, "off": off, "agent": agent, "paths": files,
+                  "conflicts": [{**Reservation.of(r).as_dict(now), "path": p, "held": r["pattern"]} for p, r in found]})
         return
     if not found:
         return
