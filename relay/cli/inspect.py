@@ -249,13 +249,13 @@ def agents(ctx, as_json):
     with ctx.reader() as led:
         local = ctx.layout.agent_names(ctx.cfg.agents)
         rows = operator.agents_report(led, ctx.layout, local, bad)
-        held = {}
-        for r in led.reservations(now):
-            held.setdefault(r["agent"], []).append(Reservation.of(r).as_dict(now))
-        rows = [{**r, "reservations": held.get(r["agent"], [])} for r in rows]
         bad += led.bad_rows(tables=OPERATOR_TABLES)     # left out of the report: named here
         if ctx.cfg.federation:      # agents of other nodes: their node and when it was last seen
             rows = [{**r, "node": ctx.cfg.federation.node} for r in rows] + operator.remote_agents_report(led, local)
+        held = {}                   # this node's file reservations (they are not shared with other nodes)
+        for r in led.reservations(now):
+            held.setdefault(r["agent"], []).append(Reservation.of(r).as_dict(now))
+        rows = [{**r, "reservations": held.get(r["agent"], [])} for r in rows]
     skipped(bad)
     if as_json:
         out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
