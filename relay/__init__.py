@@ -1,6 +1,6 @@
 """relay: a filesystem outbox relay for teams of agents.
 
-For agents: `Agent(name)` sends, reads, waits and replies (api.py).
+For agents: `Agent(name)` sends, reads, waits and replies (api.py), and reserves files (leases.py).
 For running relay: `load()` a Config, open a Relay on it and `step()`, `drain()` or `run()` it.
 What a step did comes back as Counts, a message's state is a Status, and every failure relay
 foresees is a RelayError or one of its children. Everything else is inside.
@@ -8,10 +8,12 @@ foresees is a RelayError or one of its children. Everything else is inside.
 from relay.version import __version__  # noqa: E402,F401
 
 from relay.agent.api import Agent, Project, Received, agents  # noqa: E402
+from relay.agent.leases import Reservation  # noqa: E402
 from relay.config import Config, load  # noqa: E402
 from relay.core.daemon import Relay  # noqa: E402
 from relay.errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName,  # noqa: E402
-                     LedgerCorrupt, LedgerError, LogSyncError, MessageRefused, NotFound, NotInProject, RelayError, SchemaError,
+                     LedgerCorrupt, LedgerError, LogSyncError, MessageRefused, NotFound, NotInProject, RelayError,
+                     ReservationConflict, SchemaError,
                      StateLost, TooLarge, TransientError, UnknownAgent, UnknownRecipient)
 from relay.ledger.ledger import Status  # noqa: E402
 from relay.core.work import Counts  # noqa: E402
@@ -19,4 +21,4 @@ from relay.core.work import Counts  # noqa: E402
 __all__ = ["__version__", "Agent", "Project", "Received", "agents", "Config", "load", "Relay", "Counts", "Status",
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",
            "StateLost", "MessageRefused", "TooLarge", "UnknownRecipient", "TransientError", "DurabilityError", "LogSyncError", "InvalidName", "NotFound",
-           "NotInProject", "UnknownAgent", "FederationError"]
+           "NotInProject", "UnknownAgent", "FederationError", "ReservationConflict", "Reservation"]

@@ -237,7 +237,9 @@ class Config:
 
 
 KEYS = tuple(_PARSERS)
-NOT_KEYS = ("RELAY_ROOT", "RELAY_STATE_DIR")   # environment variables that are not RELAY_<KEY>s
+# environment variables that are not RELAY_<KEY>s: where the project is, who an agent is (reserve,
+# release, the git guard), the git guard switched off
+NOT_KEYS = ("RELAY_ROOT", "RELAY_STATE_DIR", "RELAY_AGENT", "RELAY_GUARD")
 
 
 def _clean(values, where, warnings=None):

@@ -132,3 +132,13 @@ class NotInProject(RelayError):
 
 class UnknownAgent(RelayError):
     """A name that is no known agent, where relay can say so before writing anything."""
+
+
+class ReservationConflict(RelayError):
+    """A file reservation refused, nothing reserved: paths another agent holds. `conflicts`:
+    one dict per path and lease in the way (path, holder, held: its pattern, exclusive, reason,
+    since, expires_at)."""
+
+    def __init__(self, message, conflicts=()):
+        super().__init__(message)
+        self.conflicts = list(conflicts)

@@ -88,6 +88,11 @@ def invocations(ids):
         "retry": [ids, ["--failed"], ["--failed", "--json"]],
         "expire": [[i] for i in ids] + [[first, "--json"]],
         "archive-agent": [["Ann"], ["Ann", "--undo", "--json"]],
+        "reserve": [["--agent", "Ann", "src", "--exclusive", "--reason", "plain"], ["--agent", "Bob", "src/x"],
+                    ["--agent", "Bob", "x" + HOSTILE], ["--agent", "Bob", "y", "--reason", HOSTILE]],
+        "reservations": [[], ["--json"]],
+        "guard": [["check", "--agent", "Bob", "src/x" + HOSTILE]],
+        "release": [["--agent", "Ann", "src", "z" + HOSTILE], ["--agent", "Ann", "--all"]],
     }
 
 

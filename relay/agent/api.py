@@ -14,6 +14,7 @@ names against the known agents (an unknown one is refused with the closest match
 sender's before the file is written), request ids that make a repeated send harmless. Messages are written the way SPEC section 2 asks: a hidden temporary, synced, renamed
 into the outbox under a name no other message uses.
 """
+import contextlib
 import dataclasses
 import difflib
 import os
@@ -32,6 +33,7 @@ from relay.ids import IdGenerator
 from relay.core.inbox import Inbox
 from relay.files.layout import Layout, valid_id
 from relay.files.lock import wake
+from relay.agent.leases import Leases
 from relay.agent.mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
 from relay.ledger.ledger import Ledger
 from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
@@ -140,7 +142,8 @@ class Project:
     """A relay project found like git: `root` when given, else RELAY_ROOT, else the current
     directory or its nearest parent holding the state directory."""
 
-    def __init__(self, root=None, state_dir=None, env=None, cwd=None, config=None):
+    def __init__(self, root=None, state_dir=None, env=None, cwd=None, config=None, clock=time.time):
+        self.clock = clock          # what time it is for leases (file reservations)
         if config is None:
             found = config_mod.discover(root, state_dir, env, cwd=cwd)
             config = config_mod.load(found, state_dir, env=env)
@@ -175,17 +178,23 @@ class Project:
                               if node != self.config.federation.node}
         return sorted(names)
 
+    @contextlib.contextmanager
+    def writing(self):
+        """The ledger to write, one caller at a time. The connection is kept for the next write
+        (closing the last one checkpoints the log) until close()."""
+        with self._writing:
+            if self._writer is None:
+                self._writer = Ledger(self.layout.ledger, durability=self.config.durability)
+            yield self._writer
+
     def reserve(self, mid, sender):
         """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_senders.py): a file
-        of another outbox that copies it cannot have it. The connection is kept for the next
-        send (closing the last one checkpoints the log) until close()."""
-        with self._writing:
-            try:
-                if self._writer is None:
-                    self._writer = Ledger(self.layout.ledger, durability=self.config.durability)
-                self._writer.reserve_id(mid, sender, time.time())
-            except sqlite3.Error as e:
-                raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
+        of another outbox that copies it cannot have it."""
+        try:
+            with self.writing() as ledger:
+                ledger.reserve_id(mid, sender, time.time())
+        except sqlite3.Error as e:
+            raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
 
     def history(self):
         """The ledger read-only (close it, or use `with`); None when there is no ledger yet."""
@@ -221,8 +230,9 @@ class Project:
             return [views.record(r) | {"body": r["body"]} for r in history.audit(thread=thread, oldest_first=True)]
 
 
-class Agent:
-    """One agent's side: its outbox to send from, its inbox to read."""
+class Agent(Leases):
+    """One agent's side: its outbox to send from, its inbox to read, its file reservations
+    (leases.py: reserve, release, reservations)."""
 
     def __init__(self, name, root=None, *, state_dir=None, create=False, project=None, role="agent"):
         self._mail = None           # the inbox watch wait() keeps

@@ -9,6 +9,8 @@ had before version 2) on api.py's Agent, so its tools check what the shell and P
     wait(timeout_s)     blocks (inotify, in a worker thread) until a message is there, then as inbox
     agents()            who the agent is and the known agents
     thread(thread)      a conversation oldest first, as the ledger has it
+    reserve(paths, ttl, exclusive, reason), release(paths), reservations(mine)
+                        file reservations (leases.py): refused whole, naming the holders
 
 inbox and wait read only the envelopes they return (the oldest `limit`), in worker threads. A
 message is marked read only once the reply holding it was written whole to the client
@@ -95,12 +97,35 @@ class Thread(TypedDict):
     messages: list[ThreadMessage]
 
 
+class Lease(TypedDict):
+    agent: str
+    path: str                   # normalised, relative to the project root
+    scope: str                  # "file", "tree" (it and all under it) or "glob" (what it matches)
+    exclusive: bool
+    reason: Optional[str]
+    since: str
+    expires_at: str
+    expires_in_s: float
+
+
+class Leases(TypedDict):
+    reservations: list[Lease]
+
+
+class Released(TypedDict):
+    released: list[str]
+    not_held: list[str]
+
+
 INSTRUCTIONS = """\
 You are the agent {me} on relay, which carries messages between the agents of this project.
 Call inbox() for your new messages (with bodies; it marks read what it returns) and wait(timeout_s)
 to block until one comes. send(to, body, subject, thread, request_id) sends; to reply, send to the
 message's `from` with its thread (its id when it has none). Give a request_id to make a retried
-send harmless. agents() lists who you can write to; thread(thread) shows a conversation."""
+send harmless. agents() lists who you can write to; thread(thread) shows a conversation.
+Before editing files others may edit, reserve(paths, exclusive=true) them (paths relative to the
+project root; reserve again to renew) and release(paths) when done; reservations() lists who
+holds what. A refusal names the holder and until when: ask them, or work elsewhere."""
 
 
 def build(agent, handover=None):
@@ -178,6 +203,39 @@ def build(agent, handover=None):
             rows = agent.project.thread(thread)
         keys = ThreadMessage.__annotations__
         return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows]}
+
+    @server.tool()
+    def reserve(paths: Annotated[list[str], Field(description="Files, directories or globs (*, ?, [ab], ** for "
+                                                  "any depth), relative to the project root.")],
+                ttl: Annotated[str, Field(description="How long the lease lasts: 90s, 30m, 2h (at most 7d); "
+                                          "reserving again renews it.")] = "1h",
+                exclusive: Annotated[bool, Field(description="No other agent may hold an overlapping "
+                                                 "reservation (and the git guard refuses their commits).")] = False,
+                reason: Annotated[Optional[str], Field(description="One line for the others.")] = None) -> Leases:
+        """Reserve files for yourself: all the paths, or none when another agent holds an
+        overlapping exclusive reservation (any overlapping one, if you ask for exclusive): the
+        error names who holds what until when, and they are told. Advisory: nothing stops a
+        write, but the others see it and the git guard enforces exclusive ones at commit."""
+        with me() as agent, tool_errors():
+            now = agent.project.clock()
+            return {"reservations": [r.as_dict(now) for r in agent.reserve(paths, ttl, exclusive=exclusive,
+                                                                              reason=reason)]}
+
+    @server.tool()
+    def release(paths: Annotated[Optional[list[str]], Field(description="The paths as you reserved them; "
+                                                            "leave out to release all of yours.")] = None) -> Released:
+        """Release your reservations (when your work on those files is done or committed)."""
+        with me() as agent, tool_errors():
+            gone = agent.release(paths)
+            asked = [] if paths is None else agent.normalised(paths)
+        return {"released": gone, "not_held": [p for p in asked if p not in gone]}
+
+    @server.tool()
+    def reservations(mine: Annotated[bool, Field(description="Only yours.")] = False) -> Leases:
+        """The file reservations held now: who holds which paths, exclusive or shared, until when."""
+        with me() as agent, tool_errors():
+            now = agent.project.clock()
+            return {"reservations": [r.as_dict(now) for r in agent.reservations(mine=mine)]}
 
     return server
 

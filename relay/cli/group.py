@@ -9,6 +9,7 @@ import relay.cli.agent as agent
 import relay.cli.inspect as inspect
 import relay.cli.mcp as mcp
 import relay.cli.operator as operator
+import relay.cli.reserve as reserve
 import relay.cli.run as run
 from relay.cli.context import Context, Group
 
@@ -28,6 +29,6 @@ def entry():
 
 
 # The verbs, each module's list (cli_mcp imports the SDK only when run).
-for module in (run, agent, inspect, operator, admin, adopt, mcp):
+for module in (run, agent, reserve, inspect, operator, admin, adopt, mcp):
     for command in module.COMMANDS:
         main.add_command(command)

@@ -7,6 +7,7 @@ import time
 import click
 import orjson
 
+from relay.agent.leases import Reservation
 from relay.core import health
 from relay.operator import views
 from relay.cli.context import out_json, pass_ctx, verdict
@@ -244,28 +245,43 @@ def agents(ctx, as_json):
     """Each agent: outbox, inbox new/cur, sent/received, sheds, last ping, archived, last error."""
     from relay.operator import doctor as operator
     bad = []
+    now = time.time()
     with ctx.reader() as led:
         local = ctx.layout.agent_names(ctx.cfg.agents)
         rows = operator.agents_report(led, ctx.layout, local, bad)
         bad += led.bad_rows(tables=OPERATOR_TABLES)     # left out of the report: named here
         if ctx.cfg.federation:      # agents of other nodes: their node and when it was last seen
             rows = [{**r, "node": ctx.cfg.federation.node} for r in rows] + operator.remote_agents_report(led, local)
+        held = {}                   # this node's file reservations (they are not shared with other nodes)
+        for r in led.reservations(now):
+            held.setdefault(r["agent"], []).append(Reservation.of(r).as_dict(now))
+        rows = [{**r, "reservations": held.get(r["agent"], [])} for r in rows]
     skipped(bad)
     if as_json:
         out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
         return
     node = "NODE" if ctx.cfg.federation else ""
-    echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6} {'SHED':>9}  "
-               f"{'LAST SEEN':<15} {'PING':<14} LAST ERROR")
+    echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6} {'SHED':>9} "
+         f"{'RESERVED':>8}  {'LAST SEEN':<15} {'PING':<14} LAST ERROR")
     dash = lambda v: "-" if v is None else v     # noqa: E731 - what a remote node does not tell
     for r in rows:
         shed = f"{sum(r['shed_to'].values())}/{sum(r['shed_from'].values())}" if "shed_to" in r else "-"
         name = f"{r['agent']} (archived)" if r.get("archived") else r["agent"]
         echo(f"{name:<16} {views.clip(r.get('node') or '', 14):<14} {dash(r['outbox_waiting']):>6} "
                    f"{dash(r['inbox_new']):>5} {dash(r['inbox_cur']):>5} {r['sent']:>6} {dash(r['received']):>6} "
-                   f"{shed:>9}  {views.short_time(r['last_seen']):<15} {views.ping(r.get('ping')):<14} "
+                   f"{shed:>9} {reserved(r['reservations']):>8}  {views.short_time(r['last_seen']):<15} "
+                   f"{views.ping(r.get('ping')):<14} "
                    f"{views.clip(r['last_error'] or '', 60)}")
-    echo("SHED: messages shed on the way to the agent / from it (relay queues, relay audit --status shed)")
+    echo("SHED: messages shed on the way to the agent / from it (relay queues, relay audit --status shed); "
+         "RESERVED: file reservations held, exclusive ones marked x (relay reservations)")
+
+
+def reserved(held):
+    """An agent's reservations in the agents table: 3 (2x) for three, two of them exclusive."""
+    if not held:
+        return "-"
+    exclusive = sum(1 for r in held if r["exclusive"])
+    return f"{len(held)}" + (f" ({exclusive}x)" if exclusive else "")
 
 
 @click.command()
@@ -310,7 +326,8 @@ def tail(ctx, follow, lines, timeout, as_json):
                     echo_json({"seq": seq, "at": views.when(e["at"]), "id": e["message_id"], "event": e["event"],
                                "detail": e["detail"], "actor": e["actor"], "from": e["sender"]})
                 else:
-                    who = f" from {e['sender']}" if e["sender"] else ""
+                    who = f" from {e['sender']}" if e["sender"] else \
+                        f" by {e['actor']}" if e["message_id"] is None and e["actor"] != "relay" else ""
                     detail = f": {e['detail']}" if e["detail"] else ""
                     echo(f"{views.when(e['at'])}  {e['message_id'] or '-':<26}  {e['event']:<10}{who}{detail}")
             if not follow or (stop_at is not None and time.monotonic() >= stop_at):

@@ -21,6 +21,7 @@ from relay.guards import checked, duration, handle_errors, sender_name
 from relay.core.inbox import Inbox
 from relay.files.fs import shown
 from relay.agent.api import declare
+from relay.agent.leases import Reservation
 from relay.files.layout import Layout
 from relay.ledger.ledger import STATUSES, Ledger
 from relay.files.lock import DaemonLock, holder
@@ -136,9 +137,12 @@ def status(ctx, max_pending_age, as_json):
         from relay.federation import redis_module
         redis_module()          # without the package: one line naming the extra
     sheds = dict.fromkeys(REASONS, 0)
+    held = []
+    now = time.time()
     if with_ledger:
         with ctx.reader() as led:
             counts = led.counts()
+            held = led.reservations(now)
             sheds.update(led.shed_counts())
             first = led.oldest_pending()
             oldest = round(time.time() - first, 3) if first is not None else None
@@ -157,6 +161,7 @@ def status(ctx, max_pending_age, as_json):
            "daemon": {"running": pid is not None, "pid": pid}, "counts": counts,
            "agents": sorted(layout.agent_names(cfg.agents)), "undeclared": undeclared,
            "oldest_pending_age_s": oldest, "sheds": sheds,
+           "reservations": [Reservation.of(r).as_dict(now) for r in held],
            "durability": {**settings, **att, "setting": cfg.durability},
            "unreadable": {"count": unknown, "rows": [str(b) for b in bad]},
            "health": {"ok": code == 0, "exit": code, "problems": problems}}
@@ -175,6 +180,9 @@ def status(ctx, max_pending_age, as_json):
     if oldest is not None:
         echo(f"oldest pending  {oldest:.1f}s")
     echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
+    if held:
+        shown_ = ", ".join(f"{r['agent']} {r['pattern']}{' (exclusive)' if r['exclusive'] else ''}" for r in held[:8])
+        echo(f"reservations {len(held)}: {shown_}" + (" ..." if len(held) > 8 else "") + "  (relay reservations)")
     if undeclared:
         echo("undeclared " + ", ".join(f"{u['agent']} ({u['waiting']} waiting)" for u in undeclared)
              + ': not read (senders = "declared"; relay init --agent NAME declares one)')

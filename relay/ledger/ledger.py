@@ -25,6 +25,7 @@ from relay.ledger.senders import Senders
 from relay.files.sync import fdatasync
 from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 from relay.ledger.remote import FederationRecords
+from relay.ledger.reservations import Reservations
 
 
 class Status(str, enum.Enum):
@@ -62,7 +63,7 @@ def checksum(sql):
     return hashlib.sha256(sql.encode()).hexdigest()
 
 
-class Ledger(Senders, FederationRecords, Operations):
+class Ledger(Senders, FederationRecords, Operations, Reservations):
     """One connection to the ledger. Not shared between threads."""
 
     def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):

@@ -217,6 +217,36 @@ CREATE TABLE declared_agents (
     how  TEXT NOT NULL
 ) WITHOUT ROWID
 """),
+    # File reservations (ledger/reservations.py): a row while a lease is held (released and
+    # expired ones are deleted, each change an event); the notices from System to a holder
+    # when someone was refused on its paths, kept until written into its inbox and a while after.
+    (40, "file reservations", """
+CREATE TABLE reservations (
+    id         TEXT PRIMARY KEY,
+    agent      TEXT NOT NULL,
+    pattern    TEXT NOT NULL,
+    scope      TEXT NOT NULL,
+    exclusive  INTEGER NOT NULL,
+    reason     TEXT,
+    since      REAL NOT NULL,
+    renewed_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX reservations_held ON reservations(agent, pattern);
+CREATE INDEX reservations_expiry ON reservations(expires_at);
+CREATE TABLE reservation_notices (
+    id           TEXT PRIMARY KEY,
+    holder       TEXT NOT NULL,
+    requester    TEXT NOT NULL,
+    at           REAL NOT NULL,
+    subject      TEXT NOT NULL,
+    body         TEXT NOT NULL,
+    headers      TEXT NOT NULL,
+    delivered_at REAL
+) WITHOUT ROWID;
+CREATE INDEX reservation_notices_pair ON reservation_notices(holder, requester, at);
+CREATE INDEX reservation_notices_due ON reservation_notices(at) WHERE delivered_at IS NULL
+"""),
 ]
 # Versions are applied by number, each once, in order: a ledger may lack a lower number that
 # was added later, and gets it at its next start.

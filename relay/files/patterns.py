@@ -1,0 +1,254 @@
+"""The paths and globs of file reservations: how one is written down (normalised relative to the
+project root, never outside it) and whether two overlap.
+
+The rule. A reservation is a path or a glob, relative to the project root, '/'-separated. In a
+glob, `*` is any run of characters within one name, `?` one character, `[abc]`, `[a-z]`, `[!a]`
+/ `[^a]` one character of (not of) a set, and `**` as a whole segment any number of whole
+segments, none included (`**` inside a segment is `*`). A plain path (no glob character) holds
+itself and everything under it (`src` holds `src/app.py`; `.` the whole project), unless it
+names a file that exists when it is reserved (not a directory: a regular file, a link): then
+only that file (scope "file"; "tree" otherwise). A glob holds exactly the paths it matches:
+`src/*.py` the .py files directly in src/, `src/**` everything under src/, `src/*` the entries
+of src/ but not what is under them (write `src/*/**` or `src/**` for that). Two reservations
+overlap when some path is held by both, decided exactly (the two are intersected as regular
+languages, segment by segment and character by character): `src` overlaps `src/app.py` and
+`**/*.md` (src/x.md); `src/*.py` overlaps `src/a*` (src/a.py) but not `src/*.md` or
+`src/lib/x.py`; `**/*.py` never overlaps `**/*.md`; `[!a]*` never overlaps `a*`; `src/app.py`, a
+file, does not overlap `**/*.md`, but `src/new.py`, not there yet, does (src/new.py/x.md: it may
+become a directory).
+
+The limits. Paths are compared as written, not as the file system resolves them: a symbolic
+link, a hard link or a case-insensitive file system can give one file two paths, and relay sees
+two. `..` is taken lexically. Glob characters cannot be escaped: a name holding `*`, `?` or a
+`[...]` makes a glob (reserve its directory instead). `*` and `?` match a leading dot. Matching
+is case-sensitive. Whether a name a glob matches is a file or a directory is not asked: a glob
+holds the name, not what may be under it. A file reserved as a file that is later replaced by a
+directory stays held as one path.
+"""
+import functools
+import os
+import re
+import stat
+from pathlib import Path, PurePosixPath
+
+from relay.errors import RelayError
+from relay.terminal import unsafe
+
+MAX_PATTERN = 1024          # characters of one path or glob
+GLOBSTAR = "**"
+STAR = ("*",)
+_SLASH = 0x2F
+_TOP = 0x10FFFF
+_ANY = ((0, _SLASH - 1), (_SLASH + 1, _TOP))    # every character a name may hold
+_STARS = re.compile(r"\*{2,}")                   # inside a segment, a run of stars is one
+
+
+class PatternError(RelayError):
+    """A path or glob that cannot be reserved (outside the project, matching nothing)."""
+
+
+def normalise(text, root, base=None):
+    """`text` (a path or glob) as a reservation stores it: relative to the project `root`,
+    '/'-separated, without '.', '..', empty segments or a trailing '/'; '.' for the root
+    itself. A relative path is taken from `base` (the caller's current directory) when given,
+    else from the root. PatternError when it is empty, too long, holds a control character,
+    leads outside the root or can match nothing."""
+    if not isinstance(text, str) or not text.strip():
+        raise PatternError("an empty path: name a file, a directory or a glob (relative to the project)")
+    if len(text) > MAX_PATTERN:
+        raise PatternError(f"a path of {len(text)} characters; at most {MAX_PATTERN}")
+    if any(unsafe(c) or 0xD800 <= ord(c) < 0xE000 for c in text):
+        raise PatternError(f"{text!r} holds a control character or bytes that are not UTF-8")
+    path = PurePosixPath(text)
+    if not path.is_absolute() and base is not None:
+        path = PurePosixPath(os.path.abspath(base)) / path
+    parts = _inside(path, Path(root)) if path.is_absolute() else list(path.parts)
+    if parts is None:
+        raise PatternError(f"{text} is outside the project ({root}): reservations name its files")
+    out = []
+    for part in parts:
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not out:
+                raise PatternError(f"{text} leads outside the project ({root}): reservations name its files")
+            out.pop()
+            continue
+        out.append(GLOBSTAR if part == GLOBSTAR else _STARS.sub("*", part))
+    pattern = "/".join(out) or "."
+    if any(not _meets(s, s) for s in _segments(pattern) if s is not GLOBSTAR):
+        raise PatternError(f"{text} matches no name (an empty character set)")
+    return pattern
+
+
+def _inside(path, root):
+    """The parts of absolute `path` below `root` (as named, or resolved), or None."""
+    for r in dict.fromkeys([PurePosixPath(os.path.abspath(root)), PurePosixPath(os.path.realpath(root))]):
+        try:
+            return list(path.relative_to(r).parts)
+        except ValueError:
+            continue
+    return None
+
+
+def scope(pattern, root):
+    """What a normalised pattern holds: "glob" (what it matches), "file" (a plain path naming
+    an existing entry of the project that is not a directory: itself) or "tree" (itself and
+    everything under it: a directory, or a path not there yet)."""
+    if is_glob(pattern):
+        return "glob"
+    try:
+        st = os.lstat(os.path.join(root, pattern))
+    except (OSError, ValueError):
+        return "tree"
+    return "tree" if stat.S_ISDIR(st.st_mode) else "file"
+
+
+def overlap(a, b, a_scope=None, b_scope=None):
+    """Whether some path is held by both reservations `a` and `b` (normalised patterns, with
+    their scopes; a plain path without one is a "tree")."""
+    return _sequences_meet(_held(a, a_scope), _held(b, b_scope))
+
+
+def covers(pattern, path, scope_=None):
+    """Whether the reservation `pattern` (of scope `scope_`) holds the file at `path`
+    (relative, normalised; taken literally: its glob characters are characters)."""
+    return _sequences_meet(_held(pattern, scope_),
+                           tuple(tuple(((ord(c), ord(c)),) for c in s) for s in path.split("/") if s))
+
+
+@functools.lru_cache(maxsize=4096)
+def _held(pattern, scope_=None):
+    """The segments of what a reservation holds: a glob's own; a file's; a tree's, `**` after."""
+    segs = _segments(pattern)
+    return segs if is_glob(pattern) or scope_ == "file" else segs + (GLOBSTAR,)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_glob(pattern):
+    """Whether a pattern holds a glob character: `*`, `?`, or a `[` that opens a set."""
+    if "*" in pattern or "?" in pattern:
+        return True
+    return any(_class_end(seg, i) is not None for seg in pattern.split("/") for i, c in enumerate(seg) if c == "[")
+
+
+@functools.lru_cache(maxsize=4096)
+def _segments(pattern):
+    """A pattern as segments: GLOBSTAR, or a tuple of tokens (STAR, or a set of characters)."""
+    if pattern == ".":
+        return ()
+    return tuple(GLOBSTAR if s == GLOBSTAR else _tokens(s) for s in pattern.split("/"))
+
+
+def _tokens(seg):
+    """One segment's tokens: STAR, or a character set as merged (low, high) ranges."""
+    out, i = [], 0
+    while i < len(seg):
+        c = seg[i]
+        if c == "*":
+            if not out or out[-1] is not STAR:
+                out.append(STAR)
+        elif c == "?":
+            out.append(_ANY)
+        elif c == "[" and (end := _class_end(seg, i)) is not None:
+            out.append(_char_class(seg[i + 1:end]))
+            i = end
+        else:
+            out.append(((ord(c), ord(c)),))
+        i += 1
+    return tuple(out)
+
+
+def _class_end(seg, i):
+    """The index of the ']' closing the set opened at seg[i], or None (then '[' is itself)."""
+    j = i + 1
+    if j < len(seg) and seg[j] in "!^":
+        j += 1
+    if j < len(seg) and seg[j] == "]":      # a ']' first in the set is one of its characters
+        j += 1
+    end = seg.find("]", j)
+    return None if end < 0 else end
+
+
+def _char_class(body):
+    negate = body[:1] in ("!", "^")
+    if negate:
+        body = body[1:]
+    ranges, i = [], 0
+    while i < len(body):
+        if i + 2 < len(body) and body[i + 1] == "-":
+            ranges.append((ord(body[i]), ord(body[i + 2])))
+            i += 3
+        else:
+            ranges.append((ord(body[i]), ord(body[i])))
+            i += 1
+    ranges = _merge([r for r in ranges if r[0] <= r[1]])
+    return _intersect(_complement(ranges) if negate else ranges, _ANY)
+
+
+def _merge(ranges):
+    out = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _complement(ranges):
+    out, low = [], 0
+    for lo, hi in ranges:
+        if lo > low:
+            out.append((low, lo - 1))
+        low = hi + 1
+    if low <= _TOP:
+        out.append((low, _TOP))
+    return tuple(out)
+
+
+def _intersect(a, b):
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo <= hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def _meets(a, b):
+    """Whether two segments' tokens match a common non-empty name."""
+    @functools.lru_cache(maxsize=None)
+    def go(i, j):
+        if i == len(a) and j == len(b):
+            return True
+        if i < len(a) and a[i] is STAR:
+            return go(i + 1, j) or (j < len(b) and go(i, j + 1))
+        if j < len(b) and b[j] is STAR:
+            return go(i, j + 1) or (i < len(a) and go(i + 1, j))
+        if i == len(a) or j == len(b):
+            return False
+        return bool(_intersect(a[i], b[j])) and go(i + 1, j + 1)
+    # Two segments of stars alone meet on any name; otherwise a common match holds a character.
+    return go(0, 0)
+
+
+def _sequences_meet(a, b):
+    """Whether two sequences of segments match a common path (GLOBSTAR: any whole segments)."""
+    @functools.lru_cache(maxsize=None)
+    def go(i, j):
+        if i == len(a) and j == len(b):
+            return True
+        if i < len(a) and a[i] is GLOBSTAR:
+            return go(i + 1, j) or (j < len(b) and go(i, j + 1))
+        if j < len(b) and b[j] is GLOBSTAR:
+            return go(i, j + 1) or (i < len(a) and go(i + 1, j))
+        if i == len(a) or j == len(b):
+            return False
+        return _meets(a[i], b[j]) and go(i + 1, j + 1)
+    return go(0, 0)

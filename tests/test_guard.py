@@ -1,0 +1,186 @@
+"""`relay guard install`: a git pre-commit hook that refuses a commit touching another agent's
+exclusive reservation, naming its holder. Tested with a real repository and real `git commit`s
+(the hook runs this installation's relay as a subprocess of git)."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+def git(where, *args, agent=None, guard=None, check=True):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "RELAY_"))}
+    env.update(GIT_CONFIG_NOSYSTEM="1", HOME=str(where))
+    if agent is not None:
+        env["RELAY_AGENT"] = agent
+    if guard is not None:
+        env["RELAY_GUARD"] = guard
+    done = subprocess.run(["git", *args], cwd=where, env=env, capture_output=True, text=True, timeout=60)
+    if check:
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def make_repo(where):
+    git(where, "init", "-q", "-b", "main")
+    git(where, "config", "user.email", "agents@example.com")
+    git(where, "config", "user.name", "Agents")
+
+
+def stage(where, *files):
+    for f in files:
+        p = where / f
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"{f}\n")
+    git(where, "add", "--", *files)
+
+
+def commits(where):
+    done = git(where, "rev-list", "--count", "HEAD", check=False)
+    return int(done.stdout) if done.returncode == 0 else 0
+
+
+@pytest.fixture
+def repo(team):
+    make_repo(team.root)
+    team("reserve", "--agent", "Alice", "src", "--exclusive", "--reason", "parser refactor")
+    return team
+
+
+def test_a_commit_touching_another_agents_exclusive_reservation_is_refused(repo):
+    root = repo.root
+    out = repo("guard", "install").output
+    hook = root / ".git" / "hooks" / "pre-commit"
+    assert str(hook) in out and os.access(hook, os.X_OK)
+    stage(root, "src/app.py", "README.md")
+    refused = git(root, "commit", "-qm", "work", agent="Bob", check=False)
+    assert refused.returncode != 0 and commits(root) == 0
+    assert "src/app.py" in refused.stderr and "Alice" in refused.stderr and "parser refactor" in refused.stderr
+    assert "RELAY_GUARD=off" in refused.stderr
+    git(root, "commit", "-qm", "the holder's own", agent="Alice")
+    assert commits(root) == 1
+
+
+def test_what_is_not_reserved_exclusively_by_another_commits(repo):
+    root = repo.root
+    repo("reserve", "--agent", "Carol", "docs")            # shared: advisory, never blocks a commit
+    repo("guard", "install")
+    stage(root, "docs/guide.md", "tests/test_x.py")
+    git(root, "commit", "-qm", "docs", agent="Bob")
+    repo("release", "--agent", "Alice", "src")
+    stage(root, "src/app.py")
+    git(root, "commit", "-qm", "released", agent="Bob")
+    assert commits(root) == 2
+
+
+def test_the_agent_from_git_config_and_the_override(repo):
+    root = repo.root
+    repo("guard", "install")
+    stage(root, "src/app.py")
+    git(root, "config", "relay.agent", "Bob")
+    assert git(root, "commit", "-qm", "x", check=False).returncode != 0
+    passed = git(root, "commit", "-qm", "x", guard="off")           # a person overrides it
+    assert "RELAY_GUARD=off" in passed.stderr
+    stage(root, "src/more.py")
+    git(root, "config", "relay.agent", "Alice")
+    git(root, "commit", "-qm", "y")
+    assert commits(root) == 2
+
+
+def test_an_unknown_committer_is_refused_and_told_how_to_say_who_it_is(repo):
+    root = repo.root
+    repo("guard", "install")
+    stage(root, "src/app.py")
+    refused = git(root, "commit", "-qm", "x", check=False)
+    assert refused.returncode != 0 and "RELAY_AGENT" in refused.stderr and "Alice" in refused.stderr
+
+
+def test_a_foreign_hook_is_never_overwritten_without_saying_so(repo):
+    root = repo.root
+    hook = root / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\necho ran >> \"$(git rev-parse --git-dir)/../foreign-ran\"\n")
+    hook.chmod(0o755)
+    before = hook.read_text()
+    refused = repo("guard", "install", ok=False)
+    assert refused.exit_code == 1 and "pre-commit" in refused.output and "--chain" in refused.output
+    assert hook.read_text() == before
+    out = repo("guard", "install", "--chain").output
+    assert "pre-commit.before-relay" in out
+    assert (hook.parent / "pre-commit.before-relay").read_text() == before
+    stage(root, "README.md")
+    git(root, "commit", "-qm", "x", agent="Bob")
+    assert (root / "foreign-ran").read_text() == "ran\n"        # the kept hook runs first
+    stage(root, "src/app.py")
+    assert git(root, "commit", "-qm", "y", agent="Bob", check=False).returncode != 0
+    assert "updated" in repo("guard", "install").output         # ours again: updated in place
+    repo("guard", "uninstall")
+    assert hook.read_text() == before and not (hook.parent / "pre-commit.before-relay").exists()
+
+
+def test_the_hook_is_never_written_through_a_link(repo, tmp_path_factory):
+    root = repo.root
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    target = elsewhere / "target"
+    target.write_text("theirs\n")
+    hook = root / ".git" / "hooks" / "pre-commit"
+    hook.symlink_to(target)
+    refused = repo("guard", "install", ok=False)
+    assert refused.exit_code == 1 and "link" in refused.output
+    refused = repo("guard", "install", "--chain", ok=False)
+    assert refused.exit_code == 1 and "link" in refused.output
+    assert target.read_text() == "theirs\n" and hook.is_symlink()
+    hook.unlink()
+    hooks = root / ".git" / "hooks"
+    shutil.rmtree(hooks)
+    hooks.symlink_to(elsewhere, target_is_directory=True)
+    refused = repo("guard", "install", ok=False)
+    assert refused.exit_code == 1 and "link" in refused.output
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["target"]
+
+
+def test_core_hooks_path_is_honoured(repo):
+    root = repo.root
+    git(root, "config", "core.hooksPath", "githooks")
+    out = repo("guard", "install").output
+    assert (root / "githooks" / "pre-commit").is_file() and "githooks" in out
+    stage(root, "src/app.py")
+    assert git(root, "commit", "-qm", "x", agent="Bob", check=False).returncode != 0
+
+
+def test_a_project_in_a_sub_directory_of_the_repository(tmp_path):
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    make_repo(tmp_path)
+    project = tmp_path / "app"
+    project.mkdir()
+
+    def relay_(*args):
+        result = CliRunner().invoke(main, ["--root", str(project), *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    relay_("init", "--agent", "Alice", "--agent", "Bob")
+    relay_("reserve", "--agent", "Alice", "src", "--exclusive")
+    relay_("guard", "install")
+    stage(tmp_path, "src/outside.py")                       # the repository's, not the project's
+    git(tmp_path, "commit", "-qm", "x", agent="Bob")
+    stage(tmp_path, "app/src/inside.py")
+    refused = git(tmp_path, "commit", "-qm", "y", agent="Bob", check=False)
+    assert refused.returncode != 0 and "src/inside.py" in refused.stderr
+
+
+def test_guard_check_on_named_paths(repo, monkeypatch):
+    monkeypatch.chdir(repo.root)
+    assert repo("guard", "check", "--agent", "Alice", "src/a.py").exit_code == 0
+    refused = repo("guard", "check", "--agent", "Bob", "src/a.py", "docs/b.md", ok=False)
+    assert refused.exit_code == 1 and "Alice" in refused.output and "docs/b.md" not in refused.output
+    assert repo("guard", "check", "--agent", "Bob", "docs/b.md").exit_code == 0
+
+
+def test_guard_check_json(repo, monkeypatch):
+    import json
+    monkeypatch.chdir(repo.root)
+    doc = json.loads(repo("guard", "check", "--agent", "Bob", "src/a.py", "--json").output)
+    assert doc["ok"] is False and doc["paths"] == ["src/a.py"]
+    assert [(c["path"], c["held"], c["agent"]) for c in doc["conflicts"]] == [("src/a.py", "src", "Alice")]

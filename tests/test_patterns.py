@@ -1,0 +1,146 @@
+"""The paths and globs of file reservations: normalised relative to the project root, kept
+inside it, and whether two of them overlap, decided soundly (checked against an independent
+matcher on a universe of paths)."""
+import fnmatch
+import functools
+import itertools
+import re
+
+import pytest
+
+from relay.errors import RelayError
+from relay.files.patterns import covers, normalise, overlap, scope
+
+
+@pytest.mark.parametrize("given, stored", [
+    ("src/app.py", "src/app.py"),
+    ("./src//app.py", "src/app.py"),
+    ("src/", "src"),
+    ("src/lib/../app.py", "src/app.py"),
+    (".", "."),
+    ("./", "."),
+    ("src/**/*.py", "src/**/*.py"),
+    ("src/a**b", "src/a*b"),            # ** only as a whole segment; inside one it is *
+])
+def test_paths_are_normalised_relative_to_the_root(tmp_path, given, stored):
+    assert normalise(given, tmp_path) == stored
+
+
+def test_absolute_paths_inside_the_root_and_paths_from_a_sub_directory(tmp_path):
+    (tmp_path / "src").mkdir()
+    assert normalise(str(tmp_path / "src" / "app.py"), tmp_path) == "src/app.py"
+    assert normalise(str(tmp_path), tmp_path) == "."
+    assert normalise("app.py", tmp_path, base=tmp_path / "src") == "src/app.py"
+    assert normalise("*.py", tmp_path, base=tmp_path / "src") == "src/*.py"
+    assert normalise("../README.md", tmp_path, base=tmp_path / "src") == "README.md"
+
+
+@pytest.mark.parametrize("given", ["../x", "src/../../x", "/etc/passwd", "", "a\nb", "a\x1b[31m",
+                                   "src/[z-a].py", "x" * 5000])
+def test_what_leaves_the_root_or_can_match_nothing_is_refused(tmp_path, given):
+    with pytest.raises(RelayError):
+        normalise(given, tmp_path)
+
+
+def test_a_sub_directory_outside_the_root_is_refused(tmp_path):
+    root = tmp_path / "project"
+    root.mkdir()
+    with pytest.raises(RelayError, match="outside the project"):
+        normalise("x.py", root, base=tmp_path)
+
+
+@pytest.mark.parametrize("a, b, meet", [
+    ("src", "src/app.py", True),                # a path under a reserved directory
+    ("src/app.py", "src/app.py", True),
+    ("src/app.py", "src/apps.py", False),
+    ("src", "srcx/a.py", False),                # a prefix only at a segment's end
+    ("src/*.py", "src/app.py", True),
+    ("src/*.py", "src/lib/app.py", False),      # * never crosses /
+    ("src/**/*.py", "src/lib/app.py", True),
+    ("src/**/*.py", "src/app.py", True),        # ** is zero or more segments
+    ("src/*.py", "src/*.md", False),
+    ("src/a*", "src/*b", True),                 # both match src/ab
+    ("*.py", "docs", False),
+    ("**/*.md", "docs", True),                  # docs/x.md
+    ("docs/[a-c]*.md", "docs/d*.md", False),
+    ("docs/[!a]*", "docs/a*", False),
+    ("docs/[^a]*", "docs/b", True),
+    ("docs/?", "docs/ab", False),
+    ("docs/??", "docs/ab", True),
+    (".", "anything/at/all", True),             # the whole project
+    ("src/*", "src/lib", True),
+    ("src/*", "src/lib/deep/x.py", False),      # a glob holds what it matches, not what is under that
+    ("src/**", "src/lib/deep/x.py", True),      # ... which ** says
+    ("**/*.py", "**/*.md", False),
+    ("a/**/b", "a/b", True),
+    ("a/**/b/c", "a/x/y/b/c", True),
+    ("*/src", "lib/*", True),                   # lib/src
+    ("a/*/c", "a/b/d", False),
+    ("**/x", "**/y", False),
+    ("**/x", "y", True),                        # y/x: the plain path y holds what is under it
+    ("**/x", "y/**", True),                     # y/x
+])
+def test_overlap(a, b, meet):
+    assert overlap(a, b) is meet
+    assert overlap(b, a) is meet
+
+
+# An independent matcher: fnmatch's own translation for each segment, ** as any run of whole
+# segments, and a plain path holding everything under it.
+def matches(pattern, path):
+    segs = [] if pattern == "." else pattern.split("/")
+    if not any(c in pattern for c in "*?["):
+        segs.append("**")
+    parts = path.split("/")
+
+    def m(i, j):
+        if i == len(segs):
+            return j == len(parts)
+        if segs[i] == "**":
+            return m(i + 1, j) or (j < len(parts) and m(i, j + 1))
+        return j < len(parts) and segment(segs[i]).fullmatch(parts[j]) is not None and m(i + 1, j + 1)
+    return m(0, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def segment(glob):
+    return re.compile(fnmatch.translate(glob))
+
+
+NAMES = ["a", "b", "ab", "ba", "x.py", "a.py", "a.md", "b.md", ".h"]
+UNIVERSE = ["/".join(p) for n in (1, 2, 3) for p in itertools.product(NAMES, repeat=n)]
+PATTERNS = ["a", "a/b", "*", "*.py", "a*", "*b", "?", "??", "[ab]", "[!a]*", "a/*", "*/b", "**/x.py", "a/**",
+            "a/**/b", "**/*.md", "b/*/a", ".", "ab/?a", "*/*.py", "[a-b]?"]
+
+
+def test_overlap_is_sound_against_an_independent_matcher():
+    """Wherever some path is covered by both patterns, overlap says so; and where it says so
+    for these patterns, such a path is in the universe."""
+    for a, b in itertools.combinations_with_replacement(PATTERNS, 2):
+        witness = next((u for u in UNIVERSE if matches(a, u) and matches(b, u)), None)
+        assert overlap(a, b) is (witness is not None), (a, b, witness)
+
+
+def test_covers_a_file():
+    assert covers("src", "src/app.py")
+    assert covers("src/*.py", "src/app.py")
+    assert covers("src/**", "src/lib/app.py") and not covers("src/*", "src/lib/app.py")
+    assert not covers("src/*.py", "src/lib/app.py")
+    assert covers("**/*.md", "README.md")
+    assert not covers("src/app.py", "src/app.pyc")
+    # a file name holding glob characters is taken as it is written
+    assert covers("docs", "docs/[draft]*.md")
+    assert not covers("docs/a.md", "docs/[a].md")
+
+
+def test_a_plain_path_naming_an_existing_file_holds_only_that_file(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "app.py").write_text("")
+    assert [scope(p, tmp_path) for p in ("src", "src/app.py", "src/new.py", "src/*.py", ".")] == [
+        "tree", "file", "tree", "glob", "tree"]
+    assert not overlap("src/app.py", "**/*.md", "file", "glob")
+    assert overlap("src/new.py", "**/*.md", "tree", "glob")           # src/new.py/x.md
+    assert overlap("src/app.py", "src", "file", "tree")
+    assert overlap("src/app.py", "src/app.py", "file", "tree")
+    assert not overlap("src/app.py", "src/app.py/x", "file", "tree")
+    assert covers("src/app.py", "src/app.py", "file") and not covers("src/app.py", "src/app.py/x", "file")

@@ -1,0 +1,289 @@
+"""File reservations: advisory leases on paths and globs, in the ledger, for the shell, Python
+and MCP. An overlapping exclusive reservation is refused naming its holder and its end, and the
+holder is told; leases end by themselves (the injected clock), are renewed by reserving again,
+and show in `relay status` and `relay agents`."""
+import importlib.util
+import json
+import threading
+
+import pytest
+
+import relay
+from relay.agent.api import Project
+from relay.core.message import iso
+from relay.errors import ReservationConflict, RelayError
+from relay.ledger.history import History
+from relay.ledger.ledger import Ledger
+
+
+@pytest.fixture
+def crew(team, clock):
+    """Alice, Bob and Carol (team: through the CLI) as relay.Agents on one injected clock."""
+    made = []
+
+    def agent(name, tick=clock):
+        made.append(relay.Agent(name, project=Project(team.root, clock=tick)))
+        return made[-1]
+    team.agent = agent
+    team.clock = clock
+    yield team
+    for a in made:
+        a.close()
+
+
+def events(root, *names):
+    with History(Ledger(root / ".relay" / "ledger.sqlite", readonly=True)) as h:
+        return [dict(e) for e in h.events_after(0) if e["event"] in names]
+
+
+def notices(root, agent):
+    box = root / ".relay" / "inbox" / agent / "new"
+    docs = [json.loads(p.read_bytes()) for p in sorted(box.iterdir())] if box.is_dir() else []
+    return [d for d in docs if d["kind"] == "reservation-refused"]
+
+
+def test_an_overlapping_exclusive_reservation_is_refused_naming_its_holder(crew):
+    alice, bob = crew.agent("Alice"), crew.agent("Bob")
+    got = alice.reserve(["src/"], ttl="30m", exclusive=True, reason="parser refactor")
+    assert [(r.agent, r.path, r.exclusive, r.reason) for r in got] == [("Alice", "src", True, "parser refactor")]
+    assert got[0].expires_at == pytest.approx(crew.clock.now + 1800)
+    with pytest.raises(ReservationConflict) as refused:
+        bob.reserve(["src/parser/lexer.py", "docs/notes.md"])
+    text = str(refused.value)
+    assert "src/parser/lexer.py" in text and "Alice" in text and "parser refactor" in text
+    assert iso(crew.clock.now + 1800)[:16] in text      # until when
+    assert [(c["path"], c["holder"], c["held"]) for c in refused.value.conflicts] == \
+        [("src/parser/lexer.py", "Alice", "src")]
+    # all or nothing: docs/notes.md, free, was not reserved either
+    assert [(r.agent, r.path) for r in bob.reservations()] == [("Alice", "src")]
+
+
+def test_shared_reservations_share_and_an_exclusive_one_excludes_them(crew):
+    alice, bob, carol = crew.agent("Alice"), crew.agent("Bob"), crew.agent("Carol")
+    alice.reserve(["docs/**/*.md"])
+    bob.reserve(["docs/guide.md"])                    # shared beside shared
+    with pytest.raises(ReservationConflict, match="Alice"):
+        carol.reserve(["docs"], exclusive=True)       # exclusive over shared ones
+    carol.reserve(["docs/*.txt"], exclusive=True)     # no .md file is a .txt file
+    with pytest.raises(ReservationConflict, match="Carol"):
+        alice.reserve(["docs/a.txt"])                 # shared under an exclusive one
+    # a path not there yet may become a directory: it holds what may be under it
+    with pytest.raises(ReservationConflict, match=r"as docs/\*\*/\*\.md"):
+        carol.reserve(["docs/b.txt"], exclusive=True)
+    # a file that exists holds only itself; an agent's own reservations never stand in its way
+    (crew.root / "docs").mkdir()
+    (crew.root / "docs" / "b.txt").write_text("b\n")
+    assert [r.scope for r in carol.reserve(["docs/b.txt", "docs"], exclusive=False)] == ["file", "tree"]
+    carol.release(["docs"])
+    assert sorted((r.agent, r.path) for r in alice.reservations()) == [
+        ("Alice", "docs/**/*.md"), ("Bob", "docs/guide.md"), ("Carol", "docs/*.txt"), ("Carol", "docs/b.txt")]
+
+
+def test_leases_expire_by_themselves_and_are_renewed_by_reserving_again(crew):
+    alice, bob = crew.agent("Alice"), crew.agent("Bob")
+    first = alice.reserve(["src/app.py"], ttl="10m", exclusive=True)[0]
+    crew.clock.advance(540)
+    renewed = alice.reserve(["src/app.py"], ttl="10m", exclusive=True)[0]
+    assert renewed.since == first.since and renewed.expires_at == pytest.approx(crew.clock.now + 600)
+    crew.clock.advance(300)                            # past the first lease's end, inside the renewed one
+    with pytest.raises(ReservationConflict, match="Alice"):
+        bob.reserve(["src/app.py"])
+    crew.clock.advance(301)                            # the renewed lease is over
+    assert bob.reservations() == []
+    assert [r.agent for r in bob.reserve(["src/app.py"], exclusive=True)] == ["Bob"]
+    expired = events(crew.root, "reservation-expired")
+    assert len(expired) == 1 and expired[0]["actor"] == "Alice"
+    assert expired[0]["at"] == pytest.approx(renewed.expires_at)      # recorded at the instant it ended
+    assert [e["event"] for e in events(crew.root, "reserved", "renewed", "reservation-refused",
+                                       "reservation-expired")] == [
+        "reserved", "renewed", "reservation-refused", "reservation-expired", "reserved"]
+
+
+def test_release_and_what_was_not_held(crew):
+    alice, bob = crew.agent("Alice"), crew.agent("Bob")
+    alice.reserve(["src", "docs/*.md"], exclusive=True)
+    assert alice.release(["src/", "tests"]) == ["src"]
+    assert [r.path for r in alice.reservations(mine=True)] == ["docs/*.md"]
+    bob.reserve(["src/app.py"], exclusive=True)
+    assert alice.release() == ["docs/*.md"]          # None: all of mine
+    assert [e["detail"].split()[0] for e in events(crew.root, "released")] == ["src", "docs/*.md"]
+
+
+def test_reservations_are_durable_in_the_ledger(crew):
+    crew.agent("Alice").reserve(["src"], exclusive=True, reason="r")
+    with Project(crew.root) as fresh:
+        with fresh.history() as h:
+            rows = h.reservations(crew.clock.now)
+    assert [(r["agent"], r["pattern"], r["exclusive"], r["reason"]) for r in rows] == [("Alice", "src", 1, "r")]
+
+
+def test_paths_stay_inside_the_project(crew):
+    alice = crew.agent("Alice")
+    for bad in ["../elsewhere", "/etc/passwd", "src/../../x"]:
+        with pytest.raises(RelayError, match="outside the project"):
+            alice.reserve([bad])
+    with pytest.raises(RelayError):
+        alice.reserve(["src"], ttl="0s")
+    assert alice.reservations() == []
+
+
+def test_the_holder_is_told_once_per_lease_and_requester(crew):
+    alice, bob, carol = crew.agent("Alice"), crew.agent("Bob"), crew.agent("Carol")
+    alice.reserve(["src"], exclusive=True, reason="refactor")
+    for _ in range(3):
+        with pytest.raises(ReservationConflict):
+            bob.reserve(["src/app.py"])
+    told = notices(crew.root, "Alice")
+    assert len(told) == 1
+    n = told[0]
+    assert n["from"] == "System" and n["to"] == ["Alice"]
+    assert "Bob" in n["subject"] and "src/app.py" in n["body"] and "relay release" in n["body"]
+    assert n["headers"]["requester"] == "Bob"
+    with pytest.raises(ReservationConflict):
+        carol.reserve(["src/x.py"], exclusive=True)
+    assert [n["headers"]["requester"] for n in notices(crew.root, "Alice")] == ["Bob", "Carol"]
+    assert notices(crew.root, "Bob") == [] and notices(crew.root, "Carol") == []
+    # a new lease (after a release) is told again
+    alice.release(["src"])
+    crew.clock.advance(1)
+    alice.reserve(["src"], exclusive=True)
+    with pytest.raises(ReservationConflict):
+        bob.reserve(["src/app.py"])
+    assert [n["headers"]["requester"] for n in notices(crew.root, "Alice")] == ["Bob", "Carol", "Bob"]
+    assert len(events(crew.root, "reservation-notice")) == 3
+
+
+def test_a_notice_that_could_not_be_written_is_written_later_and_once(crew):
+    alice, bob, carol = crew.agent("Alice"), crew.agent("Bob"), crew.agent("Carol")
+    alice.reserve(["src"], exclusive=True)
+    tmp = crew.root / ".relay" / "inbox" / "Alice" / "tmp"
+    tmp.rmdir()
+    tmp.write_text("in the way\n")                    # Alice's inbox cannot take an envelope now
+    with pytest.raises(ReservationConflict):
+        bob.reserve(["src/app.py"])
+    assert notices(crew.root, "Alice") == [] and events(crew.root, "reservation-notice") == []
+    tmp.unlink()
+    tmp.mkdir()
+    carol.reserve(["docs"])                           # any later write of any agent writes it
+    [told] = notices(crew.root, "Alice")
+    assert told["headers"]["requester"] == "Bob"
+    carol.release(["docs"])
+    assert len(notices(crew.root, "Alice")) == 1 and len(events(crew.root, "reservation-notice")) == 1
+
+
+def test_two_agents_racing_for_one_exclusive_reservation_exactly_one_wins(crew):
+    """Each on its own connection; the check and the write are one BEGIN IMMEDIATE transaction."""
+    for round_ in range(10):
+        path = f"race/{round_}.py"
+        gate = threading.Barrier(2)
+        won, lost = [], []
+
+        def contend(name):
+            me = relay.Agent(name, project=Project(crew.root))
+            try:
+                gate.wait()
+                try:
+                    won.append(me.reserve([path], exclusive=True)[0].agent)
+                except ReservationConflict as e:
+                    lost.append((name, e.conflicts[0]["holder"]))
+            finally:
+                me.close()
+        threads = [threading.Thread(target=contend, args=(n,)) for n in ("Alice", "Bob")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1 and len(lost) == 1, (won, lost)
+        assert lost[0][1] == won[0]
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def test_cli_reserve_refuse_list_and_release(team):
+    ok = team("reserve", "--agent", "Alice", "src/", "--for", "30m", "--exclusive", "--reason", "refactor")
+    assert "src" in ok.output and "exclusive" in ok.output
+    refused = team("reserve", "--agent", "Bob", "src/app.py", ok=False)
+    assert refused.exit_code == 1
+    line = [ln for ln in refused.output.splitlines() if ln.strip()]
+    assert len(line) == 1 and "Alice" in line[0] and "until" in line[0] and "src/app.py" in line[0]
+    listed = json.loads(team("reservations", "--json").output)
+    assert [(r["agent"], r["path"], r["exclusive"], r["reason"]) for r in listed] == [("Alice", "src", True, "refactor")]
+    assert {"since", "expires_at", "expires_in_s"} <= set(listed[0])
+    assert "Alice" in team("reservations").output
+    assert "released src" in team("release", "--agent", "Alice", "src").output
+    assert json.loads(team("reservations", "--json").output) == []
+    assert "Bob" in team("reserve", "--agent", "Bob", "src/app.py").output
+
+
+def test_cli_paths_from_a_sub_directory_and_refusals(team, monkeypatch):
+    (team.root / "src").mkdir()
+    monkeypatch.chdir(team.root / "src")
+    team("reserve", "--agent", "Alice", "app.py")
+    assert [r["path"] for r in json.loads(team("reservations", "--json").output)] == ["src/app.py"]
+    outside = team("reserve", "--agent", "Alice", "../../x", ok=False)
+    assert outside.exit_code == 1 and "outside the project" in outside.output
+    assert team("reserve", "--agent", "Alice", "x", "--for", "soon", ok=False).exit_code == 2
+    assert team("reserve", "--agent", "Nobody", "x", ok=False).exit_code == 1
+    assert team("reserve", "--agent", "Alice", ok=False).exit_code == 2      # no PATH
+    assert "not held" in team("release", "--agent", "Alice", "nothing.py").output
+
+
+def test_cli_agent_from_relay_agent(team, monkeypatch):
+    monkeypatch.setenv("RELAY_AGENT", "Carol")
+    team("reserve", "notes.md")
+    assert [r["agent"] for r in json.loads(team("reservations", "--json").output)] == ["Carol"]
+
+
+def test_status_and_agents_show_reservations(team):
+    team("reserve", "--agent", "Alice", "src", "--exclusive")
+    team("reserve", "--agent", "Bob", "docs/*.md")
+    status = json.loads(team("status", "--json").output)
+    assert [(r["agent"], r["path"], r["exclusive"]) for r in status["reservations"]] == [
+        ("Alice", "src", True), ("Bob", "docs/*.md", False)]
+    text = team("status", ok=False).output
+    assert "reservations" in text and "src" in text
+    rows = {r["agent"]: r for r in json.loads(team("agents", "--json").output)}
+    assert [r["path"] for r in rows["Alice"]["reservations"]] == ["src"]
+    assert rows["Carol"]["reservations"] == []
+    assert "RESERVED" in team("agents").output
+
+
+def test_tail_shows_every_change(team):
+    team("reserve", "--agent", "Alice", "src", "--exclusive")
+    team("reserve", "--agent", "Bob", "src/x", ok=False)
+    team("release", "--agent", "Alice", "src")
+    seen = [json.loads(line)["event"] for line in team("tail", "--json").output.splitlines()]
+    assert seen == ["reserved", "reservation-refused", "reservation-notice", "released"]
+
+
+# -- MCP -------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(importlib.util.find_spec("mcp") is None, reason="needs the mcp extra")
+def test_mcp_tools_reserve_release_and_reservations(team, tmp_path):
+    """Through the SDK's own client, two servers (Alice's and Bob's) on one project."""
+    import anyio
+    from mcp_client import ToolFailed, serve
+    errlog = tmp_path / "server.err"
+
+    async def main():
+        with open(errlog, "w") as err:
+            async with serve(team.root, "Alice", err) as alice, serve(team.root, "Bob", err) as bob:
+                tools = await alice.tools()
+                assert {"reserve", "release", "reservations"} <= set(tools)
+                got = await alice.call("reserve", paths=["src/"], ttl="30m", exclusive=True, reason="refactor")
+                [lease] = got["reservations"]
+                assert (lease["agent"], lease["path"], lease["exclusive"], lease["scope"]) == ("Alice", "src", True, "tree")
+                assert 1790 < lease["expires_in_s"] <= 1800
+                with pytest.raises(ToolFailed) as refused:
+                    await bob.call("reserve", paths=["src/app.py"])
+                text = str(refused.value)
+                assert "Alice" in text and "until" in text and "refactor" in text and "\n" not in text
+                assert [r["agent"] for r in (await bob.call("reservations"))["reservations"]] == ["Alice"]
+                assert (await bob.call("reservations", mine=True))["reservations"] == []
+                assert await alice.call("release", paths=["src", "docs"]) == {"released": ["src"], "not_held": ["docs"]}
+                got = await bob.call("reserve", paths=["src/app.py"], exclusive=True)
+                assert got["reservations"][0]["agent"] == "Bob"
+                assert await bob.call("release") == {"released": ["src/app.py"], "not_held": []}
+    anyio.run(main)
+    assert "Traceback" not in errlog.read_text()
+    assert len(notices(team.root, "Alice")) == 1
