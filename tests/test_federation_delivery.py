@@ -485,7 +485,7 @@ def test_an_entry_over_the_receivers_bound_is_refused_to_its_sender_once(redis_s
     assert row["status"] == "refused" and "bytes" in row["error"]
 
 
-def test_an_id_received_before_with_other_content_or_from_another_node_is_refused_not_taken_for_a_repeat(
+def test_ids_are_each_nodes_own_a_repeat_is_known_and_another_nodes_message_under_a_taken_id_is_delivered(
         redis_server, team, nodes, clock):
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])
     n3 = nodes(redis_server.url, team, "n3", ["Cy"])
@@ -496,9 +496,10 @@ def test_an_id_received_before_with_other_content_or_from_another_node_is_refuse
     good = envelope(clock)
     r.xadd(n1.stream("n2"), entry(good))
     assert n2.receive() == 1
-    # Another node's message under the same id (two senders chose one ID:), in a later read; one
-    # id twice in one read with other content; the same message again (a publish repeated); and
-    # the same id and original again, from another node.
+    # Another node's message under the same id (a node that learnt the id copied it, or two
+    # senders chose one ID:): delivered under an id of n2's own, never taken for a repeat nor
+    # refused. One node's id twice in one read with other content is refused; the same message
+    # again (a publish repeated) is known; n3's id twice in a read with other content is refused.
     other = {**good, "from": "Cy", "body": "another message", "sha256": "b" * 64}
     third = envelope(clock, body="a third", sha256="c" * 64)
     r.xadd(n3.stream("n2"), entry(other))
@@ -507,20 +508,24 @@ def test_an_id_received_before_with_other_content_or_from_another_node_is_refuse
     r.xadd(n1.stream("n2"), entry(good))
     r.xadd(n3.stream("n2"), entry({**good, "from": "Cy"}))
     assert n2.receive() == 5
-    assert sorted(e["body"] for e in n2.held("Bob")) == ["a third", "ok"]
+    held = {e["body"]: e for e in n2.held("Bob")}
+    assert sorted(held) == ["a third", "another message", "ok"]
+    assert held["ok"]["id"] == good["id"] and held["another message"]["id"] != good["id"]
+    assert held["another message"]["remote_id"] == good["id"]
     errors = refusals(n2)
-    assert len(errors) == 3, errors
-    assert sum(f"message id {good['id']} was received before from node n1" in e for e in errors) == 2
-    assert any(f"message id {third['id']} came twice in one read with other content" in e for e in errors)
+    assert len(errors) == 2, errors
+    assert any(f"message id {third['id']} came twice from node n1 in one read with other content" in e for e in errors)
+    assert any(f"message id {good['id']} came twice from node n3 in one read with other content" in e for e in errors)
     assert sorted(mid for mid, refusal in n2.acks(r, "n1") if refusal is None) == sorted(
         [good["id"], good["id"], third["id"]])
-    assert [bool(refusal) for _, refusal in n2.acks(r, "n3")] == [True, True]     # both refused, with why
+    assert sorted(bool(refusal) for _, refusal in n2.acks(r, "n3")) == [False, True]
 
 
 def test_an_entry_never_replaces_an_envelope_of_another_message_a_recipient_holds_under_its_id(
         redis_server, team, nodes, clock):
     """The ledger forgets a message at the retention sweep; its recipient may still hold it,
-    unread even. An entry under that id (a sender on another node chose it) is refused."""
+    unread even. An entry under that id (a sender on another node chose it) is delivered under
+    an id of this node's, and the envelope held stays as it is."""
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])
     n2 = nodes(redis_server.url, team, "n2", ["Bob", "Cy"])
     exchange(n1, n2, rounds=1)
@@ -535,12 +540,12 @@ def test_an_entry_never_replaces_an_envelope_of_another_message_a_recipient_hold
     r.xadd(n1.stream("n2"), entry({**good, "id": read["id"], "to": ["Cy"]}, to=["Cy"]))
     assert n2.receive() == 2
     assert orjson.loads(unread.read_bytes())["body"] == "an old local message"
-    assert [e["body"] for e in n2.held("Bob")] == ["an old local message"]
-    assert [e["body"] for e in n2.held("Cy")] == ["an old local message"]
-    errors = refusals(n2)
-    assert any(f"message id {good['id']} is held by another message in the inbox of Bob" in e for e in errors)
-    assert any(f"message id {read['id']} is held by another message in the inbox of Cy" in e for e in errors)
-    assert sorted(mid for mid, refusal in n2.acks(r, "n1") if refusal) == sorted([good["id"], read["id"]])
+    assert sorted(e["body"] for e in n2.held("Bob")) == ["an old local message", "ok"]
+    assert sorted(e["body"] for e in n2.held("Cy")) == ["an old local message", "ok"]
+    renamed = {e["remote_id"]: e["id"] for a in ("Bob", "Cy") for e in n2.held(a) if e.get("remote_id")}
+    assert set(renamed) == {good["id"], read["id"]} and not set(renamed.values()) & set(renamed)
+    assert refusals(n2) == []
+    assert sorted(mid for mid, refusal in n2.acks(r, "n1") if not refusal) == sorted([good["id"], read["id"]])
 
 
 # -- the receiver's inboxes and memory --------------------------------------------------------------

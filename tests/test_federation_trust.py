@@ -229,3 +229,30 @@ def test_a_flood_of_names_in_one_nodes_entry_is_cut_at_max_agents_per_node(serve
     n1.drop("Ann", "all", "TO: *\n\nto everyone")
     exchange(n1, n2)
     assert bodies(n2, "Bob") == ["to everyone"]
+
+
+def test_a_node_that_copies_another_nodes_id_cannot_replace_or_remove_its_message(server, team, nodes, clock):
+    """Eve (n3) writes to Bob and Ann: n1 (Ann's node) learns the id and races its own message
+    under it to n2. Both arrive, each under an id of its own at n2; Eve's is delivered as sent,
+    and n3 is told so only because it was."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n1, n2, n3, rounds=1)
+    n3.drop("Eve", "m", "TO: Bob, Ann\n\nthe real one")
+    n3.send()                                            # published to n1 and n2, n2 not reading yet
+    n1.receive()
+    [copy] = n1.held("Ann")
+    forged = orjson.loads(orjson.dumps({**copy, "from": "Ann", "body": "FORGED: wire money to n1", "to": ["Bob"]}))
+    forged.pop("node", None)
+    keys = Keys(team)
+    # n1's own stream sorts before n3's: its entry comes first in n2's read.
+    as_node(server, team, "n1").xadd(keys.messages("n1", "n2"), {"v": "2", "id": copy["id"], "to": '["Bob"]',
+                                                               "env": orjson.dumps(forged)})
+    exchange(n1, n2, n3)
+    got = {e["body"]: e for e in n2.held("Bob")}
+    assert sorted(got) == ["FORGED: wire money to n1", "the real one"]
+    assert got["the real one"]["from"] == "Eve" and got["FORGED: wire money to n1"]["from"] == "Ann"
+    assert got["the real one"]["id"] != got["FORGED: wire money to n1"]["id"]
+    rows = n3.link.history.outbound(copy["id"])
+    assert {r["node"]: r["status"] for r in rows} == {"n1": "acknowledged", "n2": "acknowledged"}

@@ -128,3 +128,14 @@ def read_entry(node, eid, fields, local, config):
             "sent_at": _when(doc.get("sent_at")),
             "note": f"not agents of this node: {', '.join(others[:10])}" if others else None}
     return w, item
+
+
+def renamed(w, item, mid):
+    """The same message under this node's id `mid` (its sender's id, taken here by another
+    message, kept as `remote_id` in the ledger and the envelope)."""
+    doc = orjson.loads(w.envelope)
+    doc["remote_id"], doc["id"] = doc["id"], mid
+    w.envelope = orjson.dumps(doc)
+    w.envelope_sha256 = hashlib.sha256(w.envelope).hexdigest()
+    item["remote_id"], item["id"] = item["id"], mid
+    w.id = mid

@@ -32,7 +32,7 @@ from relay.ledger.ledger import Ledger
 from relay.files.sync import Syncer
 from relay.core.work import backoff
 from relay.federation.client import ReplyTooLarge, reason, server_errors
-from relay.federation.entries import _sender_of, _text, entry_limit, read_entry
+from relay.federation.entries import _sender_of, _text, entry_limit, read_entry, renamed
 from relay.federation.keys import Keys
 from relay.federation.publisher import _sizes
 
@@ -263,10 +263,11 @@ class Incoming:
         self.layout.fs.forget()     # walk from the top again: a directory may have been swapped since
         self._lists = {}
         local = self.layout.agent_names(self.config.agents)
-        works, refused, seen, repeats = [], [], {}, []      # seen: id -> sha256 of the original, in this read
-        ids = [_text(f.get(b"id")) for _, _, f in entries if f]
+        works, refused, seen, repeats = [], [], {}, []      # seen: (node, id) -> sha256 of the original, in this read
+        ids = [_text(f.get(b"id")) for _, _, f in entries if isinstance(f, dict)]
         before = self.history.received_before([i for i in ids if i and valid_id(i)])
         known = set(ids) - self.history.unknown([i for i in ids if i])     # ids this ledger holds already
+        used = set()                # ids the messages of this read keep here
         for node, eid, fields in entries:
             if not again:
                 self.cursors[node] = eid
@@ -275,7 +276,7 @@ class Incoming:
                 why = self._sender(w.sender, node, local)
                 if why:
                     raise MessageRefused(why)
-                if now - id_time(w.id) > REPLAY_WINDOW and w.id not in before:
+                if now - id_time(w.id) > REPLAY_WINDOW and (node, w.id) not in before:
                     raise MessageRefused(f"message id {w.id} is older than the replay window "
                                          f"({REPLAY_WINDOW / 86400:.0f} days); refused")
             except Exception as e:  # noqa: BLE001 - whatever an entry holds, it is refused, never fatal
@@ -288,7 +289,11 @@ class Incoming:
                 self._ack(node, mid, str(e), eid)
                 continue
             w.thorough = True       # looked for in the inboxes first: a crash may have written it
-            verdict = self._verdict(w, node, before.get(w.id), self.history.get(w.id) if w.id in known else None, seen)
+            verdict = self._verdict(w, node, before.get((node, w.id)), seen)
+            if verdict is None and (w.id in known or w.id in used or self._held_here(w)):
+                # Its id names another message here (a local one, another node's, one a recipient
+                # holds): delivered under an id of this node's, its sender's id kept beside it.
+                renamed(w, item, self.ids.new(now))
             if verdict == REPEAT:
                 log.info("%s from node %s (entry %s) was received before: acknowledged again, not delivered again",
                          w.id, node, eid)
@@ -299,7 +304,8 @@ class Incoming:
                 log.error("federation: entry %s from node %s refused: %s", eid, node, verdict)
                 self._ack(node, w.id, verdict, eid)
                 continue
-            seen[w.id] = w.sha256
+            seen[(node, item.get("remote_id") or w.id)] = w.sha256
+            used.add(w.id)
             works.append((w, item))
         for node, mid, eid in repeats:
             self._ack(node, mid, None, eid)
@@ -317,9 +323,9 @@ class Incoming:
                          item["node"], item["entry_id"], ",".join(sorted(w.got)))
                 flow.logged(w)
         for w, item in done:
-            self._ack(item["node"], w.id, None, item["entry_id"])
+            self._ack(item["node"], item.get("remote_id") or w.id, None, item["entry_id"])
         for m in failed:
-            self._ack(m["node"], m["id"], m["error"], m["entry_id"])
+            self._ack(m["node"], m.get("remote_id") or m["id"], m["error"], m["entry_id"])
         return len(entries)
 
     def _holds(self, agent, node):
@@ -359,27 +365,25 @@ class Incoming:
             return f"the sender {sender} is not in the team's directory (node {node} has not announced it)"
         return None
 
-    def _verdict(self, w, node, before, row, seen):
-        """REPEAT for a message received before from the same node (a publish repeated: the same
-        id and original), None for one to deliver, else why the entry is refused: an id this node
-        knows for another message (a local one, another node's, another original), or one a
-        recipient holds for another message."""
-        if w.id in seen:
-            if seen[w.id] == w.sha256:
+    def _verdict(self, w, node, before, seen):
+        """REPEAT for a message this node received before from the same node (the same id and
+        original: a publish repeated), None for one to deliver, else why the entry is refused:
+        an id its node used before (or in this read) for other content. Ids are each node's own:
+        another node's message under the same id is another message."""
+        if (node, w.id) in seen:
+            if seen[(node, w.id)] == w.sha256:
                 return REPEAT
-            return f"message id {w.id} came twice in one read with other content (sha256 of the original); refused"
+            return f"message id {w.id} came twice from node {node} in one read with other content; refused"
         if before is not None:
-            if before == (node, w.sha256):
+            if before[0] == w.sha256:
                 return REPEAT
-            return (f"message id {w.id} was received before from node {before[0]} with "
-                    f"{'other content' if before[0] == node else 'this or other content'}; refused")
-        if row is not None:
-            return f"message id {w.id} is already a message of this node; refused"
-        for r in w.recipients:
-            if self.inbox.taken(r, w.id, w.sha256, partial_is_ours=w.thorough):
-                return (f"message id {w.id} is held by another message in the inbox of {r} (one this node's "
-                        "ledger no longer lists); refused, so that it is not replaced")
+            return f"message id {w.id} was received before from node {node} with other content; refused"
         return None
+
+    def _held_here(self, w):
+        """Whether a recipient holds an envelope of another message under w's id (one this
+        node's ledger no longer lists): never replaced."""
+        return any(self.inbox.taken(r, w.id, w.sha256, partial_is_ours=w.thorough) for r in w.recipients)
 
     def _admit(self, works, now):
         """This node's own shedding limits (flow.py: queue_limit, per_pair_rate, an archived

@@ -141,24 +141,28 @@ class FederationRecords:
         with self.transaction():
             events, links = [], []
             seq, prev = self.head()
-            rows = [{**m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now} for m in items]
+            rows = [{"remote_id": None, **m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now}
+                    for m in items]
             self.db.executemany(
                 "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
-                "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, node, entry_id) "
+                "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, node, entry_id, remote_id) "
                 "VALUES (:id, :sender, :name, 'archived', :recipients, :kind, :thread, :subject, :body, :headers, "
-                ":sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id)", rows)
+                ":sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id, :remote_id)", rows)
             self.db.executemany(
                 "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
-                "sha256, sent_at, discovered_at, claimed_at, failed_at, error, attempts, node, entry_id) "
+                "sha256, sent_at, discovered_at, claimed_at, failed_at, error, attempts, node, entry_id, remote_id) "
                 "VALUES (:id, :sender, :name, 'failed', :recipients, :kind, :thread, :subject, :body, :headers, "
-                ":sha256, :sent_at, :now, :now, :now, :error, 1, :node, :entry_id)",
-                [{**m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now} for m in failed])
+                ":sha256, :sent_at, :now, :now, :now, :error, 1, :node, :entry_id, :remote_id)",
+                [{"remote_id": None, **m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now}
+                 for m in failed])
             self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
                                 "VALUES (?, ?, ?, ?, ?)",
                                 [(m["id"], r, now, *got) for m in (*items, *failed) for r, got in m["got"].items()])
             for m in (*items, *failed):
                 events.append((m["id"], now, "received", f"from node {m['node']} as entry {m['entry_id']}"
-                               + (f"; {m['note']}" if m.get("note") else "")))
+                               + (f"; {m['note']}" if m.get("note") else "")
+                               + (f"; its id there, {m['remote_id']}, names another message here"
+                                  if m.get("remote_id") else "")))
                 events.extend((m["id"], now, "delivered", r) for r in sorted(m["got"]))
             events.extend((m["id"], now, "failed", m["error"]) for m in failed)
             for m, row in zip(items, rows, strict=True):
@@ -177,8 +181,10 @@ class FederationRecords:
                                 "observed, at) VALUES (?, ?, ?, ?, ?, ?, ?)", [(*s, now) for s in sheds])
             events.extend((mid, now, "shed", f"{r}: {reason}") for mid, r, _, reason, _, _ in sheds)
             self._events(events)
-            self.db.executemany("INSERT OR REPLACE INTO received_ids (id, node, sha256, at) VALUES (?, ?, ?, ?)",
-                                [(m["id"], m["node"], m["sha256"], now) for m in (*items, *failed)])
+            self.db.executemany("INSERT OR REPLACE INTO received_ids (node, id, sha256, at, local_id) "
+                                "VALUES (?, ?, ?, ?, ?)",
+                                [(m["node"], m.get("remote_id") or m["id"], m["sha256"], now, m["id"])
+                                 for m in (*items, *failed)])
             got = {r for m in (*items, *failed) for r in m["got"]}
             if got:
                 self._seen(got, now)

@@ -81,12 +81,14 @@ class RemoteHistory:
         return self.db.execute("SELECT min(ack_deadline) FROM outbound WHERE status = 'published'").fetchone()[0]
 
     def received_before(self, ids):
-        """{id: (node, sha256)} of the ids received from other nodes (kept past the retention sweep)."""
+        """{(node, id): (sha256, local id)} of the ids received from other nodes (kept past the
+        retention sweep), for the ids given (any node)."""
         out = {}
         for i in range(0, len(ids), CHUNK):
             chunk = ids[i:i + CHUNK]
-            out.update({r[0]: (r[1], r[2]) for r in self.db.execute(
-                f"SELECT id, node, sha256 FROM received_ids WHERE id IN ({','.join('?' * len(chunk))})", chunk)})
+            out.update({(r[0], r[1]): (r[2], r[3]) for r in self.db.execute(
+                "SELECT node, id, sha256, local_id FROM received_ids WHERE id IN "
+                f"({','.join('?' * len(chunk))})", chunk)})
         return out
 
     def received_counts(self):

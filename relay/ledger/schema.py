@@ -141,7 +141,8 @@ CREATE TABLE link (
 """),
     # Federation, second protocol (relay/federation/): a message for another node is done at the
     # sender only once that node acknowledged its durable delivery; the receiver keeps the ids it
-    # received (not swept with the messages) so that a replay is refused; the link records when
+    # received, by node (not swept with the messages), so that a replay is refused, and a message
+    # whose id is taken here keeps the sender's as remote_id under one of its own; the link records when
     # the team's directory was last read, or why it cannot be. Rows published under the first
     # protocol (streams no node reads any more) are published again, and known by their ids.
     (9, "federation: end-to-end acknowledgements, received ids, the directory's state", """
@@ -149,14 +150,17 @@ ALTER TABLE outbound ADD COLUMN acked_at REAL;
 ALTER TABLE outbound ADD COLUMN ack_deadline REAL;
 CREATE INDEX outbound_node ON outbound(node, status);
 CREATE TABLE received_ids (
-    id     TEXT PRIMARY KEY,
-    node   TEXT NOT NULL,
-    sha256 TEXT NOT NULL,
-    at     REAL NOT NULL
+    node     TEXT NOT NULL,
+    id       TEXT NOT NULL,
+    sha256   TEXT NOT NULL,
+    at       REAL NOT NULL,
+    local_id TEXT NOT NULL,
+    PRIMARY KEY (node, id)
 ) WITHOUT ROWID;
 CREATE INDEX received_ids_at ON received_ids(at);
-INSERT OR IGNORE INTO received_ids (id, node, sha256, at)
-    SELECT id, node, sha256, discovered_at FROM messages WHERE node IS NOT NULL AND sha256 IS NOT NULL;
+ALTER TABLE messages ADD COLUMN remote_id TEXT;
+INSERT OR IGNORE INTO received_ids (node, id, sha256, at, local_id)
+    SELECT node, id, sha256, discovered_at, id FROM messages WHERE node IS NOT NULL AND sha256 IS NOT NULL;
 ALTER TABLE link ADD COLUMN directory_at REAL;
 ALTER TABLE link ADD COLUMN directory_error TEXT;
 UPDATE outbound SET status = 'pending', next_attempt_at = 0 WHERE status = 'published';
