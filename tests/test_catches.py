@@ -45,27 +45,6 @@ def test_verify_sees_an_archived_record_altered_with_its_file(project, tamper):
     assert any(row["id"] in p and "hash chain" in p for p in problems), problems
 
 
-def test_a_file_opened_for_writing_just_after_custody_is_deferred(project, clock):
-    relay = project.relay()
-    project.drop("Ann", "m", "TO: Ben\n\nwhole")
-    held = []
-    real = relay.fs.rename
-
-    def rename(src, dst, **k):
-        real(src, dst, **k)
-        if src.startswith("outbox/"):
-            held.append(open(project.state / dst, "a"))     # a writer still at it
-
-    relay.fs.rename = rename
-    counts = relay.step()
-    assert counts.deferred == 1 and project.inbox("Ben") == []
-    [row] = relay.history.audit()
-    assert row["status"] == "pending" and row["spooled"] == 1
-    held[0].close()
-    relay.step(clock.advance(1))
-    assert [e["body"] for e in project.inbox("Ben")] == ["whole"]
-
-
 def test_a_file_hint_is_not_a_closed_hint(project):
     relay = project.relay(settle="5s")
     path = project.drop("Ann", "m", "TO: Ben\n\nslow", in_place=True)
