@@ -426,3 +426,32 @@ def test_a_directory_swapped_between_two_steps_is_never_acted_in_outside(project
     for _ in range(3):
         relay.step(project.clock.advance(5))
     assert _tree(out) == before
+
+
+def test_a_close_hint_on_a_fifo_a_link_or_a_hard_link_opens_and_changes_nothing_outside(project, tmp_path):
+    """A hint skips the settle time and the look for writers: it must not skip the checks on
+    what the entry is. A FIFO is quarantined unopened (opening it would block on a writer),
+    a symbolic link is quarantined as one (its target untouched), and a hard link to a file
+    outside is delivered from a private copy, the outside file left as it was."""
+    relay = project.relay()
+    box = project.state / "outbox/Ann"
+    box.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "secret"
+    outside.write_text("TO: Ben\n\nsecret")
+    outside.chmod(0o666)
+    before = outside.stat()
+    os.mkfifo(box / "fifo")
+    os.symlink(outside, box / "link")
+    os.link(outside, box / "hard")
+    for name in ("fifo", "link", "hard"):
+        relay.hint("closed", "Ann", name)
+    relay.step()
+    rows = {r["name"]: r for r in relay.history.audit()}
+    assert rows["fifo"]["status"] == "failed" and "FIFO" in rows["fifo"]["error"]
+    assert rows["link"]["status"] == "failed" and "symbolic link" in rows["link"]["error"]
+    assert rows["hard"]["status"] == "archived"
+    assert [e["body"] for e in project.inbox("Ben")] == ["secret"]
+    after = outside.stat()
+    assert (after.st_mode, after.st_nlink, after.st_mtime_ns) == (before.st_mode, before.st_nlink, before.st_mtime_ns)
+    assert outside.read_text() == "TO: Ben\n\nsecret"
+    assert sorted(os.listdir(box)) == []

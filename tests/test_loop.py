@@ -159,3 +159,32 @@ def test_hints_from_another_thread_racing_the_loop_are_never_slept_past(project)
         t.join(5)
     # check() runs once a wait has lasted a second: no hint was slept past.
     assert done.is_set() and not relay.hints and checks == []
+
+
+@pytest.mark.parametrize("values", [{}, {"batch_bytes": 1}])
+def test_the_loop_steps_on_while_a_step_leaves_work_due_without_a_wake(project, values):
+    """The loop steps again only when hints, a rescan or a batch whose sync runs remain, or
+    when next_deadline() comes. A full claim (batch 2, five files) and messages left for the
+    next batch by the byte budget are due at once: the loop goes on without any wake-up (a
+    guard timer ends it, and fails the test, if it waits)."""
+    relay = project.relay(**values)
+    relay.batch = 2
+    for i in range(5):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nm{i}")
+    stop, waited = threading.Event(), []
+
+    def guard():
+        waited.append(True)
+        stop.set()
+        relay.wake.set()
+
+    def after(counts):
+        if len(project.inbox("Ben")) == 5:
+            stop.set()
+    timer = threading.Timer(5.0, guard)
+    timer.start()
+    try:
+        relay.run(stop, after=after)
+    finally:
+        timer.cancel()
+    assert not waited and sorted(e["body"] for e in project.inbox("Ben")) == [f"m{i}" for i in range(5)]
