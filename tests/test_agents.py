@@ -312,3 +312,15 @@ def test_system_inbox_is_read_but_system_never_sends(team):
     assert error_line(r) == "'System' is relay's own name and never a sender (--from): only agents have outboxes"
     with pytest.raises(relay.InvalidName):
         relay.Agent("System", root=team.root).send("Bob", "x")
+
+
+def test_inbox_json_is_one_document(project):
+    """Guards the JSON the agents' side reads: a list of whole envelopes."""
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nhello")
+    relay.drain()
+    r = CliRunner().invoke(main, ["--root", str(project.root), "inbox", "Ben", "--json"])
+    assert r.exit_code == 0 and [d["body"] for d in json.loads(r.output)] == ["hello"]

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
+from relay.operator import doctor as operator
 
 
 @pytest.fixture
@@ -174,6 +175,24 @@ def test_verify_catches_inserted_record(relayed):
     led.close()
     r = relayed("verify", ok=False)
     assert "01BBBBBBBBBBBBBBBBBBBBBBBB: archived record is not in the hash chain" in r.output
+
+
+@pytest.mark.parametrize("tamper", ["bytes-and-sha", "recipients"])
+def test_verify_sees_an_archived_record_altered_with_its_file(project, tamper):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\noriginal")
+    relay.drain()
+    [row] = relay.history.audit()
+    db = relay.ledger.db
+    if tamper == "bytes-and-sha":
+        import hashlib
+        forged = b"TO: Ben\n\nforged"
+        (project.state / row["archive_path"]).write_bytes(forged)
+        db.execute("UPDATE messages SET sha256 = ? WHERE id = ?", (hashlib.sha256(forged).hexdigest(), row["id"]))
+    else:
+        db.execute("UPDATE messages SET recipients = ? WHERE id = ?", ('["Mallory"]', row["id"]))
+    _, problems = operator.verify(relay.history, relay.layout)
+    assert any(row["id"] in p and "hash chain" in p for p in problems), problems
 
 
 def test_verify_passes_after_a_sweep(relayed):

@@ -5,6 +5,82 @@ is deferred, looked at less and less often, and named by run --once when its pat
 import contextlib
 import os
 
+from relay.core.outbox import HEADER_ALLOWANCE
+
+
+def test_a_file_hint_is_not_a_closed_hint(project):
+    relay = project.relay(settle="5s")
+    path = project.drop("Ann", "m", "TO: Ben\n\nslow", in_place=True)
+    now = os.stat(path).st_mtime
+    relay.hint("file", "Ann", "m")
+    assert relay.step(now + 0.1).registered == 0          # may still be written
+    path2 = project.drop("Ann", "n", "TO: Ben\n\ndone", in_place=True)
+    relay.hint("closed", "Ann", "n")
+    assert relay.step(os.stat(path2).st_mtime + 0.1).archived == 1
+
+
+def test_a_file_dated_in_the_future_waits_for_settle_by_relays_clock(project, clock):
+    relay = project.relay(settle="1s")
+    path = project.drop("Ann", "m", "TO: Ben\n\nlater", in_place=True)
+    os.utime(path, (clock.now + 3600, clock.now + 3600))
+    assert relay.step(clock.now).registered == 0
+    with open(path, "a") as f:                      # changed: the wait starts again
+        f.write(" more")
+    os.utime(path, (clock.now + 3600, clock.now + 3600))
+    assert relay.step(clock.advance(0.9)).registered == 0
+    assert relay.step(clock.advance(0.5)).registered == 0
+    assert relay.step(clock.advance(1.0)).archived == 1
+    assert [e["body"] for e in project.inbox("Ben")] == ["later more"]
+
+
+def test_a_held_open_file_is_found_busy_before_any_claim(project):
+    relay = project.relay()
+    path = project.state / "outbox/Ann/m"
+    with open(path, "w") as f:
+        f.write("TO: Ben\n\nhalf")
+        f.flush()
+        assert relay.outbox.check("Ann", "m", project.clock.now + 100) is None
+        assert relay.outbox.waiting[("Ann", "m")][1] == "held open for writing"
+
+
+def test_a_file_renamed_in_while_still_held_open_is_deferred_then_delivered_whole(project, clock):
+    # A hint that it was closed or renamed in skips the look for writers before the claim; the
+    # lease taken on the spooled file finds the writer, and nothing half-written is delivered.
+    relay = project.relay(settle="1s")
+    box = project.state / "outbox/Ann"
+    with open(box / ".m.tmp", "w") as f:
+        f.write("TO: Ben\n\nhalf")
+        f.flush()
+        os.rename(box / ".m.tmp", box / "m")
+        relay.hint("closed", "Ann", "m")
+        counts = relay.step(clock.now)
+        assert counts.claimed == 1 and counts.deferred == 1 and project.inbox("Ben") == []
+        f.write(" and whole")
+    relay.step(clock.advance(2))
+    assert [e["body"] for e in project.inbox("Ben")] == ["half and whole"]
+
+
+def test_no_lease_is_left_on_a_file_relay_looked_at(project, clock):
+    """The read lease that finds writers goes with the descriptor: once a step has looked at
+    files (held by a writer or not), relay holds no lease, so no agent's open waits on one."""
+    relay = project.relay(settle="1s")
+    project.drop("Ann", "done", b"TO: Ben\n\nwhole")
+    box = project.state / "outbox/Ann"
+    with open(box / "held", "w") as f:
+        f.write("TO: Ben\n\nhalf")
+        f.flush()
+        relay.step(clock.advance(5))        # a rescan: the look for writers, then the read
+        leases = [line for line in open("/proc/locks") if "LEASE" in line and f" {os.getpid()} " in line]
+        assert leases == [] and project.inbox("Ben") != []
+
+
+def test_a_file_over_the_cap_is_refused_by_its_size_before_it_is_read(project):
+    relay = project.relay(max_body_bytes=1000)
+    project.drop("Ann", "big", b"TO: Ben\n\n" + b"x" * (1000 + HEADER_ALLOWANCE))
+    relay.drain()
+    [row] = relay.history.audit()
+    assert row["status"] == "failed" and "bytes, over max_body_bytes (1000) plus room for headers" in row["error"]
+
 
 @contextlib.contextmanager
 def held_open_after_its_close_hint(project, relay):

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from relay.files.sync import FEW
 from relay.operator import doctor as operator
 
 
@@ -307,3 +308,45 @@ def test_file_mode_syncs_the_custody_rename_before_the_move_that_depends_on_it(p
     move = next(i for i, e in enumerate(events) if e[0] == "rename" and e[2].startswith(to))
     synced = {e[1] for e in events[custody:move] if e[0] == "fsync"}
     assert {"outbox/Ann", "spool/Ann"} <= synced, events
+
+
+def test_fs_mode_syncs_a_few_envelopes_by_fsync_and_a_batch_by_syncfs_and_an_error_fails(project):
+    fsyncs, calls = [], []
+    relay = project.relay(sync_mode="fs", fsync=fsyncs.append)
+    relay.syncer.syncfs = calls.append
+    logs = []
+    relay.syncer.log_sync = logs.append
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.step()
+    # One envelope: its own fsync and the ledger log's (the claim, committed without a sync)
+    # before the link; then one syncfs for the links, the archive move and the outbox and spool
+    # directories.
+    assert len(fsyncs) == 1 and len(logs) == 1 and len(calls) == 1
+    for i in range(FEW + 1):
+        project.drop("Ann", f"b{i}", f"TO: Ben, Cy\n\nb{i}")
+    relay.hint("rescan")
+    relay.step(project.clock.advance(1))
+    assert len(fsyncs) == 1 and len(logs) == 1 and len(calls) == 3     # more than a few envelopes: one syncfs per phase
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    relay.syncer.syncfs = eio
+    project.drop("Ann", "n", "TO: Ben\n\ny")
+    relay.hint("rescan")
+    relay.step(project.clock.advance(1))
+    failed = [r for r in relay.history.audit() if r["name"] == "n"]
+    assert failed[0]["status"] == "failed" and "Input/output error" in failed[0]["error"]
+
+
+def test_fs_mode_an_envelope_fsync_error_fails_the_message(project):
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    relay = project.relay(sync_mode="fs", fsync=eio)
+    relay.syncer.syncfs = lambda fd: None
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.step()
+    [row] = relay.history.audit()
+    assert row["status"] == "failed" and "Input/output error" in row["error"]
+    assert project.inbox("Ben") == []
