@@ -1,5 +1,9 @@
-import pytest
+import os
 
+import pytest
+from conftest import error_line
+
+import relay
 from relay import config as config_mod
 from relay.errors import ConfigError
 
@@ -138,3 +142,48 @@ def test_a_root_that_is_not_a_directory_is_one_clear_line(tmp_path):
         r = CliRunner().invoke(main, verb, env={"RELAY_ROOT": str(tmp_path / "afile")})
         assert r.exit_code == 1 and r.output == f"Error: the project root {tmp_path / 'afile'} is not a directory\n"
     assert CliRunner().invoke(main, ["--root", str(tmp_path / "afile"), "status"]).exit_code == 2     # click's usage
+
+
+# -- discovery takes no state directory of another user ---------------------------------------------
+
+def test_a_state_directory_of_another_user_is_not_taken_for_the_project(tmp_path):
+    """Like git's `.git` ownership check: discovery took any `.relay/` above, so one another
+    user put in a shared parent (/tmp) received this user's messages and set its relay.toml."""
+    from relay import config as config_mod
+    (tmp_path / ".relay").mkdir()
+    sub = tmp_path / "mine" / "src"
+    sub.mkdir(parents=True)
+    me = os.geteuid()
+    assert config_mod.discover(cwd=sub, env={}, uid=me) == tmp_path
+    with pytest.raises(relay.NotInProject) as e:
+        config_mod.discover(cwd=sub, env={}, uid=me + 1)
+    assert str(e.value) == (f"{tmp_path}/.relay belongs to another user (uid {me}), so relay does not take it for "
+                            f"your project; run relay init here for one of your own, or give --root {tmp_path} to "
+                            "use it on purpose")
+    assert config_mod.discover(root=str(tmp_path), cwd=sub, env={}, uid=me + 1) == tmp_path    # on purpose
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory of another user takes root")
+def test_relay_init_under_another_users_state_directory_makes_a_project_of_ones_own(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    shared = tmp_path / "shared"
+    (shared / "newproj").mkdir(parents=True)
+    runner = CliRunner()
+    assert runner.invoke(main, ["--root", str(shared), "init", "--agent", "mallory"]).exit_code == 0
+    (shared / ".relay" / "relay.toml").write_text('unknown_recipient = "create"\n')
+    for p in [shared / ".relay", *(shared / ".relay").rglob("*")]:
+        os.lchown(p, 65534, 65534)
+    monkeypatch.chdir(shared / "newproj")
+    r = runner.invoke(main, ["init", "--agent", "alice", "--agent", "bob"])
+    assert r.exit_code == 0 and r.output == f"initialised {shared}/newproj/.relay with agents alice, bob\n"
+    assert runner.invoke(main, ["send", "--from", "alice", "--to", "bob", "secret"]).exit_code == 0
+    assert sorted(p.name for p in (shared / ".relay" / "outbox").iterdir()) == ["mallory"]
+    assert len(list((shared / "newproj" / ".relay" / "outbox" / "alice").iterdir())) == 1
+    monkeypatch.chdir(shared)
+    r = runner.invoke(main, ["init", "--agent", "alice"])
+    assert r.exit_code == 1 and error_line(r) == (
+        f"{shared}/.relay belongs to another user (uid 65534), so relay does not take it for your project; run "
+        f"relay init here for one of your own, or give --root {shared} to use it on purpose")
+    assert sorted(p.name for p in (shared / ".relay" / "outbox").iterdir()) == ["mallory"]
