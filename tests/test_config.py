@@ -144,6 +144,23 @@ def test_a_root_that_is_not_a_directory_is_one_clear_line(tmp_path):
     assert CliRunner().invoke(main, ["--root", str(tmp_path / "afile"), "status"]).exit_code == 2     # click's usage
 
 
+def test_a_federation_variable_or_value_relay_cannot_use_stops_no_agent(cli, monkeypatch):
+    """RELAY_FEDERATION_<anything> was taken as a key of [federation]: one that names none
+    (RELAY_FEDERATION_PASSWORD set for another tool) stopped every verb, an agent's relay send
+    too, as did a bad [federation] value, which stops only the daemon anywhere else."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    monkeypatch.setenv("RELAY_FEDERATION_PASSWORD", "x")
+    r = cli("status", ok=False)
+    assert r.exit_code == 3 and "RELAY_FEDERATION_PASSWORD" in r.stderr and "names no relay configuration" in r.stderr
+    monkeypatch.delenv("RELAY_FEDERATION_PASSWORD")
+    (cli.state / "relay.toml").write_text('[federation]\nurl = "http://nowhere"\nteam = "t"\n')
+    r = cli("send", "--from", "Ann", "--to", "Ben", "still sent")
+    assert "bad value for 'federation'" in r.stderr and "ignored" in r.stderr
+    assert len(list((cli.state / "outbox/Ann").iterdir())) == 1
+    r = cli("run", "--once", ok=False)
+    assert r.exit_code == 1 and "bad value for 'federation'" in r.stderr
+
+
 # -- discovery takes no state directory of another user ---------------------------------------------
 
 def test_a_state_directory_of_another_user_is_not_taken_for_the_project(tmp_path):

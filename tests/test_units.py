@@ -166,3 +166,16 @@ def test_the_launchd_plist_of_a_hostile_path_is_xml_that_reads_back_the_same(cli
     xml.dom.minidom.parseString(text.encode())          # well-formed
     doc = plistlib.loads(text.encode())
     assert doc["WorkingDirectory"] == str(root) and doc["ProgramArguments"][-2:] == [str(root), "run"]
+
+
+def test_a_systemd_unit_for_a_path_ending_in_a_space_names_that_path(tmp_path):
+    """systemd strips the white space that ends a value: `WorkingDirectory=/p/my project ` named
+    /p/my project, another directory (or none: the unit failed to start). No line of the unit
+    may rely on white space at its end; ExecStart quotes the path and carries it whole."""
+    from relay.operator import units
+    root = tmp_path / "my project "
+    root.mkdir()
+    unit = units.systemd(["/usr/bin/relay"], root, user=True)
+    assert all(line == line.rstrip() for line in unit.splitlines()), unit
+    [start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert f'--root "{root}" run' in start
