@@ -1,7 +1,12 @@
+"""Configuration: durations and sizes, relay.toml, the environment and flags, where each value came
+from, and how a verb finds its project (discovery); the last tests on a file system laid out by hand
+with pyfakefs, where the machine's own would get in the way."""
 import os
+from pathlib import Path
 
 import pytest
 from conftest import error_line
+from pyfakefs.fake_filesystem import set_uid
 
 import relay
 from relay import config as config_mod
@@ -204,3 +209,72 @@ def test_relay_init_under_another_users_state_directory_makes_a_project_of_ones_
         f"{shared}/.relay belongs to another user (uid 65534), so relay does not take it for your project; run "
         f"relay init here for one of your own, or give --root {shared} to use it on purpose")
     assert sorted(p.name for p in (shared / ".relay" / "outbox").iterdir()) == ["mallory"]
+
+
+# -- discovery and loading on a file system laid out by hand (pyfakefs): no .relay/ the machine
+#    happens to hold above the test, the root of the disk to write in, owners and permissions
+#    that only root could set, and no permission that root could be refused ------------------------
+
+def test_discovery_takes_the_nearest_state_directory_on_the_way_up(fs):
+    fs.create_dir("/home/ann/outer/.relay")
+    fs.create_dir("/home/ann/outer/inner/.relay")
+    fs.create_dir("/home/ann/outer/inner/src/deep")
+    fs.create_file("/home/ann/outer/inner/src/.relay")          # a file of that name is no state directory
+    fs.create_dir("/home/ann/outer/docs")
+    fs.create_dir("/home/ann/outer/.team-relay")
+    assert config_mod.discover(cwd="/home/ann/outer/inner/src/deep", env={}) == Path("/home/ann/outer/inner")
+    assert config_mod.discover(cwd="/home/ann/outer/inner", env={}) == Path("/home/ann/outer/inner")
+    assert config_mod.discover(cwd="/home/ann/outer/docs", env={}) == Path("/home/ann/outer")
+    assert config_mod.discover(cwd="/home/ann/outer/inner/src/deep", env={"RELAY_STATE_DIR": ".team-relay"}) \
+        == Path("/home/ann/outer")
+    assert config_mod.discover(cwd="/home/ann/outer/inner/src/deep", state_dir=".team-relay", env={}) \
+        == Path("/home/ann/outer")
+
+
+def test_discovery_looks_up_to_the_root_of_the_disk_and_says_what_it_looked_for(fs):
+    fs.create_dir("/home/ann/notes/2024")
+    with pytest.raises(relay.NotInProject) as e:
+        config_mod.discover(cwd="/home/ann/notes/2024", env={})
+    assert str(e.value) == "not in a relay project (no .relay/ here or above); run relay init"
+    with pytest.raises(relay.NotInProject, match=r"^not in a relay project \(no \.team-relay/ here or above\)"):
+        config_mod.discover(cwd="/home/ann/notes/2024", env={"RELAY_STATE_DIR": ".team-relay/"})
+    fs.create_dir("/.relay")
+    assert config_mod.discover(cwd="/home/ann/notes/2024", env={}) == Path("/")
+
+
+def test_a_link_to_another_users_state_directory_is_not_taken_for_the_project(fs):
+    """The link is this user's, the directory it leads to another's: discovery looks at both."""
+    me = os.geteuid()
+    fs.create_dir("/srv/shared/.relay")
+    os.chown("/srv/shared/.relay", me + 1, me + 1)
+    fs.create_dir("/home/ann/proj/src")
+    fs.create_symlink("/home/ann/proj/.relay", "/srv/shared/.relay")
+    with pytest.raises(relay.NotInProject) as e:
+        config_mod.discover(cwd="/home/ann/proj/src", env={})
+    assert str(e.value).startswith(f"/home/ann/proj/.relay belongs to another user (uid {me + 1}), so relay does "
+                                   "not take it for your project")
+    os.chown("/srv/shared/.relay", me, me)
+    assert config_mod.discover(cwd="/home/ann/proj/src", env={}) == Path("/home/ann/proj")
+
+
+def test_relay_toml_is_read_in_the_state_directory_named_and_moves_only_the_default_one(fs):
+    fs.create_file("/p/.relay/relay.toml", contents="state_dir = '.team'\nretention = '1d'\n")
+    fs.create_file("/p/.team/relay.toml", contents="retention = '3d'\n")         # not read: the move is the default's
+    fs.create_file("/p/.other/relay.toml", contents="state_dir = '.elsewhere'\nretention = '2d'\n")
+    cfg = config_mod.load("/p", env={})
+    assert (cfg.state_dir, cfg.retention, cfg.source) == (Path("/p/.team"), 86400, "/p/.relay/relay.toml")
+    assert cfg.origin("state_dir") == "relay.toml (/p/.relay/relay.toml)"
+    for cfg in (config_mod.load("/p", ".other", env={}), config_mod.load("/p", env={"RELAY_STATE_DIR": ".other"})):
+        assert (cfg.state_dir, cfg.retention, cfg.source) == (Path("/p/.other"), 2 * 86400, "/p/.other/relay.toml")
+        assert cfg.origin("state_dir") in ("flag", "env RELAY_STATE_DIR")
+
+
+def test_a_relay_toml_relay_may_not_read_is_one_error_naming_it(fs):
+    """As a user who may not read it (root may read any file: the real file system cannot show
+    this to a test run as root)."""
+    fs.create_file("/p/.relay/relay.toml", contents="retention = '1d'\n")
+    os.chmod("/p/.relay/relay.toml", 0o200)
+    set_uid(4242)
+    with pytest.raises(ConfigError) as e:
+        config_mod.load("/p", env={})
+    assert str(e.value) == "cannot read /p/.relay/relay.toml: Permission denied"
