@@ -173,6 +173,13 @@ def failing_create(relay, error, when=lambda rel: rel.startswith("inbox/")):
     return switch
 
 
+def fill_disk(fs, room):
+    """Make the disk of pyfakefs's file system `fs` full but for `room` bytes: a file can still be
+    created, its bytes then stop fitting (what a disk filling up under a writer gives)."""
+    fs.set_disk_usage(1 << 40)          # pyfakefs counts what is there once the disk has a size
+    fs.set_disk_usage(fs.get_disk_usage("/").used + room)
+
+
 @pytest.fixture
 def project(tmp_path, clock):
     p = Project(tmp_path, clock)

@@ -5,6 +5,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from conftest import fill_disk
+from pyfakefs.fake_filesystem import set_uid
 
 from relay.agent import adopt
 from relay.errors import RelayError
@@ -361,3 +363,61 @@ def test_kill_9_at_each_sync_leaves_the_old_file_or_the_new_one_whole(tmp_path, 
     assert path.read_text() == {"old": old, "new": new}[whole]
     adopt.update(path, "bob", adopt.block("bob", {"alice"}))        # a later run finishes the job
     assert path.read_text() == new
+
+
+# -- faults on a file system laid out by hand (pyfakefs): a disk that fills, a directory relay may
+#    not write in (root may write anywhere: the real file system cannot show it to a test run as
+#    root). adopt needs no ledger, so the whole verb runs there. -------------------------------------
+
+def laid_out(fs, text="# our notes\n"):
+    """/proj with the agents alice and bob (their directories; adopt reads no ledger) and AGENTS.md."""
+    for d in ("outbox/alice", "outbox/bob", "inbox/alice/new", "inbox/bob/new"):
+        fs.create_dir(f"/proj/.relay/{d}")
+    fs.create_file("/proj/AGENTS.md", contents=text)
+    return Path("/proj/AGENTS.md")
+
+
+def adopt_verb(*args):
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    return CliRunner().invoke(main, ["--root", "/proj", "adopt", *args])
+
+
+def test_a_disk_that_fills_while_adopt_writes_is_one_error_and_the_file_is_as_it_was(fs):
+    path = laid_out(fs)
+    assert adopt_verb("alice").exit_code == 0
+    before = path.read_bytes()
+    fill_disk(fs, 100)                  # room for the temporary file, not for the new text
+    line = error(adopt_verb("bob"))
+    assert line.startswith("the disk is full: No space left on device (") and \
+        line.endswith("free some space, then run the command again")
+    assert path.read_bytes() == before and sorted(os.listdir("/proj")) == [".relay", "AGENTS.md"]
+    fs.set_disk_usage(1 << 40)
+    assert adopt_verb("bob").exit_code == 0
+    assert sorted(adopt.blocks(path.read_text(), path)) == ["alice", "bob"]
+
+
+def test_a_directory_adopt_may_not_write_in_is_one_error_and_the_file_is_as_it_was(fs):
+    path = laid_out(fs)
+    os.chmod("/proj", 0o555)
+    set_uid(4242)
+    line = error(adopt_verb("alice"))
+    assert "Permission denied" in line
+    assert path.read_text() == "# our notes\n" and sorted(os.listdir("/proj")) == [".relay", "AGENTS.md"]
+
+
+def test_a_directory_made_read_only_while_adopt_writes_leaves_the_file_as_it_was(fs):
+    """Made read-only after the new text is written and synced beside the file, before it is
+    renamed over it: the rename is refused, and the file holds its old text whole."""
+    path = laid_out(fs)
+    synced = []
+
+    def fsync(fd):
+        if not synced:
+            os.chmod("/proj", 0o555)
+            set_uid(4242)
+        synced.append(fd)
+    with pytest.raises(PermissionError):
+        adopt.update(path, "alice", adopt.block("alice", {"bob"}), fsync=fsync, root=Path("/proj"))
+    assert len(synced) == 1 and path.read_text() == "# our notes\n"

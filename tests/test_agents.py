@@ -1,6 +1,8 @@
 """The agent's side: finding the project, sending with checked names and real ids, request ids,
 reading whole messages, waiting; each refusal with its exact line."""
+import errno
 import json
+import os
 import threading
 
 import pytest
@@ -13,9 +15,10 @@ from relay.cli import main
 
 
 
-def drain(root):
+def drain(root, now=None):
+    import time
     with relay.Relay(relay.load(root, ".relay", env={})) as r:
-        return r.drain(now_fn=lambda: __import__("time").time() + 1)
+        return r.drain(now_fn=lambda: (now or time.time()) + 1)
 
 
 # -- names are checked before anything is written --------------------------------------------------
@@ -72,6 +75,18 @@ def test_verbs_find_the_project_from_a_subdirectory(team, monkeypatch):
     assert [d["body"] for d in json.loads(r.output)] == ["from below"]
     assert relay.Agent("Bob").inbox()[0].body == "from below"      # the API finds it the same way
     assert runner.invoke(main, ["status"]).exit_code == 3      # found the project; no daemon runs
+
+
+def test_send_to_broadcast_reaches_everyone_like_star(team):
+    """SPEC 2: `*` has the alias `Broadcast`; the agent side must not refuse it as an unknown agent."""
+    mid = team("send", "--from", "Alice", "--to", "Broadcast", "to all").output.strip()
+    drain(team.root)
+    for agent in ("Bob", "Carol"):
+        assert [m.id for m in relay.Agent(agent, root=team.root).inbox()] == [mid]
+    assert relay.Agent("Alice", root=team.root).inbox() == []
+    r = team("send", "--from", "Broadcast", "--to", "Bob", "--create", "x", ok=False)
+    assert error_line(r) == "'Broadcast' means every agent (as '*') and cannot be one agent's name"
+    assert not (team.state / "outbox" / "Broadcast").exists()
 
 
 # -- the id relay send prints is the message's id ---------------------------------------------------
@@ -166,6 +181,54 @@ def test_a_crash_around_the_id_change_delivers_once(project, crash_at):
     row = second.history.get(mid)
     assert row["status"] == "archived" and row["archive_path"].endswith(f"/Ann/{mid}--m")
     assert list((project.state / "spool" / "Ann").iterdir()) == []
+
+
+def test_a_body_over_max_body_bytes_is_refused_before_anything_is_written(team):
+    """relay send printed an id and exited 0; the daemon then failed the file ("over
+    max_body_bytes"), under an id of its own that relay show did not know by the printed one."""
+    (team.state / "relay.toml").write_text("max_body_bytes = 100\n")
+    r = team("send", "--from", "Alice", "--to", "Bob", "-", input="é" * 51, ok=False)
+    assert r.exit_code == 1
+    assert error_line(r) == ("the body is 102 bytes, over max_body_bytes (100); relay would refuse it: send it in "
+                             "parts, or raise max_body_bytes in relay.toml")
+    assert list((team.state / "outbox" / "Alice").iterdir()) == []
+    mid = team("send", "--from", "Alice", "--to", "Bob", "-", input="é" * 50).output.strip()
+    drain(team.root)
+    assert [len(m.body) for m in relay.Agent("Bob", root=team.root).inbox()] == [50]
+    assert json.loads(team("show", mid, "--json").output)["status"] == "archived"
+
+
+def test_a_subject_longer_than_a_header_line_is_refused_before_anything_is_written(team):
+    """relay send exited 0 with a 70000-character subject; the daemon then failed the file with
+    "header line 3 is 70009 characters long ... is the blank line after the headers missing?"."""
+    from relay.core.message import MAX_HEADER_LINE
+    fits = MAX_HEADER_LINE - len("SUBJECT: ")
+    r = team("send", "--from", "Alice", "--to", "Bob", "--subject", "s" * (fits + 1), "x", ok=False)
+    assert error_line(r) == f"the subject is {fits + 1} characters long; a header line holds at most {fits} of them"
+    assert list((team.state / "outbox" / "Alice").iterdir()) == []
+    with pytest.raises(relay.RelayError, match=r"^the thread is 65536 characters long; a header line holds at "):
+        relay.Agent("Alice", root=team.root).send("Bob", "x", thread="t" * MAX_HEADER_LINE)
+    team("send", "--from", "Alice", "--to", "Bob", "--subject", "s" * fits, "x")
+    assert drain(team.root).archived == 1
+    assert len(relay.Agent("Bob", root=team.root).inbox()[0].subject) == fits
+
+
+def test_the_printed_id_finds_a_message_that_failed_before_relay_read_its_id(team):
+    """A file refused before it is parsed (here: max_body_bytes lowered after the send) failed
+    under the id relay gave it when found; show, retry and read did not know the printed id."""
+    mid = team("send", "--from", "Alice", "--to", "Bob", "x" * 200).output.strip()
+    (team.state / "relay.toml").write_text("max_body_bytes = 100\n")
+    assert drain(team.root).failed == 1
+    doc = json.loads(team("show", mid, "--json").output)
+    assert doc["status"] == "failed" and "over max_body_bytes (100)" in doc["error"]
+    assert doc["source_path"] == f"outbox/Alice/msg-{mid.lower()}"
+    assert "over max_body_bytes" in team("read", mid).output
+    (team.state / "relay.toml").write_text("max_body_bytes = 1000\n")
+    assert team("retry", mid).exit_code == 0
+    drain(team.root)
+    [m] = relay.Agent("Bob", root=team.root).inbox()
+    assert m.id == mid and len(m.body) == 200
+    assert json.loads(team("show", mid, "--json").output)["status"] == "archived"
 
 
 # -- request ids --------------------------------------------------------------------------------------
@@ -312,3 +375,251 @@ def test_system_inbox_is_read_but_system_never_sends(team):
     assert error_line(r) == "'System' is relay's own name and never a sender (--from): only agents have outboxes"
     with pytest.raises(relay.InvalidName):
         relay.Agent("System", root=team.root).send("Bob", "x")
+
+
+def test_inbox_json_is_one_document(project):
+    """Guards the JSON the agents' side reads: a list of whole envelopes."""
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nhello")
+    relay.drain()
+    r = CliRunner().invoke(main, ["--root", str(project.root), "inbox", "Ben", "--json"])
+    assert r.exit_code == 0 and [d["body"] for d in json.loads(r.output)] == ["hello"]
+
+
+# -- waits that must wake -----------------------------------------------------------------------------
+
+def _waiter(agent, **kw):
+    """A thread waiting on `agent`'s inbox; (thread, listening, results, errors)."""
+    import threading
+    listening, got, errors = threading.Event(), [], []
+
+    def run():
+        try:
+            got.extend(agent.wait(listening=listening, **kw))
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors.append(e)
+            listening.set()
+    t = threading.Thread(target=run)
+    t.start()
+    assert listening.wait(10)
+    return t, got, errors
+
+
+def test_a_wait_longer_than_the_platform_counts_still_wakes(team):
+    """`relay inbox --wait 99999999999999d` ended in an OverflowError traceback from select()."""
+    bob = relay.Agent("Bob", root=team.root)
+    t, got, errors = _waiter(bob, timeout=99999999999999 * 86400.0)
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "late but here")
+    drain(team.root)
+    t.join(10)
+    assert not t.is_alive() and errors == []
+    assert [m.id for m in got] == [mid]
+    bob.close()
+
+
+def test_a_wait_with_no_sense_of_time_is_refused_and_a_negative_one_looks_once(team):
+    bob = relay.Agent("Bob", root=team.root)
+    with pytest.raises(relay.RelayError, match=r"^the timeout must be a number of seconds, not nan$"):
+        bob.wait(timeout=float("nan"))
+    assert bob.wait(timeout=-5) == []
+    bob.close()
+
+
+def _envelope(mid, body, sender="Alice"):
+    return json.dumps({"id": mid, "from": sender, "to": ["Bob"], "kind": "message", "body": body})
+
+
+def _deliver(directory, mid, body):
+    """An envelope put into `directory` whole, as relay does (written aside, then linked in)."""
+    aside = directory.parent / f".{mid}.aside"
+    aside.write_text(_envelope(mid, body))
+    os.rename(aside, directory / f"{mid}.json")
+
+
+MID = "01KC3ABCDEFGHJKMNPQRSTVWXY"
+
+
+def test_a_wait_wakes_for_a_message_in_an_inbox_replaced_while_it_waited(team):
+    """The watch stayed on the new/ directory that was renamed away: a message in the new one
+    never woke the waiter (a wait without timeout hung for good), and a long-lived Agent kept
+    reading the old directory through a cached descriptor."""
+    bob = relay.Agent("Bob", root=team.root)
+    assert bob.wait(timeout=0) == []                # the watch is armed and kept
+    new = team.state / "inbox" / "Bob" / "new"
+    os.rename(new, new.with_name("new.old"))
+    new.mkdir()
+    assert bob.inbox() == []
+    t, got, errors = _waiter(bob, timeout=30)
+    _deliver(new, MID, "in the new directory")
+    t.join(30)
+    assert errors == [] and [m.body for m in got] == ["in the new directory"]
+    assert [m.id for m in bob.inbox()] == [MID]
+    bob.close()
+
+
+def test_a_wait_whose_inbox_is_swapped_for_a_link_ends_with_the_reason(team, tmp_path_factory):
+    outside = tmp_path_factory.mktemp("outside")
+    bob = relay.Agent("Bob", root=team.root)
+    t, got, errors = _waiter(bob, timeout=30)
+    new = team.state / "inbox" / "Bob" / "new"
+    os.rename(new, new.with_name("new.old"))
+    os.symlink(outside, new)
+    (outside / f"{MID}.json").write_text(_envelope(MID, "planted outside"))
+    t.join(30)
+    assert not t.is_alive() and got == []
+    assert [str(e) for e in errors] == [
+        "inbox/Bob/new is a symbolic link or not a directory; relay never follows links under its state "
+        "directory: it may lead outside the state directory, and relay reads and moves only files inside it"]
+    assert os.listdir(outside) == [f"{MID}.json"]
+    bob.close()
+
+
+def test_junk_in_new_does_not_end_every_wait_at_once(team):
+    """An entry of new/ that is no envelope was returned by every wait at once, never marked
+    read: `relay inbox Bob --wait --ack` in a loop spun instead of blocking."""
+    (team.state / "inbox" / "Bob" / "new" / "junk").write_text("not an envelope")
+    r = team("inbox", "Bob", "--wait", "0.2", "--ack", ok=False)
+    assert r.exit_code == 124 and r.output == "relay: no new message for Bob in 0.2\n"
+    assert "unreadable envelope" in team("inbox", "Bob").output          # still shown to a person
+    bob = relay.Agent("Bob", root=team.root)
+    t, got, errors = _waiter(bob, timeout=30, ack=True)
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "a real one")
+    drain(team.root)
+    t.join(30)
+    assert errors == [] and [(m.id, m.state, bool(m.error)) for m in got] == [(mid, "cur", False), ("junk", "new", True)]
+    bob.close()
+
+
+def test_a_wait_with_no_watch_to_be_had_still_waits_and_wakes(team, monkeypatch, caplog):
+    """With the user's inotify instances used up (128 by default, shared by every daemon, editor
+    and IDE of the user), the wait ended in "OSError: inotify instance limit reached" (exit 1):
+    the fallback Observer needs an inotify instance too."""
+    import relay.agent.mail
+    import relay.core.watcher
+
+    def no_observer():
+        raise OSError(errno.EMFILE, "inotify instance limit reached")
+    monkeypatch.setattr(relay.agent.mail, "inotify_init", lambda: -1)           # what the kernel answers then
+    monkeypatch.setattr(relay.core.watcher, "observer", no_observer)
+    bob = relay.Agent("Bob", root=team.root)
+    assert bob.wait(timeout=0.1) == []
+    assert "the wait looks for new messages every 0.5s instead" in caplog.text
+    t, got, errors = _waiter(bob, timeout=30)
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "found by looking")
+    drain(team.root)
+    t.join(30)
+    assert errors == [] and [m.id for m in got] == [mid]
+    bob.close()
+
+
+def test_a_wait_in_a_process_holding_many_files_still_wakes(team):
+    """The waiter's inotify descriptor was handed to select(), which refuses one numbered past
+    1023: in a process holding that many files the wait ended in "ValueError: filedescriptor
+    out of range in select()"."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip("this process may not hold 1100 files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1024:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        bob = relay.Agent("Bob", root=team.root)
+        t, got, errors = _waiter(bob, timeout=30)
+        mid = relay.Agent("Alice", root=team.root).send("Bob", "past 1023")
+        drain(team.root)
+        t.join(30)
+        assert errors == [] and [m.id for m in got] == [mid]
+        bob.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_agents_made_again_and_again_do_not_leak_descriptors(team):
+    """Each Agent (and relay.agents()) left the state directory's descriptors open for the life
+    of the process, close() or not: a harness making an Agent per look ran out of files."""
+    relay.Agent("Alice", root=team.root).send("Bob", "x")
+    drain(team.root)
+
+    def open_files():
+        return len(os.listdir("/proc/self/fd"))
+    relay.Agent("Bob", root=team.root).inbox()
+    before = open_files()
+    for _ in range(50):
+        relay.Agent("Bob", root=team.root).inbox()
+        relay.agents(root=team.root)
+        with relay.Agent("Bob", root=team.root) as bob:
+            bob.wait(timeout=0)
+        bob.inbox()                     # usable after close(): what it needs is opened again
+        bob.close()
+    assert open_files() - before < 10
+
+
+# -- odd names in an inbox, two readers, another agent's copy, a prefix -------------------------------
+
+def test_an_odd_file_name_in_an_inbox_is_listed_escaped_not_a_traceback(team):
+    """A name with bytes that are not UTF-8 in new/ made `relay inbox --json/--jsonl` end in a
+    TypeError traceback from orjson (surrogates)."""
+    new = os.fsencode(team.state / "inbox" / "Bob" / "new")
+    with open(os.path.join(new, b"\xff\x1b.json"), "w") as f:
+        f.write(_envelope(MID, "posing as a message"))
+    [doc] = json.loads(team("inbox", "Bob", "--json").output)
+    assert doc["id"] == "\\xff\\x1b" and doc["state"] == "new"
+    assert doc["error"] == "not an envelope relay wrote: its name is not valid UTF-8 ('\\xff\\x1b.json')"
+    assert doc["path"].endswith("/inbox/Bob/new/\\xff\\x1b.json")
+    [line] = team("inbox", "Bob", "--jsonl", "--ack").output.splitlines()
+    assert json.loads(line)["error"] == doc["error"]
+    assert os.listdir(new) == [b"\xff\x1b.json"]        # never marked read, never moved
+
+
+def test_a_read_copy_under_an_odd_name_is_not_taken_for_the_message(team):
+    """show/read --json found `cur/<id>.json:2,S\\xff` as the copy and ended in a traceback."""
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "hi")
+    drain(team.root)
+    box = team.state / "inbox" / "Bob"
+    os.rename(box / "new" / f"{mid}.json", os.fsencode(box / "cur" / f"{mid}.json:2,S") + b"\xff")
+    assert json.loads(team("show", mid, "--json").output)["deliveries"][0]["inbox_path"] is None
+    assert json.loads(team("read", mid, "--json").output)["body"] == "hi"        # the ledger's record
+    r = team("read", mid, "--agent", "Bob", "--json", ok=False)
+    assert error_line(r) == f"no message {mid!r} in the inbox of Bob"
+
+
+def test_two_readers_of_one_inbox_both_ack_without_an_error(team):
+    """The second `relay inbox Bob --ack` (another session of Bob) printed the message, then
+    exited 1 with "No such file or directory": the first had moved it to cur/ meanwhile."""
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "for both sessions")
+    drain(team.root)
+    one, two = relay.Agent("Bob", root=team.root), relay.Agent("Bob", root=team.root)
+    seen_one, seen_two = one.inbox(), two.inbox()
+    assert [m.state for m in one.ack(seen_one)] == ["cur"]
+    [m] = two.ack(seen_two)
+    assert (m.id, m.state) == (mid, "cur") and os.path.isfile(m.path)
+
+
+def test_an_agent_never_marks_read_another_agents_copy(team):
+    """Agent.find() falls back to any recipient's copy; acking it moved Carol's envelope to her
+    cur/, so Carol never saw the message as new."""
+    mid = relay.Agent("Alice", root=team.root).send("Bob,Carol", "for two")
+    drain(team.root)
+    bob, carol = relay.Agent("Bob", root=team.root), relay.Agent("Carol", root=team.root)
+    [theirs] = carol.inbox()
+    assert [m.state for m in bob.ack([theirs])] == ["new"]
+    assert [m.id for m in carol.inbox()] == [mid]
+    assert [m.state for m in bob.ack(bob.inbox())] == ["cur"]
+
+
+def test_read_takes_a_unique_prefix_for_an_agent_as_without_one(team):
+    """`relay read PREFIX` found the message, `relay read PREFIX --agent Bob` said there was
+    none, though Agent.read() says it takes a unique prefix."""
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "by prefix")
+    drain(team.root)
+    assert "by prefix" in team("read", mid[:12]).output
+    assert json.loads(team("read", mid[:12].lower(), "--agent", "Bob", "--json").output)["id"] == mid
+    r = team("read", "", "--agent", "Bob", ok=False)
+    assert error_line(r) == "no message '' in the inbox of Bob"

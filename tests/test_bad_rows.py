@@ -208,3 +208,128 @@ def test_the_sql_that_narrows_the_scan_misses_no_row_the_checks_refuse(project):
         every = list(unreadable_rows(relay.ledger.db.execute(f"SELECT * FROM {table}"), table))
         assert len(every) >= 10
         assert list(relay.history.bad_rows(tables=(table,))) == every
+
+
+@pytest.fixture
+def planted(cli, tmp_path):
+    """A project with a delivered message, a ping and an archived agent, whose ledger holds rows
+    this build cannot read in sheds, pings, archived_agents, commands and attestations: blobs,
+    times that are text, names that are paths, a reason and a verb no build knows."""
+    cli("init", "--agent", "Ann", "--agent", "Ben", "--agent", "Cy")
+    cli("send", "--from", "Ann", "--to", "Ben", "--subject", "good one", "hello")
+    cli("run", "--once", "-q")
+    cli("ping", "Ben")
+    cli("archive-agent", "Cy")
+    outside = tmp_path / "outside"
+    (outside / "new").mkdir(parents=True)
+    db = sqlite3.connect(cli.state / "ledger.sqlite", isolation_level=None)
+    good = db.execute("SELECT id FROM messages").fetchone()[0]
+    sheds = "INSERT INTO sheds (message_id, recipient, sender, reason, limit_value, observed, at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    db.execute(sheds, (good, b"\xff\x00bin", "Ann", "queue_limit", 1, 2, 1.0))
+    db.execute(sheds, (good, "../../outside", "Ann", "per_pair_rate", 1, 2, 1.0))
+    db.execute(sheds, (good, "Cy", "Ann", "7", 1, 2, 1.0))
+    db.execute(sheds, (good, "Ben", "Ann", "queue_limit", "lots", 2, "noon"))
+    db.execute("INSERT INTO pings VALUES (?, ?, ?, ?)", (mid(1), "../../outside", 1.0, "op"))
+    db.execute("INSERT INTO pings VALUES (?, ?, ?, ?)", (mid(2), b"\xffBen", 1.0, "op"))
+    db.execute("INSERT INTO pings VALUES (?, ?, ?, ?)", (mid(3), "Ben", "tomorrow", "op"))
+    db.execute("INSERT INTO archived_agents VALUES (?, ?, ?)", ("../../evil", 1.0, "op"))
+    db.execute("INSERT INTO archived_agents VALUES (?, ?, ?)", (b"\x01blob", 1.0, "op"))
+    db.execute("INSERT INTO commands VALUES (?, ?, ?, ?, ?, ?)", ("c1", "retry", b"\xff", 3, "noon", b"\xfe"))
+    db.execute("INSERT INTO commands VALUES (?, ?, ?, ?, ?, ?)", ("c2", "format-disk", "{}", "op", 1.0, None))
+    db.execute("INSERT INTO attestations (at, pid, host, version, mode, event, durability, journal_mode, synchronous, "
+               "busy_timeout_ms, foreign_keys) VALUES ('noon', 'abc', 5, X'ff', 'daemon', 'start', 'full', 'wal', "
+               "'FULL', 'x', 'y')")
+    db.close()
+    cli.good, cli.outside = good, outside
+    return cli
+
+
+PLANTED = 12        # rows planted above that this build cannot read
+
+
+def test_rows_of_the_new_tables_are_named_and_left_out_by_every_verb(planted, tmp_path):
+    """Each verb names the rows it cannot read (one line each, never a traceback) and goes on:
+    no path such a row holds becomes an agent, a ping or a place relay looks."""
+    r = planted("status", "--json", ok=False)
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["sheds"] == {"body_size": 0, "per_pair_rate": 0, "queue_limit": 0,
+                                                 "recipient_archived": 0}
+    assert doc["durability"]["attested"] is False and "attestations row" in r.stderr
+    assert "7 1" not in planted("status", ok=False).stdout
+    for args in (["agents"], ["agents", "--json"], ["queues"], ["queues", "--json"]):
+        r = planted(*args)
+        assert "../../" not in r.stdout and "\\x01" not in r.stdout and "bin" not in r.stdout, args
+        assert "pings row" in r.stderr and "archived_agents row" in r.stderr and "sheds row" in r.stderr, args
+    agents = {a["agent"]: a for a in json.loads(planted("agents", "--json").stdout)}
+    assert set(agents) == {"Ann", "Ben", "Cy", "System"} and agents["Cy"]["archived"]
+    assert agents["Ben"]["ping"]["state"] == "waiting"
+    queues = json.loads(planted("queues", "--json").stdout)
+    assert {a["agent"] for a in queues["agents"]} == {"Ann", "Ben", "Cy", "System"}
+    r = planted("show", planted.good, "--json")         # shown as stored, each marked and named
+    sheds = json.loads(r.stdout)["sheds"]
+    assert len(sheds) == 4 and r.stderr.count("sheds row") == 4
+    assert {s["recipient"] for s in sheds} >= {"(unreadable: b'\\xff\\x00bin')", "../../outside"}
+    assert "sheds row" in planted("show", planted.good).stderr
+    for args in (["doctor"], ["doctor", "--json"], ["verify"]):
+        r = planted(*args, ok=False)
+        assert r.exit_code == 1 and r.output.count("cannot read") >= PLANTED, args
+    assert json.loads(planted("doctor", "--json", ok=False).stdout)["unreadable"] == PLANTED
+    r = planted("report", "--html", str(tmp_path / "report.html"))
+    assert "sheds row" in r.stderr and "Rows this relay cannot read" in (tmp_path / "report.html").read_text()
+    planted("audit", "--status", "shed")
+    planted("tail", "-n", "50")
+    # The operator's commands and the daemon go on beside them.
+    planted("ping", "Ann")
+    planted("archive-agent", "--undo", "Cy")
+    planted("send", "--from", "Ann", "--to", "Cy", "after the damage")
+    assert "relayed 1 message(s)" in planted("run", "--once", "-q").stdout
+    assert list(planted.outside.rglob("*")) == [planted.outside / "new"]
+
+
+def test_a_command_id_whose_record_cannot_be_read_is_refused_in_one_line(planted):
+    for cid, args in (("c1", ["retry", "--failed"]), ("c2", ["expire", mid(9)])):
+        r = planted(*args, "--command-id", cid, ok=False)
+        assert r.exit_code == 1 and f"commands row '{cid}'" in r.stderr and "give this command a new id" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_archiving_an_agent_whose_archived_row_cannot_be_read_archives_it(planted):
+    """An archived_agents row this build cannot read is left out, so its agent counts as not
+    archived; `relay archive-agent` then said `archived` while its insert met that row and did
+    nothing: the agent stayed unarchived. The command now replaces the unreadable row."""
+    db = sqlite3.connect(planted.state / "ledger.sqlite", isolation_level=None)
+    db.execute("INSERT INTO archived_agents VALUES ('Ben', 'noon', 'op')")
+    db.close()
+    assert "Ben: archived;" in planted("archive-agent", "Ben").stdout
+    agents = {a["agent"]: a for a in json.loads(planted("agents", "--json").stdout)}
+    assert agents["Ben"]["archived"] and "archived_agents row 'Ben'" not in planted("agents").stderr
+
+
+def test_the_sql_that_leaves_sheds_out_refuses_exactly_what_the_checks_refuse(project):
+    """shed_counts() and shed_pairs() leave out in SQL the rows bad_rows() names in Python: the
+    two must agree row for row, or a count would hold a row no verb names (or lose a good one)."""
+    from relay.ledger.rows import unreadable
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.drain()
+    good = relay.history.audit().fetchone()["id"]
+    db = sqlite3.connect(project.state / "ledger.sqlite", isolation_level=None)     # foreign keys off
+    base = {"message_id": good, "recipient": "Ben", "sender": "Ann", "reason": "queue_limit", "limit_value": 1,
+            "observed": 2.5, "at": 1.0, "released_at": None}
+    values = {"message_id": ["short", b"x" * 26, 7], "recipient": ["*", "../x", "", "a" * 65, "Ben\n", b"Ben", 5],
+              "sender": ["*", "?", "-x", b"Ann"], "reason": ["7", "QUEUE_LIMIT", b"body_size", 7, "body_size"],
+              "limit_value": ["lots", b"1", None], "observed": ["x", None, 3], "at": ["noon", b"1", 2],
+              "released_at": ["later", 1.5]}
+    n = 0
+    for column, vs in values.items():
+        for v in vs:
+            n += 1
+            db.execute("INSERT INTO sheds VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       list({**base, "recipient": f"R{n}", column: v}.values()))
+    db.close()
+    rows = relay.history.db.execute("SELECT * FROM sheds").fetchall()
+    refused = sum(unreadable(r, "sheds") is not None for r in rows)
+    assert refused == len(list(relay.history.bad_rows(tables=("sheds",))))
+    assert sum(relay.history.shed_counts().values()) == len(rows) - refused
+    assert sum(n for by in relay.history.shed_pairs().values() for n in by.values()) == len(rows) - refused
+    assert 0 < refused < len(rows)

@@ -3,6 +3,7 @@ processing by a stopped relay max_retries times is quarantined at recovery with 
 and `relay retry` brings it back. The state a kill -9 leaves is made deterministically: the
 batch dies where the ledger would record it, or right after the claim."""
 import json
+import sqlite3
 
 import pytest
 
@@ -135,3 +136,63 @@ def test_killed_while_recovery_quarantines_it(project):
     assert sorted(p.name for p in (project.state / "failed/Ann").iterdir()) == [f"{r['id']}--m",
                                                                               f"{r['id']}--m.error.json"]
     assert not list((project.state / "spool").rglob("*--m"))
+
+
+def test_the_claim_budget_quarantines_the_message_that_stops_relay_not_its_batch(project):
+    """Every row of a batch a crash interrupted counted the interruption, so a message that
+    kills relay took the whole batch into failed/ with it after max_retries crashes: innocent
+    messages quarantined as 'it may be what stops relay'. A message interrupted before is now
+    claimed alone, so the interruptions land on the one that causes them."""
+    for n in range(4):
+        project.drop("Ann", f"m{n}", f"TO: Ben\n\nmessage {n}")
+    project.drop("Ann", "poison", "TO: Ben\n\nthe one that kills relay")
+    for run in range(6):
+        relay = project.relay(max_retries="3")
+        real = relay.ledger.record
+
+        def record(now, works, *args, real=real, **kwargs):
+            if any(w.name == "poison" for w in works):
+                raise Killed()
+            return real(now, works, *args, **kwargs)
+        relay.ledger.record = record
+        try:
+            relay.drain()
+        except Killed:
+            pass
+        relay.close()
+        project.relays.remove(relay)
+    relay = project.relay(max_retries="3")
+    rows = {r["name"]: r for r in relay.history.audit()}
+    assert rows["poison"]["status"] == "failed" and "relay stopped while handling it 3 times" in rows["poison"]["error"]
+    assert {n: rows[f"m{n}"]["status"] for n in range(4)} == dict.fromkeys(range(4), "archived")
+    got = sorted(m["body"] for m in project.inbox("Ben"))     # (the poison's envelope made it before each crash)
+    assert [b for b in got if b.startswith("message")] == [f"message {n}" for n in range(4)]
+
+
+def test_a_step_that_fails_on_the_ledger_does_not_spend_the_claim_budget(project):
+    """After a failed step of the daemon's loop (the ledger locked past busy_timeout, its disk
+    full for a moment) the loop recovers what the step had claimed, and that recovery counted an
+    interruption, as if relay had been killed: three such moments quarantined the batch with
+    'relay stopped while handling it 3 times', in seconds, where a transient failure is retried
+    for retry_period. Only a stopped relay (recovery at start) spends the claim budget."""
+    relay = project.relay(max_retries="3")
+    relay.step_pause = 0.0
+    relay.recover()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    real = relay.ledger.record
+    fails = {"left": 4}
+
+    def record(*args, **kwargs):
+        if fails["left"]:
+            fails["left"] -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return real(*args, **kwargs)
+    relay.ledger.record = record
+    for _ in range(4):
+        relay.hint("rescan")
+        relay.guarded_step()
+    relay.hint("rescan")
+    relay.guarded_step()
+    [row] = relay.history.audit()
+    assert (row["status"], row["interrupted"]) == ("archived", 0)
+    assert [m["body"] for m in project.inbox("Ben")] == ["x"]

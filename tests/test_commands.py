@@ -10,6 +10,7 @@ import pytest
 
 from relay.ledger.history import History
 from relay.ledger.ledger import Ledger
+from test_claim_budget import Killed
 from test_daemon_e2e import daemon, rename_in, wait_for  # noqa: F401  (daemon: the fixture)
 
 
@@ -214,6 +215,107 @@ def test_sheds_show_in_status_audit_show_report_and_agents(team, tmp_path):
     assert "Shed by flow control" in html and "<td class='err'>per_pair_rate</td>" in html
     agents = {r["agent"]: r for r in json.loads(cli("agents", "--json").output)}
     assert agents["Ann"]["shed_from"]["per_pair_rate"] == 1 and agents["Ben"]["shed_to"]["per_pair_rate"] == 1
+
+
+def killed_at(obj, name, when=lambda *a, **k: True):
+    """obj.name raises Killed (the process dies there) the first time `when(*args)` holds."""
+    real = getattr(obj, name)
+
+    def dying(*args, **kwargs):
+        if when(*args, **kwargs):
+            setattr(obj, name, real)
+            raise Killed()
+        return real(*args, **kwargs)
+    setattr(obj, name, dying)
+
+
+def pending_in_spool(project):
+    """A message relay has taken custody of (its file in the spool), pending after a full disk."""
+    import errno
+
+    from conftest import failing_create
+    relay = project.relay()
+    switch = failing_create(relay, OSError(errno.ENOSPC, "No space left on device"))
+    project.drop("Ann", "m", "TO: Ben\n\nwaiting")
+    assert relay.drain().retried == 1
+    switch["on"] = False
+    [row] = relay.history.audit()
+    assert row["status"] == "pending" and row["spooled"]
+    return relay, row["id"]
+
+
+def test_an_expire_killed_after_its_record_finishes_when_run_again(project):
+    """relay expire records the expiry, then moves the file to failed/. Killed in between, the
+    file stayed in the spool with no failed_path: run again, expire said `expired already` and
+    left it there, relay retry said `its file is gone`, and no relay run ever took it up again."""
+    from relay.operator.doctor import expire, retry
+    relay, mid = pending_in_spool(project)
+    killed_at(relay.layout.fs, "rename")
+    with pytest.raises(Killed):
+        expire(relay.ledger, relay.layout, mid)
+    result = expire(relay.ledger, relay.layout, mid)
+    row = relay.history.get(mid)
+    assert row["status"] == "failed" and row["failed_path"] and (project.state / row["failed_path"]).read_text() \
+        == "TO: Ben\n\nwaiting"
+    assert not list((project.state / "spool").rglob("*m")) and result.code == 0
+    assert len([e for e in relay.history.events(mid) if e["event"] == "expired"]) == 1
+    assert retry(relay.ledger, relay.layout, [mid]).code == 0
+    assert relay.drain().archived == 1 and [m["body"] for m in project.inbox("Ben")] == ["waiting"]
+
+
+def test_a_retry_killed_after_its_move_finishes_when_run_again(project):
+    """relay retry moves the file back to the spool, then records the message pending. Killed in
+    between, run again it said `its file is gone; write the message again`: the file was in the
+    spool, under a failed row no relay run takes up. Run again it now finishes."""
+    from relay.operator.doctor import retry
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Nobody\n\nto someone not there yet")
+    assert relay.drain().failed == 1
+    [row] = relay.history.audit()
+    (project.state / "inbox/Nobody/new").mkdir(parents=True)
+    (project.state / "inbox/Nobody/tmp").mkdir()
+    (project.state / "inbox/Nobody/cur").mkdir()
+    killed_at(relay.ledger, "requeue")
+    with pytest.raises(Killed):
+        retry(relay.ledger, relay.layout, [row["id"]])
+    result = retry(relay.ledger, relay.layout, [row["id"]])
+    assert (result.code, result.errors) == (0, []), result.errors
+    assert relay.drain().archived == 1 and [m["body"] for m in project.inbox("Nobody")] == ["to someone not there yet"]
+    assert not list((project.state / "failed").rglob("*.json"))       # its old report went with it
+
+
+def test_the_same_command_id_run_twice_at_once_runs_once(project):
+    """Two processes given the same --command-id at the same time both ran the command: the
+    second found the first's reservation unfinished, took it for a killed run and ran again
+    (two pings in the inbox), and the last to finish overwrote the recorded result. While one
+    runs a command id, another process waits for it (here: not at all) and is refused."""
+    from relay.operator import commands
+    from relay.operator import roster
+    from relay.errors import RelayError
+    from relay.ledger.ledger import Ledger
+    relay = project.relay()
+    other = Ledger(relay.layout.ledger)
+    seen = []
+
+    def first():
+        with pytest.raises(RelayError, match="is being run by another process"):
+            commands.run(other, "ping", {"agent": "Ben"}, "p-1", second, "operator:b",
+                         lock=relay.layout.command_lock, wait=0)
+        return roster.ping(relay.ledger, relay.layout, "Ben", "operator:a")
+
+    def second():
+        seen.append("ran")
+        return roster.ping(other, relay.layout, "Ben", "operator:b")
+    try:
+        result = commands.run(relay.ledger, "ping", {"agent": "Ben"}, "p-1", first, "operator:a",
+                              lock=relay.layout.command_lock)
+        assert result.code == 0 and not result.existing and seen == []
+        again = commands.run(other, "ping", {"agent": "Ben"}, "p-1", second, "operator:b",
+                             lock=relay.layout.command_lock)
+        assert again.existing and again.lines[1:] == result.lines and seen == []
+    finally:
+        other.close()
+    assert len(list((project.state / "inbox/Ben/new").iterdir())) == 1
 
 
 def test_a_running_daemon_honours_an_archive_at_once(daemon, tmp_path):  # noqa: F811

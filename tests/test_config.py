@@ -1,5 +1,14 @@
-import pytest
+"""Configuration: durations and sizes, relay.toml, the environment and flags, where each value came
+from, and how a verb finds its project (discovery); the last tests on a file system laid out by hand
+with pyfakefs, where the machine's own would get in the way."""
+import os
+from pathlib import Path
 
+import pytest
+from conftest import error_line
+from pyfakefs.fake_filesystem import set_uid
+
+import relay
 from relay import config as config_mod
 from relay.errors import ConfigError
 
@@ -139,3 +148,134 @@ def test_a_root_that_is_not_a_directory_is_one_clear_line(tmp_path):
         r = CliRunner().invoke(main, verb, env={"RELAY_ROOT": str(tmp_path / "afile")})
         assert r.exit_code == 1 and r.output == f"Error: the project root {tmp_path / 'afile'} is not a directory\n"
     assert CliRunner().invoke(main, ["--root", str(tmp_path / "afile"), "status"]).exit_code == 2     # click's usage
+
+
+def test_a_federation_variable_or_value_relay_cannot_use_stops_no_agent(cli, monkeypatch):
+    """RELAY_FEDERATION_<anything> was taken as a key of [federation]: one that names none
+    (RELAY_FEDERATION_PASSWORD set for another tool) stopped every verb, an agent's relay send
+    too, as did a bad [federation] value, which stops only the daemon anywhere else."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    monkeypatch.setenv("RELAY_FEDERATION_PASSWORD", "x")
+    r = cli("status", ok=False)
+    assert r.exit_code == 3 and "RELAY_FEDERATION_PASSWORD" in r.stderr and "names no relay configuration" in r.stderr
+    monkeypatch.delenv("RELAY_FEDERATION_PASSWORD")
+    (cli.state / "relay.toml").write_text('[federation]\nurl = "http://nowhere"\nteam = "t"\n')
+    r = cli("send", "--from", "Ann", "--to", "Ben", "still sent")
+    assert "bad value for 'federation'" in r.stderr and "ignored" in r.stderr
+    assert len(list((cli.state / "outbox/Ann").iterdir())) == 1
+    r = cli("run", "--once", ok=False)
+    assert r.exit_code == 1 and "bad value for 'federation'" in r.stderr
+
+
+# -- discovery takes no state directory of another user ---------------------------------------------
+
+def test_a_state_directory_of_another_user_is_not_taken_for_the_project(tmp_path):
+    """Like git's `.git` ownership check: discovery took any `.relay/` above, so one another
+    user put in a shared parent (/tmp) received this user's messages and set its relay.toml."""
+    from relay import config as config_mod
+    (tmp_path / ".relay").mkdir()
+    sub = tmp_path / "mine" / "src"
+    sub.mkdir(parents=True)
+    me = os.geteuid()
+    assert config_mod.discover(cwd=sub, env={}, uid=me) == tmp_path
+    with pytest.raises(relay.NotInProject) as e:
+        config_mod.discover(cwd=sub, env={}, uid=me + 1)
+    assert str(e.value) == (f"{tmp_path}/.relay belongs to another user (uid {me}), so relay does not take it for "
+                            f"your project; run relay init here for one of your own, or give --root {tmp_path} to "
+                            "use it on purpose")
+    assert config_mod.discover(root=str(tmp_path), cwd=sub, env={}, uid=me + 1) == tmp_path    # on purpose
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory of another user takes root")
+def test_relay_init_under_another_users_state_directory_makes_a_project_of_ones_own(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    shared = tmp_path / "shared"
+    (shared / "newproj").mkdir(parents=True)
+    runner = CliRunner()
+    assert runner.invoke(main, ["--root", str(shared), "init", "--agent", "mallory"]).exit_code == 0
+    (shared / ".relay" / "relay.toml").write_text('unknown_recipient = "create"\n')
+    for p in [shared / ".relay", *(shared / ".relay").rglob("*")]:
+        os.lchown(p, 65534, 65534)
+    monkeypatch.chdir(shared / "newproj")
+    r = runner.invoke(main, ["init", "--agent", "alice", "--agent", "bob"])
+    assert r.exit_code == 0 and r.output == f"initialised {shared}/newproj/.relay with agents alice, bob\n"
+    assert runner.invoke(main, ["send", "--from", "alice", "--to", "bob", "secret"]).exit_code == 0
+    assert sorted(p.name for p in (shared / ".relay" / "outbox").iterdir()) == ["mallory"]
+    assert len(list((shared / "newproj" / ".relay" / "outbox" / "alice").iterdir())) == 1
+    monkeypatch.chdir(shared)
+    r = runner.invoke(main, ["init", "--agent", "alice"])
+    assert r.exit_code == 1 and error_line(r) == (
+        f"{shared}/.relay belongs to another user (uid 65534), so relay does not take it for your project; run "
+        f"relay init here for one of your own, or give --root {shared} to use it on purpose")
+    assert sorted(p.name for p in (shared / ".relay" / "outbox").iterdir()) == ["mallory"]
+
+
+# -- discovery and loading on a file system laid out by hand (pyfakefs): no .relay/ the machine
+#    happens to hold above the test, the root of the disk to write in, owners and permissions
+#    that only root could set, and no permission that root could be refused ------------------------
+
+def test_discovery_takes_the_nearest_state_directory_on_the_way_up(fs):
+    fs.create_dir("/home/ann/outer/.relay")
+    fs.create_dir("/home/ann/outer/inner/.relay")
+    fs.create_dir("/home/ann/outer/inner/src/deep")
+    fs.create_file("/home/ann/outer/inner/src/.relay")          # a file of that name is no state directory
+    fs.create_dir("/home/ann/outer/docs")
+    fs.create_dir("/home/ann/outer/.team-relay")
+    assert config_mod.discover(cwd="/home/ann/outer/inner/src/deep", env={}) == Path("/home/ann/outer/inner")
+    assert config_mod.discover(cwd="/home/ann/outer/inner", env={}) == Path("/home/ann/outer/inner")
+    assert config_mod.discover(cwd="/home/ann/outer/docs", env={}) == Path("/home/ann/outer")
+    assert config_mod.discover(cwd="/home/ann/outer/inner/src/deep", env={"RELAY_STATE_DIR": ".team-relay"}) \
+        == Path("/home/ann/outer")
+    assert config_mod.discover(cwd="/home/ann/outer/inner/src/deep", state_dir=".team-relay", env={}) \
+        == Path("/home/ann/outer")
+
+
+def test_discovery_looks_up_to_the_root_of_the_disk_and_says_what_it_looked_for(fs):
+    fs.create_dir("/home/ann/notes/2024")
+    with pytest.raises(relay.NotInProject) as e:
+        config_mod.discover(cwd="/home/ann/notes/2024", env={})
+    assert str(e.value) == "not in a relay project (no .relay/ here or above); run relay init"
+    with pytest.raises(relay.NotInProject, match=r"^not in a relay project \(no \.team-relay/ here or above\)"):
+        config_mod.discover(cwd="/home/ann/notes/2024", env={"RELAY_STATE_DIR": ".team-relay/"})
+    fs.create_dir("/.relay")
+    assert config_mod.discover(cwd="/home/ann/notes/2024", env={}) == Path("/")
+
+
+def test_a_link_to_another_users_state_directory_is_not_taken_for_the_project(fs):
+    """The link is this user's, the directory it leads to another's: discovery looks at both."""
+    me = os.geteuid()
+    fs.create_dir("/srv/shared/.relay")
+    os.chown("/srv/shared/.relay", me + 1, me + 1)
+    fs.create_dir("/home/ann/proj/src")
+    fs.create_symlink("/home/ann/proj/.relay", "/srv/shared/.relay")
+    with pytest.raises(relay.NotInProject) as e:
+        config_mod.discover(cwd="/home/ann/proj/src", env={})
+    assert str(e.value).startswith(f"/home/ann/proj/.relay belongs to another user (uid {me + 1}), so relay does "
+                                   "not take it for your project")
+    os.chown("/srv/shared/.relay", me, me)
+    assert config_mod.discover(cwd="/home/ann/proj/src", env={}) == Path("/home/ann/proj")
+
+
+def test_relay_toml_is_read_in_the_state_directory_named_and_moves_only_the_default_one(fs):
+    fs.create_file("/p/.relay/relay.toml", contents="state_dir = '.team'\nretention = '1d'\n")
+    fs.create_file("/p/.team/relay.toml", contents="retention = '3d'\n")         # not read: the move is the default's
+    fs.create_file("/p/.other/relay.toml", contents="state_dir = '.elsewhere'\nretention = '2d'\n")
+    cfg = config_mod.load("/p", env={})
+    assert (cfg.state_dir, cfg.retention, cfg.source) == (Path("/p/.team"), 86400, "/p/.relay/relay.toml")
+    assert cfg.origin("state_dir") == "relay.toml (/p/.relay/relay.toml)"
+    for cfg in (config_mod.load("/p", ".other", env={}), config_mod.load("/p", env={"RELAY_STATE_DIR": ".other"})):
+        assert (cfg.state_dir, cfg.retention, cfg.source) == (Path("/p/.other"), 2 * 86400, "/p/.other/relay.toml")
+        assert cfg.origin("state_dir") in ("flag", "env RELAY_STATE_DIR")
+
+
+def test_a_relay_toml_relay_may_not_read_is_one_error_naming_it(fs):
+    """As a user who may not read it (root may read any file: the real file system cannot show
+    this to a test run as root)."""
+    fs.create_file("/p/.relay/relay.toml", contents="retention = '1d'\n")
+    os.chmod("/p/.relay/relay.toml", 0o200)
+    set_uid(4242)
+    with pytest.raises(ConfigError) as e:
+        config_mod.load("/p", env={})
+    assert str(e.value) == "cannot read /p/.relay/relay.toml: Permission denied"

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 from conftest import failing_create
+from test_custody import _tree
 
 from relay.core.loop import DRAIN_PATIENCE
 
@@ -389,3 +390,68 @@ def test_a_spooled_file_moved_aside_for_a_moment_is_looked_for_again(project, cl
     relay.step(clock.advance(60))
     assert bodies(project, "Ben") == ["back again"] and bodies(project, "Cy") == ["back again"]
     assert relay.history.get(row["id"])["status"] == "archived"
+
+
+SWAPPED = ["outbox", "outbox/Ann", "spool", "spool/Ann", "inbox", "inbox/Ben", "inbox/Ben/new",
+           "inbox/Ben/tmp", "archive", "archive/DAY", "archive/DAY/Ann", "failed", "failed/Ann"]
+
+
+@pytest.mark.parametrize("how", ["a link outside", "another directory", "removed and made again"])
+@pytest.mark.parametrize("which", SWAPPED)
+def test_a_directory_swapped_between_two_steps_is_never_acted_in_outside(project, tmp_path, which, how):
+    """Every directory relay held open in a step is swapped before the next: relay reads,
+    writes, moves and removes nothing in the directory outside it now names."""
+    relay = project.relay(sync_mode="file")
+    project.drop("Ann", "m1", "TO: Ben\n\none")
+    project.drop("Ann", "bad", b"\xff not a message")
+    relay.drain()
+    [day] = os.listdir(project.state / "archive")
+    target = project.state / which.replace("DAY", day)
+    out = tmp_path / "outside"
+    out.mkdir()
+    for sub in ("new", "tmp", "Ann", "Ben"):
+        (out / sub).mkdir()
+    (out / "m2").write_bytes(b"TO: Ben\n\noutside")
+    before = _tree(out)
+    if how == "removed and made again":
+        shutil.rmtree(target)
+    else:
+        os.rename(target, tmp_path / "aside")
+    if how == "a link outside":
+        os.symlink(out, target)
+    else:
+        target.mkdir()
+    if not (project.state / "outbox/Ann").is_symlink() and not (project.state / "outbox").is_symlink():
+        project.drop("Ann", "m2", "TO: Ben\n\ntwo")
+    for _ in range(3):
+        relay.step(project.clock.advance(5))
+    assert _tree(out) == before
+
+
+def test_a_close_hint_on_a_fifo_a_link_or_a_hard_link_opens_and_changes_nothing_outside(project, tmp_path):
+    """A hint skips the settle time and the look for writers: it must not skip the checks on
+    what the entry is. A FIFO is quarantined unopened (opening it would block on a writer),
+    a symbolic link is quarantined as one (its target untouched), and a hard link to a file
+    outside is delivered from a private copy, the outside file left as it was."""
+    relay = project.relay()
+    box = project.state / "outbox/Ann"
+    box.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "secret"
+    outside.write_text("TO: Ben\n\nsecret")
+    outside.chmod(0o666)
+    before = outside.stat()
+    os.mkfifo(box / "fifo")
+    os.symlink(outside, box / "link")
+    os.link(outside, box / "hard")
+    for name in ("fifo", "link", "hard"):
+        relay.hint("closed", "Ann", name)
+    relay.step()
+    rows = {r["name"]: r for r in relay.history.audit()}
+    assert rows["fifo"]["status"] == "failed" and "FIFO" in rows["fifo"]["error"]
+    assert rows["link"]["status"] == "failed" and "symbolic link" in rows["link"]["error"]
+    assert rows["hard"]["status"] == "archived"
+    assert [e["body"] for e in project.inbox("Ben")] == ["secret"]
+    after = outside.stat()
+    assert (after.st_mode, after.st_nlink, after.st_mtime_ns) == (before.st_mode, before.st_nlink, before.st_mtime_ns)
+    assert outside.read_text() == "TO: Ben\n\nsecret"
+    assert sorted(os.listdir(box)) == []

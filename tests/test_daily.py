@@ -96,6 +96,28 @@ def test_json_log_lines_carry_the_message_fields(cli):
     assert discovered["from"] == identified["from"] == "Ann"
 
 
+def test_json_log_lines_of_sheds_and_recoveries_carry_the_message_fields(cli):
+    """The shed warning (for a message delivered to others the only line about its shed) and
+    the recovery's 'registered again' lines carried the message id, sender and recipients only
+    in their text: a log pipeline selecting event == "shed" or one id found nothing."""
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    cli("init", "--agent", "Ann", "--agent", "Ben", "--agent", "Cy")
+    (cli.state / "relay.toml").write_text("pair_rate = 1\n")
+    cli("send", "--from", "Ann", "--to", "Ben", "one")
+    cli("send", "--from", "Ann", "--to", "Ben,Cy", "two")
+    orphan = cli.state / "spool/Cy/01ZZZZZZZZZZZZZZZZZZZZZZZ7--lost"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_text("TO: Ben\n\nfound in the spool")
+    r = CliRunner().invoke(main, ["--root", str(cli.root), "run", "--once", "--log-format", "json"])
+    lines = [json.loads(line) for line in r.stderr.strip().splitlines()]
+    [shed] = [d for d in lines if "shed for" in d["msg"] and d["level"] == "warning"]
+    assert shed["event"] == "shed" and shed["from"] == "Ann" and shed["to"] == ["Ben"] and shed["id"] in shed["msg"]
+    [found] = [d for d in lines if "registered again" in d["msg"]]
+    assert found["event"] == "recovered" and found["id"] == "01ZZZZZZZZZZZZZZZZZZZZZZZ7" and found["from"] == "Cy"
+
+
 def test_a_reload_applies_what_it_can_and_names_what_needs_a_restart(project, clock):
     relay = project.relay(agents=("Ann", "Ben"), rescan_interval="1h")
     relay.step()
@@ -108,6 +130,28 @@ def test_a_reload_applies_what_it_can_and_names_what_needs_a_restart(project, cl
     assert (project.state / "inbox/Dee/new").is_dir() and "Dee" in relay.known_agents()
     assert relay.next_deadline(clock.now) <= clock.now + 10
     assert not (project.root / "elsewhere").exists()
+
+
+def test_a_reload_that_changes_the_federation_keeps_the_running_one_and_logs_no_password(project, caplog):
+    """SIGHUP with a [federation] section added or changed: the log line naming what needs a
+    restart printed the new Federation whole, its URL's password with it, and said the daemon
+    ran "with" the new one, which the relay's config then held while the link kept the old."""
+    from relay.service import Daemon
+    project.relay().close()
+    project.relays.clear()
+    cfg = project.config(agents=["Ann", "Ben"])
+    new = project.config(agents=["Ann", "Ben"], federation={"url": "redis://bob:s3cret@redis.example:6379/0",
+                                                            "team": "t", "node": "n1"})
+    daemon = Daemon(cfg, load=lambda: new)
+    try:
+        with caplog.at_level("INFO", logger="relay"):
+            daemon.do_reload()
+    finally:
+        daemon.relay.close()
+    assert daemon.relay.config.federation is None and daemon.cfg.federation is None
+    assert "s3cret" not in caplog.text
+    assert "federation changed (url redis://bob:***@redis.example:6379/0, team t, node n1, running with none" \
+        in caplog.text
 
 
 def many(cli, n):

@@ -221,6 +221,102 @@ def test_a_shed_report_is_known_to_doctor_and_swept_with_its_message(project, cl
     assert relay.history.shed_counts() == {}        # the records went with their message
 
 
+def test_a_too_large_message_records_sheds_only_for_agents_relay_knows(project, caplog):
+    """body_size sheds were recorded for every name as written, before the names were checked:
+    an agent could make relay record sheds to paths, to names holding terminal escapes (written
+    raw into the daemon's log) and to thousands of made-up names per file, each one an agent in
+    `relay queues`. Only known agents (and System) are shed; the rest is `*`."""
+    relay = project.relay(max_body_bytes="10")
+    names = ", ".join(["../../etc", "Ben", "b\x1b[31mred", "Nobody", "System", "Ben"] + [f"x{i}" for i in range(3000)])
+    project.drop("Ann", "m1", f"TO: {names}\n\n{'y' * 20}")
+    project.drop("Ann", "m2", f"TO: ../../etc, Nobody\n\n{'y' * 20}")
+    with caplog.at_level("WARNING", logger="relay"):
+        total = relay.drain()
+    assert total.failed == 2 and total.shed == 3
+    got = {(r["message_id"], r["recipient"]) for r in relay.history.db.execute("SELECT * FROM sheds")}
+    by_name = {name: mid for mid, name in got}
+    assert set(by_name) == {"Ben", "System", "*"} and len(got) == 3
+    assert "\x1b" not in caplog.text and "../../etc" not in caplog.text
+
+
+def drop_at(project, sender, name, text, at):
+    import os
+    path = project.drop(sender, name, text)
+    os.utime(path, (at - 10, at - 10))      # settled, and not in the future of a clock set back
+    return path
+
+
+def test_a_clock_set_back_does_not_hold_a_pair_past_its_window(project, clock):
+    """Deliveries recorded before the clock was set back (NTP, a VM restored) lie in its future:
+    the window kept them until the clock caught up again, so one sender was shed for a
+    recipient for as long as the clock had jumped (an hour here), not for pair_window. The
+    running relay counts them from the jump on; a start (run --once) cannot place them and
+    leaves them out of its window."""
+    relay = project.relay(pair_rate="2", pair_window="60s")
+    relay.recover()
+    for i in range(2):
+        drop_at(project, "Ann", f"m{i}", "TO: Ben\n\nx", clock.now)
+        relay.hint("file", "Ann", f"m{i}")
+        assert relay.step().archived == 1
+    clock.advance(-3600)
+    drop_at(project, "Ann", "m2", "TO: Ben\n\nstill inside the window", clock.now)
+    relay.hint("file", "Ann", "m2")
+    assert relay.step().shed == 1                    # the window still holds: no one escapes it
+    clock.advance(71)                                # m3 is written (at - 10) a window after the jump
+    drop_at(project, "Ann", "m3", "TO: Ben\n\nafter the window", clock.now)
+    relay.hint("file", "Ann", "m3")
+    counts = relay.step()
+    assert (counts.archived, counts.shed) == (1, 0)
+    clock.advance(-3600)                             # again, and this time relay starts afresh
+    relay.close()
+    project.relays.remove(relay)
+    relay = project.relay(pair_rate="2", pair_window="60s")
+    for i in (4, 5, 6):
+        drop_at(project, "Ann", f"m{i}", "TO: Ben\n\nx", clock.now)
+        clock.advance(1)
+    total = relay.drain()
+    assert (total.archived, total.shed) == (2, 1)    # the window counts from the start
+
+
+def test_queue_limit_counts_envelopes_not_what_was_planted_in_new(project, cli):
+    """queue_limit counted every entry of new/ not starting with '.': a directory, a link, a FIFO
+    or a note planted in a recipient's new/ made relay shed everyone's messages to it. Only
+    envelopes count (regular files named <id>.json), in the flow's decision and in relay queues."""
+    import os
+    relay = project.relay(queue_limit="3")
+    drop_at(project, "Ann", "m0", "TO: Ben\n\nthe one unread envelope", project.clock.now)
+    assert relay.drain().archived == 1
+    new = project.state / "inbox/Ben/new"
+    (new / "junk").mkdir()
+    (new / "01ZZZZZZZZZZZZZZZZZZZZZZZZ.json").symlink_to("/etc/passwd")
+    os.mkfifo(new / "fifo.json")
+    (new / "notes.txt").write_text("planted")
+    for i in (1, 2):
+        drop_at(project, "Cy", f"m{i}", "TO: Ben\n\nfrom someone else", project.clock.now)
+        project.clock.advance(1)
+    total = relay.drain()
+    assert (total.archived, total.shed) == (2, 0)
+    drop_at(project, "Cy", "m3", "TO: Ben\n\nnow the queue is full", project.clock.now)
+    assert relay.drain().shed == 1                  # three envelopes: the limit still holds
+    [ben] = [a for a in json.loads(cli("queues", "--json").stdout)["agents"] if a["agent"] == "Ben"]
+    assert ben["unread"] == 3
+
+
+def test_per_pair_rate_sheds_the_latest_sent_not_whichever_was_listed_last(project, clock):
+    """Files found in one scan got their ids, and so their claim order, in the order the
+    directory listed them: with Ann over pair_rate, relay delivered her later messages to Bob
+    and shed earlier ones (msg 2 shed, msg 3 delivered: a conversation with a hole). The files
+    of a scan are taken in the order they were written (their mtime), so the latest are shed."""
+    import os
+    relay = project.relay(pair_rate="5", pair_window="10m")
+    for n in range(10):
+        path = project.drop("Ann", f"z{9 - n}-{n * 7919 % 10}", f"TO: Ben\n\nmessage {n}")
+        os.utime(path, (clock.now - 100 + n, clock.now - 100 + n))
+    total = relay.drain()
+    assert (total.archived, total.shed) == (5, 5)
+    assert sorted(m["body"] for m in project.inbox("Ben")) == [f"message {n}" for n in range(5)]
+
+
 # -- attacks on flow control ------------------------------------------------------------------
 
 def test_a_planted_link_in_failed_does_not_stop_the_batch(project, tmp_path):

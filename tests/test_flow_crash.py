@@ -1,6 +1,6 @@
 """A hard crash (os._exit, like kill -9) at step boundaries of a batch that sheds, then a
 restart: each (message, recipient) is delivered exactly once or shed with one record, never
-both, and the pair's limit holds."""
+both, and the pair's limit holds; a quarantine cut short before its record leaves no report."""
 import collections
 import json
 
@@ -8,7 +8,10 @@ import pytest
 
 from relay.ledger.history import History
 from relay.ledger.ledger import Ledger
+from test_claim_budget import Killed
+from test_commands import killed_at
 from test_crash import crash, restart
+from test_flow import drop_at
 
 BOUNDARIES = ["tmp-synced", "link-1", "batch-synced", "before-commit", "after-commit"]
 
@@ -49,3 +52,25 @@ def test_sheds_survive_a_crash_at(tmp_path, boundary, lowered):
         assert per_recipient == {"Ben": 2, "Cy": 2}, f"{boundary}: {per_recipient}"
     else:
         assert 1 <= per_recipient["Ben"] <= 2 and 1 <= per_recipient["Cy"] <= 2, f"{boundary}: {per_recipient}"
+
+
+def test_a_quarantine_cut_short_leaves_no_report_of_a_failure_that_did_not_stand(project, clock):
+    """A message shed for every recipient is moved to failed/ and its .error.json written before
+    the batch is recorded. Killed in between, recovery moved the file back to the spool but left
+    the report: the message was then delivered (its window had passed), while failed/ still told
+    the sender it was shed, and doctor named the report as a file no record knows."""
+    from relay.operator.doctor import doctor
+    relay = project.relay(pair_rate="1")
+    drop_at(project, "Ann", "m1", "TO: Ben\n\none", clock.now)
+    assert relay.drain().archived == 1
+    drop_at(project, "Ann", "m2", "TO: Ben\n\ntwo", clock.now)
+    killed_at(relay.ledger, "record")
+    with pytest.raises(Killed):
+        relay.drain()
+    assert len(project.files("failed")) == 2            # the file and its report, not yet recorded
+    relay.close()
+    project.relays.remove(relay)
+    clock.advance(700)
+    relay = project.relay(pair_rate="1")
+    assert relay.drain().archived == 1 and len(project.inbox("Ben")) == 2
+    assert project.files("failed") == [] and doctor(relay.history, relay.layout, None)[0] == []

@@ -92,3 +92,99 @@ def test_reconfigure_applies_a_reload(project):
     relay.reconfigure(project.config(agents=["Ann", "Ben", "Cy"], durability="normal", settle="2s"))
     assert relay.history.pragmas()["synchronous"] == "NORMAL"
     assert relay.outbox.settle == 2.0 and not relay.syncer.durable and relay.config.durability == "normal"
+
+
+# -- wake-ups racing with the loop's clear() ---------------------------------------------------------
+
+class CountingStop:
+    """Relay.run's `stop`: counts how often the loop looks at it, and stops the loop after
+    `turns` steps or when the idle wait looks at it more than `most` times (a spin)."""
+
+    def __init__(self, most=1000):
+        self.looks = 0
+        self.most = most
+        self.stop = False
+
+    def is_set(self):
+        self.looks += 1
+        return self.stop or self.looks > self.most
+
+
+def test_the_idle_wait_does_not_spin_on_a_byte_left_by_a_racing_set(project):
+    """The same race inside Relay.run: the idle wait found the pipe readable with the flag down,
+    returned from poll() with nothing, and polled again at once until its deadline: 100% CPU
+    for up to an hour. It must end the wait instead (one more step, whose clear() drains it)."""
+    relay = project.relay()
+    stop = CountingStop()
+    steps = []
+
+    def after(counts):
+        steps.append(counts)
+        if len(steps) == 1:
+            os.write(relay.wake.w, b"x")    # a thread's set() whose byte came after this turn's clear()
+        else:
+            stop.stop = True
+    relay.run(stop, after=after, max_wait=30)
+    assert len(steps) == 2 and stop.looks < 10, f"the idle wait looked at stop {stop.looks} times"
+
+
+def test_hints_from_another_thread_racing_the_loop_are_never_slept_past(project):
+    """The federation's link calls relay.hint("dir") from its own thread: many of them, racing
+    with the loop's clear() at every point; each one is followed by a step that sees it."""
+    relay = project.relay()
+    stop = threading.Event()
+    sent = 100
+    seen, checks = [], []
+
+    def link():
+        for _ in range(sent):
+            relay.hint("dir")
+            while relay.hints:          # the loop took it: the next one races with the next turn
+                if stop.is_set():
+                    return
+        done.set()
+        relay.wake.set()                # the loop sees `done` at its next turn
+    done = threading.Event()
+
+    def after(counts):
+        seen.append(1)
+        if done.is_set() and not relay.hints:
+            stop.set()
+    t = threading.Thread(target=link)
+    t.start()
+    try:
+        relay.run(stop, after=after, check=lambda: checks.append(1), max_wait=30)
+    finally:
+        stop.set()
+        t.join(5)
+    # check() runs once a wait has lasted a second: no hint was slept past.
+    assert done.is_set() and not relay.hints and checks == []
+
+
+@pytest.mark.parametrize("values", [{}, {"batch_bytes": 1}])
+def test_the_loop_steps_on_while_a_step_leaves_work_due_without_a_wake(project, values):
+    """The loop steps again only when hints, a rescan or a batch whose sync runs remain, or
+    when next_deadline() comes. A full claim (batch 2, five files) and messages left for the
+    next batch by the byte budget are due at once: the loop goes on without any wake-up (a
+    guard timer ends it, and fails the test, if it waits)."""
+    relay = project.relay(**values)
+    relay.batch = 2
+    for i in range(5):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nm{i}")
+    stop, waited = threading.Event(), []
+
+    def guard():
+        waited.append(True)
+        stop.set()
+        relay.wake.set()
+
+    def after(counts):
+        if len(project.inbox("Ben")) == 5:
+            stop.set()
+    timer = threading.Timer(5.0, guard)
+    timer.start()
+    try:
+        relay.run(stop, after=after)
+    finally:
+        timer.cancel()
+    assert not waited and sorted(e["body"] for e in project.inbox("Ben")) == [f"m{i}" for i in range(5)]

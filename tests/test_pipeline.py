@@ -9,7 +9,9 @@ import orjson
 import pytest
 from conftest import failing_create
 
+from relay.core.work import MAX_BACKOFF, backoff
 from relay.ledger.ledger import Ledger
+from relay.operator import doctor as operator
 
 
 def events(relay, mid):
@@ -281,6 +283,22 @@ def test_vanished_before_claim_fails_with_reason(project, monkeypatch):
     assert row["status"] == "failed" and "disappeared before relay could read it" in row["error"]
 
 
+def test_a_row_already_processing_is_never_claimed_again(project):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    now = project.clock.now
+    _, claimed = relay.ledger.register_and_claim([], now, 10, lambda *a: "archive/x")
+    assert claimed == []
+    relay.ledger.register_and_claim([(relay.ids.new(now), "Ann", "m", now)], now, 10, lambda s, i, n: f"archive/d/{s}/{i}--{n}")
+    _, again = relay.ledger.register_and_claim([], now + 1, 10, lambda s, i, n: f"archive/d/{s}/{i}--{n}")
+    assert again == []                               # the first claim is still processing
+
+
+def test_backoff_doubles_and_is_capped():
+    assert [backoff(1.0, n) for n in range(4)] == [1.0, 2.0, 4.0, 8.0]
+    assert backoff(1.0, 20) == MAX_BACKOFF and backoff(1.0, 10_000) == MAX_BACKOFF
+
+
 def test_sweep_by_injected_clock(project, clock):
     relay = project.relay(retention="7d")
     project.drop("Ann", "a", "TO: Ben\n\nx")
@@ -302,6 +320,28 @@ def test_retention_zero_keeps_forever(project, clock):
     project.drop("Ann", "a", "TO: Ben\n\nx")
     relay.drain()
     assert relay.sweep(clock.now + 10**9).archived == 0 and len(project.files("archive")) == 1
+
+
+def test_a_partial_sweep_leaves_a_chain_that_verifies(project, clock):
+    relay = project.relay()
+    for i in range(3):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\n{i}")
+        relay.hint("rescan")
+        relay.step(clock.advance(3600))
+    assert relay.history.counts()["archived"] == 3
+    relay.sweep_all(now=clock.now, older_than=3600 - 1)         # the two oldest
+    assert relay.history.counts()["archived"] == 1
+    checked, problems = operator.verify(relay.history, relay.layout)
+    assert checked == 1 and problems == []
+
+
+def test_a_sweep_that_empties_a_day_removes_the_day(project, clock):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.drain()
+    [day] = (project.state / "archive").iterdir()
+    relay.sweep_all(now=clock.advance(30 * 86400))
+    assert not day.exists() and (project.state / "archive").is_dir()
 
 
 def test_orphan_tmp_files_removed_after_a_day(project, clock):

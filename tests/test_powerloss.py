@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from relay.files.sync import FEW
 from relay.operator import doctor as operator
 
 
@@ -268,3 +269,84 @@ def test_a_late_archive_move_syncs_both_directories_before_the_record(project, c
     before = [p[len(state) + 1:] for p in synced[:synced.index("RECORD")] if p.startswith(state)]
     day = row["archive_path"].split("/")[1]
     assert "spool/Ann" in before and f"archive/{day}/Ann" in before, before
+
+
+def recorder(relay_box):
+    """An fsync seam that records the path (relative to the state directory) of each descriptor
+    it is given, in order, into relay_box["events"] beside the renames the test records."""
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        relay_box["events"].append(("fsync", os.path.relpath(path, relay_box["state"])))
+    return fsync
+
+
+def recording_relay(project, **values):
+    box = {"events": [], "state": os.path.realpath(project.state)}
+    relay = project.relay(sync_mode="file", fsync=recorder(box), **values)
+    real = relay.fs.rename
+
+    def rename(src, dst, **k):
+        real(src, dst, **k)
+        box["events"].append(("rename", src, dst))
+
+    relay.fs.rename = rename
+    return relay, box["events"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names descriptors through /proc")
+@pytest.mark.parametrize("text, to", [("TO: Ben\n\nx", "archive/"), ("TO: Nobody\n\nx", "failed/")])
+def test_file_mode_syncs_the_custody_rename_before_the_move_that_depends_on_it(project, text, to):
+    """File by file (any POSIX file system), a directory synced says nothing of another one. The
+    archive (or quarantine) move takes the file from the spool, where the custody rename put it:
+    were archive/ synced and outbox/ not when the power went, the file would come back in both
+    places, and the copy in the outbox would be taken as a new message and delivered twice. So
+    outbox/<a> and spool/<a> are synced before the move out of the spool."""
+    relay, events = recording_relay(project)
+    project.drop("Ann", "m", text)
+    relay.step()
+    custody = next(i for i, e in enumerate(events) if e[0] == "rename" and e[1] == "outbox/Ann/m")
+    move = next(i for i, e in enumerate(events) if e[0] == "rename" and e[2].startswith(to))
+    synced = {e[1] for e in events[custody:move] if e[0] == "fsync"}
+    assert {"outbox/Ann", "spool/Ann"} <= synced, events
+
+
+def test_fs_mode_syncs_a_few_envelopes_by_fsync_and_a_batch_by_syncfs_and_an_error_fails(project):
+    fsyncs, calls = [], []
+    relay = project.relay(sync_mode="fs", fsync=fsyncs.append)
+    relay.syncer.syncfs = calls.append
+    logs = []
+    relay.syncer.log_sync = logs.append
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.step()
+    # One envelope: its own fsync and the ledger log's (the claim, committed without a sync)
+    # before the link; then one syncfs for the links, the archive move and the outbox and spool
+    # directories.
+    assert len(fsyncs) == 1 and len(logs) == 1 and len(calls) == 1
+    for i in range(FEW + 1):
+        project.drop("Ann", f"b{i}", f"TO: Ben, Cy\n\nb{i}")
+    relay.hint("rescan")
+    relay.step(project.clock.advance(1))
+    assert len(fsyncs) == 1 and len(logs) == 1 and len(calls) == 3     # more than a few envelopes: one syncfs per phase
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    relay.syncer.syncfs = eio
+    project.drop("Ann", "n", "TO: Ben\n\ny")
+    relay.hint("rescan")
+    relay.step(project.clock.advance(1))
+    failed = [r for r in relay.history.audit() if r["name"] == "n"]
+    assert failed[0]["status"] == "failed" and "Input/output error" in failed[0]["error"]
+
+
+def test_fs_mode_an_envelope_fsync_error_fails_the_message(project):
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    relay = project.relay(sync_mode="fs", fsync=eio)
+    relay.syncer.syncfs = lambda fd: None
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.step()
+    [row] = relay.history.audit()
+    assert row["status"] == "failed" and "Input/output error" in row["error"]
+    assert project.inbox("Ben") == []

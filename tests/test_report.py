@@ -1,4 +1,5 @@
-"""relay report: the page's numbers, and the page rendered in a real headless browser."""
+"""relay report: the page's numbers, the page rendered in a real headless browser, and its writing:
+never through a link, nothing lost when the disk fills or the directory turns read-only."""
 import os
 import re
 import shutil
@@ -8,8 +9,13 @@ import zlib
 
 import pytest
 from click.testing import CliRunner
+from conftest import fill_disk
+from pyfakefs.fake_filesystem import set_uid
 
 from relay.cli import main
+from relay.files.fs import replace_file
+from relay.guards import explain
+from relay.operator import report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
@@ -155,3 +161,50 @@ def test_the_page_to_standard_output_a_fifo_and_a_device(project, tmp_path):
     assert r.exit_code == 1 and "is a FIFO no one reads" in r.output
     r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", "/dev/null"])
     assert r.exit_code == 0 and os.path.exists("/dev/null")
+
+
+# -- the page's writing on a file system laid out by hand (pyfakefs): a disk that fills, a directory
+#    made read-only while the page is written (root may write anywhere: the real file system cannot
+#    show it to a test run as root). The page is rendered first, from a real ledger (pyfakefs does
+#    not reach SQLite); `relay report --html` writes it with replace_file. --------------------------
+
+@pytest.fixture
+def rendered(project):
+    relay = project.relay(agents=("Ann", "Ben"))
+    project.drop("Ann", "a", "TO: Ben\nTHREAD: plan\n\nhello")
+    relay.drain()
+    return report.render(relay.history.figures(None), title="relay report: proj").encode()
+
+
+@pytest.mark.parametrize("before", [None, b"<!doctype html><p>yesterday's page</p>"])
+def test_a_disk_that_fills_while_the_page_is_written_leaves_what_was_at_the_name(rendered, fs, before):
+    fs.create_dir("/out")
+    if before is not None:
+        fs.create_file("/out/report.html", contents=before)
+    fill_disk(fs, len(rendered) // 2)
+    with pytest.raises(OSError) as e:
+        replace_file("/out/report.html", rendered)
+    assert explain(e.value).startswith("the disk is full: No space left on device (")      # the verb's one line
+    assert os.listdir("/out") == ([] if before is None else ["report.html"])
+    if before is not None:
+        assert open("/out/report.html", "rb").read() == before
+    fs.set_disk_usage(1 << 40)
+    replace_file("/out/report.html", rendered)
+    assert open("/out/report.html", "rb").read() == rendered and os.listdir("/out") == ["report.html"]
+
+
+def test_a_directory_made_read_only_while_the_page_is_written_leaves_the_old_page(rendered, fs):
+    """Made read-only after the new page is written and synced beside the old one, before it
+    is renamed over it: the rename is refused, and the old page is there whole."""
+    fs.create_file("/out/report.html", contents=b"<!doctype html><p>yesterday's page</p>")
+    synced = []
+
+    def fsync(fd):
+        if not synced:
+            os.chmod("/out", 0o555)
+            set_uid(4242)
+        synced.append(fd)
+    with pytest.raises(PermissionError) as e:
+        replace_file("/out/report.html", rendered, fsync=fsync)
+    assert explain(e.value).startswith("Permission denied")
+    assert len(synced) == 1 and open("/out/report.html", "rb").read() == b"<!doctype html><p>yesterday's page</p>"

@@ -1,12 +1,13 @@
 """Ids bound to their senders: an id `relay send` printed to one agent names that agent's message
 in every verb, whatever another agent copies into a file of its own; an id another message has
 already is refused without failing the message; request ids are each sender's own."""
+import errno
 import json
 import os
 import time
 
 import pytest
-from conftest import error_line
+from conftest import error_line, failing_create
 
 import relay
 
@@ -132,3 +133,117 @@ def test_the_record_of_an_id_whose_file_never_came_goes_at_the_retention_sweep(c
         assert r.history.id_owner(mid) == "Ann"
         r.sweep(time.time() + 8 * 86400)
         assert r.history.id_owner(mid) is None
+
+
+# -- an id a recipient still holds, a re-keyed message on its way, kill -9 around one ---------------
+
+MID = "01KC3ABCDEFGHJKMNPQRSTVWXY"
+
+
+@pytest.mark.parametrize("read_first", [False, True])
+def test_an_id_the_ledger_forgot_at_a_sweep_is_not_taken_while_a_recipient_holds_it(project, read_first):
+    """After the retention sweep forgot a message, a file choosing its id was delivered under
+    it: the recipient's unread envelope (new/<id>.json) was replaced by the newcomer, and a read
+    one (cur/) got a second message of the same id."""
+    r = project.relay()
+    project.drop("Ann", "a", f"ID: {MID}\nTO: Ben\n\nthe first")
+    assert r.drain().archived == 1
+    if read_first:
+        relay.Agent("Ben", root=project.root).inbox(ack=True)
+    project.clock.advance(8 * 86400)
+    assert r.sweep_all().archived == 1 and r.history.get(MID) is None
+    project.drop("Cy", "b", f"ID: {MID}\nTO: Ben\n\nposing as the first")
+    project.clock.advance(10)
+    assert r.drain().archived == 1           # another sender's message: not failed, not under that id
+    [row] = r.history.audit()
+    assert row["id"] != MID and [e["detail"] for e in r.history.events(row["id"]) if e["event"] == "id_refused"] == [
+        f"the id {MID} in its file is another message's (in the inbox of Ben); this message keeps the id relay "
+        "gave it"]
+    held = project.inbox("Ben", "cur" if read_first else "new")
+    assert [e["body"] for e in held if e["id"] == MID] == ["the first"]
+    assert [(e["id"], e["body"]) for e in held + project.inbox("Ben", "new" if read_first else "cur")
+            if e["id"] != MID] == [(row["id"], "posing as the first")]
+    assert r.history.get(MID) is None                   # the refused file keeps the id relay gave it
+
+
+def test_a_partly_delivered_message_whose_file_gains_an_id_keeps_its_own_and_relay_goes_on(project):
+    """Re-keying a row that has deliveries broke their foreign key: IntegrityError from every
+    step that claimed it, so the whole relay stalled on one edited spool file."""
+    r = project.relay()
+    project.drop("Ann", "a", "TO: Ben, Cy\n\nhello")
+    switch = failing_create(r, OSError(errno.EACCES, "denied"), when=lambda rel: rel.startswith("inbox/Cy/"))
+    assert r.step().retried == 1
+    [spooled] = (project.state / "spool" / "Ann").iterdir()
+    first = spooled.name.split("--")[0]
+    spooled.write_text(f"ID: {MID}\nTO: Ben, Cy\n\nhello")
+    switch["on"] = False
+    project.drop("Ben", "b", "TO: Ann\n\nan innocent bystander")
+    project.clock.advance(60)
+    total = r.drain()
+    assert total.archived == 2 and total.failed == 0
+    assert [e["id"] for e in project.inbox("Cy")] == [first] and [e["id"] for e in project.inbox("Ben")] == [first]
+    assert r.history.get(first)["status"] == "archived" and r.history.get(MID) is None
+    assert [e["body"] for e in project.inbox("Ann")] == ["an innocent bystander"]
+
+
+def test_doctor_knows_the_spool_file_of_a_rekeyed_message_on_its_way(project, cli):
+    """The spool file keeps the id relay gave when found; doctor looked for a pending message
+    of that id only, called the file an orphan (exit 1) and advised moving it into an outbox,
+    which would have sent the message twice."""
+    r = project.relay()
+    project.drop("Ann", "a", f"ID: {MID}\nTO: Ben\n\nhello")
+    switch = failing_create(r, OSError(errno.EACCES, "denied"))
+    assert r.step().retried == 1
+    assert r.history.get(MID)["status"] == "pending"
+    r.close()
+    assert json.loads(cli("doctor", "--json").output)["problems"] == []
+    switch["on"] = False
+    project.clock.advance(60)
+    assert project.relay().drain().archived == 1
+
+
+class _Stop(BaseException):
+    """kill -9 at this instant: nothing after it runs, nothing is cleaned up."""
+
+
+@pytest.mark.parametrize("at", range(1, 15))     # the batch makes 14 such operations
+def test_a_stop_at_any_step_of_a_rekeying_batch_delivers_once_under_the_chosen_id(project, at):
+    """A batch with a file choosing its id and a second file repeating its request id, stopped
+    at the at-th file-system or ledger operation, then recovered: each recipient holds the
+    message once under the chosen id, the repeat is a duplicate, nothing is left in the spool,
+    and doctor and verify see no problem."""
+    from relay.operator import doctor as operator
+    first = project.relay()
+    project.drop("Ann", "a", f"ID: {MID}\nTO: Ben, Cy\nREQUEST-ID: q\n\nonce")
+    project.drop("Ann", "b", "TO: Ben, Cy\nREQUEST-ID: q\n\nrepeat")
+    count = [0]
+
+    def stopping(obj, name):
+        real = getattr(obj, name)
+
+        def op(*a, **k):
+            count[0] += 1
+            if count[0] == at:
+                raise _Stop(name)
+            return real(*a, **k)
+        setattr(obj, name, op)
+    for name in ("rename", "link", "create", "unlink"):
+        stopping(first.fs, name)
+    for name in ("register_and_claim", "identify", "record"):
+        stopping(first.ledger, name)
+    with pytest.raises(_Stop):
+        first.drain()
+    first.close()
+    project.clock.advance(5)
+    second = project.relay()
+    second.drain()
+    for agent in ("Ben", "Cy"):
+        held = [p for p in (project.state / "inbox" / agent).rglob("*") if p.is_file()]
+        assert [(json.loads(p.read_text())["id"], json.loads(p.read_text())["body"]) for p in held] == [(MID, "once")]
+    rows = {r["id"]: r for r in second.ledger.db.execute("SELECT id, status, duplicate_of FROM messages")}
+    assert rows.pop(MID)["status"] == "archived"
+    [(dup_id, dup)] = rows.items()
+    assert (dup["status"], dup["duplicate_of"]) == ("archived", MID)
+    assert [p for p in (project.state / "spool").rglob("*") if p.is_file()] == []
+    assert operator.doctor(second.history, second.layout, None)[0] == []
+    assert operator.verify(second.history, second.layout)[1] == []

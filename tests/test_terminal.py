@@ -140,6 +140,20 @@ def test_a_hostile_relay_toml_is_named_escaped_in_errors_and_warnings(cli):
     assert "unknown" in said and "retention" in said
 
 
+def test_relay_config_and_its_warnings_write_no_control_character_to_the_terminal(cli, monkeypatch):
+    """relay config printed each value as written: a C1 escape or a bidi override in relay.toml
+    (which agents can write) or in the name of an environment variable reached the operator's
+    terminal as it was (an 8-bit CSI clears the screen, U+202E turns the line around)."""
+    cli("init", "--agent", "Ann")
+    (cli.state / "relay.toml").write_text('on_deliver = "echo \\u009b2Jcleared \\u202eevil"\n')
+    monkeypatch.setenv("RELAY_X\u202eY", "1")
+    r = cli("config")
+    assert "cleared" in r.stdout and "evil" in r.stdout and "RELAY_X" in r.stderr
+    for c in ("\x9b", "\u202e"):
+        assert c not in r.stdout and c not in r.stderr
+    assert json.loads(cli("config", "--json").stdout)["values"]["on_deliver"]["value"] == "echo \x9b2Jcleared \u202eevil"
+
+
 def test_json_keeps_each_value_exact_through_escapes(hostile):
     root, ids, run, _ = hostile
     shown = [json.loads(run("show", i, "--json").stdout) for i in ids]

@@ -5,7 +5,9 @@ writes for an example project."""
 import os
 import plistlib
 import shutil
+import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,3 +168,44 @@ def test_the_launchd_plist_of_a_hostile_path_is_xml_that_reads_back_the_same(cli
     xml.dom.minidom.parseString(text.encode())          # well-formed
     doc = plistlib.loads(text.encode())
     assert doc["WorkingDirectory"] == str(root) and doc["ProgramArguments"][-2:] == [str(root), "run"]
+
+
+def test_a_systemd_unit_for_a_path_ending_in_a_space_names_that_path(tmp_path):
+    """systemd strips the white space that ends a value: `WorkingDirectory=/p/my project ` named
+    /p/my project, another directory (or none: the unit failed to start). No line of the unit
+    may rely on white space at its end; ExecStart quotes the path and carries it whole."""
+    from relay.operator import units
+    root = tmp_path / "my project "
+    root.mkdir()
+    unit = units.systemd(["/usr/bin/relay"], root, user=True)
+    assert all(line == line.rstrip() for line in unit.splitlines()), unit
+    [start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert f'--root "{root}" run' in start
+
+
+# -- which relay a unit runs, on a file system laid out by hand (pyfakefs): a venv and a system
+#    install side by side, without touching the machine's own ---------------------------------------
+
+def test_a_unit_runs_the_relay_script_beside_the_interpreter_only_when_it_can_be_run(fs, monkeypatch):
+    fs.create_file("/opt/venv/bin/python3")
+    monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python3")
+    assert units.command() == ["/opt/venv/bin/python3", "-P", "-m", "relay"]       # no script there
+    fs.create_file("/opt/venv/bin/relay", st_mode=stat.S_IFREG | 0o644)
+    assert units.command() == ["/opt/venv/bin/python3", "-P", "-m", "relay"]       # not executable
+    os.chmod("/opt/venv/bin/relay", 0o755)
+    assert units.command() == ["/opt/venv/bin/relay"]
+    [start] = [line for line in units.systemd(units.command(), "/srv/proj").splitlines()
+               if line.startswith("ExecStart=")]
+    assert start == "ExecStart=/opt/venv/bin/relay --root /srv/proj run"
+
+
+def test_a_venv_is_known_by_its_interpreters_path_not_where_its_link_leads(fs, monkeypatch):
+    """A venv's python is a link to the system's; the relay installed beside the system's python
+    is another installation, and a unit naming it would run that one."""
+    fs.create_file("/usr/bin/python3.11", st_mode=stat.S_IFREG | 0o755)
+    fs.create_file("/usr/bin/relay", st_mode=stat.S_IFREG | 0o755)
+    fs.create_symlink("/opt/venv/bin/python3", "/usr/bin/python3.11")
+    monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python3")
+    assert units.command() == ["/opt/venv/bin/python3", "-P", "-m", "relay"]
+    unit = units.systemd(units.command(), "/srv/proj")
+    assert "ExecStart=/opt/venv/bin/python3 -P -m relay --root /srv/proj run" in unit.splitlines()

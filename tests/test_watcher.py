@@ -3,6 +3,7 @@ ignores dropped before they cost a hint, new agent directories watched before th
 import contextlib
 import os
 import sys
+import threading
 
 import pytest
 
@@ -125,3 +126,87 @@ def test_a_lost_watcher_read_by_the_loop_wakes_it_and_is_no_longer_waited_on(pro
         w.pump(0)                   # nothing more is read from a lost watcher
     finally:
         w.stop()
+
+
+# -- the watcher under a running loop: its outbox moved away, a start that failed, a burst ---------
+
+def test_the_outbox_moved_away_and_back_under_a_running_daemon(project, caplog):
+    """`mv .relay/outbox elsewhere` under `relay run`: the loop saw its watcher lost and started
+    a new one; relay's reader could not watch the missing outbox, the watchdog fallback could not
+    either and raised out of the loop, and stopping the watcher then raised again (joining an
+    observer never started): the daemon died with a traceback. It must run on without a watcher,
+    say so once, try again after its steps without spinning, and watch the outbox once it is back."""
+    from relay.service import Daemon
+    from relay.core.work import Counts
+    project.relay().close()
+    project.relays.clear()
+    d = Daemon(project.config(agents=["Ann", "Ben"]))
+    outbox, away = project.state / "outbox", project.state / "outbox.away"
+    try:
+        d.watcher.start()
+        os.rename(outbox, away)
+        d.watcher.pump(5.0)                 # the loop reads the move: the watcher is lost
+        assert not d.watcher.alive() and d.relay.wake.is_set()
+        d.relay.hints.clear()
+        with caplog.at_level("WARNING", logger="relay"):
+            for _ in range(3):              # steps while the outbox is away: each tries again, quietly
+                d.stepped(Counts())
+        assert not d.watcher.alive() and d.watcher.fileno() is None
+        assert not d.relay.hints            # a failed start asks for no rescan: no step follows it at once
+        missing = [r for r in caplog.records if "is missing" in r.getMessage()]
+        assert len(missing) == 1 and str(outbox) in missing[0].getMessage()
+        os.rename(away, outbox)
+        d.stepped(Counts())                 # the next try watches it again, and rescans
+        assert d.watcher.alive() and d.watcher.fileno() is not None
+        assert ("rescan", None, None) in d.relay.hints
+        d.relay.hints.clear()
+        d.relay.wake.clear()
+        project.drop("Ann", "m", "TO: Ben\n\nx")
+        d.watcher.pump(5.0)
+        assert ("closed", "Ann", "m") in d.relay.hints
+    finally:
+        d.watcher.stop()
+        d.relay.close()
+
+
+def test_a_watcher_that_never_started_stops_without_error(project):
+    """stop() after a start() that failed (no outbox at all) raises nothing: it runs in the
+    daemon's `finally`, where an error hides the real one and prints a traceback."""
+    from relay.core import watcher
+    relay = project.relay()
+    os.rename(project.state / "outbox", project.state / "outbox.away")
+    w = watcher.Watcher(relay, thread=False)
+    assert w.start() is False and not w.alive()
+    w.stop()
+    w.stop()
+
+
+def test_a_burst_beyond_one_read_and_an_agent_made_mid_step_are_all_delivered(project):
+    """Events that arrive while a step runs, more of them than one 64 KiB read holds (long
+    names: about 240 events a read), and an agent directory created, and written to at once,
+    while the loop is busy: every message is delivered by the events alone (the rescan is an
+    hour away), and the loop then sleeps."""
+    from relay.core import watcher
+    relay = project.relay(agents=["Ann", "Ben", "Dee"], rescan_interval="1h")
+    project.drop("Ann", "first", "TO: Ben\n\nfirst")
+    w = watcher.Watcher(relay, thread=False)
+    w.start()
+    stop = threading.Event()
+    steps = []
+    n = 500                             # under the default pair_rate (600 per 10m)
+
+    def after(counts):
+        steps.append(counts)
+        if len(steps) == 1:             # during the loop's turn: a burst, and a new agent
+            for i in range(n):
+                project.drop("Ann", f"{i:04d}-" + "x" * 200, f"TO: Ben\n\n{i}")
+            project.drop("Dee", "hello", "TO: Ben\n\nfrom Dee")
+        if len(project.files("archive")) == n + 2:
+            stop.set()
+    checks = []
+    try:
+        relay.run(stop, after=after, check=lambda: checks.append(1), max_wait=30, watch=w)
+    finally:
+        w.stop()
+    bodies = {e["body"] for e in project.inbox("Ben")}
+    assert len(bodies) == n + 2 and "from Dee" in bodies and checks == []

@@ -1,0 +1,95 @@
+"""The confined file system (relay/files/fs.py StateDir): it never follows a link, never writes
+through a hard link, and a directory it holds open that was swapped since is looked up again,
+never used; one not swapped keeps its descriptor."""
+import errno
+import os
+
+import pytest
+
+from relay.files.fs import StateDir
+
+
+def test_open_read_never_follows_a_link(tmp_path):
+    outside = tmp_path / "outside"
+    outside.write_text("secret")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "link").symlink_to(outside)
+    fs = StateDir(state)
+    try:
+        with pytest.raises(OSError) as e:
+            fs.open_read("link")
+        assert e.value.errno == errno.ELOOP
+    finally:
+        fs.close()
+
+
+def test_create_never_writes_through_a_hard_link(tmp_path):
+    outside = tmp_path / "outside"
+    outside.write_text("keep")
+    state = tmp_path / "state"
+    state.mkdir()
+    os.link(outside, state / "planted")
+    fs = StateDir(state)
+    try:
+        fd = fs.create("planted")
+        os.write(fd, b"relay's")
+        os.close(fd)
+    finally:
+        fs.close()
+    assert outside.read_text() == "keep" and (state / "planted").read_text() == "relay's"
+
+
+def test_a_cached_directory_swapped_between_steps_is_looked_up_again(tmp_path):
+    """recheck() (each step) keeps directory descriptors, but a directory swapped since (for a
+    link out, for another directory, or removed and made again) is walked again, never used."""
+    open_before = len(os.listdir("/proc/self/fd"))     # what earlier tests left open is not this test's
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    state = tmp_path / "state"
+    (state / "a" / "b").mkdir(parents=True)
+    fs = StateDir(state)
+    try:
+        os.close(fs.create("a/b/one"))              # a and a/b cached
+        os.rename(state / "a" / "b", tmp_path / "moved-b")  # the cached a/b moved out ...
+        (state / "a" / "b").symlink_to(outside / "b")       # ... and a link put in its place
+        fs.recheck()
+        with pytest.raises(OSError) as e:
+            fs.create("a/b/two")
+        assert e.value.errno in (errno.ELOOP, errno.ENOTDIR)
+        assert not (outside / "b" / "two").exists() and not (tmp_path / "moved-b" / "two").exists()
+
+        (state / "a" / "b").unlink()
+        (state / "a" / "b").mkdir()
+        fs.recheck()
+        os.close(fs.create("a/b/three"))            # the directory there now, not the one moved
+        assert (state / "a" / "b" / "three").exists() and not (tmp_path / "moved-b" / "three").exists()
+
+        os.rename(state / "a", tmp_path / "moved-a")        # a parent swapped for another directory
+        (state / "a" / "b").mkdir(parents=True)
+        fs.recheck()
+        os.close(fs.create("a/b/four"))
+        assert (state / "a" / "b" / "four").exists() and not (tmp_path / "moved-a" / "b" / "four").exists()
+
+        (state / "a" / "b" / "four").unlink()
+        (state / "a" / "b").rmdir()
+        (state / "a" / "b").mkdir()                 # removed and made again: another inode
+        fs.recheck()
+        os.close(fs.create("a/b/five"))
+        assert (state / "a" / "b" / "five").exists()
+        # every dropped descriptor closed: the state directory, a and a/b are all it holds
+        assert len(os.listdir("/proc/self/fd")) <= open_before + 3
+    finally:
+        fs.close()
+
+
+def test_a_directory_not_swapped_keeps_its_descriptor_across_steps(tmp_path):
+    state = tmp_path / "state"
+    (state / "a" / "b").mkdir(parents=True)
+    fs = StateDir(state)
+    try:
+        first = fs.dir("a/b")
+        fs.recheck()
+        assert fs.dir("a/b") == first and fs.dir("a") == fs._dirs["a"]
+    finally:
+        fs.close()

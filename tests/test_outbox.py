@@ -1,0 +1,137 @@
+"""When a file in an outbox is ready to be taken: settled by relay's clock, no writer holding it
+(found by a lease, before the claim and again on the spooled file after custody), a close hint
+that skips the wait but not the look, and the size cap before anything is read. A file held open
+is deferred, looked at less and less often, and named by run --once when its patience runs out."""
+import contextlib
+import os
+
+from relay.core.outbox import HEADER_ALLOWANCE
+
+
+def test_a_file_hint_is_not_a_closed_hint(project):
+    relay = project.relay(settle="5s")
+    path = project.drop("Ann", "m", "TO: Ben\n\nslow", in_place=True)
+    now = os.stat(path).st_mtime
+    relay.hint("file", "Ann", "m")
+    assert relay.step(now + 0.1).registered == 0          # may still be written
+    path2 = project.drop("Ann", "n", "TO: Ben\n\ndone", in_place=True)
+    relay.hint("closed", "Ann", "n")
+    assert relay.step(os.stat(path2).st_mtime + 0.1).archived == 1
+
+
+def test_a_file_dated_in_the_future_waits_for_settle_by_relays_clock(project, clock):
+    relay = project.relay(settle="1s")
+    path = project.drop("Ann", "m", "TO: Ben\n\nlater", in_place=True)
+    os.utime(path, (clock.now + 3600, clock.now + 3600))
+    assert relay.step(clock.now).registered == 0
+    with open(path, "a") as f:                      # changed: the wait starts again
+        f.write(" more")
+    os.utime(path, (clock.now + 3600, clock.now + 3600))
+    assert relay.step(clock.advance(0.9)).registered == 0
+    assert relay.step(clock.advance(0.5)).registered == 0
+    assert relay.step(clock.advance(1.0)).archived == 1
+    assert [e["body"] for e in project.inbox("Ben")] == ["later more"]
+
+
+def test_a_held_open_file_is_found_busy_before_any_claim(project):
+    relay = project.relay()
+    path = project.state / "outbox/Ann/m"
+    with open(path, "w") as f:
+        f.write("TO: Ben\n\nhalf")
+        f.flush()
+        assert relay.outbox.check("Ann", "m", project.clock.now + 100) is None
+        assert relay.outbox.waiting[("Ann", "m")][1] == "held open for writing"
+
+
+def test_a_file_renamed_in_while_still_held_open_is_deferred_then_delivered_whole(project, clock):
+    # A hint that it was closed or renamed in skips the look for writers before the claim; the
+    # lease taken on the spooled file finds the writer, and nothing half-written is delivered.
+    relay = project.relay(settle="1s")
+    box = project.state / "outbox/Ann"
+    with open(box / ".m.tmp", "w") as f:
+        f.write("TO: Ben\n\nhalf")
+        f.flush()
+        os.rename(box / ".m.tmp", box / "m")
+        relay.hint("closed", "Ann", "m")
+        counts = relay.step(clock.now)
+        assert counts.claimed == 1 and counts.deferred == 1 and project.inbox("Ben") == []
+        f.write(" and whole")
+    relay.step(clock.advance(2))
+    assert [e["body"] for e in project.inbox("Ben")] == ["half and whole"]
+
+
+def test_no_lease_is_left_on_a_file_relay_looked_at(project, clock):
+    """The read lease that finds writers goes with the descriptor: once a step has looked at
+    files (held by a writer or not), relay holds no lease, so no agent's open waits on one."""
+    relay = project.relay(settle="1s")
+    project.drop("Ann", "done", b"TO: Ben\n\nwhole")
+    box = project.state / "outbox/Ann"
+    with open(box / "held", "w") as f:
+        f.write("TO: Ben\n\nhalf")
+        f.flush()
+        relay.step(clock.advance(5))        # a rescan: the look for writers, then the read
+        leases = [line for line in open("/proc/locks") if "LEASE" in line and f" {os.getpid()} " in line]
+        assert leases == [] and project.inbox("Ben") != []
+
+
+def test_a_file_over_the_cap_is_refused_by_its_size_before_it_is_read(project):
+    relay = project.relay(max_body_bytes=1000)
+    project.drop("Ann", "big", b"TO: Ben\n\n" + b"x" * (1000 + HEADER_ALLOWANCE))
+    relay.drain()
+    [row] = relay.history.audit()
+    assert row["status"] == "failed" and "bytes, over max_body_bytes (1000) plus room for headers" in row["error"]
+
+
+@contextlib.contextmanager
+def held_open_after_its_close_hint(project, relay):
+    """outbox/Ann/m renamed in (and hinted closed) by a writer that still holds it open, with
+    half its text; yields the writer's file."""
+    box = project.state / "outbox/Ann"
+    box.mkdir(parents=True, exist_ok=True)
+    with open(box / ".m.tmp", "w") as f:
+        f.write("TO: Ben\n\nhalf")
+        f.flush()
+        os.rename(box / ".m.tmp", box / "m")
+        relay.hint("closed", "Ann", "m")
+        yield f
+
+
+def test_a_file_held_open_after_its_close_hint_is_looked_at_less_and_less_often(project, clock):
+    """A hint that a file was closed (or renamed in) lets relay claim it without first looking
+    for writers; the lease on the spooled file finds one still holding it, and defers it. An
+    agent that never lets go must not make relay claim it, commit and log again every settle
+    time for ever: the deferrals back off (as retries do), and the file is delivered whole,
+    soon after the writer lets go."""
+    relay = project.relay(settle="250ms")
+    with held_open_after_its_close_hint(project, relay) as f:
+        claims, start = 0, clock.now
+        while clock.now - start < 60:           # a minute of the daemon's loop, woken when due
+            claims += relay.step(clock.now).claimed
+            clock.advance(max(0.25, relay.next_deadline(clock.now) - clock.now))
+        assert project.inbox("Ben") == []
+        assert claims <= 15, claims             # not one every 250 ms (240)
+        f.write(" and whole")
+    left = relay.history.next_due() - clock.now
+    assert 0 < left <= 10.0                     # the longest wait between two looks
+    relay.step(clock.advance(left))
+    assert [e["body"] for e in project.inbox("Ben")] == ["half and whole"]
+
+
+def test_run_once_waits_for_a_spooled_file_held_open_and_names_it_when_it_gives_up(project, clock):
+    """A file the daemon claimed on a close hint and found held open several times waits
+    longer and longer there; run --once (drain) still looks at it within its own horizon, and
+    names it among what it left when its patience runs out, instead of ending silently."""
+    relay = project.relay(settle="250ms")
+    with held_open_after_its_close_hint(project, relay):
+        for _ in range(5):                      # the daemon defers it five times
+            relay.step(clock.now)
+            clock.advance(relay.history.next_due() - clock.now)
+        [mid] = [r["id"] for r in relay.history.audit()]
+        waits = []
+
+        def wait(seconds):
+            waits.append(seconds)
+            clock.advance(max(seconds, 0.05))
+        relay.drain(wait=wait, patience=3.0)
+        assert waits and project.inbox("Ben") == []
+        assert [what for what, _ in relay.left] == [f"{mid} from Ann (spool)"]
