@@ -16,7 +16,7 @@ from fednodes import (Node, client, drop, exchange, held, needs_server, nodes, r
                       start_daemon, team, write_config)
 from relay import config as config_mod
 from relay.errors import ConfigError
-from relay.federation.keys import Keys
+from relay.federation.keys import RETIRED, Keys
 
 
 # -- configuration, and relay without the section -------------------------------------------
@@ -236,6 +236,9 @@ def test_a_name_on_two_nodes_stays_local_on_each_and_is_a_conflict_the_others_do
     assert remote["Zed"][1] is None and remote["Ann"][1] > 0
     assert n2.link.conflicts == [("Bob", "n1")]
     r.delete(keys.node("n9"), keys.node("n8"), keys.node("n7"), keys.prefix + "node:bad node")
+    assert n2.link.heartbeat() and n2.relay.history.remote_agents()["Zed"][0] == "n9"     # lost keys keep names
+    r.hset(keys.node("n9"), mapping=RETIRED)             # an operator retires n9 (relay federation retire)
+    r.hset(keys.node("n7"), mapping=RETIRED)
     assert n2.link.heartbeat() and "Zed" not in n2.relay.history.remote_agents()
     # The node that had Bob first keeps him for the others that knew it; each Bob stays local.
     assert n1.link.heartbeat()
@@ -249,7 +252,7 @@ def test_a_name_on_two_nodes_stays_local_on_each_and_is_a_conflict_the_others_do
 
 
 @needs_server
-def test_a_node_is_alive_for_its_own_twelve_heartbeats_not_the_readers(redis_server, team, nodes):
+def test_a_node_is_alive_for_its_own_twelve_heartbeats_and_being_gone_gives_no_name_away(redis_server, team, nodes):
     n1 = nodes(redis_server.url, team, "n1", ["Bob"], heartbeat="10s")     # 120 s to its mind
     n2 = nodes(redis_server.url, team, "n2", ["Bob", "Cy"])
     assert n1.link.heartbeat() and n2.link.heartbeat()
@@ -265,7 +268,9 @@ def test_a_node_is_alive_for_its_own_twelve_heartbeats_not_the_readers(redis_ser
     r.hset(n1.key(), "seen", str(now - 121))            # past n1's 12 beats: gone
     assert n3.link.heartbeat()
     assert n3.link.alive == {"n1": False, "n2": True}
-    assert n3.link.conflicts == [] and n3.relay.history.remote_agents()["Bob"][0] == "n2"
+    # Gone is not retired: its names are not given to the other claimant (its last seen is its own
+    # to write, and n2's as much).
+    assert n3.link.conflicts == [("Bob", "n1"), ("Bob", "n2")] and "Bob" not in n3.relay.history.remote_agents()
 
 
 @needs_server

@@ -10,6 +10,7 @@ import signal
 import orjson
 import pytest
 
+from relay.federation.keys import RETIRED
 from fednodes import (RedisServer, client, entry, envelope, exchange, needs_server, nodes,  # noqa: F401 - fixtures
                       redis_server, team)
 from relay.ids import IdGenerator
@@ -724,7 +725,7 @@ def test_a_row_for_a_node_that_no_longer_holds_its_recipient_is_rerouted_to_the_
         seconds, _ = r.time()
         r.hset(n1.key(), "seen", str(seconds - 60))         # n1 not seen for longer than its timeout ...
         n2.link.heartbeat()
-        r.delete(n1.key())                                  # ... and deleted: gone for good
+        r.hset(n1.key(), mapping=RETIRED)                   # ... and retired by an operator: gone for good
         assert renamed.link.heartbeat() and renamed.link.conflicts == []
         n2.link.heartbeat()
         assert n2.relay.history.remote_agents()["Ann"][0] == "laptop"
@@ -784,7 +785,7 @@ def test_a_rerouted_row_leaves_no_entry_in_the_stream_of_its_former_node(redis_s
         seconds, _ = r.time()
         r.hset(n1.key(), "seen", str(seconds - 60))
         n2.link.heartbeat()
-        r.delete(n1.key())
+        r.hset(n1.key(), mapping=RETIRED)
         renamed.link.heartbeat()
         n2.link.heartbeat()
         n2.link.check()
@@ -813,7 +814,7 @@ def test_a_recipient_moved_to_a_node_that_already_has_the_message_is_refused_wit
     seconds, _ = r.time()
     r.hset(n1.key(), "seen", str(seconds - 60))
     n2.link.heartbeat()
-    r.delete(n1.key())
+    r.hset(n1.key(), mapping=RETIRED)
     n3.link.heartbeat()
     n2.link.heartbeat()
     assert n2.relay.history.remote_agents()["Ann"][0] == "n3"

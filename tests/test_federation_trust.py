@@ -256,3 +256,30 @@ def test_a_node_that_copies_another_nodes_id_cannot_replace_or_remove_its_messag
     assert got["the real one"]["id"] != got["FORGED: wire money to n1"]["id"]
     rows = n3.link.history.outbound(copy["id"])
     assert {r["node"]: r["status"] for r in rows} == {"n1": "acknowledged", "n2": "acknowledged"}
+
+
+def test_a_name_is_not_taken_when_the_server_loses_its_holders_entry(server, team, nodes, clock):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n1, n2, n3, rounds=1)
+    keys = Keys(team)
+    evil = as_node(server, team, "n1")
+    n2.close()                                            # Bob's node stopped, a backlog for him waits
+    for i in range(3):
+        n3.drop("Eve", f"m{i}", f"TO: Bob\n\nfor Bob {i}")
+    n3.send()
+    admin(server).flushall()                              # the server loses every key ...
+    for name, n in (("n1", n1), ("n3", n3)):
+        admin(server).execute_command(*shlex.split(acl(team, name, f"pw-{name}-{team}")))
+    evil.hset(keys.node("n1"), mapping={"agents": '["Ann", "Bob"]', "v": "squat", "seen": "99999999999"})
+    clock.advance(3600)                                   # ... and n2 stays away for long
+    n3.link.heartbeat()
+    n3.link.check()
+    n3.link.publish()
+    assert n3.link.directory.routes["Bob"] == "n2"        # still n2's: never the squatter's
+    rows = n3.link.history.db.execute("SELECT DISTINCT node FROM outbound").fetchall()
+    assert [r[0] for r in rows] == ["n2"]
+    # A node that joins now, hearing of Bob only from n1, cannot know better: it is told by an
+    # operator (relay federation retire) or by n2 announcing again; the honest nodes it meets
+    # keep Bob where he was.

@@ -84,4 +84,27 @@ def federation_acl(ctx, node, team, password):
                f"(and node = \"{node}\" in its [federation] section)", err=True)
 
 
+
+@federation.command("retire")
+@click.argument("node")
+@click.option("--team", help="The team (default: the [federation] section's).")
+@pass_ctx
+@handle_errors
+def federation_retire(ctx, node, team):
+    """Print the redis-cli line that releases the agent names of NODE, a node gone for good: its
+    entry then lists nothing, and each name goes to the node that lists it. A node merely stopped,
+    or whose entry the server lost, keeps its names until it announces again."""
+    from relay.fedconfig import NAME, NAME_RULE
+    from relay.federation.keys import retire
+    if team is None:
+        fed = ctx.cfg.federation if ctx.cfg is not None else None
+        if fed is None:
+            raise click.UsageError("no [federation] section here: give --team")
+        team = fed.team
+    for value, what in ((node, "NODE"), (team, "--team")):
+        if not NAME.match(value):
+            raise click.BadParameter(f"{value!r} is not a valid name ({NAME_RULE})", param_hint=what)
+    echo(retire(team, node))
+
+
 COMMANDS = [config_, service, federation]

@@ -238,49 +238,54 @@ class Directory:
                       "taken", node, len(good), limit, limit)
         return tuple(dict.fromkeys(good[:limit]))
 
-    def _holder(self, name, holders, before, alive, server_now):
-        """The node a name is routed to, or None (unknown, or ambiguous)."""
+    def _holder(self, name, holders, before):
+        """The node a name is routed to, or None (unknown, or ambiguous). Whether a node is
+        alive never decides it: a node's own last seen is its to forge."""
         if before is not None:
-            node, last = before
+            node, _ = before
             entry = self.entries.get(node)
-            if entry is None:       # its key is gone (the server lost it): kept until it would have timed out
-                if isinstance(last, (int, float)) and server_now is not None and server_now - last < self.timeout:
-                    return node
-            elif name in entry.agents:
-                return node         # still listed by its holder: no other node's claim moves it
-        live = [h for h in holders if alive[h]]
-        if len(live) == 1:
-            return live[0]
-        if not live and len(holders) == 1:
-            return holders[0]       # its node is away: messages wait for it
+            if entry is None or name in entry.agents:
+                # Still listed by its holder, or its key is gone (the server lost it, or its node
+                # is being renamed): no other node's claim moves it. It moves when its node drops
+                # it, or an operator empties that node's entry (relay federation retire).
+                return node
+        if len(holders) == 1:
+            return holders[0]
         return None
 
     def resolve(self, now, local):
         """Decide each name's node (the rules in this module's docstring) and record it."""
-        server_now = self.server_now
         previous = self.history.remote_agents()        # name -> (node, last seen)
         claims = {}
         for n, e in self.entries.items():
             for name in e.agents:
                 claims.setdefault(name, []).append(n)
-        alive = {n: e.alive(server_now, self.timeout) for n, e in self.entries.items()}
         routes, conflicts = {}, []
         for name in set(claims) | {n for n, (node, _) in previous.items() if node not in self.entries}:
             holders = claims.get(name, [])
             if name in local:
                 conflicts.extend((name, h) for h in holders)
                 continue
-            node = self._holder(name, holders, previous.get(name), alive, server_now)
+            node = self._holder(name, holders, previous.get(name))
             if node is not None:
                 routes[name] = node
             elif holders:
                 conflicts.extend((name, h) for h in sorted(holders))
+        # Names that differ only by case are one name to a person: a remote one beside a local
+        # one, or two remote ones, are conflicts, routed nowhere.
+        folded = {}
+        for name in list(routes) + list(local):
+            folded.setdefault(name.casefold(), set()).add(name)
+        for names in folded.values():
+            if len(names) > 1:
+                for name in names - set(local):
+                    conflicts.append((name, routes.pop(name)))
         seen = {n: e.seen for n, e in self.entries.items()}
         rows = sorted((name, node, seen.get(node, previous.get(name, (None, None))[1])) for name, node in routes.items())
         conflicts = sorted(set(conflicts))
         if conflicts != self.conflicts:
             for name, other in conflicts:
-                where = "this node's own agent" if name in local else "claimed by more than one live node"
+                where = "this node's own agent" if name in local else "claimed by more than one node, or a name that differs only by case"
                 log.error("federation: agent %s is also listed by node %s (%s); %s", name, other, where,
                           "it stays local here" if name in local else "messages to it wait until one of them drops it")
             self.conflicts = conflicts

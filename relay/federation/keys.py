@@ -16,6 +16,9 @@ pattern never matches another node's key. The braces keep every key of a team in
 import shlex
 
 NODE_PREFIX = "node:"
+# What an operator writes into the entry of a node gone for good: it lists no name any more, so
+# its names may go to the nodes that list them now (relay federation retire).
+RETIRED = {"agents": "[]", "v": "retired"}
 
 
 class Keys:
@@ -51,6 +54,11 @@ WRITE = ("xadd", "xdel", "xtrim", "xlen", "xrange", "xinfo|stream", "del", "exis
 READ = ("xread", "xrange", "xlen", "xinfo|stream", "hgetall", "hget", "hmget", "exists", "eval_ro", "evalsha_ro")
 EVERYONE = ("ping", "time", "scan", "info", "client|setname", "client|id", "client|info", "hello", "auth",
             "select", "echo", "evalsha", "eval", "script|load", "script|exists")
+
+
+def retire(team, node):
+    """The redis-cli line with which an operator releases the names of a node gone for good."""
+    return " ".join(shlex.quote(w) for w in ["HSET", Keys(team).node(node), "agents", RETIRED["agents"], "v", RETIRED["v"]])
 
 
 def acl(team, node, password=None):
