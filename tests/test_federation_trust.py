@@ -87,6 +87,8 @@ def test_a_node_writes_only_its_own_keys(server, team, nodes):
                  ("DEL", keys.node("n1")),
                  ("EVAL", "return redis.call('DEL', KEYS[1])", 1, keys.node("n1")),
                  ("FLUSHALL",), ("CONFIG", "SET", "maxmemory", "1"), ("KEYS", "*"),
+                 ("EVAL", "while true do end", 0), ("EVAL_RO", "while true do end", 0),   # hold the server
+                 ("SCRIPT", "LOAD", "return 1"), ("FUNCTION", "LIST"),
                  ("SET", "relay:{%s}:anything" % team, "x")]
     for cmd in forbidden:
         with pytest.raises(redis.exceptions.NoPermissionError):

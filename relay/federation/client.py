@@ -52,10 +52,11 @@ class ReplyTooLarge(Exception):
     """A reply announced a bulk string over the client's limit, or more bytes in all than its
     budget: the connection is dropped unread. `size` is what was announced."""
 
-    def __init__(self, size, limit):
+    def __init__(self, size, limit, seen=()):
         super().__init__(f"a reply of {size} bytes announced, over the limit of {limit}")
         self.size = size
         self.limit = limit
+        self.seen = list(seen)      # the small bulk strings read before (an entry's id, its first fields)
 
 
 def _guarded_parser(limit, budget):
@@ -64,6 +65,7 @@ def _guarded_parser(limit, budget):
     class Guarded(_RESP2Parser):
         def read_response(self, disable_decoding=False, **kwargs):
             self.read = 0
+            self.seen = []
             return super().read_response(disable_decoding=disable_decoding, **kwargs)
 
         def _read_response(self, disable_decoding=False, **kwargs):
@@ -75,11 +77,42 @@ def _guarded_parser(limit, budget):
                 size = int(line[1:])
                 self.read += size
                 if size > limit:
-                    raise ReplyTooLarge(size, limit)
+                    raise ReplyTooLarge(size, limit, self.seen)
                 if self.read > budget:
-                    raise ReplyTooLarge(self.read, budget)
+                    raise ReplyTooLarge(self.read, budget, self.seen)
+                value = super()._read_response(disable_decoding=disable_decoding, **kwargs)
+                if len(self.seen) < 16 and size <= 256:
+                    self.seen.append(value)
+                return value
             return super()._read_response(disable_decoding=disable_decoding, **kwargs)
     return Guarded
+
+
+def sized(client, key, after, count):
+    """Up to `count` entries of a stream after `after`, one by one through a guarded client: each
+    (entry id, fields), or (entry id, {"oversize": bytes, b"id": its message id or b""}) for one
+    over the client's bound, whose content is never read past the size its bulk announced."""
+    out = []
+    for _ in range(count):
+        start = "(" + after if after not in ("0", "0-0") else "-"
+        try:
+            got = client.xrange(key, start, "+", count=1)
+        except ReplyTooLarge as e:
+            seen = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in e.seen]
+            if not seen:
+                raise
+            eid, fields = seen[0], seen[1:]
+            mid = next((fields[i + 1] for i in range(0, len(fields) - 1, 2) if fields[i] == "id"), "")
+            out.append((eid, {"oversize": e.size, b"id": mid.encode()}))
+            after = eid
+            continue
+        if not got:
+            break
+        eid, fields = got[0]
+        eid = eid.decode() if isinstance(eid, bytes) else eid
+        out.append((eid, fields))
+        after = eid
+    return out
 
 
 def _options(url):

@@ -43,23 +43,7 @@ LOOK = 1.0                  # seconds between two reads of the team's directory
 TIMEOUT_BEATS = 12          # a node not seen for this many of its heartbeats is gone
 NAME_BYTES = 70             # what one name costs in a node's list, at most (JSON)
 
-# KEYS[1]: this node's entry. ARGV: owner, timeout, agents (JSON), version. Written unless another
-# relay (another owner) announced under this node name within its timeout. Returns
-# {server time, the other owner or false}.
-ANNOUNCE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local cur = redis.call('HMGET', KEYS[1], 'owner', 'seen', 'timeout')
-if cur[1] and cur[1] ~= ARGV[1] then
-  local seen, timeout = tonumber(cur[2] or '0') or 0, tonumber(cur[3] or '0') or 0
-  if now - seen < timeout then
-    return {tostring(now), cur[1]}
-  end
-end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'seen', tostring(now), 'timeout', ARGV[2], 'agents', ARGV[3],
-           'v', ARGV[4])
-return {tostring(now), false}
-"""
+
 
 
 def _text(value):
@@ -100,7 +84,6 @@ class Directory:
         self.identity = identity
         self.redis = redis
         self.errors = server_errors()
-        self._announce = client.register_script(ANNOUNCE)
         self.timeout = fed.heartbeat * TIMEOUT_BEATS
         self.entries = {}           # node -> Entry, as last read
         self.announced = None       # the version of this node's list last written
@@ -122,10 +105,18 @@ class Directory:
                       "announced to the team", len(local), self.fed.max_agents_per_node, len(names))
         listed = orjson.dumps(names)
         version = hashlib.sha256(listed).hexdigest()[:16]
-        reply = self._announce(keys=[self.keys.node(self.node)],
-                               args=[self.identity, self.timeout, listed, version])
-        self.server_now = _number(reply[0])
-        holder = _text(reply[1]) if reply[1] else None
+        key = self.keys.node(self.node)
+        owner, seen, timeout = self.client.hmget(key, "owner", "seen", "timeout")
+        secs, micros = self._time()
+        self.server_now = now_there = int(secs) + int(micros) / 1e6
+        holder = _text(owner)[:200] if owner is not None else None
+        seen, timeout = _number(seen) or 0.0, _number(timeout) or 0.0
+        if holder is not None and holder != self.identity and now_there - seen < timeout:
+            pass                    # another relay announced under this name within its timeout
+        else:
+            holder = None
+            self.client.hset(key, mapping={"owner": self.identity, "seen": repr(now_there), "timeout": self.timeout,
+                                           "agents": listed, "v": version})
         if holder:
             why = (f"node name {self.node} is in use by another relay ({holder}); this one neither announces its "
                    f"agents nor reads the node's streams until that one has been gone for {self.timeout:.0f}s: set "

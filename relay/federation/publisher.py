@@ -21,7 +21,7 @@ import re
 import orjson
 
 from relay.core.work import backoff
-from relay.federation.client import reason, server_errors
+from relay.federation.client import reason, server_errors, sized
 from relay.federation.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -163,13 +163,15 @@ class Publisher:
                 pipe.execute(raise_on_error=False)     # an entry left there is acknowledged: known again
 
     def _skip_large(self, streams):
-        """Move each cursor past the entries too large to read (their ids from XRANGE's count)."""
+        """Move each cursor past the entries too large to read (their ids from the replies' first
+        bulk strings, their content never read)."""
         for key, cursor in list(streams.items()):
-            for eid, size in _sizes(self.client, key, cursor, ACK_READ):
-                if size > ACK_BYTES:
-                    streams[key] = eid
-                else:
+            for eid, fields in sized(self.acks_client, key, cursor, ACK_READ):
+                if "oversize" not in fields:
                     break
+                streams[key] = eid
+                node = key.split(":from:", 1)[1].split(":ack:", 1)[0]
+                self.cursors[node] = eid
 
     # -- what the server lost, and deadlines -------------------------------------------------
 
@@ -271,28 +273,3 @@ def _acks(fields):
     return out
 
 
-SIZES = """#!lua flags=no-writes
-local out = {}
-local entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
-for _, e in ipairs(entries) do
-  local size, id = 0, ''
-  for i, v in ipairs(e[2]) do
-    size = size + #v
-    if i % 2 == 0 and e[2][i - 1] == 'id' and #v <= 64 then id = v end
-  end
-  table.insert(out, {e[1], size, id})
-end
-return out
-"""
-
-
-def _sizes(client, key, after, count, with_ids=False):
-    """(entry id, bytes[, its message id]) of up to `count` entries of a stream after `after`,
-    counted by the server: nothing of an entry is read but its ids and size."""
-    start = "(" + after if after not in ("0", "0-0") else "-"
-    reply = client.eval_ro(SIZES, 1, key, start, count)
-    out = []
-    for eid, size, mid in reply:
-        eid = eid.decode() if isinstance(eid, bytes) else eid
-        out.append((eid, int(size), mid.decode("utf-8", "replace")) if with_ids else (eid, int(size)))
-    return out

@@ -16,7 +16,7 @@ A message id already received (kept past the retention sweep, for REPLAY_WINDOW)
 acknowledged again and not delivered again; an id older than the window is refused. An entry
 whose delivery keeps failing is tried again on its own (XRANGE of its id) and never holds back
 the entries behind it; after `retry_period` it is refused with the reason. An entry over the
-size bound is refused from its size alone, counted by the server (publisher._sizes).
+size bound is refused from the size its reply announced (client.sized), never read whole.
 """
 import logging
 
@@ -31,10 +31,9 @@ from relay.files.layout import Layout, valid_id
 from relay.ledger.ledger import Ledger
 from relay.files.sync import Syncer
 from relay.core.work import backoff
-from relay.federation.client import ReplyTooLarge, reason, server_errors
-from relay.federation.entries import _sender_of, _text, entry_limit, read_entry, renamed
+from relay.federation.client import ReplyTooLarge, reason, server_errors, sized
+from relay.federation.entries import _sender_of, _text, read_entry, renamed
 from relay.federation.keys import Keys
-from relay.federation.publisher import _sizes
 
 log = logging.getLogger(__name__)
 
@@ -171,22 +170,13 @@ class Incoming:
         return key[len(self.keys.prefix + "from:"):].split(":to:", 1)[0]
 
     def _read_sized(self, streams):
-        """After a reply too large to read: each stream's next entries by their sizes, those
-        within the bound read one by one, the others refused from their size."""
-        limit, out = entry_limit(self.config), []
+        """After a reply too large to read: each stream's next entries one by one, those within
+        the bound read, the others refused from the size their reply announced."""
         self.count = 1
+        out = []
         for key, cursor in streams.items():
             node = self._node_of(key)
-            for eid, size, mid in _sizes(self.client, key, cursor, FIRST_READ, with_ids=True):
-                if size > limit:
-                    out.append((node, eid, {"oversize": size, b"id": mid.encode()}))
-                    continue
-                try:
-                    got = self.client.xrange(key, eid, eid)
-                except ReplyTooLarge as e:     # grew meanwhile? it cannot: entries never change
-                    out.append((node, eid, {"oversize": e.size}))
-                    continue
-                out.extend((node, eid, fields) for _, fields in got)
+            out.extend((node, eid, fields) for eid, fields in sized(self.client, key, cursor, FIRST_READ))
         return out
 
     def _retry(self, now):
@@ -199,7 +189,7 @@ class Incoming:
             try:
                 got = self.client.xrange(self.keys.messages(node, self.node), eid, eid)
             except ReplyTooLarge as e:
-                got = [(eid, {"oversize": e.size})]
+                got = [(eid, {"oversize": e.size, b"id": b""})]
             if not got:             # gone: its sender deleted or republished it
                 self.retry.pop((node, eid), None)
                 continue
