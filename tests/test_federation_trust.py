@@ -285,3 +285,53 @@ def test_a_name_is_not_taken_when_the_server_loses_its_holders_entry(server, tea
     # A node that joins now, hearing of Bob only from n1, cannot know better: it is told by an
     # operator (relay federation retire) or by n2 announcing again; the honest nodes it meets
     # keep Bob where he was.
+
+
+def test_keys_of_another_type_in_one_nodes_name_stop_no_other_node(server, team, nodes, clock):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n1, n2, n3, rounds=1)
+    keys, evil = Keys(team), as_node(server, team, "n1")
+    evil.delete(keys.messages("n1", "n2"), keys.acks("n1", "n3"))
+    evil.hset(keys.messages("n1", "n2"), "x", "y")            # its stream to n2: a hash
+    evil.hset(keys.acks("n1", "n3"), "a", "b")                # its acknowledgements to n3: a hash
+    evil.delete(keys.node("n1"))
+    evil.xadd(keys.node("n1"), {"x": "1"})                    # its directory entry: a stream
+    n3.drop("Eve", "m", "TO: Bob\n\nstill delivered")
+    for _ in range(3):
+        exchange(n2, n3, rounds=1)
+    assert bodies(n2, "Bob") == ["still delivered"]
+    assert n3.link.history.outbound_counts()["acknowledged"] == 1
+    assert n2.link.directory.error is None and n3.link.directory.error is None
+
+
+def test_huge_fields_in_a_nodes_own_entry_are_never_read_whole(server, team, nodes, clock):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    reader = n2.link.directory.reader
+    big = b"x" * (4 << 20)
+    as_node(server, team, "n3").hset(Keys(team).node("n3"), mapping={"agents": '["Gus"]', "v": big, "owner": big,
+                                                                     "seen": "1", "timeout": "60"})
+    assert n2.link.heartbeat()
+    assert "n3" in n2.link.directory.bad and "Gus" not in n2.link.directory.routes
+    assert reader.connection_pool.connection_kwargs["parser_class"].__name__ == "Guarded"
+    n1.drop("Ann", "m", "TO: Bob\n\nunbothered")
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["unbothered"]
+
+
+def test_a_flood_of_bad_entries_is_recorded_a_hundred_a_minute(server, team, nodes, clock):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    evil = as_node(server, team, "n1")
+    for _ in range(300):
+        evil.xadd(Keys(team).messages("n1", "n2"), {"v": "1"})
+    while n2.receive():
+        pass
+    assert len(refusals(n2)) == 100
+    n1.drop("Ann", "m", "TO: Bob\n\nbehind the flood")
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["behind the flood"]

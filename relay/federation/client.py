@@ -115,6 +115,39 @@ def sized(client, key, after, count):
     return out
 
 
+class Skipping:
+    """Streams another node made unreadable (a key of another type: WRONGTYPE) are left out of
+    the reads of all the others for a while, said once, and tried again after SKIP seconds: one
+    node's key never stops the reading of every node's."""
+    SKIP = 30.0
+
+    def __init__(self, what):
+        self.what = what
+        self.until = {}             # key -> (when it is tried again, why)
+
+    def usable(self, client, streams, now):
+        return {k: v for k, v in streams.items() if self.until.get(k, (0.0, None))[0] <= now}
+
+    def found(self, client, streams, now, error):
+        """After an error of a read of several streams: which of them fails alone. True when
+        one was found (then left out), False when the error is not one stream's."""
+        if "WRONGTYPE" not in str(error):
+            return False
+        bad = False
+        for key, cursor in streams.items():
+            try:
+                client.xread({key: cursor}, count=1)
+            except Exception as e:  # noqa: BLE001 - this key's own error, said once
+                if "WRONGTYPE" not in str(e):
+                    continue
+                if key not in self.until:
+                    log.error("federation: the %s stream %s is not a stream (%s); left out for %.0fs at a time",
+                              self.what, key, reason(e), self.SKIP)
+                self.until[key] = (now + self.SKIP, reason(e))
+                bad = True
+        return bad
+
+
 def _options(url):
     """redis-py keyword arguments from the URL's query that redis-py does not take itself
     (Sentinel's), and the URL without them."""

@@ -74,11 +74,15 @@ class Entry:
 class Directory:
     """This node's side of the directory; used by the link's publisher thread only."""
 
-    def __init__(self, fed, client, ledger, history, identity, redis):
+    def __init__(self, fed, client, ledger, history, identity, redis, reader=None):
         self.fed = fed
         self.keys = Keys(fed.team)
         self.node = fed.node
         self.client = client
+        # The others' entries are read through a guarded client: no field past what a list of
+        # max_agents_per_node names takes is ever read whole (a node may write anything there).
+        self.reader = reader if reader is not None else client
+        self.bad = {}               # node -> why its entry is not read (logged once)
         self.ledger = ledger
         self.history = history
         self.identity = identity
@@ -169,12 +173,12 @@ class Directory:
         names = sorted(names)
         secs, micros = self._time()
         self.server_now = int(secs) + int(micros) / 1e6
-        pipe = self.client.pipeline(transaction=False)
-        for n in names:
-            pipe.hmget(self.keys.node(n), "v", "seen", "timeout", "owner")
-        reply = pipe.execute() if names else []
+        reply = self._each(names, lambda pipe, n: pipe.hmget(self.keys.node(n), "v", "seen", "timeout", "owner"))
         stale, entries = [], {}
-        for n, (version, seen, timeout, owner) in zip(names, reply, strict=True):
+        for n, got in zip(names, reply, strict=True):
+            if got is None:
+                continue            # no key, or one that cannot be read (self.bad says why)
+            version, seen, timeout, owner = got
             if version is None and seen is None:
                 continue            # no key: the node is gone, or the server lost it
             e = Entry()
@@ -186,10 +190,8 @@ class Directory:
                 stale.append(n)
             entries[n] = e
         if stale:
-            pipe = self.client.pipeline(transaction=False)
-            for n in stale:
-                pipe.hget(self.keys.node(n), "agents")
-            for n, listed in zip(stale, pipe.execute(), strict=True):
+            for n, listed in zip(stale, self._each(stale, lambda pipe, n: pipe.hget(self.keys.node(n), "agents")),
+                                 strict=True):
                 entries[n].agents = self._agents(n, listed)
         before = (self.routes, self.conflicts)
         if stale or set(entries) != set(self.entries) or self._liveness(entries) != self._liveness(self.entries) \
@@ -199,6 +201,40 @@ class Directory:
         else:
             self.entries = entries
         return (self.routes, self.conflicts) != before
+
+    def _each(self, names, command):
+        """One command per node in one round trip, through the guarded reader; a node whose key
+        answers an error (another type) or more than the bound is left out (None), said once.
+        A reply too large drops the connection: the nodes are then read one by one."""
+        from relay.federation.client import ReplyTooLarge
+        if not names:
+            return []
+        pipe = self.reader.pipeline(transaction=False)
+        for n in names:
+            command(pipe, n)
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except ReplyTooLarge:
+            results = []
+            for n in names:
+                one = self.reader.pipeline(transaction=False)
+                command(one, n)
+                try:
+                    results.append(one.execute(raise_on_error=False)[0])
+                except ReplyTooLarge as e:
+                    results.append(e)
+        out = []
+        for n, r in zip(names, results, strict=True):
+            if isinstance(r, Exception):
+                why = reason(r)
+                if self.bad.get(n) != why:
+                    log.error("federation: the directory entry of node %s cannot be read (%s): it is left out", n, why)
+                self.bad[n] = why
+                out.append(None)
+            else:
+                self.bad.pop(n, None)
+                out.append(r)
+        return out
 
     def _time(self):
         """The clock of the server holding the team's keys (in a cluster, the slot's master)."""

@@ -59,7 +59,10 @@ class Link:
         self.own_hooks = hooks is None
         self.hooks = Hooks(config) if hooks is None else hooks
         self.identity = f"{socket.gethostname()}:{config.root}"     # which relay holds the node name
-        self.directory = Directory(self.fed, self.client, self.ledger, self.history, self.identity, self.redis)
+        listed = self.fed.max_agents_per_node * 70
+        self.directory = Directory(self.fed, self.client, self.ledger, self.history, self.identity, self.redis,
+                                   reader=connect(self.fed, limit=max(listed, 1 << 16), budget=4 * max(listed, 1 << 16),
+                                                  name=f"relay-{self.node}-directory"))
         self.publisher = Publisher(config, self.client, connect(self.fed, limit=ACK_BYTES, name=f"relay-{self.node}-acks"),
                                    self.ledger, self.history, router, self.redis)
         self.incoming = Incoming(config, connect(self.fed, limit=limit, budget=max(limit, config.batch_bytes // 4)),
@@ -97,10 +100,13 @@ class Link:
 
     def close(self):
         self.stop()
+        if self.threads:        # a thread still uses them: closing its ledger under it would crash the process
+            return
         if self.own_hooks:
             self.hooks.stop()
         self.incoming.close()
         self.publisher.acks_client.close()
+        self.directory.reader.close()
         self.client.close()
         self.ledger.close()
         self.layout.close()
@@ -239,12 +245,17 @@ class Link:
             t.start()
 
     def stop(self):
+        """Ask the threads to stop and wait for them (each step is bounded: a blocking read
+        waits at most a second, a server call at most the socket timeout)."""
         self.stopping.set()
         self.queued.set()
         self.back.set()
         for t in self.threads:
-            t.join(timeout=SOCKET_TIMEOUT + 1)
-        self.threads = []
+            t.join(timeout=4 * SOCKET_TIMEOUT)
+        self.threads = [t for t in self.threads if t.is_alive()]
+        if self.threads:
+            log.error("federation: %s still running at the stop; its connections are left open",
+                      ", ".join(t.name for t in self.threads))
 
     def _guarded(self, serve):
         """A thread's loop; an unforeseen error is logged and waited out, never fatal."""

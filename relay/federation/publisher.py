@@ -21,7 +21,7 @@ import re
 import orjson
 
 from relay.core.work import backoff
-from relay.federation.client import reason, server_errors, sized
+from relay.federation.client import Skipping, reason, server_errors, sized
 from relay.federation.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,8 @@ RETRY_BASE = 0.5            # seconds before a failed publish is tried again, do
 RETRY_CAP = 30.0            # ... at most this (and at once when the link comes back)
 HELD = 4                    # bytes held in memory per byte of an envelope published (row, pipeline)
 ACK_BYTES = 1 << 20         # the largest acknowledgement entry read (a node's are a few KB)
-ACK_READ = 64               # acknowledgement entries per read and stream
+ACK_READ = 64               # acknowledgement entries per read and stream ...
+ACK_ROUNDS = 8              # ... and reads per call
 
 
 class Publisher:
@@ -55,6 +56,7 @@ class Publisher:
         self.new_server = False             # the last check found another run id
         self.refusing = False               # the server refused a publish for want of memory
         self.moved = []                     # (message id, node) refused by a node as not its agents
+        self.skipping = Skipping("acknowledgement")
 
     def _xadd(self, entries):
         """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry id
@@ -126,10 +128,18 @@ class Publisher:
         if not nodes:
             return 0
         streams = {self.keys.acks(n, self.node): self.cursors.get(n, "0-0") for n in nodes}
+        streams = self.skipping.usable(self.acks_client, streams, now)
         settled = 0
-        while True:
+        for _ in range(ACK_ROUNDS):     # bounded: a node flooding its stream delays no other work
+            if not streams:
+                break
             try:
                 reply = self.acks_client.xread(streams, count=ACK_READ)
+            except self.redis.ResponseError as e:
+                if not self.skipping.found(self.acks_client, streams, now, e):
+                    raise
+                streams = self.skipping.usable(self.acks_client, streams, now)
+                continue
             except self.errors:
                 raise
             except Exception as e:      # ReplyTooLarge: a node wrote an acknowledgement too large to be one
@@ -137,7 +147,7 @@ class Publisher:
                 self._skip_large(streams)
                 continue
             if not reply:
-                return settled
+                break
             deletions = {}
             for key, entries in reply:
                 key = key.decode() if isinstance(key, bytes) else key
@@ -161,6 +171,7 @@ class Publisher:
                 for node, gone in deletions.items():
                     pipe.xdel(self.keys.messages(self.node, node), *gone)
                 pipe.execute(raise_on_error=False)     # an entry left there is acknowledged: known again
+        return settled
 
     def _skip_large(self, streams):
         """Move each cursor past the entries too large to read (their ids from the replies' first

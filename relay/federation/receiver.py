@@ -31,7 +31,7 @@ from relay.files.layout import Layout, valid_id
 from relay.ledger.ledger import Ledger
 from relay.files.sync import Syncer
 from relay.core.work import backoff
-from relay.federation.client import ReplyTooLarge, reason, server_errors, sized
+from relay.federation.client import ReplyTooLarge, Skipping, reason, server_errors, sized
 from relay.federation.entries import _sender_of, _text, read_entry, renamed
 from relay.federation.keys import Keys
 
@@ -43,6 +43,7 @@ HELD = 4                    # bytes held in memory per byte of an entry read (pa
 RETRY_BASE = 0.5            # seconds before an entry not yet delivered is tried again, doubled ...
 RETRY_CAP = 1.0             # ... at most this while the server answers
 REPLAY_WINDOW = 30 * 86400.0    # received ids are kept this long; an entry with an older id is refused
+REFUSALS = 100             # refused entries of one node recorded one by one in a minute, at most
 ACK_KEEP = 10_000           # acknowledgement entries kept in this node's stream to a sender (each holds a batch's)
 REPEAT = "repeat"           # the verdict on a message received before
 
@@ -84,6 +85,8 @@ class Incoming:
         self.acks = {}              # node -> [[message id, refusal or None]] to acknowledge
         self.handled = {}           # node -> entry ids those acknowledgements are for
         self.last_error = None
+        self.skipping = Skipping("message")
+        self.refusals = {}          # node -> (minute's start, refusals recorded, refusals not recorded)
 
     def close(self):
         try:
@@ -115,10 +118,16 @@ class Incoming:
             handled += self._retry(now)
             streams = {self.keys.messages(n, self.node): self.cursors.get(n, "0-0")
                        for n in sorted(self.nodes()) if n != self.node}
+            streams = self.skipping.usable(self.client, streams, now)
             if not streams:
                 return handled
             epoch = self.epoch
-            entries = self._read(streams, block_ms)
+            try:
+                entries = self._read(streams, block_ms)
+            except self.redis.ResponseError as e:
+                if not self.skipping.found(self.client, streams, now, e):
+                    raise
+                return handled      # the next step reads the others
             handled += self.handle(entries, self.clock() if block_ms else now, again=self.epoch != epoch)
             if block_ms is None:
                 self.acknowledge()
@@ -274,8 +283,9 @@ class Incoming:
                     e = MessageRefused(f"unreadable entry ({type(e).__name__}: {str(e)[:200]})")
                 mid = _text(fields.get(b"id")) if isinstance(fields, dict) else None
                 sender = _sender_of(fields)
-                refused.append((self.ids.new(now), sender or "?", f"entry {eid}", node, eid, str(e)))
-                log.error("federation: entry %s from node %s refused: %s", eid, node, e)
+                if self._recorded(node, now):
+                    refused.append((self.ids.new(now), sender or "?", f"entry {eid}", node, eid, str(e)))
+                    log.error("federation: entry %s from node %s refused: %s", eid, node, e)
                 self._ack(node, mid, str(e), eid)
                 continue
             w.thorough = True       # looked for in the inboxes first: a crash may have written it
@@ -290,8 +300,9 @@ class Incoming:
                 repeats.append((node, w.id, eid))
                 continue
             if verdict is not None:
-                refused.append((self.ids.new(now), item["sender"], item["name"], node, eid, verdict))
-                log.error("federation: entry %s from node %s refused: %s", eid, node, verdict)
+                if self._recorded(node, now):
+                    refused.append((self.ids.new(now), item["sender"], item["name"], node, eid, verdict))
+                    log.error("federation: entry %s from node %s refused: %s", eid, node, verdict)
                 self._ack(node, w.id, verdict, eid)
                 continue
             seen[(node, item.get("remote_id") or w.id)] = w.sha256
@@ -317,6 +328,22 @@ class Incoming:
         for m in failed:
             self._ack(m["node"], m.get("remote_id") or m["id"], m["error"], m["entry_id"])
         return len(entries)
+
+    def _recorded(self, node, now):
+        """Whether a refusal of this node's entry is recorded (a failed row, a log line): at most
+        REFUSALS a minute per node; past that they are counted, and said once a minute. The
+        refusal is acknowledged back either way."""
+        start, count, quiet = self.refusals.get(node, (now, 0, 0))
+        if now - start >= 60:
+            if quiet:
+                log.error("federation: node %s sent %d more entries refused in the last minute (not recorded one "
+                          "by one)", node, quiet)
+            start, count, quiet = now, 0, 0
+        if count < REFUSALS:
+            self.refusals[node] = (start, count + 1, quiet)
+            return True
+        self.refusals[node] = (start, count, quiet + 1)
+        return False
 
     def _holds(self, agent, node):
         """Whether the directory gives `agent` to `node`: True, False, or None (not known). A
