@@ -288,7 +288,7 @@ def acl_lines(team, passwords, cwd):
     lines = []
     for node, password in passwords.items():
         out = subprocess.run([sys.executable, "-m", "relay", "federation", "acl", node, "--team", team,
-                              "--password", password], cwd=cwd, capture_output=True, text=True, timeout=60,
+                              "--password", password, "--no-save"], cwd=cwd, capture_output=True, text=True, timeout=60,
                              env=dict(os.environ, RELAY_LOG_LEVEL="ERROR"))
         if out.returncode != 0:
             raise RuntimeError(f"relay federation acl {node} failed: {out.stderr.strip()}")

@@ -75,7 +75,7 @@ def redact(url):
         user, colon, _ = info.partition(":")
         rest = f"{user}:***@{rest}" if colon else f"{user}@{rest}"
     out = head + rest
-    return re.sub(r"(?i)(password=)[^&#]*", r"\1***", out)
+    return re.sub(r"(?i)(password=)[^&]*", r"\1***", out)
 
 
 def default_node(root, host=None):
@@ -108,11 +108,33 @@ def _url(value):
             parts.port      # noqa: B018 - raises ValueError on a bad port
     except ValueError:
         raise ValueError(f"url {redact(value)!r} is not a Redis URL: its port is not a number") from None
+    if parts.scheme in SCHEMES:
+        _query(value, parts)
     if parts.scheme not in SCHEMES or not parts.hostname:
         raise ValueError(f"url {redact(value)!r} must be redis://host[:port][/db], rediss://... (TLS) or "
                          "redis+sentinel://host:26379[,host:port...]/service or redis+cluster://host:port (rediss+cluster:// "
                          "with TLS), with user:password@ for an ACL user")
     return value
+
+
+# The query parameters a federation URL may hold (redis-py's, relay's own for Sentinel).
+QUERY = {"db", "socket_timeout", "socket_connect_timeout", "socket_keepalive", "health_check_interval",
+         "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_path", "ssl_ca_data", "ssl_certfile", "ssl_keyfile", "ssl_password",
+         "ssl_check_hostname", "ssl_min_version", "ssl_ciphers", "sentinel_password", "sentinel_username"}
+
+
+def _query(value, parts):
+    """The URL's query parameters checked by name: an unknown one, or TLS parameters on a URL
+    without TLS, is an error naming it (never a traceback at the first connection)."""
+    try:
+        names = [k for k, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))]
+    except ValueError:
+        raise ValueError(f"url {redact(value)!r}: its query is not name=value pairs") from None
+    for name in names:
+        if name not in QUERY:
+            raise ValueError(f"url {redact(value)!r}: unknown parameter {name!r} (known: {', '.join(sorted(QUERY))})")
+        if name.startswith("ssl_") and not parts.scheme.startswith("rediss") and parts.scheme != "redis+sentinel":
+            raise ValueError(f"url {redact(value)!r}: {name} needs TLS: rediss:// (or rediss+cluster://)")
 
 
 def warnings(federation):

@@ -334,7 +334,7 @@ def test_one_acl_user_per_node_as_relay_federation_acl_prints_it(redis_server, t
     admin = client(redis_server.url)
     urls = {}
     for node in ("n1", "n2", "n3"):
-        result = cli("federation", "acl", node, "--team", team, "--password", f"pw-{node}")
+        result = cli("federation", "acl", node, "--team", team, "--password", f"pw-{node}", "--no-save")
         line = result.stdout.strip()
         assert line.startswith("ACL SETUSER") and "pw-" in line
         admin.execute_command(*shlex.split(line)[:])
@@ -378,7 +378,7 @@ def test_one_acl_user_per_node_as_relay_federation_acl_prints_it(redis_server, t
 @needs_server
 def test_a_node_whose_user_the_server_refuses_says_so_in_its_status(redis_server, team, nodes, cli):
     admin = client(redis_server.url)
-    line = cli("federation", "acl", "n1", "--team", team, "--password", "pw").stdout.strip()
+    line = cli("federation", "acl", "n1", "--team", team, "--password", "pw", "--no-save").stdout.strip()
     admin.execute_command(*shlex.split(line))
     url = f"redis://relay-{team}-n1:pw@127.0.0.1:{redis_server.port}/0"
     other = nodes(url, f"x{team}", "n1", ["Dan"])          # another team's node with n1's user
@@ -442,3 +442,18 @@ def test_two_daemons_both_ways_and_a_node_killed_with_sigkill_mid_stream(redis_s
     for p in procs:
         assert p.returncode == 0, open(p.log).read()[-2000:]
     assert "Traceback" not in open(procs[1].log).read()
+
+
+def test_a_url_s_parameters_are_checked_by_name_and_no_password_shows(tmp_path):
+    from relay.fedconfig import redact
+    state = write_config(tmp_path, "redis://h/0", "acme", "n1", ["Ann"])
+    for url, why in [("redis://h/0?foo=1", "unknown parameter 'foo'"),
+                     ("redis://:p%40ss@h/0?ssl_password=s3cret", "ssl_password needs TLS"),
+                     ("redis://u:p/ss@h/0", "the password holds a character that ends it")]:
+        (state / "relay.toml").write_text(f'[federation]\nurl = "{url}"\nteam = "acme"\n')
+        with pytest.raises(ConfigError, match=why) as e:
+            config_mod.load(tmp_path, ".relay", env={})
+        assert "s3cret" not in str(e.value) and "p/ss" not in str(e.value)
+    assert redact("redis+sentinel://h:26379/m?sentinel_password=SeCr#et99") == \
+        "redis+sentinel://h:26379/m?sentinel_password=***"
+    assert "p#1/a?b" not in redact("redis://u:p#1/a?b@c%d@h:6379/0")

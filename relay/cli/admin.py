@@ -55,9 +55,11 @@ def federation():
 @click.argument("node")
 @click.option("--team", help="The team (default: the [federation] section's).")
 @click.option("--password", help="The node's password (default: a new random one).")
+@click.option("--save/--no-save", default=True, show_default=True,
+              help="Also print ACL SAVE, which keeps the users in the server's aclfile across restarts.")
 @pass_ctx
 @handle_errors
-def federation_acl(ctx, node, team, password):
+def federation_acl(ctx, node, team, password, save):
     """Print the ACL SETUSER line that gives NODE least privilege on the team's keys: it writes
     only its own directory entry and streams, and reads the other nodes' entries and what is
     sent to it. Run the line with redis-cli as the server's admin, one user per node; the URL
@@ -65,7 +67,7 @@ def federation_acl(ctx, node, team, password):
     import secrets
 
     from relay.fedconfig import NAME, NAME_RULE
-    from relay.federation.keys import acl
+    from relay.federation.keys import SAVE, acl
     if team is None:
         fed = ctx.cfg.federation if ctx.cfg is not None else None
         if fed is None:
@@ -78,6 +80,8 @@ def federation_acl(ctx, node, team, password):
         raise click.BadParameter("a password of printable characters without spaces", param_hint="--password")
     secret = password or secrets.token_urlsafe(24)
     echo(acl(team, node, secret))
+    if save:
+        echo(SAVE)
     user = f"relay-{team}-{node}"
     encoded = __import__("urllib.parse").parse.quote(secret, safe="")
     echo(f"# node {node} then uses: RELAY_FEDERATION_URL='redis://{user}:{encoded}@<redis-host>:6379/0' "

@@ -77,3 +77,6 @@ def acl(team, node, password=None):
     relief = f"(~{keys.prefix}from:*:to:{node} -@all +xdel)"
     words = ["ACL", "SETUSER", user, "reset", *root, secret, selector, relief]
     return " ".join(shlex.quote(w) for w in words)
+
+
+SAVE = "ACL SAVE"       # kept in the server's aclfile, so that a restart keeps every node's user

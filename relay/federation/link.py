@@ -120,6 +120,8 @@ class Link:
     # -- the state of the link --------------------------------------------------------------
 
     def _up(self, now):
+        if self.publisher.refusing:
+            return                      # connected, but writes are refused: said by down, not flipped
         if self.connected is not True and not self.duplicate:
             log.info("federation: connected to %s as node %s of team %s", self.fed.shown_url, self.node, self.fed.team)
             self.ledger.link_state(now, self.node, True)
@@ -146,6 +148,10 @@ class Link:
         local = sorted(self.layout.agent_names(self.config.agents))
         try:
             written = self.directory.announce(now, local)
+        except self.redis.exceptions.OutOfMemoryError as e:
+            self.publisher.refusing = True      # the server answers, and refuses writes: probed at each look
+            self.down.report(f"the server refuses writes ({reason(e)}); this node reads on")
+            written = None
         except self.errors as e:
             self._down(now, e)          # reading goes on: a server refusing writes is still read
             written = None
