@@ -354,6 +354,12 @@ def check_state(root, state, origin):
     link = state_link(root, state)
     if link is not None:
         raise linked(state, link, origin)
+    parts = state_parts(root, state)
+    if parts is not None and (not [p for p in parts if p != "."] or
+                              (len(parts) > 1 and parts[0] == ".relay")):
+        raise ConfigError(f"the state directory {state} ({origin}) is the project root itself, or lies inside "
+                          "the default state directory .relay/ (where agents write: outboxes and inboxes); "
+                          "name a directory of its own")
 
 
 def _read_toml(path):

@@ -210,3 +210,15 @@ def test_the_state_dir_is_made_without_following_a_link_planted_on_the_way(tmp_p
     with pytest.raises(RelayError, match=LINKED):
         Layout(cfg.root, cfg.state_dir).create()
     assert list(outside.iterdir()) == []
+
+
+def test_a_state_dir_that_is_the_root_or_inside_the_default_state_dir_is_refused(tmp_path):
+    from relay import config as config_mod
+    from relay.errors import ConfigError
+    (tmp_path / ".relay").mkdir()
+    for value in (".", ".relay/outbox/Mal", "./.relay/inbox"):
+        (tmp_path / ".relay/relay.toml").write_text(f'state_dir = "{value}"\n')
+        with pytest.raises(ConfigError, match="the project root itself, or lies inside the default state directory"):
+            config_mod.load(tmp_path, None, env={})
+    (tmp_path / ".relay/relay.toml").write_text('state_dir = "state"\n')
+    assert config_mod.load(tmp_path, None, env={}).state_dir == tmp_path / "state"
