@@ -38,7 +38,6 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, b
 
     BODY '-' (or none) reads standard input. Names are checked against the known agents first:
     an unknown one is refused with the closest match."""
-    ctx.strict = False      # a mistake in relay.toml stops the daemon, not an agent's send (it warns)
     if to is None and reply_to is None:
         raise click.UsageError("give --to NAME[,NAME...] (or --reply-to ID)")
     if body is None or body == "-":
@@ -68,7 +67,6 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, b
 @handle_errors
 def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
     """Print AGENT's new messages whole, oldest first (with --ack, mark them read)."""
-    ctx.strict = False
     me = Agent(agent, project=_project(ctx), role="agent")
     if wait is not None:
         timeout = None if wait == "forever" else _seconds(wait)
@@ -90,7 +88,6 @@ def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
 @handle_errors
 def read(ctx, message_id, agent, as_json):
     """Print one message whole: from an agent's inbox, or as the ledger has it."""
-    ctx.strict = False
     project = _project(ctx)
     if agent:
         me = Agent(agent, project=project, role="agent")

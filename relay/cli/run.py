@@ -66,6 +66,7 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     """Run the relay: watch, deliver, archive, sweep (until SIGTERM/SIGINT)."""
     ctx.overrides.update(durability=durability, settle=settle, retention=retention,
                          log_format=log_format, log_level=log_level)
+    ctx.strict = True       # a mistake in relay.toml stops the daemon, with the key and its hint
     ctx.logged = True
     cfg = ctx.cfg
     setup_logging(cfg, quiet)
@@ -196,6 +197,7 @@ def status(ctx, max_pending_age, as_json):
 def sweep(ctx, older_than, dry_run, as_json):
     """The retention sweep now: delete archived and failed entries older than retention."""
     from relay.core import retention
+    ctx.strict = True       # it acts by `retention`: never by a default standing in for a misspelt key
     cfg = ctx.cfg
     # Only the `retention` key's 0 keeps forever; an explicit --older-than 0s means everything.
     keep = duration(older_than, "--older-than") if older_than is not None else cfg.retention
