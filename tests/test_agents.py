@@ -211,7 +211,7 @@ def test_inbox_prints_whole_messages_oldest_first_and_ack_marks_only_what_it_pri
     drain(team.root)
     out = team("inbox", "Bob", "--ack").output
     assert out.splitlines() == [
-        f"--- message 1 of 1: {first} (unread) ---", "from:    Alice", "to:      Bob", "thread:  t1",
+        f"--- message 1 of 1: {first} (read) ---", "from:    Alice", "to:      Bob", "thread:  t1",
         "subject: first", out.splitlines()[5], f"id:      {first}", "", "line one", "line two\\e[31m"]
     assert out.splitlines()[5].startswith("sent:    20")
     second = a.send("Bob", "later")             # arrives after the listing: not marked read
@@ -236,7 +236,7 @@ def test_read_prints_one_message_and_marks_it_read_for_that_agent(team):
 
 def test_wait_times_out_with_its_own_exit_code(team):
     r = team("inbox", "Bob", "--wait", "0.2", ok=False)
-    assert r.exit_code == 124 and r.output == "relay: no new message for Bob in 0.2\n"
+    assert r.exit_code == 124 and r.output == "relay: no new message for Bob in 200ms\n"
     assert relay.Agent("Bob", root=team.root).wait(timeout=0.05) == []
 
 

@@ -124,7 +124,7 @@ def test_junk_in_new_does_not_end_every_wait_at_once(team):
     read: `relay inbox Bob --wait --ack` in a loop spun instead of blocking."""
     (team.state / "inbox" / "Bob" / "new" / "junk").write_text("not an envelope")
     r = team("inbox", "Bob", "--wait", "0.2", "--ack", ok=False)
-    assert r.exit_code == 124 and r.output == "relay: no new message for Bob in 0.2\n"
+    assert r.exit_code == 124 and r.output == "relay: no new message for Bob in 200ms\n"
     assert "unreadable envelope" in team("inbox", "Bob").output          # still shown to a person
     bob = relay.Agent("Bob", root=team.root)
     t, got, errors = _waiter(bob, timeout=30, ack=True)

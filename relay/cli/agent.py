@@ -7,10 +7,12 @@ import click
 from relay.operator import views
 from relay.agent.api import Agent, Project
 from relay.cli.context import out_json, pass_ctx
-from relay.guards import checked, handle_errors, recipient_names, sender_name
+from relay.config import show_duration
+from relay.guards import checked, handle_errors, recipient_names, seconds, sender_name
 from relay.terminal import echo, echo_json
 
 EXIT_TIMEOUT = 124      # relay inbox --wait: the time ran out with no new message (as timeout(1))
+EXIT_INTERRUPTED = 130  # relay inbox --wait ended by Ctrl-C (128 + SIGINT, as a shell reports it)
 
 
 def _project(ctx):
@@ -55,29 +57,52 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, b
 
 
 @click.command()
-@click.argument("agent")
+@click.argument("agent", required=False)
 @click.option("--all", "show_all", is_flag=True, help="Include messages already read (cur/).")
 @click.option("--ack", is_flag=True, help="Mark read the new messages printed (new/ -> cur/).")
 @click.option("--wait", "wait", is_flag=False, flag_value="forever", default=None, metavar="[TIMEOUT]",
-              help="Block until a new message is there (at most TIMEOUT: 30, 30s, 5m); "
-                   f"exit {EXIT_TIMEOUT} when none came.")
+              help="Block until a new message is there: at most TIMEOUT (600 or 600s, 5m, 2h) when one "
+                   f"follows, for ever when none does; exit {EXIT_TIMEOUT} when none came. "
+                   "`--wait AGENT` waits for ever for AGENT.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.option("--jsonl", is_flag=True, help="Print one JSON object per line.")
 @pass_ctx
 @handle_errors
 def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
-    """Print AGENT's new messages whole, oldest first (with --ack, mark them read)."""
+    """Print AGENT's new messages whole, oldest first (with --ack, mark them read).
+
+    A bare --wait waits for ever; Ctrl-C ends it (exit 130)."""
+    wait, timeout = _wait_for(wait, agent)
+    if agent is None:
+        if wait is None or timeout is not None:
+            raise click.UsageError("Missing argument 'AGENT'.")
+        agent, wait = wait, "forever"       # `--wait lead`: the name, not a timeout
     me = Agent(agent, project=_project(ctx), role="agent")
     if wait is not None:
-        timeout = None if wait == "forever" else _seconds(wait)
-        got = me.wait(timeout)
+        try:
+            got = me.wait(timeout)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)      # (click would print "Aborted!" and exit 1)
         if not got:
-            echo(f"relay: no new message for {agent} in {wait}", err=True)
+            echo(f"relay: no new message for {agent} in {show_duration(timeout) if timeout else '0s'}", err=True)
             sys.exit(EXIT_TIMEOUT)
         items = me.inbox(include_read=show_all) if show_all else got
     else:
         items = me.inbox(include_read=show_all)
     _show(me, items, ack, as_json, jsonl, empty=f"no {'messages' if show_all else 'new messages'} for {agent}")
+
+
+def _wait_for(wait, agent):
+    """(--wait's value, its timeout in seconds or None for ever). A value that is no duration
+    is left as it is when no AGENT follows (it is the agent's name); else exit 2."""
+    if wait is None or wait == "forever":
+        return wait, None
+    try:
+        return wait, seconds(wait)
+    except ValueError as e:
+        if agent is None:
+            return wait, None
+        raise click.BadParameter(f"{e} (or a bare number of seconds)", param_hint="--wait") from None
 
 
 @click.command()
@@ -112,19 +137,10 @@ def _show(me, items, ack, as_json, jsonl, empty=None, single=False):
         for i, m in enumerate(items):
             if i:
                 echo()
-            echo(views.message_text(m, i + 1, len(items)))
+            echo(views.message_text(m, i + 1, len(items), state="cur" if m in shown else None))
     sys.stdout.flush()
     if shown:
         me.ack(shown)
-
-
-def _seconds(value):
-    """A --wait timeout: a duration (30s, 5m) or a plain number of seconds."""
-    from relay.config import parse_duration
-    try:
-        return float(value) if value.replace(".", "", 1).isdigit() else parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--wait") from None
 
 
 COMMANDS = [send, inbox, read]

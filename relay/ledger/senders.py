@@ -43,7 +43,8 @@ class Senders:
         holding the chosen id under another message or None). A chosen id that is the sender's
         to have and not used by any row becomes the row's id (its events follow; `spool_id`
         keeps the id its spool file is named by; the archive path is planned again by
-        `plan(sender, id, name)`). A request id already held by an earlier message of the same
+        `plan(sender, id, name)`; the event `identified` says so when the sender chose it by hand,
+        not when `relay send` gave it). A request id already held by an earlier message of the same
         sender that did not fail makes this one its duplicate. Returns {id: (new id, archive
         path or None, duplicate_of or None, refusal or None, why the chosen id was not taken or
         None)}."""
@@ -79,7 +80,8 @@ class Senders:
                                    "WHERE id = ?", (chosen, path, mid))
                         db.execute("UPDATE events SET message_id = ? WHERE message_id = ?", (chosen, mid))
                         db.execute("UPDATE sheds SET message_id = ? WHERE message_id = ?", (chosen, mid))
-                        self._events([(chosen, now, "identified", f"the id its sender chose (found as {mid})")])
+                        if owner is None:   # chosen by hand: relay send's own id is no news
+                            self._events([(chosen, now, "identified", f"the id its sender chose (found as {mid})")])
                         new = chosen
                     if note:
                         self._events([(mid, now, "id_refused", note)])

@@ -194,9 +194,15 @@ def remote_state(o):
     return f"waiting for the server (attempt {o['attempts']}): {plain(o['error'] or 'not tried yet')}"
 
 
-def message_text(m, number=1, total=1):
-    """One message whole, as `relay inbox` and `relay read` print it (a Received)."""
-    head = f"--- message {number} of {total}: {plain(m.id)} ({'unread' if m.state == 'new' else plain(m.state)}) ---"
+READ_STATES = {"new": "unread", "cur": "read"}      # an inbox's Maildir states, as people say them
+
+
+def message_text(m, number=1, total=1, state=None):
+    """One message whole, as `relay inbox` and `relay read` print it (a Received): its state
+    `unread` or `read` (`state` when given: what it is once printed, as --ack makes it), or the
+    ledger's status when no inbox holds it."""
+    state = state or m.state
+    head = f"--- message {number} of {total}: {plain(m.id)} ({READ_STATES.get(state) or plain(state)}) ---"
     lines = [head]
     if m.error:
         lines.append(f"error:   {plain(m.error)}")
