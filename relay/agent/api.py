@@ -175,15 +175,17 @@ class Project:
                               if node != self.config.federation.node}
         return sorted(names)
 
-    def reserve(self, mid, sender):
+    def reserve(self, mid, sender, request_id=None):
         """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_senders.py): a file
-        of another outbox that copies it cannot have it. The connection is kept for the next
+        of another outbox that copies it cannot have it. With a request id the sender used on a
+        message that did not fail (read by relay or still in the outbox), nothing is recorded and
+        that message's id is returned (None otherwise). The connection is kept for the next
         send (closing the last one checkpoints the log) until close()."""
         with self._writing:
             try:
                 if self._writer is None:
                     self._writer = Ledger(self.layout.ledger, durability=self.config.durability)
-                self._writer.reserve_id(mid, sender, time.time())
+                return self._writer.reserve_id(mid, sender, time.time(), request_id)
             except sqlite3.Error as e:
                 raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
 
@@ -276,15 +278,12 @@ class Agent:
         for n in names:
             if n not in special:
                 check_known(n, known, "recipient")
+        self.repeated = False
         if request_id is not None:
             try:
                 request_id = checked_request_id(request_id)
             except RelayError:
                 raise RelayError(f"--request-id must be one line of at most {MAX_REQUEST_ID} characters") from None
-            first = self.sent_before(request_id)
-            self.repeated = first is not None
-            if first:
-                return first
         if not isinstance(body, str):
             raise RelayError(f"the body must be text, not {type(body).__name__}")
         size, limit = len(body.encode("utf-8")), self.project.config.max_body_bytes
@@ -293,7 +292,12 @@ class Agent:
                              "send it in parts, or raise max_body_bytes in relay.toml")
         mid = _ids.new(time.time())
         data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id)
-        self.project.reserve(mid, self.name)       # the id is this sender's before any file names it
+        # The id is this sender's before any file names it; a request id sent before (its file
+        # maybe still in the outbox) gives that message's id, and nothing is written.
+        first = self.project.reserve(mid, self.name, request_id)
+        if first is not None:
+            self.repeated = True
+            return first
         self.layout.fs.put(f"outbox/{self.name}/msg-{mid.lower()}", data)
         return mid
 
@@ -316,7 +320,8 @@ class Agent:
             return self.project.message(mid)
 
     def sent_before(self, request_id):
-        """The id of this agent's message with this request id (not failed), or None."""
+        """The id of this agent's message with this request id (not failed: read by relay, or
+        one `relay send` wrote that still waits in the outbox), or None."""
         history = self.project.history()
         if history is None:
             return None

@@ -114,11 +114,9 @@ class History(RemoteHistory, Checks):
         return row[0] if row is not None and isinstance(row[0], str) else None
 
     def by_request(self, sender, request_id):
-        """The id of the sender's message with this request id that did not fail, or None."""
-        row = self.db.execute("SELECT id FROM messages WHERE sender = ? AND request_id = ? AND duplicate_of IS NULL "
-                              "AND status != 'failed' ORDER BY discovered_at, id LIMIT 1",
-                              (sender, request_id)).fetchone()
-        return row[0] if row else None
+        """The id of the sender's message with this request id that did not fail (one relay
+        read, or one `relay send` gave whose file still waits), or None."""
+        return self.ledger.first_request(sender, request_id)
 
     def events(self, mid):
         return self.db.execute("SELECT * FROM events WHERE message_id = ? ORDER BY seq", (mid,)).fetchall()

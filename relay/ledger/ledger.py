@@ -346,17 +346,18 @@ class Ledger(Senders, FederationRecords, Operations):
         links = []                  # receiver) may have chained records since
         for w in works:
             m, mid, rel = w.message, w.id, w.archive_rel
+            sent = None if w.duplicate_of else delivered        # a duplicate is delivered to no one
             if m is None:
                 recipients = kind = thread = subject = body = headers = None
             else:       # as _fields(w), without its dict
                 recipients, kind, thread, subject, body = (orjson.dumps(w.recipients).decode(), m.kind, m.thread,
                                                            m.subject, m.body)
                 headers = orjson.dumps(m.headers).decode()
-            rows.append((recipients, kind, thread, subject, body, headers, w.size, w.sha256, w.sent_at, delivered,
+            rows.append((recipients, kind, thread, subject, body, headers, w.size, w.sha256, w.sent_at, sent,
                          archived, rel, mid))
             events.append((mid, archived, "archived", rel, "relay"))
             seq += 1
-            prev = link_hash(prev, mid, w.sender, recipients, w.discovered_at, delivered, archived, w.sha256, rel)
+            prev = link_hash(prev, mid, w.sender, recipients, w.discovered_at, sent, archived, w.sha256, rel)
             links.append((seq, mid, prev))
         self.db.executemany(
             "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
@@ -376,7 +377,7 @@ class Ledger(Senders, FederationRecords, Operations):
                 "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
                 "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
                 {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at,
-                 "now": delivered, "error": str(w.error), "archive_path": w.archive_rel,
+                 "now": None if w.duplicate_of else delivered, "error": str(w.error), "archive_path": w.archive_rel,
                  "at": w.next_attempt_at, "id": w.id})
             events.append((w.id, settled, "archive-failed", str(w.error)))
 

@@ -209,6 +209,12 @@ CREATE TABLE sent_ids (
 ) WITHOUT ROWID;
 CREATE INDEX sent_ids_at ON sent_ids(at)
 """),
+    # A request id `relay send` gave with an id (senders.py): a send that repeats it is known
+    # while the first message still waits in the outbox, before relay has read it.
+    (20, "request ids of the ids relay send gave", """
+ALTER TABLE sent_ids ADD COLUMN request_id TEXT;
+CREATE INDEX sent_ids_request ON sent_ids(sender, request_id) WHERE request_id IS NOT NULL
+"""),
     # The agents declared as senders (senders = "declared"; ledger_senders.py).
     (8, "declared senders", """
 CREATE TABLE declared_agents (
