@@ -192,6 +192,7 @@ _PARSERS = {
     "on_deliver": _command,
     "on_deliver_timeout": _positive_duration,
     "on_deliver_system": _bool,
+    "bounces": _bool,
     "federation": _table,       # checked whole in load(), with the root: fedconfig.parse
 }
 
@@ -226,6 +227,7 @@ class Config:
     on_deliver: object = None           # a command run per delivered envelope (hooks.py): str or tuple
     on_deliver_timeout: float = 10.0
     on_deliver_system: bool = False     # also for envelopes delivered to System's inbox
+    bounces: bool = True                # a sender hears of a message that failed (core/bounces.py)
     federation: object = None           # fedconfig.Federation, or None: this machine only
     source: str = dataclasses.field(default="defaults", compare=False)
     # (key, where its value came from) for root, state_dir and every key not at its default

@@ -183,9 +183,12 @@ def test_identified_only_for_an_id_relay_would_not_have_chosen(team):
 
 # -- the daemon's unknown recipient ---------------------------------------------------------------
 
-def test_the_daemons_unknown_recipient_error_has_a_did_you_mean(team):
-    (team.state / "outbox/Alice/m").write_text("TO: bob\n\nhello")
+@pytest.mark.parametrize("name", ["bob", "BOB", "Bobb"])
+def test_the_daemons_unknown_recipient_error_has_the_clis_did_you_mean(team, name):
+    cli_says = team("send", "--from", "Alice", "--to", name, "hello", ok=False).stderr
+    assert "did you mean Bob?" in cli_says
+    (team.state / "outbox/Alice/m").write_text(f"TO: {name}\n\nhello")
     team("run", "--once")
     failed = json.loads(team("audit", "--json", "--status", "failed").stdout)[0]
-    assert "unknown recipient bob; did you mean Bob?" in failed["error"]
+    assert f"unknown recipient {name}; did you mean Bob?" in failed["error"]
 

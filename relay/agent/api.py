@@ -15,7 +15,6 @@ sender's before the file is written), request ids that make a repeated send harm
 into the outbox under a name no other message uses.
 """
 import dataclasses
-import difflib
 import os
 import sqlite3
 import threading
@@ -34,6 +33,7 @@ from relay.files.layout import Layout, valid_id
 from relay.files.lock import wake
 from relay.agent.mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
 from relay.ledger.ledger import Ledger
+from relay.core.message import closest  # noqa: F401  (the "did you mean" every side gives; offered here too)
 from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
 from relay.files.sync import Syncer
 
@@ -83,16 +83,6 @@ class Received:
     def reply_thread(self):
         """The thread a reply belongs to: this message's, or its id when it had none."""
         return self.thread or self.id
-
-
-def closest(name, known):
-    """The known name closest to `name`: the same but for case, else the nearest spelling."""
-    by_case = [k for k in known if k.lower() == name.lower()]
-    if by_case:
-        return by_case[0]
-    lowered = {k.lower(): k for k in known}
-    near = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
-    return lowered[near[0]] if near else None
 
 
 def check_known(name, known, role):

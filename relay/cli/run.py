@@ -96,8 +96,9 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 took = time.monotonic() - t0
                 left = relay.left
             shed = f", {total.shed} delivery(ies) shed by flow control" if total.shed else ""
-            echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry{shed}, "
-                       f"in {took:.2f}s")
+            bounced = f", {total.bounced} bounce(s) to their senders" if total.bounced else ""
+            echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry"
+                 f"{shed}{bounced}, in {took:.2f}s")
             if link is not None:
                 with link:
                     published, received = link.once()
@@ -254,7 +255,9 @@ def demo(ctx, outboxes, keep):
         with Relay(cfg) as relay:
             total = relay.drain(now_fn=lambda: time.time() + cfg.settle)
             rows = list(relay.history.audit(oldest_first=True))
-        echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} quarantined\n")
+        bounced = f", {total.bounced} bounce(s) to their senders" if total.bounced else ""
+        echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} "
+             f"quarantined{bounced}\n")
         box = Inbox(layout, None)
         for agent in ["System"] + agents:
             items = box.list(agent)

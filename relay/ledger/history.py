@@ -20,6 +20,7 @@ import orjson
 from relay.errors import NotFound, RelayError
 from relay.ledger.schema import REASONS
 from relay.files.layout import valid_id
+from relay.ledger.bounces import BounceHistory
 from relay.ledger.checks import Checks
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.ledger import STATUSES
@@ -54,7 +55,7 @@ NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "
 UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status IN ('pending', 'published'))"
 
 
-class History(RemoteHistory, Checks):
+class History(RemoteHistory, Checks, BounceHistory):
     def __init__(self, ledger):
         self.ledger = ledger
         self.db = ledger.db

@@ -71,7 +71,7 @@ class Senders:
         out = {}
         db = self.db
         with self.transaction():
-            db.execute("PRAGMA defer_foreign_keys = ON")    # a row and its sheds change id together
+            db.execute("PRAGMA defer_foreign_keys = ON")    # a row, its sheds and bounces change id together
             for mid, sender, name, chosen, request, held in items:
                 new, path, first, refusal, note = mid, None, None, None, None
                 if chosen and chosen != mid and db.execute(
@@ -100,6 +100,7 @@ class Senders:
                                    "WHERE id = ?", (chosen, path, mid))
                         db.execute("UPDATE events SET message_id = ? WHERE message_id = ?", (chosen, mid))
                         db.execute("UPDATE sheds SET message_id = ? WHERE message_id = ?", (chosen, mid))
+                        db.execute("UPDATE bounces SET message_id = ? WHERE message_id = ?", (chosen, mid))
                         if owner is None:   # chosen by hand: relay send's own id is no news
                             self._events([(chosen, now, "identified", f"the id its sender chose (found as {mid})")])
                         new = chosen
