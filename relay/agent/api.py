@@ -24,6 +24,7 @@ import orjson
 
 from relay import config as config_mod
 from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
+from relay.agent.delivery import delivered
 from relay.errors import InvalidName, NotFound, RelayError, UnknownAgent
 from relay.files.fs import Unsafe
 from relay.ledger.history import History
@@ -246,11 +247,21 @@ class Agent:
 
     # -- sending ----------------------------------------------------------------------------
 
-    def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False):
+    def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False,
+             wait_delivered=None):
         """Write a message into this agent's outbox; returns its id, which `relay show` finds.
         `to`: a name, a list of names, "*" (or its alias "Broadcast") or "System". With a request id used before by this
         agent (on a message that did not fail), nothing is written and that message's id is
-        returned: a send retried after a timeout is not delivered twice."""
+        returned: a send retried after a timeout is not delivered twice. With `wait_delivered`
+        (seconds, or True: for ever) it returns once every recipient has the message, and
+        raises NotDelivered with the reason when it failed (DeliveryTimeout when the time ran
+        out first)."""
+        mid = self._send(to, body, subject=subject, thread=thread, kind=kind, request_id=request_id, create=create)
+        if wait_delivered is not None and wait_delivered is not False:
+            delivered(self.project, mid, None if wait_delivered is True else wait_delivered)
+        return mid
+
+    def _send(self, to, body, *, subject, thread, kind, request_id, create):
         if self.name == SYSTEM:
             raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender: only agents have outboxes")
         names = [n.strip() for n in (to.split(",") if isinstance(to, str) else to) if n.strip()]

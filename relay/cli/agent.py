@@ -7,7 +7,9 @@ import click
 from relay.operator import views
 from relay.agent.api import Agent, Project
 from relay.cli.context import out_json, pass_ctx
+from relay.agent.delivery import wait_delivered
 from relay.config import show_duration
+from relay.files.lock import holder
 from relay.guards import checked, handle_errors, recipient_names, seconds, sender_name
 from relay.terminal import echo, echo_json
 
@@ -32,16 +34,23 @@ def _project(ctx):
 @click.option("--request-id", "request_id",
               help="Your id for this request: a second send with it is not delivered again.")
 @click.option("--create", is_flag=True, help="Allow agents that do not exist yet (they are created).")
+@click.option("--wait-delivered", "wait", is_flag=False, flag_value="forever", default=None, metavar="[DURATION]",
+              help="Then block until every recipient has it (exit 0), it failed (exit 1, the reason on "
+                   f"stderr) or DURATION (600 or 600s, 5m) passed (exit {EXIT_TIMEOUT}); without a DURATION, "
+                   "for ever.")
 @click.argument("body", required=False)
 @pass_ctx
 @handle_errors
-def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, body):
+def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, wait, body):
     """Write a message atomically into SENDER's outbox and print its id.
 
     BODY '-' (or none) reads standard input. Names are checked against the known agents first:
     an unknown one is refused with the closest match."""
     if to is None and reply_to is None:
         raise click.UsageError("give --to NAME[,NAME...] (or --reply-to ID)")
+    wait, timeout = _wait_for(wait, body, "--wait-delivered")
+    if body is None and wait not in (None, "forever") and timeout is None:
+        body, wait = wait, "forever"        # `--wait-delivered "the body"`: the body, waited for ever
     if body is None or body == "-":
         body = sys.stdin.read()
     me = Agent(sender, project=_project(ctx), create=create, role="sender")
@@ -54,6 +63,28 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, b
     if me.repeated:
         echo(f"relay: request id {request_id!r} was sent before as {mid}; not sent again", err=True)
     echo(mid)
+    if wait is not None:
+        sys.stdout.flush()
+        _wait_delivered(me, mid, timeout)
+
+
+def _wait_delivered(me, mid, timeout):
+    """--wait-delivered: exit 0 delivered, 1 failed (the reason), EXIT_TIMEOUT when the time ran out."""
+    running = holder(me.layout.lock) is not None
+    if not running:
+        echo(f"relay: no relay daemon is running; {mid} is delivered when one runs", err=True)
+    try:
+        outcome = wait_delivered(me.project, mid, timeout)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    if outcome.delivered is None:
+        waited = show_duration(timeout) if timeout else "0s"
+        echo(f"relay: {mid} was not delivered to every recipient in {waited} ({outcome.reason}"
+             f"{'' if running else '; no relay daemon is running'})", err=True)
+        sys.exit(EXIT_TIMEOUT)
+    if not outcome.delivered:
+        echo(f"relay: {mid} was not delivered: {outcome.reason}", err=True)
+        sys.exit(1)
 
 
 @click.command()
@@ -72,9 +103,9 @@ def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
     """Print AGENT's new messages whole, oldest first (with --ack, mark them read).
 
     A bare --wait waits for ever; Ctrl-C ends it (exit 130)."""
-    wait, timeout = _wait_for(wait, agent)
+    wait, timeout = _wait_for(wait, agent, "--wait")
     if agent is None:
-        if wait is None or timeout is not None:
+        if wait in (None, "forever") or timeout is not None:
             raise click.UsageError("Missing argument 'AGENT'.")
         agent, wait = wait, "forever"       # `--wait lead`: the name, not a timeout
     me = Agent(agent, project=_project(ctx), role="agent")
@@ -92,17 +123,18 @@ def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
     _show(me, items, ack, as_json, jsonl, empty=f"no {'messages' if show_all else 'new messages'} for {agent}")
 
 
-def _wait_for(wait, agent):
-    """(--wait's value, its timeout in seconds or None for ever). A value that is no duration
-    is left as it is when no AGENT follows (it is the agent's name); else exit 2."""
+def _wait_for(wait, after, flag):
+    """(the value of a --wait flag, its timeout in seconds or None for ever). A value that is no
+    duration is left as it is when no argument follows (`after` None: it is that argument, the
+    agent's name or the body, and the wait is for ever); else exit 2."""
     if wait is None or wait == "forever":
         return wait, None
     try:
         return wait, seconds(wait)
     except ValueError as e:
-        if agent is None:
+        if after is None:
             return wait, None
-        raise click.BadParameter(f"{e} (or a bare number of seconds)", param_hint="--wait") from None
+        raise click.BadParameter(f"{e} (or a bare number of seconds)", param_hint=flag) from None
 
 
 @click.command()
