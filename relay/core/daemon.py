@@ -247,7 +247,7 @@ class Relay(Handling, Loop):
         found = []
         if now >= self._next_rescan and self._scan is None:
             self._known = None
-            self.bounces.due = True         # one another process recorded (relay expire, the link)
+            self.bounces.due = True         # one another connection recorded (the federation's link)
             self._scan = self.outbox.scan_all(now)
             self._next_rescan = now + self.config.rescan_interval
         while self.hints and len(found) < SCAN_BUDGET:
