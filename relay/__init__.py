@@ -11,14 +11,15 @@ from relay.agent.api import Agent, Project, Received, agents  # noqa: E402
 from relay.agent.leases import Reservation  # noqa: E402
 from relay.config import Config, load  # noqa: E402
 from relay.core.daemon import Relay  # noqa: E402
-from relay.errors import (ConfigError, DaemonRunning, DurabilityError, FederationError, InvalidName,  # noqa: E402
-                     LedgerCorrupt, LedgerError, LogSyncError, MessageRefused, NotFound, NotInProject, RelayError,
-                     ReservationConflict, SchemaError,
-                     StateLost, TooLarge, TransientError, UnknownAgent, UnknownRecipient)
+from relay.errors import (ConfigError, DaemonRunning, DeliveryTimeout, DurabilityError, FederationError,  # noqa: E402
+                     InvalidName, LedgerCorrupt, LedgerError, LogSyncError, MessageRefused, NotDelivered, NotFound,
+                     NotInProject, RelayError, ReservationConflict, SchemaError, StateLost, TooLarge, TransientError,
+                     UnknownAgent, UnknownRecipient)
 from relay.ledger.ledger import Status  # noqa: E402
 from relay.core.work import Counts  # noqa: E402
 
 __all__ = ["__version__", "Agent", "Project", "Received", "agents", "Config", "load", "Relay", "Counts", "Status",
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",
            "StateLost", "MessageRefused", "TooLarge", "UnknownRecipient", "TransientError", "DurabilityError", "LogSyncError", "InvalidName", "NotFound",
-           "NotInProject", "UnknownAgent", "FederationError", "ReservationConflict", "Reservation"]
+           "NotInProject", "UnknownAgent", "FederationError", "ReservationConflict", "Reservation", "NotDelivered",
+           "DeliveryTimeout"]

@@ -1,10 +1,11 @@
 """Configuration: `.relay/relay.toml`, overridden by env `RELAY_<KEY>`, overridden by flags.
 
-An unknown key or a bad value raises ConfigError naming the key and where it came from. A
+An unknown key or a bad value raises ConfigError naming the key and where it came from (and,
+for an unknown one, the closest known key: "did you mean retention?"). A
 duration needs its unit (`90s`, `15m`); only 0 needs none. An environment variable that merely
 starts with `RELAY_` but names no key is not configuration: it becomes a warning in
-`Config.warnings`, like (when `strict` is off: an agent's `relay send` and `relay inbox`) an
-unknown key or a bad value in relay.toml, which then counts as not given. `Config.origins` says
+`Config.warnings`, like (when `strict` is off: every verb but the daemon's and the sweep's) an
+unknown key or a bad value in relay.toml, which then counts as not given (`Config.rejected`). `Config.origins` says
 where each value came from; `describe()` lays it out for `relay config`.
 """
 import dataclasses
@@ -191,6 +192,7 @@ _PARSERS = {
     "on_deliver": _command,
     "on_deliver_timeout": _positive_duration,
     "on_deliver_system": _bool,
+    "bounces": _bool,
     "federation": _table,       # checked whole in load(), with the root: fedconfig.parse
 }
 
@@ -225,11 +227,13 @@ class Config:
     on_deliver: object = None           # a command run per delivered envelope (hooks.py): str or tuple
     on_deliver_timeout: float = 10.0
     on_deliver_system: bool = False     # also for envelopes delivered to System's inbox
+    bounces: bool = True                # a sender hears of a message that failed (core/bounces.py)
     federation: object = None           # fedconfig.Federation, or None: this machine only
     source: str = dataclasses.field(default="defaults", compare=False)
     # (key, where its value came from) for root, state_dir and every key not at its default
     origins: tuple = dataclasses.field(default=(), compare=False)
     warnings: tuple = dataclasses.field(default=(), compare=False)     # what was not taken, and why
+    rejected: tuple = dataclasses.field(default=(), compare=False)     # (key, problem) of the keys not taken
 
     def origin(self, key):
         """Where the value of `key` came from: "default", "relay.toml (path)", "env RELAY_KEY", "flag"."""
@@ -242,9 +246,10 @@ KEYS = tuple(_PARSERS)
 NOT_KEYS = ("RELAY_ROOT", "RELAY_STATE_DIR", "RELAY_AGENT", "RELAY_GUARD")
 
 
-def _clean(values, where, warnings=None):
+def _clean(values, where, warnings=None, rejected=None):
     """The parsed values. A problem raises ConfigError, or with a `warnings` list (not strict)
-    is appended to it and the key left out (state_dir excepted: where relay is must be right)."""
+    is appended to it, (key, problem) to `rejected`, and the key left out (state_dir excepted:
+    where relay is must be right)."""
     out = {}
     for key, raw in values.items():
         parser = _PARSERS.get(key)
@@ -252,7 +257,7 @@ def _clean(values, where, warnings=None):
             if parser is None:
                 known = ", ".join(sorted(_PARSERS))
                 near = difflib.get_close_matches(str(key), _PARSERS, 1)
-                hint = f"; did you mean {near[0]!r}?" if near else ""
+                hint = f"; did you mean {near[0]}?" if near else ""
                 raise ConfigError(f"unknown configuration key {key!r} in {where}{hint} (known keys: {known})")
             try:
                 out[key] = parser(raw)
@@ -262,6 +267,8 @@ def _clean(values, where, warnings=None):
             if warnings is None or key == "state_dir":
                 raise
             warnings.append(f"{e}; ignored")
+            if rejected is not None:
+                rejected.append((str(key), str(e)))
     return out
 
 
@@ -397,6 +404,7 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     if root.exists() and not root.is_dir():
         raise ConfigError(f"the project root {root} is not a directory")
     warnings = [] if not strict else None
+    rejected = []
     notes = []
     sources = []
     values = {}
@@ -408,7 +416,7 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     toml_path = candidate / "relay.toml"
     data = _read_toml(toml_path)
     if data is not None:
-        found = _clean(data, str(toml_path), warnings)
+        found = _clean(data, str(toml_path), warnings, rejected)
         values.update(found)
         origins.update({k: f"relay.toml ({toml_path})" for k in found if k != "state_dir" or state is None})
         sources.append(str(toml_path))
@@ -436,7 +444,7 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
             notes.append(f"{name} is set in the environment but names no relay configuration key; it is ignored "
                          "(`relay config` lists the keys, each as RELAY_<KEY>)")
     if env_values:
-        found = _clean(env_values, "environment (RELAY_<KEY>)", warnings)
+        found = _clean(env_values, "environment (RELAY_<KEY>)", warnings, rejected)
         values.update(found)
         origins.update({k: f"env RELAY_{k.upper()}" for k in found})
         sources.append("environment")
@@ -460,9 +468,11 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
             if warnings is None:
                 raise error from None
             warnings.append(f"{error}; ignored")        # (not strict: this machine only, then)
+            rejected.append(("federation", str(error)))
     state = (state or root / ".relay").absolute()
     return Config(root=root, state_dir=state, source=" + ".join(dict.fromkeys(sources)) or "defaults",
-                  origins=tuple(sorted(origins.items())), warnings=tuple(notes + (warnings or [])), **values)
+                  origins=tuple(sorted(origins.items())), warnings=tuple(notes + (warnings or [])),
+                  rejected=tuple(rejected), **values)
 
 
 def describe(cfg):

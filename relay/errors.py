@@ -142,3 +142,22 @@ class ReservationConflict(RelayError):
     def __init__(self, message, conflicts=()):
         super().__init__(message)
         self.conflicts = list(conflicts)
+
+
+class NotDelivered(RelayError):
+    """A message sent with `wait_delivered` did not reach every recipient: it failed (or was
+    shed, or refused by another node) with `reason`; `timed_out` when the time ran out first."""
+    timed_out = False
+
+    def __init__(self, message_id, reason):
+        super().__init__(f"{message_id} was not delivered: {reason}")
+        self.message_id, self.reason = message_id, reason
+
+
+class DeliveryTimeout(NotDelivered):
+    """The wait for a message's delivery ran out of time (`reason` says where it stands)."""
+    timed_out = True
+
+    def __init__(self, message_id, reason, waited):
+        RelayError.__init__(self, f"{message_id} was not delivered to every recipient in {waited}: {reason}")
+        self.message_id, self.reason = message_id, reason

@@ -1,6 +1,6 @@
 """The CLI's edge: agent names are checked before a verb touches anything, a verb's failure
 becomes one line on stderr (exit 1), and the duration and date flags are read (exit 2 for a bad
-one)."""
+one): every duration flag takes `90s`, `15m`, `12h`, `7d`, `250ms` or a bare number of seconds."""
 import datetime
 import errno
 import functools
@@ -123,26 +123,43 @@ def _ledger_path(args):
         return None
 
 
+def seconds(value):
+    """A duration given on the command line: `90s`, `15m`, `12h`, `7d`, `250ms`, or a bare number
+    of seconds (`600`, `0.5`), as timeout(1) and sleep(1) take it (relay.toml and RELAY_<KEY>
+    need the unit: config.parse_duration). ValueError when it is neither."""
+    text = str(value).strip()
+    if text.replace(".", "", 1).isdigit():
+        return float(text)
+    return config_mod.parse_duration(text)
+
+
 def duration(value, what):
+    """A duration flag's seconds (`seconds`); exit 2 naming the flag when it is none."""
     try:
-        return config_mod.parse_duration(value)
+        return seconds(value)
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint=what) from None
+        raise click.BadParameter(f"{e} (or a bare number of seconds)", param_hint=what) from None
+
+
+def setting(value, what):
+    """A flag that overrides a duration key of the configuration (run --settle, --retention):
+    as `duration` reads it, written with its unit for the configuration to take."""
+    return None if value is None else f"{duration(value, what):f}s"
 
 
 def moment(value, what):
-    """An instant: ISO date/time (UTC) or a duration meaning that long ago."""
+    """An instant: ISO date/time (UTC) or a duration meaning that long ago (a bare number: seconds)."""
     if value is None:
         return None
     try:
-        return time.time() - config_mod.parse_duration(value)
+        return time.time() - seconds(value)
     except ValueError:
         pass
     try:
         dt = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise click.BadParameter(f"{value!r} is neither a date (2026-11-30, 2026-11-30T10:00) "
-                                 "nor a duration (90s, 15m, 12h, 7d)", param_hint=what) from None
+                                 "nor a duration (90s, 15m, 12h, 7d, or a number of seconds)", param_hint=what) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=datetime.timezone.utc)
     return dt.timestamp()

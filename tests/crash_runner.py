@@ -73,6 +73,9 @@ def main(root, boundary, phase="deliver"):
         "batch-synced": lambda: after_synced(relay.syncer, "inbox new/, archive and outbox directories"),
         "before-commit": lambda: before(relay.ledger, "record"),
         "after-commit": lambda: after(relay.ledger, "record"),
+        # the bad message's bounce to Cy: its file written into the spool, then registered
+        "bounce-spooled": lambda: after(relay.fs, "put", when=lambda rel, *a, **k: rel.startswith("spool/System/")),
+        "bounce-registered": lambda: after(relay.ledger, "bounced"),
         "sweep-files": lambda: before(relay.ledger, "sweep"),
         "sweep-commit": lambda: after(relay.ledger, "sweep"),
     }

@@ -57,7 +57,8 @@ def test_a_message_that_stops_relay_again_and_again_is_quarantined_then_retried(
     report = json.loads((project.state / f"{r['failed_path']}.error.json").read_text())
     assert "relay stopped while handling it 3 times" in report["reason"] and report["attempts"] == 3
     assert [e["event"] for e in relay.history.events(r["id"])][-1] == "failed"
-    assert relay.drain().claimed == 0                   # not claimed again: relay stays up
+    again = relay.drain()                               # not claimed again (only its bounce to Ann): relay stays up
+    assert again.claimed == again.bounced == 1 and relay.history.get(r["id"])["status"] == "failed"
     # The operator brings it back; its recipients then hold it once each, as if never stopped.
     result = retry(relay.ledger, relay.layout, [r["id"]])
     assert result.lines == [f"{r['id']}: back to pending"] and result.errors == [] and result.code == 0

@@ -75,15 +75,17 @@ def test_status_json_has_the_spec_keys(cli):
     doc = json.loads(r.stdout)
     assert doc["root"] == str(cli.root) and doc["state_dir"] == str(cli.state)
     assert doc["daemon"] == {"running": False, "pid": None}
-    assert doc["counts"] == {"pending": 0, "processing": 0, "delivered": 0, "failed": 1, "archived": 1}
+    # archived: the message, and the failure's bounce to Ann
+    assert doc["counts"] == {"pending": 0, "processing": 0, "delivered": 0, "failed": 1, "archived": 2}
     assert doc["agents"] == ["Ann", "Ben"] and doc["oldest_pending_age_s"] is None
     assert doc["durability"]["journal_mode"] == "wal" and doc["durability"]["synchronous"] == "FULL"
     assert doc["durability"]["foreign_keys"] is True and doc["durability"]["busy_timeout_ms"] > 0
-    assert "archived 1" in cli("status", ok=False).output
+    assert "archived 2" in cli("status", ok=False).output
 
 
 def test_audit_filters_json_and_table(cli):
     cli("init", "--agent", "Ann", "--agent", "Ben", "--agent", "Cy")
+    (cli.state / "relay.toml").write_text("bounces = false\n")     # the filters over the agents' messages only
     drop(cli, "Ann", "a", "TO: Ben\nTHREAD: t1\nSUBJECT: first\n\nalpha")
     drop(cli, "Ben", "b", "TO: Ann, Cy\nTHREAD: t1\nKIND: note\n\nbeta needle")
     drop(cli, "Cy", "c", "TO: Nobody\n\ngamma")
@@ -165,7 +167,7 @@ def test_demo_runs_the_examples(tmp_path):
     examples = Path(__file__).parent.parent / "examples" / "outboxes"
     r = CliRunner().invoke(main, ["demo", str(examples)])
     assert r.exit_code == 0, r.output
-    assert "relayed 5 message(s)" in r.output and "1 quarantined" in r.output
+    assert "relayed 5 message(s)" in r.output and "1 quarantined, 1 bounce(s) to their senders" in r.output
     assert "inbox/System/new: 1 message(s)" in r.output and "unknown recipient Zed" in r.output
 
 

@@ -271,7 +271,7 @@ def test_a_retry_killed_after_its_move_finishes_when_run_again(project):
     relay = project.relay()
     project.drop("Ann", "m", "TO: Nobody\n\nto someone not there yet")
     assert relay.drain().failed == 1
-    [row] = relay.history.audit()
+    [row] = relay.history.audit(sender="Ann")
     (project.state / "inbox/Nobody/new").mkdir(parents=True)
     (project.state / "inbox/Nobody/tmp").mkdir()
     (project.state / "inbox/Nobody/cur").mkdir()

@@ -1,5 +1,6 @@
 """A hard crash (os._exit, like kill -9) at every step boundary, then a restart: every recipient
-holds each message exactly once, the archive holds it once, the ledger agrees with the files."""
+holds each message exactly once, the archive holds it once, the ledger agrees with the files;
+the sender of the one that fails holds its bounce exactly once."""
 import collections
 import json
 import os
@@ -15,7 +16,7 @@ from relay.core.daemon import Relay
 RUNNER = Path(__file__).with_name("crash_runner.py")
 BOUNDARIES = ["registered-claimed", "custody", "tmp-write-1", "tmp-write-2", "tmp-synced", "link-1",
               "link-3", "archive-move-1", "quarantine", "batch-synced", "before-commit",
-              "after-commit"]
+              "after-commit", "bounce-spooled", "bounce-registered"]
 MESSAGES = {  # (sender, name): (text, recipients)
     ("Ann", "msg"): ("TO: Ben, Cy\n\nann-1", ["Ben", "Cy"]),
     ("Ann", "two.json"): ('{"to": "Ben", "body": "ann-2"}', ["Ben"]),
@@ -53,11 +54,15 @@ def restart(root, **kw):
 
 def check(root, relay):
     state = root / ".relay"
-    held = collections.Counter()
+    held, bounced = collections.Counter(), []
     for agent in ("Ann", "Ben", "Cy"):
         for sub in ("new", "cur"):
             for p in (state / "inbox" / agent / sub).iterdir():
-                held[(agent, json.loads(p.read_bytes())["body"])] += 1
+                env = json.loads(p.read_bytes())
+                if env["kind"] == "bounce":
+                    bounced.append((agent, env["headers"]["bounce_of"]))
+                else:
+                    held[(agent, env["body"])] += 1
     want = collections.Counter()
     for (_, _), (text, recipients) in MESSAGES.items():
         body = text.rsplit("\n", 1)[-1] if not text.startswith("{") else json.loads(text)["body"]
@@ -65,16 +70,17 @@ def check(root, relay):
             want[(r, body)] += 1
     assert held == want, "inboxes do not hold each message exactly once"
     archived = [p for p in (state / "archive").rglob("*") if p.is_file()]
-    assert len(archived) == len(MESSAGES)
+    assert len(archived) == len(MESSAGES) + 1          # and the bounce
     assert not [p for p in (state / "outbox").rglob("*") if p.is_file()]
     assert not [p for p in (state / "spool").rglob("*") if p.is_file()]
     assert not [p for a in ("Ann", "Ben", "Cy") for p in (state / "inbox" / a / "tmp").iterdir()]
     counts = relay.history.counts()
-    assert counts == {"pending": 0, "processing": 0, "delivered": 0, "archived": len(MESSAGES), "failed": 1}
+    assert counts == {"pending": 0, "processing": 0, "delivered": 0, "archived": len(MESSAGES) + 1, "failed": 1}
     for row in relay.history.audit(status="archived"):
         assert (state / row["archive_path"]).is_file()
     [failed] = relay.history.audit(status="failed")
     assert "unknown recipient Nobody" in failed["error"] and (state / failed["failed_path"]).is_file()
+    assert bounced == [("Cy", failed["id"])], "the sender does not hold its bounce exactly once"
 
 
 @pytest.mark.parametrize("mode", ["file", "fs"])

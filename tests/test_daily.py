@@ -52,7 +52,7 @@ def test_a_misspelt_key_stops_the_daemon_not_an_agents_send_or_inbox(cli):
     (cli.state / "relay.toml").write_text("retension_typo2 = '7d'\n")        # a new warning: printed
     r = cli("inbox", "Ben")
     assert "no new messages" in r.stdout and "unknown configuration key 'retension_typo2'" in r.stderr
-    assert cli("status", ok=False).exit_code == 1
+    assert cli("status", ok=False).exit_code == 3       # a read-only verb warns and carries on (issue 27)
 
 
 class Ticking:
@@ -212,7 +212,8 @@ def test_status_is_a_health_check(cli, held):
     r = cli("status", "--json", ok=False)
     assert r.exit_code == 0 and "no daemon is running" in json.loads(r.stdout)["health"]["problems"][0]
     assert json.loads(r.stdout)["health"]["exit"] == 3 and cli("status", ok=False).exit_code == 3
-    assert cli("status", "--max-pending-age", "5", ok=False).exit_code == 2      # a duration needs its unit
+    assert cli("status", "--max-pending-age", "5", ok=False).exit_code == 3      # a bare number: seconds (issue 27)
+    assert cli("status", "--max-pending-age", "soon", ok=False).exit_code == 2
 
 
 def test_doctor_runs_verifys_archive_checks_unless_quick(cli):

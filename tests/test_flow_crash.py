@@ -39,9 +39,15 @@ def test_sheds_survive_a_crash_at(tmp_path, boundary, lowered):
         for p in (state / "inbox" / agent / "new").iterdir():
             held[(json.loads(p.read_bytes())["id"], agent)] += 1
     assert set(held.values()) == {1}, f"{boundary}: a recipient holds a message twice"
+    # Ann is told of the sheds: a bounce per pair and window (one more at most, the window being
+    # kept in memory, across the restart), each held once
+    told = [json.loads(p.read_bytes()) for p in (state / "inbox/Ann/new").iterdir()]
+    assert 1 <= len(told) <= 4 and all(e["kind"] == "bounce" for e in told), boundary
+    assert len({e["headers"]["bounce_of"] for e in told}) == len(told), f"{boundary}: a bounce held twice"
     with History(Ledger(state / "ledger.sqlite", readonly=True)) as h:
-        rows = list(h.audit())
+        rows = list(h.audit(sender="Ann"))
         assert {r["status"] for r in rows} <= {"archived", "failed"} and len(rows) == 5
+        assert {r["status"] for r in h.audit(sender="System")} == {"archived"}
         shed = {(r["id"], s["recipient"]) for r in rows for s in h.sheds(r["id"])}
         delivered = {(r["id"], d["recipient"]) for r in rows for d in h.deliveries(r["id"])}
         every = {(r["id"], who) for r in rows for who in json.loads(r["recipients"])}

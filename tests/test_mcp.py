@@ -63,7 +63,8 @@ def test_tools_send_read_and_thread_through_a_real_relay(team, tmp_path):
         tools = await bob.tools()
         assert set(tools) == TOOLS
         assert all(t.description for t in tools.values())
-        assert set(tools["send"].input_schema["properties"]) == {"to", "body", "subject", "thread", "request_id"}
+        assert set(tools["send"].input_schema["properties"]) == {"to", "body", "subject", "thread", "request_id",
+                                                                 "wait_delivered_s"}
         assert await bob.call("agents") == {"me": "Bob", "agents": ["Alice", "Bob"]}
 
         got = await bob.call("inbox")

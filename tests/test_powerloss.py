@@ -213,7 +213,7 @@ def test_an_fsync_error_on_new_fails_the_message_and_is_not_retried(project):
     relay.syncer.fsync = eio_on_new
     project.drop("Ann", "m", "TO: Ben\n\nx")
     counts = relay.step()
-    [row] = relay.history.audit()
+    [row] = relay.history.audit(sender="Ann")
     assert counts.failed == 1 and counts.retried == 0 and counts.archived == 0
     assert row["status"] == "failed" and "Input/output error" in row["error"]
     assert relay.history.deliveries(row["id"]) == []

@@ -11,7 +11,8 @@ def bodies(project, agent="Ben"):
 
 
 def archived(project):
-    return sorted(p.read_text() for p in project.files("archive"))
+    """The agents' originals archived (a bounce to a sender, archived under System, aside)."""
+    return sorted(p.read_text() for p in project.files("archive") if p.parent.name != "System")
 
 
 def dated(path, when):

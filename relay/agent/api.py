@@ -16,7 +16,6 @@ into the outbox under a name no other message uses.
 """
 import contextlib
 import dataclasses
-import difflib
 import os
 import sqlite3
 import threading
@@ -26,6 +25,7 @@ import orjson
 
 from relay import config as config_mod
 from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
+from relay.agent.delivery import delivered
 from relay.errors import InvalidName, NotFound, RelayError, UnknownAgent
 from relay.files.fs import Unsafe
 from relay.ledger.history import History
@@ -36,6 +36,7 @@ from relay.files.lock import wake
 from relay.agent.leases import Leases
 from relay.agent.mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
 from relay.ledger.ledger import Ledger
+from relay.core.message import closest  # noqa: F401  (the "did you mean" every side gives; offered here too)
 from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
 from relay.files.sync import Syncer
 
@@ -85,16 +86,6 @@ class Received:
     def reply_thread(self):
         """The thread a reply belongs to: this message's, or its id when it had none."""
         return self.thread or self.id
-
-
-def closest(name, known):
-    """The known name closest to `name`: the same but for case, else the nearest spelling."""
-    by_case = [k for k in known if k.lower() == name.lower()]
-    if by_case:
-        return by_case[0]
-    lowered = {k.lower(): k for k in known}
-    near = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
-    return lowered[near[0]] if near else None
 
 
 def check_known(name, known, role):
@@ -187,12 +178,14 @@ class Project:
                 self._writer = Ledger(self.layout.ledger, durability=self.config.durability)
             yield self._writer
 
-    def reserve(self, mid, sender):
+    def reserve(self, mid, sender, request_id=None):
         """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_senders.py): a file
-        of another outbox that copies it cannot have it."""
+        of another outbox that copies it cannot have it. With a request id the sender used on a
+        message that did not fail (read by relay or still in the outbox), nothing is recorded and
+        that message's id is returned (None otherwise)."""
         try:
             with self.writing() as ledger:
-                ledger.reserve_id(mid, sender, time.time())
+                return ledger.reserve_id(mid, sender, time.time(), request_id)
         except sqlite3.Error as e:
             raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
 
@@ -264,11 +257,21 @@ class Agent(Leases):
 
     # -- sending ----------------------------------------------------------------------------
 
-    def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False):
+    def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False,
+             wait_delivered=None):
         """Write a message into this agent's outbox; returns its id, which `relay show` finds.
         `to`: a name, a list of names, "*" (or its alias "Broadcast") or "System". With a request id used before by this
         agent (on a message that did not fail), nothing is written and that message's id is
-        returned: a send retried after a timeout is not delivered twice."""
+        returned: a send retried after a timeout is not delivered twice. With `wait_delivered`
+        (seconds, or True: for ever) it returns once every recipient has the message, and
+        raises NotDelivered with the reason when it failed (DeliveryTimeout when the time ran
+        out first)."""
+        mid = self._send(to, body, subject=subject, thread=thread, kind=kind, request_id=request_id, create=create)
+        if wait_delivered is not None and wait_delivered is not False:
+            delivered(self.project, mid, None if wait_delivered is True else wait_delivered)
+        return mid
+
+    def _send(self, to, body, *, subject, thread, kind, request_id, create):
         if self.name == SYSTEM:
             raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender: only agents have outboxes")
         names = [n.strip() for n in (to.split(",") if isinstance(to, str) else to) if n.strip()]
@@ -286,15 +289,12 @@ class Agent(Leases):
         for n in names:
             if n not in special:
                 check_known(n, known, "recipient")
+        self.repeated = False
         if request_id is not None:
             try:
                 request_id = checked_request_id(request_id)
             except RelayError:
                 raise RelayError(f"--request-id must be one line of at most {MAX_REQUEST_ID} characters") from None
-            first = self.sent_before(request_id)
-            self.repeated = first is not None
-            if first:
-                return first
         if not isinstance(body, str):
             raise RelayError(f"the body must be text, not {type(body).__name__}")
         size, limit = len(body.encode("utf-8")), self.project.config.max_body_bytes
@@ -303,7 +303,12 @@ class Agent(Leases):
                              "send it in parts, or raise max_body_bytes in relay.toml")
         mid = _ids.new(time.time())
         data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id)
-        self.project.reserve(mid, self.name)       # the id is this sender's before any file names it
+        # The id is this sender's before any file names it; a request id sent before (its file
+        # maybe still in the outbox) gives that message's id, and nothing is written.
+        first = self.project.reserve(mid, self.name, request_id)
+        if first is not None:
+            self.repeated = True
+            return first
         self.layout.fs.put(f"outbox/{self.name}/msg-{mid.lower()}", data)
         return mid
 
@@ -326,7 +331,8 @@ class Agent(Leases):
             return self.project.message(mid)
 
     def sent_before(self, request_id):
-        """The id of this agent's message with this request id (not failed), or None."""
+        """The id of this agent's message with this request id (not failed: read by relay, or
+        one `relay send` wrote that still waits in the outbox), or None."""
         history = self.project.history()
         if history is None:
             return None

@@ -4,7 +4,8 @@ stdio, for agents in MCP clients (Claude Code, Cursor, Codex and the like).
 It is built with the official `mcp` SDK (the `agent-outbox-relay[mcp]` extra; its MCPServer, the name FastMCP
 had before version 2) on api.py's Agent, so its tools check what the shell and Python check:
 
-    send(to, body, subject, thread, request_id)  -> {id, repeated, relay_running}
+    send(to, body, subject, thread, request_id, wait_delivered_s)
+                        -> {id, repeated, relay_running, delivered, error, timed_out}
     inbox(limit)        the new messages with their bodies, oldest first; marks read exactly those
     wait(timeout_s)     blocks (inotify, in a worker thread) until a message is there, then as inbox
     agents()            who the agent is and the known agents
@@ -41,6 +42,7 @@ from typing_extensions import TypedDict     # pydantic reads typing's only from 
 
 from relay.version import __version__
 from relay.agent.api import Agent, Project, Stop
+from relay.agent.delivery import wait_delivered
 from relay.errors import RelayError
 from relay.guards import explain
 from relay.files.lock import holder
@@ -79,6 +81,9 @@ class Sent(TypedDict):
     id: str
     repeated: bool              # the request id was used before: nothing was sent, `id` is the first's
     relay_running: bool         # false: the message waits in the outbox until `relay run`
+    delivered: Optional[bool]   # with wait_delivered_s: every recipient has it (false: it failed, see error)
+    error: Optional[str]        # why it was not delivered (failed, shed, refused by a node)
+    timed_out: bool             # with wait_delivered_s: the time ran out first
 
 
 class Agents(TypedDict):
@@ -146,12 +151,23 @@ def build(agent, handover=None):
              thread: Annotated[Optional[str], Field(description="The conversation's thread id: a reply "
                                                     "uses the message's thread (its id when it has none).")] = None,
              request_id: Annotated[Optional[str], Field(description="Your id for this request: a second send "
-                                                        "with it is not delivered again.")] = None) -> Sent:
+                                                        "with it is not delivered again.")] = None,
+             wait_delivered_s: Annotated[Optional[float], Field(description=(
+                 f"Then wait up to this many seconds (0 to {MAX_WAIT:g}; more is taken as the most) until every "
+                 "recipient has it: `delivered` true, or false with `error` when it failed; `timed_out` when the "
+                 "time ran out first."))] = None) -> Sent:
         """Send a message to other agents. Returns its id; `repeated` is true when request_id was
-        used before (nothing new was sent: the id is the first message's)."""
+        used before (nothing new was sent: the id is the first message's). With wait_delivered_s,
+        returns once it is delivered to every recipient or failed (`delivered`, `error`)."""
         with me() as agent, tool_errors():
             mid = agent.send(to, body, subject=subject, thread=thread, request_id=request_id)
-            return {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None}
+            out = {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None,
+                   "delivered": None, "error": None, "timed_out": False}
+            if wait_delivered_s is not None:
+                outcome = wait_delivered(agent.project, mid, clamp(wait_delivered_s, 0, MAX_WAIT))
+                out.update(delivered=outcome.delivered, timed_out=outcome.delivered is None,
+                           error=outcome.reason if outcome.delivered is False else None)
+            return out
 
     @server.tool()
     def inbox(ctx: Context, limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:

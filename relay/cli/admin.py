@@ -15,12 +15,14 @@ from relay.terminal import echo
 @pass_ctx
 @handle_errors
 def config_(ctx, as_json):
-    """The configuration in force, and where each value came from (default, relay.toml, env, flag)."""
+    """The configuration in force, and where each value came from (default, relay.toml, env, flag).
+    A key that was not taken (misspelt, a bad value) is listed after them with why."""
     cfg = ctx.cfg
     rows = config_mod.describe(cfg)
     if as_json:         # (JSON escapes control characters itself)
         out_json({"values": {key: {"value": value, "text": text, "from": origin} for key, value, text, origin in rows},
-                  "warnings": list(cfg.warnings)})
+                  "warnings": list(cfg.warnings),
+                  "problems": [{"key": key, "problem": problem} for key, problem in cfg.rejected]})
         return
     # relay.toml lies where agents can write: no control character in it reaches the terminal
     rows = [(key, value, views.plain(text), views.plain(origin)) for key, value, text, origin in rows]
@@ -28,6 +30,8 @@ def config_(ctx, as_json):
     text_width = min(40, max(len(text) for _, _, text, _ in rows))
     for key, _, text, origin in rows:
         echo(f"{key:<{width}}  {text:<{text_width}}  ({origin})")
+    for key, problem in cfg.rejected:
+        echo(f"{views.plain(key):<{width}}  NOT TAKEN: {views.plain(problem)}; ignored (relay run refuses to start on it)")
 
 
 @click.command()

@@ -7,10 +7,14 @@ import click
 from relay.operator import views
 from relay.agent.api import Agent, Project
 from relay.cli.context import out_json, pass_ctx
-from relay.guards import checked, handle_errors, recipient_names, sender_name
+from relay.agent.delivery import wait_delivered
+from relay.config import show_duration
+from relay.files.lock import holder
+from relay.guards import checked, handle_errors, recipient_names, seconds, sender_name
 from relay.terminal import echo, echo_json
 
 EXIT_TIMEOUT = 124      # relay inbox --wait: the time ran out with no new message (as timeout(1))
+EXIT_INTERRUPTED = 130  # relay inbox --wait ended by Ctrl-C (128 + SIGINT, as a shell reports it)
 
 
 def _project(ctx):
@@ -30,17 +34,23 @@ def _project(ctx):
 @click.option("--request-id", "request_id",
               help="Your id for this request: a second send with it is not delivered again.")
 @click.option("--create", is_flag=True, help="Allow agents that do not exist yet (they are created).")
+@click.option("--wait-delivered", "wait", is_flag=False, flag_value="forever", default=None, metavar="[DURATION]",
+              help="Then block until every recipient has it (exit 0), it failed (exit 1, the reason on "
+                   f"stderr) or DURATION (600 or 600s, 5m) passed (exit {EXIT_TIMEOUT}); without a DURATION, "
+                   "for ever.")
 @click.argument("body", required=False)
 @pass_ctx
 @handle_errors
-def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, body):
+def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, wait, body):
     """Write a message atomically into SENDER's outbox and print its id.
 
     BODY '-' (or none) reads standard input. Names are checked against the known agents first:
     an unknown one is refused with the closest match."""
-    ctx.strict = False      # a mistake in relay.toml stops the daemon, not an agent's send (it warns)
     if to is None and reply_to is None:
         raise click.UsageError("give --to NAME[,NAME...] (or --reply-to ID)")
+    wait, timeout = _wait_for(wait, body, "--wait-delivered")
+    if body is None and wait not in (None, "forever") and timeout is None:
+        body, wait = wait, "forever"        # `--wait-delivered "the body"`: the body, waited for ever
     if body is None or body == "-":
         body = sys.stdin.read()
     me = Agent(sender, project=_project(ctx), create=create, role="sender")
@@ -53,33 +63,78 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, b
     if me.repeated:
         echo(f"relay: request id {request_id!r} was sent before as {mid}; not sent again", err=True)
     echo(mid)
+    if wait is not None:
+        sys.stdout.flush()
+        _wait_delivered(me, mid, timeout)
+
+
+def _wait_delivered(me, mid, timeout):
+    """--wait-delivered: exit 0 delivered, 1 failed (the reason), EXIT_TIMEOUT when the time ran out."""
+    running = holder(me.layout.lock) is not None
+    if not running:
+        echo(f"relay: no relay daemon is running; {mid} is delivered when one runs", err=True)
+    try:
+        outcome = wait_delivered(me.project, mid, timeout)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    if outcome.delivered is None:
+        waited = show_duration(timeout) if timeout else "0s"
+        echo(f"relay: {mid} was not delivered to every recipient in {waited} ({outcome.reason}"
+             f"{'' if running else '; no relay daemon is running'})", err=True)
+        sys.exit(EXIT_TIMEOUT)
+    if not outcome.delivered:
+        echo(f"relay: {mid} was not delivered: {outcome.reason}", err=True)
+        sys.exit(1)
 
 
 @click.command()
-@click.argument("agent")
+@click.argument("agent", required=False)
 @click.option("--all", "show_all", is_flag=True, help="Include messages already read (cur/).")
 @click.option("--ack", is_flag=True, help="Mark read the new messages printed (new/ -> cur/).")
 @click.option("--wait", "wait", is_flag=False, flag_value="forever", default=None, metavar="[TIMEOUT]",
-              help="Block until a new message is there (at most TIMEOUT: 30, 30s, 5m); "
-                   f"exit {EXIT_TIMEOUT} when none came.")
+              help="Block until a new message is there: at most TIMEOUT (600 or 600s, 5m, 2h) when one "
+                   f"follows, for ever when none does; exit {EXIT_TIMEOUT} when none came. "
+                   "`--wait AGENT` waits for ever for AGENT.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.option("--jsonl", is_flag=True, help="Print one JSON object per line.")
 @pass_ctx
 @handle_errors
 def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
-    """Print AGENT's new messages whole, oldest first (with --ack, mark them read)."""
-    ctx.strict = False
+    """Print AGENT's new messages whole, oldest first (with --ack, mark them read).
+
+    A bare --wait waits for ever; Ctrl-C ends it (exit 130)."""
+    wait, timeout = _wait_for(wait, agent, "--wait")
+    if agent is None:
+        if wait in (None, "forever") or timeout is not None:
+            raise click.UsageError("Missing argument 'AGENT'.")
+        agent, wait = wait, "forever"       # `--wait lead`: the name, not a timeout
     me = Agent(agent, project=_project(ctx), role="agent")
     if wait is not None:
-        timeout = None if wait == "forever" else _seconds(wait)
-        got = me.wait(timeout)
+        try:
+            got = me.wait(timeout)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)      # (click would print "Aborted!" and exit 1)
         if not got:
-            echo(f"relay: no new message for {agent} in {wait}", err=True)
+            echo(f"relay: no new message for {agent} in {show_duration(timeout) if timeout else '0s'}", err=True)
             sys.exit(EXIT_TIMEOUT)
         items = me.inbox(include_read=show_all) if show_all else got
     else:
         items = me.inbox(include_read=show_all)
     _show(me, items, ack, as_json, jsonl, empty=f"no {'messages' if show_all else 'new messages'} for {agent}")
+
+
+def _wait_for(wait, after, flag):
+    """(the value of a --wait flag, its timeout in seconds or None for ever). A value that is no
+    duration is left as it is when no argument follows (`after` None: it is that argument, the
+    agent's name or the body, and the wait is for ever); else exit 2."""
+    if wait is None or wait == "forever":
+        return wait, None
+    try:
+        return wait, seconds(wait)
+    except ValueError as e:
+        if after is None:
+            return wait, None
+        raise click.BadParameter(f"{e} (or a bare number of seconds)", param_hint=flag) from None
 
 
 @click.command()
@@ -90,7 +145,6 @@ def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
 @handle_errors
 def read(ctx, message_id, agent, as_json):
     """Print one message whole: from an agent's inbox, or as the ledger has it."""
-    ctx.strict = False
     project = _project(ctx)
     if agent:
         me = Agent(agent, project=project, role="agent")
@@ -115,19 +169,10 @@ def _show(me, items, ack, as_json, jsonl, empty=None, single=False):
         for i, m in enumerate(items):
             if i:
                 echo()
-            echo(views.message_text(m, i + 1, len(items)))
+            echo(views.message_text(m, i + 1, len(items), state="cur" if m in shown else None))
     sys.stdout.flush()
     if shown:
         me.ack(shown)
-
-
-def _seconds(value):
-    """A --wait timeout: a duration (30s, 5m) or a plain number of seconds."""
-    from relay.config import parse_duration
-    try:
-        return float(value) if value.replace(".", "", 1).isdigit() else parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--wait") from None
 
 
 COMMANDS = [send, inbox, read]

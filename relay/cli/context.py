@@ -81,7 +81,9 @@ class Context:
         self.root, self.state_dir = root, state_dir
         self.overrides = overrides or {}
         self.new_project = False    # relay init: the current directory when no project is found
-        self.strict = True      # an agent's verbs (send, inbox) turn it off: relay.toml's mistakes warn
+        # Only the verbs that act by the configuration (run, sweep) turn it on: for every other
+        # verb a mistake in relay.toml is a warning, and the key is left out.
+        self.strict = False
         self.logged = False     # run: the warnings go to the log instead
         self._cfg = None
 

@@ -22,6 +22,7 @@ from relay.core.outbox import declared
 from relay.terminal import echo, echo_json, escaped
 
 TABLE_LIMIT = 50        # messages in audit's table unless --limit says otherwise
+REPORT = "report.html"  # relay report's page in the state directory, unless --html names another
 OPERATOR_TABLES = ("sheds", "pings", "archived_agents")    # what agents and queues read beside messages
 
 
@@ -341,13 +342,14 @@ def tail(ctx, follow, lines, timeout, as_json):
 
 @click.command()
 @click.option("--since", help="Messages discovered since (a date, or a duration meaning that long ago).")
-@click.option("--html", "html_file", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, allow_dash=True),
               help="Write the page to this file (a new file renamed over the name, never through a "
-                   "symbolic link there); '-': to standard output.")
+                   f"symbolic link there); '-': to standard output. Default: {REPORT} in the state directory.")
 @pass_ctx
 @handle_errors
 def report(ctx, since, html_file):
-    """One self-contained HTML page: traffic matrix, messages per hour, failures, threads."""
+    """One self-contained HTML page: traffic matrix, messages per hour, failures, threads
+    (written to .relay/report.html unless --html names another file)."""
     from relay.operator import report as report_mod
     with ctx.reader() as led:
         data = led.figures(moment(since, "--since"))
@@ -356,6 +358,7 @@ def report(ctx, since, html_file):
     if html_file == "-":
         echo(page, nl=False)
         return
+    html_file = html_file or str(ctx.layout.state / REPORT)
     replace_file(html_file, page.encode("utf-8"))
     echo(f"wrote {html_file}")
 

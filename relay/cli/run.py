@@ -17,7 +17,7 @@ from relay.core.daemon import Relay
 from relay.core.loop import DRAIN_PATIENCE, GC_YOUNG, quiet_gc
 from relay.errors import RelayError
 from relay.core.flow import REASONS
-from relay.guards import checked, duration, handle_errors, sender_name
+from relay.guards import checked, duration, handle_errors, sender_name, setting
 from relay.core.inbox import Inbox
 from relay.files.fs import shown
 from relay.agent.api import declare
@@ -27,6 +27,7 @@ from relay.ledger.ledger import STATUSES, Ledger
 from relay.files.lock import DaemonLock, holder
 from relay.core.outbox import declared, undeclared_outboxes
 from relay.operator import views
+from relay.operator.gitignore import keep_out_of_git
 from relay.terminal import echo
 
 
@@ -41,7 +42,8 @@ from relay.cli.context import (EXIT_LEFT, Context, fail, log, out_json, pass_ctx
 @handle_errors
 def init(ctx, agents):
     """Create the layout (idempotent), with an outbox and inbox for each agent. In a
-    directory inside a project, that project; elsewhere, the current directory."""
+    directory inside a project, that project; elsewhere, the current directory. In a git
+    repository, the state directory is added to the .gitignore beside it."""
     ctx.new_project = True
     cfg = ctx.cfg
     layout = Layout(cfg.root, cfg.state_dir)
@@ -51,13 +53,18 @@ def init(ctx, agents):
     Ledger(layout.ledger, durability=cfg.durability).close()
     declare(layout, list(agents), "relay init", cfg.durability)
     echo(f"initialised {layout.state}" + (f" with agents {', '.join(agents)}" if agents else ""))
+    done, problem = keep_out_of_git(cfg.root, cfg.state_dir)
+    if done:
+        echo(done)
+    if problem:
+        echo(f"relay: warning: {problem}", err=True)
 
 
 @click.command()
 @click.option("--once", is_flag=True, help="One full pass over everything present, then exit.")
 @click.option("--durability", type=click.Choice(["full", "normal"]), help="Override `durability`.")
-@click.option("--settle", help="Override `settle` (e.g. 250ms).")
-@click.option("--retention", help="Override `retention` (e.g. 7d; 0 keeps forever).")
+@click.option("--settle", help="Override `settle` (e.g. 250ms; a bare number is seconds).")
+@click.option("--retention", help="Override `retention` (e.g. 7d; a bare number is seconds; 0 keeps forever).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), help="Override `log_format`.")
 @click.option("--log-level", help="Override `log_level`.")
 @click.option("-q", "--quiet", is_flag=True, help="Log warnings and errors only.")
@@ -65,8 +72,10 @@ def init(ctx, agents):
 @handle_errors
 def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
     """Run the relay: watch, deliver, archive, sweep (until SIGTERM/SIGINT)."""
-    ctx.overrides.update(durability=durability, settle=settle, retention=retention,
+    ctx.overrides.update(durability=durability, settle=setting(settle, "--settle"),
+                         retention=setting(retention, "--retention"),
                          log_format=log_format, log_level=log_level)
+    ctx.strict = True       # a mistake in relay.toml stops the daemon, with the key and its hint
     ctx.logged = True
     cfg = ctx.cfg
     setup_logging(cfg, quiet)
@@ -88,8 +97,9 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 took = time.monotonic() - t0
                 left = relay.left
             shed = f", {total.shed} delivery(ies) shed by flow control" if total.shed else ""
-            echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry{shed}, "
-                       f"in {took:.2f}s")
+            bounced = f", {total.bounced} bounce(s) to their senders" if total.bounced else ""
+            echo(f"relayed {total.archived} message(s), {total.failed} failed, {total.retried} to retry"
+                 f"{shed}{bounced}, in {took:.2f}s")
             if link is not None:
                 with link:
                     published, received = link.once()
@@ -113,7 +123,8 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
 
 @click.command()
 @click.option("--max-pending-age", default=config_mod.show_duration(health.MAX_PENDING_AGE), show_default=True,
-              help="Exit 4 when the oldest pending message is older than this (0: never).")
+              help="Exit 4 when the oldest pending message is older than this (e.g. 10m; a bare number is "
+                   "seconds; 0: never).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 @handle_errors
@@ -196,7 +207,8 @@ def status(ctx, max_pending_age, as_json):
 
 
 @click.command()
-@click.option("--older-than", help="Sweep entries older than this instead of `retention` (e.g. 7d; 0s sweeps everything).")
+@click.option("--older-than", help="Sweep entries older than this instead of `retention` (e.g. 7d; a bare "
+              "number is seconds; 0 sweeps everything).")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
@@ -204,6 +216,7 @@ def status(ctx, max_pending_age, as_json):
 def sweep(ctx, older_than, dry_run, as_json):
     """The retention sweep now: delete archived and failed entries older than retention."""
     from relay.core import retention
+    ctx.strict = True       # it acts by `retention`: never by a default standing in for a misspelt key
     cfg = ctx.cfg
     # Only the `retention` key's 0 keeps forever; an explicit --older-than 0s means everything.
     keep = duration(older_than, "--older-than") if older_than is not None else cfg.retention
@@ -219,7 +232,7 @@ def sweep(ctx, older_than, dry_run, as_json):
         return
     verb = "would delete" if dry_run else "deleted"
     echo(f"{verb} {result.archived} archived and {result.failed} failed message(s) older than "
-               f"{older_than or f'{int(keep)}s'} from {layout.state}")
+         f"{config_mod.show_duration(keep) if keep else '0s'} from {layout.state}")
     if dry_run:
         for mid in result.ids:
             echo(f"  {mid}")
@@ -250,7 +263,9 @@ def demo(ctx, outboxes, keep):
         with Relay(cfg) as relay:
             total = relay.drain(now_fn=lambda: time.time() + cfg.settle)
             rows = list(relay.history.audit(oldest_first=True))
-        echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} quarantined\n")
+        bounced = f", {total.bounced} bounce(s) to their senders" if total.bounced else ""
+        echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} "
+             f"quarantined{bounced}\n")
         box = Inbox(layout, None)
         for agent in ["System"] + agents:
             items = box.list(agent)

@@ -23,7 +23,7 @@ import itertools
 import logging
 import time
 
-from relay.core import flow, health, retention
+from relay.core import bounces, flow, health, retention
 from relay.core.archive import Archive, day_of
 from relay.config import SYSTEM
 from relay.errors import DurabilityError, TransientError
@@ -95,10 +95,14 @@ class Relay(Handling, Loop):
         self.outbox = Outbox(self.layout, config.settle, self.syncer)
         self.recovery = Recovery(self.layout, self.ledger, self.history, self.archive, self.inbox, self.syncer)
         self.flow = flow.FlowControl(self.layout, self.history, self.inbox)
+        self.bounces = bounces.Bounces(self.layout, self.ledger, self.history, self.syncer, config)
+        self._archived = frozenset()            # the agents an operator archived, as the last batch saw them
         self.ids = IdGenerator()
         self.hooks = Hooks(config)              # on_deliver, run off this thread (hooks.py)
         # The federation's view from the loop: which recipients are on other nodes (routes.py).
         self.router = Router(config.federation, self.history) if config.federation else None
+        if self.router is not None:             # the link recorded a bounce (a node refused a message)
+            self.router.on_bounce = self._bounce_due
         self._local = set()
         self.hints = collections.deque()        # (kind, sender, name) from the watcher
         self.watch = None                       # the watcher run() reads itself, while it runs
@@ -167,7 +171,9 @@ class Relay(Handling, Loop):
         if self._pending is not None:
             self.finish()       # this relay's own batch in flight is recorded, not recovered
         self.outbox.read_ahead.drop()   # read for a step that failed, maybe before its registration
-        recovered = self.recovery.recover(now, budget=max(1, self.config.max_retries), stopped=stopped)
+        recovered = self.recovery.recover(now, budget=max(1, self.config.max_retries), stopped=stopped,
+                                          bounce=self.config.bounces)
+        self.bounces.due = True
         self.flow.seed(now, self.config)
         self._next_orphans = now + ORPHAN_INTERVAL
         self._scan = None
@@ -222,7 +228,14 @@ class Relay(Handling, Loop):
             self._next_sweep = now if result.more else now + self.config.sweep_interval
         if now >= self._next_orphans:
             self.remove_orphans(now)
+        if self.bounces.due:        # registered now, claimed by the next step
+            counts.registered += self.bounces.emit(now)
         return counts
+
+    def _bounce_due(self):
+        """Another thread (the federation's link) recorded a bounce: emitted at the next step."""
+        self.bounces.due = True
+        self.wake.set()
 
     def phase(self):
         """The instant of a phase of the current step: the step's `now` plus the time the clock
@@ -234,6 +247,7 @@ class Relay(Handling, Loop):
         found = []
         if now >= self._next_rescan and self._scan is None:
             self._known = None
+            self.bounces.due = True         # one another connection recorded (the federation's link)
             self._scan = self.outbox.scan_all(now)
             self._next_rescan = now + self.config.rescan_interval
         while self.hints and len(found) < SCAN_BUDGET:
@@ -270,7 +284,8 @@ class Relay(Handling, Loop):
         except (OSError, DurabilityError) as e:
             log.error("outbox/%s/%s: %s; cannot quarantine it: %s", f.sender, name, f.bad, e)
             return
-        self.ledger.refuse_found(mid, f.sender, name, now, reason, rel)
+        self.ledger.refuse_found(mid, f.sender, name, now, reason, rel,
+                                 bounce=self.config.bounces and f.sender not in self._archived)
         counts.failed += 1
         log.error("%s from %s failed: %s", mid, f.sender, reason, **fields("failed", mid, f.sender))
 
@@ -305,7 +320,8 @@ class Relay(Handling, Loop):
         self.finish(counts)
         identify(self.ledger, self.layout, works, now)
         ready = [w for w in works if not (w.refused or w.error or w.defer or w.duplicate_of)]
-        self.flow.admit(ready, now, self.config, self.history.archived_agents(), shed)
+        self._archived = self.history.archived_agents()
+        self.flow.admit(ready, now, self.config, self._archived, shed)
         ready = [w for w in ready if not w.refused]
         if self.router is not None:     # first tries only: a retry is published from its recorded row
             self._custody(works)        # what is published for another node is in the spool first
@@ -363,7 +379,9 @@ class Relay(Handling, Loop):
                     w.failed_rel = None
                     log.error("%s: %s; the original stays at %s", w.id, e, w.path,
                               **fields("failed", w))
-        self.ledger.record(now, works, delivered, self.phase())
+        owed = self.bounces.owed(works, self._archived, now)
+        if self.ledger.record(now, works, delivered, self.phase(), owed):
+            self.bounces.due = True
         self.flow.commit(works, now, self.config)
         self.hooks.delivered(works)     # durable now: each new recipient's hook is queued
         if self.router is not None and any(w.remote for w in works):
@@ -439,7 +457,7 @@ class Relay(Handling, Loop):
         restart = [k for k in changed if k in RESTART_KEYS]
         if restart:         # this relay keeps what it runs with (the federation's link, too)
             config = dataclasses.replace(config, **{k: getattr(self.config, k) for k in restart})
-        self.config = config
+        self.config = self.bounces.config = config
         self.outbox.settle = config.settle
         self.syncer.durable = config.durability == "full"
         self.ledger.set_durability(config.durability)

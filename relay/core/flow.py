@@ -192,8 +192,9 @@ class FlowControl:
                 if reason and not released:
                     w.shed_before[r] = reason
                     continue
-                shed = self._check(w.sender, r, now, config, archived, adds, listed, w.written, limits=not released,
-                                   queue=r not in w.remote)
+                # A bounce (relay's own, from System) is not subject to the limits, as a ping is not.
+                shed = self._check(w.sender, r, now, config, archived, adds, listed, w.written,
+                                   limits=not released and w.sender != SYSTEM, queue=r not in w.remote)
                 if shed is not None and w.thorough and self.inbox.held(r, w):
                     shed = None         # delivered by an attempt a crash cut short: it has it
                 if shed is None:

@@ -8,6 +8,7 @@ from relay.core import flow
 from relay.core.loop import DRAIN_MIN_WAIT
 from relay.core.message import accept
 from relay.core.work import Outcome, backoff, fields
+from relay.config import SYSTEM
 from relay.errors import DurabilityError, MessageRefused, TransientError, UnknownRecipient
 
 CONVERGE = 2.0           # seconds after a message was found that the directory is read before its unknown name fails
@@ -155,7 +156,10 @@ class Handling:
                      w.id, w.sender, w.duplicate_of, w.request_id, w.archive_rel, **fields("duplicate", w))
         elif w.outcome is Outcome.ARCHIVED:
             counts.delivered += 1
-            counts.archived += 1
+            if w.sender == SYSTEM:      # a bounce (bounces.py): counted apart from the agents' messages
+                counts.bounced += 1
+            else:
+                counts.archived += 1
             log.info("%s delivered from %s to %s; archived as %s", w.id, w.sender, to, w.archive_rel,
                      **fields("archived", w))
         elif w.outcome is Outcome.DELIVERED:

@@ -66,7 +66,7 @@ class Loop:
             now = now_fn()
             # A claim that only deferred its message again (its file still held open) is no
             # progress: patience runs out for it as for a file waiting in the outbox.
-            if counts.registered or counts.archived or counts.swept or counts.delivered or counts.failed \
+            if counts.registered or counts.archived or counts.bounced or counts.swept or counts.delivered or counts.failed \
                     or counts.retried or counts.claimed > counts.deferred:
                 progress_at = now
             if counts.busy or self.hints or self._scan is not None:

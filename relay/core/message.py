@@ -257,6 +257,17 @@ def request_id(value):
     return value
 
 
+def closest(name, known):
+    """The known name closest to `name`: the same but for case, else the nearest spelling (the
+    "did you mean" of the CLI, the API and the daemon alike)."""
+    by_case = [k for k in known if k.lower() == name.lower()]
+    if by_case:
+        return by_case[0]
+    lowered = {k.lower(): k for k in known}
+    near = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[near[0]] if near else None
+
+
 def resolve(message, sender, known, create_unknown=False):
     """The recipient list: broadcast expanded, duplicates removed, unknown names refused.
 
@@ -275,8 +286,8 @@ def resolve(message, sender, known, create_unknown=False):
         shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
         agents = sorted(known)
         listed = ", ".join(agents[:30]) + (f" ... ({len(agents)} in all)" if len(agents) > 30 else "")
-        near = difflib.get_close_matches(unknown[0], agents, n=1, cutoff=0.6) if len(agents) <= 10_000 else []
-        hint = f"; did you mean {near[0]}?" if near else ""
+        near = closest(unknown[0], agents) if len(agents) <= 10_000 else None
+        hint = f"; did you mean {near}?" if near else ""
         raise UnknownRecipient(f"unknown recipient {shown}{hint}; known agents: {listed or '(none)'}", unknown)
     recipients = out + unknown if len(message.to) == 1 and not broadcast else list(dict.fromkeys(out + unknown))
     if not recipients:

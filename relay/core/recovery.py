@@ -16,6 +16,7 @@ again): it is quarantined in failed/ with that reason instead of being claimed o
 import logging
 
 from relay.core.archive import check_rel, day_of
+from relay.core.bounces import of_row
 from relay.errors import DurabilityError
 from relay.files.fs import shown
 from relay.ledger.history import BadRow, sift
@@ -91,14 +92,15 @@ class Recovery:
             log.error("%s", reason, **fields("failed", mid))
         self.ledger.fail_unreadable(now, problems)
 
-    def recover(self, now, budget=3, stopped=True):
+    def recover(self, now, budget=3, stopped=True, bounce=True):
         """Put back in the flow what a stopped relay left; returns the number of messages
-        recovered. A message left processing for the `budget`-th time is quarantined. With
-        `stopped` False (a failed step of a running relay, which is no stop) nothing left
+        recovered. A message left processing for the `budget`-th time is quarantined (with
+        `bounce`, its sender is owed a bounce). With `stopped` False (a failed step of a running relay, which is no stop) nothing left
         processing counts as interrupted."""
         self.fs.forget()
-        reset, stopped_rows, bad = [], [], []
+        reset, stopped_rows, bad, rows = [], [], [], {}
         for row in sift(self.history.processing(), bad):
+            rows[row["id"]] = row
             mid, sender = row["id"], row["sender"]
             spool = self.layout.spool_of(row)
             try:
@@ -125,7 +127,9 @@ class Recovery:
         orphans += self._adopt_archived()
         if reset or orphans or stopped_rows:
             self.syncer.flush("recovery moves")
-            self.ledger.reset(reset, now, stopped_rows, interrupted=stopped)
+            owed = [of_row(rows[mid], set(self.history.delivered_to([mid]).get(mid, {})), reason)
+                    for mid, reason, _ in stopped_rows] if bounce else []
+            self.ledger.reset(reset, now, stopped_rows, interrupted=stopped, bounces=owed)
             self.ledger.readopt(orphans, now)
         for mid, reason, _ in stopped_rows:
             log.error("%s failed: %s", mid, reason, **fields("failed", mid))

@@ -28,6 +28,12 @@ class Router:
         self._lock = threading.Lock()
         self._remote = None
         self.asked = threading.Event()      # the loop met a name it does not know: read the directory now
+        self.on_bounce = None               # the loop's: a bounce was recorded (a node refused a message)
+
+    def bounced(self):
+        """The link recorded a bounce owed (core/bounces.py): the loop emits it at once."""
+        if self.on_bounce is not None:
+            self.on_bounce()
 
     def ask(self):
         """Ask the link to read the team's directory now."""

@@ -36,6 +36,7 @@ class Counts:
     deferred: int = 0
     swept: int = 0
     shed: int = 0           # recipients shed (flow.py)
+    bounced: int = 0        # bounces delivered to their senders and archived (bounces.py), not in `archived`
 
     def add(self, other):
         for f in dataclasses.fields(self):
@@ -43,7 +44,7 @@ class Counts:
 
     @property
     def busy(self):
-        return bool(self.registered or self.claimed or self.archived or self.swept)
+        return bool(self.registered or self.claimed or self.archived or self.bounced or self.swept)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -163,7 +163,10 @@ class Publisher:
                     self.moved += [(mid, node) for mid, _, refusal in acks if refusal and refusal.startswith(NOT_HERE)]
                     # The entries acknowledged are deleted, the row's own and the one the receiver
                     # names (an earlier publish of it, or one left by a crash after the record).
-                    gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in here])
+                    gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in here],
+                                                    bounce=self.config.bounces)
+                    if self.router is not None and any(refusal for _, _, refusal in here):
+                        self.router.bounced()       # the sender's bounce, emitted by the loop now
                     settled += len(gone)
                     deletions.setdefault(node, []).extend(set(gone) | {e for _, e, _ in acks if e})
             if deletions:
@@ -253,7 +256,9 @@ class Publisher:
                         moves.append((mid, node, new.pop(), r["recipients"]))
         self.moved = []
         if moves:
-            gone = self.ledger.reroute(now, moves)
+            gone = self.ledger.reroute(now, moves, bounce=self.config.bounces)
+            if self.router is not None:
+                self.router.bounced()
             log.warning("federation: %d messages for agents now on other nodes are sent there", len(moves))
             pipe = self.client.pipeline(transaction=False)
             for node, eid in gone:

@@ -20,6 +20,7 @@ import orjson
 from relay.errors import NotFound, RelayError
 from relay.ledger.schema import REASONS
 from relay.files.layout import valid_id
+from relay.ledger.bounces import BounceHistory
 from relay.ledger.checks import Checks
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
@@ -55,7 +56,7 @@ NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "
 UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status IN ('pending', 'published'))"
 
 
-class History(RemoteHistory, Checks, ReservationReads):
+class History(RemoteHistory, Checks, ReservationReads, BounceHistory):
     def __init__(self, ledger):
         self.ledger = ledger
         self.db = ledger.db
@@ -115,11 +116,9 @@ class History(RemoteHistory, Checks, ReservationReads):
         return row[0] if row is not None and isinstance(row[0], str) else None
 
     def by_request(self, sender, request_id):
-        """The id of the sender's message with this request id that did not fail, or None."""
-        row = self.db.execute("SELECT id FROM messages WHERE sender = ? AND request_id = ? AND duplicate_of IS NULL "
-                              "AND status != 'failed' ORDER BY discovered_at, id LIMIT 1",
-                              (sender, request_id)).fetchone()
-        return row[0] if row else None
+        """The id of the sender's message with this request id that did not fail (one relay
+        read, or one `relay send` gave whose file still waits), or None."""
+        return self.ledger.first_request(sender, request_id)
 
     def events(self, mid):
         return self.db.execute("SELECT * FROM events WHERE message_id = ? ORDER BY seq", (mid,)).fetchall()

@@ -20,6 +20,7 @@ import orjson
 
 from relay.errors import LedgerError, SchemaError
 from relay.ledger.chain import GENESIS, chain_hash, link_hash  # noqa: F401  (the chain's, offered here too)
+from relay.ledger.bounces import BounceRecords
 from relay.ledger.operations import Operations
 from relay.ledger.senders import Senders
 from relay.files.sync import fdatasync
@@ -63,7 +64,7 @@ def checksum(sql):
     return hashlib.sha256(sql.encode()).hexdigest()
 
 
-class Ledger(Senders, FederationRecords, Operations, Reservations):
+class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords):
     """One connection to the ledger. Not shared between threads."""
 
     def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):
@@ -256,13 +257,15 @@ class Ledger(Senders, FederationRecords, Operations, Reservations):
                 self._events(events)        # one statement for the discoveries and the claims
         return registered, claimed
 
-    def refuse_found(self, mid, sender, name, now, reason, failed_path):
-        """A file refused before any claim (its name is unfit): recorded straight as failed."""
+    def refuse_found(self, mid, sender, name, now, reason, failed_path, bounce=False):
+        """A file refused before any claim (its name is unfit): recorded straight as failed
+        (with `bounce`, its sender owed a bounce)."""
         with self.transaction():
             self.db.execute("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, "
                             "failed_path) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?)",
                             (mid, sender, name, now, now, reason, failed_path))
             self._events([(mid, now, "discovered", f"outbox/{sender}/{name}"), (mid, now, "failed", reason)])
+            return self._owe(now, [(mid, sender, [], reason)]) if bounce else 0
 
     def _claim(self, now, limit, plan, events):
         """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
@@ -300,10 +303,11 @@ class Ledger(Senders, FederationRecords, Operations, Reservations):
                             "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen",
                             [(n, now, now) for n in names])
 
-    def record(self, now, works, delivered=None, settled=None):
+    def record(self, now, works, delivered=None, settled=None, bounces=()):
         """One transaction recording what a batch did: each work by its Outcome, and every
         recipient's delivery that became durable in it, each at the instant it happened:
-        `delivered` (links into new/ made), `settled` (moves synced, retries decided), else `now`."""
+        `delivered` (links into new/ made), `settled` (moves synced, retries decided), else `now`;
+        and the `bounces` owed (core/bounces.owed). Returns how many bounces were recorded."""
         events = []
         delivered, settled = delivered or now, settled or now
         with self.transaction():
@@ -329,6 +333,7 @@ class Ledger(Senders, FederationRecords, Operations, Reservations):
             self._queue_remote(now, [w for w in works if w.remote and not w.duplicate_of
                                      and not (w.refused and w.outcome.value == "failed" and not w.got)], events)
             self._events(events)
+            return self._owe(settled, bounces) if bounces else 0
 
     @staticmethod
     def _fields(w):
@@ -347,17 +352,18 @@ class Ledger(Senders, FederationRecords, Operations, Reservations):
         links = []                  # receiver) may have chained records since
         for w in works:
             m, mid, rel = w.message, w.id, w.archive_rel
+            sent = None if w.duplicate_of else delivered        # a duplicate is delivered to no one
             if m is None:
                 recipients = kind = thread = subject = body = headers = None
             else:       # as _fields(w), without its dict
                 recipients, kind, thread, subject, body = (orjson.dumps(w.recipients).decode(), m.kind, m.thread,
                                                            m.subject, m.body)
                 headers = orjson.dumps(m.headers).decode()
-            rows.append((recipients, kind, thread, subject, body, headers, w.size, w.sha256, w.sent_at, delivered,
+            rows.append((recipients, kind, thread, subject, body, headers, w.size, w.sha256, w.sent_at, sent,
                          archived, rel, mid))
             events.append((mid, archived, "archived", rel, "relay"))
             seq += 1
-            prev = link_hash(prev, mid, w.sender, recipients, w.discovered_at, delivered, archived, w.sha256, rel)
+            prev = link_hash(prev, mid, w.sender, recipients, w.discovered_at, sent, archived, w.sha256, rel)
             links.append((seq, mid, prev))
         self.db.executemany(
             "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
@@ -377,7 +383,7 @@ class Ledger(Senders, FederationRecords, Operations, Reservations):
                 "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
                 "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
                 {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at,
-                 "now": delivered, "error": str(w.error), "archive_path": w.archive_rel,
+                 "now": None if w.duplicate_of else delivered, "error": str(w.error), "archive_path": w.archive_rel,
                  "at": w.next_attempt_at, "id": w.id})
             events.append((w.id, settled, "archive-failed", str(w.error)))
 
@@ -461,12 +467,12 @@ class Ledger(Senders, FederationRecords, Operations, Reservations):
 
     # -- recovery ---------------------------------------------------------------------------
 
-    def reset(self, rows, now, stopped=(), interrupted=True):
+    def reset(self, rows, now, stopped=(), interrupted=True, bounces=()):
         """Crash recovery, one transaction. rows: (id, spooled) of processing rows back to pending;
         each was being handled when relay stopped, which counts as an attempt (`retries`) and,
         with `interrupted` (relay stopped, not a step of it failed), an interruption. stopped:
         (id, reason, failed_path) of processing rows whose interruptions used up the claim
-        budget: failed (quarantined) instead."""
+        budget: failed (quarantined) instead, with the `bounces` their senders are owed."""
         with self.transaction():
             self.db.executemany("UPDATE messages SET status = 'pending', spooled = ?, archive_path = NULL, "
                                 "next_attempt_at = 0, retries = retries + 1, interrupted = interrupted + ? "
@@ -479,6 +485,7 @@ class Ledger(Senders, FederationRecords, Operations, Reservations):
                                 "interrupted = interrupted + 1 WHERE id = ? AND status = 'processing'",
                                 [(now, reason, rel, mid) for mid, reason, rel in stopped])
             self._events([(mid, now, "failed", reason) for mid, reason, _ in stopped])
+            return self._owe(now, bounces) if bounces else 0
 
     def readopt(self, found, now):
         """Spooled files with no ledger record (id, sender, name): registered again as pending,

@@ -57,11 +57,12 @@ class FederationRecords:
             self.db.execute("UPDATE outbound SET next_attempt_at = ? WHERE status = 'pending' AND next_attempt_at > ?",
                             (now, now))
 
-    def acknowledged(self, now, node, acks):
+    def acknowledged(self, now, node, acks, bounce=True):
         """What `node` acknowledged: acks are (message_id, refusal or None). A row is done: its
         node recorded the durable delivery (`acknowledged`), or refused it with a reason
         (`refused`, the message failed for those recipients). Returns the entry ids the rows had
-        (for the sender to delete from its stream); acks for rows not waiting change nothing."""
+        (for the sender to delete from its stream); acks for rows not waiting change nothing.
+        With `bounce`, the sender of a message refused is owed a bounce (bounces.py)."""
         entries = []
         with self.transaction():
             for mid, refusal in acks:
@@ -75,6 +76,8 @@ class FederationRecords:
                     entries.append(row[0])
                 self._events([(mid, now, "refused-by-node" if refusal else "acknowledged",
                                f"by node {node}" + (f": {refusal}" if refusal else ""))])
+                if refusal and bounce:
+                    self._owe_refused(now, mid, node)
         return entries
 
     def republish(self, now, rows, why):
@@ -92,7 +95,7 @@ class FederationRecords:
                     self._events([(mid, now, "republished", f"to node {node}: {why}")])
         return entries
 
-    def reroute(self, now, moves):
+    def reroute(self, now, moves, bounce=True):
         """Rows whose recipients another node holds now (a node renamed, or one that dropped
         them): moves are (message_id, old node, new node, recipients JSON). The row is queued for
         the new node, or merged into one there not yet published; the old one is dropped. A row
@@ -115,6 +118,8 @@ class FederationRecords:
                     self.db.execute("UPDATE outbound SET status = 'refused', acked_at = ?, error = ? WHERE "
                                     "message_id = ? AND node = ?", (now, why, mid, old))
                     self._events([(mid, now, "refused-by-node", why)])
+                    if bounce:
+                        self._owe_refused(now, mid, old)
                     continue
                 if there is not None:
                     merged = sorted(set(orjson.loads(there[1])) | set(orjson.loads(names)))

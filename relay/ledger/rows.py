@@ -130,6 +130,10 @@ CHECKS = {
         "actor": _text, "at": _number, "result": _maybe(_json(dict)),
     },
     "pings": {"id": _id, "agent": _agent, "sent_at": _number, "actor": _text},
+    "bounces": {
+        "message_id": _id, "recipients": _json(list), "id": _id, "sender": _agent, "reason": _text, "at": _number,
+        "emitted_at": _maybe(_number),
+    },
     "checkpoints": {"seq": _count, "at": _number, "upto": _count, "head": _sha256, "removed": _count},
     "archived_agents": {"name": _agent, "at": _number, "actor": _text},
     "attestations": {
@@ -140,7 +144,8 @@ CHECKS = {
     },
 }
 KEYS = {"messages": "id", "events": "seq", "deliveries": "message_id", "agents": "name", "sheds": "message_id",
-        "commands": "id", "pings": "id", "archived_agents": "name", "attestations": "seq", "checkpoints": "seq"}
+        "commands": "id", "pings": "id", "archived_agents": "name", "attestations": "seq", "checkpoints": "seq",
+        "bounces": "id"}
 
 
 def unreadable(row, table="messages", need=()):

@@ -213,6 +213,29 @@ CREATE TABLE sent_ids (
 ) WITHOUT ROWID;
 CREATE INDEX sent_ids_at ON sent_ids(at)
 """),
+    # A request id `relay send` gave with an id (senders.py): a send that repeats it is known
+    # while the first message still waits in the outbox, before relay has read it.
+    (20, "request ids of the ids relay send gave", """
+ALTER TABLE sent_ids ADD COLUMN request_id TEXT;
+CREATE INDEX sent_ids_request ON sent_ids(sender, request_id) WHERE request_id IS NOT NULL
+"""),
+    # Bounces (bounces.py): what a sender is owed for a message that failed or was shed for some
+    # of its recipients, once per (message, recipient set), recorded in the transaction that
+    # records the failure; `emitted_at` once the bounce is a message of its own (id `id`, from
+    # System) in the spool and the ledger.
+    (21, "bounces to senders", """
+CREATE TABLE bounces (
+    message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    recipients TEXT NOT NULL,
+    id         TEXT NOT NULL UNIQUE,
+    sender     TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    at         REAL NOT NULL,
+    emitted_at REAL,
+    PRIMARY KEY (message_id, recipients)
+) WITHOUT ROWID;
+CREATE INDEX bounces_due ON bounces(at) WHERE emitted_at IS NULL
+"""),
     # The agents declared as senders (senders = "declared"; ledger_senders.py).
     (8, "declared senders", """
 CREATE TABLE declared_agents (

@@ -23,11 +23,31 @@ class Senders:
             self.db.executemany("INSERT INTO declared_agents (name, at, how) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                                 [(n, now, how) for n in names])
 
-    def reserve_id(self, mid, sender, now):
+    def reserve_id(self, mid, sender, now, request_id=None):
         """`relay send` gives `mid` to `sender`: committed before the file naming it is written,
-        so no copy of the file in another outbox can be first to have it."""
+        so no copy of the file in another outbox can be first to have it. With a request id
+        the sender used before on a message that did not fail (one relay has read, or one
+        `relay send` gave and whose file may still wait in the outbox), nothing is reserved and
+        that message's id is returned; None otherwise. One transaction: of two sends with one
+        request id at once, one writes and the other repeats it."""
         with self.transaction():
-            self.db.execute("INSERT INTO sent_ids (id, sender, at) VALUES (?, ?, ?)", (mid, sender, now))
+            first = self.first_request(sender, request_id) if request_id is not None else None
+            if first is None:
+                self.db.execute("INSERT INTO sent_ids (id, sender, at, request_id) VALUES (?, ?, ?, ?)",
+                                (mid, sender, now, request_id))
+        return first
+
+    def first_request(self, sender, request_id):
+        """The id of the sender's first message with this request id that did not fail: one
+        relay read (messages), or one `relay send` gave (sent_ids) whose file relay has not
+        failed, under its id or, not read yet, under the name `msg-<id>`."""
+        row = self.db.execute(
+            "SELECT id, discovered_at AS at FROM messages WHERE sender = :s AND request_id = :r AND duplicate_of IS NULL "
+            "AND status != 'failed' UNION ALL SELECT g.id, g.at FROM sent_ids g WHERE g.sender = :s AND g.request_id = :r "
+            "AND NOT EXISTS (SELECT 1 FROM messages m WHERE (m.id = g.id OR m.sender = g.sender AND m.name = "
+            "'msg-' || lower(g.id)) AND (m.status = 'failed' OR m.duplicate_of IS NOT NULL)) ORDER BY at, id LIMIT 1",
+            {"s": sender, "r": request_id}).fetchone()
+        return row[0] if row else None
 
     def forget_sent_ids(self, cutoff, limit):
         """Records of ids given before `cutoff` whose message never reached the ledger (the
@@ -43,14 +63,15 @@ class Senders:
         holding the chosen id under another message or None). A chosen id that is the sender's
         to have and not used by any row becomes the row's id (its events follow; `spool_id`
         keeps the id its spool file is named by; the archive path is planned again by
-        `plan(sender, id, name)`). A request id already held by an earlier message of the same
+        `plan(sender, id, name)`; the event `identified` says so when the sender chose it by hand,
+        not when `relay send` gave it). A request id already held by an earlier message of the same
         sender that did not fail makes this one its duplicate. Returns {id: (new id, archive
         path or None, duplicate_of or None, refusal or None, why the chosen id was not taken or
         None)}."""
         out = {}
         db = self.db
         with self.transaction():
-            db.execute("PRAGMA defer_foreign_keys = ON")    # a row and its sheds change id together
+            db.execute("PRAGMA defer_foreign_keys = ON")    # a row, its sheds and bounces change id together
             for mid, sender, name, chosen, request, held in items:
                 new, path, first, refusal, note = mid, None, None, None, None
                 if chosen and chosen != mid and db.execute(
@@ -79,7 +100,9 @@ class Senders:
                                    "WHERE id = ?", (chosen, path, mid))
                         db.execute("UPDATE events SET message_id = ? WHERE message_id = ?", (chosen, mid))
                         db.execute("UPDATE sheds SET message_id = ? WHERE message_id = ?", (chosen, mid))
-                        self._events([(chosen, now, "identified", f"the id its sender chose (found as {mid})")])
+                        db.execute("UPDATE bounces SET message_id = ? WHERE message_id = ?", (chosen, mid))
+                        if owner is None:   # chosen by hand: relay send's own id is no news
+                            self._events([(chosen, now, "identified", f"the id its sender chose (found as {mid})")])
                         new = chosen
                     if note:
                         self._events([(mid, now, "id_refused", note)])

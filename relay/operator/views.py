@@ -101,7 +101,8 @@ def route(row, remote=None):
 
 
 def table(rows, width=None, remote=None):
-    """The audit table: id, time, from → to, kind, thread, subject or excerpt, status. `remote`:
+    """The audit table: id, time, from → to, kind, thread, subject or excerpt, status (a message
+    that repeats a request id: `duplicate`). `remote`:
     {id: {recipient: node}} of recipients on other nodes."""
     width = width or shutil.get_terminal_size((120, 24)).columns
     lines = []
@@ -110,7 +111,7 @@ def table(rows, width=None, remote=None):
     for row in rows:
         path = route(row, (remote or {}).get(row["id"]))
         data.append([row["id"], short_time(row["discovered_at"]), clip(path, 28), clip(row["kind"] or "", 10),
-                     clip(row["thread"] or "", 14), row["status"], row])
+                     clip(row["thread"] or "", 14), "duplicate" if row["duplicate_of"] else row["status"], row])
     fixed = [26, 14, 28, 10, 14, 10]
     used = [max([len(head[i])] + [len(d[i]) for d in data]) for i in range(6)]
     used = [min(u, f) for u, f in zip(used, fixed, strict=True)]
@@ -154,6 +155,9 @@ def show(row, deliveries, events, paths, body, remote=(), sheds=()):
         value = rec[key]
         if isinstance(value, list):
             value = ", ".join(value)
+        if key == "status" and rec["duplicate_of"]:
+            value = (f"{value}: a duplicate of {rec['duplicate_of']} (request id {rec['request_id']!r}), "
+                     "not delivered again")
         if value not in (None, "", []):
             out.append(f"  {key:<14} {value}")
     if deliveries:
@@ -194,9 +198,15 @@ def remote_state(o):
     return f"waiting for the server (attempt {o['attempts']}): {plain(o['error'] or 'not tried yet')}"
 
 
-def message_text(m, number=1, total=1):
-    """One message whole, as `relay inbox` and `relay read` print it (a Received)."""
-    head = f"--- message {number} of {total}: {plain(m.id)} ({'unread' if m.state == 'new' else plain(m.state)}) ---"
+READ_STATES = {"new": "unread", "cur": "read"}      # an inbox's Maildir states, as people say them
+
+
+def message_text(m, number=1, total=1, state=None):
+    """One message whole, as `relay inbox` and `relay read` print it (a Received): its state
+    `unread` or `read` (`state` when given: what it is once printed, as --ack makes it), or the
+    ledger's status when no inbox holds it."""
+    state = state or m.state
+    head = f"--- message {number} of {total}: {plain(m.id)} ({READ_STATES.get(state) or plain(state)}) ---"
     lines = [head]
     if m.error:
         lines.append(f"error:   {plain(m.error)}")

@@ -1,0 +1,73 @@
+"""Issue 27, item 5: a request id repeated at once is recognised. The check sees what is still in
+the outbox (the ledger records a send's request id with its id, before the file is written), and
+a message that repeats one reads as a duplicate in `relay show` and `relay audit`, not as
+delivered."""
+import json
+import threading
+
+import relay
+from relay.core.daemon import Relay
+from relay import config as config_mod
+
+
+def drain(root):
+    with Relay(config_mod.load(root, env={})) as r:
+        return r.drain()
+
+
+def test_a_request_id_repeated_at_once_returns_the_first_id(team):
+    a = relay.Agent("Alice", root=team.root)
+    one = a.send("Bob", "deploy please", request_id="R2")
+    assert not a.repeated
+    two = a.send("Bob", "deploy please", request_id="R2")         # relay has not run: one is in the outbox
+    assert two == one and a.repeated
+    assert [p.name for p in (team.state / "outbox/Alice").iterdir()] == [f"msg-{one.lower()}"]
+    r = team("send", "--from", "Alice", "--to", "Bob", "--request-id", "R2", "again")
+    assert r.stdout.strip() == one and "was sent before" in r.stderr
+    drain(team.root)
+    assert [m.id for m in relay.Agent("Bob", root=team.root).inbox()] == [one]
+
+
+def test_concurrent_sends_with_one_request_id_write_one_message(team):
+    ids, start = [], threading.Barrier(4)
+
+    def send():
+        agent = relay.Agent("Alice", root=team.root)
+        start.wait()
+        ids.append(agent.send("Bob", "once", request_id="R3"))
+        agent.close()
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 1 and len(list((team.state / "outbox/Alice").iterdir())) == 1
+
+
+def test_a_request_id_whose_message_failed_before_it_was_read_may_be_sent_again(team):
+    a = relay.Agent("Alice", root=team.root)
+    first = a.send("Bob", "x", request_id="R4")
+    (team.state / "outbox/Alice" / f"msg-{first.lower()}").write_bytes(b"\xff not utf-8")     # fails unread
+    drain(team.root)
+    assert json.loads(team("show", first, "--json").stdout)["status"] == "failed"
+    again = a.send("Bob", "x", request_id="R4")
+    assert again != first and not a.repeated
+
+
+def test_a_duplicate_reads_as_one_in_show_and_audit(team):
+    a = relay.Agent("Alice", root=team.root)
+    one = a.send("Bob", "deploy please", subject="deploy", request_id="R5")
+    drain(team.root)
+    (team.state / "outbox/Alice/by-hand").write_text("TO: Bob\nREQUEST-ID: R5\nSUBJECT: deploy\n\nagain")
+    drain(team.root)
+    rows = json.loads(team("audit", "--json").stdout)
+    dup = next(r for r in rows if r["id"] != one)
+    assert dup["duplicate_of"] == one and dup["delivered_at"] is None
+    table = team("audit").stdout.splitlines()
+    assert "duplicate" in next(line for line in table if line.startswith(dup["id"]))
+    assert "duplicate" not in next(line for line in table if line.startswith(one))
+    text = team("show", dup["id"]).stdout
+    assert f"duplicate of {one}" in text and "not delivered" in text and "deliveries:" not in text
+    doc = json.loads(team("show", dup["id"], "--json").stdout)
+    assert doc["deliveries"] == [] and doc["delivered_at"] is None and doc["duplicate_of"] == one
+    assert team("verify").exit_code == 0
