@@ -1,5 +1,6 @@
 """Cross-node latency and throughput of the federation: two `relay run` daemons (nodes n1 and n2)
-and one redis-server (AOF, appendfsync always), all on this machine over loopback.
+and one redis-server (AOF, appendfsync everysec as the README sets it up; --appendfsync always
+for the server's sync on every write), all on this machine over loopback.
 
     python benchmarks/federation.py latency --rate 100 --seconds 10     # rename on n1 -> envelope in new/ on n2
     python benchmarks/federation.py throughput --messages 5000          # sustained, durability full
@@ -29,6 +30,7 @@ _spec = importlib.util.spec_from_file_location("fedkit", Path(__file__).parent /
 fedkit = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fedkit)
 
+APPENDFSYNC = "everysec"
 SENDERS = [f"S{i}" for i in range(8)]
 RECEIVERS = [f"R{i}" for i in range(8)]
 
@@ -39,7 +41,7 @@ class Pair:
 
     def __init__(self, base, durability, before=None):
         self.base = Path(tempfile.mkdtemp(prefix="relay-fed-", dir=base))
-        self.server = fedkit.RedisServer(self.base / "redis").start()
+        self.server = fedkit.RedisServer(self.base / "redis", appendfsync=APPENDFSYNC).start()
         # Each sender writes to one receiver: 5,000 messages are 625 per pair, past flow control's
         # default pair_rate (600 per 10 minutes), whose sheds never arrive. What is measured here is
         # the way across, not flow control: its limits are off.
@@ -170,15 +172,19 @@ def main():
     ap.add_argument("--local", action="store_true", help="throughput with every recipient on n1, for comparison")
     ap.add_argument("--backlog", action="store_true", help="throughput of messages written before the daemons start")
     ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--appendfsync", choices=["everysec", "always"], default="everysec")
     args = ap.parse_args()
+    global APPENDFSYNC
+    APPENDFSYNC = args.appendfsync
     if fedkit.REDIS_SERVER is None:
         print(fedkit.MISSING, file=sys.stderr)
         sys.exit(2)
     LOAD = [round(x, 2) for x in os.getloadavg()]
     if args.what == "latency":
-        print(json.dumps(latency(args.dir, args.rate, args.seconds, args.durability)))
+        print(json.dumps({**latency(args.dir, args.rate, args.seconds, args.durability), "appendfsync": APPENDFSYNC}))
     else:
-        print(json.dumps(throughput(args.dir, args.messages, args.durability, args.local, args.backlog)))
+        print(json.dumps({**throughput(args.dir, args.messages, args.durability, args.local, args.backlog),
+                          "appendfsync": APPENDFSYNC}))
 
 
 if __name__ == "__main__":
