@@ -211,14 +211,21 @@ class Project:
                         relayed_at=_when(row["delivered_at"]), state=row["status"], path=None,
                         error=row["error"])
 
-    def thread(self, thread):
-        """The messages of a thread, oldest first, as ledger records."""
+    def thread(self, thread, limit=None):
+        """The messages of a thread, oldest first, as ledger records with their bodies; a thread
+        named by a message's id starts with that message. With `limit`, the newest that many."""
+        return self.thread_page(thread, limit)[0]
+
+    def thread_page(self, thread, limit=None):
+        """(thread(thread, limit), how many earlier messages of the thread were left out)."""
         from relay.operator import views
         history = self.history()
         if history is None:
-            return []
+            return [], 0
         with history:
-            return [views.record(r) | {"body": r["body"]} for r in history.audit(thread=thread, oldest_first=True)]
+            rows = [views.record(r) | {"body": r["body"]} for r in history.audit(thread=thread, limit=limit)]
+            more = history.thread_size(thread) - len(rows) if limit and len(rows) == limit else 0
+        return rows[::-1], max(more, 0)
 
 
 class Agent:

@@ -8,7 +8,8 @@ had before version 2) on api.py's Agent, so its tools check what the shell and P
     inbox(limit)        the new messages with their bodies, oldest first; marks read exactly those
     wait(timeout_s)     blocks (inotify, in a worker thread) until a message is there, then as inbox
     agents()            who the agent is and the known agents
-    thread(thread)      a conversation oldest first, as the ledger has it
+    thread(thread, limit)  a conversation oldest first, as the ledger has it (from the message
+                        whose id names it)
 
 inbox and wait read only the envelopes they return (the oldest `limit`), in worker threads. A
 message is marked read only once the reply holding it was written whole to the client
@@ -93,6 +94,7 @@ ThreadMessage = TypedDict("ThreadMessage", {
 class Thread(TypedDict):
     thread: str
     messages: list[ThreadMessage]
+    more: int                   # earlier messages of the thread left out by the limit
 
 
 INSTRUCTIONS = """\
@@ -172,12 +174,17 @@ def build(agent, handover=None):
             return {"me": agent.name, "agents": agent.project.agents()}
 
     @server.tool()
-    def thread(thread: Annotated[str, Field(description="A thread id (a message's `thread`).")]) -> Thread:
-        """The messages of a thread, oldest first, with their bodies and delivery status."""
+    def thread(thread: Annotated[str, Field(description="A thread id: a message's `thread`, or the id of the "
+                                            "message a thread started from.")],
+               limit: Annotated[int, Field(description=f"At most this many messages, the newest (1 to {MAX_LIMIT}; "
+                                           "more is taken as the most).")] = DEFAULT_LIMIT) -> Thread:
+        """The messages of a thread, oldest first, with their bodies and delivery status; a thread
+        named by a message's id starts with that message. `more` counts the earlier messages left
+        out by `limit`. Marks nothing read."""
         with me() as agent, tool_errors():
-            rows = agent.project.thread(thread)
+            rows, more = agent.project.thread_page(thread, clamp(limit, 1, MAX_LIMIT))
         keys = ThreadMessage.__annotations__
-        return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows]}
+        return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows], "more": more}
 
     return server
 

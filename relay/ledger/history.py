@@ -387,8 +387,8 @@ class History(RemoteHistory, Checks):
             where.append("m.status = ?"); args.append(str(status))
         if kind:
             where.append("m.kind = ?"); args.append(kind)
-        if thread:
-            where.append("m.thread = ?"); args.append(thread)
+        if thread:     # a thread named by a message's id (a reply's, to a message with none) holds it first
+            where.append("(m.thread = ? OR m.id = ?)"); args += [thread, thread]
         if since is not None:
             where.append("m.discovered_at >= ?"); args.append(since)
         if until is not None:
@@ -406,6 +406,11 @@ class History(RemoteHistory, Checks):
         if limit:
             sql += " LIMIT ?"; args.append(int(limit))
         return self.db.execute(sql, args)
+
+    def thread_size(self, thread):
+        """How many messages `audit(thread=...)` lists."""
+        return self.db.execute("SELECT count(*) FROM messages m WHERE m.thread = ? OR m.id = ?",
+                               (thread, thread)).fetchone()[0]
 
     def last_event(self):
         """The seq of the newest lifecycle event (0 when there is none)."""
