@@ -18,30 +18,24 @@ reply that is not written (the client gone, the call cancelled) leaves it new. A
 client no longer reads exits.
 
 A refusal (an unknown recipient with the closest match, a bad request id, ...) comes back as a
-tool error carrying relay's one-line message; the server goes on. Only this module and
-mcp_wire.py import `mcp`; cli_mcp.py loads them when `relay mcp` runs.
+tool error carrying relay's one-line message; the server goes on. Only this module, mcp_wire.py
+and mcp_handover.py (the hand-off) import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
 """
-import contextlib
 import functools
 import logging
-import os
 import signal
-import sqlite3
-import threading
 import time
 from typing import Annotated, Optional
 
 import anyio
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 from typing_extensions import TypedDict     # pydantic reads typing's only from Python 3.12
 
 from relay.version import __version__
-from relay.agent.api import Agent, Project, Stop
-from relay.errors import RelayError
-from relay.guards import explain
+from relay.agent.api import Stop
+from relay.agent.mcp_handover import Handover, clamp, fresh, tool_errors  # noqa: F401  (Handover: offered here too)
 from relay.files.lock import holder
 from relay.agent.mcp_wire import serve as serve_stdio
 
@@ -52,8 +46,6 @@ MAX_WAITS = 8               # waits blocking at once (each a thread and an inoti
 MAX_LIMIT = 500             # messages one inbox or wait call returns at most
 DEFAULT_LIMIT = 50
 LIMIT = f"At most this many messages (1 to {MAX_LIMIT}); the others stay new for the next call."
-# api.py's messages name the shell's flags; through MCP they name the tool's parameters
-FLAGS = ((" (--create adds a new agent on purpose)", ""), ("--request-id ", "request_id "))
 
 # A message as the inbox and wait tools return it (`from` is a Python keyword: functional form).
 Message = TypedDict("Message", {
@@ -187,146 +179,6 @@ def build(agent, handover=None):
         return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows], "more": more}
 
     return server
-
-
-@contextlib.contextmanager
-def fresh(name, config):
-    """The agent for one call, on a state directory opened afresh: a long-lived server sees a
-    directory swapped or re-made since (as each CLI run does), and calls share no descriptor."""
-    with tool_errors():
-        agent = Agent(name, project=Project(config=config))
-    try:
-        yield agent
-    finally:
-        agent.close()
-        agent.layout.close()
-
-
-class Handover:
-    """The messages on their way to the client. With a wire (`serve`), a call takes them by
-    holding them (no other call of this server lists them), and they are marked read (new/ ->
-    cur/) only when the transport says the reply holding them was written (`written`); a reply
-    that was not (`unanswered`, `gone`) leaves them new. With no wire (calls in process) the
-    return of the call is the hand-off: they are marked read as they are taken.
-    A message another reader took from new/ after the listing is not returned again."""
-
-    def __init__(self, name, config, wire=False):
-        self.name, self.config, self.wire = name, config, wire
-        self.lock = threading.Lock()    # one call at a time takes messages
-        self.held = set()               # names in new/ ("<id>.json") of the messages replies hold
-        self.replies = {}               # request id -> lists of the paths its replies hold
-        self.closed = False
-
-    def key(self, ctx):
-        """The request id of a call, when its reply goes over the wire."""
-        return ctx.request_id if self.wire else None
-
-    def take(self, agent, items, limit, key=None, stop=None):
-        """Up to `limit` readable new messages of `items` (agent.inbox's), taken, and how many
-        are left in new/ past them."""
-        unreadable = [{"id": m.id, "error": m.error} for m in items if m.error]
-        new = [m for m in items if m.state == "new" and not m.error]
-        fs = agent.layout.fs
-        taken = []
-        with self.lock:
-            if self.closed:
-                raise ToolError("the client is gone: nothing is marked read")
-            if stop is not None and stop.is_set():
-                return {"messages": [], "more": 0, "unreadable": [], "timed_out": False}
-            if new and self.wire:       # where they will go: missing, the reason now, not a silent later
-                fs.dir(f"inbox/{agent.name}/cur")
-            for m in new[:limit]:
-                name, rel = os.path.basename(m.path), os.path.relpath(m.path, fs.path)
-                if name in self.held:
-                    continue
-                if self.wire:
-                    if not fs.exists(rel):
-                        continue    # read by someone else since it was listed
-                    self.held.add(name)
-                else:
-                    try:
-                        agent.inbox_.ack(m.path)    # raises when the envelope left new/ (Agent.ack would not)
-                    except OSError as e:
-                        if isinstance(e, FileNotFoundError) and not fs.exists(rel):
-                            continue
-                        if taken:
-                            break   # return those marked read; the next call meets the error
-                        raise
-                taken.append(m)
-            if self.wire and taken:
-                self.replies.setdefault(key, []).append([m.path for m in taken])
-        more = 0
-        if len(new) >= limit:           # the listing stopped there: count what is past it, unopened
-            last = os.path.basename(new[limit - 1].path)
-            more = sum(1 for n in agent.inbox_.names(agent.name) if n > last and n not in self.held)
-        return {"messages": [message(m) for m in taken], "more": more, "unreadable": unreadable, "timed_out": False}
-
-    def written(self, key):
-        """The reply to request `key` was written whole: mark read what it holds."""
-        paths = self._pop(key)
-        if not paths:
-            return
-        try:
-            with fresh(self.name, self.config) as agent:
-                for path in paths:
-                    try:
-                        agent.inbox_.ack(path)
-                    except FileNotFoundError:
-                        if agent.layout.fs.exists(os.path.relpath(path, agent.layout.fs.path)):
-                            raise   # not taken by another reader meanwhile: cur/ is missing
-        except (ToolError, OSError) as e:
-            log.warning("a reply was written but its messages could not be marked read (%s); they stay new", e)
-        finally:
-            self._release(paths)
-
-    def unanswered(self, key):
-        """Request `key` ended with no reply holding messages: they stay new."""
-        self._release(self._pop(key))
-
-    def gone(self):
-        """The client is gone: every message held stays new, and no call takes any more."""
-        with self.lock:
-            self.closed = True
-            self.replies.clear()
-            self.held.clear()
-
-    def _pop(self, key):
-        with self.lock:
-            queued = self.replies.get(key)
-            if not queued:
-                return []
-            paths = queued.pop(0)
-            if not queued:
-                del self.replies[key]
-            return paths
-
-    def _release(self, paths):
-        with self.lock:
-            self.held.difference_update(os.path.basename(p) for p in paths)
-
-
-def clamp(value, low, high):
-    """`value` within low..high (NaN is `low`)."""
-    return low if value != value else min(max(value, low), high)
-
-
-def message(m):
-    return {"id": m.id, "from": m.sender, "to": m.to, "kind": m.kind, "thread": m.thread, "subject": m.subject,
-            "body": m.body, "sent_at": m.sent_at, "relayed_at": m.relayed_at,
-            "headers": {str(k): str(v) for k, v in m.headers.items()}}
-
-
-@contextlib.contextmanager
-def tool_errors():
-    """A RelayError, OSError or SQLite error inside becomes a ToolError with the one line the
-    CLI would print (the server goes on)."""
-    try:
-        yield
-    except (RelayError, OSError, sqlite3.Error) as error:
-        text = explain(error)
-        for flag, parameter in FLAGS:
-            text = text.replace(flag, parameter)
-        raise ToolError(text) from None
 
 
 def serve(agent):
