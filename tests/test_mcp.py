@@ -19,7 +19,7 @@ from mcp_client import ToolFailed, deliver, serve, server_pid, until, until_asyn
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
 
-TOOLS = {"send", "inbox", "wait", "agents", "thread"}
+TOOLS = {"send", "inbox", "wait", "agents", "thread", "read", "mark_read"}
 SDK_PREFIX = "Error executing tool "        # the SDK's, before relay's one line
 
 
@@ -127,7 +127,7 @@ def test_wait_and_inbox_timeout_wake_cancel_races_and_planted_files(team, tmp_pa
     async def scenario(bob):
         pid = server_pid()
         assert await bob.call("wait", timeout_s=0.05) == {
-            "messages": [], "more": 0, "unreadable": [], "timed_out": True}
+            "messages": [], "more": 0, "unreadable": [], "timed_out": True, "recent": []}
 
         results = []
 

@@ -66,6 +66,7 @@ class Agent:
         self._mail = None           # the inbox watch wait() keeps
         self.project = project or Project(root, state_dir)
         self.repeated = False       # the last send's request id was used before: nothing was sent
+        self.marked = []            # the ids the last mark_read() marked read (the others were read already)
         self.layout = self.project.layout
         self.inbox_ = Inbox(self.layout, Syncer("normal", self.layout.fs))
         if not self.layout.state.is_dir():
@@ -163,18 +164,46 @@ class Agent:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def inbox(self, ack=False, include_read=False, limit=None, skip=()):
-        """The new messages (with `include_read`, the read ones too), oldest first. With `ack`
-        the new ones returned are marked read; nothing else is. With `limit`, at most that many
-        messages (an unreadable entry met before the last of them is among them, not counted),
-        and no envelope past them is read. `skip`: names of new/ entries ("<id>.json") to
-        leave out, unread."""
+    def inbox(self, ack=False, include_read=False, limit=None, skip=(), recent=0):
+        """The new messages (with `include_read`, the read ones too), oldest first; nothing is
+        marked read unless `ack`, which marks read the new ones returned. With `limit`, at most
+        that many messages (an unreadable entry met before the last of them is among them, not
+        counted), and no envelope past them is read. `skip`: names of new/ entries ("<id>.json")
+        to leave out, unread. `recent`: the `recent` newest read messages first (recent())."""
         self._check_inbox()
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise RelayError(f"the limit must be a whole number of messages, 1 or more, not {limit!r}")
+        before = self.recent(recent) if recent and not include_read else []
         listed = self.inbox_.list(self.name, include_read, limit=limit, skip=skip)
         items = [Received.of(doc, sub, path) for sub, path, doc in listed]
-        return self.ack(items) if ack else items
+        return before + (self.ack(items) if ack else items)
+
+    def recent(self, n=10):
+        """The `n` newest messages of this inbox that are read already (newest by id: by the time
+        they were sent), oldest first: what to look at when what a read returned was lost."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise RelayError(f"the number of read messages must be a whole number, 0 or more, not {n!r}")
+        self._check_inbox()
+        return [Received.of(doc, sub, path) for sub, path, doc in self.inbox_.recent(self.name, n)]
+
+    def mark_read(self, ids):
+        """Mark read (new/ -> cur/) the messages of this inbox with these ids (or unique prefixes
+        of them); returns them as they are now, in the order named. `marked` says which of them
+        this call marked read (the others were read already). An id that is not in the inbox
+        refuses the whole call (NotFound) before anything is marked."""
+        found, missing = {}, []
+        for mid in [ids] if isinstance(ids, str) else ids:
+            try:
+                m = self.read(mid)
+                found.setdefault(m.id, m)
+            except NotFound:
+                missing.append(mid)
+        if missing:
+            named = ", ".join(repr(m) for m in missing)
+            raise NotFound(f"no message{'s' if len(missing) > 1 else ''} {named} in the inbox of {self.name}; "
+                           "nothing was marked read")
+        self.marked = [m.id for m in found.values() if m.state == "new" and not m.error]
+        return self.ack(list(found.values()))
 
     def _check_inbox(self):
         """The agent's inbox is plain directories inside the state directory, or RelayError.

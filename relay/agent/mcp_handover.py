@@ -3,6 +3,7 @@ opened afresh, the messages on their way to the client (Handover: marked read on
 reply holding them was written), a message as the tools return it, and relay's failures as the
 SDK's tool errors, one line each."""
 import contextlib
+import json
 import logging
 import os
 import sqlite3
@@ -13,6 +14,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from relay.agent.api import Agent, Project
 from relay.errors import RelayError
 from relay.guards import explain
+from relay.files.fs import shown
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +54,10 @@ class Handover:
         """The request id of a call, when its reply goes over the wire."""
         return ctx.request_id if self.wire else None
 
-    def take(self, agent, items, limit, key=None, stop=None):
-        """Up to `limit` readable new messages of `items` (agent.inbox's), taken, and how many
-        are left in new/ past them."""
+    def take(self, agent, items, limit, key=None, stop=None, mark=True, count=True):
+        """Up to `limit` readable new messages of `items` (agent.inbox's), taken (with `mark`
+        False only listed: nothing is held or marked read), and (with `count`) how many are left
+        in new/ past them."""
         unreadable = [{"id": m.id, "error": m.error} for m in items if m.error]
         new = [m for m in items if m.state == "new" and not m.error]
         fs = agent.layout.fs
@@ -64,11 +67,14 @@ class Handover:
                 raise ToolError("the client is gone: nothing is marked read")
             if stop is not None and stop.is_set():
                 return {"messages": [], "more": 0, "unreadable": [], "timed_out": False}
-            if new and self.wire:       # where they will go: missing, the reason now, not a silent later
+            if new and self.wire and mark:  # where they will go: missing, the reason now, not a silent later
                 fs.dir(f"inbox/{agent.name}/cur")
             for m in new[:limit]:
                 name, rel = os.path.basename(m.path), os.path.relpath(m.path, fs.path)
                 if name in self.held:
+                    continue
+                if not mark:
+                    taken.append(m)
                     continue
                 if self.wire:
                     if not fs.exists(rel):
@@ -84,13 +90,22 @@ class Handover:
                             break   # return those marked read; the next call meets the error
                         raise
                 taken.append(m)
-            if self.wire and taken:
+            if self.wire and taken and mark:
                 self.replies.setdefault(key, []).append([m.path for m in taken])
         more = 0
-        if len(new) >= limit:           # the listing stopped there: count what is past it, unopened
+        if count and len(new) >= limit:     # the listing stopped there: count what is past it, unopened
             last = os.path.basename(new[limit - 1].path)
             more = sum(1 for n in agent.inbox_.names(agent.name) if n > last and n not in self.held)
         return {"messages": [message(m) for m in taken], "more": more, "unreadable": unreadable, "timed_out": False}
+
+    def take_one(self, agent, m, key=None):
+        """One message of the agent's inbox (agent.read's), taken as take() takes it when it is
+        new; as it is when it is read already or on its way to the client in another reply."""
+        if m.state == "new" and not m.error and os.path.basename(m.path) not in self.held:
+            got = self.take(agent, [m], 1, key, count=False)["messages"]
+            if got:
+                return got[0]
+        return message(m)
 
     def written(self, key):
         """The reply to request `key` was written whole: mark read what it holds."""
@@ -142,9 +157,27 @@ def clamp(value, low, high):
 
 
 def message(m):
+    """A message as the tools return it: `read` says whether it was marked read before the call."""
     return {"id": m.id, "from": m.sender, "to": m.to, "kind": m.kind, "thread": m.thread, "subject": m.subject,
             "body": m.body, "sent_at": m.sent_at, "relayed_at": m.relayed_at,
-            "headers": {str(k): str(v) for k, v in m.headers.items()}}
+            "headers": {str(k): str(v) for k, v in m.headers.items()}, "read": m.state != "new"}
+
+
+def words(value):
+    """Names or ids as a tool is given them: a list, a JSON array in a string, or one string of
+    them separated by commas (or spaces)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise RelayError(f"{shown(text)} is not a JSON array of strings") from None
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise RelayError(f"{shown(text)} is not a JSON array of strings")
+        else:
+            value = text.replace(",", " ").split()
+    return [v.strip() for v in value if v.strip()]
 
 
 @contextlib.contextmanager

@@ -5,8 +5,11 @@ It is built with the official `mcp` SDK (the `agent-outbox-relay[mcp]` extra; it
 had before version 2) on api.py's Agent, so its tools check what the shell and Python check:
 
     send(to, body, subject, thread, request_id)  -> {id, repeated, relay_running}
-    inbox(limit)        the new messages with their bodies, oldest first; marks read exactly those
+    inbox(limit, mark_read, recent)  the new messages with their bodies, oldest first; marks read
+                        exactly those (unless mark_read is false); the newest read ones too
     wait(timeout_s)     blocks (inotify, in a worker thread) until a message is there, then as inbox
+    read(id)            one message, new or read; marks it read
+    mark_read(ids)      marks read the messages named
     agents()            who the agent is and the known agents
     thread(thread, limit)  a conversation oldest first, as the ledger has it (from the message
                         whose id names it)
@@ -35,7 +38,7 @@ from typing_extensions import TypedDict     # pydantic reads typing's only from 
 
 from relay.version import __version__
 from relay.agent.api import Stop
-from relay.agent.mcp_handover import Handover, clamp, fresh, tool_errors  # noqa: F401  (Handover: offered here too)
+from relay.agent.mcp_handover import Handover, clamp, fresh, message, tool_errors, words  # noqa: F401  (Handover: offered here too)
 from relay.files.lock import holder
 from relay.agent.mcp_wire import serve as serve_stdio
 
@@ -46,12 +49,13 @@ MAX_WAITS = 8               # waits blocking at once (each a thread and an inoti
 MAX_LIMIT = 500             # messages one inbox or wait call returns at most
 DEFAULT_LIMIT = 50
 LIMIT = f"At most this many messages (1 to {MAX_LIMIT}); the others stay new for the next call."
+MARK_READ = "False: list them and mark nothing read (mark_read(ids) does it later)."
 
 # A message as the inbox and wait tools return it (`from` is a Python keyword: functional form).
 Message = TypedDict("Message", {
     "id": str, "from": Optional[str], "to": list[str], "kind": Optional[str], "thread": Optional[str],
     "subject": Optional[str], "body": str, "sent_at": Optional[str], "relayed_at": Optional[str],
-    "headers": dict[str, str]})
+    "headers": dict[str, str], "read": bool})       # read: it was marked read before this call
 
 
 class Unreadable(TypedDict):
@@ -64,6 +68,12 @@ class Messages(TypedDict):
     more: int                   # new messages left in the inbox past those returned (not read yet)
     unreadable: list[Unreadable]    # envelopes relay cannot read met on the way: never marked read
     timed_out: bool             # wait only: the time ran out with no new message
+    recent: list[Message]       # inbox(recent=N): the newest messages read already, oldest first
+
+
+class MarkedRead(TypedDict):
+    marked: list[str]           # the ids marked read now
+    already: list[str]          # the ids that were read already
 
 
 class Sent(TypedDict):
@@ -92,9 +102,11 @@ class Thread(TypedDict):
 INSTRUCTIONS = """\
 You are the agent {me} on relay, which carries messages between the agents of this project.
 Call inbox() for your new messages (with bodies; it marks read what it returns) and wait(timeout_s)
-to block until one comes. send(to, body, subject, thread, request_id) sends; to reply, send to the
-message's `from` with its thread (its id when it has none). Give a request_id to make a retried
-send harmless. agents() lists who you can write to; thread(thread) shows a conversation."""
+to block until one comes; inbox(mark_read=false) lists them and marks nothing read, mark_read(ids)
+marks them later. A result you lost is still there: read(id), or inbox(recent=5) for the newest
+read ones. send(to, body, subject, thread, request_id) sends; to reply, send to the message's
+`from` with its thread (its id when it has none). Give a request_id to make a retried send
+harmless. agents() lists who you can write to; thread(thread) shows a conversation."""
 
 
 def build(agent, handover=None):
@@ -117,26 +129,35 @@ def build(agent, handover=None):
              request_id: Annotated[Optional[str], Field(description="Your id for this request: a second send "
                                                         "with it is not delivered again.")] = None) -> Sent:
         """Send a message to other agents. Returns its id; `repeated` is true when request_id was
-        used before (nothing new was sent: the id is the first message's)."""
+        used before (nothing new was sent: the id is the first message's). Marks nothing read."""
         with me() as agent, tool_errors():
             mid = agent.send(to, body, subject=subject, thread=thread, request_id=request_id)
             return {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None}
 
     @server.tool()
-    def inbox(ctx: Context, limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:
+    def inbox(ctx: Context, limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT,
+              mark_read: Annotated[bool, Field(description=MARK_READ)] = True,
+              recent: Annotated[int, Field(description=f"Also return (in `recent`) this many of the newest messages "
+                                           f"read already (0 to {MAX_LIMIT}): to see again what a lost result "
+                                           "held.")] = 0) -> Messages:
         """Your new messages, whole (from, to, thread, subject, body, sent_at, id), oldest first.
-        Marks read exactly the messages it returns; `more` counts those left for the next call."""
+        Marks read the messages it returns, once this reply has reached you (unless mark_read is
+        false); `more` counts those left for the next call."""
         key, limit = handover.key(ctx), clamp(limit, 1, MAX_LIMIT)
         with me() as agent, tool_errors():
-            return handover.take(agent, agent.inbox(limit=limit, skip=handover.held), limit, key)
+            before = [message(m) for m in agent.recent(clamp(recent, 0, MAX_LIMIT))]
+            got = handover.take(agent, agent.inbox(limit=limit, skip=handover.held), limit, key, mark=mark_read)
+            return got | {"recent": before}
 
     @server.tool()
     async def wait(ctx: Context,
                    timeout_s: Annotated[float, Field(description=f"Seconds to wait at most (0 to {MAX_WAIT:g}; "
                                                      "more is taken as the most).")] = 60.0,
-                   limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:
+                   limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT,
+                   mark_read: Annotated[bool, Field(description=MARK_READ)] = True) -> Messages:
         """Block until at least one new message is there (or timeout_s passes: `timed_out`), then
-        return the new messages as inbox does, marked read."""
+        return the new messages as inbox does. Marks read the messages it returns, once this reply
+        has reached you (unless mark_read is false)."""
         key, limit = handover.key(ctx), clamp(limit, 1, MAX_LIMIT)
 
         def waiting(seconds, stop):
@@ -144,7 +165,7 @@ def build(agent, handover=None):
             # moment, and `stop` (set then) makes it take nothing.
             with me() as agent, tool_errors():
                 got = agent.wait(seconds, stop=stop, limit=limit, skip=handover.held)
-                return handover.take(agent, got, limit, key, stop=stop)
+                return handover.take(agent, got, limit, key, stop=stop, mark=mark_read)
 
         deadline = time.monotonic() + clamp(timeout_s, 0, MAX_WAIT)
         while True:
@@ -157,11 +178,28 @@ def build(agent, handover=None):
                 stop.set()
             # all it saw were taken by another reader meanwhile: wait on for the time left
             if out["messages"] or out["unreadable"] or time.monotonic() >= deadline:
-                return out | {"timed_out": not out["messages"] and not out["unreadable"]}
+                return out | {"timed_out": not out["messages"] and not out["unreadable"], "recent": []}
+
+    @server.tool()
+    def read(ctx: Context, id: Annotated[str, Field(description="The message's id (or a unique start of it).")]) -> Message:
+        """One message of your inbox, whole, new or read already (`read`): a result you lost is
+        still here. Marks it read, once this reply has reached you."""
+        key = handover.key(ctx)
+        with me() as agent, tool_errors():
+            return handover.take_one(agent, agent.read(id), key)
+
+    @server.tool()
+    def mark_read(ids: Annotated[list[str] | str, Field(description="The ids (or unique starts of them) of "
+                                                        "messages in your inbox: a list, or one string.")]) -> MarkedRead:
+        """Marks read the messages of your inbox with these ids: after inbox(mark_read=false), once
+        you have dealt with them. An id that is not in your inbox refuses the whole call."""
+        with me() as agent, tool_errors():
+            done = agent.mark_read(words(ids))
+            return {"marked": agent.marked, "already": [m.id for m in done if m.id not in agent.marked]}
 
     @server.tool()
     def agents() -> Agents:
-        """Your name and the agents you can send to."""
+        """Your name and the agents you can send to. Marks nothing read."""
         with me() as agent, tool_errors():
             return {"me": agent.name, "agents": agent.project.agents()}
 

@@ -1,4 +1,4 @@
-"""The verbs agents use: send, inbox (with --wait) and read. They are built on api.py, so the
+"""The verbs agents use: send, inbox (with --wait), read and mark-read. They are built on api.py, so the
 shell and Python check the same things. A message is marked read only once it has been printed."""
 import sys
 
@@ -62,12 +62,14 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, b
 @click.option("--wait", "wait", is_flag=False, flag_value="forever", default=None, metavar="[TIMEOUT]",
               help="Block until a new message is there (at most TIMEOUT: 30, 30s, 5m); "
                    f"exit {EXIT_TIMEOUT} when none came.")
+@click.option("--recent", type=click.IntRange(0, None), default=0, metavar="N",
+              help="Also show the N newest messages read already, first (to see again what was taken).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.option("--jsonl", is_flag=True, help="Print one JSON object per line.")
 @pass_ctx
 @handle_errors
-def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
-    """Print AGENT's new messages whole, oldest first (with --ack, mark them read)."""
+def inbox(ctx, agent, show_all, ack, wait, recent, as_json, jsonl):
+    """Print AGENT's new messages whole, oldest first; nothing is marked read unless --ack."""
     ctx.strict = False
     me = Agent(agent, project=_project(ctx), role="agent")
     if wait is not None:
@@ -76,9 +78,9 @@ def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
         if not got:
             echo(f"relay: no new message for {agent} in {wait}", err=True)
             sys.exit(EXIT_TIMEOUT)
-        items = me.inbox(include_read=show_all) if show_all else got
+        items = me.inbox(include_read=show_all, recent=recent) if show_all or recent else got
     else:
-        items = me.inbox(include_read=show_all)
+        items = me.inbox(include_read=show_all, recent=recent)
     _show(me, items, ack, as_json, jsonl, empty=f"no {'messages' if show_all else 'new messages'} for {agent}")
 
 
@@ -97,6 +99,20 @@ def read(ctx, message_id, agent, as_json):
         _show(me, [me.read(message_id)], True, as_json, False, single=True)
     else:
         _show(None, [project.message(message_id)], False, as_json, False, single=True)
+
+
+@click.command("mark-read")
+@click.argument("message_ids", nargs=-1, required=True, metavar="ID...")
+@click.option("--agent", required=True, help="The agent whose inbox holds them.")
+@pass_ctx
+@handle_errors
+def mark_read(ctx, message_ids, agent):
+    """Mark read the messages of AGENT's inbox with these ids (or unique prefixes). An id that is
+    not in the inbox refuses the whole command (exit 1) before anything is marked."""
+    ctx.strict = False
+    me = Agent(agent, project=_project(ctx), role="agent")
+    for m in me.mark_read(message_ids):
+        echo(f"{m.id}: {'marked read' if m.id in me.marked else 'read already'}")
 
 
 def _show(me, items, ack, as_json, jsonl, empty=None, single=False):
@@ -130,4 +146,4 @@ def _seconds(value):
         raise click.BadParameter(str(e), param_hint="--wait") from None
 
 
-COMMANDS = [send, inbox, read]
+COMMANDS = [send, inbox, read, mark_read]
