@@ -19,7 +19,7 @@ from mcp_client import ToolFailed, deliver, serve, server_pid, until, until_asyn
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
 
-TOOLS = {"send", "inbox", "wait", "agents", "thread", "read", "mark_read"}
+TOOLS = {"send", "inbox", "wait", "agents", "thread", "read", "mark_read", "search"}
 SDK_PREFIX = "Error executing tool "        # the SDK's, before relay's one line
 
 

@@ -154,6 +154,11 @@ class Agent:
         except NotFound:
             return self.project.message(mid)
 
+    def search(self, query, sender=None, thread=None, since=None, limit=20):
+        """What this agent may see (its inbox and what it sent) whose subject or body holds every
+        word of `query`, newest first: Project.search for this agent."""
+        return self.project.search(query, agent=self.name, sender=sender, thread=thread, since=since, limit=limit)
+
     def sent_before(self, request_id):
         """The id of this agent's message with this request id (not failed), or None."""
         history = self.project.history()

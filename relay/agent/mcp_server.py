@@ -10,6 +10,7 @@ had before version 2) on api.py's Agent, so its tools check what the shell and P
     wait(timeout_s)     blocks (inotify, in a worker thread) until a message is there, then as inbox
     read(id)            one message, new or read; marks it read
     mark_read(ids)      marks read the messages named
+    search(query, ...)  full text over what the agent may see, newest first, with snippets
     agents()            who the agent is and the known agents
     thread(thread, limit)  a conversation oldest first, as the ledger has it (from the message
                         whose id names it)
@@ -82,6 +83,15 @@ class Sent(TypedDict):
     relay_running: bool         # false: the message waits in the outbox until `relay run`
 
 
+Found = TypedDict("Found", {
+    "id": str, "from": Optional[str], "to": list[str], "kind": Optional[str], "thread": Optional[str],
+    "subject": Optional[str], "snippet": Optional[str], "sent_at": Optional[str], "status": Optional[str]})
+
+
+class Results(TypedDict):
+    results: list[Found]
+
+
 class Agents(TypedDict):
     me: str
     agents: list[str]
@@ -106,7 +116,8 @@ to block until one comes; inbox(mark_read=false) lists them and marks nothing re
 marks them later. A result you lost is still there: read(id), or inbox(recent=5) for the newest
 read ones. send(to, body, subject, thread, request_id) sends; to reply, send to the message's
 `from` with its thread (its id when it has none). Give a request_id to make a retried send
-harmless. agents() lists who you can write to; thread(thread) shows a conversation."""
+harmless. agents() lists who you can write to; thread(thread) shows a conversation; search(query)
+finds messages by their words."""
 
 
 def build(agent, handover=None):
@@ -215,6 +226,23 @@ def build(agent, handover=None):
             rows, more = agent.project.thread_page(thread, clamp(limit, 1, MAX_LIMIT))
         keys = ThreadMessage.__annotations__
         return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows], "more": more}
+
+    @server.tool()
+    def search(query: Annotated[str, Field(description='Words that must all be in the subject or body, any case; '
+                                           '"a phrase"; prefix* for words that start so.')],
+               sender: Annotated[Optional[str], Field(description="Only messages from this agent.")] = None,
+               thread: Annotated[Optional[str], Field(description="Only this thread (a thread named by a message's "
+                                                      "id holds that message).")] = None,
+               since: Annotated[Optional[str], Field(description="Only messages since then: a duration ago (2h, 7d) "
+                                                     "or a date (2026-11-30, 2026-11-30T10:00, UTC).")] = None,
+               limit: Annotated[int, Field(description=f"At most this many messages, the newest (1 to {MAX_LIMIT}; "
+                                           "more is taken as the most).")] = 20) -> Results:
+        """Search the messages you may see (your inbox and what you sent) by the words of their
+        subject and body: newest first, each with a snippet of its body (the words found between
+        ** and **); read(id) or thread(thread) for the whole. Marks nothing read."""
+        with me() as agent, tool_errors():
+            return {"results": agent.search(query, sender=sender, thread=thread, since=since,
+                                            limit=clamp(limit, 1, MAX_LIMIT))}
 
     return server
 

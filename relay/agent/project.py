@@ -3,6 +3,7 @@ ledger read for a message or a thread), a message as an agent reads it (Received
 agents' names: checked against the known ones with the closest match, created and declared.
 api.py's Agent is built on them."""
 import dataclasses
+import datetime
 import difflib
 import os
 import sqlite3
@@ -167,6 +168,25 @@ class Project:
                         relayed_at=_when(row["delivered_at"]), state=row["status"], path=None,
                         error=row["error"])
 
+    def search(self, query, agent=None, sender=None, thread=None, since=None, limit=20):
+        """Messages whose subject or body holds every word of `query` (`"a phrase"`, `prefix*`),
+        newest first, at most `limit`: with `agent`, only those it may see (its inbox and what it
+        sent); `sender`, `thread` and `since` (epoch seconds, a duration such as "2h" meaning
+        that long ago, or an ISO date) narrow them. Each a dict: id, from, to, kind, thread,
+        subject, snippet (the body around the words found, each between ** and **), sent_at,
+        status."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise RelayError(f"the limit must be a whole number of messages, 1 or more, not {limit!r}")
+        since = instant(since)
+        history = self.history()
+        if history is None:
+            return []
+        with history:
+            rows = history.search(query, agent=agent, sender=sender, thread=thread, since=since, limit=limit)
+        return [{"id": r["id"], "from": r["sender"], "to": _recipients(r), "kind": r["kind"], "thread": r["thread"],
+                 "subject": r["subject"], "snippet": r["snippet"], "sent_at": _when(r["sent_at"]),
+                 "status": r["status"]} for r in rows]
+
     def thread(self, thread, limit=None):
         """The messages of a thread, oldest first, as ledger records with their bodies; a thread
         named by a message's id starts with that message. With `limit`, the newest that many."""
@@ -208,6 +228,27 @@ def declare(layout, names, how, durability="full"):
     except sqlite3.Error as e:
         raise RelayError(f"cannot record the agents {', '.join(names)} in the ledger ({e})") from None
     wake(layout.lock)
+
+
+def instant(value):
+    """An instant as epoch seconds: a number is one; a string is a duration meaning that long ago
+    ("90s", "2h", "7d") or an ISO date or time (UTC unless it says otherwise); None stays None."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, str):
+        try:
+            return time.time() - config_mod.parse_duration(value)
+        except ValueError:
+            pass
+        try:
+            moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=datetime.timezone.utc)
+            return moment.timestamp()
+    raise RelayError(f"{value!r} is neither a date (2026-11-30, 2026-11-30T10:00) nor a duration (90s, 15m, 12h, 7d)")
 
 
 def _json(raw):

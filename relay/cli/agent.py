@@ -1,4 +1,4 @@
-"""The verbs agents use: send, inbox (with --wait), read and mark-read. They are built on api.py, so the
+"""The verbs agents use: send, inbox (with --wait), read, mark-read and search. They are built on api.py, so the
 shell and Python check the same things. A message is marked read only once it has been printed."""
 import sys
 
@@ -7,7 +7,7 @@ import click
 from relay.operator import views
 from relay.agent.api import Agent, Project
 from relay.cli.context import out_json, pass_ctx
-from relay.guards import checked, handle_errors, recipient_names, sender_name
+from relay.guards import agent_name, checked, handle_errors, moment, recipient_names, sender_name
 from relay.terminal import echo, echo_json
 
 EXIT_TIMEOUT = 124      # relay inbox --wait: the time ran out with no new message (as timeout(1))
@@ -115,6 +115,37 @@ def mark_read(ctx, message_ids, agent):
         echo(f"{m.id}: {'marked read' if m.id in me.marked else 'read already'}")
 
 
+@click.command()
+@click.argument("query")
+@click.option("--agent", help="Search as this agent: its inbox and what it sent (default: every message).")
+@click.option("--from", "sender", callback=checked(agent_name), help="Sent by this agent.")
+@click.option("--thread", help="In this thread (a thread named by a message's id holds that message).")
+@click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago).")
+@click.option("--limit", type=click.IntRange(1, None), default=20, show_default=True, help="At most N messages.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@pass_ctx
+@handle_errors
+def search(ctx, query, agent, sender, thread, since, limit, as_json):
+    """Messages whose subject or body holds every word of QUERY (any case; "a phrase", prefix*),
+    newest first, each with a snippet of its body."""
+    ctx.strict = False
+    project = _project(ctx)
+    if agent is not None:
+        agent = Agent(agent, project=project, role="agent").name
+    found = project.search(query, agent=agent, sender=sender, thread=thread, since=moment(since, "--since"),
+                           limit=limit)
+    if as_json:
+        out_json(found)
+    elif not found:
+        echo("no messages match")
+    else:
+        for i, f in enumerate(found):
+            thread_ = f"  [{f['thread']}]" if f["thread"] else ""
+            echo(views.plain(f"{f['id']}  {f['sent_at'] or ''}  {f['from']} -> {', '.join(f['to'])}{thread_}  "
+                             f"{f['subject'] or ''}").rstrip())
+            echo("    " + views.plain(" ".join((f["snippet"] or "").split())))
+
+
 def _show(me, items, ack, as_json, jsonl, empty=None, single=False):
     """Print, flush, then mark read what was printed: nothing is marked read unseen."""
     shown = [m for m in items if m.state == "new" and not m.error] if ack else []
@@ -146,4 +177,4 @@ def _seconds(value):
         raise click.BadParameter(str(e), param_hint="--wait") from None
 
 
-COMMANDS = [send, inbox, read, mark_read]
+COMMANDS = [send, inbox, read, mark_read, search]

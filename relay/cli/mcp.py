@@ -28,7 +28,7 @@ def server_module():
 @handle_errors
 def mcp(ctx, agent):
     """Serve AGENT's side of relay over MCP on stdin/stdout: the tools send, inbox, wait, read,
-    mark_read, agents and thread. Register it in an MCP client with the command
+    mark_read, search, agents and thread. Register it in an MCP client with the command
     `relay mcp --agent NAME --root /abs/project`."""
     server = server_module()
     project = Project(config=ctx.cfg)

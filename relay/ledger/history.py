@@ -22,6 +22,7 @@ from relay.ledger.schema import REASONS
 from relay.files.layout import valid_id
 from relay.ledger.checks import Checks
 from relay.ledger.remote_history import RemoteHistory
+from relay.ledger.search import SearchReads
 from relay.ledger.ledger import STATUSES
 from relay.ledger.rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
 
@@ -54,7 +55,7 @@ NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "
 UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status IN ('pending', 'published'))"
 
 
-class History(RemoteHistory, Checks):
+class History(RemoteHistory, Checks, SearchReads):
     def __init__(self, ledger):
         self.ledger = ledger
         self.db = ledger.db

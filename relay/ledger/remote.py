@@ -179,6 +179,7 @@ class FederationRecords:
             self._events(events)
             self.db.executemany("INSERT OR REPLACE INTO received_ids (id, node, sha256, at) VALUES (?, ?, ?, ?)",
                                 [(m["id"], m["node"], m["sha256"], now) for m in (*items, *failed)])
+            self._index([(m["id"], m["subject"], m["body"]) for m in (*items, *failed)])
             got = {r for m in (*items, *failed) for r in m["got"]}
             if got:
                 self._seen(got, now)
