@@ -151,9 +151,39 @@ class Handover:
             self.held.difference_update(os.path.basename(p) for p in paths)
 
 
-def clamp(value, low, high):
-    """`value` within low..high (NaN is `low`)."""
-    return low if value != value else min(max(value, low), high)
+def bounded(value, name, low, high):
+    """`value` when it is `low` or more, and no more than `high` (more is taken as `high`, as
+    the tools' descriptions say); a ToolError below, or for NaN."""
+    if value != value or value < low:
+        raise ToolError(f"{name} must be {low:g} to {high:g}, not {value!r}")
+    return min(value, high)
+
+
+# What the SDK's validation refuses, said the way the tools' descriptions say it.
+NEEDS = {"missing": "required", "int_parsing": "must be a whole number", "int_from_float": "must be a whole number",
+         "int_type": "must be a whole number", "float_parsing": "must be a number", "float_type": "must be a number",
+         "bool_parsing": "must be true or false", "bool_type": "must be true or false", "string_type": "must be text",
+         "list_type": "must be a list"}
+FORMS = {"to": "must be a name, a comma-separated list of names or a JSON array of them",
+         "ids": "must be a list of ids or one string of them"}
+
+
+def argument_errors(error):
+    """One line for a pydantic ValidationError of a tool's arguments: each argument refused, what
+    it must be and what it was (never pydantic's own text and its URLs)."""
+    said = {}
+    for e in error.errors():
+        name = str(e["loc"][0]) if e.get("loc") else "arguments"
+        if name in said:
+            continue
+        need = NEEDS.get(e.get("type"))
+        if need != "required" and name in FORMS:
+            said[name] = FORMS[name]
+            continue
+        need = need or str(e.get("msg", "not valid")).split("\n")[0].lower()
+        given = repr(e["input"]) if "input" in e and need != "required" else None
+        said[name] = need + (f", not {shown(given[:60])}" if given is not None else "")
+    return "; ".join(f"{k}: {v}" for k, v in said.items()) or "the arguments are not valid"
 
 
 def message(m):
@@ -163,7 +193,7 @@ def message(m):
             "headers": {str(k): str(v) for k, v in m.headers.items()}, "read": m.state != "new"}
 
 
-def words(value):
+def words(value, what="ids"):
     """Names or ids as a tool is given them: a list, a JSON array in a string, or one string of
     them separated by commas (or spaces)."""
     if isinstance(value, str):
@@ -172,9 +202,9 @@ def words(value):
             try:
                 value = json.loads(text)
             except ValueError:
-                raise RelayError(f"{shown(text)} is not a JSON array of strings") from None
+                value = None
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise RelayError(f"{shown(text)} is not a JSON array of strings")
+                raise RelayError(f"{shown(repr(text)[:80])} is not a JSON array of {what}")
         else:
             value = text.replace(",", " ").split()
     return [v.strip() for v in value if v.strip()]

@@ -4,7 +4,8 @@ stdio, for agents in MCP clients (Claude Code, Cursor, Codex and the like).
 It is built with the official `mcp` SDK (the `agent-outbox-relay[mcp]` extra; its MCPServer, the name FastMCP
 had before version 2) on api.py's Agent, so its tools check what the shell and Python check:
 
-    send(to, body, subject, thread, request_id)  -> {id, repeated, relay_running}
+    send(to, body, subject, thread, request_id, kind)  -> {id, repeated, relay_running}
+    reply(id, body)     to the message's sender, in its thread, "Re: " its subject
     inbox(limit, mark_read, recent)  the new messages with their bodies, oldest first; marks read
                         exactly those (unless mark_read is false); the newest read ones too
     wait(timeout_s)     blocks (inotify, in a worker thread) until a message is there, then as inbox
@@ -21,9 +22,10 @@ message is marked read only once the reply holding it was written whole to the c
 reply that is not written (the client gone, the call cancelled) leaves it new. A server whose
 client no longer reads exits.
 
-A refusal (an unknown recipient with the closest match, a bad request id, ...) comes back as a
-tool error carrying relay's one-line message; the server goes on. Only this module, mcp_wire.py
-and mcp_handover.py (the hand-off) import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
+A refusal (an unknown recipient with the closest match, a bad request id, an argument of the
+wrong type, a number below its range, ...) comes back as a tool error carrying relay's one-line
+message; the server goes on. Only this module, mcp_wire.py and mcp_handover.py (the hand-off)
+import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
 """
 import functools
 import logging
@@ -34,12 +36,14 @@ from typing import Annotated, Optional
 import anyio
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
-from pydantic import Field
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field, ValidationError
 from typing_extensions import TypedDict     # pydantic reads typing's only from Python 3.12
 
 from relay.version import __version__
 from relay.agent.api import Stop
-from relay.agent.mcp_handover import Handover, clamp, fresh, message, tool_errors, words  # noqa: F401  (Handover: offered here too)
+from relay.agent.mcp_handover import (Handover, argument_errors, bounded, fresh, message, tool_errors,  # noqa: F401
+                                      words)      # (Handover: offered here too)
 from relay.files.lock import holder
 from relay.agent.mcp_wire import serve as serve_stdio
 
@@ -49,7 +53,8 @@ MAX_WAIT = 600.0            # seconds: the longest one wait call blocks
 MAX_WAITS = 8               # waits blocking at once (each a thread and an inotify instance); more queue
 MAX_LIMIT = 500             # messages one inbox or wait call returns at most
 DEFAULT_LIMIT = 50
-LIMIT = f"At most this many messages (1 to {MAX_LIMIT}); the others stay new for the next call."
+MOST = "more is taken as the most"       # the tools' numbers: less than the least is refused
+LIMIT = f"At most this many messages (1 to {MAX_LIMIT}; {MOST}); the others stay new for the next call."
 MARK_READ = "False: list them and mark nothing read (mark_read(ids) does it later)."
 
 # A message as the inbox and wait tools return it (`from` is a Python keyword: functional form).
@@ -92,9 +97,14 @@ class Results(TypedDict):
     results: list[Found]
 
 
+class Known(TypedDict):
+    name: str
+    me: bool                    # this is the caller
+
+
 class Agents(TypedDict):
     me: str
-    agents: list[str]
+    agents: list[Known]
 
 
 ThreadMessage = TypedDict("ThreadMessage", {
@@ -114,62 +124,93 @@ You are the agent {me} on relay, which carries messages between the agents of th
 Call inbox() for your new messages (with bodies; it marks read what it returns) and wait(timeout_s)
 to block until one comes; inbox(mark_read=false) lists them and marks nothing read, mark_read(ids)
 marks them later. A result you lost is still there: read(id), or inbox(recent=5) for the newest
-read ones. send(to, body, subject, thread, request_id) sends; to reply, send to the message's
-`from` with its thread (its id when it has none). Give a request_id to make a retried send
-harmless. agents() lists who you can write to; thread(thread) shows a conversation; search(query)
-finds messages by their words."""
+read ones. send(to, body, subject, thread, request_id) sends; reply(id, body) answers a message
+in its thread. Give a request_id to make a retried send harmless. agents() lists who you can
+write to; thread(thread) shows a conversation; search(query) finds messages by their words."""
+
+
+class Server(MCPServer):
+    """The SDK's MCPServer, with the arguments its validation refuses said on one line: which
+    argument, what it must be and what it was (pydantic's own text and URLs never reach the
+    agent)."""
+
+    async def call_tool(self, name, arguments, context=None):
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as e:
+            if not isinstance(e.__cause__, ValidationError):
+                raise
+            raise ToolError(f"Error executing tool {name}: {argument_errors(e.__cause__)}") from e.__cause__
 
 
 def build(agent, handover=None):
     """The MCP server for `agent` (an api.Agent, checked); serve it with `serve()` (stdio), or
     call its tools in process. `handover`: what marks read the messages a reply holds (a
     Handover; by default one with no wire: a call's return is the hand-off)."""
-    server = MCPServer("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
+    server = Server("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
                        log_level="WARNING")
     waits = anyio.CapacityLimiter(MAX_WAITS)    # the other tools keep the SDK's worker threads
     name, config = agent.name, agent.project.config
     handover = handover or Handover(name, config)
     me = functools.partial(fresh, name, config)
 
+    def sent(agent, mid):
+        return {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None}
+
     @server.tool()
-    def send(to: Annotated[str, Field(description="Recipient(s): NAME, NAME,NAME, '*' (everyone) or System.")],
+    def send(to: Annotated[list[str] | str, Field(description="Recipient(s): NAME, NAME,NAME, a JSON array of "
+                                                  "names, '*' (everyone) or System.")],
              body: Annotated[str, Field(description="The message text.")],
              subject: Annotated[Optional[str], Field(description="One line.")] = None,
              thread: Annotated[Optional[str], Field(description="The conversation's thread id: a reply "
                                                     "uses the message's thread (its id when it has none).")] = None,
              request_id: Annotated[Optional[str], Field(description="Your id for this request: a second send "
-                                                        "with it is not delivered again.")] = None) -> Sent:
+                                                        "with it is not delivered again.")] = None,
+             kind: Annotated[Optional[str], Field(description="The message's kind (default: message).")] = None
+             ) -> Sent:
         """Send a message to other agents. Returns its id; `repeated` is true when request_id was
         used before (nothing new was sent: the id is the first message's). Marks nothing read."""
         with me() as agent, tool_errors():
-            mid = agent.send(to, body, subject=subject, thread=thread, request_id=request_id)
-            return {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None}
+            mid = agent.send(words(to, "names"), body, subject=subject, thread=thread, kind=kind,
+                             request_id=request_id)
+            return sent(agent, mid)
+
+    @server.tool()
+    def reply(id: Annotated[str, Field(description="The id of the message to answer (or a unique start of it).")],
+              body: Annotated[str, Field(description="The answer.")],
+              request_id: Annotated[Optional[str], Field(description="Your id for this request: a second reply "
+                                                         "with it is not delivered again.")] = None) -> Sent:
+        """Answer a message: to its sender, in its thread (its id when it had none), with the
+        subject "Re: " and its subject. Returns what send returns. Marks nothing read."""
+        with me() as agent, tool_errors():
+            return sent(agent, agent.reply(id, body, request_id=request_id))
 
     @server.tool()
     def inbox(ctx: Context, limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT,
               mark_read: Annotated[bool, Field(description=MARK_READ)] = True,
               recent: Annotated[int, Field(description=f"Also return (in `recent`) this many of the newest messages "
-                                           f"read already (0 to {MAX_LIMIT}): to see again what a lost result "
-                                           "held.")] = 0) -> Messages:
+                                           f"read already (0 to {MAX_LIMIT}; {MOST}): to see again what a lost "
+                                           "result held.")] = 0) -> Messages:
         """Your new messages, whole (from, to, thread, subject, body, sent_at, id), oldest first.
         Marks read the messages it returns, once this reply has reached you (unless mark_read is
         false); `more` counts those left for the next call."""
-        key, limit = handover.key(ctx), clamp(limit, 1, MAX_LIMIT)
+        key, limit = handover.key(ctx), bounded(limit, "limit", 1, MAX_LIMIT)
+        recent = bounded(recent, "recent", 0, MAX_LIMIT)
         with me() as agent, tool_errors():
-            before = [message(m) for m in agent.recent(clamp(recent, 0, MAX_LIMIT))]
+            before = [message(m) for m in agent.recent(recent)]
             got = handover.take(agent, agent.inbox(limit=limit, skip=handover.held), limit, key, mark=mark_read)
             return got | {"recent": before}
 
     @server.tool()
     async def wait(ctx: Context,
                    timeout_s: Annotated[float, Field(description=f"Seconds to wait at most (0 to {MAX_WAIT:g}; "
-                                                     "more is taken as the most).")] = 60.0,
+                                                     f"{MOST}).")] = 60.0,
                    limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT,
                    mark_read: Annotated[bool, Field(description=MARK_READ)] = True) -> Messages:
         """Block until at least one new message is there (or timeout_s passes: `timed_out`), then
         return the new messages as inbox does. Marks read the messages it returns, once this reply
         has reached you (unless mark_read is false)."""
-        key, limit = handover.key(ctx), clamp(limit, 1, MAX_LIMIT)
+        key, limit = handover.key(ctx), bounded(limit, "limit", 1, MAX_LIMIT)
 
         def waiting(seconds, stop):
             # In this thread from the wait to the taking: a cancelled call leaves it running a
@@ -178,7 +219,7 @@ def build(agent, handover=None):
                 got = agent.wait(seconds, stop=stop, limit=limit, skip=handover.held)
                 return handover.take(agent, got, limit, key, stop=stop, mark=mark_read)
 
-        deadline = time.monotonic() + clamp(timeout_s, 0, MAX_WAIT)
+        deadline = time.monotonic() + bounded(timeout_s, "timeout_s", 0, MAX_WAIT)
         while True:
             stop = Stop()
             try:
@@ -210,20 +251,20 @@ def build(agent, handover=None):
 
     @server.tool()
     def agents() -> Agents:
-        """Your name and the agents you can send to. Marks nothing read."""
+        """Your name and the agents you can send to, yourself marked (`me`). Marks nothing read."""
         with me() as agent, tool_errors():
-            return {"me": agent.name, "agents": agent.project.agents()}
+            return {"me": agent.name, "agents": [{"name": n, "me": n == agent.name} for n in agent.project.agents()]}
 
     @server.tool()
     def thread(thread: Annotated[str, Field(description="A thread id: a message's `thread`, or the id of the "
                                             "message a thread started from.")],
                limit: Annotated[int, Field(description=f"At most this many messages, the newest (1 to {MAX_LIMIT}; "
-                                           "more is taken as the most).")] = DEFAULT_LIMIT) -> Thread:
+                                           f"{MOST}).")] = DEFAULT_LIMIT) -> Thread:
         """The messages of a thread, oldest first, with their bodies and delivery status; a thread
         named by a message's id starts with that message. `more` counts the earlier messages left
         out by `limit`. Marks nothing read."""
         with me() as agent, tool_errors():
-            rows, more = agent.project.thread_page(thread, clamp(limit, 1, MAX_LIMIT))
+            rows, more = agent.project.thread_page(thread, bounded(limit, "limit", 1, MAX_LIMIT))
         keys = ThreadMessage.__annotations__
         return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows], "more": more}
 
@@ -236,13 +277,13 @@ def build(agent, handover=None):
                since: Annotated[Optional[str], Field(description="Only messages since then: a duration ago (2h, 7d) "
                                                      "or a date (2026-11-30, 2026-11-30T10:00, UTC).")] = None,
                limit: Annotated[int, Field(description=f"At most this many messages, the newest (1 to {MAX_LIMIT}; "
-                                           "more is taken as the most).")] = 20) -> Results:
+                                           f"{MOST}).")] = 20) -> Results:
         """Search the messages you may see (your inbox and what you sent) by the words of their
         subject and body: newest first, each with a snippet of its body (the words found between
         ** and **); read(id) or thread(thread) for the whole. Marks nothing read."""
         with me() as agent, tool_errors():
             return {"results": agent.search(query, sender=sender, thread=thread, since=since,
-                                            limit=clamp(limit, 1, MAX_LIMIT))}
+                                            limit=bounded(limit, "limit", 1, MAX_LIMIT))}
 
     return server
 

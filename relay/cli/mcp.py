@@ -27,8 +27,8 @@ def server_module():
 @pass_ctx
 @handle_errors
 def mcp(ctx, agent):
-    """Serve AGENT's side of relay over MCP on stdin/stdout: the tools send, inbox, wait, read,
-    mark_read, search, agents and thread. Register it in an MCP client with the command
+    """Serve AGENT's side of relay over MCP on stdin/stdout: the tools send, reply, inbox, wait,
+    read, mark_read, search, agents and thread. Register it in an MCP client with the command
     `relay mcp --agent NAME --root /abs/project`."""
     server = server_module()
     project = Project(config=ctx.cfg)
