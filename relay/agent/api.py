@@ -19,7 +19,7 @@ import dataclasses
 import os
 import time
 
-from relay.config import SYSTEM
+from relay.config import AGENT_VARIABLE, SYSTEM, default_agent
 from relay.errors import InvalidName, NotFound, RelayError
 from relay.files.fs import Unsafe
 from relay.ids import IdGenerator
@@ -62,8 +62,13 @@ def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=N
 class Agent:
     """One agent's side: its outbox to send from, its inbox to read."""
 
-    def __init__(self, name, root=None, *, state_dir=None, create=False, project=None, role="agent"):
+    def __init__(self, name=None, root=None, *, state_dir=None, create=False, project=None, role="agent"):
+        """`name`: the agent's (default: RELAY_AGENT's); `root`: the project's, found like git
+        when None."""
         self._mail = None           # the inbox watch wait() keeps
+        name = name or default_agent()
+        if name is None:
+            raise RelayError(f'name the agent: relay.Agent("NAME"), or set {AGENT_VARIABLE}=NAME')
         self.project = project or Project(root, state_dir)
         self.repeated = False       # the last send's request id was used before: nothing was sent
         self.marked = []            # the ids the last mark_read() marked read (the others were read already)

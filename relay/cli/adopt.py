@@ -5,12 +5,12 @@ import click
 from relay.agent import adopt as adopt_mod
 from relay.cli.context import pass_ctx
 from relay.errors import RelayError
-from relay.guards import checked, handle_errors, sender_name
+from relay.guards import acting, handle_errors, sender_name
 from relay.terminal import echo
 
 
 @click.command()
-@click.argument("agent", callback=checked(sender_name))
+@click.argument("agent", required=False, callback=acting(sender_name, "AGENT"))
 @click.option("--file", "file_", type=click.Path(dir_okay=False),
               help=f"The instructions file, relative to the project root and inside it, never through a "
                    f"symbolic link (default {adopt_mod.DEFAULT_FILE}; CLAUDE.md is a common choice).")

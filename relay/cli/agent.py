@@ -7,7 +7,8 @@ import click
 from relay.operator import views
 from relay.agent.api import Agent, Project
 from relay.cli.context import out_json, pass_ctx
-from relay.guards import agent_name, checked, handle_errors, moment, recipient_names, sender_name
+from relay.config import default_agent
+from relay.guards import acting, agent_name, checked, handle_errors, moment, recipient_names, sender_name
 from relay.terminal import echo, echo_json
 
 EXIT_TIMEOUT = 124      # relay inbox --wait: the time ran out with no new message (as timeout(1))
@@ -18,8 +19,8 @@ def _project(ctx):
 
 
 @click.command()
-@click.option("--from", "sender", required=True, callback=checked(sender_name),
-              help="The sending agent (its outbox).")
+@click.option("--from", "sender", callback=acting(sender_name, "--from NAME"),
+              help="The sending agent (its outbox); default: RELAY_AGENT.")
 @click.option("--to", "to", callback=checked(recipient_names),
               help="Recipient(s): NAME[,NAME...], '*' or System.")
 @click.option("--reply-to", "reply_to", metavar="ID",
@@ -56,7 +57,7 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, b
 
 
 @click.command()
-@click.argument("agent")
+@click.argument("agent", required=False, callback=acting(agent_name, "AGENT"))
 @click.option("--all", "show_all", is_flag=True, help="Include messages already read (cur/).")
 @click.option("--ack", is_flag=True, help="Mark read the new messages printed (new/ -> cur/).")
 @click.option("--wait", "wait", is_flag=False, flag_value="forever", default=None, metavar="[TIMEOUT]",
@@ -69,7 +70,8 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, b
 @pass_ctx
 @handle_errors
 def inbox(ctx, agent, show_all, ack, wait, recent, as_json, jsonl):
-    """Print AGENT's new messages whole, oldest first; nothing is marked read unless --ack."""
+    """Print AGENT's new messages whole, oldest first; nothing is marked read unless --ack.
+    AGENT defaults to RELAY_AGENT."""
     ctx.strict = False
     me = Agent(agent, project=_project(ctx), role="agent")
     if wait is not None:
@@ -86,7 +88,8 @@ def inbox(ctx, agent, show_all, ack, wait, recent, as_json, jsonl):
 
 @click.command()
 @click.argument("message_id")
-@click.option("--agent", help="Read it from this agent's inbox, and mark it read there.")
+@click.option("--agent", help="Read it from this agent's inbox, and mark it read there (default: RELAY_AGENT's, "
+                                "or the ledger's copy when that agent's inbox does not hold it).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 @handle_errors
@@ -94,16 +97,19 @@ def read(ctx, message_id, agent, as_json):
     """Print one message whole: from an agent's inbox, or as the ledger has it."""
     ctx.strict = False
     project = _project(ctx)
-    if agent:
-        me = Agent(agent, project=project, role="agent")
-        _show(me, [me.read(message_id)], True, as_json, False, single=True)
+    name = agent or default_agent()
+    if name:
+        me = Agent(name, project=project, role="agent")
+        m = me.read(message_id) if agent else me.find(message_id)     # RELAY_AGENT's: any message it may name
+        _show(me, [m], m.path is not None and m.state == "new", as_json, False, single=True)
     else:
         _show(None, [project.message(message_id)], False, as_json, False, single=True)
 
 
 @click.command("mark-read")
 @click.argument("message_ids", nargs=-1, required=True, metavar="ID...")
-@click.option("--agent", required=True, help="The agent whose inbox holds them.")
+@click.option("--agent", callback=acting(agent_name, "--agent NAME"),
+              help="The agent whose inbox holds them; default: RELAY_AGENT.")
 @pass_ctx
 @handle_errors
 def mark_read(ctx, message_ids, agent):
@@ -117,7 +123,8 @@ def mark_read(ctx, message_ids, agent):
 
 @click.command()
 @click.argument("query")
-@click.option("--agent", help="Search as this agent: its inbox and what it sent (default: every message).")
+@click.option("--agent", callback=acting(agent_name, "--agent NAME", required=False),
+              help="Search as this agent: its inbox and what it sent (default: RELAY_AGENT; without it, every message).")
 @click.option("--from", "sender", callback=checked(agent_name), help="Sent by this agent.")
 @click.option("--thread", help="In this thread (a thread named by a message's id holds that message).")
 @click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago).")
