@@ -18,9 +18,10 @@ from relay.terminal import echo
 @pass_ctx
 @handle_errors
 def adopt(ctx, agent, file_, create):
-    """Write AGENT's relay instructions (who it is, who the others are, how to send, read, wait
-    and reply, by shell and by MCP) into a marked block of AGENTS.md; run again to update it in
-    place. Text outside the block is never changed."""
+    """Put AGENT (default: RELAY_AGENT) in the relay instructions of AGENTS.md: one marked block
+    per file (who reads it and how each knows its name, the others, how to send, read, wait,
+    search and reply, by shell, Python and MCP, with relay's absolute path where it is not on
+    PATH); run again to update it in place. Text outside the block is never changed."""
     cfg = ctx.cfg
     layout = ctx.layout
     if not layout.state.is_dir():
