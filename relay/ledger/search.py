@@ -17,7 +17,7 @@ import re
 
 from relay.errors import RelayError
 
-BODY_CHARS = 8192          # of a body, what is indexed (migration 30 backfills with the same cap)
+BODY_CHARS = 4096          # of a body, what is indexed (migration 30 backfills with the same cap)
 SNIPPET_TOKENS = 16        # words in a snippet
 MARK = "**"                # around each word found, in a snippet
 TERMS = re.compile(r'"([^"]*)"?|(\S+)')
