@@ -23,6 +23,12 @@ from relay.terminal import unsafe
 AGENT_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"     # agent names (SPEC section 1), as people read it
 AGENT_NAME = re.compile(AGENT_NAME_RULE + r"\Z")
 SYSTEM = "System"
+AGENT_VARIABLE = "RELAY_AGENT"      # the agent an agent's verbs, the Python API and MCP act as by default
+
+
+def default_agent(env=None):
+    """The agent named by RELAY_AGENT, or None (unset or empty)."""
+    return (os.environ if env is None else env).get(AGENT_VARIABLE) or None
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*\Z")
@@ -241,9 +247,9 @@ class Config:
 
 
 KEYS = tuple(_PARSERS)
-# environment variables that are not RELAY_<KEY>s: where the project is, who an agent is (reserve,
-# release, the git guard), the git guard switched off
-NOT_KEYS = ("RELAY_ROOT", "RELAY_STATE_DIR", "RELAY_AGENT", "RELAY_GUARD")
+# environment variables that are not RELAY_<KEY>s: where the project is, who an agent is (every
+# agent verb, the Python API, MCP, reserve and release, the git guard), the git guard switched off
+NOT_KEYS = ("RELAY_ROOT", "RELAY_STATE_DIR", AGENT_VARIABLE, "RELAY_GUARD")
 
 
 def _clean(values, where, warnings=None, rejected=None):

@@ -12,7 +12,7 @@ import time
 import click
 
 from relay import config as config_mod
-from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
+from relay.config import AGENT_NAME, AGENT_NAME_RULE, AGENT_VARIABLE, SYSTEM, default_agent
 from relay.errors import FREE_SPACE, InvalidName, LedgerCorrupt, RelayError, sqlite_cause
 
 
@@ -56,6 +56,20 @@ def checked(check):
         except RelayError as e:
             raise click.ClickException(str(e)) from None
         return value
+    return callback
+
+
+def acting(check, flag, required=True):
+    """A click callback for the agent a verb acts as: the name given, else RELAY_AGENT's (an empty
+    one is none), checked like `checked(check)` does; when there is neither and the verb needs an
+    agent, a usage error (exit 2) that says both ways to name one (`flag`: how the verb takes it)."""
+    def callback(ctx, param, value):
+        value = value or default_agent()
+        if value is None:
+            if required:
+                raise click.UsageError(f"name the agent: {flag}, or set {AGENT_VARIABLE}=NAME")
+            return None
+        return checked(check)(ctx, param, value)
     return callback
 
 

@@ -1,5 +1,5 @@
-"""relay adopt: an agent's instructions in a marked block, written and updated in place, and the
-contributed snippet rendered from the same template."""
+"""relay adopt: the agents' instructions in one marked block per file, written and updated in
+place, and the contributed snippet rendered from the same template."""
 import os
 import stat
 from pathlib import Path
@@ -9,7 +9,11 @@ from conftest import fill_disk
 from pyfakefs.fake_filesystem import set_uid
 
 from relay.agent import adopt
+from relay.agent.instructions import command
 from relay.errors import RelayError
+
+R = command()           # relay's command as the block writes it: here, the virtual environment's, by path
+TEAM = {"alice", "bob", "carol"}
 
 SNIPPET = Path(__file__).parent.parent / "contrib" / "AGENT_SNIPPET.md"
 
@@ -34,62 +38,83 @@ def test_adopt_writes_the_block_after_the_text_there(team):
     out = team("adopt", "bob").output
     assert out == f"added the relay block for bob to {agents_md}\n"
     text = agents_md.read_text()
-    assert text == "# Project\n\nRun the tests before you push.\n\n" + adopt.block("bob", {"alice", "carol"})
-    block = adopt.block("bob", {"alice", "carol"})
-    assert block.startswith("<!-- relay:begin agent=bob -->\n") and block.endswith("<!-- relay:end agent=bob -->\n")
-    for told in ("You are agent `bob`", "`alice`, `carol` (when this was written",
-                 "relay inbox bob --wait 600 --ack", "relay send --from bob --to alice",
-                 "relay send --from bob --reply-to ID", "relay audit --from bob --status failed",
-                 ".relay/failed/bob/<id>--<name>` beside `<id>--<name>.error.json",
+    block = adopt.block(["bob"], TEAM, root=team.root)
+    assert text == "# Project\n\nRun the tests before you push.\n\n" + block
+    assert block.startswith("<!-- relay:begin agents=bob -->\n") and block.endswith("<!-- relay:end -->\n")
+    assert R.endswith("/.venv/bin/relay") and R.startswith("/")
+    for told in ("You are the agent `bob`", "`alice`, `carol` (when this was written",
+                 f"{R} inbox bob --wait 600 --ack", f"{R} send --from bob --to alice",
+                 f"{R} send --from bob --reply-to ID", f"{R} audit --from bob --status failed",
+                 f"{R} mark-read --agent bob ID", f"{R} search \"tests green\" --agent bob",
                  "d=.relay/outbox/bob; n=msg-$(date +%s%N)-$$", 'relay.Agent("bob")', "me.reply(m,",
-                 "claude mcp add relay-bob -- \"$(command -v relay)\" mcp --agent bob --root \"$PWD\"",
-                 '"args": ["mcp", "--agent", "bob", "--root", "/abs/path/to/project"]'):
+                 f"claude mcp add relay-bob -- {R} mcp --agent bob --root {team.root}"):
         assert told in text, told
     assert "{{" not in text and "YOUR_NAME" not in text
 
 
 def test_a_missing_file_is_created_with_the_block_alone(team):
     team("adopt", "alice")
-    assert (team.root / "AGENTS.md").read_text() == adopt.block("alice", {"bob", "carol"})
+    assert (team.root / "AGENTS.md").read_text() == adopt.block(["alice"], TEAM, root=team.root)
 
 
 def test_a_second_run_changes_nothing_and_a_new_agent_updates_the_block_in_place(team):
     path = team.root / "AGENTS.md"
     before, after = "# Rules\n\nBe brief.\n\n", "\n## Later notes\n\nKeep this.\n"
-    path.write_text(before + adopt.block("bob", {"alice"}) + after)     # an old block, mid-file
+    path.write_text(before + adopt.block(["bob"], {"alice", "bob"}) + after)     # an old block, mid-file
     assert "updated" in team("adopt", "bob").output
-    assert path.read_text() == before + adopt.block("bob", {"alice", "carol"}) + after
+    assert path.read_text() == before + adopt.block(["bob"], TEAM, root=team.root) + after
     inode, mtime = path.stat().st_ino, path.stat().st_mtime_ns
     assert team("adopt", "bob").output == f"the relay block for bob in {path} is up to date\n"
     assert (path.stat().st_ino, path.stat().st_mtime_ns) == (inode, mtime)     # not even rewritten
     team("init", "--agent", "dave")
     team("adopt", "bob")
-    assert path.read_text() == before + adopt.block("bob", {"alice", "carol", "dave"}) + after
+    assert path.read_text() == before + adopt.block(["bob"], TEAM | {"dave"}, root=team.root) + after
 
 
-def test_two_agents_blocks_coexist_and_each_update_leaves_the_other_alone(team):
+def test_agents_of_one_file_share_one_block_with_a_line_each(team):
     path = team.root / "CLAUDE.md"
     path.write_text("intro\n")
     team("adopt", "bob", "--file", "CLAUDE.md")
-    team("adopt", "alice", "--file", "CLAUDE.md")
-    both = "intro\n\n" + adopt.block("bob", {"alice", "carol"}) + "\n" + adopt.block("alice", {"bob", "carol"})
-    assert path.read_text() == both
+    assert "added" in team("adopt", "alice", "--file", "CLAUDE.md").output
+    assert path.read_text() == "intro\n\n" + adopt.block(["alice", "bob"], TEAM, root=team.root)
     team("init", "--agent", "dave")
-    team("adopt", "bob", "--file", "CLAUDE.md")
-    assert path.read_text() == both.replace(adopt.block("bob", {"alice", "carol"}),
-                                            adopt.block("bob", {"alice", "carol", "dave"}))
+    assert "updated" in team("adopt", "bob", "--file", "CLAUDE.md").output
+    assert path.read_text() == "intro\n\n" + adopt.block(["alice", "bob"], TEAM | {"dave"}, root=team.root)
     assert not (team.root / "AGENTS.md").exists()
+
+
+def test_three_agents_read_one_short_block_that_says_how_each_knows_its_name(team):
+    for agent in ("alice", "bob", "carol"):
+        team("adopt", agent)
+    text = (team.root / "AGENTS.md").read_text()
+    assert text.count("<!-- relay:begin") == 1 and len(text.splitlines()) <= 60, len(text.splitlines())
+    for agent in ("alice", "bob", "carol"):
+        assert f"- `{agent}`: `RELAY_AGENT={agent}`" in text
+    assert 'You are the one `echo "$RELAY_AGENT"` names' in text
+    assert f'{R} inbox "$RELAY_AGENT" --wait 600 --ack' in text and "relay.Agent()" in text
+    assert "follow the one with your name" not in text
+
+
+def test_blocks_an_earlier_version_wrote_are_taken_into_the_shared_one(team):
+    path = team.root / "AGENTS.md"
+    old = "<!-- relay:begin agent={0} -->\nthe old text for {0}\n<!-- relay:end agent={0} -->\n"
+    path.write_text("top\n\n" + old.format("alice") + "\nmiddle\n\n" + old.format("bob") + "\nbottom\n")
+    assert "added" in team("adopt", "carol").output
+    shared = adopt.block(["alice", "bob", "carol"], TEAM, root=team.root)
+    assert path.read_text() == "top\n\n" + shared + "\nmiddle\n\nbottom\n"
 
 
 def test_crlf_files_and_a_last_line_without_newline_keep_their_form(team):
     path = team.root / "AGENTS.md"
-    block = adopt.block("bob", {"alice"}).replace("\n", "\r\n")
+    block = adopt.block(["bob"], {"alice", "bob"}).replace("\n", "\r\n")
     path.write_bytes(("top\r\n\r\n" + block[:-2]).encode())        # the end marker ends the file
     team("adopt", "bob")
-    assert path.read_bytes() == ("top\r\n\r\n" + adopt.block("bob", {"alice", "carol"}).replace("\n", "\r\n")[:-2]).encode()
+    new = adopt.block(["bob"], TEAM, root=team.root).replace("\n", "\r\n")[:-2]
+    assert path.read_bytes() == ("top\r\n\r\n" + new).encode()
 
 
-BEGIN, END = "<!-- relay:begin agent={} -->", "<!-- relay:end agent={} -->"
+BEGIN, END = "<!-- relay:begin agent={} -->", "<!-- relay:end agent={} -->"     # an earlier version's
+SHARED, SHARED_END = "<!-- relay:begin agents={} -->", "<!-- relay:end -->"
 
 
 @pytest.mark.parametrize("lines, message", [
@@ -105,7 +130,12 @@ BEGIN, END = "<!-- relay:begin agent={} -->", "<!-- relay:end agent={} -->"
      "AGENTS.md:4: a second block for agent bob"),
     (["<!--relay:begin bob-->"],
      "AGENTS.md:2: '<!--relay:begin bob-->' is not a relay marker adopt can read (expected "
-     "'<!-- relay:begin agent=NAME -->' or '<!-- relay:end agent=NAME -->')"),
+     "'<!-- relay:begin agents=NAME,... -->' or '<!-- relay:end -->')"),
+    ([SHARED.format("bob,carol"), "half a block"], "AGENTS.md:2: the begin marker for bob, carol has no end marker"),
+    (["text", SHARED_END], "AGENTS.md:3: an end marker with no begin marker before it"),
+    ([BEGIN.format("bob"), SHARED_END], "AGENTS.md:3: an end marker with no begin marker before it"),
+    ([SHARED.format("alice,bob"), SHARED_END, BEGIN.format("bob"), END.format("bob")],
+     "AGENTS.md:4: a second block for agent bob"),
 ])
 def test_broken_markers_are_refused_and_the_file_is_left_as_it_is(team, lines, message):
     path = team.root / "AGENTS.md"
@@ -146,7 +176,7 @@ def test_a_hard_linked_file_is_replaced_not_written_into(team, tmp_path_factory)
     os.link(outside, team.root / "AGENTS.md")
     team("adopt", "bob")
     assert outside.read_text() == "mine\n"
-    assert (team.root / "AGENTS.md").read_text().startswith("mine\n\n<!-- relay:begin agent=bob -->")
+    assert (team.root / "AGENTS.md").read_text().startswith("mine\n\n<!-- relay:begin agents=bob -->")
 
 
 def test_what_is_not_a_text_file_is_refused(team):
@@ -178,7 +208,7 @@ def test_an_absolute_file_in_the_project_and_the_mode_of_an_existing_one(team):
     path.chmod(0o600)
     team("adopt", "carol", "--file", str(path))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert path.read_text() == "x\n\n" + adopt.block("carol", {"alice", "bob"})
+    assert path.read_text() == "x\n\n" + adopt.block(["carol"], TEAM, root=team.root)
 
 
 @pytest.fixture
@@ -228,12 +258,12 @@ def test_a_directory_swapped_for_a_link_while_adopt_writes_is_not_written_throug
             docs.rename(team.root / "docs.old")
             docs.symlink_to(outside, target_is_directory=True)
 
-    assert adopt.update(docs / "AGENTS.md", "bob", adopt.block("bob", set()), fsync=fsync_while_someone_swaps,
+    assert adopt.update(docs / "AGENTS.md", "bob", adopt.block(["bob"]), fsync=fsync_while_someone_swaps,
                         root=team.root) == "added"
     assert os.listdir(outside) == ["notes.md"]
-    assert (team.root / "docs.old" / "AGENTS.md").read_text() == adopt.block("bob", set())
+    assert (team.root / "docs.old" / "AGENTS.md").read_text() == adopt.block(["bob"])
     with pytest.raises(RelayError, match="docs is a symbolic link; relay adopt never writes through one"):
-        adopt.update(docs / "AGENTS.md", "bob", adopt.block("bob", set()), root=team.root)
+        adopt.update(docs / "AGENTS.md", "bob", adopt.block(["bob"]), root=team.root)
 
 
 def test_unknown_and_invalid_agents(team):
@@ -255,7 +285,7 @@ def test_create_adds_the_agent_unless_the_file_would_be_refused(team):
     path.unlink()
     team("adopt", "dave", "--create")
     assert (team.state / "outbox" / "dave").is_dir() and (team.state / "inbox" / "dave" / "new").is_dir()
-    assert path.read_text() == adopt.block("dave", {"alice", "bob", "carol"})
+    assert path.read_text() == adopt.block(["dave"], TEAM | {"dave"}, root=team.root)
 
 
 def test_outside_a_project(cli):
@@ -272,7 +302,7 @@ def test_a_file_changed_while_adopt_writes_is_not_overwritten(tmp_path):
         path.write_text("an agent's edit\n")
 
     with pytest.raises(RelayError, match="changed while relay adopt ran; nothing was written: run it again"):
-        adopt.update(path, "bob", adopt.block("bob", {"alice"}), fsync=fsync_while_someone_writes)
+        adopt.update(path, "bob", adopt.block(["bob"], {"alice", "bob"}), fsync=fsync_while_someone_writes)
     assert path.read_text() == "an agent's edit\n"
     assert os.listdir(tmp_path) == ["AGENTS.md"]
 
@@ -285,32 +315,32 @@ def test_a_failed_sync_leaves_the_old_file_and_no_temporary(tmp_path):
         raise OSError(5, "Input/output error")
 
     with pytest.raises(OSError):
-        adopt.update(path, "bob", adopt.block("bob", set()), fsync=broken_fsync)
+        adopt.update(path, "bob", adopt.block(["bob"]), fsync=broken_fsync)
     assert path.read_text() == "before\n" and os.listdir(tmp_path) == ["AGENTS.md"]
 
 
 def test_an_agent_with_no_others_and_a_long_team():
-    alone = adopt.render("solo", set())
-    assert "The other agents: none yet (`relay agents` lists who is there now)." in alone
+    alone = adopt.render(["solo"], {"solo"})
+    assert f"You are the agent `solo`; no other agent yet (`{R} agents` lists who is there now)." in alone
     assert "--to OTHER_NAME" in alone
-    many = adopt.render("a0", {f"a{i}" for i in range(1, 100)})
+    many = adopt.render(["a0"], {f"a{i}" for i in range(100)})
     assert "`a1`, `a10`" in many and "and 59 more (when this was written" in many
 
 
 def test_the_snippet_is_the_template_rendered_for_a_placeholder_agent():
     assert SNIPPET.read_text(encoding="utf-8") == adopt.snippet(), (
-        "contrib/AGENT_SNIPPET.md differs from the template: python -m relay.adopt > contrib/AGENT_SNIPPET.md")
-    assert adopt.render(adopt.PLACEHOLDER) in adopt.snippet()
+        "contrib/AGENT_SNIPPET.md differs from the template: python -m relay.agent.adopt > contrib/AGENT_SNIPPET.md")
+    assert adopt.render(["YOUR_NAME"], None, relay="relay", python="python3") in adopt.snippet()
     for told in ("relay inbox YOUR_NAME --wait", "--reply-to ID", "msg-$(date +%s%N)-$$",
-                 "--status failed", "error.json", "claude mcp add"):
+                 "--status failed", "claude mcp add", "`python3 -m relay`"):
         assert told in adopt.snippet(), told
 
 
 def test_a_marker_after_a_byte_order_mark_is_found(tmp_path):
     path = tmp_path / "AGENTS.md"
-    path.write_text("\ufeff" + adopt.block("bob", set()) + "tail\n", encoding="utf-8")
-    assert adopt.update(path, "bob", adopt.block("bob", {"alice"})) == "updated"
-    assert path.read_text(encoding="utf-8") == "\ufeff" + adopt.block("bob", {"alice"}) + "tail\n"
+    path.write_text("\ufeff" + adopt.block(["bob"]) + "tail\n", encoding="utf-8")
+    assert adopt.update(path, "bob", adopt.block(["bob"], {"alice", "bob"})) == "updated"
+    assert path.read_text(encoding="utf-8") == "\ufeff" + adopt.block(["bob"], {"alice", "bob"}) + "tail\n"
 
 
 def test_adopt_runs_at_once_on_one_file_take_turns(tmp_path):
@@ -322,7 +352,7 @@ def test_adopt_runs_at_once_on_one_file_take_turns(tmp_path):
 
     def one(name):
         try:
-            adopt.update(path, name, adopt.block(name, set(names) - {name}))
+            adopt.update(path, name, lambda agents: adopt.block(agents, set(names)))
         except Exception as e:              # noqa: BLE001  (kept for the assertion below)
             errors.append(e)
 
@@ -332,9 +362,8 @@ def test_adopt_runs_at_once_on_one_file_take_turns(tmp_path):
     for t in threads:
         t.join()
     assert errors == []
-    found = adopt.blocks(path.read_text(), path)
-    assert sorted(found) == names
-    assert path.read_text().startswith("top\n\n<!-- relay:begin agent=")
+    assert adopt.adopted(path.read_text(), path) == set(names)
+    assert path.read_text() == "top\n\n" + adopt.block(names, set(names))
 
 
 KILLER = """
@@ -346,7 +375,7 @@ def fsync(fd):
     if len(calls) == int(sys.argv[2]):
         os.kill(os.getpid(), signal.SIGKILL)
     os.fsync(fd)
-adopt.update(sys.argv[1], "bob", adopt.block("bob", {"alice"}), fsync=fsync)
+adopt.update(sys.argv[1], "bob", adopt.block(["bob"], {"alice", "bob"}), fsync=fsync)
 """
 
 
@@ -355,13 +384,13 @@ def test_kill_9_at_each_sync_leaves_the_old_file_or_the_new_one_whole(tmp_path, 
     import subprocess
     import sys
     path = tmp_path / "AGENTS.md"
-    old = "keep\n\n" + adopt.block("bob", set())
+    old = "keep\n\n" + adopt.block(["bob"])
     path.write_text(old)
     done = subprocess.run([sys.executable, "-c", KILLER, str(path), str(at)], capture_output=True, timeout=30)
     assert done.returncode == -9, done.stderr
-    new = "keep\n\n" + adopt.block("bob", {"alice"})
+    new = "keep\n\n" + adopt.block(["bob"], {"alice", "bob"})
     assert path.read_text() == {"old": old, "new": new}[whole]
-    adopt.update(path, "bob", adopt.block("bob", {"alice"}))        # a later run finishes the job
+    adopt.update(path, "bob", adopt.block(["bob"], {"alice", "bob"}))        # a later run finishes the job
     assert path.read_text() == new
 
 
@@ -395,7 +424,7 @@ def test_a_disk_that_fills_while_adopt_writes_is_one_error_and_the_file_is_as_it
     assert path.read_bytes() == before and sorted(os.listdir("/proj")) == [".relay", "AGENTS.md"]
     fs.set_disk_usage(1 << 40)
     assert adopt_verb("bob").exit_code == 0
-    assert sorted(adopt.blocks(path.read_text(), path)) == ["alice", "bob"]
+    assert [agents for agents, _, _ in adopt.blocks(path.read_text(), path)] == [("alice", "bob")]   # one block
 
 
 def test_a_directory_adopt_may_not_write_in_is_one_error_and_the_file_is_as_it_was(fs):

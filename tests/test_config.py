@@ -89,10 +89,14 @@ def test_only_zero_needs_no_unit(tmp_path):
 
 def test_an_environment_variable_that_is_no_key_is_a_warning(tmp_path):
     cfg = config_mod.load(tmp_path, env={"RELAY_AGNET": "Ann", "RELAY_ROOT": str(tmp_path), "RELAY_SETTLE": "1s",
-                                         "RELAY_AGENT": "Ann", "RELAY_GUARD": "off"})   # (who an agent is; the git guard)
+                                         "RELAY_AGENT": "Ann", "RELAY_GUARD": "off"})
     assert cfg.settle == 1.0
-    [warning] = cfg.warnings
+    [warning] = cfg.warnings            # RELAY_AGENT (who an agent is) and RELAY_GUARD (the git guard) are no keys
     assert warning.startswith("RELAY_AGNET is set in the environment but names no relay configuration key")
+    cfg = config_mod.load(tmp_path, env={"RELAY_AGENTS_DIR": "x", "RELAY_AGENT": "Ann", "RELAY_ROOT": str(tmp_path),
+                                         "RELAY_SETTLE": "1s"})
+    [warning] = cfg.warnings            # RELAY_AGENT is the agent an agent's verbs act as: no key, no warning
+    assert warning.startswith("RELAY_AGENTS_DIR is set in the environment but names no relay configuration key")
 
 
 def test_not_strict_a_misspelt_key_or_bad_value_in_relay_toml_is_a_warning(tmp_path):

@@ -19,7 +19,8 @@ from mcp_client import ToolFailed, deliver, serve, server_pid, until, until_asyn
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
 
-TOOLS = {"send", "inbox", "wait", "agents", "thread", "reserve", "release", "reservations"}
+TOOLS = {"send", "reply", "inbox", "wait", "agents", "thread", "read", "mark_read", "search", "reserve", "release",
+         "reservations"}
 SDK_PREFIX = "Error executing tool "        # the SDK's, before relay's one line
 
 
@@ -63,9 +64,10 @@ def test_tools_send_read_and_thread_through_a_real_relay(team, tmp_path):
         tools = await bob.tools()
         assert set(tools) == TOOLS
         assert all(t.description for t in tools.values())
-        assert set(tools["send"].input_schema["properties"]) == {"to", "body", "subject", "thread", "request_id",
+        assert set(tools["send"].input_schema["properties"]) == {"to", "body", "subject", "thread", "request_id", "kind",
                                                                  "wait_delivered_s"}
-        assert await bob.call("agents") == {"me": "Bob", "agents": ["Alice", "Bob"]}
+        assert await bob.call("agents") == {"me": "Bob", "agents": [{"name": "Alice", "me": False},
+                                                                    {"name": "Bob", "me": True}]}
 
         got = await bob.call("inbox")
         assert got["more"] == 0 and got["unreadable"] == [] and not got["timed_out"]
@@ -128,7 +130,7 @@ def test_wait_and_inbox_timeout_wake_cancel_races_and_planted_files(team, tmp_pa
     async def scenario(bob):
         pid = server_pid()
         assert await bob.call("wait", timeout_s=0.05) == {
-            "messages": [], "more": 0, "unreadable": [], "timed_out": True}
+            "messages": [], "more": 0, "unreadable": [], "timed_out": True, "recent": []}
 
         results = []
 
@@ -160,7 +162,7 @@ def test_wait_and_inbox_timeout_wake_cancel_races_and_planted_files(team, tmp_pa
         deliver(team)
         capped = await bob.call("wait", timeout_s=10_000, limit=2)   # timeout capped, limit kept
         assert [m["body"] for m in capped["messages"]] == ["m0", "m1"] and capped["more"] == 1
-        assert [m["body"] for m in (await bob.call("inbox", limit=0))["messages"]] == ["m2"]
+        assert [m["body"] for m in (await bob.call("inbox", limit=1))["messages"]] == ["m2"]
 
         # readers at once: each message is returned by exactly one of them
         sent = [alice.send("Bob", f"r{i}") for i in range(6)]
@@ -283,7 +285,7 @@ def test_waits_at_once_are_capped_and_the_other_tools_still_answer(team):
             for _ in range(mcp_server.MAX_WAITS + 3):
                 tg.start_soon(wait)
             await until_async(lambda: watches(os.getpid(), new) == mcp_server.MAX_WAITS, "the waits watch")
-            assert (await server.call_tool("agents", {})).structured_content["agents"] == ["Alice", "Bob"]
+            assert (await server.call_tool("agents", {})).structured_content["agents"] == [{"name": "Alice", "me": False}, {"name": "Bob", "me": True}]
             assert (await server.call_tool("inbox", {})).structured_content["messages"] == []
             assert watches(os.getpid(), new) == mcp_server.MAX_WAITS and results == []
             tg.cancel_scope.cancel()

@@ -69,6 +69,8 @@ def invocations(ids):
                  ["--from", "Bob", "--reply-to", first, "reply"]],
         "inbox": [["Bob"], ["Bob", "--all"], ["Bob", "--json"], ["Bob", "--jsonl"], ["Bob", "--all", "--ack"]],
         "read": [[i] for i in ids] + [[first, "--json"]],
+        "mark-read": [["--agent", "Bob", *ids]],
+        "search": [["line"], ["last", "--agent", "Bob"], ["line", "--json"], ["t" + HOSTILE], [HOSTILE, "--agent", "Bob"]],
         "status": [[], ["--json"]],
         "audit": [[], ["--thread", "t" + HOSTILE], ["--grep", "end"], ["--status", "failed"], ["--json"],
                   ["--jsonl"], ["--format", "csv"]],

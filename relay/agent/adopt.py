@@ -1,13 +1,13 @@
-"""`relay adopt`: an agent's instructions for talking through relay, kept in a marked block of a
-file the agent reads (AGENTS.md, CLAUDE.md).
+"""`relay adopt`: the agents' instructions for talking through relay, kept in a marked block of a
+file they read (AGENTS.md, CLAUDE.md). The text is instructions.py's, which also gives
+contrib/AGENT_SNIPPET.md, so the two cannot drift; `python -m relay.agent.adopt >
+contrib/AGENT_SNIPPET.md` writes the snippet again after the template changes.
 
-One template gives both that block and contrib/AGENT_SNIPPET.md (rendered with the placeholder
-name YOUR_NAME), so the two cannot drift; `python -m relay.adopt > contrib/AGENT_SNIPPET.md`
-writes the snippet again after the template changes.
-
-The block lies between `<!-- relay:begin agent=NAME -->` and `<!-- relay:end agent=NAME -->`
-lines. A second run replaces it in place; text outside every block is never changed; each agent
-has a block of its own. A file whose relay markers do not pair up is refused, never rewritten.
+One block per file, between `<!-- relay:begin agents=NAME,... -->` and `<!-- relay:end -->`
+lines, for every agent adopted into that file: a second run updates it in place, adding its agent;
+text outside it is never changed. Blocks an earlier version wrote, one per agent (`<!--
+relay:begin agent=NAME -->`), are taken into it. A file whose relay markers do not pair up is
+refused, never rewritten.
 
 The file lies outside the state directory, in the project, where agents write too: its path is
 relative to the project root (no '..'; an absolute one only inside the root), and its directory is
@@ -29,140 +29,38 @@ import sys
 from pathlib import Path
 
 from relay.agent.api import check_known, declare
+from relay.agent.instructions import render, snippet
 from relay.errors import RelayError
 from relay.files.fs import StateDir, Unsafe, write_all
 from relay.files.layout import is_inside
 
 DEFAULT_FILE = "AGENTS.md"
-PLACEHOLDER = "YOUR_NAME"           # the snippet's agent name: valid, and plainly to be replaced
-PLACEHOLDER_TO = "OTHER_NAME"       # an example recipient where no other agent is known
 MAX_FILE_BYTES = 4 * 1024 * 1024    # an instructions file larger than this is not one
-MAX_LISTED = 40                     # other agents named in a block; `relay agents` has them all
 
-BEGIN, END = "<!-- relay:begin agent={} -->", "<!-- relay:end agent={} -->"
+NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+BEGIN, END = "<!-- relay:begin agents={} -->", "<!-- relay:end -->"
 MARKER = re.compile(r"<!--\s*relay:")                                   # any line that claims to be one
-EXACT = re.compile(r"<!-- relay:(begin|end) agent=([A-Za-z0-9][A-Za-z0-9._-]{0,63}) -->\Z")
-
-TEMPLATE = """\
-## relay: messages for agent `{{me}}`
-
-You are agent `{{me}}` (a file may hold one such section per agent: follow the one with your
-name). The other agents: {{others}}.
-relay carries messages between agents as files and keeps a ledger of them. Every command below
-works anywhere inside the project; messages move while `relay run` is going (`relay status`).
-
-### Read and wait
-
-    relay inbox {{me}}                   # each new message whole: from, to, thread, subject, time, id, body
-    relay inbox {{me}} --ack             # the same, then marks read exactly what it printed
-    relay inbox {{me}} --wait 600 --ack  # blocks until one comes; on timeout exit 124 (stdout empty)
-    relay read ID --agent {{me}}         # one message, marked read
-
-Nothing is marked read without `--ack` (or `relay read --agent`). `--json`/`--jsonl` print JSON.
-
-### Send and reply
-
-    relay send --from {{me}} --to {{to}} --subject "tests are green" "the body"   # prints the id
-    relay send --from {{me}} --to {{to}} --thread review-42 - <<'EOF'
-    a longer body, from standard input
-    EOF
-    relay send --from {{me}} --reply-to ID "the answer"   # to ID's sender, in its thread
-
-`--to` takes NAME[,NAME...] or `*` (everyone else); a name relay does not know is refused at once
-(exit 1, "did you mean ...?"). When you retry a send after a timeout, give both tries the same
-`--request-id R`: relay delivers it once and prints the first message's id.
-`relay audit --thread T` lists a thread in order.
-
-### Did it arrive?
-
-`relay show ID` tells a message's story: delivered to whom and when, or failed and why.
-`relay audit --from {{me}} --status failed` lists your messages that failed; each file is kept as
-`.relay/failed/{{me}}/<id>--<name>` beside `<id>--<name>.error.json`, which gives the reason.
-Fix the cause and send again.
-
-### Without the CLI: write a file
-
-Write it under a name starting with `.`, then rename it into your outbox under a name used once
-(a name reused before relay took the first file would replace that message). The path is from
-the project's top directory (the one holding `.relay/`):
-
-    d=.relay/outbox/{{me}}; n=msg-$(date +%s%N)-$$
-    printf 'TO: {{to}}\\nSUBJECT: hi\\nTHREAD: review-42\\n\\nthe body\\n' > "$d/.$n" && mv "$d/.$n" "$d/$n"
-
-Headers `TO`, `SUBJECT`, `THREAD`, `REQUEST-ID`, `ID` (an id you choose: 26 characters of relay's
-id alphabet, unused), a blank line, the body; or JSON with the keys `to`, `subject`, `thread`,
-`body`, `request_id`, `id`. Your new messages are `.relay/inbox/{{me}}/new/<id>.json`.
-
-### Python
-
-    import relay
-    me = relay.Agent("{{me}}")
-    mid = me.send("{{to}}", "the body", subject="hi", thread="review-42", request_id=None)
-    msgs = me.wait(timeout=600)      # [] on timeout; me.inbox() returns at once
-    for m in msgs:
-        print(m.sender, m.subject, m.body)
-        me.reply(m, "done")          # to m.sender, in m's thread
-    me.ack(msgs)                     # marks them read
-
-### MCP
-
-With relay's MCP server registered for you, use its tools: `send(to, body, subject, thread,
-request_id)`, `inbox()` (new messages with bodies; marks read what it returns), `wait(timeout_s)`,
-`agents()`, `thread(thread)`. To reply, `send` to the message's sender with its thread (its id
-when it has none). Register it (the `mcp` extra: `pip install 'agent-outbox-relay[mcp]'`) from the project root:
-
-    claude mcp add relay-{{me}} -- "$(command -v relay)" mcp --agent {{me}} --root "$PWD"
-
-Other clients, with absolute paths:
-
-    {"mcpServers": {"relay": {"command": "/abs/path/to/relay", "args": ["mcp", "--agent", "{{me}}", "--root", "/abs/path/to/project"]}}}
-"""
-
-SNIPPET_PREFACE = """\
-<!-- Rendered from relay/adopt.py: `python -m relay.adopt > contrib/AGENT_SNIPPET.md`. -->
-Paste what follows into an agent's instructions and put its name for YOUR_NAME, or let
-`relay adopt NAME [--file CLAUDE.md]` write it into AGENTS.md with the names filled in.
-
-"""
+EXACT = re.compile(rf"<!-- relay:(?:begin agents=(?P<agents>{NAME}(?:,{NAME})*)|(?P<end>end)) -->\Z")
+# A block of a version before the shared one: one per agent, taken into the shared block.
+EXACT_OLD = re.compile(rf"<!-- relay:(begin|end) agent=({NAME}) -->\Z")
 
 
-def render(me, others=None):
-    """The instructions for agent `me`; `others` the other agents' names (None: not known here)."""
-    now = "`relay agents` lists who is there now"
-    if others is None:
-        listed, to = now.replace("who is there now", "them"), PLACEHOLDER_TO
-    elif not others:
-        listed, to = f"none yet ({now})", PLACEHOLDER_TO
-    else:
-        names = sorted(others)
-        listed = ", ".join(f"`{n}`" for n in names[:MAX_LISTED])
-        if len(names) > MAX_LISTED:
-            listed += f" and {len(names) - MAX_LISTED} more"
-        listed += f" (when this was written; {now})"
-        to = names[0]
-    text = TEMPLATE.replace("{{others}}", listed).replace("{{to}}", to).replace("{{me}}", me)
-    assert "{{" not in text, "a placeholder of the template was left unfilled"
-    return text
-
-
-def snippet():
-    """contrib/AGENT_SNIPPET.md's text."""
-    return SNIPPET_PREFACE + render(PLACEHOLDER)
-
-
-def block(me, others):
-    """The marked block for agent `me`, ending in a newline."""
-    return (BEGIN.format(me) + "\n<!-- written by `relay adopt " + me + "`: run it again to update; "
-            "edit outside the markers -->\n" + render(me, others) + END.format(me) + "\n")
+def block(adopted, known=(), **how):
+    """The marked block for a file the agents `adopted` read, ending in a newline (render()'s
+    text; `how`: its relay, python and root)."""
+    names = sorted(adopted)
+    return (BEGIN.format(",".join(names)) + "\n<!-- written by `relay adopt`: run it again to update; "
+            "edit outside the markers -->\n" + render(names, known, **how) + END + "\n")
 
 
 # -- placing the block in a file ----------------------------------------------------------------
 
 def blocks(text, where):
-    """{agent: (start, end)} character offsets of each agent's block, end marker's line included.
-    A marker that is not exactly one of ours, a begin with no end, an end with no begin, blocks
-    inside each other and a second block for one agent are refused: RelayError naming the line."""
-    found, open_, offset = {}, None, 0
+    """[(agents, start, end)]: the character offsets of each relay block (end marker's line
+    included) and the agents it is for, in order. A marker that is not exactly one of ours, a
+    begin with no end, an end with no begin, blocks inside each other and two blocks for one
+    agent are refused: RelayError naming the line."""
+    found, open_, offset, seen = [], None, 0, set()
     for number, line in enumerate(text.split("\n"), 1):
         start, offset = offset, offset + len(line) + 1
         if number == 1 and line.startswith("\ufeff"):     # a byte order mark stays where it is
@@ -170,48 +68,65 @@ def blocks(text, where):
         bare = line.strip()
         if not MARKER.match(bare):
             continue
-        m = EXACT.match(bare)
-        if not m:
+        new, old = EXACT.match(bare), EXACT_OLD.match(bare)
+        if not (new or old):
             raise refused(where, number, f"{bare[:80]!r} is not a relay marker adopt can read "
-                          f"(expected {BEGIN.format('NAME')!r} or {END.format('NAME')!r})")
-        kind, agent = m.groups()
-        if kind == "begin":
-            if open_ is not None:
-                raise refused(where, number, f"a begin marker for {agent} inside the block of {open_[0]}, "
-                              f"whose end marker is missing")
-            if agent in found:
-                raise refused(where, number, f"a second block for agent {agent}")
-            open_ = (agent, start, number)
-        else:
-            if open_ is None or open_[0] != agent:
-                raise refused(where, number, f"an end marker for {agent} with no begin marker for {agent} before it")
-            found[agent] = (open_[1], min(offset, len(text)))
+                          f"(expected {BEGIN.format('NAME,...')!r} or {END!r})")
+        if new and new["end"] or old and old[1] == "end":
+            agent = old[2] if old else None
+            if open_ is None or (open_[0] != (agent,) if agent else open_[3]):
+                what = f"an end marker for {agent} with no begin marker for {agent}" if agent else \
+                    "an end marker with no begin marker"
+                raise refused(where, number, f"{what} before it")
+            found.append((open_[0], open_[1], min(offset, len(text))))
             open_ = None
+            continue
+        agents = tuple(new["agents"].split(",")) if new else (old[2],)
+        if open_ is not None:
+            raise refused(where, number, f"a begin marker for {', '.join(agents)} inside the block of "
+                          f"{', '.join(open_[0])}, whose end marker is missing")
+        again = sorted(seen & set(agents))
+        if again:
+            raise refused(where, number, f"a second block for agent {again[0]}")
+        seen |= set(agents)
+        open_ = (agents, start, number, bool(old))
     if open_ is not None:
-        raise refused(where, open_[2], f"the begin marker for {open_[0]} has no end marker")
+        raise refused(where, open_[2], f"the begin marker for {', '.join(open_[0])} has no end marker")
     return found
+
+
+def adopted(text, where):
+    """The agents the relay blocks of `text` are for."""
+    return {a for agents, _, _ in blocks(text, where) for a in agents}
 
 
 def refused(where, line, what):
     return RelayError(f"{where}:{line}: {what}; mend the markers by hand (the file is left as it is)")
 
 
-def place(text, me, new_block, where):
-    """`text` with agent `me`'s block replaced by `new_block`, or added at the end."""
+def place(text, new_block, where):
+    """`text` with its relay blocks replaced by `new_block` (where the first one was), or with
+    `new_block` added at the end."""
     newline = "\r\n" if "\r\n" in text else "\n"
     if newline != "\n":
         new_block = new_block.replace("\n", newline)
     found = blocks(text, where)
-    if me in found:
-        start, end = found[me]
-        if end == len(text) and not text.endswith("\n"):      # the end marker was the last line
-            new_block = new_block[:-len(newline)]
-        return text[:start] + new_block + text[end:]
-    if text and not text.endswith("\n"):
-        text += newline
-    if text.strip():
-        text += newline
-    return text + new_block
+    if not found:
+        if text and not text.endswith("\n"):
+            text += newline
+        if text.strip():
+            text += newline
+        return text + new_block
+    out, pos = [], 0
+    for i, (_, start, end) in enumerate(found):
+        before = text[pos:start]
+        if i and before.endswith(newline * 2):       # the blank line that set a removed block apart
+            before = before[:-len(newline)]
+        out.append(before)
+        if i == 0:
+            out.append(new_block[:-len(newline)] if end == len(text) and not text.endswith("\n") else new_block)
+        pos = end
+    return "".join(out) + text[pos:]
 
 
 # -- the file -----------------------------------------------------------------------------------
@@ -285,8 +200,9 @@ def check(path, root=None):
 
 
 def update(path, me, new_block, fsync=None, root=None):
-    """Write `new_block` into the file at `path` for agent `me`: 'added', 'updated' or 'unchanged'.
-    `root`: the directory the walk to `path` starts from (open_parent)."""
+    """Put agent `me` in the relay block of the file at `path`: 'added', 'updated' or
+    'unchanged'. `new_block(agents)` gives the block for the agents the file's blocks are for,
+    `me` among them (a string: that block). `root`: where the walk to `path` starts (open_parent)."""
     if fsync is None:
         from relay.files.sync import default_fsync as fsync
     path = Path(path)
@@ -294,11 +210,13 @@ def update(path, me, new_block, fsync=None, root=None):
     try:
         fcntl.flock(dfd, fcntl.LOCK_EX)         # two adopt runs on one directory take turns
         old, seen = read(dfd, path)
-        new = place(old or "", me, new_block, path)
+        had = adopted(old or "", path)
+        text = new_block(had | {me}) if callable(new_block) else new_block
+        new = place(old or "", text, path)
         if new == old:
             return "unchanged"
         replace(dfd, path, new.encode("utf-8"), seen, fsync)
-        return "updated" if old is not None and me in blocks(old, path) else "added"
+        return "updated" if me in had else "added"
     finally:
         os.close(dfd)
 
@@ -382,8 +300,8 @@ def replace(dfd, path, data, seen, fsync):
 # -- the agent ----------------------------------------------------------------------------------
 
 def adopt(layout, configured, agent, path, create=False, fsync=None, root=None):
-    """Write agent `agent`'s block into `path` (walked from `root`, never through a link). An
-    agent relay does not know is refused unless `create`, which makes its outbox and inbox.
+    """Put agent `agent` in the relay block of `path` (walked from `root`, never through a link).
+    An agent relay does not know is refused unless `create`, which makes its outbox and inbox.
     Returns 'added', 'updated' or 'unchanged'."""
     known = layout.agent_names(configured)
     if agent not in known:
@@ -394,7 +312,8 @@ def adopt(layout, configured, agent, path, create=False, fsync=None, root=None):
         if problems:
             raise RelayError("; ".join(problems))
         declare(layout, [agent], "relay adopt --create")
-    return update(path, agent, block(agent, known - {agent}), fsync=fsync, root=root)
+        known = known | {agent}
+    return update(path, agent, lambda agents: block(agents, known, root=root), fsync=fsync, root=root)
 
 
 if __name__ == "__main__":

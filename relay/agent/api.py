@@ -8,99 +8,31 @@
         me.reply(m, "thanks")
     me.ack(...)                             # marks read what was shown
 
-The CLI's agent verbs (send, inbox, read) are built on this, so both check the same things:
+The project, a message as read (Received) and the agents' names are in project.py. The CLI's
+agent verbs (send, inbox, read) are built on this, so both check the same things:
 names against the known agents (an unknown one is refused with the closest match), an id that
 `relay show` finds at once (the sender's file carries it, and the ledger records it as that
 sender's before the file is written), request ids that make a repeated send harmless. Messages are written the way SPEC section 2 asks: a hidden temporary, synced, renamed
 into the outbox under a name no other message uses.
 """
-import contextlib
 import dataclasses
 import os
-import sqlite3
-import threading
 import time
 
-import orjson
-
-from relay import config as config_mod
-from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
+from relay.config import AGENT_VARIABLE, SYSTEM, default_agent
 from relay.agent.delivery import delivered
-from relay.errors import InvalidName, NotFound, RelayError, UnknownAgent
+from relay.errors import InvalidName, NotFound, RelayError
 from relay.files.fs import Unsafe
-from relay.ledger.history import History
 from relay.ids import IdGenerator
 from relay.core.inbox import Inbox
-from relay.files.layout import Layout, valid_id
-from relay.files.lock import wake
+from relay.files.layout import valid_id
 from relay.agent.leases import Leases
 from relay.agent.mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
-from relay.ledger.ledger import Ledger
-from relay.core.message import closest  # noqa: F401  (the "did you mean" every side gives; offered here too)
-from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, iso, request_id as checked_request_id
+from relay.agent.project import (Project, Received, check_known, closest, create_agents, declare)  # noqa: F401  (offered here too)
+from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, request_id as checked_request_id
 from relay.files.sync import Syncer
 
 _ids = IdGenerator()
-
-
-@dataclasses.dataclass(frozen=True)
-class Received:
-    """One message in an agent's inbox (its envelope, SPEC section 3)."""
-    id: str
-    sender: str
-    to: list
-    kind: str
-    thread: str
-    subject: str
-    body: str
-    headers: dict
-    sent_at: str
-    relayed_at: str
-    state: str              # "new" (not read yet) or "cur" (read)
-    path: str
-    error: str = None       # an envelope relay could not read: shown, never marked read
-
-    @classmethod
-    def of(cls, doc, state, path):
-        def text(key):
-            value = doc.get(key)
-            return value if isinstance(value, str) else None
-        to = doc.get("to")
-        return cls(id=text("id") or os.path.basename(str(path)).split(".")[0], sender=text("from"),
-                   to=[t for t in to if isinstance(t, str)] if isinstance(to, list) else [],
-                   kind=text("kind"), thread=text("thread"), subject=text("subject"), body=text("body") or "",
-                   headers=doc.get("headers") if isinstance(doc.get("headers"), dict) else {},
-                   sent_at=text("sent_at"), relayed_at=text("relayed_at"), state=state, path=str(path),
-                   error=text("error"))
-
-    def as_dict(self):
-        """The envelope's fields (`from` for the sender), with `state` and `path`."""
-        doc = {"id": self.id, "from": self.sender, "to": self.to, "kind": self.kind, "thread": self.thread,
-               "subject": self.subject, "body": self.body, "headers": self.headers, "sent_at": self.sent_at,
-               "relayed_at": self.relayed_at, "state": self.state, "path": self.path}
-        if self.error:
-            doc["error"] = self.error
-        return doc
-
-    @property
-    def reply_thread(self):
-        """The thread a reply belongs to: this message's, or its id when it had none."""
-        return self.thread or self.id
-
-
-def check_known(name, known, role):
-    """`name` when it is a known agent; UnknownAgent naming the closest match and the known
-    ones otherwise."""
-    if not AGENT_NAME.match(name):
-        raise InvalidName(f"invalid agent name {name!r} ({role}): agent names match {AGENT_NAME_RULE}")
-    if name in known:
-        return name
-    near = closest(name, known)
-    hint = f"; did you mean {near}?" if near else ";"
-    names = sorted(known)
-    listed = ", ".join(names[:30]) + (f" ... ({len(names)} in all)" if len(names) > 30 else "")
-    raise UnknownAgent(f"unknown {role} {name!r}{hint} known agents: {listed or '(none)'} "
-                       "(--create adds a new agent on purpose)")
 
 
 def one_line(value, what):
@@ -129,114 +61,26 @@ def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=N
     return (head + "\n\n" + body).encode("utf-8")
 
 
-class Project:
-    """A relay project found like git: `root` when given, else RELAY_ROOT, else the current
-    directory or its nearest parent holding the state directory."""
-
-    def __init__(self, root=None, state_dir=None, env=None, cwd=None, config=None, clock=time.time):
-        self.clock = clock          # what time it is for leases (file reservations)
-        if config is None:
-            found = config_mod.discover(root, state_dir, env, cwd=cwd)
-            config = config_mod.load(found, state_dir, env=env)
-        self.config = config
-        self.layout = Layout(self.config.root, self.config.state_dir)
-        self._writer = None         # the ledger, for the ids sent (reserve)
-        self._writing = threading.Lock()
-
-    def close(self):
-        """Close the descriptors of the state directory and the ledger (opened again when next
-        needed)."""
-        with self._writing:
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-        self.layout.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def agents(self):
-        """The known agents, sorted (SPEC section 2), with a federation's agents of other nodes."""
-        names = self.layout.agent_names(self.config.agents)
-        if self.config.federation is not None:
-            history = self.history()
-            if history is not None:
-                with history:
-                    names |= {n for n, (node, _) in history.remote_agents().items()
-                              if node != self.config.federation.node}
-        return sorted(names)
-
-    @contextlib.contextmanager
-    def writing(self):
-        """The ledger to write, one caller at a time. The connection is kept for the next write
-        (closing the last one checkpoints the log) until close()."""
-        with self._writing:
-            if self._writer is None:
-                self._writer = Ledger(self.layout.ledger, durability=self.config.durability)
-            yield self._writer
-
-    def reserve(self, mid, sender, request_id=None):
-        """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_senders.py): a file
-        of another outbox that copies it cannot have it. With a request id the sender used on a
-        message that did not fail (read by relay or still in the outbox), nothing is recorded and
-        that message's id is returned (None otherwise)."""
-        try:
-            with self.writing() as ledger:
-                return ledger.reserve_id(mid, sender, time.time(), request_id)
-        except sqlite3.Error as e:
-            raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
-
-    def history(self):
-        """The ledger read-only (close it, or use `with`); None when there is no ledger yet."""
-        if not self.layout.ledger.exists():
-            return None
-        return History(Ledger(self.layout.ledger, readonly=True))
-
-    def message(self, mid):
-        """A message from any recipient's inbox, or from the ledger when no inbox holds it."""
-        history = self.history()
-        if history is None:
-            raise NotFound(f"no message with id {mid!r}: the project has no ledger yet")
-        with history:
-            row = history.find(mid)
-        box = Inbox(self.layout, None)
-        for recipient in _recipients(row):
-            found = box.envelope(recipient, row["id"])
-            if found is not None:
-                return Received.of(found[2], found[0], found[1])
-        return Received(id=row["id"], sender=row["sender"], to=_recipients(row), kind=row["kind"],
-                        thread=row["thread"], subject=row["subject"], body=row["body"] or "",
-                        headers=_json(row["headers"]) or {}, sent_at=_when(row["sent_at"]),
-                        relayed_at=_when(row["delivered_at"]), state=row["status"], path=None,
-                        error=row["error"])
-
-    def thread(self, thread):
-        """The messages of a thread, oldest first, as ledger records."""
-        from relay.operator import views
-        history = self.history()
-        if history is None:
-            return []
-        with history:
-            return [views.record(r) | {"body": r["body"]} for r in history.audit(thread=thread, oldest_first=True)]
-
-
 class Agent(Leases):
     """One agent's side: its outbox to send from, its inbox to read, its file reservations
     (leases.py: reserve, release, reservations)."""
 
-    def __init__(self, name, root=None, *, state_dir=None, create=False, project=None, role="agent"):
+    def __init__(self, name=None, root=None, *, state_dir=None, create=False, project=None, role="agent"):
+        """`name`: the agent's (default: RELAY_AGENT's); `root`: the project's, found like git
+        when None."""
         self._mail = None           # the inbox watch wait() keeps
+        name = name or default_agent()
+        if name is None:
+            raise RelayError(f'name the agent: relay.Agent("NAME"), or set {AGENT_VARIABLE}=NAME')
         self.project = project or Project(root, state_dir)
         self.repeated = False       # the last send's request id was used before: nothing was sent
+        self.marked = []            # the ids the last mark_read() marked read (the others were read already)
         self.layout = self.project.layout
         self.inbox_ = Inbox(self.layout, Syncer("normal", self.layout.fs))
         if not self.layout.state.is_dir():
             raise RelayError(f"no relay state directory at {self.layout.state}: run `relay init` first")
         if create and name != SYSTEM:
-            _create(self.layout, [name], "created by an agent")
+            create_agents(self.layout, [name], "created by an agent")
         # System, relay's own inbox (control messages), may be read; it never sends.
         self.name = name if name == SYSTEM else check_known(name, self.project.agents(), role)
 
@@ -284,7 +128,7 @@ class Agent(Leases):
             known |= self._team_names(unknown, wait=0.0 if create else 2.0)
             unknown = [n for n in unknown if n not in known]
         if unknown and create:
-            _create(self.layout, unknown, "created by an agent")
+            create_agents(self.layout, unknown, "created by an agent")
             known |= set(unknown)
         for n in names:
             if n not in special:
@@ -330,6 +174,11 @@ class Agent(Leases):
         except NotFound:
             return self.project.message(mid)
 
+    def search(self, query, sender=None, thread=None, since=None, limit=20):
+        """What this agent may see (its inbox and what it sent) whose subject or body holds every
+        word of `query`, newest first: Project.search for this agent."""
+        return self.project.search(query, agent=self.name, sender=sender, thread=thread, since=since, limit=limit)
+
     def sent_before(self, request_id):
         """The id of this agent's message with this request id (not failed: read by relay, or
         one `relay send` wrote that still waits in the outbox), or None."""
@@ -341,18 +190,46 @@ class Agent(Leases):
 
     # -- reading ----------------------------------------------------------------------------
 
-    def inbox(self, ack=False, include_read=False, limit=None, skip=()):
-        """The new messages (with `include_read`, the read ones too), oldest first. With `ack`
-        the new ones returned are marked read; nothing else is. With `limit`, at most that many
-        messages (an unreadable entry met before the last of them is among them, not counted),
-        and no envelope past them is read. `skip`: names of new/ entries ("<id>.json") to
-        leave out, unread."""
+    def inbox(self, ack=False, include_read=False, limit=None, skip=(), recent=0):
+        """The new messages (with `include_read`, the read ones too), oldest first; nothing is
+        marked read unless `ack`, which marks read the new ones returned. With `limit`, at most
+        that many messages (an unreadable entry met before the last of them is among them, not
+        counted), and no envelope past them is read. `skip`: names of new/ entries ("<id>.json")
+        to leave out, unread. `recent`: the `recent` newest read messages first (recent())."""
         self._check_inbox()
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise RelayError(f"the limit must be a whole number of messages, 1 or more, not {limit!r}")
+        before = self.recent(recent) if recent and not include_read else []
         listed = self.inbox_.list(self.name, include_read, limit=limit, skip=skip)
         items = [Received.of(doc, sub, path) for sub, path, doc in listed]
-        return self.ack(items) if ack else items
+        return before + (self.ack(items) if ack else items)
+
+    def recent(self, n=10):
+        """The `n` newest messages of this inbox that are read already (newest by id: by the time
+        they were sent), oldest first: what to look at when what a read returned was lost."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise RelayError(f"the number of read messages must be a whole number, 0 or more, not {n!r}")
+        self._check_inbox()
+        return [Received.of(doc, sub, path) for sub, path, doc in self.inbox_.recent(self.name, n)]
+
+    def mark_read(self, ids):
+        """Mark read (new/ -> cur/) the messages of this inbox with these ids (or unique prefixes
+        of them); returns them as they are now, in the order named. `marked` says which of them
+        this call marked read (the others were read already). An id that is not in the inbox
+        refuses the whole call (NotFound) before anything is marked."""
+        found, missing = {}, []
+        for mid in [ids] if isinstance(ids, str) else ids:
+            try:
+                m = self.read(mid)
+                found.setdefault(m.id, m)
+            except NotFound:
+                missing.append(mid)
+        if missing:
+            named = ", ".join(repr(m) for m in missing)
+            raise NotFound(f"no message{'s' if len(missing) > 1 else ''} {named} in the inbox of {self.name}; "
+                           "nothing was marked read")
+        self.marked = [m.id for m in found.values() if m.state == "new" and not m.error]
+        return self.ack(list(found.values()))
 
     def _check_inbox(self):
         """The agent's inbox is plain directories inside the state directory, or RelayError.
@@ -473,48 +350,6 @@ def agents(root=None, state_dir=None):
     """The known agents of the project found from the current directory (or `root`)."""
     with Project(root, state_dir) as project:
         return project.agents()
-
-
-def _create(layout, names, how):
-    for name in names:
-        if not AGENT_NAME.match(name) or name == SYSTEM:
-            raise InvalidName(f"invalid agent name {name!r}: agent names match {AGENT_NAME_RULE}")
-        if name in BROADCAST:
-            raise InvalidName(f"{name!r} means every agent (as '*') and cannot be one agent's name")
-    problems = layout.init(names)
-    if problems:
-        raise RelayError("; ".join(problems))
-    declare(layout, names, how)
-
-
-def declare(layout, names, how, durability="full"):
-    """Record in the ledger that these agents are senders (with `senders = "declared"` relay
-    reads only the outboxes of declared agents and those listed in `agents`); `how` says what
-    declared them. A running daemon is woken to look at their outboxes now."""
-    if not names:
-        return
-    try:
-        with Ledger(layout.ledger, durability=durability) as ledger:
-            ledger.declare(names, time.time(), how)
-    except sqlite3.Error as e:
-        raise RelayError(f"cannot record the agents {', '.join(names)} in the ledger ({e})") from None
-    wake(layout.lock)
-
-
-def _json(raw):
-    try:
-        return orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
-        return None
-
-
-def _recipients(row):
-    value = _json(row["recipients"])
-    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
-
-
-def _when(ts):
-    return iso(ts) if isinstance(ts, (int, float)) else None
 
 
 __all__ = ["Agent", "Project", "Received", "Stop", "agents"]

@@ -4,12 +4,18 @@ stdio, for agents in MCP clients (Claude Code, Cursor, Codex and the like).
 It is built with the official `mcp` SDK (the `agent-outbox-relay[mcp]` extra; its MCPServer, the name FastMCP
 had before version 2) on api.py's Agent, so its tools check what the shell and Python check:
 
-    send(to, body, subject, thread, request_id, wait_delivered_s)
+    send(to, body, subject, thread, request_id, kind, wait_delivered_s)
                         -> {id, repeated, relay_running, delivered, error, timed_out}
-    inbox(limit)        the new messages with their bodies, oldest first; marks read exactly those
+    reply(id, body)     to the message's sender, in its thread, "Re: " its subject
+    inbox(limit, mark_read, recent)  the new messages with their bodies, oldest first; marks read
+                        exactly those (unless mark_read is false); the newest read ones too
     wait(timeout_s)     blocks (inotify, in a worker thread) until a message is there, then as inbox
+    read(id)            one message, new or read; marks it read
+    mark_read(ids)      marks read the messages named
+    search(query, ...)  full text over what the agent may see, newest first, with snippets
     agents()            who the agent is and the known agents
-    thread(thread)      a conversation oldest first, as the ledger has it
+    thread(thread, limit)  a conversation oldest first, as the ledger has it (from the message
+                        whose id names it)
     reserve(paths, ttl, exclusive, reason), release(paths), reservations(mine)
                         file reservations (leases.py): refused whole, naming the holders
 
@@ -19,17 +25,14 @@ message is marked read only once the reply holding it was written whole to the c
 reply that is not written (the client gone, the call cancelled) leaves it new. A server whose
 client no longer reads exits.
 
-A refusal (an unknown recipient with the closest match, a bad request id, ...) comes back as a
-tool error carrying relay's one-line message; the server goes on. Only this module and
-mcp_wire.py import `mcp`; cli_mcp.py loads them when `relay mcp` runs.
+A refusal (an unknown recipient with the closest match, a bad request id, an argument of the
+wrong type, a number below its range, ...) comes back as a tool error carrying relay's one-line
+message; the server goes on. Only this module, mcp_wire.py and mcp_handover.py (the hand-off)
+import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
 """
-import contextlib
 import functools
 import logging
-import os
 import signal
-import sqlite3
-import threading
 import time
 from typing import Annotated, Optional
 
@@ -37,14 +40,14 @@ import anyio
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import Field
+from pydantic import Field, ValidationError
 from typing_extensions import TypedDict     # pydantic reads typing's only from Python 3.12
 
 from relay.version import __version__
-from relay.agent.api import Agent, Project, Stop
+from relay.agent.api import Stop
 from relay.agent.delivery import wait_delivered
-from relay.errors import RelayError
-from relay.guards import explain
+from relay.agent.mcp_handover import (Handover, argument_errors, bounded, fresh, message, tool_errors,  # noqa: F401
+                                      words)      # (Handover: offered here too)
 from relay.files.lock import holder
 from relay.agent.mcp_wire import serve as serve_stdio
 
@@ -54,15 +57,15 @@ MAX_WAIT = 600.0            # seconds: the longest one wait call blocks
 MAX_WAITS = 8               # waits blocking at once (each a thread and an inotify instance); more queue
 MAX_LIMIT = 500             # messages one inbox or wait call returns at most
 DEFAULT_LIMIT = 50
-LIMIT = f"At most this many messages (1 to {MAX_LIMIT}); the others stay new for the next call."
-# api.py's messages name the shell's flags; through MCP they name the tool's parameters
-FLAGS = ((" (--create adds a new agent on purpose)", ""), ("--request-id ", "request_id "))
+MOST = "more is taken as the most"       # the tools' numbers: less than the least is refused
+LIMIT = f"At most this many messages (1 to {MAX_LIMIT}; {MOST}); the others stay new for the next call."
+MARK_READ = "False: list them and mark nothing read (mark_read(ids) does it later)."
 
 # A message as the inbox and wait tools return it (`from` is a Python keyword: functional form).
 Message = TypedDict("Message", {
     "id": str, "from": Optional[str], "to": list[str], "kind": Optional[str], "thread": Optional[str],
     "subject": Optional[str], "body": str, "sent_at": Optional[str], "relayed_at": Optional[str],
-    "headers": dict[str, str]})
+    "headers": dict[str, str], "read": bool})       # read: it was marked read before this call
 
 
 class Unreadable(TypedDict):
@@ -75,6 +78,12 @@ class Messages(TypedDict):
     more: int                   # new messages left in the inbox past those returned (not read yet)
     unreadable: list[Unreadable]    # envelopes relay cannot read met on the way: never marked read
     timed_out: bool             # wait only: the time ran out with no new message
+    recent: list[Message]       # inbox(recent=N): the newest messages read already, oldest first
+
+
+class MarkedRead(TypedDict):
+    marked: list[str]           # the ids marked read now
+    already: list[str]          # the ids that were read already
 
 
 class Sent(TypedDict):
@@ -86,9 +95,23 @@ class Sent(TypedDict):
     timed_out: bool             # with wait_delivered_s: the time ran out first
 
 
+Found = TypedDict("Found", {
+    "id": str, "from": Optional[str], "to": list[str], "kind": Optional[str], "thread": Optional[str],
+    "subject": Optional[str], "snippet": Optional[str], "sent_at": Optional[str], "status": Optional[str]})
+
+
+class Results(TypedDict):
+    results: list[Found]
+
+
+class Known(TypedDict):
+    name: str
+    me: bool                    # this is the caller
+
+
 class Agents(TypedDict):
     me: str
-    agents: list[str]
+    agents: list[Known]
 
 
 ThreadMessage = TypedDict("ThreadMessage", {
@@ -100,6 +123,7 @@ ThreadMessage = TypedDict("ThreadMessage", {
 class Thread(TypedDict):
     thread: str
     messages: list[ThreadMessage]
+    more: int                   # earlier messages of the thread left out by the limit
 
 
 class Lease(TypedDict):
@@ -125,75 +149,119 @@ class Released(TypedDict):
 INSTRUCTIONS = """\
 You are the agent {me} on relay, which carries messages between the agents of this project.
 Call inbox() for your new messages (with bodies; it marks read what it returns) and wait(timeout_s)
-to block until one comes. send(to, body, subject, thread, request_id) sends; to reply, send to the
-message's `from` with its thread (its id when it has none). Give a request_id to make a retried
-send harmless. agents() lists who you can write to; thread(thread) shows a conversation.
+to block until one comes; inbox(mark_read=false) lists them and marks nothing read, mark_read(ids)
+marks them later. A result you lost is still there: read(id), or inbox(recent=5) for the newest
+read ones. send(to, body, subject, thread, request_id) sends; reply(id, body) answers a message
+in its thread. Give a request_id to make a retried send harmless. agents() lists who you can
+write to; thread(thread) shows a conversation; search(query) finds messages by their words.
 Before editing files others may edit, reserve(paths, exclusive=true) them (paths relative to the
 project root; reserve again to renew) and release(paths) when done; reservations() lists who
 holds what. A refusal names the holder and until when: ask them, or work elsewhere."""
+
+
+class Server(MCPServer):
+    """The SDK's MCPServer, with the arguments its validation refuses said on one line: which
+    argument, what it must be and what it was (pydantic's own text and URLs never reach the
+    agent)."""
+
+    async def call_tool(self, name, arguments, context=None):
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as e:
+            if not isinstance(e.__cause__, ValidationError):
+                raise
+            raise ToolError(f"Error executing tool {name}: {argument_errors(e.__cause__)}") from e.__cause__
 
 
 def build(agent, handover=None):
     """The MCP server for `agent` (an api.Agent, checked); serve it with `serve()` (stdio), or
     call its tools in process. `handover`: what marks read the messages a reply holds (a
     Handover; by default one with no wire: a call's return is the hand-off)."""
-    server = MCPServer("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
+    server = Server("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
                        log_level="WARNING")
     waits = anyio.CapacityLimiter(MAX_WAITS)    # the other tools keep the SDK's worker threads
     name, config = agent.name, agent.project.config
     handover = handover or Handover(name, config)
     me = functools.partial(fresh, name, config)
 
+    def sent(agent, mid):
+        return {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None,
+                "delivered": None, "error": None, "timed_out": False}
+
     @server.tool()
-    def send(to: Annotated[str, Field(description="Recipient(s): NAME, NAME,NAME, '*' (everyone) or System.")],
+    def send(to: Annotated[list[str] | str, Field(description="Recipient(s): NAME, NAME,NAME, a JSON array of "
+                                                  "names, '*' (everyone) or System.")],
              body: Annotated[str, Field(description="The message text.")],
              subject: Annotated[Optional[str], Field(description="One line.")] = None,
              thread: Annotated[Optional[str], Field(description="The conversation's thread id: a reply "
                                                     "uses the message's thread (its id when it has none).")] = None,
              request_id: Annotated[Optional[str], Field(description="Your id for this request: a second send "
                                                         "with it is not delivered again.")] = None,
+             kind: Annotated[Optional[str], Field(description="The message's kind (default: message).")] = None,
              wait_delivered_s: Annotated[Optional[float], Field(description=(
-                 f"Then wait up to this many seconds (0 to {MAX_WAIT:g}; more is taken as the most) until every "
+                 f"Then wait up to this many seconds (0 to {MAX_WAIT:g}; {MOST}) until every "
                  "recipient has it: `delivered` true, or false with `error` when it failed; `timed_out` when the "
                  "time ran out first."))] = None) -> Sent:
         """Send a message to other agents. Returns its id; `repeated` is true when request_id was
         used before (nothing new was sent: the id is the first message's). With wait_delivered_s,
-        returns once it is delivered to every recipient or failed (`delivered`, `error`)."""
+        returns once it is delivered to every recipient or failed (`delivered`, `error`).
+        Marks nothing read."""
+        wait = None if wait_delivered_s is None else bounded(wait_delivered_s, "wait_delivered_s", 0, MAX_WAIT)
         with me() as agent, tool_errors():
-            mid = agent.send(to, body, subject=subject, thread=thread, request_id=request_id)
-            out = {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None,
-                   "delivered": None, "error": None, "timed_out": False}
-            if wait_delivered_s is not None:
-                outcome = wait_delivered(agent.project, mid, clamp(wait_delivered_s, 0, MAX_WAIT))
+            mid = agent.send(words(to, "names"), body, subject=subject, thread=thread, kind=kind,
+                             request_id=request_id)
+            out = sent(agent, mid)
+            if wait is not None:
+                outcome = wait_delivered(agent.project, mid, wait)
                 out.update(delivered=outcome.delivered, timed_out=outcome.delivered is None,
                            error=outcome.reason if outcome.delivered is False else None)
             return out
 
     @server.tool()
-    def inbox(ctx: Context, limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:
-        """Your new messages, whole (from, to, thread, subject, body, sent_at, id), oldest first.
-        Marks read exactly the messages it returns; `more` counts those left for the next call."""
-        key, limit = handover.key(ctx), clamp(limit, 1, MAX_LIMIT)
+    def reply(id: Annotated[str, Field(description="The id of the message to answer (or a unique start of it).")],
+              body: Annotated[str, Field(description="The answer.")],
+              request_id: Annotated[Optional[str], Field(description="Your id for this request: a second reply "
+                                                         "with it is not delivered again.")] = None) -> Sent:
+        """Answer a message: to its sender, in its thread (its id when it had none), with the
+        subject "Re: " and its subject. Returns what send returns. Marks nothing read."""
         with me() as agent, tool_errors():
-            return handover.take(agent, agent.inbox(limit=limit, skip=handover.held), limit, key)
+            return sent(agent, agent.reply(id, body, request_id=request_id))
+
+    @server.tool()
+    def inbox(ctx: Context, limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT,
+              mark_read: Annotated[bool, Field(description=MARK_READ)] = True,
+              recent: Annotated[int, Field(description=f"Also return (in `recent`) this many of the newest messages "
+                                           f"read already (0 to {MAX_LIMIT}; {MOST}): to see again what a lost "
+                                           "result held.")] = 0) -> Messages:
+        """Your new messages, whole (from, to, thread, subject, body, sent_at, id), oldest first.
+        Marks read the messages it returns, once this reply has reached you (unless mark_read is
+        false); `more` counts those left for the next call."""
+        key, limit = handover.key(ctx), bounded(limit, "limit", 1, MAX_LIMIT)
+        recent = bounded(recent, "recent", 0, MAX_LIMIT)
+        with me() as agent, tool_errors():
+            before = [message(m) for m in agent.recent(recent)]
+            got = handover.take(agent, agent.inbox(limit=limit, skip=handover.held), limit, key, mark=mark_read)
+            return got | {"recent": before}
 
     @server.tool()
     async def wait(ctx: Context,
                    timeout_s: Annotated[float, Field(description=f"Seconds to wait at most (0 to {MAX_WAIT:g}; "
-                                                     "more is taken as the most).")] = 60.0,
-                   limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT) -> Messages:
+                                                     f"{MOST}).")] = 60.0,
+                   limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT,
+                   mark_read: Annotated[bool, Field(description=MARK_READ)] = True) -> Messages:
         """Block until at least one new message is there (or timeout_s passes: `timed_out`), then
-        return the new messages as inbox does, marked read."""
-        key, limit = handover.key(ctx), clamp(limit, 1, MAX_LIMIT)
+        return the new messages as inbox does. Marks read the messages it returns, once this reply
+        has reached you (unless mark_read is false)."""
+        key, limit = handover.key(ctx), bounded(limit, "limit", 1, MAX_LIMIT)
 
         def waiting(seconds, stop):
             # In this thread from the wait to the taking: a cancelled call leaves it running a
             # moment, and `stop` (set then) makes it take nothing.
             with me() as agent, tool_errors():
                 got = agent.wait(seconds, stop=stop, limit=limit, skip=handover.held)
-                return handover.take(agent, got, limit, key, stop=stop)
+                return handover.take(agent, got, limit, key, stop=stop, mark=mark_read)
 
-        deadline = time.monotonic() + clamp(timeout_s, 0, MAX_WAIT)
+        deadline = time.monotonic() + bounded(timeout_s, "timeout_s", 0, MAX_WAIT)
         while True:
             stop = Stop()
             try:
@@ -204,21 +272,60 @@ def build(agent, handover=None):
                 stop.set()
             # all it saw were taken by another reader meanwhile: wait on for the time left
             if out["messages"] or out["unreadable"] or time.monotonic() >= deadline:
-                return out | {"timed_out": not out["messages"] and not out["unreadable"]}
+                return out | {"timed_out": not out["messages"] and not out["unreadable"], "recent": []}
+
+    @server.tool()
+    def read(ctx: Context, id: Annotated[str, Field(description="The message's id (or a unique start of it).")]) -> Message:
+        """One message of your inbox, whole, new or read already (`read`): a result you lost is
+        still here. Marks it read, once this reply has reached you."""
+        key = handover.key(ctx)
+        with me() as agent, tool_errors():
+            return handover.take_one(agent, agent.read(id), key)
+
+    @server.tool()
+    def mark_read(ids: Annotated[list[str] | str, Field(description="The ids (or unique starts of them) of "
+                                                        "messages in your inbox: a list, or one string.")]) -> MarkedRead:
+        """Marks read the messages of your inbox with these ids: after inbox(mark_read=false), once
+        you have dealt with them. An id that is not in your inbox refuses the whole call."""
+        with me() as agent, tool_errors():
+            done = agent.mark_read(words(ids))
+            return {"marked": agent.marked, "already": [m.id for m in done if m.id not in agent.marked]}
 
     @server.tool()
     def agents() -> Agents:
-        """Your name and the agents you can send to."""
+        """Your name and the agents you can send to, yourself marked (`me`). Marks nothing read."""
         with me() as agent, tool_errors():
-            return {"me": agent.name, "agents": agent.project.agents()}
+            return {"me": agent.name, "agents": [{"name": n, "me": n == agent.name} for n in agent.project.agents()]}
 
     @server.tool()
-    def thread(thread: Annotated[str, Field(description="A thread id (a message's `thread`).")]) -> Thread:
-        """The messages of a thread, oldest first, with their bodies and delivery status."""
+    def thread(thread: Annotated[str, Field(description="A thread id: a message's `thread`, or the id of the "
+                                            "message a thread started from.")],
+               limit: Annotated[int, Field(description=f"At most this many messages, the newest (1 to {MAX_LIMIT}; "
+                                           f"{MOST}).")] = DEFAULT_LIMIT) -> Thread:
+        """The messages of a thread, oldest first, with their bodies and delivery status; a thread
+        named by a message's id starts with that message. `more` counts the earlier messages left
+        out by `limit`. Marks nothing read."""
         with me() as agent, tool_errors():
-            rows = agent.project.thread(thread)
+            rows, more = agent.project.thread_page(thread, bounded(limit, "limit", 1, MAX_LIMIT))
         keys = ThreadMessage.__annotations__
-        return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows]}
+        return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows], "more": more}
+
+    @server.tool()
+    def search(query: Annotated[str, Field(description='Words that must all be in the subject or body, any case; '
+                                           '"a phrase"; prefix* for words that start so.')],
+               sender: Annotated[Optional[str], Field(description="Only messages from this agent.")] = None,
+               thread: Annotated[Optional[str], Field(description="Only this thread (a thread named by a message's "
+                                                      "id holds that message).")] = None,
+               since: Annotated[Optional[str], Field(description="Only messages since then: a duration ago (2h, 7d) "
+                                                     "or a date (2026-11-30, 2026-11-30T10:00, UTC).")] = None,
+               limit: Annotated[int, Field(description=f"At most this many messages, the newest (1 to {MAX_LIMIT}; "
+                                           f"{MOST}).")] = 20) -> Results:
+        """Search the messages you may see (your inbox and what you sent) by the words of their
+        subject and body: newest first, each with a snippet of its body (the words found between
+        ** and **); read(id) or thread(thread) for the whole. Marks nothing read."""
+        with me() as agent, tool_errors():
+            return {"results": agent.search(query, sender=sender, thread=thread, since=since,
+                                            limit=bounded(limit, "limit", 1, MAX_LIMIT))}
 
     @server.tool()
     def reserve(paths: Annotated[list[str], Field(description="Files, directories or globs (*, ?, [ab], ** for "
@@ -231,7 +338,8 @@ def build(agent, handover=None):
         """Reserve files for yourself: all the paths, or none when another agent holds an
         overlapping exclusive reservation (any overlapping one, if you ask for exclusive): the
         error names who holds what until when, and they are told. Advisory: nothing stops a
-        write, but the others see it and the git guard enforces exclusive ones at commit."""
+        write, but the others see it and the git guard enforces exclusive ones at commit.
+        Marks nothing read."""
         with me() as agent, tool_errors():
             now = agent.project.clock()
             return {"reservations": [r.as_dict(now) for r in agent.reserve(paths, ttl, exclusive=exclusive,
@@ -240,7 +348,8 @@ def build(agent, handover=None):
     @server.tool()
     def release(paths: Annotated[Optional[list[str]], Field(description="The paths as you reserved them; "
                                                             "leave out to release all of yours.")] = None) -> Released:
-        """Release your reservations (when your work on those files is done or committed)."""
+        """Release your reservations (when your work on those files is done or committed).
+        Marks nothing read."""
         with me() as agent, tool_errors():
             gone = agent.release(paths)
             asked = [] if paths is None else agent.normalised(paths)
@@ -248,152 +357,13 @@ def build(agent, handover=None):
 
     @server.tool()
     def reservations(mine: Annotated[bool, Field(description="Only yours.")] = False) -> Leases:
-        """The file reservations held now: who holds which paths, exclusive or shared, until when."""
+        """The file reservations held now: who holds which paths, exclusive or shared, until when.
+        Marks nothing read."""
         with me() as agent, tool_errors():
             now = agent.project.clock()
             return {"reservations": [r.as_dict(now) for r in agent.reservations(mine=mine)]}
 
     return server
-
-
-@contextlib.contextmanager
-def fresh(name, config):
-    """The agent for one call, on a state directory opened afresh: a long-lived server sees a
-    directory swapped or re-made since (as each CLI run does), and calls share no descriptor."""
-    with tool_errors():
-        agent = Agent(name, project=Project(config=config))
-    try:
-        yield agent
-    finally:
-        agent.close()
-        agent.layout.close()
-
-
-class Handover:
-    """The messages on their way to the client. With a wire (`serve`), a call takes them by
-    holding them (no other call of this server lists them), and they are marked read (new/ ->
-    cur/) only when the transport says the reply holding them was written (`written`); a reply
-    that was not (`unanswered`, `gone`) leaves them new. With no wire (calls in process) the
-    return of the call is the hand-off: they are marked read as they are taken.
-    A message another reader took from new/ after the listing is not returned again."""
-
-    def __init__(self, name, config, wire=False):
-        self.name, self.config, self.wire = name, config, wire
-        self.lock = threading.Lock()    # one call at a time takes messages
-        self.held = set()               # names in new/ ("<id>.json") of the messages replies hold
-        self.replies = {}               # request id -> lists of the paths its replies hold
-        self.closed = False
-
-    def key(self, ctx):
-        """The request id of a call, when its reply goes over the wire."""
-        return ctx.request_id if self.wire else None
-
-    def take(self, agent, items, limit, key=None, stop=None):
-        """Up to `limit` readable new messages of `items` (agent.inbox's), taken, and how many
-        are left in new/ past them."""
-        unreadable = [{"id": m.id, "error": m.error} for m in items if m.error]
-        new = [m for m in items if m.state == "new" and not m.error]
-        fs = agent.layout.fs
-        taken = []
-        with self.lock:
-            if self.closed:
-                raise ToolError("the client is gone: nothing is marked read")
-            if stop is not None and stop.is_set():
-                return {"messages": [], "more": 0, "unreadable": [], "timed_out": False}
-            if new and self.wire:       # where they will go: missing, the reason now, not a silent later
-                fs.dir(f"inbox/{agent.name}/cur")
-            for m in new[:limit]:
-                name, rel = os.path.basename(m.path), os.path.relpath(m.path, fs.path)
-                if name in self.held:
-                    continue
-                if self.wire:
-                    if not fs.exists(rel):
-                        continue    # read by someone else since it was listed
-                    self.held.add(name)
-                else:
-                    try:
-                        agent.inbox_.ack(m.path)    # raises when the envelope left new/ (Agent.ack would not)
-                    except OSError as e:
-                        if isinstance(e, FileNotFoundError) and not fs.exists(rel):
-                            continue
-                        if taken:
-                            break   # return those marked read; the next call meets the error
-                        raise
-                taken.append(m)
-            if self.wire and taken:
-                self.replies.setdefault(key, []).append([m.path for m in taken])
-        more = 0
-        if len(new) >= limit:           # the listing stopped there: count what is past it, unopened
-            last = os.path.basename(new[limit - 1].path)
-            more = sum(1 for n in agent.inbox_.names(agent.name) if n > last and n not in self.held)
-        return {"messages": [message(m) for m in taken], "more": more, "unreadable": unreadable, "timed_out": False}
-
-    def written(self, key):
-        """The reply to request `key` was written whole: mark read what it holds."""
-        paths = self._pop(key)
-        if not paths:
-            return
-        try:
-            with fresh(self.name, self.config) as agent:
-                for path in paths:
-                    try:
-                        agent.inbox_.ack(path)
-                    except FileNotFoundError:
-                        if agent.layout.fs.exists(os.path.relpath(path, agent.layout.fs.path)):
-                            raise   # not taken by another reader meanwhile: cur/ is missing
-        except (ToolError, OSError) as e:
-            log.warning("a reply was written but its messages could not be marked read (%s); they stay new", e)
-        finally:
-            self._release(paths)
-
-    def unanswered(self, key):
-        """Request `key` ended with no reply holding messages: they stay new."""
-        self._release(self._pop(key))
-
-    def gone(self):
-        """The client is gone: every message held stays new, and no call takes any more."""
-        with self.lock:
-            self.closed = True
-            self.replies.clear()
-            self.held.clear()
-
-    def _pop(self, key):
-        with self.lock:
-            queued = self.replies.get(key)
-            if not queued:
-                return []
-            paths = queued.pop(0)
-            if not queued:
-                del self.replies[key]
-            return paths
-
-    def _release(self, paths):
-        with self.lock:
-            self.held.difference_update(os.path.basename(p) for p in paths)
-
-
-def clamp(value, low, high):
-    """`value` within low..high (NaN is `low`)."""
-    return low if value != value else min(max(value, low), high)
-
-
-def message(m):
-    return {"id": m.id, "from": m.sender, "to": m.to, "kind": m.kind, "thread": m.thread, "subject": m.subject,
-            "body": m.body, "sent_at": m.sent_at, "relayed_at": m.relayed_at,
-            "headers": {str(k): str(v) for k, v in m.headers.items()}}
-
-
-@contextlib.contextmanager
-def tool_errors():
-    """A RelayError, OSError or SQLite error inside becomes a ToolError with the one line the
-    CLI would print (the server goes on)."""
-    try:
-        yield
-    except (RelayError, OSError, sqlite3.Error) as error:
-        text = explain(error)
-        for flag, parameter in FLAGS:
-            text = text.replace(flag, parameter)
-        raise ToolError(text) from None
 
 
 def serve(agent):

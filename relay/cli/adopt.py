@@ -5,12 +5,12 @@ import click
 from relay.agent import adopt as adopt_mod
 from relay.cli.context import pass_ctx
 from relay.errors import RelayError
-from relay.guards import checked, handle_errors, sender_name
+from relay.guards import acting, handle_errors, sender_name
 from relay.terminal import echo
 
 
 @click.command()
-@click.argument("agent", callback=checked(sender_name))
+@click.argument("agent", required=False, callback=acting(sender_name, "AGENT"))
 @click.option("--file", "file_", type=click.Path(dir_okay=False),
               help=f"The instructions file, relative to the project root and inside it, never through a "
                    f"symbolic link (default {adopt_mod.DEFAULT_FILE}; CLAUDE.md is a common choice).")
@@ -18,9 +18,10 @@ from relay.terminal import echo
 @pass_ctx
 @handle_errors
 def adopt(ctx, agent, file_, create):
-    """Write AGENT's relay instructions (who it is, who the others are, how to send, read, wait
-    and reply, by shell and by MCP) into a marked block of AGENTS.md; run again to update it in
-    place. Text outside the block is never changed."""
+    """Put AGENT (default: RELAY_AGENT) in the relay instructions of AGENTS.md: one marked block
+    per file (who reads it and how each knows its name, the others, how to send, read, wait,
+    search and reply, by shell, Python and MCP, with relay's absolute path where it is not on
+    PATH); run again to update it in place. Text outside the block is never changed."""
     cfg = ctx.cfg
     layout = ctx.layout
     if not layout.state.is_dir():

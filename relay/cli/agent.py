@@ -1,4 +1,4 @@
-"""The verbs agents use: send, inbox (with --wait) and read. They are built on api.py, so the
+"""The verbs agents use: send, inbox (with --wait), read, mark-read and search. They are built on api.py, so the
 shell and Python check the same things. A message is marked read only once it has been printed."""
 import sys
 
@@ -8,9 +8,9 @@ from relay.operator import views
 from relay.agent.api import Agent, Project
 from relay.cli.context import out_json, pass_ctx
 from relay.agent.delivery import wait_delivered
-from relay.config import show_duration
+from relay.config import AGENT_VARIABLE, default_agent, show_duration
 from relay.files.lock import holder
-from relay.guards import checked, handle_errors, recipient_names, seconds, sender_name
+from relay.guards import acting, agent_name, checked, handle_errors, moment, recipient_names, seconds, sender_name
 from relay.terminal import echo, echo_json
 
 EXIT_TIMEOUT = 124      # relay inbox --wait: the time ran out with no new message (as timeout(1))
@@ -22,8 +22,8 @@ def _project(ctx):
 
 
 @click.command()
-@click.option("--from", "sender", required=True, callback=checked(sender_name),
-              help="The sending agent (its outbox).")
+@click.option("--from", "sender", callback=acting(sender_name, "--from NAME"),
+              help="The sending agent (its outbox); default: RELAY_AGENT.")
 @click.option("--to", "to", callback=checked(recipient_names),
               help="Recipient(s): NAME[,NAME...], '*' or System.")
 @click.option("--reply-to", "reply_to", metavar="ID",
@@ -95,19 +95,24 @@ def _wait_delivered(me, mid, timeout):
               help="Block until a new message is there: at most TIMEOUT (600 or 600s, 5m, 2h) when one "
                    f"follows, for ever when none does; exit {EXIT_TIMEOUT} when none came. "
                    "`--wait AGENT` waits for ever for AGENT.")
+@click.option("--recent", type=click.IntRange(0, None), default=0, metavar="N",
+              help="Also show the N newest messages read already, first (to see again what was taken).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.option("--jsonl", is_flag=True, help="Print one JSON object per line.")
 @pass_ctx
 @handle_errors
-def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
-    """Print AGENT's new messages whole, oldest first (with --ack, mark them read).
+def inbox(ctx, agent, show_all, ack, wait, recent, as_json, jsonl):
+    """Print AGENT's new messages whole, oldest first; nothing is marked read unless --ack.
+    AGENT defaults to RELAY_AGENT.
 
     A bare --wait waits for ever; Ctrl-C ends it (exit 130)."""
+    agent = agent or None           # an empty name is none
     wait, timeout = _wait_for(wait, agent, "--wait")
-    if agent is None:
-        if wait in (None, "forever") or timeout is not None:
-            raise click.UsageError("Missing argument 'AGENT'.")
+    if agent is None and wait not in (None, "forever") and timeout is None:
         agent, wait = wait, "forever"       # `--wait lead`: the name, not a timeout
+    agent = agent or default_agent()
+    if agent is None:
+        raise click.UsageError(f"name the agent: AGENT, or set {AGENT_VARIABLE}=NAME")
     me = Agent(agent, project=_project(ctx), role="agent")
     if wait is not None:
         try:
@@ -117,9 +122,9 @@ def inbox(ctx, agent, show_all, ack, wait, as_json, jsonl):
         if not got:
             echo(f"relay: no new message for {agent} in {show_duration(timeout) if timeout else '0s'}", err=True)
             sys.exit(EXIT_TIMEOUT)
-        items = me.inbox(include_read=show_all) if show_all else got
+        items = me.inbox(include_read=show_all, recent=recent) if show_all or recent else got
     else:
-        items = me.inbox(include_read=show_all)
+        items = me.inbox(include_read=show_all, recent=recent)
     _show(me, items, ack, as_json, jsonl, empty=f"no {'messages' if show_all else 'new messages'} for {agent}")
 
 
@@ -139,18 +144,66 @@ def _wait_for(wait, after, flag):
 
 @click.command()
 @click.argument("message_id")
-@click.option("--agent", help="Read it from this agent's inbox, and mark it read there.")
+@click.option("--agent", help="Read it from this agent's inbox, and mark it read there (default: RELAY_AGENT's, "
+                                "or the ledger's copy when that agent's inbox does not hold it).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
 @handle_errors
 def read(ctx, message_id, agent, as_json):
     """Print one message whole: from an agent's inbox, or as the ledger has it."""
     project = _project(ctx)
-    if agent:
-        me = Agent(agent, project=project, role="agent")
-        _show(me, [me.read(message_id)], True, as_json, False, single=True)
+    name = agent or default_agent()
+    if name:
+        me = Agent(name, project=project, role="agent")
+        m = me.read(message_id) if agent else me.find(message_id)     # RELAY_AGENT's: any message it may name
+        _show(me, [m], m.path is not None and m.state == "new", as_json, False, single=True)
     else:
         _show(None, [project.message(message_id)], False, as_json, False, single=True)
+
+
+@click.command("mark-read")
+@click.argument("message_ids", nargs=-1, required=True, metavar="ID...")
+@click.option("--agent", callback=acting(agent_name, "--agent NAME"),
+              help="The agent whose inbox holds them; default: RELAY_AGENT.")
+@pass_ctx
+@handle_errors
+def mark_read(ctx, message_ids, agent):
+    """Mark read the messages of AGENT's inbox with these ids (or unique prefixes). An id that is
+    not in the inbox refuses the whole command (exit 1) before anything is marked."""
+    me = Agent(agent, project=_project(ctx), role="agent")
+    for m in me.mark_read(message_ids):
+        echo(f"{m.id}: {'marked read' if m.id in me.marked else 'read already'}")
+
+
+@click.command()
+@click.argument("query")
+@click.option("--agent", callback=acting(agent_name, "--agent NAME", required=False),
+              help="Search as this agent: its inbox and what it sent (default: RELAY_AGENT; without it, every message).")
+@click.option("--from", "sender", callback=checked(agent_name), help="Sent by this agent.")
+@click.option("--thread", help="In this thread (a thread named by a message's id holds that message).")
+@click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago).")
+@click.option("--limit", type=click.IntRange(1, None), default=20, show_default=True, help="At most N messages.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@pass_ctx
+@handle_errors
+def search(ctx, query, agent, sender, thread, since, limit, as_json):
+    """Messages whose subject or body holds every word of QUERY (any case; "a phrase", prefix*),
+    newest first, each with a snippet of its body."""
+    project = _project(ctx)
+    if agent is not None:
+        agent = Agent(agent, project=project, role="agent").name
+    found = project.search(query, agent=agent, sender=sender, thread=thread, since=moment(since, "--since"),
+                           limit=limit)
+    if as_json:
+        out_json(found)
+    elif not found:
+        echo("no messages match")
+    else:
+        for i, f in enumerate(found):
+            thread_ = f"  [{f['thread']}]" if f["thread"] else ""
+            echo(views.plain(f"{f['id']}  {f['sent_at'] or ''}  {f['from']} -> {', '.join(f['to'])}{thread_}  "
+                             f"{f['subject'] or ''}").rstrip())
+            echo("    " + views.plain(" ".join((f["snippet"] or "").split())))
 
 
 def _show(me, items, ack, as_json, jsonl, empty=None, single=False):
@@ -175,4 +228,4 @@ def _show(me, items, ack, as_json, jsonl, empty=None, single=False):
         me.ack(shown)
 
 
-COMMANDS = [send, inbox, read]
+COMMANDS = [send, inbox, read, mark_read, search]

@@ -40,7 +40,8 @@ def _audit_options(fn):
         click.option("--status", type=click.Choice(STATUSES + ("shed",)),
                      help="In this state; `shed`: shed by flow control for at least one recipient."),
         click.option("--kind", help="Of this kind."),
-        click.option("--thread", help="In this thread (shown oldest first, as a conversation)."),
+        click.option("--thread", help="In this thread (shown oldest first, as a conversation); a thread named "
+                     "by a message's id starts with that message."),
         click.option("--since", help="Discovered at or after (2026-11-30, 2026-11-30T10:00, or 2h = 2 hours ago)."),
         click.option("--until", help="Discovered before (same forms as --since)."),
         click.option("--grep", help="Subject, body or file name contains TEXT (case-insensitive)."),

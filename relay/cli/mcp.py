@@ -7,7 +7,7 @@ import click
 from relay.agent.api import Agent, Project
 from relay.cli.context import pass_ctx
 from relay.errors import RelayError, UnknownAgent
-from relay.guards import checked, handle_errors, sender_name
+from relay.guards import acting, handle_errors, sender_name
 
 INSTALL = "relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'agent-outbox-relay[mcp]'"
 
@@ -23,12 +23,14 @@ def server_module():
 
 
 @click.command()
-@click.option("--agent", required=True, callback=checked(sender_name), help="The agent this server speaks for.")
+@click.option("--agent", callback=acting(sender_name, "--agent NAME"),
+              help="The agent this server speaks for; default: RELAY_AGENT.")
 @pass_ctx
 @handle_errors
 def mcp(ctx, agent):
-    """Serve AGENT's side of relay over MCP on stdin/stdout: the tools send, inbox, wait,
-    agents, thread, reserve, release and reservations. Register it in an MCP client with the command
+    """Serve AGENT's side of relay over MCP on stdin/stdout: the tools send, reply, inbox, wait,
+    read, mark_read, search, agents, thread, reserve, release and reservations. Register it in an
+    MCP client with the command
     `relay mcp --agent NAME --root /abs/project`."""
     server = server_module()
     project = Project(config=ctx.cfg)

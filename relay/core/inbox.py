@@ -218,6 +218,12 @@ class Inbox:
                     readable += "error" not in item[2]
         return out
 
+    def recent(self, agent, n):
+        """(sub, path, envelope) of the `n` newest envelopes of cur/ (by name: ids sort by
+        time), oldest first; only those are opened."""
+        names = self.names(agent, "cur")[-n:] if n else []
+        return [item for item in (self.entry(agent, "cur", name) for name in names) if item is not None]
+
     def names(self, agent, sub="new"):
         """The names of the files list() shows in inbox/<agent>/<sub>, sorted: a directory
         listing, nothing opened."""

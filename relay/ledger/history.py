@@ -24,6 +24,7 @@ from relay.ledger.bounces import BounceHistory
 from relay.ledger.checks import Checks
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
+from relay.ledger.search import SearchReads
 from relay.ledger.ledger import STATUSES
 from relay.ledger.rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
 
@@ -56,7 +57,7 @@ NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "
 UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status IN ('pending', 'published'))"
 
 
-class History(RemoteHistory, Checks, ReservationReads, BounceHistory):
+class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchReads):
     def __init__(self, ledger):
         self.ledger = ledger
         self.db = ledger.db
@@ -387,8 +388,8 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory):
             where.append("m.status = ?"); args.append(str(status))
         if kind:
             where.append("m.kind = ?"); args.append(kind)
-        if thread:
-            where.append("m.thread = ?"); args.append(thread)
+        if thread:     # a thread named by a message's id (a reply's, to a message with none) holds it first
+            where.append("(m.thread = ? OR m.id = ?)"); args += [thread, thread]
         if since is not None:
             where.append("m.discovered_at >= ?"); args.append(since)
         if until is not None:
@@ -406,6 +407,11 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory):
         if limit:
             sql += " LIMIT ?"; args.append(int(limit))
         return self.db.execute(sql, args)
+
+    def thread_size(self, thread):
+        """How many messages `audit(thread=...)` lists."""
+        return self.db.execute("SELECT count(*) FROM messages m WHERE m.thread = ? OR m.id = ?",
+                               (thread, thread)).fetchone()[0]
 
     def last_event(self):
         """The seq of the newest lifecycle event (0 when there is none)."""

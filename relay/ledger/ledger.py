@@ -1,6 +1,6 @@
 """The SQLite ledger and every write to it: the connection and its settings, schema and
-migrations, discovery and claims, each batch's outcomes, recovery, the hash chain, the
-retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
+migrations, discovery and claims, each batch's outcomes (and their search index, search.py),
+recovery, the hash chain, the retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
 expire, ping, archive-agent) and the record of each operator command. The ids bound to their
 senders are settled in ledger_senders.py (mixed in). The read-only queries are in history.py.
 
@@ -27,6 +27,7 @@ from relay.files.sync import fdatasync
 from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 from relay.ledger.remote import FederationRecords
 from relay.ledger.reservations import Reservations
+from relay.ledger.search import SearchIndex
 
 
 class Status(str, enum.Enum):
@@ -64,7 +65,7 @@ def checksum(sql):
     return hashlib.sha256(sql.encode()).hexdigest()
 
 
-class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords):
+class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords, SearchIndex):
     """One connection to the ledger. Not shared between threads."""
 
     def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):
@@ -333,6 +334,8 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
             self._queue_remote(now, [w for w in works if w.remote and not w.duplicate_of
                                      and not (w.refused and w.outcome.value == "failed" and not w.got)], events)
             self._events(events)
+            self._index([(w.id, w.message.subject, w.message.body) for w in works
+                         if w.message is not None and not w.duplicate_of])
             return self._owe(settled, bounces) if bounces else 0
 
     @staticmethod

@@ -94,6 +94,7 @@ class Operations:
         if not ids:
             return
         with self.transaction():
+            self._unindex(ids)
             self.db.executemany("DELETE FROM events WHERE message_id = ?", [(i,) for i in ids])
             self.db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
             self.db.executemany("DELETE FROM sent_ids WHERE id = ?", [(i,) for i in ids])

@@ -190,6 +190,7 @@ class FederationRecords:
                                 "VALUES (?, ?, ?, ?, ?)",
                                 [(m["node"], m.get("remote_id") or m["id"], m["sha256"], now, m["id"])
                                  for m in (*items, *failed)])
+            self._index([(m["id"], m["subject"], m["body"]) for m in (*items, *failed)])
             got = {r for m in (*items, *failed) for r in m["got"]}
             if got:
                 self._seen(got, now)

@@ -244,6 +244,23 @@ CREATE TABLE declared_agents (
     how  TEXT NOT NULL
 ) WITHOUT ROWID
 """),
+    # Full-text search (ledger/search.py): each message's subject and the first 4096 characters of
+    # its body (search_docs, the external content), indexed by FTS5 (search); the messages already
+    # in the ledger are indexed here.
+    (30, "full-text search", """
+CREATE TABLE search_docs (
+    seq        INTEGER PRIMARY KEY,
+    message_id TEXT NOT NULL UNIQUE,
+    subject    TEXT,
+    body       TEXT
+);
+CREATE VIRTUAL TABLE search USING fts5(subject, body, content='search_docs', content_rowid='seq',
+    tokenize='unicode61 remove_diacritics 2');
+INSERT INTO search_docs (message_id, subject, body)
+    SELECT id, subject, substr(body, 1, 4096) FROM messages
+    WHERE duplicate_of IS NULL AND (subject IS NOT NULL OR body IS NOT NULL) ORDER BY id;
+INSERT INTO search (rowid, subject, body) SELECT seq, subject, body FROM search_docs
+"""),
     # File reservations (ledger/reservations.py): a row while a lease is held (released and
     # expired ones are deleted, each change an event); the notices from System to a holder
     # when someone was refused on its paths, kept until written into its inbox and a while after.

@@ -1,0 +1,92 @@
+"""Full-text search over the messages' subjects and bodies: SQLite FTS5 in the ledger.
+
+`search_docs` holds, per message, its subject and the first BODY_CHARS characters of its body
+(the index's external content, with the message's id); `search` is the FTS5 index over them
+(tokenizer unicode61, diacritics folded). What is indexed is bounded: the body capped, one row a
+message, each row removed with its message by the retention sweep.
+
+Writes (SearchIndex, a mixin of Ledger) happen in the transactions that record messages: a
+batch's record (Ledger.record), a batch received from another node (received), the sweep. Reads
+(SearchReads, a mixin of History): what an agent may see is its own inbox (the deliveries to it)
+and what it sent, newest first, with a snippet of the body.
+
+A query is words, each of which must be there (any case, any order), `"a phrase"`, and `word*`
+for a prefix; nothing in it is FTS5 syntax (every term is quoted), so any text is a query.
+"""
+import re
+
+from relay.errors import RelayError
+
+BODY_CHARS = 4096          # of a body, what is indexed (migration 30 backfills with the same cap)
+SNIPPET_TOKENS = 16        # words in a snippet
+MARK = "**"                # around each word found, in a snippet
+TERMS = re.compile(r'"([^"]*)"?|(\S+)')
+
+
+def match(query):
+    """The FTS5 expression for a query (see the module's docstring); RelayError when it holds no
+    word to look for."""
+    terms = []
+    for phrase, word in TERMS.findall(query or ""):
+        text = phrase if phrase else word
+        prefix = not phrase and text.endswith("*")
+        text = text.rstrip("*") if prefix else text
+        if not re.search(r"\w", text):
+            continue
+        terms.append('"' + text.replace('"', '""') + '"' + ("*" if prefix else ""))
+    if not terms:
+        raise RelayError(f"nothing to search for in {query!r}: give a word")
+    return " AND ".join(terms)
+
+
+class SearchIndex:
+    """A mixin of Ledger: the index's writes, inside the caller's transaction."""
+
+    def _index(self, docs):
+        """Index these messages, each once: docs are (id, subject, body)."""
+        docs = [d for d in docs if d[1] or d[2]]
+        if not docs:
+            return
+        before = self.db.execute("SELECT coalesce(max(seq), 0) FROM search_docs").fetchone()[0]
+        self.db.executemany("INSERT INTO search_docs (message_id, subject, body) VALUES (?, ?, substr(?, 1, ?)) "
+                            "ON CONFLICT (message_id) DO NOTHING", [(*d, BODY_CHARS) for d in docs])
+        self.db.execute("INSERT INTO search (rowid, subject, body) SELECT seq, subject, body FROM search_docs "
+                        "WHERE seq > ?", (before,))
+
+    def _unindex(self, ids):
+        """Take these messages out of the index (the sweep)."""
+        rows = [(i,) for i in ids]
+        self.db.executemany("INSERT INTO search (search, rowid, subject, body) SELECT 'delete', seq, subject, body "
+                            "FROM search_docs WHERE message_id = ?", rows)
+        self.db.executemany("DELETE FROM search_docs WHERE message_id = ?", rows)
+
+
+class SearchReads:
+    """A mixin of History: the search."""
+
+    def search(self, query, agent=None, sender=None, thread=None, since=None, limit=20):
+        """The messages matching `query`, newest first, at most `limit`: those `agent` may see
+        (delivered to it, or sent by it; every message when None), sent by `sender`, of `thread`
+        (a thread named by a message's id holds it), discovered at or after `since` (epoch
+        seconds). Each a dict: id, from, to (JSON text), kind, thread, subject, status, sent_at,
+        discovered_at, snippet."""
+        where, args = ["search MATCH ?"], [match(query)]
+        if agent is not None:
+            where.append("(m.sender = ? OR EXISTS (SELECT 1 FROM deliveries x WHERE x.message_id = m.id "
+                         "AND x.recipient = ?))")
+            args += [agent, agent]
+        if sender is not None:
+            where.append("m.sender = ?"); args.append(sender)
+        if thread is not None:
+            where.append("(m.thread = ? OR m.id = ?)"); args += [thread, thread]
+        if since is not None:
+            where.append("m.discovered_at >= ?"); args.append(since)
+        sql = ("SELECT m.id, m.sender, m.recipients, m.kind, m.thread, m.subject, m.status, m.sent_at, "
+               f"m.discovered_at, snippet(search, 1, '{MARK}', '{MARK}', '…', {SNIPPET_TOKENS}) AS snippet "
+               "FROM search JOIN search_docs d ON d.seq = search.rowid JOIN messages m ON m.id = d.message_id "
+               f"WHERE {' AND '.join(where)} ORDER BY m.id DESC LIMIT ?")
+        return [dict(r) for r in self.db.execute(sql, [*args, int(limit)])]
+
+    def search_size(self):
+        """How many messages the index holds."""
+        return self.db.execute("SELECT count(*) FROM search_docs").fetchone()[0]

@@ -1,0 +1,99 @@
+"""The MCP tools' details: `to` as a JSON array or a comma-separated string; an argument error as
+one line (no pydantic text, no URL); reply(id, body) builds the thread and subject; send takes a
+kind; agents() marks the caller; a number out of range is refused or clamped as its description
+says. Through the SDK's own client on `relay mcp`."""
+import anyio
+import pytest
+
+import relay
+from mcp_client import ToolFailed, deliver, serve
+
+PREFIX = "Error executing tool "
+
+
+@pytest.fixture
+def team(cli, project):
+    cli("init", "--agent", "Alice", "--agent", "Bob", "--agent", "Carol")
+    return project
+
+
+def run(project, tmp_path, scenario, agent="Bob"):
+    async def main():
+        with open(tmp_path / "server.err", "w") as err:
+            async with serve(project.root, agent, err) as client:
+                await scenario(client)
+    anyio.run(main)
+    assert "Traceback" not in (tmp_path / "server.err").read_text()
+
+
+async def refused(client, tool, **args):
+    with pytest.raises(ToolFailed) as e:
+        await client.call(tool, **args)
+    text = e.value.args[0]
+    assert "\n" not in text and "pydantic" not in text and "http" not in text, text
+    assert text.startswith(f"{PREFIX}{tool}: "), text
+    return text[len(f"{PREFIX}{tool}: "):]
+
+
+def test_send_takes_a_list_or_a_string_of_names_and_a_kind_and_reply_builds_the_thread(team, tmp_path):
+    sent = {}
+
+    async def scenario(bob):
+        tools = await bob.tools()
+        assert "kind" in tools["send"].input_schema["properties"]
+        assert set(tools["reply"].input_schema["required"]) == {"id", "body"}
+        sent["list"] = (await bob.call("send", to=["Alice", "Carol"], body="one", kind="note"))["id"]
+        sent["json"] = (await bob.call("send", to='["Alice", "Carol"]', body="two"))["id"]
+        sent["comma"] = (await bob.call("send", to="Alice, Carol", body="three", subject="plans"))["id"]
+        deliver(team, ("Alice", "Bob", "Carol"))
+        with relay.Agent("Alice", root=team.root) as alice:
+            got = {m.id: m for m in alice.inbox()}
+            assert [got[sent[k]].to for k in ("list", "json", "comma")] == [["Alice", "Carol"]] * 3
+            assert got[sent["list"]].kind == "note"
+            question = alice.send("Bob", "what time?", subject="lunch")
+        deliver(team, ("Alice", "Bob", "Carol"))
+        answer = await bob.call("reply", id=question, body="noon")
+        again = await bob.call("reply", id=question[:12], body="noon", request_id="r1")
+        assert answer["repeated"] is False and again["id"] != answer["id"]
+        deliver(team, ("Alice", "Bob", "Carol"))
+        with relay.Agent("Alice", root=team.root) as alice:
+            [a, _] = [m for m in alice.inbox() if m.sender == "Bob" and m.body == "noon"]
+            assert (a.id, a.thread, a.subject, a.to) == (answer["id"], question, "Re: lunch", ["Alice"])
+        assert (await bob.call("agents")) == {"me": "Bob", "agents": [
+            {"name": "Alice", "me": False}, {"name": "Bob", "me": True}, {"name": "Carol", "me": False}]}
+        assert (await refused(bob, "reply", id="01KC3000000000000000000000", body="x")) == (
+            "no message with id '01KC3000000000000000000000' in the ledger")
+    run(team, tmp_path, scenario)
+
+
+def test_argument_errors_are_one_line_and_numbers_out_of_range_are_refused_or_clamped(team, tmp_path):
+    with relay.Agent("Alice", root=team.root) as alice:
+        alice.send("Bob", "hello")
+    deliver(team, ("Alice", "Bob", "Carol"))
+
+    async def scenario(bob):
+        assert await refused(bob, "send", to="Alice") == "body: required"
+        assert await refused(bob, "send", to=5, body="x") == (
+            "to: must be a name, a comma-separated list of names or a JSON array of them")
+        assert await refused(bob, "send", to="[Alice", body="x") == "'[Alice' is not a JSON array of names"
+        assert await refused(bob, "send", to='["Alice", 5]', body="x") == (
+            "to: must be a name, a comma-separated list of names or a JSON array of them")
+        assert await refused(bob, "inbox", limit="many") == "limit: must be a whole number, not 'many'"
+        assert await refused(bob, "inbox", limit=2.5) == "limit: must be a whole number, not 2.5"
+        assert await refused(bob, "wait", timeout_s="soon") == "timeout_s: must be a number, not 'soon'"
+        assert await refused(bob, "inbox", mark_read="perhaps") == "mark_read: must be true or false, not 'perhaps'"
+        assert await refused(bob, "mark_read", ids=7) == "ids: must be a list of ids or one string of them"
+        # the ranges, as each description says: below, refused; above, the most
+        tools = await bob.tools()
+        for tool, name, low in (("inbox", "limit", 1), ("inbox", "recent", 0), ("wait", "limit", 1),
+                                ("thread", "limit", 1), ("search", "limit", 1), ("wait", "timeout_s", 0)):
+            assert "more is taken as the most" in tools[tool].input_schema["properties"][name]["description"]
+            args = {"thread": "t"} if tool == "thread" else {"query": "x"} if tool == "search" else {}
+            text = await refused(bob, tool, **args, **{name: low - 1})
+            assert text.startswith(f"{name} must be {low} to "), text
+        got = await bob.call("inbox", limit=10**9, recent=10**9, mark_read=False)
+        assert len(got["messages"]) == 1
+        got = await bob.call("wait", timeout_s=10**9, limit=10**9)       # a message is there: at once
+        assert len(got["messages"]) == 1 and not got["timed_out"]
+        assert (await bob.call("thread", thread="none", limit=10**9))["messages"] == []
+    run(team, tmp_path, scenario)

@@ -1,0 +1,158 @@
+"""Search: full text over the subjects and bodies an agent may see (its own inbox and what it
+sent), newest first, with snippets; an FTS5 index in the ledger, written in the batch's own
+record transaction (and with a message received from another node), its body text capped, its
+rows swept with their messages. `relay search`, Agent.search and MCP search() alike."""
+import json
+import sqlite3
+import time
+
+import anyio
+import pytest
+
+import relay
+from conftest import error_line
+from mcp_client import ToolFailed, deliver, serve
+from relay.ledger.history import History
+from relay.ledger.ledger import Ledger
+from relay.ledger.search import BODY_CHARS
+
+
+def test_this_python_has_fts5():
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE VIRTUAL TABLE t USING fts5(a)")
+
+
+@pytest.fixture
+def mail(cli, project):
+    """Alice, Bob, Carol: Bob sees a1 (to him), b1 (his own) and a3 (a broadcast), not a2."""
+    cli("init", "--agent", "Alice", "--agent", "Bob", "--agent", "Carol")
+    with relay.Agent("Alice", root=project.root) as alice, relay.Agent("Bob", root=project.root) as bob:
+        project.a1 = alice.send("Bob", "The parser fails on unicode input: see tests/test_parse.py",
+                                subject="parser bug", thread="parse-7")
+        deliver(project, ("Alice", "Bob", "Carol"))
+        project.b1 = bob.send("Alice", "I will fix the parser today", subject="Re: parser bug", thread="parse-7")
+        project.a2 = alice.send("Carol", "the parser is fine for Carol", subject="private parser note")
+        project.a3 = alice.send("*", "lunch at noon, then the parser review", subject="today")
+        deliver(project, ("Alice", "Bob", "Carol"))
+    project.cli = cli
+    return project
+
+
+def ids(docs):
+    return [d["id"] for d in docs]
+
+
+def test_an_agent_finds_what_it_may_see_newest_first_with_snippets(mail):
+    cli = mail.cli
+    docs = json.loads(cli("search", "parser", "--agent", "Bob", "--json").output)
+    assert ids(docs) == [mail.a3, mail.b1, mail.a1]                     # not a2: Carol's
+    first = docs[-1]
+    assert {k: first[k] for k in ("from", "to", "thread", "subject")} == {
+        "from": "Alice", "to": ["Bob"], "thread": "parse-7", "subject": "parser bug"}
+    assert "**parser**" in first["snippet"] and first["sent_at"]
+    assert ids(json.loads(cli("search", "parser", "--agent", "Carol", "--json").output)) == [mail.a3, mail.a2]
+    # filters: sender, thread (a thread named by its first message's id holds it), time
+    assert ids(json.loads(cli("search", "parser", "--agent", "Bob", "--from", "Bob", "--json").output)) == [mail.b1]
+    assert ids(json.loads(cli("search", "parser", "--agent", "Bob", "--thread", "parse-7", "--json").output)) == [
+        mail.b1, mail.a1]
+    assert ids(json.loads(cli("search", "parser", "--agent", "Bob", "--since", "1h", "--json").output)) == [
+        mail.a3, mail.b1, mail.a1]
+    assert json.loads(cli("search", "parser", "--agent", "Bob", "--since", "2999-01-01", "--json").output) == []
+    # every word must be there, in any order, any case; "a phrase"; a prefix*
+    assert ids(json.loads(cli("search", "UNICODE parser", "--agent", "Bob", "--json").output)) == [mail.a1]
+    assert ids(json.loads(cli("search", '"parser review"', "--agent", "Bob", "--json").output)) == [mail.a3]
+    assert ids(json.loads(cli("search", "pars*", "--agent", "Bob", "--limit", "1", "--json").output)) == [mail.a3]
+    # what FTS5 would read as syntax is text here
+    assert ids(json.loads(cli("search", 'tests/test_parse.py "unicode', "--agent", "Bob", "--json").output)) == [
+        mail.a1]
+    assert json.loads(cli("search", "parser NOT fine OR (", "--agent", "Bob", "--json").output) == []
+    # without --agent: every message (the operator's view)
+    assert ids(json.loads(cli("search", "parser", "--json").output)) == [mail.a3, mail.a2, mail.b1, mail.a1]
+    text = cli("search", "unicode", "--agent", "Bob").output
+    assert mail.a1 in text and "Alice -> Bob" in text and "parser bug" in text and "**unicode**" in text
+    assert cli("search", "nothing-like-this", "--agent", "Bob").output == "no messages match\n"
+    r = cli("search", '" - "', "--agent", "Bob", ok=False)
+    assert r.exit_code == 1 and error_line(r) == "nothing to search for in '\" - \"': give a word"
+    r = cli("search", "parser", "--agent", "bob", ok=False)
+    assert "did you mean Bob?" in error_line(r)
+
+
+def test_python_searches_as_the_agent(mail):
+    with relay.Agent("Carol", root=mail.root) as carol:
+        found = carol.search("parser")
+        assert ids(found) == [mail.a3, mail.a2]
+        assert ids(carol.search("parser", sender="Alice", limit=1)) == [mail.a3]
+        assert carol.search("parser", since=time.time() + 60) == []
+        assert ids(carol.search("parser", since="1h")) == [mail.a3, mail.a2]
+        with pytest.raises(relay.RelayError):
+            carol.search("parser", since="yesterday-ish")
+    assert ids(relay.Project(mail.root).search("parser", agent="Bob")) == [mail.a3, mail.b1, mail.a1]
+
+
+def test_the_index_is_written_with_the_batch_capped_and_swept_with_its_messages(cli, project):
+    cli("init", "--agent", "Alice", "--agent", "Bob")
+    far = "word " * (BODY_CHARS // 5) + "needle"                # past the cap: not indexed
+    with relay.Agent("Alice", root=project.root) as alice:
+        near, long_ = alice.send("Bob", "haystack then pin"), alice.send("Bob", far, subject="long one")
+        mid = alice.send("Bob", "sent, not yet relayed: pin")
+        with Ledger(project.state / "ledger.sqlite", readonly=True) as led:
+            assert History(led).search("pin") == []                     # in the outbox: not in the ledger yet
+        r = project.relay(agents=("Alice", "Bob"))
+        r.drain()
+        with Ledger(project.state / "ledger.sqlite", readonly=True) as led:
+            history = History(led)
+            assert ids(history.search("pin")) == [mid, near]
+            assert history.search("needle") == [] and ids(history.search("long")) == [long_]
+            assert history.search_size() == 3
+        # the retention sweep takes the index rows with their messages
+        project.clock.advance(8 * 86400)
+        assert r.sweep_all().archived == 3
+        with Ledger(project.state / "ledger.sqlite", readonly=True) as led:
+            history = History(led)
+            assert history.search("pin") == [] and history.search_size() == 0
+
+
+def test_a_message_received_from_another_node_is_indexed(tmp_path):
+    now = time.time()
+    item = {"id": "01KC3000000000000000000001", "sender": "Ann", "name": "msg", "node": "n2", "entry_id": "1-0",
+            "recipients": ["Bob"], "kind": "message", "thread": None, "subject": "from afar",
+            "body": "a remote haystack", "headers": "{}", "sha256": "0" * 64, "sent_at": now,
+            "got": {"Bob": (10, "1" * 64)}}
+    with Ledger(tmp_path / "ledger.sqlite") as led:
+        led.received(now, [item], [])
+        found = History(led).search("haystack", agent="Bob")
+        assert ids(found) == [item["id"]] and found[0]["sender"] == "Ann"
+        assert History(led).search("haystack", agent="Carol") == []
+
+
+def test_a_ledger_from_before_the_index_is_indexed_when_it_is_migrated(cli, project):
+    cli("init", "--agent", "Alice", "--agent", "Bob")
+    with relay.Agent("Alice", root=project.root) as alice:
+        mid = alice.send("Bob", "an old message about kites")
+    deliver(project)
+    path = project.state / "ledger.sqlite"
+    db = sqlite3.connect(path)          # the ledger as the previous version left it
+    db.executescript("DROP TABLE search; DROP TABLE search_docs; DELETE FROM schema_migrations WHERE version = 30;")
+    db.close()
+    with Ledger(path) as led:
+        assert ids(History(led).search("kites", agent="Bob")) == [mid]
+
+
+def test_mcp_search_is_the_callers_view(mail, tmp_path):
+    async def main():
+        with open(tmp_path / "server.err", "w") as err:
+            async with serve(mail.root, "Bob", err) as bob:
+                tools = await bob.tools()
+                assert "Marks nothing read" in tools["search"].description
+                got = await bob.call("search", query="parser")
+                assert ids(got["results"]) == [mail.a3, mail.b1, mail.a1]
+                assert "**parser**" in got["results"][0]["snippet"]
+                got = await bob.call("search", query="parser", thread="parse-7", limit=1)
+                assert ids(got["results"]) == [mail.b1]
+                got = await bob.call("search", query="parser", sender="Alice", since="1h")
+                assert ids(got["results"]) == [mail.a3, mail.a1]
+                with pytest.raises(ToolFailed) as e:
+                    await bob.call("search", query="--")
+                assert e.value.args[0].endswith("nothing to search for in '--': give a word")
+    anyio.run(main)
+    assert "Traceback" not in (tmp_path / "server.err").read_text()
