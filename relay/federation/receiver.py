@@ -133,7 +133,11 @@ class Incoming:
                 self.acknowledge()
         except self.errors as e:
             self._failed(e)
+            self.reset()            # what was read and not handled is read again (thoroughly)
             return handled
+        except BaseException:
+            self.reset()
+            raise
         if self.failures:
             log.info("federation: reading this node's streams again")
         self.failures = 0
@@ -267,6 +271,10 @@ class Incoming:
         before = self.history.received_before([i for i in ids if i and valid_id(i)])
         known = set(ids) - self.history.unknown([i for i in ids if i])     # ids this ledger holds already
         used = set()                # ids the messages of this read keep here
+        # An entry read for the first time since this node started reading its stream (or since
+        # a reset), or read again, may have been written into an inbox by a run a crash cut
+        # short: it is looked for there first. One read after the cursor never was.
+        fresh = {node for node, _, _ in entries if again or node not in self.cursors}
         for node, eid, fields in entries:
             if not again:
                 self.cursors[node] = eid
@@ -288,9 +296,9 @@ class Incoming:
                     log.error("federation: entry %s from node %s refused: %s", eid, node, e)
                 self._ack(node, mid, str(e), eid)
                 continue
-            w.thorough = True       # looked for in the inboxes first: a crash may have written it
+            w.thorough = node in fresh
             verdict = self._verdict(w, node, before.get((node, w.id)), seen)
-            if verdict is None and (w.id in known or w.id in used or self._held_here(w)):
+            if verdict is None and (w.id in known or w.id in used or self._held_here(w, now)):
                 # Its id names another message here (a local one, another node's, one a recipient
                 # holds): delivered under an id of this node's, its sender's id kept beside it.
                 renamed(w, item, self.ids.new(now))
@@ -397,9 +405,14 @@ class Incoming:
             return f"message id {w.id} was received before from node {node} with other content; refused"
         return None
 
-    def _held_here(self, w):
+    def _held_here(self, w, now):
         """Whether a recipient holds an envelope of another message under w's id (one this
-        node's ledger no longer lists): never replaced."""
+        node's ledger no longer lists: swept, so older than retention): never replaced. An id
+        younger than that names no message the ledger forgot; it is looked for only when the
+        entry may have been written here before (thorough)."""
+        retention = self.config.retention
+        if not w.thorough and (not retention or now - id_time(w.id) < retention - 60):
+            return False
         return any(self.inbox.taken(r, w.id, w.sha256, partial_is_ours=w.thorough) for r in w.recipients)
 
     def _admit(self, works, now):
