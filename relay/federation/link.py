@@ -31,6 +31,7 @@ from relay.federation.receiver import Incoming
 log = logging.getLogger(__name__)
 
 MAX_WAIT = 1.0              # the publisher looks at the ledger at least this often
+ACKS_EVERY = 0.1            # the daemon's publisher reads acknowledgements at most this often
 REPLAY_SWEEP = 3600.0       # how often received ids older than the replay window are forgotten
 
 
@@ -72,6 +73,7 @@ class Link:
         self.next_heartbeat = 0.0
         self.next_look = 0.0
         self.next_sweep = 0.0
+        self.next_acks = 0.0
         self.local = None                       # this node's agents as last announced
         self.nodes = set()                      # the team's nodes, as last read
         self.alive = {}
@@ -205,13 +207,20 @@ class Link:
 
     # -- publishing -------------------------------------------------------------------------
 
-    def publish(self, now=None):
-        """Publish what is due, read the acknowledgements. Returns the number of rows published."""
+    def publish(self, now=None, force=True):
+        """Publish what is due, read the acknowledgements (in the daemon at most every
+        ACKS_EVERY seconds: reading them is off every message's way). Returns the number of rows
+        published."""
         now = self.clock() if now is None else now
         done, error = self.publisher.publish(now)
         if error is not None:
             self._down(now, error)
             return done
+        if now < self.next_acks and not force:
+            if self.directory.read_at is not None and not self.duplicate:
+                self._up(now)
+            return done
+        self.next_acks = now + ACKS_EVERY
         try:
             self.publisher.read_acks(now, self.nodes | set(self.history.waiting_nodes()))
             if self.publisher.moved:        # refused by a node whose agents they are no longer
@@ -289,10 +298,11 @@ class Link:
             elif now >= self.next_look:
                 self.look(now)
                 self.check(now)
-            while self.publish(self.clock()) >= BATCH:
+            while self.publish(self.clock(), force=False) >= BATCH:
                 pass
             due = self.history.next_outbound_due()
-            wake = min(self.next_heartbeat, self.next_look, due if due is not None else float("inf"))
+            wake = min(self.next_heartbeat, self.next_look, due if due is not None else float("inf"),
+                       self.next_acks if self.history.unacknowledged() else float("inf"))
             self.queued.wait(max(0.0, min(wake - self.clock(), MAX_WAIT)))
 
     def _serve_in(self):
