@@ -423,6 +423,28 @@ def test_a_receiver_reading_its_streams_from_the_start_again_delivers_nothing_tw
 
 # -- what an entry holds --------------------------------------------------------------------------
 
+def test_an_entry_at_the_receivers_limits_is_delivered_and_one_past_them_is_refused(redis_server, team, nodes, clock):
+    """The receiving node's own limits, each at its edge: a body of exactly its max_body_bytes
+    (counted in bytes, not characters) and exactly 10,000 recipients are delivered; one byte or
+    one recipient more is refused with the reason."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"], extra='max_body_bytes = "1KiB"')
+    for n in (n1, n2):
+        n.link.heartbeat()
+    crowd = ["Bob"] + [f"a{i}" for i in range(9_999)]
+    r = client(redis_server.url)
+    for fields in (entry(envelope(clock, body="x" * 1024)), entry(envelope(clock, body="\u00e9" * 512)),
+                   entry(envelope(clock, body="crowd"), to=crowd),
+                   entry(envelope(clock, body="x" * 1025)), entry(envelope(clock, body="crowd+1"), to=crowd + ["a9999"])):
+        r.xadd(n1.stream("n2"), fields)
+    assert sum(iter(n2.receive, 0)) == 5
+    assert sorted(e["body"] for e in n2.held("Bob")) == ["crowd", "x" * 1024, "\u00e9" * 512]
+    errors = sorted(row["error"] for row in n2.relay.history.audit(status="failed"))
+    assert len(errors) == 2
+    assert "the body is 1025 bytes, over this node's max_body_bytes (1024)" in errors[0]
+    assert "the recipients are not a list of agent names" in errors[1]
+
+
 def test_malformed_entries_are_recorded_refused_to_their_node_and_never_write_outside(
         redis_server, team, nodes, cli, tmp_path, clock):
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])
