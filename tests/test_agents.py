@@ -1,5 +1,6 @@
 """The agent's side: finding the project, sending with checked names and real ids, request ids,
 reading whole messages, waiting; each refusal with its exact line."""
+import errno
 import json
 import threading
 
@@ -8,8 +9,9 @@ from click.testing import CliRunner
 
 import relay
 import relay.files.fs
-from conftest import error_line
+from conftest import error_line, failing_create
 from relay.cli import main
+from relay.operator.doctor import expire
 
 
 
@@ -193,6 +195,28 @@ def test_a_request_id_whose_message_failed_may_be_sent_again(project):
     project.drop("Ann", "b", json.dumps({"to": "Ben", "request_id": "r1", "body": "second"}))
     assert r.drain().archived == 1
     assert [e["body"] for e in project.inbox("Ben")] == ["second"]
+
+
+def test_a_request_id_whose_message_was_expired_may_be_sent_again(project):
+    """A message whose request id relay recorded (it was read, then its delivery kept failing)
+    and that an operator expired has failed: the request id is free again, for `relay send`
+    (which looks for an earlier message first) and for the relay (which settles repeats)."""
+    r = project.relay(retry_backoff="1h")
+    switch = failing_create(r, OSError(errno.ENOSPC, "No space left on device"))
+    project.drop("Ann", "a", "TO: Ben\nREQUEST-ID: r1\n\nfirst")
+    assert r.step().retried == 1
+    [row] = r.history.audit()
+    assert (row["status"], row["request_id"]) == ("pending", "r1")
+    switch["on"] = False
+    expire(r.ledger, r.layout, row["id"])
+    ann = relay.Agent("Ann", root=project.root)
+    second = ann.send("Ben", "second", request_id="r1")
+    assert second != row["id"] and not ann.repeated
+    ann.close()
+    r.hint("rescan")
+    r.step(project.clock.advance(1))
+    assert [e["body"] for e in project.inbox("Ben")] == ["second"]
+    assert r.history.get(second)["duplicate_of"] is None and r.history.get(row["id"])["status"] == "failed"
 
 
 def test_request_ids_are_per_sender(project):
