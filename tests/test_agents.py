@@ -2,7 +2,9 @@
 reading whole messages, waiting; each refusal with its exact line."""
 import errno
 import json
+import os
 import threading
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -186,6 +188,20 @@ def test_a_repeated_request_id_is_delivered_once(team):
     assert a.send("Bob", "again", request_id="deploy-7") == one and a.repeated
     assert a.send("Bob", "other", request_id="deploy-8") != one and not a.repeated
     assert sum(1 for _ in (team.state / "outbox" / "Alice").iterdir()) == 1       # deploy-8 only
+
+
+def test_of_two_sends_with_one_request_id_the_one_sent_first_is_delivered_whatever_the_file_times(team):
+    """Both written before relay ran, in one batch: the earlier send (its id says when) is the
+    message, the later one its repeat, even when the later file's time is the older."""
+    a = relay.Agent("Alice", root=team.root)
+    one = a.send("Bob", "first", request_id="deploy-9")
+    two = a.send("Bob", "second", request_id="deploy-9")
+    box = team.state / "outbox" / "Alice"
+    os.utime(box / f"msg-{one.lower()}", (time.time() - 10, time.time() - 10))
+    os.utime(box / f"msg-{two.lower()}", (time.time() - 20, time.time() - 20))     # found first
+    drain(team.root)
+    assert [m.body for m in relay.Agent("Bob", root=team.root).inbox()] == ["first"]
+    assert json.loads(team("show", two, "--json").output)["duplicate_of"] == one
 
 
 def test_a_request_id_whose_message_failed_may_be_sent_again(project):
