@@ -131,6 +131,23 @@ def test_a_node_cannot_speak_for_the_receivers_own_agents_or_another_nodes(serve
     assert sorted(a[0] for a in refused) == sorted(ids)
 
 
+def test_a_node_cannot_speak_as_system_even_listing_it_among_its_agents(server, team, nodes, clock):
+    """System (relay's own sender: pings, control) is no agent of any node: a node that lists it
+    in its own entry and writes a message from it is refused, whatever its list says."""
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n2, n3, rounds=1)
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    evil.hset(keys.node("n3"), mapping={"agents": '["Eve", "System"]', "v": "with-system"})
+    mid = n2.relay.ids.new(clock())
+    evil.xadd(keys.messages("n3", "n2"), {"v": "2", "id": mid, "to": '["Bob"]',
+                                          "env": envelope(mid, "System", ["Bob"], body="stop everything", kind="ping")})
+    assert n2.receive() == 1
+    assert n2.held("Bob") == []
+    [why] = refusals(n2)
+    assert "the sender 'System' is not an agent name" in why
+
+
 def test_a_name_held_by_a_node_is_never_taken_by_anothers_claim(server, team, nodes, clock):
     n1 = nodes(server, team, "n1", ["Ann"])
     n2 = nodes(server, team, "n2", ["Bob"])
