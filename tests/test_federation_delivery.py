@@ -5,6 +5,7 @@ keeps failing, this node's own limits, and whatever an entry holds. Against a re
 on a free local port (skipped, saying why, when the binary is missing); nodes are driven by their
 steps and the injected clock. Entries a test writes stand for what a node writes into its own
 keys (relay:{team}:from:<node>:...), which is all one node's credentials allow."""
+import errno
 import signal
 
 import orjson
@@ -539,6 +540,38 @@ def test_an_id_received_before_with_other_content_or_from_another_node_is_refuse
     assert [bool(refusal) for _, refusal in n2.acks(r, "n3")] == [True, True]     # both refused, with why
 
 
+def test_an_id_received_before_from_the_same_node_with_other_content_is_refused(two, redis_server, clock):
+    """The same node, the same id, another original (sha256): no repeat of what was delivered,
+    another message under its id; refused with the reason, the first left as it is."""
+    n1, n2 = two
+    r = client(redis_server.url)
+    good = envelope(clock)
+    r.xadd(n1.stream("n2"), entry(good))
+    assert n2.receive() == 1
+    r.xadd(n1.stream("n2"), entry({**good, "body": "rewritten", "sha256": "f" * 64}))
+    assert n2.receive() == 1
+    assert [e["body"] for e in n2.held("Bob")] == ["ok"]
+    [error] = refusals(n2)
+    assert f"message id {good['id']} was received before from node n1 with other content" in error
+    assert [refusal is None for mid, refusal in n2.acks(r, "n1")] == [True, False]
+
+
+def test_a_repeat_is_acknowledged_again_even_once_its_id_is_older_than_the_replay_window(two, redis_server, clock):
+    """Ids received are kept for the replay window and forgotten by an hourly sweep: a message
+    received before is known by its id, however old the id has grown since, until that sweep
+    forgets it: acknowledged again, never refused for its age."""
+    n1, n2 = two
+    r = client(redis_server.url)
+    good = envelope(clock, id=IdGenerator().new(clock.now - 29 * 86400))
+    r.xadd(n1.stream("n2"), entry(good))
+    assert n2.receive() == 1
+    clock.advance(2 * 86400)                            # the id is 31 days old now
+    r.xadd(n1.stream("n2"), entry(good))                # published again (its acknowledgement was lost)
+    assert n2.receive() == 1
+    assert [e["body"] for e in n2.held("Bob")] == ["ok"] and refusals(n2) == []
+    assert n2.acks(r, "n1") == [(good["id"], None), (good["id"], None)]
+
+
 def test_an_entry_never_replaces_an_envelope_of_another_message_a_recipient_holds_under_its_id(
         redis_server, team, nodes, clock):
     """The ledger forgets a message at the retention sweep; its recipient may still hold it,
@@ -606,6 +639,31 @@ def test_a_link_planted_in_an_inbox_holds_the_entry_until_fixed_or_retry_period_
     assert row["status"] == "refused" and "gave up after 601s" in row["error"]
 
 
+def test_a_received_message_whose_sync_fails_is_given_up_at_once_never_retried_into_success(two, redis_server):
+    """An fsync error means the data may be lost: the receiving node does not try again until it
+    seems to work. The message fails at once with the reason, refused to its sender; nothing is
+    in Bob's inbox, then or later."""
+    n1, n2 = two
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    syncer = n2.link.incoming.syncer
+    real, syncer.fsync = syncer.fsync, eio
+    n1.drop("Ann", "m", "TO: Bob\n\nmaybe lost")
+    n1.send()
+    assert n2.receive() == 1
+    syncer.fsync = real
+    n2.clock.advance(60)
+    n2.receive()
+    n1.link.publish()
+    [failed] = list(n2.relay.history.audit(status="failed"))
+    assert "Input/output error" in failed["error"] and "delivered to nobody" in failed["error"]
+    assert n2.held("Bob") == [] and not n2.link.incoming.retry
+    row = n1.outbound(failed["id"])["n2"]
+    assert row["status"] == "refused" and "Input/output error" in row["error"]
+
+
 def test_acknowledgements_do_not_depend_on_the_receivers_clock_agreeing_with_the_servers(two, redis_server):
     n1, n2 = two
     n2.clock.advance(2 * 3600)                          # the nodes' clock two hours ahead of the server's
@@ -637,13 +695,16 @@ def test_an_entry_that_keeps_failing_does_not_hold_back_the_entries_behind_it(
     assert [e["body"] for e in n2.held("Cy")] == ["behind it, delivered at once"]
     counts = n1.relay.history.outbound_counts()
     assert (counts["published"], counts["acknowledged"]) == (1, 1)
+    n1.drop("Ann", "m3", "TO: Cy\n\nread once")
+    n1.send()
+    assert n2.receive() == 1                            # its entry stays until n1 reads the acknowledgement
     new.unlink()
     new.mkdir()                                         # fixed: tried again on its own, delivered
     n2.clock.advance(5)
-    n2.receive()
-    n1.link.publish()
+    assert n2.receive() == 1                            # read on its own: the cursor stays past m3,
+    n1.link.publish()                                   # which is not read again
     assert [e["body"] for e in n2.held("Bob")] == ["held"] and not n2.link.incoming.retry
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 2
+    assert n1.relay.history.outbound_counts()["acknowledged"] == 3
     assert list(outside.iterdir()) == []
 
 
