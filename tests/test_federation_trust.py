@@ -148,6 +148,26 @@ def test_a_node_cannot_speak_as_system_even_listing_it_among_its_agents(server, 
     assert "the sender 'System' is not an agent name" in why
 
 
+def test_a_node_cannot_take_back_an_acknowledgement_it_gave(server, team, nodes):
+    """An acknowledgement settles a row once: a refusal (or another acknowledgement) a node
+    writes later for a message it acknowledged changes nothing at the sender."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n1, n3, rounds=1)
+    n1.drop("Ann", "m", "TO: Eve\n\nreceived")
+    exchange(n1, n3)
+    mid = n1.relay.history.audit().fetchone()["id"]
+    before = n1.outbound(mid)["n3"]
+    assert before["status"] == "acknowledged"
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    evil.xadd(keys.acks("n3", "n1"), {"acks": orjson.dumps([[mid, None, "never got it"], [mid, None, None]])})
+    n1.link.publish()
+    after = n1.outbound(mid)["n3"]
+    assert (after["status"], after["error"], after["acked_at"]) == ("acknowledged", None, before["acked_at"])
+    assert [e["event"] for e in n1.relay.history.events(mid)].count("acknowledged") == 1
+    assert "refused-by-node" not in [e["event"] for e in n1.relay.history.events(mid)]
+
+
 def test_a_name_held_by_a_node_is_never_taken_by_anothers_claim(server, team, nodes, clock):
     n1 = nodes(server, team, "n1", ["Ann"])
     n2 = nodes(server, team, "n2", ["Bob"])
