@@ -822,6 +822,35 @@ def test_a_row_for_a_node_that_no_longer_holds_its_recipient_is_rerouted_to_the_
         renamed.close()
 
 
+def test_a_row_not_yet_published_for_a_node_gone_for_good_is_rerouted_too(redis_server, team, nodes, clock):
+    """What waits for a node gone for good goes to the node that lists its agent now, whether it
+    was published to the old node already or was still waiting to be published."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.close()
+    n2.drop("Bob", "m", "TO: Ann\n\nqueued, not yet published")
+    n2.relay.drain(now_fn=clock, wait=lambda s: None)          # recorded for n1; the link has not published it
+    mid = n2.relay.history.audit().fetchone()["id"]
+    assert n2.outbound(mid)["n1"]["status"] == "pending"
+    r = client(redis_server.url)
+    seconds, _ = r.time()
+    r.hset(n1.key(), "seen", str(seconds - 60))                # n1 not seen for longer than its timeout ...
+    n2.link.heartbeat()
+    r.delete(n1.key())                                         # ... and deleted: gone for good
+    n3 = nodes(redis_server.url, team, "n3", ["Ann"])
+    assert n3.link.heartbeat()
+    n2.link.heartbeat()
+    assert n2.relay.history.remote_agents()["Ann"][0] == "n3"
+    n2.link.check()
+    assert set(n2.outbound(mid)) == {"n3"}
+    n2.link.publish()
+    n3.receive()
+    n2.link.publish()
+    assert [e["body"] for e in n3.held("Ann")] == ["queued, not yet published"]
+    assert n2.outbound(mid)["n3"]["status"] == "acknowledged"
+
+
 def test_a_row_for_a_live_node_that_dropped_its_recipient_is_rerouted_to_the_node_that_holds_it_now(
         redis_server, team, nodes):
     import shutil
