@@ -292,6 +292,26 @@ def test_wait_wakes_when_a_message_arrives(team):
     assert [(m.id, m.body, m.state) for m in got] == [(mid, "wake up", "cur")]
 
 
+def test_a_long_lived_agents_wait_follows_its_inbox_replaced_between_two_waits(team):
+    """An Agent keeps its watch from one wait to the next. Its new/ was replaced in between (moved
+    away, made again): the next wait watches the directory there now, and wakes for a message
+    relay delivers into it (written in tmp/, linked into new/)."""
+    bob = relay.Agent("Bob", root=team.root)
+    assert bob.wait(timeout=0) == []                    # the watch is armed, and kept
+    new = team.state / "inbox" / "Bob" / "new"
+    os.rename(new, new.with_name("new.old"))
+    new.mkdir()
+    listening, got = threading.Event(), []
+    waiter = threading.Thread(target=lambda: got.extend(bob.wait(timeout=20, listening=listening)))
+    waiter.start()
+    assert listening.wait(10)
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "after the swap")
+    drain(team.root)
+    waiter.join(15)
+    assert not waiter.is_alive() and [m.id for m in got] == [mid]
+    bob.close()
+
+
 def test_wait_returns_at_once_when_mail_is_there(team):
     relay.Agent("Alice", root=team.root).send("Bob", "already here")
     drain(team.root)
