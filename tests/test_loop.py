@@ -2,6 +2,7 @@
 that run() and drain() share, and a reload applied by reconfigure()."""
 import os
 import threading
+import time
 
 import pytest
 
@@ -92,3 +93,22 @@ def test_reconfigure_applies_a_reload(project):
     relay.reconfigure(project.config(agents=["Ann", "Ben", "Cy"], durability="normal", settle="2s"))
     assert relay.history.pragmas()["synchronous"] == "NORMAL"
     assert relay.outbox.settle == 2.0 and not relay.syncer.durable and relay.config.durability == "normal"
+
+
+@pytest.mark.timeout_s(10)
+def test_the_wakers_wait_is_an_events_wait():
+    """The loop's Waker waits as threading.Event does: a time already passed (0, or less) is no
+    wait at all; a flag that is up ends a wait at once; down, a wait lasts its timeout."""
+    from relay.core.waker import Waker
+    w = Waker()
+    try:
+        start = time.monotonic()
+        assert w.wait(-1) is False and w.wait(0) is False and w.poll(-0.5) == set()
+        assert time.monotonic() - start < 1
+        w.set()
+        assert w.wait(5) is True and w.is_set()
+        w.clear()
+        start = time.monotonic()
+        assert w.wait(0.05) is False and time.monotonic() - start >= 0.05
+    finally:
+        w.close()
