@@ -299,3 +299,26 @@ def test_bytes_read_ahead_for_a_message_expired_before_its_claim_are_not_a_later
     assert bodies(project) == ["first", "new"]
     assert archived(project) == ["TO: Ben\n\nfirst", "TO: Ben\n\nnew"]
     assert relay.history.get(pending["id"])["status"] == "failed"
+
+
+def test_bytes_read_for_a_file_whose_path_has_a_message_already_are_not_kept(project, clock):
+    """A file whose claim could not take it into the spool waits in the outbox for its retry; a
+    look at it then reads it, and registers nothing (the path has its message). Those bytes are
+    no message's: dropped at once, their room given back, not held until the next full scan."""
+    relay = project.relay(retry_backoff="1h")
+    project.drop("Ann", "msg", "TO: Ben\n\nx")
+    real = relay.fs.rename
+
+    def refuse_the_spool(src, dst, *a, **k):
+        if dst.startswith("spool/"):
+            raise PermissionError(13, "Permission denied")
+        return real(src, dst, *a, **k)
+
+    relay.fs.rename = refuse_the_spool
+    assert relay.step().retried == 1
+    relay.fs.rename = real
+    relay.hint("file", "Ann", "msg")
+    assert relay.step(clock.advance(1)).registered == 0
+    assert dict(relay.outbox.read_ahead) == {} and relay.outbox.read_ahead.held == 0
+    relay.step(clock.advance(7200))                 # the retry, once due
+    assert bodies(project) == ["x"]
