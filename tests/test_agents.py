@@ -4,14 +4,16 @@ import errno
 import json
 import os
 import threading
+import time
 
 import pytest
 from click.testing import CliRunner
 
 import relay
 import relay.files.fs
-from conftest import error_line
+from conftest import error_line, failing_create
 from relay.cli import main
+from relay.operator.doctor import expire
 
 
 
@@ -247,6 +249,20 @@ def test_a_repeated_request_id_is_delivered_once(team):
     assert sum(1 for _ in (team.state / "outbox" / "Alice").iterdir()) == 1       # deploy-8 only
 
 
+def test_of_two_sends_with_one_request_id_the_one_sent_first_is_delivered_whatever_the_file_times(team):
+    """Both written before relay ran, in one batch: the earlier send (its id says when) is the
+    message, the later one its repeat, even when the later file's time is the older."""
+    a = relay.Agent("Alice", root=team.root)
+    one = a.send("Bob", "first", request_id="deploy-9")
+    two = a.send("Bob", "second", request_id="deploy-9")
+    box = team.state / "outbox" / "Alice"
+    os.utime(box / f"msg-{one.lower()}", (time.time() - 10, time.time() - 10))
+    os.utime(box / f"msg-{two.lower()}", (time.time() - 20, time.time() - 20))     # found first
+    drain(team.root)
+    assert [m.body for m in relay.Agent("Bob", root=team.root).inbox()] == ["first"]
+    assert json.loads(team("show", two, "--json").output)["duplicate_of"] == one
+
+
 def test_a_request_id_whose_message_failed_may_be_sent_again(project):
     r = project.relay()
     project.drop("Ann", "a", "TO: Nobody\nREQUEST-ID: r1\n\nfirst")
@@ -254,6 +270,28 @@ def test_a_request_id_whose_message_failed_may_be_sent_again(project):
     project.drop("Ann", "b", json.dumps({"to": "Ben", "request_id": "r1", "body": "second"}))
     assert r.drain().archived == 1
     assert [e["body"] for e in project.inbox("Ben")] == ["second"]
+
+
+def test_a_request_id_whose_message_was_expired_may_be_sent_again(project):
+    """A message whose request id relay recorded (it was read, then its delivery kept failing)
+    and that an operator expired has failed: the request id is free again, for `relay send`
+    (which looks for an earlier message first) and for the relay (which settles repeats)."""
+    r = project.relay(retry_backoff="1h")
+    switch = failing_create(r, OSError(errno.ENOSPC, "No space left on device"))
+    project.drop("Ann", "a", "TO: Ben\nREQUEST-ID: r1\n\nfirst")
+    assert r.step().retried == 1
+    [row] = r.history.audit()
+    assert (row["status"], row["request_id"]) == ("pending", "r1")
+    switch["on"] = False
+    expire(r.ledger, r.layout, row["id"])
+    ann = relay.Agent("Ann", root=project.root)
+    second = ann.send("Ben", "second", request_id="r1")
+    assert second != row["id"] and not ann.repeated
+    ann.close()
+    r.hint("rescan")
+    r.step(project.clock.advance(1))
+    assert [e["body"] for e in project.inbox("Ben")] == ["second"]
+    assert r.history.get(second)["duplicate_of"] is None and r.history.get(row["id"])["status"] == "failed"
 
 
 def test_request_ids_are_per_sender(project):
@@ -311,6 +349,26 @@ def test_wait_wakes_when_a_message_arrives(team):
     drain(team.root)
     waiter.join(30)
     assert [(m.id, m.body, m.state) for m in got] == [(mid, "wake up", "cur")]
+
+
+def test_a_long_lived_agents_wait_follows_its_inbox_replaced_between_two_waits(team):
+    """An Agent keeps its watch from one wait to the next. Its new/ was replaced in between (moved
+    away, made again): the next wait watches the directory there now, and wakes for a message
+    relay delivers into it (written in tmp/, linked into new/)."""
+    bob = relay.Agent("Bob", root=team.root)
+    assert bob.wait(timeout=0) == []                    # the watch is armed, and kept
+    new = team.state / "inbox" / "Bob" / "new"
+    os.rename(new, new.with_name("new.old"))
+    new.mkdir()
+    listening, got = threading.Event(), []
+    waiter = threading.Thread(target=lambda: got.extend(bob.wait(timeout=20, listening=listening)))
+    waiter.start()
+    assert listening.wait(10)
+    mid = relay.Agent("Alice", root=team.root).send("Bob", "after the swap")
+    drain(team.root)
+    waiter.join(15)
+    assert not waiter.is_alive() and [m.id for m in got] == [mid]
+    bob.close()
 
 
 def test_wait_returns_at_once_when_mail_is_there(team):

@@ -117,6 +117,27 @@ def test_audit_filters_json_and_table(cli):
     assert r.exit_code == 2 and "--since" in r.output
 
 
+def test_audit_to_matches_the_whole_recipient_name(cli):
+    """--to Bob lists the messages for Bob, delivered or not, and none for Bobby: a name is
+    matched whole, in the deliveries and in the recipients a message names."""
+    cli("init", "--agent", "Ann", "--agent", "Bob", "--agent", "Bobby")
+    drop(cli, "Ann", "bob", "TO: Bob\n\nx")
+    drop(cli, "Ann", "bobby", "TO: Bobby\n\nx")
+    drop(cli, "Ann", "both", "TO: Bob, Bobby\n\nx")
+    cli("run", "--once", "-q")
+    cli("archive-agent", "Bobby")
+    drop(cli, "Ann", "bobby-shed", "TO: Bobby\n\nx")        # shed: no delivery, Bobby named
+    cli("run", "--once", "-q")
+
+    def names(*args):
+        return sorted(r["source_path"].rsplit("/", 1)[1] for r in json.loads(cli("audit", "--json", *args).stdout))
+
+    assert names("--status", "failed") == ["bobby-shed"]
+    assert names("--to", "Bob") == ["bob", "both"]
+    assert names("--to", "Bobby") == ["bobby", "bobby-shed", "both"]
+    assert names("--to", "Bo") == []
+
+
 def test_show_one_message(cli):
     cli("init", "--agent", "Ann", "--agent", "Ben")
     drop(cli, "Ann", "m", "TO: Ben\nSUBJECT: hello\n\nthe body text")

@@ -194,6 +194,15 @@ def test_a_bad_command_id_is_one_line(team):
     assert r.exit_code == 1 and "invalid command id" in r.output and len(r.output.strip().splitlines()) == 1
 
 
+def test_a_command_id_of_200_characters_is_one_and_of_201_is_refused(team):
+    longest = "k" * 200
+    assert team("ping", "Ben", "--command-id", longest).output.startswith("pinged Ben")
+    assert "existing" in team("ping", "Ben", "--command-id", longest).output
+    r = team("ping", "Ben", "--command-id", longest + "k", ok=False)
+    assert r.exit_code == 1 and "invalid command id" in r.output and "1 to 200 printable characters" in r.output
+    assert len(list((team.state / "inbox/Ben/new").iterdir())) == 1
+
+
 def test_sheds_show_in_status_audit_show_report_and_agents(team, tmp_path):
     cli = team
     (cli.state / "relay.toml").write_text("pair_rate = 1\n")

@@ -488,3 +488,53 @@ def test_what_a_scan_reads_ahead_is_bounded_and_given_back_as_claims_take_it(pro
     # every claim took what was read for it, and gave its room back
     assert len(project.inbox("Ben")) == 30 and relay.outbox.read_ahead == {}
     assert relay.outbox.read_ahead.held == 0
+
+
+def test_bytes_read_ahead_for_a_message_expired_before_its_claim_are_not_a_later_one_at_its_name(project, clock):
+    """A scan reads a file ahead for the message registered for it; that message is expired by
+    an operator before any claim took it (its file goes to failed/), and the agent writes a new
+    file under the same name. The new message is the new file's bytes: what was read ahead
+    belongs to the expired message only."""
+    from relay.core.daemon import Relay
+    from relay.operator.doctor import expire
+    relay = Relay(project.config(agents=["Ann", "Ben"]), clock=clock, batch=1)     # one claim per step
+    project.relays.append(relay)
+    first = project.drop("Ann", "a", "TO: Ben\n\nfirst")
+    later = project.drop("Ann", "m", "TO: Ben\n\nold")
+    os.utime(first, (clock.now - 20, clock.now - 20))
+    os.utime(later, (clock.now - 10, clock.now - 10))
+    assert relay.step().claimed == 1                        # both read by the scan, "a" claimed
+    [pending] = [r for r in relay.history.audit() if r["status"] == "pending"]
+    assert pending["name"] == "m"
+    expire(relay.ledger, relay.layout, pending["id"])
+    assert not later.exists()
+    project.drop("Ann", "m", "TO: Ben\n\nnew")
+    relay.hint("file", "Ann", "m")
+    for _ in range(3):
+        relay.step(clock.advance(1))
+    assert bodies(project) == ["first", "new"]
+    assert archived(project) == ["TO: Ben\n\nfirst", "TO: Ben\n\nnew"]
+    assert relay.history.get(pending["id"])["status"] == "failed"
+
+
+def test_bytes_read_for_a_file_whose_path_has_a_message_already_are_not_kept(project, clock):
+    """A file whose claim could not take it into the spool waits in the outbox for its retry; a
+    look at it then reads it, and registers nothing (the path has its message). Those bytes are
+    no message's: dropped at once, their room given back, not held until the next full scan."""
+    relay = project.relay(retry_backoff="1h")
+    project.drop("Ann", "msg", "TO: Ben\n\nx")
+    real = relay.fs.rename
+
+    def refuse_the_spool(src, dst, *a, **k):
+        if dst.startswith("spool/"):
+            raise PermissionError(13, "Permission denied")
+        return real(src, dst, *a, **k)
+
+    relay.fs.rename = refuse_the_spool
+    assert relay.step().retried == 1
+    relay.fs.rename = real
+    relay.hint("file", "Ann", "msg")
+    assert relay.step(clock.advance(1)).registered == 0
+    assert dict(relay.outbox.read_ahead) == {} and relay.outbox.read_ahead.held == 0
+    relay.step(clock.advance(7200))                 # the retry, once due
+    assert bodies(project) == ["x"]

@@ -200,6 +200,37 @@ def test_a_chosen_id_and_a_request_id_for_a_remote_recipient(redis_server, team,
     assert client(redis_server.url).xlen(n1.stream("n2")) == 0
 
 
+@needs_server
+def test_a_message_queued_for_another_node_keeps_its_id_when_its_chosen_id_frees_up(redis_server, team, nodes, clock):
+    """A message's id is one for all its recipients. Ann chose an id that Cy's inbox held for
+    another message: the message kept relay's id, was queued under it for Bob on n2, and Cy's
+    delivery failed for a moment. Cy then read and deleted that other message; the retry still
+    keeps the id it was queued under, so Bob and Cy hold it under the same id."""
+    import errno
+
+    from conftest import failing_create
+    from relay.ids import IdGenerator
+    n1 = nodes(redis_server.url, team, "n1", ["Ann", "Cy"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    chosen = IdGenerator().new(clock.now - 60)
+    other = n1.state / "inbox" / "Cy" / "new" / f"{chosen}.json"
+    other.write_bytes(orjson.dumps({"id": chosen, "from": "Dee", "body": "another message", "sha256": "b" * 64}))
+    switch = failing_create(n1.relay, OSError(errno.ENOSPC, "No space left on device"),
+                            when=lambda rel: rel.startswith("inbox/Cy/"))
+    n1.drop("Ann", "a", f"TO: Bob, Cy\nID: {chosen}\n\nhello")
+    n1.send()
+    [row] = n1.relay.history.audit()
+    assert row["id"] != chosen and row["status"] == "pending" and n1.outbound(row["id"])["n2"]
+    other.unlink()                              # Cy read it and deleted it
+    switch["on"] = False
+    clock.advance(3600)
+    exchange(n1, n2)
+    assert [e["id"] for e in n1.held("Cy") if e["body"] == "hello"] == [row["id"]]
+    assert [e["id"] for e in n2.held("Bob")] == [row["id"]]
+    assert n1.relay.history.get(row["id"])["status"] == "archived" and n1.relay.history.get(chosen) is None
+
+
 # -- the directory -----------------------------------------------------------------------------
 
 @needs_server

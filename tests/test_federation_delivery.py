@@ -5,6 +5,7 @@ keeps failing, this node's own limits, and whatever an entry holds. Against a re
 on a free local port (skipped, saying why, when the binary is missing); nodes are driven by their
 steps and the injected clock. Entries a test writes stand for what a node writes into its own
 keys (relay:{team}:from:<node>:...), which is all one node's credentials allow."""
+import errno
 import signal
 
 import orjson
@@ -424,6 +425,28 @@ def test_a_receiver_reading_its_streams_from_the_start_again_delivers_nothing_tw
 
 # -- what an entry holds --------------------------------------------------------------------------
 
+def test_an_entry_at_the_receivers_limits_is_delivered_and_one_past_them_is_refused(redis_server, team, nodes, clock):
+    """The receiving node's own limits, each at its edge: a body of exactly its max_body_bytes
+    (counted in bytes, not characters) and exactly 10,000 recipients are delivered; one byte or
+    one recipient more is refused with the reason."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"], extra='max_body_bytes = "1KiB"')
+    for n in (n1, n2):
+        n.link.heartbeat()
+    crowd = ["Bob"] + [f"a{i}" for i in range(9_999)]
+    r = client(redis_server.url)
+    for fields in (entry(envelope(clock, body="x" * 1024)), entry(envelope(clock, body="\u00e9" * 512)),
+                   entry(envelope(clock, body="crowd"), to=crowd),
+                   entry(envelope(clock, body="x" * 1025)), entry(envelope(clock, body="crowd+1"), to=crowd + ["a9999"])):
+        r.xadd(n1.stream("n2"), fields)
+    assert sum(iter(n2.receive, 0)) == 5
+    assert sorted(e["body"] for e in n2.held("Bob")) == ["crowd", "x" * 1024, "\u00e9" * 512]
+    errors = sorted(row["error"] for row in n2.relay.history.audit(status="failed"))
+    assert len(errors) == 2
+    assert "the body is 1025 bytes, over this node's max_body_bytes (1024)" in errors[0]
+    assert "the recipients are not a list of agent names" in errors[1]
+
+
 def test_malformed_entries_are_recorded_refused_to_their_node_and_never_write_outside(
         redis_server, team, nodes, cli, tmp_path, clock):
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])
@@ -522,6 +545,38 @@ def test_ids_are_each_nodes_own_a_repeat_is_known_and_another_nodes_message_unde
     assert sorted(bool(refusal) for _, refusal in n2.acks(r, "n3")) == [False, True]
 
 
+def test_an_id_received_before_from_the_same_node_with_other_content_is_refused(two, redis_server, clock):
+    """The same node, the same id, another original (sha256): no repeat of what was delivered,
+    another message under its id; refused with the reason, the first left as it is."""
+    n1, n2 = two
+    r = client(redis_server.url)
+    good = envelope(clock)
+    r.xadd(n1.stream("n2"), entry(good))
+    assert n2.receive() == 1
+    r.xadd(n1.stream("n2"), entry({**good, "body": "rewritten", "sha256": "f" * 64}))
+    assert n2.receive() == 1
+    assert [e["body"] for e in n2.held("Bob")] == ["ok"]
+    [error] = refusals(n2)
+    assert f"message id {good['id']} was received before from node n1 with other content" in error
+    assert [refusal is None for mid, refusal in n2.acks(r, "n1")] == [True, False]
+
+
+def test_a_repeat_is_acknowledged_again_even_once_its_id_is_older_than_the_replay_window(two, redis_server, clock):
+    """Ids received are kept for the replay window and forgotten by an hourly sweep: a message
+    received before is known by its id, however old the id has grown since, until that sweep
+    forgets it: acknowledged again, never refused for its age."""
+    n1, n2 = two
+    r = client(redis_server.url)
+    good = envelope(clock, id=IdGenerator().new(clock.now - 29 * 86400))
+    r.xadd(n1.stream("n2"), entry(good))
+    assert n2.receive() == 1
+    clock.advance(2 * 86400)                            # the id is 31 days old now
+    r.xadd(n1.stream("n2"), entry(good))                # published again (its acknowledgement was lost)
+    assert n2.receive() == 1
+    assert [e["body"] for e in n2.held("Bob")] == ["ok"] and refusals(n2) == []
+    assert n2.acks(r, "n1") == [(good["id"], None), (good["id"], None)]
+
+
 def test_an_entry_never_replaces_an_envelope_of_another_message_a_recipient_holds_under_its_id(
         redis_server, team, nodes, clock):
     """The ledger forgets a message at the retention sweep; its recipient may still hold it,
@@ -590,6 +645,31 @@ def test_a_link_planted_in_an_inbox_holds_the_entry_until_fixed_or_retry_period_
     assert row["status"] == "refused" and "gave up after 601s" in row["error"]
 
 
+def test_a_received_message_whose_sync_fails_is_given_up_at_once_never_retried_into_success(two, redis_server):
+    """An fsync error means the data may be lost: the receiving node does not try again until it
+    seems to work. The message fails at once with the reason, refused to its sender; nothing is
+    in Bob's inbox, then or later."""
+    n1, n2 = two
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    syncer = n2.link.incoming.syncer
+    real, syncer.fsync = syncer.fsync, eio
+    n1.drop("Ann", "m", "TO: Bob\n\nmaybe lost")
+    n1.send()
+    assert n2.receive() == 1
+    syncer.fsync = real
+    n2.clock.advance(60)
+    n2.receive()
+    n1.link.publish()
+    [failed] = list(n2.relay.history.audit(status="failed"))
+    assert "Input/output error" in failed["error"] and "delivered to nobody" in failed["error"]
+    assert n2.held("Bob") == [] and not n2.link.incoming.retry
+    row = n1.outbound(failed["id"])["n2"]
+    assert row["status"] == "refused" and "Input/output error" in row["error"]
+
+
 def test_acknowledgements_do_not_depend_on_the_receivers_clock_agreeing_with_the_servers(two, redis_server):
     n1, n2 = two
     n2.clock.advance(2 * 3600)                          # the nodes' clock two hours ahead of the server's
@@ -621,13 +701,16 @@ def test_an_entry_that_keeps_failing_does_not_hold_back_the_entries_behind_it(
     assert [e["body"] for e in n2.held("Cy")] == ["behind it, delivered at once"]
     counts = n1.relay.history.outbound_counts()
     assert (counts["published"], counts["acknowledged"]) == (1, 1)
+    n1.drop("Ann", "m3", "TO: Cy\n\nread once")
+    n1.send()
+    assert n2.receive() == 1                            # its entry stays until n1 reads the acknowledgement
     new.unlink()
     new.mkdir()                                         # fixed: tried again on its own, delivered
     n2.clock.advance(5)
-    n2.receive()
-    n1.link.publish()
+    assert n2.receive() == 1                            # read on its own: the cursor stays past m3,
+    n1.link.publish()                                   # which is not read again
     assert [e["body"] for e in n2.held("Bob")] == ["held"] and not n2.link.incoming.retry
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 2
+    assert n1.relay.history.outbound_counts()["acknowledged"] == 3
     assert list(outside.iterdir()) == []
 
 
@@ -743,6 +826,35 @@ def test_a_row_for_a_node_that_no_longer_holds_its_recipient_is_rerouted_to_the_
         assert sorted(e["body"] for e in renamed.held("Ann")) == ["sent while n1 was stopped", "to the new name"]
     finally:
         renamed.close()
+
+
+def test_a_row_not_yet_published_for_a_node_gone_for_good_is_rerouted_too(redis_server, team, nodes, clock):
+    """What waits for a node gone for good goes to the node that lists its agent now, whether it
+    was published to the old node already or was still waiting to be published."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n1.close()
+    n2.drop("Bob", "m", "TO: Ann\n\nqueued, not yet published")
+    n2.relay.drain(now_fn=clock, wait=lambda s: None)          # recorded for n1; the link has not published it
+    mid = n2.relay.history.audit().fetchone()["id"]
+    assert n2.outbound(mid)["n1"]["status"] == "pending"
+    r = client(redis_server.url)
+    seconds, _ = r.time()
+    r.hset(n1.key(), "seen", str(seconds - 60))                # n1 not seen for longer than its timeout ...
+    n2.link.heartbeat()
+    r.delete(n1.key())                                         # ... and deleted: gone for good
+    n3 = nodes(redis_server.url, team, "n3", ["Ann"])
+    assert n3.link.heartbeat()
+    n2.link.heartbeat()
+    assert n2.relay.history.remote_agents()["Ann"][0] == "n3"
+    n2.link.check()
+    assert set(n2.outbound(mid)) == {"n3"}
+    n2.link.publish()
+    n3.receive()
+    n2.link.publish()
+    assert [e["body"] for e in n3.held("Ann")] == ["queued, not yet published"]
+    assert n2.outbound(mid)["n3"]["status"] == "acknowledged"
 
 
 def test_a_row_for_a_live_node_that_dropped_its_recipient_is_rerouted_to_the_node_that_holds_it_now(

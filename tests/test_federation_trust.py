@@ -129,6 +129,43 @@ def test_a_node_cannot_speak_for_the_receivers_own_agents_or_another_nodes(serve
     assert sorted(a[0] for a in refused) == sorted(ids)
 
 
+def test_a_node_cannot_speak_as_system_even_listing_it_among_its_agents(server, team, nodes, clock):
+    """System (relay's own sender: pings, control) is no agent of any node: a node that lists it
+    in its own entry and writes a message from it is refused, whatever its list says."""
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n2, n3, rounds=1)
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    evil.hset(keys.node("n3"), mapping={"agents": '["Eve", "System"]', "v": "with-system"})
+    mid = n2.relay.ids.new(clock())
+    evil.xadd(keys.messages("n3", "n2"), {"v": "2", "id": mid, "to": '["Bob"]',
+                                          "env": envelope(mid, "System", ["Bob"], body="stop everything", kind="ping")})
+    assert n2.receive() == 1
+    assert n2.held("Bob") == []
+    [why] = refusals(n2)
+    assert "the sender 'System' is not an agent name" in why
+
+
+def test_a_node_cannot_take_back_an_acknowledgement_it_gave(server, team, nodes):
+    """An acknowledgement settles a row once: a refusal (or another acknowledgement) a node
+    writes later for a message it acknowledged changes nothing at the sender."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n1, n3, rounds=1)
+    n1.drop("Ann", "m", "TO: Eve\n\nreceived")
+    exchange(n1, n3)
+    mid = n1.relay.history.audit().fetchone()["id"]
+    before = n1.outbound(mid)["n3"]
+    assert before["status"] == "acknowledged"
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    evil.xadd(keys.acks("n3", "n1"), {"acks": orjson.dumps([[mid, None, "never got it"], [mid, None, None]])})
+    n1.link.publish()
+    after = n1.outbound(mid)["n3"]
+    assert (after["status"], after["error"], after["acked_at"]) == ("acknowledged", None, before["acked_at"])
+    assert [e["event"] for e in n1.relay.history.events(mid)].count("acknowledged") == 1
+    assert "refused-by-node" not in [e["event"] for e in n1.relay.history.events(mid)]
+
+
 def test_a_name_held_by_a_node_is_never_taken_by_anothers_claim(server, team, nodes, clock):
     n1 = nodes(server, team, "n1", ["Ann"])
     n2 = nodes(server, team, "n2", ["Bob"])

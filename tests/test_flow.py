@@ -365,6 +365,23 @@ def test_a_broadcast_when_everyone_else_is_archived_fails_at_once(project):
     assert row["status"] == "failed" and "the others are archived" in row["error"] and row["retries"] == 0
 
 
+def test_an_archived_agent_is_left_out_of_a_broadcast_but_shed_when_also_named(project):
+    """'*' means the agents that are still there: an archived one is left out, silently. Named
+    beside it, it is a recipient the sender chose: shed (recipient_archived), and told."""
+    relay = project.relay(agents=("Ann", "Ben", "Cy", "Dee"))
+    relay.ledger.archive_agent("Cy", 1.0, "operator:test")
+    project.drop("Ann", "all", "TO: *\n\neveryone")
+    project.drop("Ann", "named", "TO: *, Cy\n\neveryone and Cy")
+    relay.drain()
+    everyone, named_too = named(relay)["all"], named(relay)["named"]
+    assert relay.history.get(everyone)["status"] == "archived" and sheds(relay, everyone) == []
+    assert sheds(relay, named_too) == [("Cy", "recipient_archived", None, None, "Ann")]
+    assert relay.history.get(named_too)["status"] == "archived"             # Ben and Dee got it
+    for agent in ("Ben", "Dee"):
+        assert sorted(e["body"] for e in project.inbox(agent)) == ["everyone", "everyone and Cy"]
+    assert project.inbox("Cy") == []
+
+
 def test_an_operator_retry_passes_the_limits_but_never_an_archive(project, clock):
     from relay.operator import doctor as operator
     relay = project.relay(queue_limit=1)

@@ -2,6 +2,7 @@
 that run() and drain() share, and a reload applied by reconfigure()."""
 import os
 import threading
+import time
 
 import pytest
 
@@ -188,3 +189,22 @@ def test_the_loop_steps_on_while_a_step_leaves_work_due_without_a_wake(project, 
     finally:
         timer.cancel()
     assert not waited and sorted(e["body"] for e in project.inbox("Ben")) == [f"m{i}" for i in range(5)]
+
+
+@pytest.mark.timeout_s(10)
+def test_the_wakers_wait_is_an_events_wait():
+    """The loop's Waker waits as threading.Event does: a time already passed (0, or less) is no
+    wait at all; a flag that is up ends a wait at once; down, a wait lasts its timeout."""
+    from relay.core.waker import Waker
+    w = Waker()
+    try:
+        start = time.monotonic()
+        assert w.wait(-1) is False and w.wait(0) is False and w.poll(-0.5) == set()
+        assert time.monotonic() - start < 1
+        w.set()
+        assert w.wait(5) is True and w.is_set()
+        w.clear()
+        start = time.monotonic()
+        assert w.wait(0.05) is False and time.monotonic() - start >= 0.05
+    finally:
+        w.close()

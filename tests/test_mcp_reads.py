@@ -180,3 +180,67 @@ def test_a_reply_marks_read_what_it_holds_only_once_written(team):
         take("12")
     handover.written("11")                      # forgotten: stays new
     assert [p.name for p in new.iterdir()] == [f"{third}.json"]
+def test_two_calls_that_listed_the_same_message_return_it_once(team):
+    """The calls of one server run at once in worker threads: both may list a new message
+    before either takes it. The first takes it (held until its reply is written), the second
+    returns nothing: a message is in one reply."""
+    from relay.agent import mcp_server
+    mid = team.agent("Alice").send("Bob", "once")
+    deliver(team)
+    bob = team.agent("Bob")
+    handover = mcp_server.Handover("Bob", bob.project.config, wire=True)
+    first, second = (bob.inbox(limit=5, skip=handover.held) for _ in range(2))
+    assert [m["id"] for m in handover.take(bob, list(first), 5, "1")["messages"]] == [mid]
+    assert handover.take(bob, list(second), 5, "2")["messages"] == []
+    handover.written("1")
+    handover.unanswered("2")
+    assert [(m.id, m.state) for m in bob.inbox(include_read=True)] == [(mid, "cur")]
+
+
+WIRE = """
+import sys
+
+import anyio
+from mcp import types
+from mcp.shared.message import SessionMessage
+
+from relay.agent.mcp_wire import serve
+
+
+class Replies:
+    def written(self, key):
+        print("written", key, file=sys.stderr, flush=True)
+
+    def unanswered(self, key):
+        print("unanswered", key, file=sys.stderr, flush=True)
+
+    def gone(self):
+        print("gone", file=sys.stderr, flush=True)
+
+
+async def run(read_stream, write_stream):
+    error = types.CallToolResult(content=[types.TextContent(type="text", text="refused")], is_error=True)
+    ok = types.CallToolResult(content=[types.TextContent(type="text", text="fine")])
+    for mid, result in ((5, error), (6, ok)):
+        await write_stream.send(SessionMessage(types.JSONRPCResponse(
+            jsonrpc="2.0", id=mid, result=result.model_dump(by_alias=True, exclude_none=True))))
+    await write_stream.send(SessionMessage(types.JSONRPCError(
+        jsonrpc="2.0", id=7, error=types.ErrorData(code=-32603, message="failed"))))
+    async for _ in read_stream:
+        pass
+
+anyio.run(serve, run, Replies())
+"""
+
+
+def test_the_wire_says_written_only_for_a_reply_that_is_no_error():
+    """relay's stdio transport (mcp_wire.serve) tells the server which replies reached the
+    client whole: a tool's result is `written` once on the wire; a tool's error result and an
+    error response are `unanswered`, so what their calls held stays new."""
+    out = subprocess.run([sys.executable, "-c", WIRE], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line)["id"] for line in out.stdout.splitlines()] == [5, 6, 7]
+    assert out.stderr.splitlines() == ["unanswered 5", "written 6", "unanswered 7"]
+
+

@@ -112,6 +112,12 @@ def test_thousands_of_recipients_refused_beyond_the_cap():
         p(f"TO: {names}\n\nx")
 
 
+def test_exactly_the_cap_of_recipients_is_accepted():
+    names = [f"a{i}" for i in range(10_000)]
+    assert p(f"TO: {','.join(names)}\n\nx").to == tuple(names)
+    assert p(orjson.dumps({"to": names, "body": "x"})).to == tuple(names)
+
+
 def test_resolve_broadcast_excludes_sender_and_dedups():
     m = p("TO: *, Bob\n\nx")
     assert resolve(m, "Ann", {"Ann", "Bob", "Cy"}) == (["Bob", "Cy"], [])

@@ -168,6 +168,21 @@ def test_verify_catches_edited_and_deleted_rows(relayed):
     assert f"{b['id']}: its ledger record was deleted" in r.output
 
 
+def test_verify_catches_an_archive_file_moved_with_its_recorded_path(relayed):
+    """The hash chain covers where each original lies: an archive file renamed, with the ledger's
+    archive_path changed to match (the bytes and their sha256 untouched), is an altered record."""
+    cli = relayed
+    a, b, c = json.loads(cli("audit", "--json", "--status", "archived").output)
+    moved = a["archive_path"].rsplit("--", 1)[0] + "--elsewhere"
+    os.rename(cli.state / a["archive_path"], cli.state / moved)
+    led = db(cli)
+    led.execute("UPDATE messages SET archive_path = ? WHERE id = ?", (moved, a["id"]))
+    led.close()
+    r = cli("verify", ok=False)
+    assert r.exit_code == 1 and f"{a['id']}: its ledger record was altered" in r.output
+    assert b["id"] not in r.output and c["id"] not in r.output
+
+
 def test_verify_catches_inserted_record(relayed):
     led = db(relayed)
     led.execute("INSERT INTO messages (id, sender, name, status, discovered_at, archive_path) VALUES "

@@ -318,6 +318,56 @@ def test_sweep_by_injected_clock(project, clock):
     assert relay.ledger.db.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 1
 
 
+def test_a_sweep_batch_full_of_failed_rows_says_another_is_due(project, clock):
+    """A batch is bounded by `limit` for archived and for failed rows alike: a batch that took
+    `limit` failed rows says more is due, whatever the archived ones, so the daemon sweeps again
+    at once and `relay sweep` goes on until none is left."""
+    relay = project.relay(retention="1d")
+    for i in range(3):
+        project.drop("Ann", f"f{i}", "TO: Nobody\n\nx")
+    project.drop("Ann", "kept", "TO: Ben\n\nx")
+    relay.drain()
+    later = clock.now + 2 * 86400
+    first = relay.sweep(later, limit=2)
+    assert (first.archived, first.failed, first.more) == (1, 2, True)
+    second = relay.sweep(later, limit=2)
+    assert (second.archived, second.failed, second.more) == (0, 1, False)
+    assert project.files("failed") == [] and list(relay.history.audit()) == []
+
+
+def test_a_row_whose_file_the_sweep_cannot_remove_stays_with_its_file(project, clock, tmp_path):
+    """A row goes only with its file: where the file cannot be removed (a link planted in its
+    path), the row stays, so that the file is never one the ledger lost; archived rows stop at
+    the first such one (the rest of the chain waits behind it), failed rows are each on their
+    own. Nothing outside is touched; once the path is clear again, the next sweep takes them."""
+    relay = project.relay(retention="1d")
+    for sender in ("Ann", "Ben", "Cy"):
+        project.drop(sender, "m", "TO: Ann, Ben, Cy\n\nx")
+        project.drop(sender, "f", "TO: Nobody\n\nx")
+    relay.drain()
+    chained = [row["id"] for _, row, _, _ in relay.history.chain()]
+    rows = {r["id"]: r for r in relay.history.audit()}
+    stuck = rows[chained[1]]                    # one archived message from each sender
+    dirs = [stuck["archive_path"].rsplit("/", 1)[0], f"failed/{stuck['sender']}"]
+    for rel in dirs:
+        (project.state / rel).rename(tmp_path / rel.replace("/", "-"))
+        (project.state / rel).symlink_to(tmp_path / rel.replace("/", "-"))     # an agent's link
+    outside = sorted(p.name for rel in dirs for p in (tmp_path / rel.replace("/", "-")).iterdir())
+    result = relay.sweep(clock.now + 2 * 86400)
+    kept_failed = {mid for mid, r in rows.items() if r["status"] == "failed" and r["sender"] == stuck["sender"]}
+    assert {r["id"] for r in relay.history.audit()} == set(chained[1:]) | kept_failed
+    assert (result.archived, result.failed, result.more) == (1, 2, False)
+    assert sorted(p.name for rel in dirs for p in (tmp_path / rel.replace("/", "-")).iterdir()) == outside
+    for rel in dirs:
+        (project.state / rel).unlink()
+        (tmp_path / rel.replace("/", "-")).rename(project.state / rel)
+    from relay.operator import doctor as operator
+    assert operator.verify(relay.history, relay.layout)[1] == []
+    again = relay.sweep(clock.now + 2 * 86400)
+    assert (again.archived, again.failed) == (2, 1) and list(relay.history.audit()) == []
+    assert project.files("archive") == [] and project.files("failed") == []
+
+
 def test_retention_zero_keeps_forever(project, clock):
     relay = project.relay(retention="0")
     project.drop("Ann", "a", "TO: Ben\n\nx")

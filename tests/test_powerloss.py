@@ -350,3 +350,69 @@ def test_fs_mode_an_envelope_fsync_error_fails_the_message(project):
     [row] = relay.history.audit()
     assert row["status"] == "failed" and "Input/output error" in row["error"]
     assert project.inbox("Ben") == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
+def test_recovery_syncs_its_moves_before_the_ledger_resets_the_row(project):
+    """A batch archived its original and the power went before the record: recovery moves the
+    file back from the archive to the spool and resets the row to pending. Both directories of
+    that move are synced before the reset is committed: a reset row whose file the power cut
+    left in the archive would be looked for in the spool and not found."""
+    mid = crash_before_record(project)
+    [archived] = project.files("archive")
+    day = archived.relative_to(project.state).parts[1]
+    relay = project.relay(sync_mode="file")
+    synced = []
+    relay.syncer.fsync = recording_fsync(synced)
+    real = relay.ledger.reset
+    relay.ledger.reset = lambda *a, **k: (synced.append("RESET"), real(*a, **k))[1]
+    assert relay.recover() == 1
+    state = str(project.state.resolve())
+    before = [p[len(state) + 1:] for p in synced[:synced.index("RESET")] if p.startswith(state)]
+    assert "spool/Ann" in before and f"archive/{day}/Ann" in before, before
+    assert relay.history.get(mid)["status"] == "pending"
+    assert [p.name for p in project.files("spool")] == [f"{mid}--m"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
+@pytest.mark.parametrize("read_first", [True, False], ids=["read-before-custody", "taken-then-read"])
+def test_file_mode_syncs_outbox_and_spool_before_the_archive_move(project, read_first):
+    """File by file, a synced directory says nothing of another: the move into the archive takes
+    the file out of the spool, so outbox/<a> and spool/<a> (the custody rename) are synced
+    before it, whether the file was read in the outbox before custody or, not being a plain
+    file (writable by its group), taken into the spool first and read there."""
+    relay = project.relay(sync_mode="file")
+    events = []
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        os.fsync(fd)
+
+    relay.syncer.fsync = fsync
+    real = relay.fs.rename
+    relay.fs.rename = lambda src, dst, **k: (real(src, dst, **k), events.append(("rename", src, dst)))[0]
+    path = project.drop("Ann", "m", "TO: Ben\n\nx")
+    if not read_first:
+        path.chmod(0o664)
+    relay.step()
+    custody = next(i for i, e in enumerate(events) if e[0] == "rename" and e[1] == "outbox/Ann/m")
+    move = next(i for i, e in enumerate(events) if e[0] == "rename" and e[2].startswith("archive/"))
+    state = str(project.state.resolve())
+    synced = {e[1][len(state) + 1:] for e in events[custody:move] if e[0] == "fsync"}
+    assert {"outbox/Ann", "spool/Ann"} <= synced, events
+    assert relay.history.audit().fetchone()["status"] == "archived"
+
+
+def test_an_envelope_with_the_id_but_another_original_is_written_again(project):
+    """A recipient's new/ holds a complete envelope under the message's id whose sha256 is not
+    this message's (another original under that id): it is no copy of this message, so recovery
+    writes the right one over it; only an envelope matching both id and sha256 counts as held."""
+    mid = crash_before_record(project)
+    path = project.state / f"inbox/Ben/new/{mid}.json"
+    doc = json.loads(path.read_bytes())
+    path.write_text(json.dumps({**doc, "body": "another", "sha256": "0" * 64}))
+    relay = project.relay()
+    relay.drain()
+    once_each(project, mid)
+    assert relay.history.get(mid)["status"] == "archived"
+    assert operator.verify(relay.history, relay.layout)[1] == []
