@@ -250,14 +250,17 @@ def test_a_repeated_request_id_is_delivered_once(team):
 
 
 def test_of_two_sends_with_one_request_id_the_one_sent_first_is_delivered_whatever_the_file_times(team):
-    """Both written before relay ran, in one batch: the earlier send (its id says when) is the
-    message, the later one its repeat, even when the later file's time is the older."""
-    a = relay.Agent("Alice", root=team.root)
-    one = a.send("Bob", "first", request_id="deploy-9")
-    two = a.send("Bob", "second", request_id="deploy-9")
+    """Both written before relay ran, in one batch, each with the id its sender chose (`ID:`;
+    `relay send` itself now finds the first in the outbox and writes no second): the earlier id
+    is the message, the later one its repeat, even when the later file's time is the older."""
+    from relay.ids import IdGenerator
+    now = time.time()
+    one, two = IdGenerator().new(now - 5), IdGenerator().new(now - 4)
     box = team.state / "outbox" / "Alice"
-    os.utime(box / f"msg-{one.lower()}", (time.time() - 10, time.time() - 10))
-    os.utime(box / f"msg-{two.lower()}", (time.time() - 20, time.time() - 20))     # found first
+    for mid, body, age in ((one, "first", 10), (two, "second", 20)):       # the second found first
+        path = box / f"m-{body}"
+        path.write_text(f"TO: Bob\nID: {mid}\nREQUEST-ID: deploy-9\n\n{body}")
+        os.utime(path, (now - age, now - age))
     drain(team.root)
     assert [m.body for m in relay.Agent("Bob", root=team.root).inbox()] == ["first"]
     assert json.loads(team("show", two, "--json").output)["duplicate_of"] == one

@@ -843,7 +843,7 @@ def test_a_row_not_yet_published_for_a_node_gone_for_good_is_rerouted_too(redis_
     seconds, _ = r.time()
     r.hset(n1.key(), "seen", str(seconds - 60))                # n1 not seen for longer than its timeout ...
     n2.link.heartbeat()
-    r.delete(n1.key())                                         # ... and deleted: gone for good
+    r.hset(n1.key(), mapping=RETIRED)                          # ... and retired by an operator: gone for good
     n3 = nodes(redis_server.url, team, "n3", ["Ann"])
     assert n3.link.heartbeat()
     n2.link.heartbeat()
