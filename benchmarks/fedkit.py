@@ -36,6 +36,23 @@ def free_port(below=None):
     raise RuntimeError("no free port pair")
 
 
+def pong(port, proc, timeout):
+    """Whether the server on `port` answers PING within `timeout` (False at once if it exited)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):
+                    return True
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.02)
+    return False
+
+
 class RedisServer:
     """One redis-server process; stop() and start() again keep its data (AOF, fsync always)."""
 
@@ -58,18 +75,8 @@ class RedisServer:
              "--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "", "--daemonize", "no",
              "--protected-mode", "no", "--logfile", str(self.dir / "redis.log"), *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
+        if pong(self.port, self.proc, timeout):
+            return self
         raise RuntimeError(f"redis-server did not start on port {self.port}: see {self.dir / 'redis.log'}")
 
     def stop(self, sig=signal.SIGTERM):
@@ -104,16 +111,8 @@ class Sentinel:
         args = [program, str(self.conf)] + ([] if program.endswith("redis-sentinel") else ["--sentinel"])
         self.proc = subprocess.Popen(args + ["--logfile", str(self.dir / "sentinel.log")],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.02)
+        if pong(self.port, self.proc, timeout):
+            return self
         raise RuntimeError(f"redis-sentinel did not start on port {self.port}")
 
     def stop(self):

@@ -55,6 +55,20 @@ def federation():
     """The federation's set-up: what the Redis server must hold for each node."""
 
 
+def _team(ctx, node, team):
+    """The team (--team, else the [federation] section's), both names checked."""
+    from relay.fedconfig import NAME, NAME_RULE
+    if team is None:
+        fed = ctx.cfg.federation if ctx.cfg is not None else None
+        if fed is None:
+            raise click.UsageError("no [federation] section here: give --team")
+        team = fed.team
+    for value, what in ((node, "NODE"), (team, "--team")):
+        if not NAME.match(value):
+            raise click.BadParameter(f"{value!r} is not a valid name ({NAME_RULE})", param_hint=what)
+    return team
+
+
 @federation.command("acl")
 @click.argument("node")
 @click.option("--team", help="The team (default: the [federation] section's).")
@@ -70,16 +84,8 @@ def federation_acl(ctx, node, team, password, save):
     that node uses goes to stderr."""
     import secrets
 
-    from relay.fedconfig import NAME, NAME_RULE
     from relay.federation.keys import SAVE, acl
-    if team is None:
-        fed = ctx.cfg.federation if ctx.cfg is not None else None
-        if fed is None:
-            raise click.UsageError("no [federation] section here: give --team")
-        team = fed.team
-    for value, what in ((node, "NODE"), (team, "--team")):
-        if not NAME.match(value):
-            raise click.BadParameter(f"{value!r} is not a valid name ({NAME_RULE})", param_hint=what)
+    team = _team(ctx, node, team)
     if password is not None and (not password or any(c.isspace() or ord(c) < 32 for c in password)):
         raise click.BadParameter("a password of printable characters without spaces", param_hint="--password")
     secret = password or secrets.token_urlsafe(24)
@@ -102,16 +108,8 @@ def federation_retire(ctx, node, team):
     """Print the redis-cli line that releases the agent names of NODE, a node gone for good: its
     entry then lists nothing, and each name goes to the node that lists it. A node merely stopped,
     or whose entry the server lost, keeps its names until it announces again."""
-    from relay.fedconfig import NAME, NAME_RULE
     from relay.federation.keys import retire
-    if team is None:
-        fed = ctx.cfg.federation if ctx.cfg is not None else None
-        if fed is None:
-            raise click.UsageError("no [federation] section here: give --team")
-        team = fed.team
-    for value, what in ((node, "NODE"), (team, "--team")):
-        if not NAME.match(value):
-            raise click.BadParameter(f"{value!r} is not a valid name ({NAME_RULE})", param_hint=what)
+    team = _team(ctx, node, team)
     echo(retire(team, node))
 
 

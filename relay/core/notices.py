@@ -23,16 +23,23 @@ def deliver(layout, nid, recipient, kind, subject, body, headers, at, now, durab
     data = envelope(nid, SYSTEM, [recipient], message, at, now, kind, sha)
     work = Work(id=nid, sender=SYSTEM, name=kind, archive_rel=None, retries=0, thorough=True, recipients=[recipient],
                 envelope=data, envelope_sha256=hashlib.sha256(data).hexdigest(), sha256=sha)
+    put(layout, work, "notice", durability)
+    return f"inbox/{recipient}/new/{nid}.json"
+
+
+def put(layout, work, what, durability="full"):
+    """One message of relay's own (a notice, a ping) into its one recipient's inbox, by the same
+    idempotent Maildir write as any delivery, synced; RelayError when it could not be put."""
     syncer = Syncer(durability, layout.fs)
     inbox = Inbox(layout, syncer)
     try:
         linked = inbox.deliver([work])
         try:
-            syncer.flush("the notice's link into new/")
+            syncer.flush(f"the {what}'s link into new/")
         except DurabilityError as e:
             inbox.unlink(linked, e)
     finally:
         syncer.close()
+    [recipient] = work.recipients
     if recipient not in work.got:
-        raise RelayError(f"could not put a notice in inbox/{recipient}: {work.missed.get(recipient)}")
-    return f"inbox/{recipient}/new/{nid}.json"
+        raise RelayError(f"could not put a {what} in inbox/{recipient}: {work.missed.get(recipient)}")

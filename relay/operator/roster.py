@@ -7,12 +7,11 @@ import time
 
 from relay.operator.commands import Result
 from relay.config import SYSTEM
-from relay.errors import DurabilityError, NotFound, RelayError
+from relay.errors import NotFound, RelayError
 from relay.ledger.history import History
 from relay.ids import IdGenerator
-from relay.core.inbox import Inbox
+from relay.core.notices import put
 from relay.core.message import Message, envelope, iso
-from relay.files.sync import Syncer
 from relay.operator.views import when_or_raw
 from relay.core.work import Work
 
@@ -41,18 +40,7 @@ def ping(ledger, layout, agent, actor, configured=(), now=None, durability="full
     data = envelope(pid, SYSTEM, [agent], message, now, now, "ping", None)
     work = Work(id=pid, sender=SYSTEM, name="ping", archive_rel=None, retries=0, thorough=False,
                 recipients=[agent], envelope=data, envelope_sha256=hashlib.sha256(data).hexdigest())
-    syncer = Syncer(durability, layout.fs)
-    inbox = Inbox(layout, syncer)
-    try:
-        linked = inbox.deliver([work])
-        try:
-            syncer.flush("the ping's link into new/")
-        except DurabilityError as e:
-            inbox.unlink(linked, e)
-    finally:
-        syncer.close()
-    if agent not in work.got:
-        raise RelayError(f"could not put a ping in inbox/{agent}: {work.missed.get(agent)}")
+    put(layout, work, "ping", durability)
     ledger.ping(pid, agent, now, actor)
     return Result([f"pinged {agent}: inbox/{agent}/new/{pid}.json; `relay queues` or `relay agents` shows "
                    "when it is read"])
