@@ -129,6 +129,9 @@ class Bounces:
         self.now = 0.0
         self.due = True         # bounces may be owed and not emitted: look (at start, after a
                                 # batch recorded some, at each rescan, when the link says so)
+        # `relay run --once` passes over what is present when it starts: the bounces owed before
+        # then are delivered, those its own pass owes wait for the next run or the daemon.
+        self.before = None
 
     def owed(self, works, archived, now):
         """The bounces a recorded batch owes (owed()), with a shed for a load limit bounced once
@@ -160,7 +163,7 @@ class Bounces:
         if not self.due:
             return 0
         bad = []
-        rows = list(sift(self.history.bounces_due(limit), bad, "bounces"))
+        rows = list(sift(self.history.bounces_due(limit, self.before), bad, "bounces"))
         for b in bad:
             log.error("%s; no bounce is sent for it", b)
         self.due = len(rows) + len(bad) >= limit

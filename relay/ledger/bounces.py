@@ -62,13 +62,15 @@ class BounceRecords:
 class BounceHistory:
     """History's reads (uses self.db)."""
 
-    def bounces_due(self, limit):
-        """The bounces owed and not emitted yet, oldest first, with what the bounce says of the
-        message (subject, thread) and whether a message row has the bounce's id already."""
+    def bounces_due(self, limit, before=None):
+        """The bounces owed and not emitted yet (owed before `before`, when given), oldest first,
+        with what the bounce says of the message (subject, thread) and whether a message row has
+        the bounce's id already."""
         return self.db.execute(
             "SELECT b.*, m.subject, m.thread, EXISTS (SELECT 1 FROM messages x WHERE x.id = b.id) AS registered "
             "FROM bounces b INDEXED BY bounces_due LEFT JOIN messages m ON m.id = b.message_id "
-            "WHERE b.emitted_at IS NULL ORDER BY b.at LIMIT ?", (limit,)).fetchall()
+            "WHERE b.emitted_at IS NULL AND b.at < ? ORDER BY b.at LIMIT ?",
+            (before if before is not None else float("inf"), limit)).fetchall()
 
     def bounces_of(self, mid):
         """The bounces owed for one message (relay show)."""
