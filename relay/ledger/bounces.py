@@ -70,7 +70,7 @@ class BounceHistory:
             "SELECT b.*, m.subject, m.thread, EXISTS (SELECT 1 FROM messages x WHERE x.id = b.id) AS registered "
             "FROM bounces b INDEXED BY bounces_due LEFT JOIN messages m ON m.id = b.message_id "
             "WHERE b.emitted_at IS NULL AND b.at < ? ORDER BY b.at LIMIT ?",
-            (before if before is not None else float("inf"), limit)).fetchall()
+            (before if before is not None else 1e18, limit)).fetchall()
 
     def bounces_of(self, mid):
         """The bounces owed for one message (relay show)."""
