@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 
 import anyio
+import pytest
+
+import relay
 
 
 class ToolFailed(Exception):
@@ -113,3 +116,18 @@ async def until_async(check, what, seconds=20):
     while not check():
         assert time.monotonic() < deadline, f"gave up waiting: {what}"
         await anyio.sleep(0.005)
+
+
+@pytest.fixture
+def team(cli, project):
+    """Alice and Bob; `team.agent(name)` is a relay.Agent closed after the test."""
+    cli("init", "--agent", "Alice", "--agent", "Bob")
+    made = []
+
+    def agent(name):
+        made.append(relay.Agent(name, root=project.root))
+        return made[-1]
+    project.agent = agent
+    yield project
+    for a in made:
+        a.layout.close()

@@ -15,28 +15,14 @@ import pytest
 
 import relay
 import relay.agent.api
-from mcp_client import ToolFailed, deliver, serve, server_pid, until, until_async, watches, watching
+from mcp_client import (ToolFailed, deliver, serve, server_pid, team, until, until_async,  # noqa: F401 - team: a fixture
+                        watches, watching)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
 
 TOOLS = {"send", "reply", "inbox", "wait", "agents", "thread", "read", "mark_read", "search", "reserve", "release",
          "reservations"}
 SDK_PREFIX = "Error executing tool "        # the SDK's, before relay's one line
-
-
-@pytest.fixture
-def team(cli, project):
-    """Alice and Bob; `team.agent(name)` is a relay.Agent closed after the test."""
-    cli("init", "--agent", "Alice", "--agent", "Bob")
-    made = []
-
-    def agent(name):
-        made.append(relay.Agent(name, root=project.root))
-        return made[-1]
-    project.agent = agent
-    yield project
-    for a in made:
-        a.layout.close()
 
 
 def run(scenario, root, tmp_path, agent="Bob"):

@@ -11,24 +11,9 @@ import pytest
 import relay
 import relay.files.fs
 from relay.guards import EXIT_PIPE
-from mcp_client import deliver, until, watching
+from mcp_client import deliver, team, until, watching  # noqa: F401 - team: a fixture
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
-
-
-@pytest.fixture
-def team(cli, project):
-    """Alice and Bob; `team.agent(name)` is a relay.Agent closed after the test."""
-    cli("init", "--agent", "Alice", "--agent", "Bob")
-    made = []
-
-    def agent(name):
-        made.append(relay.Agent(name, root=project.root))
-        return made[-1]
-    project.agent = agent
-    yield project
-    for a in made:
-        a.layout.close()
 
 
 def rpc(proc, doc):
