@@ -32,12 +32,18 @@ def unsafe(char):
     return ord(char) in UNSAFE
 
 
+_TABLES = {}        # keep -> the translation table of escaped()
+
+
 def escaped(text, keep="\n\t"):
     """`text` with every unsafe character (but those in `keep`) as a visible escape."""
-    table = _SHOWN | _SURROGATES
-    if keep:
-        table = {c: v for c, v in table.items() if chr(c) not in keep}
-    return ("" if text is None else str(text)).translate(table)
+    text = "" if text is None else str(text)
+    if text.isascii() and text.isprintable():
+        return text         # nothing to escape (the common case, without building a table)
+    table = _TABLES.get(keep)
+    if table is None:
+        table = _TABLES[keep] = {c: v for c, v in (_SHOWN | _SURROGATES).items() if chr(c) not in keep}
+    return text.translate(table)
 
 
 def spaced(text):

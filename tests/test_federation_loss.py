@@ -240,21 +240,15 @@ def test_a_reset_that_comes_while_a_read_is_in_flight_moves_no_cursor(server, te
     n1.drop("Ann", "m", "TO: Bob\n\nduring a failover")
     n1.send()
     incoming = n2.link.incoming
-    real = incoming.client.pipeline
+    pool = incoming.client.connection_pool
+    real = pool.release
 
-    def pipeline(*args, **kwargs):                  # the publisher's thread finds a new run id meanwhile
-        pipe = real(*args, **kwargs)
-        execute = pipe.execute
-
-        def execute_then_reset(*a, **k):
-            reply = execute(*a, **k)
-            incoming.reset()
-            return reply
-        pipe.execute = execute_then_reset
-        return pipe
-    incoming.client.pipeline = pipeline
+    def release(connection):                        # the publisher's thread finds a new run id meanwhile
+        real(connection)
+        incoming.reset()
+    pool.release = release
     try:
         assert n2.receive() == 1
     finally:
-        incoming.client.pipeline = real
+        pool.release = real
     assert incoming.cursors == {}                   # the next read starts every stream from its start

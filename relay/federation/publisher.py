@@ -21,7 +21,7 @@ import re
 import orjson
 
 from relay.core.work import backoff
-from relay.federation.client import Skipping, reason, server_errors, sized
+from relay.federation.client import Skipping, reason, round_trip, server_errors, sized
 from relay.federation.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,10 @@ class Publisher:
     def _xadd(self, entries):
         """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry id
         of each, or the error the server answered for that one."""
-        pipe = self.client.pipeline(transaction=False)
-        for mid, node, recipients, envelope in entries:
-            pipe.xadd(self.keys.messages(self.node, node), {"v": "2", "id": mid, "to": recipients, "env": envelope})
-        return [eid if isinstance(eid, Exception) else eid.decode() for eid in pipe.execute(raise_on_error=False)]
+        replies = round_trip(self.client, [("XADD", self.keys.messages(self.node, node), "*", "v", "2", "id", mid,
+                                            "to", recipients, "env", envelope)
+                                           for mid, node, recipients, envelope in entries])
+        return [eid if isinstance(eid, Exception) else eid.decode() for eid in replies]
 
     def publish_offered(self, now):
         """Publish at once what the loop offered; the entry ids are recorded with the rows."""

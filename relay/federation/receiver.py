@@ -31,7 +31,7 @@ from relay.files.layout import Layout, valid_id
 from relay.ledger.ledger import Ledger
 from relay.files.sync import Syncer
 from relay.core.work import backoff
-from relay.federation.client import ReplyTooLarge, Skipping, reason, server_errors, sized
+from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip, server_errors, sized
 from relay.federation.entries import _sender_of, _text, read_entry, renamed
 from relay.federation.keys import Keys
 
@@ -157,10 +157,13 @@ class Incoming:
         entry over the size bound is refused from its size (the server counts it) and its cursor
         moved past it. A refused acknowledgement never stops the read: reading is what frees a
         server out of memory."""
-        pipe, nodes = self._acks()
-        pipe.xread(streams, count=self.count, block=block_ms)
+        commands, nodes = self._acks()
+        read = ["XREAD", "COUNT", self.count]
+        if block_ms is not None:
+            read += ["BLOCK", block_ms]
+        commands.append((*read, "STREAMS", *streams, *streams.values()))
         try:
-            results = pipe.execute(raise_on_error=False)
+            results = round_trip(self.client, commands)
         except ReplyTooLarge:
             return self._read_sized(streams)
         try:
@@ -174,6 +177,8 @@ class Incoming:
         for key, entries in reply or []:
             node = self._node_of(key)
             for eid, fields in entries:
+                if isinstance(fields, list):        # as the server sent it: name, value, name, value ...
+                    fields = dict(zip(fields[::2], fields[1::2]))
                 out.append((node, eid.decode() if isinstance(eid, bytes) else eid, fields))
         self._fit(out)
         return out
@@ -213,17 +218,14 @@ class Incoming:
         """XADD the acknowledgements of what was handled (recorded in the ledger). One lost (a
         crash, the server away) only makes the sender publish again, which this node knows."""
         if self.acks:
-            pipe, nodes = self._acks()
-            self._acked(nodes, pipe.execute(raise_on_error=False))
+            commands, nodes = self._acks()
+            self._acked(nodes, round_trip(self.client, commands))
 
     def _acks(self):
-        """A pipeline holding the XADD of every acknowledgement waiting, and their nodes."""
-        pipe = self.client.pipeline(transaction=False)
+        """The XADD of every acknowledgement waiting, and their nodes."""
         nodes = sorted(self.acks)
-        for node in nodes:
-            pipe.xadd(self.keys.acks(self.node, node), {"acks": orjson.dumps(self.acks[node])},
-                      maxlen=ACK_KEEP, approximate=True)
-        return pipe, nodes
+        return [("XADD", self.keys.acks(self.node, node), "MAXLEN", "~", ACK_KEEP, "*",
+                 "acks", orjson.dumps(self.acks[node])) for node in nodes], nodes
 
     def _acked(self, nodes, results):
         """What the server answered to the acknowledgements (RedisError when one was refused)."""
@@ -263,12 +265,13 @@ class Incoming:
         reset under), which move no cursor."""
         if not entries:
             return 0
-        self.layout.fs.forget()     # walk from the top again: a directory may have been swapped since
+        self.layout.fs.recheck()    # each directory looked up again by name: one may have been swapped since
         self._lists = {}
         local = self.layout.agent_names(self.config.agents)
         works, refused, seen, repeats = [], [], {}, []      # seen: (node, id) -> sha256 of the original, in this read
-        ids = [_text(f.get(b"id")) for _, _, f in entries if isinstance(f, dict)]
-        before = self.history.received_before([i for i in ids if i and valid_id(i)])
+        named = [(node, _text(f.get(b"id"))) for node, _, f in entries if isinstance(f, dict)]
+        ids = [i for _, i in named]
+        before = self.history.received_before([(n, i) for n, i in named if i and valid_id(i)])
         known = set(ids) - self.history.unknown([i for i in ids if i])     # ids this ledger holds already
         used = set()                # ids the messages of this read keep here
         # An entry read for the first time since this node started reading its stream (or since

@@ -80,15 +80,19 @@ class RemoteHistory:
     def next_ack_deadline(self):
         return self.db.execute("SELECT min(ack_deadline) FROM outbound WHERE status = 'published'").fetchone()[0]
 
-    def received_before(self, ids):
-        """{(node, id): (sha256, local id)} of the ids received from other nodes (kept past the
-        retention sweep), for the ids given (any node)."""
+    def received_before(self, pairs):
+        """{(node, id): (sha256, local id)} of the (node, id) pairs received before (kept past
+        the retention sweep). Looked up by node, on the key: the table holds 30 days of ids."""
+        by_node = {}
+        for node, mid in pairs:
+            by_node.setdefault(node, []).append(mid)
         out = {}
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i:i + CHUNK]
-            out.update({(r[0], r[1]): (r[2], r[3]) for r in self.db.execute(
-                "SELECT node, id, sha256, local_id FROM received_ids WHERE id IN "
-                f"({','.join('?' * len(chunk))})", chunk)})
+        for node, ids in by_node.items():
+            for i in range(0, len(ids), CHUNK):
+                chunk = ids[i:i + CHUNK]
+                out.update({(node, r[0]): (r[1], r[2]) for r in self.db.execute(
+                    "SELECT id, sha256, local_id FROM received_ids WHERE node = ? AND id IN "
+                    f"({','.join('?' * len(chunk))})", [node, *chunk])})
         return out
 
     def received_counts(self):
