@@ -198,8 +198,9 @@ def test_envelope_bytes_are_as_before():
     assert got == (b'{"id":"01KAAAAAAAAAAAAAAAAAAAAAAA","from":"Ann","to":["Bob"],"kind":"message","thread":null,'
                    b'"subject":"hi","body":"hello\\n","headers":{"X-Prio":"high"},'
                    b'"sent_at":"2023-11-14T22:13:20.250000Z","relayed_at":"2023-11-14T22:13:21.000000Z",'
-                   b'"source":"m1","sha256":"' + b"ab" * 32 + b'"}')
+                   b'"source":"m1","sha256":"' + b"ab" * 32 + b'","content_type":"text/plain"}')
     c = message.parse(b'{"kind": "spawn", "name": "Zed", "cli": "claude", "body": "go"}', "spawn.json", 100)
     got = message.envelope("01KAAAAAAAAAAAAAAAAAAAAAAB", "Ann", ["System"], c, 0.0, 0.5, "spawn.json", "cd" * 32)
     assert got.endswith(b'"sent_at":"1970-01-01T00:00:00.000000Z","relayed_at":"1970-01-01T00:00:00.500000Z",'
-                        b'"source":"spawn.json","sha256":"' + b"cd" * 32 + b'","name":"Zed","cli":"claude"}')
+                        b'"source":"spawn.json","sha256":"' + b"cd" * 32 + b'","content_type":"text/plain","name":"Zed",'
+                        b'"cli":"claude"}')

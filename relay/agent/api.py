@@ -21,7 +21,7 @@ import time
 
 from relay.config import AGENT_VARIABLE, SYSTEM, default_agent
 from relay.agent.delivery import delivered
-from relay.errors import InvalidName, NotFound, RelayError
+from relay.errors import InvalidName, MessageRefused, NotFound, RelayError
 from relay.files.fs import Unsafe
 from relay.ids import IdGenerator
 from relay.core.inbox import Inbox
@@ -29,7 +29,8 @@ from relay.files.layout import valid_id
 from relay.agent.leases import Leases
 from relay.agent.mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
 from relay.agent.project import (Project, Received, check_known, closest, create_agents, declare)  # noqa: F401  (offered here too)
-from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, request_id as checked_request_id
+from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, retry_budget
+from relay.core.message import content_type as message_content_type, request_id as checked_request_id
 from relay.files.sync import Syncer
 
 _ids = IdGenerator()
@@ -41,10 +42,13 @@ def one_line(value, what):
     return value
 
 
-def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=None):
+def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=None, content_type=None,
+            max_retries=None):
     """The bytes of a message file in the header format (SPEC section 2)."""
     lines = [f"ID: {mid}", f"TO: {', '.join(to)}"]
-    for key, value in (("KIND", kind), ("THREAD", thread), ("SUBJECT", subject), ("REQUEST-ID", request_id)):
+    for key, value in (("KIND", kind), ("THREAD", thread), ("SUBJECT", subject), ("REQUEST-ID", request_id),
+                       ("CONTENT-TYPE", content_type),
+                       ("MAX-RETRIES", None if max_retries is None else str(max_retries))):
         if value is not None:
             lines.append(f"{key}: {one_line(value, key.lower())}")
     # What relay's parser would refuse is refused here, before the file is written.
@@ -102,20 +106,22 @@ class Agent(Leases):
     # -- sending ----------------------------------------------------------------------------
 
     def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False,
-             wait_delivered=None):
+             wait_delivered=None, content_type=None, max_retries=None):
         """Write a message into this agent's outbox; returns its id, which `relay show` finds.
         `to`: a name, a list of names, "*" (or its alias "Broadcast") or "System". With a request id used before by this
         agent (on a message that did not fail), nothing is written and that message's id is
         returned: a send retried after a timeout is not delivered twice. With `wait_delivered`
         (seconds, or True: for ever) it returns once every recipient has the message, and
         raises NotDelivered with the reason when it failed (DeliveryTimeout when the time ran
-        out first)."""
-        mid = self._send(to, body, subject=subject, thread=thread, kind=kind, request_id=request_id, create=create)
+        out first). `content_type` (default text/plain) says how to read the body; `max_retries`
+        how many times a transient failure is retried (at most relay's max_retries)."""
+        mid = self._send(to, body, subject=subject, thread=thread, kind=kind, request_id=request_id, create=create,
+                         content_type=content_type, max_retries=max_retries)
         if wait_delivered is not None and wait_delivered is not False:
             delivered(self.project, mid, None if wait_delivered is True else wait_delivered)
         return mid
 
-    def _send(self, to, body, *, subject, thread, kind, request_id, create):
+    def _send(self, to, body, *, subject, thread, kind, request_id, create, content_type=None, max_retries=None):
         if self.name == SYSTEM:
             raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender: only agents have outboxes")
         names = [n.strip() for n in (to.split(",") if isinstance(to, str) else to) if n.strip()]
@@ -141,12 +147,21 @@ class Agent(Leases):
                 raise RelayError(f"--request-id must be one line of at most {MAX_REQUEST_ID} characters") from None
         if not isinstance(body, str):
             raise RelayError(f"the body must be text, not {type(body).__name__}")
+        try:        # what the daemon would refuse is refused here
+            content_type = None if content_type is None else message_content_type(str(content_type))
+            if max_retries is not None:
+                if isinstance(max_retries, bool) or not isinstance(max_retries, int):
+                    raise MessageRefused(f"max_retries {max_retries!r} is not a whole number from 0 up")
+                retry_budget(str(max_retries))
+        except MessageRefused as e:
+            raise RelayError(str(e)) from None
         size, limit = len(body.encode("utf-8")), self.project.config.max_body_bytes
         if size > limit:        # refused now, not after an exit 0, in the daemon's log
             raise RelayError(f"the body is {size} bytes, over max_body_bytes ({limit}); relay would refuse it: "
                              "send it in parts, or raise max_body_bytes in relay.toml")
         mid = _ids.new(time.time())
-        data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id)
+        data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id,
+                       content_type=content_type, max_retries=max_retries)
         # The id is this sender's before any file names it; a request id sent before (its file
         # maybe still in the outbox) gives that message's id, and nothing is written.
         first = self.project.reserve(mid, self.name, request_id)

@@ -20,7 +20,7 @@ from relay.core.inbox import Inbox
 from relay.files.layout import Layout
 from relay.files.lock import wake
 from relay.ledger.ledger import Ledger
-from relay.core.message import BROADCAST, closest, iso
+from relay.core.message import BROADCAST, TEXT_PLAIN, closest, iso
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +39,7 @@ class Received:
     state: str              # "new" (not read yet) or "cur" (read)
     path: str
     error: str = None       # an envelope relay could not read: shown, never marked read
+    content_type: str = TEXT_PLAIN
 
     @classmethod
     def of(cls, doc, state, path):
@@ -51,13 +52,14 @@ class Received:
                    kind=text("kind"), thread=text("thread"), subject=text("subject"), body=text("body") or "",
                    headers=doc.get("headers") if isinstance(doc.get("headers"), dict) else {},
                    sent_at=text("sent_at"), relayed_at=text("relayed_at"), state=state, path=str(path),
-                   error=text("error"))
+                   error=text("error"), content_type=text("content_type") or TEXT_PLAIN)
 
     def as_dict(self):
         """The envelope's fields (`from` for the sender), with `state` and `path`."""
         doc = {"id": self.id, "from": self.sender, "to": self.to, "kind": self.kind, "thread": self.thread,
                "subject": self.subject, "body": self.body, "headers": self.headers, "sent_at": self.sent_at,
-               "relayed_at": self.relayed_at, "state": self.state, "path": self.path}
+               "relayed_at": self.relayed_at, "state": self.state, "path": self.path,
+               "content_type": self.content_type}
         if self.error:
             doc["error"] = self.error
         return doc
@@ -165,7 +167,7 @@ class Project:
                         thread=row["thread"], subject=row["subject"], body=row["body"] or "",
                         headers=_json(row["headers"]) or {}, sent_at=_when(row["sent_at"]),
                         relayed_at=_when(row["delivered_at"]), state=row["status"], path=None,
-                        error=row["error"])
+                        error=row["error"], content_type=row["content_type"] or TEXT_PLAIN)
 
     def search(self, query, agent=None, sender=None, thread=None, since=None, limit=20):
         """Messages whose subject or body holds every word of `query` (`"a phrase"`, `prefix*`),

@@ -33,6 +33,10 @@ def _project(ctx):
 @click.option("--subject", help="Subject line.")
 @click.option("--request-id", "request_id",
               help="Your id for this request: a second send with it is not delivered again.")
+@click.option("--content-type", "content_type", metavar="TYPE",
+              help="How to read the body: a media type (default text/plain; text/markdown, application/json ...).")
+@click.option("--max-retries", "max_retries", type=click.IntRange(0, None), metavar="N",
+              help="Retry a transient failure at most N times (at most relay's max_retries).")
 @click.option("--create", is_flag=True, help="Allow agents that do not exist yet (they are created).")
 @click.option("--wait-delivered", "wait", is_flag=False, flag_value="forever", default=None, metavar="[DURATION]",
               help="Then block until every recipient has it (exit 0), it failed (exit 1, the reason on "
@@ -41,7 +45,7 @@ def _project(ctx):
 @click.argument("body", required=False)
 @pass_ctx
 @handle_errors
-def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, wait, body):
+def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, content_type, max_retries, create, wait, body):
     """Write a message atomically into SENDER's outbox and print its id.
 
     BODY '-' (or none) reads standard input. Names are checked against the known agents first:
@@ -57,9 +61,10 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, create, w
     if reply_to is not None:
         original = me.find(reply_to)
         mid = me.reply(original, body, to=to, kind=kind, thread=thread, subject=subject,
-                       request_id=request_id, create=create)
+                       request_id=request_id, create=create, content_type=content_type, max_retries=max_retries)
     else:
-        mid = me.send(to, body, kind=kind, thread=thread, subject=subject, request_id=request_id, create=create)
+        mid = me.send(to, body, kind=kind, thread=thread, subject=subject, request_id=request_id, create=create,
+                      content_type=content_type, max_retries=max_retries)
     if me.repeated:
         echo(f"relay: request id {request_id!r} was sent before as {mid}; not sent again", err=True)
     echo(mid)

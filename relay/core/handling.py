@@ -119,7 +119,12 @@ class Handling:
         if w.error is None:
             w.error = TransientError("; ".join(f"not delivered to {r}: {e}" for r, e in sorted(w.missed.items())))
         since = w.failing_since if w.failing_since is not None else now
-        if w.retries + 1 > self.config.max_retries and now - since >= self.config.retry_period:
+        own = getattr(w.message, "max_retries", None)      # the sender's MAX-RETRIES, at most the configured
+        if own is not None:
+            if w.retries + 1 > min(own, self.config.max_retries):
+                w.refused = f"gave up after {w.retries + 1} attempts (MAX-RETRIES: {own}): {w.error}"
+                return self._quarantine(w, now)
+        elif w.retries + 1 > self.config.max_retries and now - since >= self.config.retry_period:
             return self._quarantine(w, now)
         w.outcome = Outcome.RETRY
         w.next_attempt_at = now + backoff(self.config.retry_backoff, w.retries)

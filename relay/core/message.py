@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import datetime
 import math
+import re
 
 import orjson
 
@@ -22,9 +23,15 @@ BROADCAST = ("*", "Broadcast")
 CONTROL_KINDS = ("spawn", "release", "continuity")
 KNOWN_KINDS = ("message",) + CONTROL_KINDS
 CONTROL_KEYS = ("name", "cli", "cwd", "model", "action")
-KNOWN_KEYS = ("to", "kind", "thread", "subject", "body", "id", "request_id") + CONTROL_KEYS
-ALIASES = {"request-id": "request_id"}     # header spelling -> key
+KNOWN_KEYS = ("to", "kind", "thread", "subject", "body", "id", "request_id", "content_type",
+              "max_retries") + CONTROL_KEYS
+ALIASES = {"request-id": "request_id", "content-type": "content_type", "max-retries": "max_retries"}  # header -> key
 MAX_REQUEST_ID = 200
+TEXT_PLAIN = "text/plain"   # the content type of a message that names none
+MAX_CONTENT_TYPE = 255
+# type/subtype (RFC 6838's restricted names), then parameters: printable ASCII, one line.
+CONTENT_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+                          r"(\s*;[ -~]*)?\Z")
 MAX_HEADER_LINE = 64 * 1024
 MAX_HEADER_BYTES = 256 * 1024
 MAX_RECIPIENTS = 10_000
@@ -44,6 +51,8 @@ class Message:
     format: str          # "header" or "json"
     id: str = None       # the id the sender chose (checked by the relay against the ledger)
     request_id: str = None
+    content_type: str = TEXT_PLAIN
+    max_retries: int = None     # the sender's retry budget (at most the configured one), or None
 
 
 _iso_seconds = {}        # epoch second -> "YYYY-MM-DDTHH:MM:SS", the last few formatted
@@ -231,7 +240,35 @@ def parse(data, filename, max_body_bytes):
     return Message(to=(names[0],) if len(names) == 1 else tuple(dict.fromkeys(names)), kind=kind, thread=fields.get("thread") or None,
                    subject=fields.get("subject") or None, body=body, headers=headers,
                    control=control, format=fmt, id=chosen_id(fields.get("id")),
-                   request_id=request_id(fields.get("request_id")))
+                   request_id=request_id(fields.get("request_id")),
+                   content_type=content_type(fields.get("content_type")),
+                   max_retries=retry_budget(fields.get("max_retries")))
+
+
+def content_type(value):
+    """A content type as given (`type/subtype`, parameters allowed), text/plain when none;
+    MessageRefused when it is not one."""
+    if value is None or value.strip() == "":
+        return TEXT_PLAIN
+    value = value.strip()
+    if len(value) > MAX_CONTENT_TYPE or not CONTENT_TYPE.match(value):
+        raise MessageRefused(f"the content type {value[:60]!r} is not a media type: write it as type/subtype "
+                             f"(text/markdown, application/json), at most {MAX_CONTENT_TYPE} characters")
+    return value
+
+
+def retry_budget(value):
+    """The retries a sender allows its message (MAX-RETRIES), or None for the configured number;
+    MessageRefused when it is not a whole number from 0 up."""
+    if value is None or value.strip() == "":
+        return None
+    try:
+        n = int(value.strip())
+    except ValueError:
+        n = -1
+    if n < 0 or len(value.strip()) > 9:
+        raise MessageRefused(f"MAX-RETRIES {value[:30]!r} is not a whole number from 0 up")
+    return n
 
 
 def chosen_id(value):
@@ -336,7 +373,7 @@ def envelope(message_id, sender, recipients, message, sent_at, relayed_at, sourc
     doc = {"id": message_id, "from": sender, "to": recipients, "kind": message.kind,
            "thread": message.thread, "subject": message.subject, "body": message.body,
            "headers": message.headers, "sent_at": iso(sent_at), "relayed_at": iso(relayed_at),
-           "source": source, "sha256": sha256}
+           "source": source, "sha256": sha256, "content_type": message.content_type}
     if message.control:
         doc.update(message.control)
     return orjson.dumps(doc)

@@ -10,13 +10,13 @@ from relay.config import SYSTEM
 from relay.errors import MessageRefused
 from relay.files.fs import shown
 from relay.files.layout import fit, is_inside, valid_agent, valid_id
-from relay.core.message import CONTROL_KEYS, MAX_RECIPIENTS
+from relay.core.message import CONTROL_KEYS, MAX_RECIPIENTS, content_type
 from relay.core.work import Work
 
 HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 # What flow control and hooks read of a received message (a local one has its parsed Message).
 Remote = collections.namedtuple("Remote", "to kind thread subject")
-TEXT_FIELDS = ("kind", "thread", "subject", "sent_at", "relayed_at", "source")
+TEXT_FIELDS = ("kind", "thread", "subject", "sent_at", "relayed_at", "source", "content_type")
 
 
 def entry_limit(config):
@@ -109,8 +109,13 @@ def read_entry(node, eid, fields, local, config):
     if not mine:
         raise MessageRefused(f"none of {', '.join(to_here[:10])} is an agent of node {config.federation.node}")
     others = [r for r in to_here if r not in mine]
+    try:
+        kind_of_content = content_type(doc.get("content_type"))
+    except MessageRefused as e:
+        raise MessageRefused(f"the envelope's {e}") from None
     envelope = {k: doc.get(k) for k in ("id", "from", "to", "kind", "thread", "subject", "body", "headers",
                                          "sent_at", "relayed_at", "source", "sha256")}
+    envelope["content_type"] = kind_of_content
     envelope.update({k: doc[k] for k in CONTROL_KEYS if doc.get(k) is not None})
     envelope["node"] = node
     try:
@@ -124,7 +129,7 @@ def read_entry(node, eid, fields, local, config):
                             doc.get("thread"), doc.get("subject")))
     item = {"id": mid, "sender": sender, "name": w.name, "node": node, "entry_id": eid, "recipients": mine,
             "kind": doc.get("kind"), "thread": doc.get("thread"), "subject": doc.get("subject"), "body": body,
-            "headers": orjson.dumps(doc.get("headers") or {}).decode(), "sha256": sha,
+            "headers": orjson.dumps(doc.get("headers") or {}).decode(), "sha256": sha, "content_type": kind_of_content,
             "sent_at": _when(doc.get("sent_at")),
             "note": f"not agents of this node: {', '.join(others[:10])}" if others else None}
     return w, item

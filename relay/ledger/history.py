@@ -234,9 +234,9 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
         """(count, [BadRow...] of at most `limit`) of messages whose status this build does not know."""
         marks = ",".join("?" * len(STATUSES))
         n = self.db.execute(f"SELECT count(*) FROM messages WHERE status NOT IN ({marks})", STATUSES).fetchone()[0]
-        rows = self.db.execute(f"SELECT id, status FROM messages WHERE status NOT IN ({marks}) ORDER BY id LIMIT ?",
+        rows = self.db.execute(f"SELECT * FROM messages WHERE status NOT IN ({marks}) ORDER BY id LIMIT ?",
                                (*STATUSES, limit)) if n else []
-        return n, [BadRow("messages", r["id"], "status", r["status"]) for r in rows]
+        return n, [BadRow.of(r) for r in rows]      # every column of the row this build cannot read
 
     def oldest_pending(self):
         """The discovery time of the oldest message on its way (a time that is no number is left out)."""

@@ -10,7 +10,6 @@ batch.
 """
 import contextlib
 import enum
-import hashlib
 import os
 import sqlite3
 import stat
@@ -18,13 +17,13 @@ import urllib.parse
 
 import orjson
 
-from relay.errors import LedgerError, SchemaError
+from relay.errors import LedgerError
 from relay.ledger.chain import GENESIS, chain_hash, link_hash  # noqa: F401  (the chain's, offered here too)
 from relay.ledger.bounces import BounceRecords
 from relay.ledger.operations import Operations
 from relay.ledger.senders import Senders
 from relay.files.sync import fdatasync
-from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION, checksum, migrate  # noqa: F401  (checksum offered here)
 from relay.ledger.remote import FederationRecords
 from relay.ledger.reservations import Reservations
 from relay.ledger.search import SearchIndex
@@ -59,10 +58,6 @@ def _refuse_links(path):
                 "not a regular file" if not stat.S_ISREG(st.st_mode) else "a file with other hard links"
             raise LedgerError(f"{p} is {what}; relay never opens its ledger through one. Move the real "
                               "ledger file there (no daemon running), or remove the link")
-
-
-def checksum(sql):
-    return hashlib.sha256(sql.encode()).hexdigest()
 
 
 class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords, SearchIndex):
@@ -128,41 +123,7 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
     # -- schema -----------------------------------------------------------------------------
 
     def _migrate(self):
-        db = self.db
-        has_table = db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'").fetchone()
-        applied = {}
-        if has_table:
-            for row in db.execute("SELECT version, name, checksum FROM schema_migrations"):
-                applied[row["version"]] = (row["name"], row["checksum"])
-        newest = max(applied, default=0)
-        if newest > SCHEMA_VERSION:
-            raise SchemaError(f"the ledger {self.path} has schema version {newest}, newer than this relay "
-                              f"knows ({SCHEMA_VERSION}); upgrade relay to use it (the ledger was not changed)")
-        for version, name, sql in MIGRATIONS:
-            if version in applied and applied[version][1] != checksum(sql):
-                raise SchemaError(f"the ledger's migration {version} ({name}) does not match this relay's "
-                                  f"(checksum {applied[version][1][:12]} != {checksum(sql)[:12]})")
-        todo = sorted(m for m in MIGRATIONS if m[0] not in applied)
-        if not todo:
-            return
-        if self.readonly:
-            raise SchemaError(f"the ledger {self.path} needs migration to version {SCHEMA_VERSION}; "
-                              "start `relay run` once to apply it")
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
-                       "name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at REAL NOT NULL)")
-            for version, name, sql in todo:
-                for stmt in sql.split(";"):
-                    if stmt.strip():
-                        db.execute(stmt)
-                db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, julianday('now'))",
-                           (version, name, checksum(sql)))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        migrate(self.db, self.path, self.readonly)
 
     # -- transactions -----------------------------------------------------------------------
 
@@ -342,9 +303,11 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
     def _fields(w):
         m = w.message
         if m is None:
-            return dict.fromkeys(("kind", "thread", "subject", "body", "headers", "recipients"))
+            return dict.fromkeys(("kind", "thread", "subject", "body", "headers", "recipients", "content_type",
+                                  "max_retries"))
         return {"kind": m.kind, "thread": m.thread, "subject": m.subject, "body": m.body,
-                "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(w.recipients).decode()}
+                "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(w.recipients).decode(),
+                "content_type": m.content_type, "max_retries": m.max_retries}
 
     def _record_archived(self, at, works, events):
         """The common case, in bulk: delivered to everyone and archived; chained for verify.
@@ -357,20 +320,22 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
             m, mid, rel = w.message, w.id, w.archive_rel
             sent = None if w.duplicate_of else delivered        # a duplicate is delivered to no one
             if m is None:
-                recipients = kind = thread = subject = body = headers = None
+                recipients = kind = thread = subject = body = headers = content_type = budget = None
             else:       # as _fields(w), without its dict
                 recipients, kind, thread, subject, body = (orjson.dumps(w.recipients).decode(), m.kind, m.thread,
                                                            m.subject, m.body)
                 headers = orjson.dumps(m.headers).decode()
-            rows.append((recipients, kind, thread, subject, body, headers, w.size, w.sha256, w.sent_at, sent,
-                         archived, rel, mid))
+                content_type, budget = m.content_type, m.max_retries
+            rows.append((recipients, kind, thread, subject, body, headers, content_type, budget, w.size, w.sha256,
+                         w.sent_at, sent, archived, rel, mid))
             events.append((mid, archived, "archived", rel, "relay"))
             seq += 1
             prev = link_hash(prev, mid, w.sender, recipients, w.discovered_at, sent, archived, w.sha256, rel)
             links.append((seq, mid, prev))
         self.db.executemany(
             "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
-            "body = ?, headers = ?, size = ?, sha256 = ?, sent_at = ?, delivered_at = ?, archived_at = ?, "
+            "body = ?, headers = ?, content_type = ?, max_retries = ?, size = ?, sha256 = ?, sent_at = ?, "
+            "delivered_at = ?, archived_at = ?, "
             "spooled = 0, error = NULL, archive_path = ?, next_attempt_at = 0, failing_since = NULL "
             "WHERE id = ?", rows)
         self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
@@ -383,6 +348,7 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
             self.db.execute(
                 "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
                 "thread = :thread, subject = :subject, body = :body, headers = :headers, size = :size, "
+                "content_type = :content_type, max_retries = :max_retries, "
                 "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
                 "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
                 {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at,
@@ -402,6 +368,8 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
                 "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
                 "subject = coalesce(:subject, subject), body = coalesce(:body, body), "
                 "headers = coalesce(:headers, headers), size = coalesce(:size, size), "
+                "content_type = coalesce(:content_type, content_type), "
+                "max_retries = coalesce(:max_retries, max_retries), "
                 "sha256 = coalesce(:sha256, sha256), sent_at = coalesce(:sent_at, sent_at) WHERE id = :id",
                 {**f, "retries": w.retries + 1, "error": w.error_text, "at": w.next_attempt_at,
                  "spooled": int(w.spooled), "now": settled, "size": w.size or None, "sha256": w.sha256,
@@ -426,6 +394,8 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
                 "subject = coalesce(:subject, subject), size = coalesce(:size, size), "
                 "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
                 "headers = coalesce(:headers, headers), sha256 = coalesce(:sha256, sha256), "
+                "content_type = coalesce(:content_type, content_type), "
+                "max_retries = coalesce(:max_retries, max_retries), "
                 "sent_at = coalesce(:sent_at, sent_at), retries = :retries WHERE id = :id",
                 {**f, "now": settled, "error": w.refused, "failed_path": w.failed_rel,
                  "size": w.size or None, "sha256": w.sha256, "sent_at": w.sent_at,

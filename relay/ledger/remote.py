@@ -146,20 +146,22 @@ class FederationRecords:
         with self.transaction():
             events, links = [], []
             seq, prev = self.head()
-            rows = [{"remote_id": None, **m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now}
-                    for m in items]
+            rows = [{"remote_id": None, "content_type": None, **m, "recipients": orjson.dumps(m["recipients"]).decode(),
+                     "now": now} for m in items]
             self.db.executemany(
                 "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
-                "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, node, entry_id, remote_id) "
+                "content_type, sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, node, "
+                "entry_id, remote_id) "
                 "VALUES (:id, :sender, :name, 'archived', :recipients, :kind, :thread, :subject, :body, :headers, "
-                ":sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id, :remote_id)", rows)
+                ":content_type, :sha256, :sent_at, :now, :now, :now, :now, 1, :node, :entry_id, :remote_id)", rows)
             self.db.executemany(
                 "INSERT INTO messages (id, sender, name, status, recipients, kind, thread, subject, body, headers, "
-                "sha256, sent_at, discovered_at, claimed_at, failed_at, error, attempts, node, entry_id, remote_id) "
+                "content_type, sha256, sent_at, discovered_at, claimed_at, failed_at, error, attempts, node, entry_id, "
+                "remote_id) "
                 "VALUES (:id, :sender, :name, 'failed', :recipients, :kind, :thread, :subject, :body, :headers, "
-                ":sha256, :sent_at, :now, :now, :now, :error, 1, :node, :entry_id, :remote_id)",
-                [{"remote_id": None, **m, "recipients": orjson.dumps(m["recipients"]).decode(), "now": now}
-                 for m in failed])
+                ":content_type, :sha256, :sent_at, :now, :now, :now, :error, 1, :node, :entry_id, :remote_id)",
+                [{"remote_id": None, "content_type": None, **m, "recipients": orjson.dumps(m["recipients"]).decode(),
+                  "now": now} for m in failed])
             self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
                                 "VALUES (?, ?, ?, ?, ?)",
                                 [(m["id"], r, now, *got) for m in (*items, *failed) for r, got in m["got"].items()])

@@ -1,8 +1,8 @@
 """Which stored rows this build can read. A ledger row may hold what this build cannot use: a
 status it does not know, a time that is no number, a malformed id or agent name, a path outside
 its place in the state directory (a ledger from another build, an edit by hand, damage). Such a
-row is never fatal: `unreadable(row)` names its first bad column, a `BadRow` says so in one line
-with the row's id, and `sift()` passes on the readable rows of a query while it collects the
+row is never fatal: `unreadable(row)` finds its first bad column, a `BadRow` names every one of
+them in one line with the row's id, and `sift()` passes on the readable rows of a query while it collects the
 others, so that every verb names them and goes on without them. No path such a row holds is ever
 followed. The checks know the columns of the messages, events, deliveries and agents tables, and
 of those flow control and the operator's commands keep: sheds, commands, pings, archived_agents
@@ -110,6 +110,7 @@ CHECKS = {
         "archived_at": _maybe(_number), "failed_at": _maybe(_number), "retries": _count, "attempts": _count,
         "interrupted": _count, "next_attempt_at": _number, "failing_since": _maybe(_number),
         "error": _maybe(_text), "archive_path": _maybe(_under("archive")), "failed_path": _maybe(_under("failed")),
+        "content_type": _maybe(_text), "max_retries": _maybe(_count),
     },
     "events": {
         "seq": _count, "message_id": _maybe(_id), "at": _number, "event": _text, "detail": _maybe(_text),
@@ -166,6 +167,14 @@ def unreadable(row, table="messages", need=()):
     return None
 
 
+def every_unreadable(row, table="messages", need=()):
+    """[(column, value)] of every column of `row` this build cannot read (as unreadable())."""
+    checks = CHECKS[table]
+    items = row.items() if isinstance(row, dict) else zip(row.keys(), row)
+    return [(column, value) for column, value in items
+            if (check := checks.get(column)) is not None and not check(value) or value is None and column in need]
+
+
 def _clip(value):
     """A stored value as one short line: its repr (control characters escaped), cut at 60."""
     text = repr(value)
@@ -174,27 +183,36 @@ def _clip(value):
 
 @dataclasses.dataclass(frozen=True)
 class BadRow:
-    """A stored row this build cannot read: which (table and key) and where (column, value)."""
+    """A stored row this build cannot read: which (table and key) and where: its first bad
+    (column, value), and `more` of them when several columns are bad."""
     table: str
     key: object
     column: str
     value: object
+    more: tuple = ()
 
     @classmethod
     def of(cls, row, table="messages", need=()):
         """The BadRow of `row`, or None when this build can read it."""
-        problem = unreadable(row, table, need)
-        if problem is None:
+        if unreadable(row, table, need) is None:     # the common case: one pass, stopping at the first
             return None
+        first, *more = every_unreadable(row, table, need)
         key = KEYS[table]
-        return cls(table, row[key] if key in row.keys() else None, *problem)
+        return cls(table, row[key] if key in row.keys() else None, *first, more=tuple(more))
+
+    @property
+    def columns(self):
+        """Every (column, value) of the row this build cannot read."""
+        return ((self.column, self.value), *self.more)
 
     def __str__(self):
-        value, key = _clip(self.value), _clip(self.key)
+        key = _clip(self.key)
         what = f"message {key}" if self.table == "messages" else f"{self.table} row {key}"
         if self.table == "deliveries":
             what = f"delivery of message {key}"
-        return f"ledger {what}: column {self.column} holds {value}, which this relay cannot read; skipped"
+        held = [f"column {column} holds {_clip(value)}" for column, value in self.columns]
+        held = held[0] if len(held) == 1 else ", ".join(held[:-1]) + " and " + held[-1]
+        return f"ledger {what}: {held}, which this relay cannot read; skipped"
 
 
 def sift(rows, bad, table="messages"):

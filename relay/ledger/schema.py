@@ -1,5 +1,11 @@
 """The ledger's schema: its migrations in order. A migration once released never changes (its
 checksum is recorded in the ledger and checked at open); a change of schema is a new one."""
+import hashlib
+import logging
+
+from relay.errors import SchemaError
+
+log = logging.getLogger(__name__)
 
 # Why a delivery to one recipient was shed (the sheds table's `reason`; flow.py decides them).
 REASONS = ("body_size", "per_pair_rate", "queue_limit", "recipient_archived")
@@ -291,8 +297,60 @@ CREATE TABLE reservation_notices (
 CREATE INDEX reservation_notices_pair ON reservation_notices(holder, requester, at);
 CREATE INDEX reservation_notices_due ON reservation_notices(at) WHERE delivered_at IS NULL
 """),
+    (53, "content type and retry budget per message", """
+ALTER TABLE messages ADD COLUMN content_type TEXT;
+ALTER TABLE messages ADD COLUMN max_retries INTEGER
+"""),
 ]
 # Versions are applied by number, each once, in order: a ledger may lack a lower number that
 # was added later, and gets it at its next start.
 MIGRATIONS.sort(key=lambda m: m[0])
 SCHEMA_VERSION = max(v for v, _, _ in MIGRATIONS)
+
+
+def checksum(sql):
+    return hashlib.sha256(sql.encode()).hexdigest()
+
+
+def migrate(db, path, readonly):
+    """Apply the migrations `db` lacks, in one transaction, each logged; SchemaError for a ledger
+    newer than this relay, a migration whose text changed, or a read-only one that needs some."""
+    has_table = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'").fetchone()
+    applied = {}
+    if has_table:
+        for row in db.execute("SELECT version, name, checksum FROM schema_migrations"):
+            applied[row["version"]] = (row["name"], row["checksum"])
+    newest = max(applied, default=0)
+    if newest > SCHEMA_VERSION:
+        raise SchemaError(f"the ledger {path} has schema version {newest}, newer than this relay "
+                          f"knows ({SCHEMA_VERSION}); upgrade relay to use it (the ledger was not changed)")
+    for version, name, sql in MIGRATIONS:
+        if version in applied and applied[version][1] != checksum(sql):
+            raise SchemaError(f"the ledger's migration {version} ({name}) does not match this relay's "
+                              f"(checksum {applied[version][1][:12]} != {checksum(sql)[:12]})")
+    todo = sorted(m for m in MIGRATIONS if m[0] not in applied)
+    if not todo:
+        return
+    if readonly:
+        raise SchemaError(f"the ledger {path} needs migration to version {SCHEMA_VERSION}; "
+                          "start `relay run` once to apply it")
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                   "name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at REAL NOT NULL)")
+        # Read again under the write lock: another process may have migrated meanwhile.
+        done = {r[0] for r in db.execute("SELECT version FROM schema_migrations")}
+        todo = [m for m in todo if m[0] not in done]
+        for version, name, sql in todo:
+            for stmt in sql.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+            db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, julianday('now'))",
+                       (version, name, checksum(sql)))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    for version, name, _ in todo:
+        log.info("ledger %s: applied migration %d (%s)", path, version, name)

@@ -85,8 +85,8 @@ def _unreadable(bad):
     """The stored rows this relay could not read (counted in no figure above), if any."""
     if not bad:
         return ""
-    rows = "".join(f"<tr><td>{_e(b.table)}</td><td><code>{_e(b.key)}</code></td><td>{_e(b.column)}</td>"
-                   f"<td><code>{_e(repr(b.value)[:80])}</code></td></tr>" for b in bad[:500])
+    rows = "".join(f"<tr><td>{_e(b.table)}</td><td><code>{_e(b.key)}</code></td><td>{_e(', '.join(c for c, _ in b.columns))}</td>"
+                   f"<td><code>{_e('; '.join(repr(v)[:80] for _, v in b.columns))}</code></td></tr>" for b in bad[:500])
     more = f"<p>... and {len(bad) - 500} more.</p>" if len(bad) > 500 else ""
     return (f"<h2>Rows this relay cannot read ({len(bad)})</h2>\n<table id='unreadable'><tr><th>table</th>"
             f"<th>row</th><th>column</th><th>value</th></tr>{rows}</table>{more}")

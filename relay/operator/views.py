@@ -6,7 +6,7 @@ import shutil
 import orjson
 
 from relay.ledger.ledger import Status
-from relay.core.message import iso
+from relay.core.message import TEXT_PLAIN, iso
 from relay.terminal import spaced
 
 
@@ -53,7 +53,8 @@ def record(row):
     row = {k: value(row[k]) for k in row.keys()}
     return {
         "id": row["id"], "from": row["sender"], "to": to, "kind": row["kind"], "thread": row["thread"],
-        "subject": row["subject"], "status": row["status"], "retries": row["retries"], "error": row["error"],
+        "subject": row["subject"], "content_type": row.get("content_type") or TEXT_PLAIN,
+        "status": row["status"], "retries": row["retries"], "max_retries": row.get("max_retries"), "error": row["error"],
         "discovered_at": when(row["discovered_at"]), "delivered_at": when(row["delivered_at"]),
         "archived_at": when(row["archived_at"]), "failed_at": when(row["failed_at"]),
         "sent_at": when(row["sent_at"]),
@@ -149,7 +150,8 @@ def show(row, deliveries, events, paths, body, remote=(), sheds=()):
     out = [f"message {row['id']}"]
     if row["node"]:
         out.append(f"  received from node {row['node']} as stream entry {row['entry_id']}")
-    for key in ("from", "to", "kind", "thread", "subject", "status", "retries", "error", "sent_at",
+    for key in ("from", "to", "kind", "thread", "subject", "content_type", "status", "retries", "max_retries",
+                "error", "sent_at",
                 "discovered_at", "delivered_at", "archived_at", "failed_at", "source_path", "archive_path",
                 "failed_path", "sha256", "size", "request_id", "duplicate_of"):
         value = rec[key]
@@ -212,7 +214,8 @@ def message_text(m, number=1, total=1, state=None):
         lines.append(f"error:   {plain(m.error)}")
         return "\n".join(lines)
     fields = [("from", m.sender), ("to", ", ".join(m.to)), ("thread", m.thread), ("subject", m.subject),
-              ("kind", m.kind if m.kind != "message" else None), ("sent", m.sent_at), ("id", m.id)]
+              ("kind", m.kind if m.kind != "message" else None), ("type", m.content_type if m.content_type != TEXT_PLAIN else None), ("sent", m.sent_at),
+              ("id", m.id)]
     lines += [f"{k + ':':<9}{plain(v)}" for k, v in fields if v]
     lines.append("")
     lines.append(body_text(m.body))
