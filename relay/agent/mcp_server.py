@@ -89,8 +89,8 @@ class MarkedRead(TypedDict):
 
 class Inactive(TypedDict):
     name: str
-    released_at: Optional[str]
-    released_by: Optional[str]
+    released_at: str | None
+    released_by: str | None
 
 
 class Sent(TypedDict):
@@ -117,10 +117,10 @@ class Known(TypedDict):
     me: bool                    # this is the caller
     state: str                  # "active", or "inactive" once a release named it (a spawn makes it active again)
     metadata: dict              # what its last spawn said (cli, cwd, model, task, spawned_by, ...); {} when never spawned
-    spawned_at: Optional[str]
-    spawned_by: Optional[str]
-    released_at: Optional[str]
-    released_by: Optional[str]
+    spawned_at: str | None
+    spawned_by: str | None
+    released_at: str | None
+    released_by: str | None
 
 
 class Agents(TypedDict):
