@@ -52,8 +52,10 @@ def test_tools_send_read_and_thread_through_a_real_relay(team, tmp_path):
         assert all(t.description for t in tools.values())
         assert set(tools["send"].input_schema["properties"]) == {"to", "body", "subject", "thread", "request_id", "kind",
                                                                  "wait_delivered_s"}
-        assert await bob.call("agents") == {"me": "Bob", "agents": [{"name": "Alice", "me": False},
-                                                                    {"name": "Bob", "me": True}]}
+        never_spawned = {"state": "active", "metadata": {}, "spawned_at": None, "spawned_by": None,
+                         "released_at": None, "released_by": None}
+        assert await bob.call("agents") == {"me": "Bob", "agents": [{"name": "Alice", "me": False, **never_spawned},
+                                                                    {"name": "Bob", "me": True, **never_spawned}]}
 
         got = await bob.call("inbox")
         assert got["more"] == 0 and got["unreadable"] == [] and not got["timed_out"]
@@ -271,7 +273,8 @@ def test_waits_at_once_are_capped_and_the_other_tools_still_answer(team):
             for _ in range(mcp_server.MAX_WAITS + 3):
                 tg.start_soon(wait)
             await until_async(lambda: watches(os.getpid(), new) == mcp_server.MAX_WAITS, "the waits watch")
-            assert (await server.call_tool("agents", {})).structured_content["agents"] == [{"name": "Alice", "me": False}, {"name": "Bob", "me": True}]
+            listed = (await server.call_tool("agents", {})).structured_content["agents"]
+            assert [(a["name"], a["me"], a["state"]) for a in listed] == [("Alice", False, "active"), ("Bob", True, "active")]
             assert (await server.call_tool("inbox", {})).structured_content["messages"] == []
             assert watches(os.getpid(), new) == mcp_server.MAX_WAITS and results == []
             tg.cancel_scope.cancel()

@@ -59,8 +59,9 @@ def test_send_takes_a_list_or_a_string_of_names_and_a_kind_and_reply_builds_the_
         with relay.Agent("Alice", root=team.root) as alice:
             [a, _] = [m for m in alice.inbox() if m.sender == "Bob" and m.body == "noon"]
             assert (a.id, a.thread, a.subject, a.to) == (answer["id"], question, "Re: lunch", ["Alice"])
-        assert (await bob.call("agents")) == {"me": "Bob", "agents": [
-            {"name": "Alice", "me": False}, {"name": "Bob", "me": True}, {"name": "Carol", "me": False}]}
+        listed = await bob.call("agents")
+        assert listed["me"] == "Bob" and [(a["name"], a["me"], a["state"]) for a in listed["agents"]] == [
+            ("Alice", False, "active"), ("Bob", True, "active"), ("Carol", False, "active")]
         assert (await refused(bob, "reply", id="01KC3000000000000000000000", body="x")) == (
             "no message with id '01KC3000000000000000000000' in the ledger")
     run(team, tmp_path, scenario)

@@ -8,8 +8,10 @@
         me.reply(m, "thanks")
     me.ack(...)                             # marks read what was shown
 
-The project, a message as read (Received) and the agents' names are in project.py. The CLI's
-agent verbs (send, inbox, read) are built on this, so both check the same things:
+The project, a message as read (Received) and the agents' names are in project.py; which
+agents are active, and what their spawn said of them, in the agent registry (Agent.agents(),
+Project.registry(), core/registry.py). The CLI's agent verbs (send, inbox, read) are built on
+this, so both check the same things:
 names against the known agents (an unknown one is refused with the closest match), an id that
 `relay show` finds at once (the sender's file carries it, and the ledger records it as that
 sender's before the file is written), request ids that make a repeated send harmless. Messages are written the way SPEC section 2 asks: a hidden temporary, synced, renamed
@@ -78,6 +80,7 @@ class Agent(Leases):
             raise RelayError(f'name the agent: relay.Agent("NAME"), or set {AGENT_VARIABLE}=NAME')
         self.project = project or Project(root, state_dir)
         self.repeated = False       # the last send's request id was used before: nothing was sent
+        self.released = []          # the recipients the last send named that a release made inactive (Registered)
         self.marked = []            # the ids the last mark_read() marked read (the others were read already)
         self.layout = self.project.layout
         self.inbox_ = Inbox(self.layout, Syncer("normal", self.layout.fs))
@@ -110,7 +113,9 @@ class Agent(Leases):
         """Write a message into this agent's outbox; returns its id, which `relay show` finds.
         `to`: a name, a list of names, "*" (or its alias "Broadcast") or "System". With a request id used before by this
         agent (on a message that did not fail), nothing is written and that message's id is
-        returned: a send retried after a timeout is not delivered twice. With `wait_delivered`
+        returned: a send retried after a timeout is not delivered twice. A recipient named that
+        a release made inactive is written to all the same; `released` then lists it (each a
+        Registered: name, released_at, released_by, ...). With `wait_delivered`
         (seconds, or True: for ever) it returns once every recipient has the message, and
         raises NotDelivered with the reason when it failed (DeliveryTimeout when the time ran
         out first). `content_type` (default text/plain) says how to read the body; `max_retries`
@@ -139,7 +144,7 @@ class Agent(Leases):
         for n in names:
             if n not in special:
                 check_known(n, known, "recipient")
-        self.repeated = False
+        self.repeated, self.released = False, []
         if request_id is not None:
             try:
                 request_id = checked_request_id(request_id)
@@ -169,7 +174,15 @@ class Agent(Leases):
             self.repeated = True
             return first
         self.layout.fs.put(f"outbox/{self.name}/msg-{mid.lower()}", data)
+        # Delivered all the same (its inbox keeps mail); the sender is told (core/registry.py).
+        self.released = self.project.released([n for n in names if n not in special])
         return mid
+
+    def agents(self, active=False):
+        """The project's agents as the agent registry has them (Project.registry): each a
+        Registered (name, state, active, metadata, spawned_at/by, released_at/by); with
+        `active`, only the active ones."""
+        return self.project.registry(active)
 
     def reply(self, message, body, *, to=None, thread=None, subject=None, **kw):
         """Answer `message` (a Received or an id): to its sender (or `to`), in its thread (or
@@ -361,10 +374,11 @@ class Agent(Leases):
             self._unwatch()
 
 
-def agents(root=None, state_dir=None):
-    """The known agents of the project found from the current directory (or `root`)."""
+def agents(root=None, state_dir=None, active=False):
+    """The known agents of the project found from the current directory (or `root`); with
+    `active`, only those the agent registry has active."""
     with Project(root, state_dir) as project:
-        return project.agents()
+        return project.agents(active)
 
 
 __all__ = ["Agent", "Project", "Received", "Stop", "agents"]

@@ -5,7 +5,7 @@ It is built with the official `mcp` SDK (the `agent-outbox-relay[mcp]` extra; it
 had before version 2) on api.py's Agent, so its tools check what the shell and Python check:
 
     send(to, body, subject, thread, request_id, kind, wait_delivered_s)
-                        -> {id, repeated, relay_running, delivered, error, timed_out}
+                        -> {id, repeated, relay_running, delivered, error, timed_out, released}
     reply(id, body)     to the message's sender, in its thread, "Re: " its subject
     inbox(limit, mark_read, recent)  the new messages with their bodies, oldest first; marks read
                         exactly those (unless mark_read is false); the newest read ones too
@@ -13,7 +13,8 @@ had before version 2) on api.py's Agent, so its tools check what the shell and P
     read(id)            one message, new or read; marks it read
     mark_read(ids)      marks read the messages named
     search(query, ...)  full text over what the agent may see, newest first, with snippets
-    agents()            who the agent is and the known agents
+    agents(active)      who the agent is and the known agents, each active or inactive (released),
+                        with what its spawn said of it
     thread(thread, limit)  a conversation oldest first, as the ledger has it (from the message
                         whose id names it)
     reserve(paths, ttl, exclusive, reason), release(paths), reservations(mine)
@@ -86,9 +87,16 @@ class MarkedRead(TypedDict):
     already: list[str]          # the ids that were read already
 
 
+class Inactive(TypedDict):
+    name: str
+    released_at: str | None
+    released_by: str | None
+
+
 class Sent(TypedDict):
     id: str
     repeated: bool              # the request id was used before: nothing was sent, `id` is the first's
+    released: list[Inactive]    # recipients named that a release made inactive: delivered all the same
     relay_running: bool         # false: the message waits in the outbox until `relay run`
     delivered: Optional[bool]   # with wait_delivered_s: every recipient has it (false: it failed, see error)
     error: Optional[str]        # why it was not delivered (failed, shed, refused by a node)
@@ -107,6 +115,12 @@ class Results(TypedDict):
 class Known(TypedDict):
     name: str
     me: bool                    # this is the caller
+    state: str                  # "active", or "inactive" once a release named it (a spawn makes it active again)
+    metadata: dict              # what its last spawn said (cli, cwd, model, task, spawned_by, ...); {} when never spawned
+    spawned_at: str | None
+    spawned_by: str | None
+    released_at: str | None
+    released_by: str | None
 
 
 class Agents(TypedDict):
@@ -186,7 +200,9 @@ def build(agent, handover=None):
 
     def sent(agent, mid):
         return {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None,
-                "delivered": None, "error": None, "timed_out": False}
+                "delivered": None, "error": None, "timed_out": False,
+                "released": [{"name": r.name, "released_at": r.released_at, "released_by": r.released_by}
+                             for r in agent.released]}
 
     @server.tool()
     def send(to: Annotated[list[str] | str, Field(description="Recipient(s): NAME, NAME,NAME, a JSON array of "
@@ -292,10 +308,15 @@ def build(agent, handover=None):
             return {"marked": agent.marked, "already": [m.id for m in done if m.id not in agent.marked]}
 
     @server.tool()
-    def agents() -> Agents:
-        """Your name and the agents you can send to, yourself marked (`me`). Marks nothing read."""
+    def agents(active: Annotated[bool, Field(description="Only the active agents (not released).")] = False
+               ) -> Agents:
+        """Your name and the agents you can send to, yourself marked (`me`), each with its state
+        (`active`, or `inactive` once released: mail to it is still delivered) and what its spawn
+        said of it (`metadata`: cli, cwd, model, task, spawned_by, ...; {} when never spawned).
+        Marks nothing read."""
         with me() as agent, tool_errors():
-            return {"me": agent.name, "agents": [{"name": n, "me": n == agent.name} for n in agent.project.agents()]}
+            return {"me": agent.name, "agents": [{"name": r.name, "me": r.name == agent.name, **r.fields()}
+                                                 for r in agent.agents(active)]}
 
     @server.tool()
     def thread(thread: Annotated[str, Field(description="A thread id: a message's `thread`, or the id of the "

@@ -1,7 +1,7 @@
-"""A relay project as an agent finds it (Project: the configuration, the known agents, the
-ledger read for a message or a thread), a message as an agent reads it (Received), and the
-agents' names: checked against the known ones with the closest match, created and declared.
-api.py's Agent is built on them."""
+"""A relay project as an agent finds it (Project: the configuration, the known agents and the
+agent registry's view of them, the ledger read for a message or a thread), a message as an
+agent reads it (Received), and the agents' names: checked against the known ones with the
+closest match, created and declared. api.py's Agent is built on them."""
 import contextlib
 import dataclasses
 import datetime
@@ -16,6 +16,7 @@ from relay import config as config_mod
 from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
 from relay.errors import InvalidName, NotFound, RelayError, UnknownAgent
 from relay.ledger.history import History
+from relay.core import registry
 from relay.core.inbox import Inbox
 from relay.files.layout import Layout
 from relay.files.lock import wake
@@ -114,8 +115,11 @@ class Project:
     def __exit__(self, *exc):
         self.close()
 
-    def agents(self):
-        """The known agents, sorted (SPEC section 2), with a federation's agents of other nodes."""
+    def agents(self, active=False):
+        """The known agents, sorted (SPEC section 2), with a federation's agents of other nodes;
+        with `active`, only those the agent registry has active (registry())."""
+        if active:
+            return [r.name for r in self.registry() if r.active]
         names = self.layout.agent_names(self.config.agents)
         if self.config.federation is not None:
             history = self.history()
@@ -124,6 +128,41 @@ class Project:
                     names |= {n for n, (node, _) in history.remote_agents().items()
                               if node != self.config.federation.node}
         return sorted(names)
+
+    def registry(self, active=False):
+        """The known agents (agents()) as the agent registry has them (core/registry.Registered:
+        name, state, metadata, spawned_at/by, released_at/by), sorted by name; one never spawned
+        or released is active with empty metadata. With `active`, only the active ones."""
+        names = self.agents()
+        history = self.history()
+        if history is None:
+            found = [registry.Registered(n) for n in names]
+        else:
+            with history:
+                roster = registry.roster(history, names)
+            found = [roster[n] for n in names]
+        return [r for r in found if r.active] if active else found
+
+    def registered(self, name):
+        """One agent as the registry has it (registry()); NotFound naming the closest known agent
+        when relay knows no agent `name`."""
+        found = {r.name: r for r in self.registry()}
+        if name not in found:
+            near = closest(name, list(found))
+            raise NotFound(f"no agent {name!r}{f'; did you mean {near}?' if near else ''} (no outbox or inbox "
+                           "directory, not in config `agents`, never spawned)")
+        return found[name]
+
+    def released(self, names):
+        """The Registered of each of `names` a release made inactive (what a send tells its sender);
+        [] when the ledger cannot say (a send does not fail for it)."""
+        if not names or not self.layout.ledger.exists():
+            return []
+        try:
+            with self.writing() as ledger:
+                return registry.released(History(ledger), names)
+        except (sqlite3.Error, RelayError):
+            return []
 
     @contextlib.contextmanager
     def writing(self):

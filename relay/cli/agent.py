@@ -67,6 +67,9 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, content_t
                       content_type=content_type, max_retries=max_retries)
     if me.repeated:
         echo(f"relay: request id {request_id!r} was sent before as {mid}; not sent again", err=True)
+    for r in me.released:
+        echo(f"relay: warning: {r.name} was released (inactive since {r.released_at}, by {r.released_by}); "
+             "the message is delivered to its inbox all the same", err=True)
     echo(mid)
     if wait is not None:
         sys.stdout.flush()

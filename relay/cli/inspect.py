@@ -8,7 +8,9 @@ import click
 import orjson
 
 from relay.agent.leases import Reservation
-from relay.core import health
+from relay.config import SYSTEM
+from relay.core import health, registry
+from relay.core.message import closest
 from relay.operator import views
 from relay.cli.context import out_json, pass_ctx, verdict
 from relay.guards import agent_name, checked, duration, handle_errors, moment
@@ -240,42 +242,62 @@ def doctor(ctx, quick, as_json):
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.argument("name", required=False, callback=checked(agent_name))
+@click.option("--active", is_flag=True, help="Only the active agents (those no release made inactive).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (with NAME: one object).")
 @pass_ctx
 @handle_errors
-def agents(ctx, as_json):
-    """Each agent: outbox, inbox new/cur, sent/received, sheds, last ping, archived, last error."""
+def agents(ctx, name, active, as_json):
+    """Each agent (or NAME alone): state (active or inactive) and what its spawn said, outbox,
+    inbox new/cur, sent/received, sheds, last ping, archived, last error."""
     from relay.operator import doctor as operator
     bad = []
     now = time.time()
     with ctx.reader() as led:
         local = ctx.layout.agent_names(ctx.cfg.agents)
-        rows = operator.agents_report(led, ctx.layout, local, bad)
+        roster = registry.roster(led, local, bad)
+        rows = operator.agents_report(led, ctx.layout, set(roster), bad)
         bad += led.bad_rows(tables=OPERATOR_TABLES)     # left out of the report: named here
         if ctx.cfg.federation:      # agents of other nodes: their node and when it was last seen
             rows = [{**r, "node": ctx.cfg.federation.node} for r in rows] + operator.remote_agents_report(led, local)
         held = {}                   # this node's file reservations (they are not shared with other nodes)
         for r in led.reservations(now):
             held.setdefault(r["agent"], []).append(Reservation.of(r).as_dict(now))
-        rows = [{**r, "reservations": held.get(r["agent"], [])} for r in rows]
+        rows = [{**r, "reservations": held.get(r["agent"], []),
+                 **(roster.get(r["agent"]) or registry.Registered(r["agent"])).fields()} for r in rows]
     skipped(bad)
+    if name is not None:
+        rows = [r for r in rows if r["agent"] == name]
+        if not rows:
+            near = closest(name, sorted(set(roster) | {SYSTEM}))
+            raise NotFound(f"no agent {name!r}{f'; did you mean {near}?' if near else ''} (no outbox or inbox "
+                           "directory, not in config `agents`, never spawned)")
+    if active:
+        rows = [r for r in rows if r["state"] == registry.ACTIVE]
+    docs = [{**r, "last_seen": views.when(r["last_seen"])} for r in rows]
     if as_json:
-        out_json([{**r, "last_seen": views.when(r["last_seen"])} for r in rows])
+        out_json(docs if name is None else (docs or [None])[0])     # NAME inactive, with --active: null
+        return
+    if not rows:
+        echo(f"{name} is inactive (released); `relay agents {name}` shows it" if name else "no active agents")
         return
     node = "NODE" if ctx.cfg.federation else ""
-    echo(f"{'AGENT':<16} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6} {'SHED':>9} "
-         f"{'RESERVED':>8}  {'LAST SEEN':<15} {'PING':<14} LAST ERROR")
+    echo(f"{'AGENT':<16} {'STATE':<8} {node:<14} {'OUTBOX':>6} {'NEW':>5} {'CUR':>5} {'SENT':>6} {'RECV':>6} "
+         f"{'SHED':>9} {'RESERVED':>8}  {'LAST SEEN':<15} {'PING':<14} LAST ERROR")
     dash = lambda v: "-" if v is None else v     # noqa: E731 - what a remote node does not tell
     for r in rows:
         shed = f"{sum(r['shed_to'].values())}/{sum(r['shed_from'].values())}" if "shed_to" in r else "-"
-        name = f"{r['agent']} (archived)" if r.get("archived") else r["agent"]
-        echo(f"{name:<16} {views.clip(r.get('node') or '', 14):<14} {dash(r['outbox_waiting']):>6} "
+        agent = f"{r['agent']} (archived)" if r.get("archived") else r["agent"]
+        echo(f"{agent:<16} {r['state']:<8} {views.clip(r.get('node') or '', 14):<14} {dash(r['outbox_waiting']):>6} "
                    f"{dash(r['inbox_new']):>5} {dash(r['inbox_cur']):>5} {r['sent']:>6} {dash(r['received']):>6} "
                    f"{shed:>9} {reserved(r['reservations']):>8}  {views.short_time(r['last_seen']):<15} "
                    f"{views.ping(r.get('ping')):<14} "
                    f"{views.clip(r['last_error'] or '', 60)}")
-    echo("SHED: messages shed on the way to the agent / from it (relay queues, relay audit --status shed); "
-         "RESERVED: file reservations held, exclusive ones marked x (relay reservations)")
+        for line in views.registered(r):
+            echo(f"    {line}")
+    echo("STATE: active, or inactive once released (a spawn makes it active again); SHED: messages shed on the "
+         "way to the agent / from it (relay queues, relay audit --status shed); RESERVED: file reservations held, "
+         "exclusive ones marked x (relay reservations)")
 
 
 def reserved(held):

@@ -23,7 +23,7 @@ import itertools
 import logging
 import time
 
-from relay.core import bounces, flow, health, retention
+from relay.core import bounces, flow, health, registry, retention
 from relay.core.archive import Archive, day_of
 from relay.config import SYSTEM
 from relay.errors import DurabilityError, TransientError
@@ -380,7 +380,8 @@ class Relay(Handling, Loop):
                     log.error("%s: %s; the original stays at %s", w.id, e, w.path,
                               **fields("failed", w))
         owed = self.bounces.owed(works, self._archived, now)
-        if self.ledger.record(now, works, delivered, self.phase(), owed):
+        settled = self.phase()
+        if self.ledger.record(now, works, delivered, settled, owed, registry.changes(works, settled)):
             self.bounces.due = True
         self.flow.commit(works, now, self.config)
         self.hooks.delivered(works)     # durable now: each new recipient's hook is queued

@@ -1,10 +1,11 @@
 """One message's way through a batch, a mixin of the Relay: read before custody or taken into the
 spool and read there, parsed, its recipients resolved (a name the team may still announce waits),
-then settled: archived, retried with backoff, deferred, or quarantined with a report."""
+a spawn or release checked against the agent registry's rules (registry.py), then settled:
+archived, retried with backoff, deferred, or quarantined with a report."""
 import hashlib
 import logging
 
-from relay.core import flow
+from relay.core import flow, registry
 from relay.core.loop import DRAIN_MIN_WAIT
 from relay.core.message import accept
 from relay.core.work import Outcome, backoff, fields
@@ -51,9 +52,12 @@ class Handling:
             w.error = TransientError(f"unexpected error: {e!r}"[:500])
 
     def _parse(self, w, now):
+        spawned = None
         try:
             accepted = accept(w.data, w.name, w.sender, self.known_agents, self.config, mid=w.id,
                               sent_at=w.sent_at, relayed_at=now, sha256=w.sha256)
+            if accepted.message.kind in registry.KINDS:
+                spawned = registry.check(accepted.message, self.known_agents, self.history.archived_agents)
         except UnknownRecipient as e:
             if self.router is not None and self._may_learn(w, e, now):
                 return
@@ -70,6 +74,12 @@ class Handling:
             self.layout.make_inbox(name)
             self._known = None
             log.info("%s: created the inbox of new agent %s", w.id, name, **fields("inbox-created", w))
+        if spawned is not None:         # a new agent: its outbox and inbox, so that it can send and be written to
+            for problem in self.layout.init([spawned]):
+                log.warning("%s", problem)
+            self._known = None
+            log.info("%s: created the outbox and inbox of %s, spawned by %s", w.id, spawned, w.sender,
+                     **fields("agent-created", w))
         w.envelope = accepted.envelope
         w.envelope_sha256 = hashlib.sha256(w.envelope).hexdigest()
 

@@ -22,6 +22,7 @@ from relay.ledger.schema import REASONS
 from relay.files.layout import valid_id
 from relay.ledger.bounces import BounceHistory
 from relay.ledger.checks import Checks
+from relay.ledger.registry import RegistryReads
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
 from relay.ledger.search import SearchReads
@@ -50,14 +51,15 @@ SUSPECT = {     # rows.CHECKS for the largest tables, as SQL: true for every row
         _NOT_NUMBER.format("at"), _MAYBE_NOT_NUMBER.format("limit_value"), _MAYBE_NOT_NUMBER.format("observed"),
         _MAYBE_NOT_NUMBER.format("released_at")]),
 }
-NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "checkpoints")   # flow control, the operator's
+NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "checkpoints",   # flow control, the operator's
+              "agent_registry")
 
 
 # A message with an outbound row still waiting to be published (a row `m` of messages).
 UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status IN ('pending', 'published'))"
 
 
-class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchReads):
+class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchReads, RegistryReads):
     def __init__(self, ledger):
         self.ledger = ledger
         self.db = ledger.db

@@ -1,7 +1,7 @@
 """The SQLite ledger and every write to it: the connection and its settings, schema and
 migrations, discovery and claims, each batch's outcomes (and their search index, search.py),
 recovery, the hash chain, the retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
-expire, ping, archive-agent) and the record of each operator command. The ids bound to their
+expire, ping, archive-agent), the record of each operator command and the agent registry (registry.py). The ids bound to their
 senders are settled in ledger_senders.py (mixed in). The read-only queries are in history.py.
 
 The ledger knows rows and states, nothing about files. Every write happens in an explicit
@@ -24,6 +24,7 @@ from relay.ledger.operations import Operations
 from relay.ledger.senders import Senders
 from relay.files.sync import fdatasync
 from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION, checksum, migrate  # noqa: F401  (checksum offered here)
+from relay.ledger.registry import AgentRegistry
 from relay.ledger.remote import FederationRecords
 from relay.ledger.reservations import Reservations
 from relay.ledger.search import SearchIndex
@@ -60,7 +61,7 @@ def _refuse_links(path):
                               "ledger file there (no daemon running), or remove the link")
 
 
-class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords, SearchIndex):
+class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords, SearchIndex, AgentRegistry):
     """One connection to the ledger. Not shared between threads."""
 
     def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):
@@ -265,11 +266,12 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
                             "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen",
                             [(n, now, now) for n in names])
 
-    def record(self, now, works, delivered=None, settled=None, bounces=()):
+    def record(self, now, works, delivered=None, settled=None, bounces=(), registry=()):
         """One transaction recording what a batch did: each work by its Outcome, and every
         recipient's delivery that became durable in it, each at the instant it happened:
         `delivered` (links into new/ made), `settled` (moves synced, retries decided), else `now`;
-        and the `bounces` owed (core/bounces.owed). Returns how many bounces were recorded."""
+        the `bounces` owed (core/bounces.owed) and the agent registry's changes (core/registry.py),
+        at `settled`. Returns how many bounces were recorded."""
         events = []
         delivered, settled = delivered or now, settled or now
         with self.transaction():
@@ -294,6 +296,7 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
                 getattr(self, f"_record_{outcome.value}")((delivered, settled), group, events)
             self._queue_remote(now, [w for w in works if w.remote and not w.duplicate_of
                                      and not (w.refused and w.outcome.value == "failed" and not w.got)], events)
+            self._register(settled, registry, events)
             self._events(events)
             self._index([(w.id, w.message.subject, w.message.body) for w in works
                          if w.message is not None and not w.duplicate_of])

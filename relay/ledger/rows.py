@@ -6,14 +6,14 @@ them in one line with the row's id, and `sift()` passes on the readable rows of 
 others, so that every verb names them and goes on without them. No path such a row holds is ever
 followed. The checks know the columns of the messages, events, deliveries and agents tables, and
 of those flow control and the operator's commands keep: sheds, commands, pings, archived_agents
-and attestations; and the hash chain's checkpoints."""
+and attestations; the hash chain's checkpoints; and the agent registry."""
 import dataclasses
 import re
 
 import orjson
 
 from relay.config import AGENT_NAME
-from relay.ledger.schema import REASONS
+from relay.ledger.schema import AGENT_STATES, REASONS
 from relay.files.fs import Unsafe, split
 from relay.ids import ALPHABET
 from relay.ledger.ledger import STATUSES
@@ -137,6 +137,11 @@ CHECKS = {
     },
     "checkpoints": {"seq": _count, "at": _number, "upto": _count, "head": _sha256, "removed": _count},
     "archived_agents": {"name": _agent, "at": _number, "actor": _text},
+    "agent_registry": {
+        "name": _agent, "state": _one_of(*AGENT_STATES), "metadata": _json(dict), "spawned_at": _maybe(_number),
+        "spawned_by": _maybe(_agent), "spawn_id": _maybe(_id), "released_at": _maybe(_number),
+        "released_by": _maybe(_agent), "release_id": _maybe(_id), "updated_at": _number,
+    },
     "attestations": {
         "seq": _count, "at": _number, "pid": _count, "host": _text, "version": _text, "mode": _one_of("daemon", "once"),
         "event": _one_of("start", "reload"), "durability": _one_of("full", "normal"), "journal_mode": _text,
@@ -146,7 +151,7 @@ CHECKS = {
 }
 KEYS = {"messages": "id", "events": "seq", "deliveries": "message_id", "agents": "name", "sheds": "message_id",
         "commands": "id", "pings": "id", "archived_agents": "name", "attestations": "seq", "checkpoints": "seq",
-        "bounces": "id"}
+        "bounces": "id", "agent_registry": "name"}
 
 
 def unreadable(row, table="messages", need=()):

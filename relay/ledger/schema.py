@@ -10,6 +10,9 @@ log = logging.getLogger(__name__)
 # Why a delivery to one recipient was shed (the sheds table's `reason`; flow.py decides them).
 REASONS = ("body_size", "per_pair_rate", "queue_limit", "recipient_archived")
 
+# An agent's state in the registry (the agent_registry table's `state`; core/registry.py decides it).
+AGENT_STATES = ("active", "inactive")
+
 MIGRATIONS = [
     (1, "initial schema", """
 CREATE TABLE messages (
@@ -296,6 +299,24 @@ CREATE TABLE reservation_notices (
 ) WITHOUT ROWID;
 CREATE INDEX reservation_notices_pair ON reservation_notices(holder, requester, at);
 CREATE INDEX reservation_notices_due ON reservation_notices(at) WHERE delivered_at IS NULL
+"""),
+    # The agent registry (ledger/registry.py, core/registry.py): an agent a `spawn` message named
+    # (active, with what the spawn said of it) or a `release` named (inactive), changed in the
+    # transaction that records the control message. An agent with no row is active.
+    (50, "agent registry", """
+CREATE TABLE agent_registry (
+    name        TEXT PRIMARY KEY,
+    state       TEXT NOT NULL,
+    metadata    TEXT NOT NULL,
+    spawned_at  REAL,
+    spawned_by  TEXT,
+    spawn_id    TEXT,
+    released_at REAL,
+    released_by TEXT,
+    release_id  TEXT,
+    updated_at  REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX agent_registry_state ON agent_registry(state, name)
 """),
     (53, "content type and retry budget per message", """
 ALTER TABLE messages ADD COLUMN content_type TEXT;

@@ -132,6 +132,21 @@ def num(value):
     return value if value is None or isinstance(value, (int, float, str)) else repr(value)[:80]
 
 
+def registered(row):
+    """The lines `relay agents` shows under an agent with a registry row: what its spawn said of
+    it (by whom, when, cli, model, cwd, task), and its release."""
+    out = []
+    meta = row.get("metadata") or {}
+    if row.get("spawned_at"):
+        said = "  ".join(f"{k}={clip(meta[k], 40)}" for k in ("cli", "model", "cwd") if meta.get(k))
+        out.append(f"spawned by {plain(row['spawned_by'])} at {row['spawned_at']}" + (f": {said}" if said else ""))
+        if meta.get("task"):
+            out.append(f"task: {clip(' '.join(str(meta['task']).split()), 100)}")
+    if row.get("released_at"):
+        out.append(f"released by {plain(row['released_by'])} at {row['released_at']}")
+    return out
+
+
 def when_or_raw(ts):
     """A stored time as ISO 8601, or as it is when it is not a number."""
     return when(ts) if ts is None or isinstance(ts, (int, float)) else plain(ts)
