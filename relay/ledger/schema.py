@@ -291,6 +291,18 @@ CREATE TABLE reservation_notices (
 CREATE INDEX reservation_notices_pair ON reservation_notices(holder, requester, at);
 CREATE INDEX reservation_notices_due ON reservation_notices(at) WHERE delivered_at IS NULL
 """),
+    # Team state (ledger/state.py): a coordinator's keys and values. A key's version goes up by
+    # one at each change; a deleted key keeps its row with no value (and its version, one up), so
+    # a version once given is never given again and a compare-and-set on it cannot be fooled.
+    (51, "team state", """
+CREATE TABLE team_state (
+    key        TEXT PRIMARY KEY,
+    value      TEXT,
+    version    INTEGER NOT NULL,
+    updated_at REAL NOT NULL,
+    updated_by TEXT NOT NULL
+) WITHOUT ROWID
+"""),
 ]
 # Versions are applied by number, each once, in order: a ledger may lack a lower number that
 # was added later, and gets it at its next start.
