@@ -1,6 +1,7 @@
 """Team state (relay state, the Project's and the Agent's state_*): versions, compare-and-set
 refused with the holder named, even across two ledger connections racing; every change an
-event."""
+event. relay show --path: the messages an outbox path has carried, newest first. relay commands:
+the operator commands recorded, newest first, or one by id."""
 import json
 import os
 import re
@@ -293,3 +294,97 @@ def test_a_state_row_this_relay_cannot_read_is_named_not_fatal(team):
     assert r.exit_code == 1 and "column version holds 'x'" in r.stderr
     r = team("state", "set", "odd", "w", ok=False)
     assert r.exit_code == 1 and "column version holds 'x', which this relay cannot read; nothing changed" in r.stderr
+
+
+# -- relay show --path ---------------------------------------------------------------------------
+
+def test_show_path_lists_every_message_a_reused_name_carried_newest_first(team):
+    ids = []
+    for n in (1, 2, 3):
+        drop(team, "Alice", "msg", f"TO: Bob\nSUBJECT: round {n}\n\nbody {n}")
+        team("run", "--once", "-q")
+        ids.append(json.loads(team("audit", "--json", "--limit", "1").stdout)[0]["id"])
+    drop(team, "Bob", "msg", "TO: Alice\n\nother sender, same name")
+    team("run", "--once", "-q")
+    docs = json.loads(team("show", "--path", "outbox/Alice/msg", "--json").output)
+    assert [d["id"] for d in docs] == ids[::-1]
+    assert [d["subject"] for d in docs] == ["round 3", "round 2", "round 1"]
+    assert all(d["source_path"] == "outbox/Alice/msg" and d["body"] for d in docs)
+    assert [e["event"] for e in docs[0]["events"]] == ["discovered", "claimed", "delivered", "archived"]
+    assert docs[0] == json.loads(team("show", ids[2], "--json").output)      # each as relay show ID has it
+    text = team("show", "--path", "outbox/Alice/msg").output
+    assert text.startswith("3 message(s) from outbox/Alice/msg, newest first")
+    assert text.index(ids[2]) < text.index(ids[1]) < text.index(ids[0]) and "body 1" in text
+    # the same path from the project root, or absolute
+    for path in (".relay/outbox/Alice/msg", str(team.state / "outbox/Alice/msg")):
+        assert [d["id"] for d in json.loads(team("show", "--path", path, "--json").output)] == ids[::-1]
+    r = team("show", "--path", "outbox/Alice/msg", "--limit", "1")
+    assert ids[2] in r.stdout and ids[1] not in r.stdout and "stopped at the limit of 1" in r.stderr
+
+
+def test_show_path_refusals(team):
+    r = team("show", "--path", "outbox/Alice/never", ok=False)
+    assert r.exit_code == 1 and "no message from outbox/Alice/never in the ledger" in r.stderr
+    drop(team, "Alice", "waiting", "TO: Bob\n\nnot taken yet")
+    r = team("show", "--path", "outbox/Alice/waiting", ok=False)
+    assert r.exit_code == 1 and "relay has not taken yet" in r.stderr
+    for bad, why in (("inbox/Bob/new/x.json", "not an outbox path"), ("outbox/Alice", "not an outbox path"),
+                     ("outbox/Alice/sub/x", "not an outbox path"), ("outbox/../x", "no agent name"),
+                     ("outbox/Alice/..", "no file name"), ("/etc/passwd", "not inside the state directory")):
+        r = team("show", "--path", bad, ok=False)
+        assert r.exit_code == 2 and why in r.stderr and "outbox/AGENT/NAME" in r.stderr, bad
+    r = team("show", ok=False)
+    assert r.exit_code == 2 and "name a message ID, or --path" in r.stderr
+    r = team("show", "01ABC", "--path", "outbox/Alice/msg", ok=False)
+    assert r.exit_code == 2
+    r = team("show", "01ABC", "--limit", "2", ok=False)
+    assert r.exit_code == 2 and "--limit goes with --path" in r.stderr
+
+
+# -- relay commands ------------------------------------------------------------------------------
+
+def test_commands_lists_the_recorded_operator_commands_newest_first(team):
+    team("ping", "Bob", "--command-id", "first-ping")
+    team("retry", "01AAAAAAAAAAAAAAAAAAAAAAAA", ok=False)
+    team("archive-agent", "Carol", "--command-id", "retire-carol")
+    docs = json.loads(team("commands", "--json").output)
+    assert [d["verb"] for d in docs] == ["archive-agent", "retry", "ping"]
+    assert set(docs[0]) == {"id", "verb", "arguments", "actor", "at", "result"}
+    assert docs[0]["arguments"] == {"name": "Carol", "undo": False} and docs[0]["id"] == "retire-carol"
+    assert docs[1]["id"].startswith("auto-") and docs[1]["result"]["code"] == 1
+    assert docs[1]["result"]["errors"] and docs[2]["result"] == {"lines": docs[2]["result"]["lines"], "errors": [],
+                                                                  "code": 0}
+    assert all(ISO.match(d["at"]) and d["actor"].startswith("operator") for d in docs)
+    table = team("commands").output.splitlines()
+    assert table[0].split()[:6] == ["AT", "ID", "VERB", "ACTOR", "RESULT", "ARGUMENTS"]
+    assert re.match(r"\S+Z\s+retire-carol\s+archive-agent\s+operator\S*\s+ok\s+\{", table[1])
+    assert re.match(r"\S+Z\s+auto-\S+\s+retry\s+operator\S*\s+exit 1\s+\{", table[2])
+    assert [d["verb"] for d in json.loads(team("commands", "--verb", "ping", "--json").output)] == ["ping"]
+    r = team("commands", "--limit", "1")
+    assert "retire-carol" in r.stdout and "first-ping" not in r.stdout and "stopped at the limit of 1" in r.stderr
+    assert len(json.loads(team("commands", "--limit", "2", "--json").stdout)) == 2
+
+
+def test_commands_shows_one_by_id(team):
+    team("ping", "Bob", "--command-id", "first-ping")
+    one = json.loads(team("commands", "first-ping", "--json").output)
+    assert (one["id"], one["verb"], one["arguments"], one["result"]["code"]) == ("first-ping", "ping",
+                                                                              {"agent": "Bob"}, 0)
+    assert ISO.match(one["at"])
+    text = team("commands", "first-ping").output
+    assert "command first-ping" in text and "relay ping" in text and "result     ok" in text
+    assert "pinged Bob" in text
+    r = team("commands", "no-such-id", ok=False)
+    assert r.exit_code == 1 and "no operator command with id 'no-such-id'" in r.stderr
+    r = team("commands", "bad\x01id", ok=False)
+    assert r.exit_code == 1 and "invalid command id" in r.stderr
+
+
+def test_commands_with_none_recorded_and_an_unfinished_one(team):
+    assert "no operator commands recorded" in team("commands").output
+    assert json.loads(team("commands", "--json").output) == []
+    with Ledger(ledger_path(team)) as led:      # a command killed before it finished: begun, no result
+        led.begin_command("killed-1", "expire", '{"id":"01AAAAAAAAAAAAAAAAAAAAAAAA"}', "operator:x", 1.0e9)
+    assert re.search(r"killed-1\s+expire\s+operator:x\s+unfinished", team("commands").output)
+    doc = json.loads(team("commands", "killed-1", "--json").output)
+    assert doc["result"] is None and doc["at"] == "2001-09-09T01:46:40.000000Z"

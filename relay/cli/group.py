@@ -7,6 +7,7 @@ import relay.cli.admin as admin
 import relay.cli.adopt as adopt
 import relay.cli.agent as agent
 import relay.cli.inspect as inspect
+import relay.cli.lookups as lookups
 import relay.cli.mcp as mcp
 import relay.cli.operator as operator
 import relay.cli.reserve as reserve
@@ -30,6 +31,6 @@ def entry():
 
 
 # The verbs, each module's list (cli_mcp imports the SDK only when run).
-for module in (run, agent, reserve, state, inspect, operator, admin, adopt, mcp):
+for module in (run, agent, reserve, state, inspect, lookups, operator, admin, adopt, mcp):
     for command in module.COMMANDS:
         main.add_command(command)

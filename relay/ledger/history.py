@@ -1,8 +1,9 @@
 """What the ledger says: every read-only query, for the relay's loop (what is due, what a
 recovery must look at) and for people (audit, show, tail, status, agents, the report's figures,
 the hash chain walked by verify, doctor's integrity checks, the flow control's sheds and the
-queues' figures, operator commands, pings and archived agents; the team state, state.py).
-Nothing here writes; the writes are in ledger.py.
+queues' figures, operator commands, pings and archived agents; the team state, state.py; the
+lookups of lookups.py: an outbox path's messages, an operator command by id). Nothing here
+writes; the writes are in ledger.py.
 
 A History reads through a Ledger's connection: the relay's own (so the loop reads what its
 writes left), or one a read-only verb opened beside a running daemon.
@@ -24,6 +25,7 @@ from relay.ledger.bounces import BounceHistory
 from relay.ledger.checks import Checks
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
+from relay.ledger.lookups import Lookups
 from relay.ledger.search import SearchReads
 from relay.ledger.state import StateReads
 from relay.ledger.ledger import STATUSES
@@ -58,7 +60,7 @@ NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "
 UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status IN ('pending', 'published'))"
 
 
-class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchReads, StateReads):
+class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchReads, StateReads, Lookups):
     def __init__(self, ledger):
         self.ledger = ledger
         self.db = ledger.db
