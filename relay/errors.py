@@ -161,3 +161,14 @@ class DeliveryTimeout(NotDelivered):
     def __init__(self, message_id, reason, waited):
         RelayError.__init__(self, f"{message_id} was not delivered to every recipient in {waited}: {reason}")
         self.message_id, self.reason = message_id, reason
+
+
+class StateConflict(RelayError):
+    """A change of the team state refused, nothing changed: the key's value is not what the
+    compare-and-set expected. `key`; `expected`: the version asked for, or None for "absent";
+    `current`: the key's StateEntry now (value, version, updated_at, updated_by), None when it
+    has no value."""
+
+    def __init__(self, message, key, expected=None, current=None):
+        super().__init__(message)
+        self.key, self.expected, self.current = key, expected, current

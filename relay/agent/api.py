@@ -29,6 +29,7 @@ from relay.ids import IdGenerator
 from relay.core.inbox import Inbox
 from relay.files.layout import valid_id
 from relay.agent.leases import Leases
+from relay.agent.state import AgentState
 from relay.agent.mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
 from relay.agent.project import (Project, Received, check_known, closest, create_agents, declare)  # noqa: F401  (offered here too)
 from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, retry_budget
@@ -67,9 +68,10 @@ def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=N
     return (head + "\n\n" + body).encode("utf-8")
 
 
-class Agent(Leases):
+class Agent(Leases, AgentState):
     """One agent's side: its outbox to send from, its inbox to read, its file reservations
-    (leases.py: reserve, release, reservations)."""
+    (leases.py: reserve, release, reservations), the team state in its name (state.py:
+    state_get, state_set, state_delete, state_list)."""
 
     def __init__(self, name=None, root=None, *, state_dir=None, create=False, project=None, role="agent"):
         """`name`: the agent's (default: RELAY_AGENT's); `root`: the project's, found like git

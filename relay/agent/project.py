@@ -22,6 +22,7 @@ from relay.files.layout import Layout
 from relay.files.lock import wake
 from relay.ledger.ledger import Ledger
 from relay.core.message import BROADCAST, TEXT_PLAIN, closest, iso
+from relay.agent.state import TeamState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +87,9 @@ def check_known(name, known, role):
                        "(--create adds a new agent on purpose)")
 
 
-class Project:
+class Project(TeamState):
     """A relay project found like git: `root` when given, else RELAY_ROOT, else the current
-    directory or its nearest parent holding the state directory."""
+    directory or its nearest parent holding the state directory. Its team state: state.py."""
 
     def __init__(self, root=None, state_dir=None, env=None, cwd=None, config=None, clock=time.time):
         self.clock = clock          # what time it is for leases (file reservations)

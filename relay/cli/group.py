@@ -7,10 +7,12 @@ import relay.cli.admin as admin
 import relay.cli.adopt as adopt
 import relay.cli.agent as agent
 import relay.cli.inspect as inspect
+import relay.cli.lookups as lookups
 import relay.cli.mcp as mcp
 import relay.cli.operator as operator
 import relay.cli.reserve as reserve
 import relay.cli.run as run
+import relay.cli.state as state
 from relay.cli.context import Context, Group
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,6 +31,6 @@ def entry():
 
 
 # The verbs, each module's list (cli_mcp imports the SDK only when run).
-for module in (run, agent, reserve, inspect, operator, admin, adopt, mcp):
+for module in (run, agent, reserve, state, inspect, lookups, operator, admin, adopt, mcp):
     for command in module.COMMANDS:
         main.add_command(command)

@@ -13,6 +13,7 @@ from relay.core import health, registry
 from relay.core.message import closest
 from relay.operator import views
 from relay.cli.context import out_json, pass_ctx, verdict
+from relay.cli.lookups import outbox_source
 from relay.guards import agent_name, checked, duration, handle_errors, moment
 from relay.errors import NotFound, RelayError
 from relay.files.fs import replace_file
@@ -24,6 +25,7 @@ from relay.core.outbox import declared
 from relay.terminal import echo, echo_json, escaped
 
 TABLE_LIMIT = 50        # messages in audit's table unless --limit says otherwise
+PATH_LIMIT = 10         # messages relay show --path prints unless --limit says otherwise
 REPORT = "report.html"  # relay report's page in the state directory, unless --html names another
 OPERATOR_TABLES = ("sheds", "pings", "archived_agents")    # what agents and queues read beside messages
 
@@ -110,12 +112,23 @@ def _limited(rows, limit, bad):
 
 
 @click.command()
-@click.argument("message_id")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.argument("message_id", required=False, metavar="[ID]")
+@click.option("--path", "source", metavar="outbox/AGENT/NAME",
+              help="The messages this outbox path has carried, newest first (names are reused), instead of ID.")
+@click.option("--limit", type=click.IntRange(1, 10**12), default=None,
+              help=f"With --path: at most N messages (default {PATH_LIMIT}; with --json, all).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (with --path, a list).")
 @pass_ctx
 @handle_errors
-def show(ctx, message_id, as_json):
-    """One message: every field, deliveries, lifecycle events, files and body."""
+def show(ctx, message_id, source, limit, as_json):
+    """One message: every field, deliveries, lifecycle events, files and body (--path: each
+    message an outbox path has carried, newest first)."""
+    if (message_id is None) == (source is None):
+        raise click.UsageError("name a message ID, or --path outbox/AGENT/NAME (not both)")
+    if limit is not None and source is None:
+        raise click.UsageError("--limit goes with --path")
+    if source is not None:
+        return _show_path(ctx, source, limit, as_json)
     led = ctx.reader()
     layout = ctx.layout
     try:
@@ -131,39 +144,79 @@ def show(ctx, message_id, as_json):
                 echo(f"message {message_id.upper()}\n  status         waiting in {waiting}: relay has not "
                            "taken it yet (is the daemon running? see relay status)")
             return
-        bad = []
         problem = BadRow.of(row)
         if problem is not None:     # shown as it is stored, each unreadable value marked
             skipped([problem])
-        deliveries = list(sift(led.deliveries(row["id"]), bad, "deliveries"))
-        events = list(sift(led.events(row["id"]), bad, "events"))
-        sheds = led.sheds(row["id"])      # each shown as stored, an unreadable one named and marked
-        bad += [b for b in (BadRow.of(s, "sheds") for s in sheds) if b is not None]
-        sheds = [views.shed(s) for s in sheds]
-        skipped(bad)
-        box = Inbox(layout, None)
-        paths = {}
-        for d in deliveries:
-            held = box.holder(d["recipient"], row["id"])
-            paths[d["recipient"]] = str(held) if held else None
-        body = views.value(row["body"])
-        remote = led.outbound(row["id"])
+        story = _story(led, layout, row, as_json)
         if as_json:
-            out_json({**views.record(row), "body": body, "headers": views.headers(row),
-                      "remote": [{"node": o["node"], "recipients": orjson.loads(o["recipients"]), "status": o["status"],
-                                  "entry_id": o["entry_id"], "published_at": views.when(o["published_at"]),
-                                  "acknowledged_at": views.when(o["acked_at"]),
-                                  "ack_deadline": views.when(o["ack_deadline"]),
-                                  "attempts": o["attempts"], "error": o["error"],
-                                  "state": views.remote_state(o)} for o in remote],
-                      "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),
-                                      "inbox_path": paths.get(d["recipient"])} for d in deliveries],
-                      "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
-                                  "actor": e["actor"]} for e in events], "sheds": sheds})
+            out_json(story)
         else:
-            echo(views.show(row, deliveries, events, paths, body, remote, sheds))
+            echo(story)
     finally:
         led.close()
+
+
+def _story(led, layout, row, as_json):
+    """One message's story: its JSON document, or its text."""
+    bad = []
+    deliveries = list(sift(led.deliveries(row["id"]), bad, "deliveries"))
+    events = list(sift(led.events(row["id"]), bad, "events"))
+    sheds = led.sheds(row["id"])      # each shown as stored, an unreadable one named and marked
+    bad += [b for b in (BadRow.of(s, "sheds") for s in sheds) if b is not None]
+    sheds = [views.shed(s) for s in sheds]
+    skipped(bad)
+    box = Inbox(layout, None)
+    paths = {}
+    for d in deliveries:
+        held = box.holder(d["recipient"], row["id"])
+        paths[d["recipient"]] = str(held) if held else None
+    body = views.value(row["body"])
+    remote = led.outbound(row["id"])
+    if not as_json:
+        return views.show(row, deliveries, events, paths, body, remote, sheds)
+    return {**views.record(row), "body": body, "headers": views.headers(row),
+            "remote": [{"node": o["node"], "recipients": orjson.loads(o["recipients"]), "status": o["status"],
+                        "entry_id": o["entry_id"], "published_at": views.when(o["published_at"]),
+                        "acknowledged_at": views.when(o["acked_at"]),
+                        "ack_deadline": views.when(o["ack_deadline"]),
+                        "attempts": o["attempts"], "error": o["error"],
+                        "state": views.remote_state(o)} for o in remote],
+            "deliveries": [{"recipient": d["recipient"], "delivered_at": views.when(d["delivered_at"]),
+                            "inbox_path": paths.get(d["recipient"])} for d in deliveries],
+            "events": [{"at": views.when(e["at"]), "event": e["event"], "detail": e["detail"],
+                        "actor": e["actor"]} for e in events], "sheds": sheds}
+
+
+def _show_path(ctx, source, limit, as_json):
+    """relay show --path: every message found at an outbox path, newest first; exit 1 when none."""
+    layout = ctx.layout
+    agent, name = outbox_source(source, layout)
+    rel = f"outbox/{agent}/{name}"
+    if limit is None and not as_json:
+        limit = PATH_LIMIT
+    with ctx.reader() as led:
+        bad, stories, more = [], [], False
+        for row in led.by_source(agent, name):
+            if limit and len(stories) == limit:
+                more = True
+                break
+            problem = BadRow.of(row)
+            if problem is not None:     # shown as it is stored, each unreadable value marked
+                bad.append(problem)
+            stories.append(_story(led, layout, row, as_json))
+        skipped(bad)
+    if not stories:
+        there = layout.fs.exists(rel)
+        raise NotFound(f"no message from {rel} in the ledger" + (
+            "; a file is there now that relay has not taken yet (is the daemon running? see relay status)"
+            if there else ""))
+    if more:
+        echo(f"relay: stopped at the limit of {limit} message(s); {rel} carried more (--limit N shows more)", err=True)
+    if as_json:
+        out_json(stories)
+        return
+    echo(f"{len(stories)} message(s) from {rel}, newest first\n")
+    echo("\n\n".join(stories))
 
 
 def _waiting(layout, mid, owner):

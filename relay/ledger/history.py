@@ -1,8 +1,9 @@
 """What the ledger says: every read-only query, for the relay's loop (what is due, what a
 recovery must look at) and for people (audit, show, tail, status, agents, the report's figures,
 the hash chain walked by verify, doctor's integrity checks, the flow control's sheds and the
-queues' figures, operator commands, pings and archived agents). Nothing here writes; the writes
-are in ledger.py.
+queues' figures, operator commands, pings and archived agents; the team state, state.py; the
+lookups of lookups.py: an outbox path's messages, an operator command by id). Nothing here
+writes; the writes are in ledger.py.
 
 A History reads through a Ledger's connection: the relay's own (so the loop reads what its
 writes left), or one a read-only verb opened beside a running daemon.
@@ -25,7 +26,9 @@ from relay.ledger.checks import Checks
 from relay.ledger.registry import RegistryReads
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
+from relay.ledger.lookups import Lookups
 from relay.ledger.search import SearchReads
+from relay.ledger.state import StateReads
 from relay.ledger.ledger import STATUSES
 from relay.ledger.rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
 
@@ -52,14 +55,15 @@ SUSPECT = {     # rows.CHECKS for the largest tables, as SQL: true for every row
         _MAYBE_NOT_NUMBER.format("released_at")]),
 }
 NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "checkpoints",   # flow control, the operator's
-              "agent_registry")
+              "agent_registry", "team_state")
 
 
 # A message with an outbound row still waiting to be published (a row `m` of messages).
 UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status IN ('pending', 'published'))"
 
 
-class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchReads, RegistryReads):
+class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchReads, RegistryReads, StateReads,
+              Lookups):
     def __init__(self, ledger):
         self.ledger = ledger
         self.db = ledger.db

@@ -1,7 +1,8 @@
 """The SQLite ledger and every write to it: the connection and its settings, schema and
 migrations, discovery and claims, each batch's outcomes (and their search index, search.py),
 recovery, the hash chain, the retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
-expire, ping, archive-agent), the record of each operator command and the agent registry (registry.py). The ids bound to their
+expire, ping, archive-agent), the record of each operator command, the agent registry (registry.py)
+and the team state's keys (state.py). The ids bound to their
 senders are settled in ledger_senders.py (mixed in). The read-only queries are in history.py.
 
 The ledger knows rows and states, nothing about files. Every write happens in an explicit
@@ -28,6 +29,7 @@ from relay.ledger.registry import AgentRegistry
 from relay.ledger.remote import FederationRecords
 from relay.ledger.reservations import Reservations
 from relay.ledger.search import SearchIndex
+from relay.ledger.state import StateWrites
 
 
 class Status(str, enum.Enum):
@@ -61,7 +63,8 @@ def _refuse_links(path):
                               "ledger file there (no daemon running), or remove the link")
 
 
-class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords, SearchIndex, AgentRegistry):
+class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords, SearchIndex, AgentRegistry,
+             StateWrites):
     """One connection to the ledger. Not shared between threads."""
 
     def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):

@@ -6,7 +6,7 @@ them in one line with the row's id, and `sift()` passes on the readable rows of 
 others, so that every verb names them and goes on without them. No path such a row holds is ever
 followed. The checks know the columns of the messages, events, deliveries and agents tables, and
 of those flow control and the operator's commands keep: sheds, commands, pings, archived_agents
-and attestations; the hash chain's checkpoints; and the agent registry."""
+and attestations; the hash chain's checkpoints; the agent registry and the team state."""
 import dataclasses
 import re
 
@@ -14,6 +14,7 @@ import orjson
 
 from relay.config import AGENT_NAME
 from relay.ledger.schema import AGENT_STATES, REASONS
+from relay.ledger.state import CHECKS as STATE_CHECKS
 from relay.files.fs import Unsafe, split
 from relay.ids import ALPHABET
 from relay.ledger.ledger import STATUSES
@@ -148,10 +149,11 @@ CHECKS = {
         "synchronous": _one_of("OFF", "NORMAL", "FULL", "EXTRA", "?"), "busy_timeout_ms": _count,
         "foreign_keys": lambda v: v in (0, 1),
     },
+    "team_state": STATE_CHECKS,
 }
 KEYS = {"messages": "id", "events": "seq", "deliveries": "message_id", "agents": "name", "sheds": "message_id",
         "commands": "id", "pings": "id", "archived_agents": "name", "attestations": "seq", "checkpoints": "seq",
-        "bounces": "id", "agent_registry": "name"}
+        "bounces": "id", "agent_registry": "name", "team_state": "key"}
 
 
 def unreadable(row, table="messages", need=()):

@@ -318,6 +318,18 @@ CREATE TABLE agent_registry (
 ) WITHOUT ROWID;
 CREATE INDEX agent_registry_state ON agent_registry(state, name)
 """),
+    # Team state (ledger/state.py): a coordinator's keys and values. A key's version goes up by
+    # one at each change; a deleted key keeps its row with no value (and its version, one up), so
+    # a version once given is never given again and a compare-and-set on it cannot be fooled.
+    (51, "team state", """
+CREATE TABLE team_state (
+    key        TEXT PRIMARY KEY,
+    value      TEXT,
+    version    INTEGER NOT NULL,
+    updated_at REAL NOT NULL,
+    updated_by TEXT NOT NULL
+) WITHOUT ROWID
+"""),
     (53, "content type and retry budget per message", """
 ALTER TABLE messages ADD COLUMN content_type TEXT;
 ALTER TABLE messages ADD COLUMN max_retries INTEGER
