@@ -22,6 +22,7 @@ from relay.ledger.schema import REASONS
 from relay.files.layout import valid_id
 from relay.ledger.bounces import BounceHistory
 from relay.ledger.checks import Checks
+from relay.ledger.imports import ImportReads
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
 from relay.ledger.search import SearchReads
@@ -57,7 +58,7 @@ NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "
 UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status IN ('pending', 'published'))"
 
 
-class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchReads):
+class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchReads, ImportReads):
     def __init__(self, ledger):
         self.ledger = ledger
         self.db = ledger.db

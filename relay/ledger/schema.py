@@ -291,6 +291,23 @@ CREATE TABLE reservation_notices (
 CREATE INDEX reservation_notices_pair ON reservation_notices(holder, requester, at);
 CREATE INDEX reservation_notices_due ON reservation_notices(at) WHERE delivered_at IS NULL
 """),
+    # Imports (ledger/imports.py, operator/importer.py): each record brought over from another
+    # system's ledger (`source`, e.g. agent-relay), by that ledger's own id for it, with the id
+    # it has here, the status it had there and the ledger it was read from. Never swept with the
+    # messages: an import run again skips what came over once, even after relay delivered,
+    # archived and swept it.
+    (52, "imports", """
+CREATE TABLE imports (
+    source     TEXT NOT NULL,
+    source_id  TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    origin     TEXT NOT NULL,
+    at         REAL NOT NULL,
+    PRIMARY KEY (source, source_id)
+) WITHOUT ROWID;
+CREATE INDEX imports_message ON imports(message_id)
+"""),
 ]
 # Versions are applied by number, each once, in order: a ledger may lack a lower number that
 # was added later, and gets it at its next start.
