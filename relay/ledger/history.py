@@ -24,6 +24,7 @@ from relay.files.layout import valid_id
 from relay.ledger.bounces import BounceHistory
 from relay.ledger.checks import Checks
 from relay.ledger.registry import RegistryReads
+from relay.ledger.imports import ImportReads
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
 from relay.ledger.lookups import Lookups
@@ -63,7 +64,7 @@ UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.
 
 
 class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchReads, RegistryReads, StateReads,
-              Lookups):
+              Lookups, ImportReads):
     def __init__(self, ledger):
         self.ledger = ledger
         self.db = ledger.db

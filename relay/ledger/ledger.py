@@ -1,8 +1,8 @@
 """The SQLite ledger and every write to it: the connection and its settings, schema and
 migrations, discovery and claims, each batch's outcomes (and their search index, search.py),
 recovery, the hash chain, the retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
-expire, ping, archive-agent), the record of each operator command, the agent registry (registry.py)
-and the team state's keys (state.py). The ids bound to their
+expire, ping, archive-agent), the record of each operator command, the agent registry (registry.py),
+the team state's keys (state.py) and what was imported from another system (imports.py). The ids bound to their
 senders are settled in ledger_senders.py (mixed in). The read-only queries are in history.py.
 
 The ledger knows rows and states, nothing about files. Every write happens in an explicit
@@ -21,6 +21,7 @@ import orjson
 from relay.errors import LedgerError
 from relay.ledger.chain import GENESIS, chain_hash, link_hash  # noqa: F401  (the chain's, offered here too)
 from relay.ledger.bounces import BounceRecords
+from relay.ledger.imports import Imports
 from relay.ledger.operations import Operations
 from relay.ledger.senders import Senders
 from relay.files.sync import fdatasync
@@ -64,7 +65,7 @@ def _refuse_links(path):
 
 
 class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords, SearchIndex, AgentRegistry,
-             StateWrites):
+             StateWrites, Imports):
     """One connection to the ledger. Not shared between threads."""
 
     def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):

@@ -330,6 +330,23 @@ CREATE TABLE team_state (
     updated_by TEXT NOT NULL
 ) WITHOUT ROWID
 """),
+    # Imports (ledger/imports.py, operator/importer.py): each record brought over from another
+    # system's ledger (`source`, e.g. agent-relay), by that ledger's own id for it, with the id
+    # it has here, the status it had there and the ledger it was read from. Never swept with the
+    # messages: an import run again skips what came over once, even after relay delivered,
+    # archived and swept it.
+    (52, "imports", """
+CREATE TABLE imports (
+    source     TEXT NOT NULL,
+    source_id  TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    origin     TEXT NOT NULL,
+    at         REAL NOT NULL,
+    PRIMARY KEY (source, source_id)
+) WITHOUT ROWID;
+CREATE INDEX imports_message ON imports(message_id)
+"""),
     (53, "content type and retry budget per message", """
 ALTER TABLE messages ADD COLUMN content_type TEXT;
 ALTER TABLE messages ADD COLUMN max_retries INTEGER

@@ -1,0 +1,132 @@
+"""Records brought over from another system's ledger (`relay import agent-relay`; the operator's
+importer, operator/importer.py, decides what each becomes): the writes (Imports, mixed into
+Ledger) and the reads (ImportReads, mixed into History).
+
+Each record imported is a message row like relay's own, written in one transaction with its row
+in `imports` (source, its id there, its id here; migration 52) and its `imported` event naming
+the source and that id; an archived one enters the hash chain as relay's own do, in the same
+transaction. A record whose source id is in `imports` is never written again; a message whose id
+is taken already (its spool file, written before a crash, registered again by recovery) gets its
+`imports` row and event only. Agents widen the agents table's first and last seen; orchestrator
+state goes into `team_state` when this ledger has that table, each key only when it has none."""
+import re
+
+from relay.ledger.chain import chain_hash
+
+CHUNK = 500
+# What one imported message row may set; the others keep their defaults.
+COLUMNS = ("id", "sender", "name", "status", "spooled", "recipients", "kind", "thread", "subject", "body", "headers",
+           "size", "sha256", "sent_at", "discovered_at", "delivered_at", "archived_at", "failed_at", "retries",
+           "attempts", "next_attempt_at", "error", "archive_path", "failed_path")
+# A key of relay's team state (relay state): keys that are not are left out, and said so.
+STATE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}\Z")
+NO_STATE = "this relay's ledger has no team_state table (relay state)"
+
+
+def _what(source, origin, source_id, status):
+    return f"from {source} {origin}: {status} there, its id {source_id}"
+
+
+class Imports:
+    """Ledger's part for imports (uses self.db, self.transaction, self._events, self._index,
+    self.head)."""
+
+    def record_imports(self, items, source, origin, now, actor):
+        """One transaction: each of `items` (dicts of COLUMNS, with `source_id` and
+        `source_status`) recorded as a message with its `imports` row and events. Returns the ids
+        recorded (an item imported meanwhile, by another run, is left out)."""
+        done, events, docs = [], [], []
+        columns = ", ".join(COLUMNS)
+        insert = f"INSERT INTO messages ({columns}) VALUES ({', '.join(':' + c for c in COLUMNS)})"
+        with self.transaction():
+            seq, prev = self.head()
+            for it in items:
+                mid = it["id"]
+                claimed = self.db.execute(
+                    "INSERT INTO imports (source, source_id, message_id, status, origin, at) VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT DO NOTHING RETURNING message_id",
+                    (source, it["source_id"], mid, it["source_status"], origin, now)).fetchone()
+                if claimed is None:
+                    continue
+                done.append(mid)
+                events.append((mid, now, "imported", _what(source, origin, it["source_id"], it["source_status"]),
+                               actor))
+                if self.db.execute("SELECT 1 FROM messages WHERE id = ?", (mid,)).fetchone():
+                    continue            # registered by recovery from its spool file: it stays as it is
+                self.db.execute(insert, {c: it.get(c) for c in COLUMNS})
+                docs.append((mid, it.get("subject"), it.get("body")))
+                if it["status"] == "archived":
+                    row = self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
+                    seq, prev = seq + 1, chain_hash(prev, row)
+                    self.db.execute("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", (seq, mid, prev))
+                    events.append((mid, now, "archived", it.get("archive_path"), actor))
+                elif it["status"] == "failed":
+                    events.append((mid, now, "failed", it.get("error"), actor))
+            self._events(events)
+            self._index(docs)
+        return done
+
+    def import_agents(self, agents, source, origin, now, actor):
+        """agents: (name, first_seen, last_seen). Each added, or its first and last seen widened
+        to cover these; the names changed, each with an `imported` event."""
+        changed = []
+        with self.transaction():
+            for name, first, last in agents:
+                row = self.db.execute(
+                    "INSERT INTO agents (name, first_seen, last_seen) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE "
+                    "SET first_seen = min(first_seen, excluded.first_seen), last_seen = max(last_seen, excluded.last_seen) "
+                    "WHERE excluded.first_seen < agents.first_seen OR excluded.last_seen > agents.last_seen "
+                    "RETURNING name", (name, first, last)).fetchone()
+                if row is not None:
+                    changed.append(name)
+            self._events([(None, now, "imported", f"agent {name} {_what(source, origin, name, 'known')}", actor)
+                          for name in changed])
+        return changed
+
+    def import_state(self, entries, source, origin, now, actor):
+        """entries: (key, value, updated_at) of another system's coordinator. Into team_state,
+        when this ledger has it, each key this ledger has no row for (a key set or deleted here
+        stays as it is here). Returns (keys imported, keys left out with why, why none could be:
+        None when the table is there)."""
+        columns = {r[1]: r for r in self.db.execute("PRAGMA table_info(team_state)")}
+        if not columns:
+            return [], [], NO_STATE
+        fill = {"key", "value", "version", "updated_at", "updated_by"}
+        unknown = sorted(c for c, r in columns.items() if r[3] and r[4] is None and c not in fill)
+        if unknown or "key" not in columns or "value" not in columns:
+            return [], [], f"its team_state table has columns this relay does not fill ({', '.join(unknown) or 'key'})"
+        use = [c for c in ("key", "value", "version", "updated_at", "updated_by") if c in columns]
+        sql = (f"INSERT INTO team_state ({', '.join(use)}) VALUES ({', '.join(':' + c for c in use)}) "
+               "ON CONFLICT DO NOTHING RETURNING key")
+        done, left = [], []
+        with self.transaction():
+            for key, value, at in entries:
+                if not isinstance(key, str) or not STATE_KEY.match(key) or not isinstance(value, str):
+                    left.append((key, "not a key and text value relay's team state holds"))
+                    continue
+                row = self.db.execute(sql, {"key": key, "value": value, "version": 1, "updated_at": at,
+                                            "updated_by": actor}).fetchone()
+                if row is not None:
+                    done.append(key)
+            self._events([(None, now, "imported", f"team state key={key} {_what(source, origin, key, 'set')}", actor)
+                          for key in done])
+        return done, left, None
+
+
+class ImportReads:
+    """History's part for imports (uses self.db)."""
+
+    def imported(self, source, source_ids):
+        """{source id: message id} of those of `source_ids` imported from `source` already."""
+        out = {}
+        ids = list(source_ids)
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            out.update((r[0], r[1]) for r in self.db.execute(
+                f"SELECT source_id, message_id FROM imports WHERE source = ? AND source_id IN "
+                f"({','.join('?' * len(chunk))})", [source, *chunk]))
+        return out
+
+    def has_table(self, name):
+        return self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() \
+            is not None
