@@ -165,7 +165,7 @@ def test_run_once_on_each_node_carries_a_message_across(redis_server, team, cli,
     doc = orjson.loads(cli("--root", str(tmp_path / "n1"), "status", "--json", ok=False).output)["federation"]
     assert (doc["outbound"]["published"], doc["outbound"]["acknowledged"]) == (0, 1)
     agents = cli("--root", str(tmp_path / "n2"), "agents").output
-    assert any(line.split()[:2] == ["Ann", "n1"] for line in agents.splitlines()), agents
+    assert any(line.split()[:3] == ["Ann", "active", "n1"] for line in agents.splitlines()), agents
 
 
 @needs_server

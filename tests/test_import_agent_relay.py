@@ -172,8 +172,7 @@ def test_dry_run_writes_nothing(fresh, old):
     before = snapshot(fresh)
     doc = json.loads(fresh("import", "agent-relay", str(old.root), "--dry-run", "--json").stdout)
     assert doc["dry_run"] and doc["imported"] == COUNTS and doc["ok"]
-    assert doc["agents"] == sorted(agent_relay_ledger.AGENTS) and doc["state"]["note"].startswith("this relay's ledger "
-                                                                                                  "has no team_state")
+    assert doc["agents"] == sorted(agent_relay_ledger.AGENTS) and doc["state"]["note"] is None
     after = snapshot(fresh)
     assert after == before and after["messages"] == [] and after["imports"] == []
 
@@ -223,23 +222,15 @@ def snapshot_or_none(cli):
     return snapshot(cli) if (cli.state / "ledger.sqlite").exists() else None
 
 
-def test_orchestrator_state_comes_over_into_team_state_when_relay_has_it(fresh, old):
-    doc = json.loads(fresh("import", "agent-relay", str(old.root), "--json").stdout)
-    assert doc["state"] == {"imported": [], "skipped": 0, "note": "this relay's ledger has no team_state table "
-                                                                  "(relay state)"}
-    # the table as relay state keeps it; a key set here already stays as it is
-    db = sqlite3.connect(fresh.state / "ledger.sqlite")
-    db.execute("CREATE TABLE team_state (key TEXT PRIMARY KEY, value TEXT, version INTEGER NOT NULL, "
-               "updated_at REAL NOT NULL, updated_by TEXT NOT NULL) WITHOUT ROWID")
-    db.execute("INSERT INTO team_state VALUES ('lead', 'Bob', 4, 1.0, 'Bob')")
-    db.commit()
-    db.close()
+def test_orchestrator_state_comes_over_into_team_state(fresh, old):
+    fresh("state", "set", "lead", "Bob")          # a key set here already stays as it is
     doc = json.loads(fresh("import", "agent-relay", str(old.root), "--json").stdout)
     assert doc["state"] == {"imported": ["plan/next", "round"], "skipped": 1, "note": None}
     got = rows(fresh, "SELECT key, value, version, updated_by FROM team_state ORDER BY key")
-    assert [g[:3] for g in got] == [("lead", "Bob", 4), ("plan/next", "review", 1), ("round", '{"n": 3}', 1)]
+    assert [g[:3] for g in got] == [("lead", "Bob", 1), ("plan/next", "review", 1), ("round", '{"n": 3}', 1)]
     assert got[1][3].startswith("operator:")
     assert len(rows(fresh, "SELECT 1 FROM events WHERE event = 'imported' AND detail LIKE 'team state key=%'")) == 2
+    assert json.loads(fresh("state", "get", "round", "--json").stdout)["value"] == '{"n": 3}'
     doc = json.loads(fresh("import", "agent-relay", str(old.root), "--json").stdout)
     assert doc["state"] == {"imported": [], "skipped": 3, "note": None}
 

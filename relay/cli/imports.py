@@ -18,7 +18,7 @@ def import_():
 
 
 @import_.command("agent-relay")
-@click.argument("path", type=click.Path())
+@click.argument("path")
 @click.option("--dry-run", is_flag=True, help="Say what would come over; write nothing.")
 @click.option("--accept-missing", is_flag=True,
               help="Import archived messages whose archive file is missing or does not match as archived "
