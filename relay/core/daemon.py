@@ -385,8 +385,11 @@ class Relay(Handling, Loop):
             self.bounces.due = True
         self.flow.commit(works, now, self.config)
         self.hooks.delivered(works)     # durable now: each new recipient's hook is queued
-        if self.router is not None and any(w.remote for w in works):
-            self.router.queued.set()        # the link publishes what this batch queued
+        if self.router is not None and any(w.remote and not w.offered for w in works):
+            # The link publishes what this batch queued. What it took as offers is published
+            # already: their rows are marked published at its next turn (an acknowledgement
+            # that comes first settles a row all the same), not at a turn of its own each.
+            self.router.queued.set()
         for w in works:
             self._report(w, now, counts)
         return counts

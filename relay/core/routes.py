@@ -76,6 +76,8 @@ class Router:
                         break
                     self._held += len(w.envelope)
                     self.offered.append((w.id, node, sorted(names), w.envelope))
+                else:
+                    w.offered = True
         self.queued.set()
 
     def take(self, limit):

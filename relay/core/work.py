@@ -94,6 +94,7 @@ class Work:
     got: dict = dataclasses.field(default_factory=dict)        # recipient -> (size, sha256) delivered now
     missed: dict = dataclasses.field(default_factory=dict)     # recipient -> error
     remote: dict = dataclasses.field(default_factory=dict)     # recipient on another node -> node (queued)
+    offered: bool = False           # handed to the link for every node at once (routes.Router.offer)
     shed: dict = dataclasses.field(default_factory=dict)       # recipient -> Shed, decided in this batch
     shed_before: dict = dataclasses.field(default_factory=dict)  # recipient -> reason recorded by an earlier attempt
     archived: bool = False

@@ -301,8 +301,9 @@ class Link:
             while self.publish(self.clock(), force=False) >= BATCH:
                 pass
             due = self.history.next_outbound_due()
+            waiting = self.publisher.early or self.history.unacknowledged()     # published, not acknowledged
             wake = min(self.next_heartbeat, self.next_look, due if due is not None else float("inf"),
-                       self.next_acks if self.history.unacknowledged() else float("inf"))
+                       self.next_acks if waiting else float("inf"))
             self.queued.wait(max(0.0, min(wake - self.clock(), MAX_WAIT)))
 
     def _serve_in(self):

@@ -165,6 +165,8 @@ class Publisher:
                     # names (an earlier publish of it, or one left by a crash after the record).
                     gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in here],
                                                     bounce=self.config.bounces)
+                    for mid, _, _ in acks:      # settled before the publisher marked it published
+                        self.early.pop((mid, node), None)
                     if self.router is not None and any(refusal for _, _, refusal in here):
                         self.router.bounced()       # the sender's bounce, emitted by the loop now
                     settled += len(gone)
