@@ -34,3 +34,16 @@ def test_a_trash_name_that_is_a_link_is_not_followed(tmp_path):
     (run / "x").mkdir(parents=True)
     bench.discard(run)
     assert not run.exists() and list(elsewhere.iterdir()) == []     # deleted where it was, not moved away
+
+
+def test_the_floor_probe_does_each_step_of_a_delivery_and_leaves_only_trash(tmp_path):
+    got = bench.floor(tmp_path, n=20, rate=10_000)
+    assert 0 < got["p50_ms"] <= got["p99_ms"]
+    assert [p.name for p in tmp_path.iterdir()] == [bench.TRASH]
+    (made,) = (tmp_path / bench.TRASH).iterdir()
+    assert sorted(p.name for p in (made / "new").iterdir()) == sorted(f"{i}.json" for i in range(20))
+    assert len(list((made / "archive").iterdir())) == 20 and list((made / "out").iterdir()) == []
+    import sqlite3
+    db = sqlite3.connect(made / "ledger.sqlite")
+    assert db.execute("SELECT count(*) FROM t").fetchone()[0] == 20      # one commit per delivery
+    db.close()

@@ -286,6 +286,49 @@ def preload_ledger(ledger, rows, chunk=50_000):
         done += n
 
 
+def floor(base, n=200, rate=100.0):
+    """The floor of one durable delivery on this file system, in ms (p50 and p99 of `n`, one
+    every 1/`rate` s as the latency test offers them): a small envelope written into tmp/ and
+    fsynced while a SQLite commit at synchronous FULL runs beside it (the record), then a link
+    into new/ and a rename (the original into the archive). What relay adds to it is its own."""
+    import sqlite3
+    import threading
+    d = Path(tempfile.mkdtemp(dir=base, prefix="floor-"))
+    for sub in ("tmp", "new", "out", "archive"):
+        (d / sub).mkdir()
+    db = sqlite3.connect(d / "ledger.sqlite", isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = FULL")
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+    envelope = b'{"id":"01KAAAAAAAAAAAAAAAAAAAAAAA","from":"a","to":["b"],"body":"' + b"x" * 200 + b'"}'
+    times = []
+    try:
+        for i in range(n):
+            (d / "out" / f"m{i}").write_bytes(b"TO: b\n\nx")
+            began = time.perf_counter()
+
+            def commit(i=i):
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("INSERT INTO t (v) VALUES (?)", (str(i),))
+                db.execute("COMMIT")
+            record = threading.Thread(target=commit)
+            record.start()
+            fd = os.open(d / "tmp" / f"{i}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, envelope)
+            os.fsync(fd)
+            os.close(fd)
+            record.join()
+            os.link(d / "tmp" / f"{i}.json", d / "new" / f"{i}.json")
+            os.rename(d / "out" / f"m{i}", d / "archive" / f"m{i}")
+            times.append((time.perf_counter() - began) * 1000)
+            time.sleep(max(0.0, 1.0 / rate - (time.perf_counter() - began)))
+    finally:
+        db.close()
+        discard(d)
+    times.sort()
+    return {"p50_ms": round(times[len(times) // 2], 3), "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))], 3)}
+
+
 def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full"):
     """Offer `rate` messages/s from `agents` agents to a running daemon; time from each rename
     into an outbox to its envelope appearing in the recipient's new/ (seen by inotify)."""
@@ -378,9 +421,15 @@ def run(base=None, messages=5000, agents=20, rate=100.0, seconds=5.0, echo=print
          f"({'within' if fc['within_5_percent'] else 'NOT within'} 5%; target within 5%); its own work in the last "
          f"run with the limits on: {fc['own_seconds'] * 1000:.0f} ms of {fc['run_seconds']:.2f} s "
          f"({fc['own_share'] * 100:.1f}%)")
+    out["floor"] = fl = floor(base, rate=rate)
+    echo(f"floor of one durable delivery here (envelope fsync beside a FULL commit, a link, a rename; one every "
+         f"{1000 / rate:g} ms): p50 {fl['p50_ms']} ms, p99 {fl['p99_ms']} ms")
     out["latency"] = lat = latency(base, rate, seconds)
-    echo(f"daemon latency at {rate:g} msg/s from 8 agents (durability full): p50 {lat['p50_ms']} ms, "
-         f"p99 {lat['p99_ms']} ms, max {lat['max_ms']} ms ({lat['delivered']}/{lat['messages']} seen); "
+    lat["p50_to_floor"] = round(lat["p50_ms"] / fl["p50_ms"], 2)
+    lat["p99_to_floor"] = round(lat["p99_ms"] / fl["p50_ms"], 2)
+    echo(f"daemon latency at {rate:g} msg/s from 8 agents (durability full): p50 {lat['p50_ms']} ms "
+         f"({lat['p50_to_floor']}x the floor; target 1.25x), p99 {lat['p99_ms']} ms ({lat['p99_to_floor']}x the "
+         f"floor's p50; target 3x), max {lat['max_ms']} ms ({lat['delivered']}/{lat['messages']} seen); "
          f"idle CPU {lat['idle_cpu_percent']}%")
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     echo(f"peak RSS: bench process {out['peak_rss_mb']} MB, daemon {lat['daemon_peak_rss_mb']} MB")
