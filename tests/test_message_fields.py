@@ -101,7 +101,7 @@ def test_max_retries_above_the_configured_one_is_held_to_it(project, clock):
     assert row["status"] == "failed" and row["retries"] == 2      # the configured 1, not 99
 
 
-@pytest.mark.parametrize("value", ["-1", "two", "1.5", "9999999999"])
+@pytest.mark.parametrize("value", ["-1", "two", "1.5", "1_0"])
 def test_a_max_retries_that_is_no_count_fails_the_message(project, value):
     r = project.relay()
     project.drop("Ann", "m", f"TO: Ben\nMAX-RETRIES: {value}\n\nx")

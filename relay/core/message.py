@@ -257,18 +257,18 @@ def content_type(value):
     return value
 
 
+MAX_BUDGET = 999_999_999       # a larger MAX-RETRIES is kept as this (used as the configured max_retries)
+
+
 def retry_budget(value):
     """The retries a sender allows its message (MAX-RETRIES), or None for the configured number;
     MessageRefused when it is not a whole number from 0 up."""
     if value is None or value.strip() == "":
         return None
-    try:
-        n = int(value.strip())
-    except ValueError:
-        n = -1
-    if n < 0 or len(value.strip()) > 9:
+    digits = value.strip()
+    if not digits.isascii() or not digits.isdigit():        # int() would take '1_0', ' 3' and other scripts' digits
         raise MessageRefused(f"MAX-RETRIES {value[:30]!r} is not a whole number from 0 up")
-    return n
+    return min(int(digits[:12]) if len(digits) <= 12 else MAX_BUDGET, MAX_BUDGET)   # more counts as the configured
 
 
 def chosen_id(value):

@@ -15,8 +15,8 @@ metadata) and `orchestrator_state` (key, value, updated_at). A ledger whose `__m
 one this relay does not know is refused: its meaning may have changed.
 """
 import os
-import shutil
 import sqlite3
+import stat
 import tempfile
 import urllib.parse
 
@@ -42,6 +42,22 @@ def _stat(path):
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
+def _copy(src, dst, size):
+    """Copy the regular file `src` (`size` bytes when it was looked at) to `dst`. Opened without
+    blocking and checked to be a regular file first: a FIFO would hang the read and a device
+    (/dev/zero) would fill the disk; no more than `size` bytes are read."""
+    fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RelayError(f"{src} is not a regular file (a FIFO, a device or a directory); "
+                             "give agent-relay's ledger file")
+        with open(dst, "wb") as out:
+            left = size
+            while left > 0 and (chunk := f.read(min(left, 1 << 20))):
+                out.write(chunk)
+                left -= len(chunk)
+
+
 def snapshot(path, into):
     """Copy the ledger at `path` and its -wal (when there is one) into the directory `into` by
     reading them; the copy's path. RelayError when either changed while it was read."""
@@ -50,8 +66,7 @@ def snapshot(path, into):
     copy = os.path.join(into, "ledger.sqlite")
     for src, dst, st in zip(names, (copy, f"{copy}-wal"), before, strict=True):
         if st is not None:
-            with open(src, "rb") as f, open(dst, "wb") as out:
-                shutil.copyfileobj(f, out)
+            _copy(src, dst, st[0])
     if [_stat(p) for p in names] != before:
         raise RelayError(f"{path} changed while it was read: agent-relay is still running; stop it, "
                          "then run the import again")

@@ -34,12 +34,15 @@ from relay.ledger.ledger import STATUSES
 from relay.ledger.rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
 
 CHUNK = 500         # ids per `IN (...)` query
-NUMERIC = "typeof({0}) IN ('integer', 'real')"      # a column that holds a number (times)
+NUMBER = "typeof({0}) IN ('integer', 'real')"
+# a column that holds a time: a number of seconds within the years 1 to 9999 (rows.py's _time)
+NUMERIC = "(" + NUMBER + " AND {0} >= -62135596800 AND {0} < 253402300800)"
 _ID = "(typeof({0}) != 'text' OR length({0}) != 26 OR {0} GLOB '*[^0-9A-HJKMNP-TV-Z]*')"
 _AGENT = ("(typeof({0}) != 'text' OR length({0}) > 64 OR {0} NOT GLOB '[A-Za-z0-9]*' "
           "OR {0} GLOB '*[^A-Za-z0-9._-]*')")
 _NOT_NUMBER = f"NOT {NUMERIC}"
-_MAYBE_NOT_NUMBER = "({0} IS NOT NULL AND NOT " + NUMERIC + ")"
+_MAYBE_NOT_NUMBER = "({0} IS NOT NULL AND NOT " + NUMBER + ")"
+_MAYBE_NOT_TIME = "({0} IS NOT NULL AND NOT " + NUMERIC + ")"
 SUSPECT = {     # rows.CHECKS for the largest tables, as SQL: true for every row they refuse
     "events": " OR ".join([
         "typeof(seq) != 'integer' OR seq < 0", f"(message_id IS NOT NULL AND {_ID.format('message_id')})",
@@ -53,7 +56,7 @@ SUSPECT = {     # rows.CHECKS for the largest tables, as SQL: true for every row
         _ID.format("message_id"), f"(recipient IS NOT '*' AND {_AGENT.format('recipient')})", _AGENT.format("sender"),
         "typeof(reason) != 'text' OR reason NOT IN (" + ", ".join(f"'{r}'" for r in REASONS) + ")",
         _NOT_NUMBER.format("at"), _MAYBE_NOT_NUMBER.format("limit_value"), _MAYBE_NOT_NUMBER.format("observed"),
-        _MAYBE_NOT_NUMBER.format("released_at")]),
+        _MAYBE_NOT_TIME.format("released_at")]),
 }
 NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "checkpoints",   # flow control, the operator's
               "agent_registry", "team_state")

@@ -12,6 +12,7 @@ state goes into `team_state` when this ledger has that table, each key only when
 import re
 
 from relay.ledger.chain import chain_hash
+from relay.ledger.state import MAX_VALUE_BYTES
 
 CHUNK = 500
 # What one imported message row may set; the others keep their defaults.
@@ -103,6 +104,11 @@ class Imports:
             for key, value, at in entries:
                 if not isinstance(key, str) or not STATE_KEY.match(key) or not isinstance(value, str):
                     left.append((key, "not a key and text value relay's team state holds"))
+                    continue
+                size = len(value.encode("utf-8", "surrogatepass"))
+                if size > MAX_VALUE_BYTES:
+                    left.append((key, f"its value is {size} bytes, over the {MAX_VALUE_BYTES} (64 KiB) a key of "
+                                      "relay's team state holds"))
                     continue
                 row = self.db.execute(sql, {"key": key, "value": value, "version": 1, "updated_at": at,
                                             "updated_by": actor}).fetchone()

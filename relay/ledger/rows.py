@@ -27,6 +27,15 @@ def _number(v):
     return isinstance(v, (int, float))
 
 
+# The times a stored row may hold: seconds within the calendar years 1 to 9999 (a larger number,
+# infinity or NaN is no time a date can be made of).
+_TIME_RANGE = (-62135596800, 253402300800)
+
+
+def _time(v):
+    return isinstance(v, (int, float)) and _TIME_RANGE[0] <= v < _TIME_RANGE[1]
+
+
 def _maybe(check):
     fast = _OPTIONAL.get(check)         # the common checks, written out: one call per column
     return fast if fast is not None else (lambda v: v is None or check(v))
@@ -92,6 +101,7 @@ def _sha256(v):
 
 _OPTIONAL = {
     _number: lambda v: v is None or isinstance(v, (int, float)),
+    _time: lambda v: v is None or isinstance(v, (int, float)) and _TIME_RANGE[0] <= v < _TIME_RANGE[1],
     _count: lambda v: v is None or isinstance(v, int) and v >= 0,
     _text: lambda v: v is None or isinstance(v, str),
     _id: lambda v: v is None or isinstance(v, str) and _ID.match(v) is not None,
@@ -106,45 +116,45 @@ CHECKS = {
         "id": _id, "sender": lambda v: v == "?" or isinstance(v, str) and AGENT_NAME.match(v) is not None, "name": _file_name, "status": lambda v: v in STATUSES,
         "spooled": lambda v: v in (0, 1), "recipients": _maybe(_json(list)), "kind": _maybe(_text),
         "thread": _maybe(_text), "subject": _maybe(_text), "body": _maybe(_text), "headers": _maybe(_json(dict)),
-        "size": _maybe(_count), "sha256": _maybe(_sha256), "sent_at": _maybe(_number),
-        "discovered_at": _number, "claimed_at": _maybe(_number), "delivered_at": _maybe(_number),
-        "archived_at": _maybe(_number), "failed_at": _maybe(_number), "retries": _count, "attempts": _count,
-        "interrupted": _count, "next_attempt_at": _number, "failing_since": _maybe(_number),
+        "size": _maybe(_count), "sha256": _maybe(_sha256), "sent_at": _maybe(_time),
+        "discovered_at": _time, "claimed_at": _maybe(_time), "delivered_at": _maybe(_time),
+        "archived_at": _maybe(_time), "failed_at": _maybe(_time), "retries": _count, "attempts": _count,
+        "interrupted": _count, "next_attempt_at": _time, "failing_since": _maybe(_time),
         "error": _maybe(_text), "archive_path": _maybe(_under("archive")), "failed_path": _maybe(_under("failed")),
         "content_type": _maybe(_text), "max_retries": _maybe(_count),
     },
     "events": {
-        "seq": _count, "message_id": _maybe(_id), "at": _number, "event": _text, "detail": _maybe(_text),
+        "seq": _count, "message_id": _maybe(_id), "at": _time, "event": _text, "detail": _maybe(_text),
         "actor": _text, "sender": _maybe(_agent), "recipients": _maybe(_json(list)),
     },
     "deliveries": {
-        "message_id": _id, "recipient": _agent, "delivered_at": _number, "size": _maybe(_count),
+        "message_id": _id, "recipient": _agent, "delivered_at": _time, "size": _maybe(_count),
         "sha256": _maybe(_sha256),
     },
-    "agents": {"name": _agent, "first_seen": _number, "last_seen": _number},
+    "agents": {"name": _agent, "first_seen": _time, "last_seen": _time},
     "sheds": {
         "message_id": _id, "recipient": lambda v: v == "*" or _agent(v), "sender": _agent,
-        "reason": _one_of(*REASONS), "limit_value": _maybe(_number), "observed": _maybe(_number), "at": _number,
-        "released_at": _maybe(_number),
+        "reason": _one_of(*REASONS), "limit_value": _maybe(_number), "observed": _maybe(_number), "at": _time,
+        "released_at": _maybe(_time),
     },
     "commands": {
         "id": _command_id, "verb": _one_of("retry", "expire", "ping", "archive-agent"), "arguments": _json(dict),
-        "actor": _text, "at": _number, "result": _maybe(_json(dict)),
+        "actor": _text, "at": _time, "result": _maybe(_json(dict)),
     },
-    "pings": {"id": _id, "agent": _agent, "sent_at": _number, "actor": _text},
+    "pings": {"id": _id, "agent": _agent, "sent_at": _time, "actor": _text},
     "bounces": {
-        "message_id": _id, "recipients": _json(list), "id": _id, "sender": _agent, "reason": _text, "at": _number,
-        "emitted_at": _maybe(_number),
+        "message_id": _id, "recipients": _json(list), "id": _id, "sender": _agent, "reason": _text, "at": _time,
+        "emitted_at": _maybe(_time),
     },
-    "checkpoints": {"seq": _count, "at": _number, "upto": _count, "head": _sha256, "removed": _count},
-    "archived_agents": {"name": _agent, "at": _number, "actor": _text},
+    "checkpoints": {"seq": _count, "at": _time, "upto": _count, "head": _sha256, "removed": _count},
+    "archived_agents": {"name": _agent, "at": _time, "actor": _text},
     "agent_registry": {
-        "name": _agent, "state": _one_of(*AGENT_STATES), "metadata": _json(dict), "spawned_at": _maybe(_number),
-        "spawned_by": _maybe(_agent), "spawn_id": _maybe(_id), "released_at": _maybe(_number),
-        "released_by": _maybe(_agent), "release_id": _maybe(_id), "updated_at": _number,
+        "name": _agent, "state": _one_of(*AGENT_STATES), "metadata": _json(dict), "spawned_at": _maybe(_time),
+        "spawned_by": _maybe(_agent), "spawn_id": _maybe(_id), "released_at": _maybe(_time),
+        "released_by": _maybe(_agent), "release_id": _maybe(_id), "updated_at": _time,
     },
     "attestations": {
-        "seq": _count, "at": _number, "pid": _count, "host": _text, "version": _text, "mode": _one_of("daemon", "once"),
+        "seq": _count, "at": _time, "pid": _count, "host": _text, "version": _text, "mode": _one_of("daemon", "once"),
         "event": _one_of("start", "reload"), "durability": _one_of("full", "normal"), "journal_mode": _text,
         "synchronous": _one_of("OFF", "NORMAL", "FULL", "EXTRA", "?"), "busy_timeout_ms": _count,
         "foreign_keys": lambda v: v in (0, 1),

@@ -23,7 +23,7 @@ CHECKS = {
     "key": lambda v: isinstance(v, str) and KEY.match(v) is not None,
     "value": lambda v: v is None or isinstance(v, str),
     "version": lambda v: isinstance(v, int) and v >= 0,
-    "updated_at": lambda v: isinstance(v, (int, float)),
+    "updated_at": lambda v: isinstance(v, (int, float)) and -62135596800 <= v < 253402300800,   # years 1 to 9999
     "updated_by": lambda v: isinstance(v, str),
 }
 

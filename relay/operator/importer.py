@@ -26,6 +26,7 @@ file, its error saying why. A file in agent-relay's outbox no record knows is a 
 Each record imported is in `imports` (migration 52) with its `imported` event, and skipped by
 any later run: a second run changes nothing. Agents come over into the agents table; agent-relay's
 orchestrator state into `team_state` where this ledger has that table (relay state)."""
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -40,6 +41,7 @@ from relay.core.message import parse
 from relay.errors import RelayError
 from relay.files.fs import StateDir, bad_name, default_fsync, shown
 from relay.files.layout import is_in_progress_name
+from relay.files.lock import exclusive
 from relay.ids import id_text
 from relay.ledger.agent_relay import LEDGER, STATUSES, AgentRelayLedger
 from relay.ledger.history import History
@@ -53,6 +55,10 @@ BATCH = 500                 # records written (files, then one transaction) at a
 MAX_FILE = 64 << 20         # the largest file read from agent-relay's directory
 MAX_SHOWN = 20              # unknown outbox files named one by one
 STAGED = ".import"          # an archive copy's hidden name ends so until its record is durable
+LAST_MS = 253402300800000   # 10000-01-01: agent-relay's times are Date.now()
+WAIT_S = 600                # how long an import waits for another one (or an operator command) to end
+BUSY = (f"another relay import or operator command has held this project for {WAIT_S} s; run the import "
+        "again once it is done")
 
 
 @dataclasses.dataclass
@@ -132,8 +138,22 @@ def tail(recorded, top, depth):
     return "/".join((top, *parts[-depth:]))
 
 
+def own(rel, r):
+    """Whether `rel` (from tail()) is the record's own file: agent-relay keeps it at
+    `outbox/<agent>/<name>` and archives it as `archive/<agent>/<day>/<file_id>-<name>`. A
+    record naming another agent's file would deliver that agent's words as its own."""
+    parts = rel.split("/")
+    if parts[1] != r["agent_name"]:
+        return False
+    return parts[-1] == (r["message_type"] if parts[0] == "outbox" else f"{r['file_id']}-{r['message_type']}")
+
+
 def seconds(ms):
-    return ms / 1000.0 if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None
+    """A time of agent-relay's (milliseconds since 1970) in seconds; None when it is none a
+    clock gives (not a number, before 1970, after the year 9999, infinity, NaN)."""
+    if not isinstance(ms, (int, float)) or isinstance(ms, bool) or not 0 <= ms < LAST_MS:
+        return None
+    return ms / 1000.0
 
 
 def mismatch(data, row):
@@ -181,17 +201,19 @@ class Importer:
         except OSError as e:
             raise RelayError(f"cannot open agent-relay's directory {self.root}: {e.strerror or e}") from None
         seen = self._seen(agents, rows)
-        if not self.dry_run:
-            # each agent's outbox and inbox first: what relay delivers of the import is to them
-            self.summary.notices += self.layout.init(sorted(seen))
-            self._finish_staged()
-        try:
-            self._messages(rows)
-            self._unknown_files(rows)
-        finally:
-            self.src.close()
-        self._agents(seen)
-        self._state(state)
+        # one import (or operator command) at a time: two at once would write the same files
+        with contextlib.nullcontext() if self.dry_run else exclusive(self.layout.command_lock, WAIT_S, BUSY):
+            if not self.dry_run:
+                # each agent's outbox and inbox first: what relay delivers of the import is to them
+                self.summary.notices += self.layout.init(sorted(seen))
+                self._finish_staged()
+            try:
+                self._messages(rows)
+                self._unknown_files(rows)
+            finally:
+                self.src.close()
+            self._agents(seen)
+            self._state(state)
         return self.summary
 
     # -- messages ---------------------------------------------------------------------------
@@ -247,7 +269,7 @@ class Importer:
             where = f"file {shown(str(r['source_path']))}"
             if owner.get(r["source_path"]) != r["file_id"]:
                 return None, None, f"{where} holds a later message now (agent-relay's {owner[r['source_path']]})"
-        if rel is None:
+        if rel is None or not own(rel, r):
             return None, None, f"{where} is not where agent-relay keeps its files"
         try:
             fd = self.src.open_read(rel)
