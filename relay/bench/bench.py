@@ -291,15 +291,12 @@ def floor(base, n=200, rate=100.0):
     every 1/`rate` s as the latency test offers them): a small envelope written into tmp/ and
     fsynced while a SQLite commit at synchronous FULL runs beside it (the record), then a link
     into new/ and a rename (the original into the archive). What relay adds to it is its own."""
-    import sqlite3
     import threading
+    from relay.ledger.probe import CommitProbe
     d = Path(tempfile.mkdtemp(dir=base, prefix="floor-"))
     for sub in ("tmp", "new", "out", "archive"):
         (d / sub).mkdir()
-    db = sqlite3.connect(d / "ledger.sqlite", isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode = WAL")
-    db.execute("PRAGMA synchronous = FULL")
-    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+    db = CommitProbe(d / "ledger.sqlite")
     envelope = b'{"id":"01KAAAAAAAAAAAAAAAAAAAAAAA","from":"a","to":["b"],"body":"' + b"x" * 200 + b'"}'
     times = []
     try:
@@ -307,11 +304,7 @@ def floor(base, n=200, rate=100.0):
             (d / "out" / f"m{i}").write_bytes(b"TO: b\n\nx")
             began = time.perf_counter()
 
-            def commit(i=i):
-                db.execute("BEGIN IMMEDIATE")
-                db.execute("INSERT INTO t (v) VALUES (?)", (str(i),))
-                db.execute("COMMIT")
-            record = threading.Thread(target=commit)
+            record = threading.Thread(target=db.commit, args=(i,))
             record.start()
             fd = os.open(d / "tmp" / f"{i}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             os.write(fd, envelope)
