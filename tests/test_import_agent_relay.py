@@ -42,7 +42,8 @@ def rows(cli, sql, args=()):
 
 def snapshot(cli):
     """Everything an import may change: the tables' rows and every file under .relay/."""
-    tables = ("messages", "events", "chain", "agents", "imports", "deliveries", "search_docs")
+    tables = ("messages", "events", "chain", "agents", "imports", "deliveries", "search_docs", "agent_registry",
+              "team_state")
     out = {t: rows(cli, f"SELECT * FROM {t} ORDER BY 1") for t in tables}
     out["files"] = agent_relay_ledger.fingerprint(cli.state)
     return out
@@ -298,3 +299,21 @@ def test_history_past_retention_is_swept_like_relays_own_and_never_comes_back(fr
     assert again["skipped"] == {"already_imported": sum(COUNTS.values())} and set(again["imported"].values()) == {0}
     assert dict(rows(fresh, "SELECT status, count(*) FROM messages GROUP BY status")) == counts
     assert json.loads(fresh("verify", "--json").stdout)["ok"]
+
+
+def test_agents_come_into_the_registry_with_their_status_and_metadata(fresh, old):
+    fresh.state.joinpath("outbox", "Bob").mkdir(parents=True)      # relay's own word on Bob: released here
+    fresh.state.joinpath("outbox", "Bob", "release.json").write_text('{"kind": "release", "name": "Bob"}')
+    fresh.state.joinpath("inbox", "Bob", "new").mkdir(parents=True)
+    fresh("run", "--once")
+    doc = json.loads(fresh("import", "agent-relay", str(old.root), "--json").stdout)
+    assert doc["registry"] == ["Alice", "Carol", "Lead"]               # Bob's row is relay's: left as it is
+    agents = {a["agent"]: a for a in json.loads(fresh("agents", "--json").stdout)}
+    assert agents["Carol"]["state"] == "inactive" and agents["Alice"]["state"] == "active"
+    assert agents["Alice"]["metadata"] == {"cli": "claude", "imported_from": "agent-relay"}
+    assert agents["Bob"]["state"] == "inactive" and agents["Bob"]["released_by"] == "Bob"
+    active = [a["agent"] for a in json.loads(fresh("agents", "--active", "--json").stdout)]
+    assert "Carol" not in active and "Alice" in active
+    assert len(rows(fresh, "SELECT 1 FROM events WHERE event = 'imported' AND detail LIKE 'agent % (%'")) == 3
+    again = json.loads(fresh("import", "agent-relay", str(old.root), "--json").stdout)
+    assert again["registry"] == []

@@ -136,7 +136,8 @@ class AgentRelayLedger:
     def agents(self):
         if "agents" not in self.tables:
             return []
-        return self.db.execute("SELECT agent_name, created_at, last_seen_at, status FROM agents ORDER BY id").fetchall()
+        return self.db.execute("SELECT agent_name, created_at, last_seen_at, status, metadata FROM agents "
+                               "ORDER BY id").fetchall()
 
     def state(self):
         if "orchestrator_state" not in self.tables:

@@ -7,9 +7,12 @@ in `imports` (source, its id there, its id here; migration 52) and its `imported
 the source and that id; an archived one enters the hash chain as relay's own do, in the same
 transaction. A record whose source id is in `imports` is never written again; a message whose id
 is taken already (its spool file, written before a crash, registered again by recovery) gets its
-`imports` row and event only. Agents widen the agents table's first and last seen; orchestrator
+`imports` row and event only. Agents widen the agents table's first and last seen, and come into the agent registry with their
+state and metadata (a name the registry knows stays as it is); orchestrator
 state goes into `team_state` when this ledger has that table, each key only when it has none."""
 import re
+
+import orjson
 
 from relay.ledger.chain import chain_hash
 from relay.ledger.state import MAX_VALUE_BYTES
@@ -83,6 +86,26 @@ class Imports:
             self._events([(None, now, "imported", f"agent {name} {_what(source, origin, name, 'known')}", actor)
                           for name in changed])
         return changed
+
+    def import_registry(self, agents, source, origin, now, actor):
+        """agents: (name, state "active"/"inactive", metadata dict, created_at, last_seen_at) of
+        another system's agent registry. Each name the registry has no row for gets one (a row
+        relay wrote, by a spawn or release here, stays as it is): active with its metadata and
+        `spawned_at` its creation, or inactive with `released_at` its last seen. Returns the
+        names written, each with an `imported` event."""
+        done = []
+        with self.transaction():
+            for name, state, metadata, created, last in agents:
+                row = self.db.execute(
+                    "INSERT INTO agent_registry (name, state, metadata, spawned_at, released_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING RETURNING name",
+                    (name, state, orjson.dumps(metadata).decode(), created,
+                     (last or created) if state == "inactive" else None, now)).fetchone()
+                if row is not None:
+                    done.append(name)
+            self._events([(None, now, "imported", f"agent {name} ({state}) {_what(source, origin, name, state)}",
+                           actor) for name, state, *_ in agents if name in done])
+        return done
 
     def import_state(self, entries, source, origin, now, actor):
         """entries: (key, value, updated_at) of another system's coordinator. Into team_state,

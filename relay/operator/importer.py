@@ -24,8 +24,9 @@ An archived or delivered record whose original is missing or does not match is n
 problem, named, each run), unless `accept_missing` brings it over as archived with no archive
 file, its error saying why. A file in agent-relay's outbox no record knows is a problem too.
 Each record imported is in `imports` (migration 52) with its `imported` event, and skipped by
-any later run: a second run changes nothing. Agents come over into the agents table; agent-relay's
-orchestrator state into `team_state` where this ledger has that table (relay state)."""
+any later run: a second run changes nothing. Agents come over into the agents table, and with
+their status and metadata into the agent registry; agent-relay's orchestrator state into
+`team_state` (relay state)."""
 import contextlib
 import dataclasses
 import hashlib
@@ -72,6 +73,7 @@ class Summary:
     without_file: int = 0       # archived with no archive file (accept_missing)
     skipped: int = 0            # imported by an earlier run
     agents: list = dataclasses.field(default_factory=list)
+    registry: list = dataclasses.field(default_factory=list)     # names written into the agent registry
     state: list = dataclasses.field(default_factory=list)
     state_skipped: int = 0      # keys this ledger has already
     state_note: str = None      # why no state came over
@@ -81,7 +83,7 @@ class Summary:
     def doc(self):
         return {"source": SOURCE, "ledger": self.ledger, "root": self.root, "dry_run": self.dry_run,
                 "imported": self.imported, "became": self.became, "without_file": self.without_file,
-                "skipped": {"already_imported": self.skipped}, "agents": self.agents,
+                "skipped": {"already_imported": self.skipped}, "agents": self.agents, "registry": self.registry,
                 "state": {"imported": self.state, "skipped": self.state_skipped, "note": self.state_note},
                 "problems": self.problems, "notices": self.notices, "ok": not self.problems}
 
@@ -96,6 +98,9 @@ class Summary:
             out.append(f"  {self.without_file} of them archived without their archive file (--accept-missing)")
         out.append(f"skipped (imported before): {self.skipped}")
         out.append(f"agents: {len(self.agents)} added or updated" + (f" ({', '.join(self.agents)})" if self.agents else ""))
+        if self.registry:
+            out.append(f"agent registry: {len(self.registry)} agent(s) with agent-relay's status and metadata "
+                       f"({', '.join(self.registry)}; relay agents shows them)")
         if self.state_note:
             out.append(f"orchestrator state: not imported: {self.state_note}")
         else:
@@ -213,6 +218,7 @@ class Importer:
             finally:
                 self.src.close()
             self._agents(seen)
+            self._registry(agents)
             self._state(state)
         return self.summary
 
@@ -445,6 +451,28 @@ class Importer:
             return
         self.summary.agents = self.ledger.import_agents(sorted((n, f, la) for n, (f, la) in seen.items()),
                                                         SOURCE, self.origin, self.now, self.actor)
+
+    def _registry(self, agents):
+        """agent-relay's agents, their status (active or inactive) and metadata (a JSON object,
+        kept as it is; another value kept under "metadata"), into relay's agent registry."""
+        entries = []
+        for a in agents:
+            name, status = a["agent_name"], a["status"]
+            if not isinstance(name, str) or not AGENT_NAME.match(name) or name == SYSTEM:
+                continue
+            try:
+                metadata = orjson.loads(a["metadata"]) if isinstance(a["metadata"], (str, bytes)) else None
+            except orjson.JSONDecodeError:
+                metadata = a["metadata"]
+            if metadata is not None and not isinstance(metadata, dict):
+                metadata = {"metadata": metadata}
+            metadata = {**(metadata or {}), "imported_from": SOURCE}
+            entries.append((name, "inactive" if status == "inactive" else "active", metadata,
+                            seconds(a["created_at"]) or self.now, seconds(a["last_seen_at"])))
+        if self.dry_run:
+            self.summary.registry = [e[0] for e in entries]
+            return
+        self.summary.registry = self.ledger.import_registry(entries, SOURCE, self.origin, self.now, self.actor)
 
     def _state(self, entries):
         entries = [(e["key"], e["value"], seconds(e["updated_at"]) or self.now) for e in entries]
