@@ -222,3 +222,21 @@ def team(cli):
     """A project with the agents Alice, Bob and Carol, driven through the CLI."""
     cli("init", "--agent", "Alice", "--agent", "Bob", "--agent", "Carol")
     return cli
+
+
+@pytest.fixture
+def crew(team, clock):
+    """Alice, Bob and Carol (team: through the CLI) as relay.Agents on one injected clock."""
+    made = []
+
+    import relay
+    from relay.agent.project import Project as Team
+
+    def agent(name, tick=clock):
+        made.append(relay.Agent(name, project=Team(team.root, clock=tick)))
+        return made[-1]
+    team.agent = agent
+    team.clock = clock
+    yield team
+    for a in made:
+        a.close()

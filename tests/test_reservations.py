@@ -16,19 +16,6 @@ from relay.ledger.history import History
 from relay.ledger.ledger import Ledger
 
 
-@pytest.fixture
-def crew(team, clock):
-    """Alice, Bob and Carol (team: through the CLI) as relay.Agents on one injected clock."""
-    made = []
-
-    def agent(name, tick=clock):
-        made.append(relay.Agent(name, project=Project(team.root, clock=tick)))
-        return made[-1]
-    team.agent = agent
-    team.clock = clock
-    yield team
-    for a in made:
-        a.close()
 
 
 def events(root, *names):

@@ -21,19 +21,6 @@ from relay.ledger.state import MAX_VALUE_BYTES
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z\Z")
 
 
-@pytest.fixture
-def crew(team, clock):
-    """Alice, Bob and Carol (team: through the CLI) as relay.Agents on one injected clock."""
-    made = []
-
-    def agent(name):
-        made.append(relay.Agent(name, project=Project(team.root, clock=clock)))
-        return made[-1]
-    team.agent = agent
-    team.clock = clock
-    yield team
-    for a in made:
-        a.close()
 
 
 def ledger_path(cli):

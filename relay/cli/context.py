@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from relay import config as config_mod
-from relay.errors import NotInProject, RelayError
-from relay.ledger.history import History
+from relay.errors import NotFound, NotInProject, RelayError
+from relay.ledger.history import BadRow, History
 from relay.files.layout import Layout
 from relay.ledger.ledger import Ledger
 from relay.operator import views
@@ -175,3 +175,12 @@ def verdict(as_json, problems, extra, summary):
         sys.exit(1)
 
 
+def one_row(row, table, missing):
+    """`row` of `table` as read for one verb: NotFound(`missing`) when there is none, RelayError
+    naming each column this build cannot read when it is damaged."""
+    if row is None:
+        raise NotFound(missing)
+    bad = BadRow.of(row, table)
+    if bad is not None:
+        raise RelayError(str(bad).replace("; skipped", ""))
+    return row

@@ -6,11 +6,10 @@ import os
 import click
 import orjson
 
-from relay.cli.context import out_json, pass_ctx
+from relay.cli.context import one_row, out_json, pass_ctx
 from relay.config import AGENT_NAME, AGENT_NAME_RULE
-from relay.errors import NotFound, RelayError
 from relay.guards import handle_errors
-from relay.ledger.history import BadRow, sift
+from relay.ledger.history import sift
 from relay.operator import views
 from relay.operator.commands import check_id
 from relay.terminal import echo
@@ -85,12 +84,8 @@ def commands(ctx, command_id, verb, limit, as_json):
     if command_id is not None:
         check_id(command_id)
         with ctx.reader() as led:
-            row = led.command(command_id)
-        if row is None:
-            raise NotFound(f"no operator command with id {command_id!r} in the ledger (relay commands lists them)")
-        problem = BadRow.of(row, "commands")
-        if problem is not None:
-            raise RelayError(str(problem).replace("; skipped", ""))
+            row = one_row(led.command(command_id), "commands",
+                          f"no operator command with id {command_id!r} in the ledger (relay commands lists them)")
         doc = command_doc(row)
         if as_json:
             out_json(doc)

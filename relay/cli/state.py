@@ -7,10 +7,9 @@ import click
 
 from relay.agent.api import Agent, Project
 from relay.agent.state import StateEntry, check_key
-from relay.cli.context import out_json, pass_ctx
-from relay.errors import NotFound, RelayError
+from relay.cli.context import one_row, out_json, pass_ctx
 from relay.guards import acting, handle_errors, sender_name
-from relay.ledger.history import BadRow, sift
+from relay.ledger.history import sift
 from relay.ledger.reservations import utc
 from relay.operator import views
 from relay.terminal import echo
@@ -53,11 +52,7 @@ def state_get(ctx, key, as_json):
     check_key(key)
     with ctx.reader() as led:
         row = led.state(key)
-    if row is None:
-        raise NotFound(f"state key {key!r} has no value (relay state list shows the keys that have one)")
-    bad = BadRow.of(row, "team_state")
-    if bad is not None:
-        raise RelayError(str(bad).replace("; skipped", ""))
+    row = one_row(row, "team_state", f"state key {key!r} has no value (relay state list shows the keys that have one)")
     entry = StateEntry.of(row)
     if as_json:
         out_json(entry.as_dict())
