@@ -247,10 +247,11 @@ def test_run_once_names_what_it_left_and_exits_3(tmp_path):
         held.write("TO: Ben\n\nhalf")
         held.flush()
         os.utime(path, (1_700_000_000, 1_700_000_000))
-        r = subprocess.run([sys.executable, "-m", "relay", "run", "--once", "-q"], env=env, capture_output=True,
-                           text=True, timeout=DRAIN_PATIENCE + 30)
+        r = subprocess.run([sys.executable, "-m", "relay", "run", "--once", "-q", "--patience", "1s"], env=env,
+                           capture_output=True, text=True, timeout=DRAIN_PATIENCE + 30)
     assert r.returncode == 3, r.stderr
     assert "left 1 file(s)" in r.stderr and "outbox/Ann/slow (held open for writing)" in r.stderr
+    assert "no progress in 1s" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -455,3 +456,11 @@ def test_a_close_hint_on_a_fifo_a_link_or_a_hard_link_opens_and_changes_nothing_
     assert (after.st_mode, after.st_nlink, after.st_mtime_ns) == (before.st_mode, before.st_nlink, before.st_mtime_ns)
     assert outside.read_text() == "TO: Ben\n\nsecret"
     assert sorted(os.listdir(box)) == []
+
+
+def test_patience_is_for_run_once(cli):
+    cli("init", "--agent", "Ann")
+    r = cli("run", "--patience", "1s", ok=False)
+    assert r.exit_code == 2 and "--patience is for --once" in r.output
+    r = cli("run", "--once", "--patience", "soon", ok=False)
+    assert r.exit_code == 2 and "--patience" in r.output

@@ -65,13 +65,20 @@ def init(ctx, agents):
 @click.option("--durability", type=click.Choice(["full", "normal"]), help="Override `durability`.")
 @click.option("--settle", help="Override `settle` (e.g. 250ms; a bare number is seconds).")
 @click.option("--retention", help="Override `retention` (e.g. 7d; a bare number is seconds; 0 keeps forever).")
+@click.option("--patience", metavar="DURATION",
+              help=f"With --once: how long to wait for files that make no progress (held open for writing) "
+                   f"before leaving them for a later run and exiting {EXIT_LEFT} (default "
+                   f"{DRAIN_PATIENCE:.0f}s).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), help="Override `log_format`.")
 @click.option("--log-level", help="Override `log_level`.")
 @click.option("-q", "--quiet", is_flag=True, help="Log warnings and errors only.")
 @pass_ctx
 @handle_errors
-def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
+def run(ctx, once, durability, settle, retention, patience, log_format, log_level, quiet):
     """Run the relay: watch, deliver, archive, sweep (until SIGTERM/SIGINT)."""
+    if patience is not None and not once:
+        raise click.UsageError("--patience is for --once (the daemon waits for held files as long as they are held)")
+    patience = DRAIN_PATIENCE if patience is None else duration(patience, "--patience")
     ctx.overrides.update(durability=durability, settle=setting(settle, "--settle"),
                          retention=setting(retention, "--retention"),
                          log_format=log_format, log_level=log_level)
@@ -94,7 +101,7 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 relay.attest("once")
                 t0 = time.monotonic()
                 relay.bounces.before = time.time()      # its own pass's bounces wait for the next one
-                total = relay.drain()
+                total = relay.drain(patience=patience)
                 took = time.monotonic() - t0
                 left = relay.left
             shed = f", {total.shed} delivery(ies) shed by flow control" if total.shed else ""
@@ -111,7 +118,7 @@ def run(ctx, once, durability, settle, retention, log_format, log_level, quiet):
                 shown_left = "; ".join(f"{shown(what)} ({why})" for what, why in left[:20])
                 more = f" and {len(left) - 20} more" if len(left) > 20 else ""
                 echo(f"relay: left {len(left)} file(s) for a later run, no progress in "
-                           f"{DRAIN_PATIENCE:.0f}s: {shown_left}{more}", err=True)
+                           f"{config_mod.show_duration(patience)}: {shown_left}{more}", err=True)
                 sys.exit(EXIT_LEFT)
             return
         from relay.service import serve
