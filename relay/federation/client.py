@@ -103,7 +103,10 @@ def round_trip(client, commands):
         return pipe.execute(raise_on_error=False)
     redis = redis_module()
     pool = client.connection_pool
-    conn = pool.get_connection()
+    try:
+        conn = pool.get_connection()
+    except TypeError:           # redis-py before 5.3 asks for the command's name
+        conn = pool.get_connection(str(commands[0][0]))
     try:
         conn.send_packed_command(conn.pack_commands(commands))
         out = []
