@@ -352,6 +352,64 @@ def test_a_message_published_from_the_offer_before_its_batch_was_recorded_arrive
     assert r.xlen(n1.stream("n2")) == 0                 # both entries deleted
 
 
+def test_the_loop_writes_an_offer_to_the_server_itself_and_the_publisher_records_its_entry_id(
+        redis_server, team, nodes):
+    """With the link well, the step that takes a message for another node writes its XADD on
+    the wire's connection (no hand-off): the entry is in the stream before the publisher's next
+    turn, which reads the reply and records the row published with that entry id."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    assert n1.link.publisher.wire.usable
+    n1.drop("Ann", "m", "TO: Bob\n\nstraight from the loop")
+    n1.relay.step()
+    r = client(redis_server.url)
+    [(eid, fields)] = r.xrange(n1.stream("n2"))
+    mid = fields[b"id"].decode()
+    assert not n1.relay.router.offered          # written, not queued for the publisher
+    n1.link.publish()
+    assert n1.outbound(mid)["n2"]["entry_id"] == eid.decode()
+    assert n1.outbound(mid)["n2"]["status"] == "published"
+    assert n2.receive() == 1
+    n1.link.publish()
+    assert n1.outbound(mid)["n2"]["status"] == "acknowledged"
+    assert [e["body"] for e in n2.held("Bob")] == ["straight from the loop"]
+
+
+def test_an_xadd_the_loop_wrote_lost_with_its_connection_is_published_from_the_ledger_and_delivered_once(
+        redis_server, team, nodes):
+    """The loop wrote a message's XADD, and its connection dropped before the server ran it:
+    the wire gives the connection up (the loop queues its offers for the publisher until the
+    link is well again), the row is published from the ledger, and each message is delivered
+    once."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    r = client(redis_server.url)
+    n1.drop("Ann", "m", "TO: Bob\n\nwritten, never run")
+    r.client_pause(5000, all=False)     # write commands wait: the XADD is held ...
+    try:
+        n1.relay.step()
+        r.client_kill_filter(_type="normal", skipme=True)     # ... and its connection killed
+    finally:
+        r.client_unpause()
+    assert r.xlen(n1.stream("n2")) == 0
+    n1.link.publish()           # its reply cannot be read: the connection is given up
+    assert not n1.link.publisher.wire.usable and n1.link.publisher.wire.conn is None
+    n1.drop("Ann", "m2", "TO: Bob\n\nqueued while the wire is down")
+    n1.relay.step()
+    assert len(n1.relay.router.offered) == 1    # the publisher's to publish
+    for _ in range(3):
+        n1.clock.advance(5)
+        n1.link.heartbeat()
+        n1.send()
+        n2.receive()
+        n1.link.publish()
+    assert sorted(e["body"] for e in n2.held("Bob")) == ["queued while the wire is down", "written, never run"]
+    assert all(n1.outbound(e["id"])["n2"]["status"] == "acknowledged" for e in n2.held("Bob"))
+    assert n1.link.publisher.wire.usable       # well again: the loop writes its offers itself
+
+
 # -- the receiver after a crash -------------------------------------------------------------------
 
 def test_an_entry_written_to_an_inbox_before_a_crash_is_not_delivered_again_after_the_restart(

@@ -10,6 +10,8 @@ stay the record, and a publish repeated after a crash is recognised by the recei
 import collections
 import threading
 
+import orjson
+
 from relay.config import SYSTEM
 
 MAX_OFFERED = 16 << 20      # envelope bytes offered and not yet taken by the link, at most
@@ -24,6 +26,7 @@ class Router:
         # A link beside the loop takes the offers (federation.Link sets it); run --once has none
         # while it drains, and its rows are published after.
         self.linked = False
+        self.wire = None                    # the link's federation.wire.Wire: offers written from the loop
         self._held = 0                      # envelope bytes in `offered`
         self._lock = threading.Lock()
         self._remote = None
@@ -66,12 +69,12 @@ class Router:
         their outbound rows are the record, published from the ledger."""
         if not self.linked or not works:
             return
+        if self.wire is not None and self._write(works):
+            self.queued.set()               # the publisher reads the replies
+            return
         with self._lock:
             for w in works:
-                by_node = {}
-                for r, node in w.remote.items():
-                    by_node.setdefault(node, []).append(r)
-                for node, names in sorted(by_node.items()):
+                for node, names in sorted(_by_node(w).items()):
                     if self._held + len(w.envelope) > MAX_OFFERED:
                         break
                     self._held += len(w.envelope)
@@ -79,6 +82,16 @@ class Router:
                 else:
                     w.offered = True
         self.queued.set()
+
+    def _write(self, works):
+        """The offers written to the server from here (federation/wire.py), if it may."""
+        offers = [(w.id, node, orjson.dumps(sorted(names)), w.envelope)
+                  for w in works for node, names in sorted(_by_node(w).items())]
+        if not self.wire.send(offers):
+            return False
+        for w in works:
+            w.offered = True
+        return True
 
     def take(self, limit):
         """Up to `limit` offers, oldest first (the link)."""
@@ -88,3 +101,11 @@ class Router:
                 out.append(self.offered.popleft())
                 self._held -= len(out[-1][3])
         return out
+
+
+def _by_node(w):
+    """{node: [recipients]} of a work's remote recipients."""
+    by_node = {}
+    for r, node in w.remote.items():
+        by_node.setdefault(node, []).append(r)
+    return by_node

@@ -66,6 +66,8 @@ class Link:
                                                   name=f"relay-{self.node}-directory"))
         self.publisher = Publisher(config, self.client, connect(self.fed, limit=ACK_BYTES, name=f"relay-{self.node}-acks"),
                                    self.ledger, self.history, router, self.redis)
+        if router is not None:
+            router.wire = self.publisher.wire   # the loop writes its offers itself while the link is well
         self.incoming = Incoming(config, connect(self.fed, limit=limit, budget=max(limit, config.batch_bytes // 4)),
                                  clock=clock, hooks=self.hooks, nodes=self.known_nodes, routes=self.routes,
                                  on_name=self.look_soon)
@@ -107,6 +109,7 @@ class Link:
         if self.own_hooks:
             self.hooks.stop()
         self.incoming.close()
+        self.publisher.wire.close()
         self.publisher.acks_client.close()
         self.directory.reader.close()
         self.client.close()
@@ -213,6 +216,8 @@ class Link:
         published."""
         now = self.clock() if now is None else now
         done, error = self.publisher.publish(now)
+        self.publisher.wire.ready(error is None and not self.publisher.refusing and not self.duplicate
+                                  and self.connected is True)
         if error is not None:
             self._down(now, error)
             return done

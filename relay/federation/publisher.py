@@ -23,6 +23,7 @@ import orjson
 from relay.core.work import backoff
 from relay.federation.client import Skipping, reason, round_trip, server_errors, sized
 from relay.federation.keys import Keys
+from relay.federation.wire import Wire
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Publisher:
         self.refusing = False               # the server refused a publish for want of memory
         self.moved = []                     # (message id, node) refused by a node as not its agents
         self.skipping = Skipping("acknowledgement")
+        self.wire = Wire(client, self.keys, self.node)     # offers the loop writes itself
 
     def _xadd(self, entries):
         """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry id
@@ -67,17 +69,26 @@ class Publisher:
         return [eid if isinstance(eid, Exception) else eid.decode() for eid in replies]
 
     def publish_offered(self, now):
-        """Publish at once what the loop offered; the entry ids are recorded with the rows."""
+        """Publish at once what the loop offered (the replies to what it wrote itself read
+        first); the entry ids are recorded with the rows."""
+        written, error = self.wire.replies()
+        self._early(now, written)
+        if error is not None:
+            raise error         # the rows not answered are published from the ledger
         offered = [(mid, node, orjson.dumps(names), envelope)
                    for mid, node, names, envelope in (self.router.take(BATCH) if self.router is not None else [])]
         if not offered:
-            return 0
+            return len(written)
         ids = self._xadd(offered)       # RedisError: the rows are published from the ledger
-        self.early.update({(mid, node): (eid, now) for (mid, node, _, _), eid in zip(offered, ids, strict=True)
+        self._early(now, [((mid, node), eid) for (mid, node, _, _), eid in zip(offered, ids, strict=True)])
+        return len(written) + len(offered)
+
+    def _early(self, now, replies):
+        """((message id, node), entry id or error) published from offers: kept for their rows."""
+        self.early.update({key: (eid.decode() if isinstance(eid, bytes) else eid, now) for key, eid in replies
                            if not isinstance(eid, Exception)})
         if len(self.early) > 100 * BATCH:      # offers whose rows never came (a batch that failed): forgotten
             self.early = {k: v for k, v in self.early.items() if now - v[1] < 600}
-        return len(offered)
 
     def publish(self, now):
         """Publish the outbound rows due now, record their entry ids. Returns (recorded, error)."""
