@@ -4,6 +4,7 @@ written the obvious way, over many inputs and the edges where a shortcut would g
 import datetime
 import os
 import random
+import time
 
 import orjson
 import pytest
@@ -204,3 +205,44 @@ def test_envelope_bytes_are_as_before():
     assert got.endswith(b'"sent_at":"1970-01-01T00:00:00.000000Z","relayed_at":"1970-01-01T00:00:00.500000Z",'
                         b'"source":"spawn.json","sha256":"' + b"cd" * 32 + b'","content_type":"text/plain","name":"Zed",'
                         b'"cli":"claude"}')
+
+
+def test_the_agent_names_kept_between_changes_are_the_names_a_fresh_listing_gives(tmp_path):
+    """Layout.agent_names keeps what outbox/ and inbox/ list while neither changed; every
+    change (a directory made, removed, renamed, replaced by a link, even with the directory's
+    times set back) is seen at the next call, however soon after the last listing it comes."""
+    from relay.files.layout import RACY, Layout
+    state = tmp_path / ".relay"
+    for d in ("outbox", "inbox"):
+        (state / d).mkdir(parents=True)
+    layout = Layout(tmp_path, state).create()
+    later = [0.0]
+    layout.now = lambda: time.time() + later[0]
+
+    def fresh():
+        return Layout(tmp_path, state).agent_names(["Cfg"])
+
+    def settle():       # the directories' last change out of the racy window: the listing is kept
+        later[0] += 2 * RACY
+
+    steps = [lambda: (state / "outbox" / "Ann").mkdir(),
+             lambda: (state / "inbox" / "Bob").mkdir(),
+             lambda: (state / "outbox" / "Ann").rename(state / "outbox" / "Ada"),
+             lambda: (state / "outbox" / "Ada").rmdir(),
+             lambda: (state / "outbox" / "Eve").symlink_to(state / "inbox" / "Bob"),
+             lambda: (state / "outbox" / "Cy").mkdir()]
+    for i, change in enumerate(steps):
+        settle()
+        assert layout.agent_names(["Cfg"]) == fresh()       # listed, and kept
+        kept = layout._names
+        assert kept is not None
+        times = [os.stat(state / d) for d in ("outbox", "inbox")]
+        change()
+        if i % 2:           # the times set back as they were: the change time still moved
+            for d, st in zip(("outbox", "inbox"), times, strict=True):
+                os.utime(state / d, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert layout.agent_names(["Cfg"]) == fresh(), i
+    assert layout.agent_names() == {"Bob", "Cy"} and "Eve" not in layout.agent_names()
+    later[0] = 0.0
+    (state / "outbox" / "Dee").mkdir()      # within the racy window: listed again each time
+    assert "Dee" in layout.agent_names() and layout._names is None

@@ -3,6 +3,7 @@ serves."""
 import errno
 import logging
 import os
+import time
 from pathlib import Path
 
 from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM, linked, state_parts
@@ -32,6 +33,9 @@ def is_inside(path, root):
         return False
 
 
+RACY = 0.1                  # seconds: a directory changed this recently may change again unseen
+
+
 class Layout:
     """Where everything lives under the state directory. Paths for people (`Path` objects) and
     relative paths for the confined file system (`self.fs`, opened on first use)."""
@@ -48,6 +52,8 @@ class Layout:
         self.lock = self.state / "relay.lock"
         self.command_lock = self.state / "commands.lock"    # held while an operator command runs under its id
         self._fs = None
+        self._names = None          # (the key of outbox/ and inbox/ as listed, the names there)
+        self.now = time.time        # the wall clock file times are compared with (a seam)
 
     @property
     def fs(self):
@@ -126,19 +132,39 @@ class Layout:
 
     def agent_names(self, configured=()):
         """Known agents: an outbox or inbox directory, or listed in config (SPEC section 2).
-        A symbolic link is no agent directory."""
-        names = set(configured)
-        for name, _, problem in self.outbox_dirs():
-            if problem is None:
-                names.add(name)
-        try:
-            for entry in self.fs.scandir("inbox"):
-                if valid_agent(entry.name) and entry.is_dir(follow_symlinks=False):
-                    names.add(entry.name)
-        except OSError:
-            pass
+        A symbolic link is no agent directory. The names the directories give are kept while
+        neither directory changed (the same inode, modification and change times; a listing
+        taken within RACY seconds of a change is not kept, as a change in the same tick of the
+        file system's clock would leave the times as they were)."""
+        key = self._names_key()
+        if key is not None and self._names is not None and self._names[0] == key:
+            found = self._names[1]
+        else:
+            found = set()
+            for name, _, problem in self.outbox_dirs():
+                if problem is None:
+                    found.add(name)
+            try:
+                for entry in self.fs.scandir("inbox"):
+                    if valid_agent(entry.name) and entry.is_dir(follow_symlinks=False):
+                        found.add(entry.name)
+            except OSError:
+                pass
+            found = frozenset(found)
+            settled = key is not None and self.now() - max(key[2::4] + key[3::4]) / 1e9 > RACY
+            self._names = (key, found) if settled else None
+        names = set(configured) | found
         names.discard(SYSTEM)
         return names
+
+    def _names_key(self):
+        """(device, inode, mtime, ctime) of outbox/ and of inbox/, or None (one cannot be looked at)."""
+        try:
+            out, into = self.fs.lstat("outbox"), self.fs.lstat("inbox")
+        except (OSError, Unsafe):
+            return None
+        return (out.st_dev, out.st_ino, out.st_mtime_ns, out.st_ctime_ns,
+                into.st_dev, into.st_ino, into.st_mtime_ns, into.st_ctime_ns)
 
     def archive_rel(self, day, sender, message_id, name):
         return f"archive/{day}/{sender}/{message_id}--{fit(name)}"
