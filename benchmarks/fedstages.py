@@ -6,9 +6,12 @@ timing the stages of each message on its way, by id, then the p50/p90/p99 of eac
 The daemons are started with a `sitecustomize` of this script's own on their PYTHONPATH, which
 wraps these steps (time.time_ns before and after each call, per message id):
 
-    n1  Relay._process      the claimed batch: parse, claim sync, custody, offer, ...
+    n1  (the file's mtime)  written and renamed into the outbox by the benchmark
+        Ledger.register_and_claim   the step that found it: its register and claim
+        Relay._process      the claimed batch: parse, claim sync, custody, offer, ...
         Router.offer        the message handed to the link
-        Publisher._xadd     its XADD (before, after)
+        Publisher._xadd     its XADD (before, after): the publisher's round trip, or
+        Wire.send           the XADD written by the loop itself (its reply read by the publisher)
     n2  Incoming.handle     the read entry handled: checks, then ...
         Inbox.deliver       the envelope written, fsynced and linked into new/ (before, after)
 
@@ -29,6 +32,8 @@ SITE = r'''
 import functools, importlib, os, threading, time
 EVENTS = []
 def _ids(kind):
+    if kind == "register":
+        return lambda a: [r[0] for r in a[1]]
     if kind == "rows":
         return lambda a: [r["id"] for r in a[1]]
     if kind == "offer":
@@ -38,10 +43,11 @@ def _ids(kind):
     if kind == "entries":
         return lambda a: [(f.get(b"id") or b"").decode() for _, _, f in a[1] if isinstance(f, dict)]
     return lambda a: [w.id for w in a[1]]
-TARGETS = [("relay.core.daemon", "Relay", "_process", "rows"), ("relay.core.routes", "Router", "offer", "offer"),
-           ("relay.federation.publisher", "Publisher", "_xadd", "xadd"),
+TARGETS = [("relay.ledger.ledger", "Ledger", "register_and_claim", "register"),
+           ("relay.core.daemon", "Relay", "_process", "rows"), ("relay.core.routes", "Router", "offer", "offer"),
+           ("relay.federation.publisher", "Publisher", "_xadd", "xadd"), ("relay.federation.wire", "Wire", "send", "xadd"),
            ("relay.federation.receiver", "Incoming", "handle", "entries"), ("relay.core.inbox", "Inbox", "deliver", "works")]
-def _wrap(name, f, ids):
+def _wrap(name, f, ids, kind):
     @functools.wraps(f)
     def timed(*a, **k):
         t = time.time_ns()
@@ -51,13 +57,16 @@ def _wrap(name, f, ids):
             t2 = time.time_ns()
             try:
                 EVENTS.extend((name, i, t, t2) for i in ids(a))
+                if kind == "register":      # the file's mtime: when it was written (and renamed)
+                    EVENTS.extend(("written", r[0], int(r[3] * 1e9), 0) for r in a[1])
             except Exception:
                 pass
     return timed
 def _patch():
     for mod, cls, fn, kind in TARGETS:
         c = getattr(importlib.import_module(mod), cls)
-        setattr(c, fn, _wrap(f"{cls}.{fn}", getattr(c, fn), _ids(kind)))
+        name = "XADD" if kind == "xadd" else f"{cls}.{fn}"      # by the publisher, or written by the loop
+        setattr(c, fn, _wrap(name, getattr(c, fn), _ids(kind), kind))
 def _dump():
     with open(os.environ["RELAY_STAGES"] + f".{os.getpid()}", "w") as f:
         f.writelines("%s %s %d %d\n" % e for e in list(EVENTS))
@@ -71,10 +80,10 @@ if os.environ.get("RELAY_STAGES"):
     threading.Thread(target=_run, daemon=True).start()
 '''
 
-STAGES = [("n1", "Relay._process", 0), ("n1", "Router.offer", 0), ("n1", "Publisher._xadd", 0),
-          ("n1", "Publisher._xadd", 1), ("n2", "Incoming.handle", 0), ("n2", "Inbox.deliver", 0),
+STAGES = [("n1", "written", 0), ("n1", "Ledger.register_and_claim", 0), ("n1", "Relay._process", 0), ("n1", "Router.offer", 0), ("n1", "XADD", 0),
+          ("n1", "XADD", 1), ("n2", "Incoming.handle", 0), ("n2", "Inbox.deliver", 0),
           ("n2", "Inbox.deliver", 1)]
-NAMES = ["claim sync, custody, up to the offer", "hand-off to the publisher", "XADD (round trip)",
+NAMES = ["written to the step's register and claim", "register and claim (commit, unsynced)", "claim sync, custody, up to the offer", "hand-off to the XADD", "XADD (written, or round trip)",
          "the server to the receiver's handling", "the receiver's checks before writing",
          "envelope written, fsynced, linked"]
 
