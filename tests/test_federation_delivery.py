@@ -6,6 +6,7 @@ on a free local port (skipped, saying why, when the binary is missing); nodes ar
 steps and the injected clock. Entries a test writes stand for what a node writes into its own
 keys (relay:{team}:from:<node>:...), which is all one node's credentials allow."""
 import errno
+import logging
 import signal
 
 import orjson
@@ -377,11 +378,11 @@ def test_the_loop_writes_an_offer_to_the_server_itself_and_the_publisher_records
 
 
 def test_an_xadd_the_loop_wrote_lost_with_its_connection_is_published_from_the_ledger_and_delivered_once(
-        redis_server, team, nodes):
+        redis_server, team, nodes, caplog):
     """The loop wrote a message's XADD, and its connection dropped before the server ran it:
-    the wire gives the connection up (the loop queues its offers for the publisher until the
-    link is well again), the row is published from the ledger, and each message is delivered
-    once."""
+    the wire gives the connection up, the row is published from the ledger in the same turn
+    (the link stays up: it was the wire's connection, not the server), and the wire takes a
+    new connection for the next message."""
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])
     n2 = nodes(redis_server.url, team, "n2", ["Bob"])
     exchange(n1, n2, rounds=1)
@@ -394,20 +395,57 @@ def test_an_xadd_the_loop_wrote_lost_with_its_connection_is_published_from_the_l
     finally:
         r.client_unpause()
     assert r.xlen(n1.stream("n2")) == 0
-    n1.link.publish()           # its reply cannot be read: the connection is given up
-    assert not n1.link.publisher.wire.usable and n1.link.publisher.wire.conn is None
-    n1.drop("Ann", "m2", "TO: Bob\n\nqueued while the wire is down")
+    wire = n1.link.publisher.wire
+    with caplog.at_level(logging.INFO, logger="relay.federation"):
+        n1.link.publish()
+    assert r.xlen(n1.stream("n2")) == 1             # from the ledger
+    assert n1.link.connected is True and not any("cannot be used" in m for m in caplog.messages)
+    assert any("the connection the loop writes on failed" in m for m in caplog.messages)
+    assert wire.usable and wire.conn is not None       # taken again (the pool's, reconnected)
+    n1.drop("Ann", "m2", "TO: Bob\n\nby the new connection")
     n1.relay.step()
-    assert len(n1.relay.router.offered) == 1    # the publisher's to publish
-    for _ in range(3):
-        n1.clock.advance(5)
-        n1.link.heartbeat()
-        n1.send()
+    assert not n1.relay.router.offered and r.xlen(n1.stream("n2")) == 2
+    for _ in range(2):
+        n1.link.publish()
         n2.receive()
         n1.link.publish()
-    assert sorted(e["body"] for e in n2.held("Bob")) == ["queued while the wire is down", "written, never run"]
+    assert sorted(e["body"] for e in n2.held("Bob")) == ["by the new connection", "written, never run"]
     assert all(n1.outbound(e["id"])["n2"]["status"] == "acknowledged" for e in n2.held("Bob"))
-    assert n1.link.publisher.wire.usable       # well again: the loop writes its offers itself
+
+
+@pytest.mark.parametrize("closed_by", ["CLIENT KILL", "a restart"])
+def test_the_wire_gives_up_a_connection_the_server_closed_while_idle_before_the_loop_writes_on_it(
+        tmp_path, team, nodes, caplog, closed_by):
+    """The server closes an idle client (its `timeout`, CLIENT KILL, a restart): the publisher's
+    next turn sees the connection closed and takes another, the loop's next message goes by it,
+    and the link is never reported down."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        n1 = nodes(server.url, team, "n1", ["Ann"])
+        n2 = nodes(server.url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        wire = n1.link.publisher.wire
+        assert wire.usable and wire.conn is not None
+        if closed_by == "a restart":
+            server.stop()
+            server.start()
+        else:
+            client(server.url).client_kill_filter(_type="normal", skipme=True)
+        with caplog.at_level(logging.INFO, logger="relay.federation"):
+            n1.link.heartbeat()
+            n1.link.publish()
+            assert wire.usable and wire.conn is not None
+            n1.drop("Ann", "m", f"TO: Bob\n\nafter {closed_by}")
+            n1.relay.step()
+            assert not n1.relay.router.offered          # written by the loop, on the new connection ...
+            assert client(server.url).xlen(n1.stream("n2")) == 1     # ... which the server read
+            n1.link.publish()
+            n2.receive()
+            n1.link.publish()
+        assert [e["body"] for e in n2.held("Bob")] == [f"after {closed_by}"]
+        assert n1.link.connected is True and not any("cannot be used" in m for m in caplog.messages)
+    finally:
+        server.stop()
 
 
 # -- the receiver after a crash -------------------------------------------------------------------

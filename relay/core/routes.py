@@ -69,7 +69,8 @@ class Router:
         their outbound rows are the record, published from the ledger."""
         if not self.linked or not works:
             return
-        if self.wire is not None and self._write(works):
+        # Written by the loop only behind nothing queued: one sender's messages keep their order.
+        if self.wire is not None and not self.offered and self._write(works):
             self.queued.set()               # the publisher reads the replies
             return
         with self._lock:

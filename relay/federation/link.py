@@ -216,8 +216,9 @@ class Link:
         published."""
         now = self.clock() if now is None else now
         done, error = self.publisher.publish(now)
-        self.publisher.wire.ready(error is None and not self.publisher.refusing and not self.duplicate
-                                  and self.connected is True)
+        if self.router is not None:     # a loop beside the link writes its offers itself while it is well
+            self.publisher.wire.ready(error is None and not self.publisher.refusing and not self.duplicate
+                                      and self.connected is True)
         if error is not None:
             self._down(now, error)
             return done

@@ -73,8 +73,9 @@ class Publisher:
         first); the entry ids are recorded with the rows."""
         written, error = self.wire.replies()
         self._early(now, written)
-        if error is not None:
-            raise error         # the rows not answered are published from the ledger
+        if error is not None:   # the wire's own connection (closed idle, a restart): not the link's
+            log.info("federation: the connection the loop writes on failed (%s); its messages not answered "
+                     "are published from the ledger", reason(error))
         offered = [(mid, node, orjson.dumps(names), envelope)
                    for mid, node, names, envelope in (self.router.take(BATCH) if self.router is not None else [])]
         if not offered:

@@ -16,8 +16,9 @@ import threading
 
 from relay.federation.client import redis_module
 
-IN_FLIGHT = 16 << 10        # command bytes written and not yet answered, at most (a socket's
-                            # smallest send buffer takes them at once, even from a blackhole)
+IN_FLIGHT = 4 << 10         # command bytes written and not yet answered, at most: the smallest
+                            # send buffer of a TCP socket (tcp_wmem's minimum, under memory
+                            # pressure) takes them at once, even when the network holds them
 
 
 class Wire:
@@ -87,6 +88,14 @@ class Wire:
         connection taken from the pool if it has none (a failure leaves it without)."""
         if self.pool is None:
             return
+        if self.conn is not None and not self.sent:
+            with self.lock:     # closed by the server since (idle timeout, a restart): given up now
+                try:
+                    closed = self.conn is not None and not self.sent and self.conn.can_read(timeout=0)
+                except Exception:   # noqa: BLE001 - a connection that cannot be looked at is closed
+                    closed = True
+                if closed:
+                    self._drop()
         if well and self.conn is None:
             with self.lock:
                 try:
