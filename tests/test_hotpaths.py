@@ -246,3 +246,17 @@ def test_the_agent_names_kept_between_changes_are_the_names_a_fresh_listing_give
     later[0] = 0.0
     (state / "outbox" / "Dee").mkdir()      # within the racy window: listed again each time
     assert "Dee" in layout.agent_names() and layout._names is None
+
+
+def test_a_listing_is_kept_only_well_after_a_change_the_file_system_can_tell_apart():
+    """Where a directory's times are whole seconds, two changes within a second look alike:
+    a listing is kept only COARSE_RACY seconds after the last change, not RACY."""
+    from relay.files.layout import COARSE_RACY, RACY, racy
+    second = 1_000_000_000
+    fine = (1, 2, 1_700_000_000_123_456_789, 1_700_000_000_223_456_789)
+    assert racy(fine + fine) == RACY
+    assert racy(fine + (1, 3, 1_700_000_000 * second, 1_700_000_001 * second)) == COARSE_RACY
+    assert racy((1, 2, 1_700_000_000 * second, 1_700_000_000 * second) + fine) == COARSE_RACY
+    # a time set back to a whole second by hand: the change time, which nobody sets, is fine
+    assert racy((1, 2, 1_600_000_000 * second, 1_700_000_000_223_456_789) + fine) == RACY
+    assert COARSE_RACY > 2 > RACY

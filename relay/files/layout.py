@@ -33,7 +33,8 @@ def is_inside(path, root):
         return False
 
 
-RACY = 0.1                  # seconds: a directory changed this recently may change again unseen
+RACY = 0.1                  # seconds: a directory changed this recently may change again unseen ...
+COARSE_RACY = 2.5           # ... or this, where the file system keeps whole seconds (FAT: even ones)
 
 
 class Layout:
@@ -134,7 +135,7 @@ class Layout:
         """Known agents: an outbox or inbox directory, or listed in config (SPEC section 2).
         A symbolic link is no agent directory. The names the directories give are kept while
         neither directory changed (the same inode, modification and change times; a listing
-        taken within RACY seconds of a change is not kept, as a change in the same tick of the
+        taken within racy() seconds of a change is not kept, as a change in the same tick of the
         file system's clock would leave the times as they were)."""
         key = self._names_key()
         if key is not None and self._names is not None and self._names[0] == key:
@@ -151,7 +152,7 @@ class Layout:
             except OSError:
                 pass
             found = frozenset(found)
-            settled = key is not None and self.now() - max(key[2::4] + key[3::4]) / 1e9 > RACY
+            settled = key is not None and self.now() - max(key[2::4] + key[3::4]) / 1e9 > racy(key)
             self._names = (key, found) if settled else None
         names = set(configured) | found
         names.discard(SYSTEM)
@@ -233,3 +234,11 @@ def fit(name):
     if len(data) <= MAX_NAME:
         return name
     return data[:MAX_NAME].decode("utf-8", "ignore")
+
+
+def racy(key):
+    """How long after its directories' last change a listing is not kept: longer where a
+    directory's times are whole seconds (both of them: ext3's small inodes, HFS+, FAT, many
+    network file systems), where two changes a second apart may carry the same times."""
+    coarse = any(not (mtime % 1_000_000_000 or ctime % 1_000_000_000) for mtime, ctime in (key[2:4], key[6:8]))
+    return COARSE_RACY if coarse else RACY
