@@ -88,6 +88,14 @@ def _guarded_parser(limit, budget):
     return Guarded
 
 
+def pooled(pool, command):
+    """A connection of `pool` for `command` (by its name)."""
+    try:
+        return pool.get_connection()
+    except TypeError:           # redis-py before 5.3 asks for the command's name
+        return pool.get_connection(command)
+
+
 def round_trip(client, commands):
     """The replies to `commands` (tuples of a command's words), sent together on one connection
     and read in order: each reply, or the error the server answered for that one. A pipeline
@@ -103,10 +111,7 @@ def round_trip(client, commands):
         return pipe.execute(raise_on_error=False)
     redis = redis_module()
     pool = client.connection_pool
-    try:
-        conn = pool.get_connection()
-    except TypeError:           # redis-py before 5.3 asks for the command's name
-        conn = pool.get_connection(str(commands[0][0]))
+    conn = pooled(pool, str(commands[0][0]))
     try:
         conn.send_packed_command(conn.pack_commands(commands))
         out = []

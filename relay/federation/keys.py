@@ -32,6 +32,10 @@ class Keys:
     def messages(self, sender, receiver):
         return f"{self.prefix}from:{sender}:to:{receiver}"
 
+    def xadd(self, sender, receiver, mid, recipients, envelope):
+        """The XADD that publishes one message (its recipients' JSON, its envelope)."""
+        return ("XADD", self.messages(sender, receiver), "*", "v", "2", "id", mid, "to", recipients, "env", envelope)
+
     def acks(self, receiver, sender):
         """The stream in which `receiver` acknowledges what `sender` sent it."""
         return f"{self.prefix}from:{receiver}:ack:{sender}"

@@ -63,8 +63,7 @@ class Publisher:
     def _xadd(self, entries):
         """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry id
         of each, or the error the server answered for that one."""
-        replies = round_trip(self.client, [("XADD", self.keys.messages(self.node, node), "*", "v", "2", "id", mid,
-                                            "to", recipients, "env", envelope)
+        replies = round_trip(self.client, [self.keys.xadd(self.node, node, mid, recipients, envelope)
                                            for mid, node, recipients, envelope in entries])
         return [eid if isinstance(eid, Exception) else eid.decode() for eid in replies]
 

@@ -14,7 +14,7 @@ carried is published from the ledger, and a repeat is recognised by the receiver
 import collections
 import threading
 
-from relay.federation.client import redis_module
+from relay.federation.client import pooled, redis_module
 
 IN_FLIGHT = 4 << 10         # command bytes written and not yet answered, at most: the smallest
                             # send buffer of a TCP socket (tcp_wmem's minimum, under memory
@@ -43,8 +43,7 @@ class Wire:
             conn = self.conn
             if conn is None:
                 return False
-            packed = conn.pack_commands([("XADD", self.keys.messages(self.node, node), "*", "v", "2", "id", mid,
-                                          "to", recipients, "env", envelope)
+            packed = conn.pack_commands([self.keys.xadd(self.node, node, mid, recipients, envelope)
                                          for mid, node, recipients, envelope in offers])
             size = sum(len(p) for p in packed)
             if self.bytes + size > IN_FLIGHT:
@@ -99,10 +98,7 @@ class Wire:
         if well and self.conn is None:
             with self.lock:
                 try:
-                    try:
-                        self.conn = self.pool.get_connection()
-                    except TypeError:       # redis-py before 5.3 asks for the command's name
-                        self.conn = self.pool.get_connection("XADD")
+                    self.conn = pooled(self.pool, "XADD")
                 except Exception:   # noqa: BLE001 - tried again at the next turn
                     self.conn = None
         self.usable = well and self.conn is not None
