@@ -15,6 +15,9 @@ wraps these steps (time.time_ns before and after each call, per message id):
     n2  Incoming.handle     the read entry handled: checks, then ...
         Inbox.deliver       the envelope written, fsynced and linked into new/ (before, after)
 
+Last, the floor of the server's hop on this machine: an XADD of plain redis-py to another
+process blocked in XREAD (two wake-ups: the server's, the reader's), at the same rate.
+
 Timing costs a little itself (the stages read slightly long); the script prints the benchmark's
 own figures beside the stages'. Nothing of relay is changed on disk.
 """
@@ -26,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 SITE = r'''
@@ -101,6 +105,48 @@ def join(prefix):
     return rows
 
 
+HOP = r'''
+import sys, time, redis
+r = redis.Redis.from_url(sys.argv[1])
+last, out = "$", []
+while len(out) < int(sys.argv[2]):
+    got = r.xread({"s": last}, block=5000, count=16)
+    if not got:
+        break
+    t = time.time_ns()
+    for _, entries in got:
+        for eid, fields in entries:
+            last = eid
+            out.append(t - int(fields[b"t"]))
+print(" ".join(map(str, out)))
+'''
+
+
+def hop(count=500, rate=100.0):
+    """The server's hop alone, the floor of "XADD to the receiver": an XADD of redis-py to a
+    process blocked in XREAD on the same redis-server, messages 1/rate apart (us per entry)."""
+    import importlib.util
+    import redis
+    spec = importlib.util.spec_from_file_location("fedkit", Path(__file__).parent / "fedkit.py")
+    fedkit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fedkit)
+    base = Path(tempfile.mkdtemp(prefix="relay-hop-"))
+    server = fedkit.RedisServer(base / "redis", appendfsync="everysec").start()
+    try:
+        reader = subprocess.Popen([sys.executable, "-c", HOP, server.url, str(count)], stdout=subprocess.PIPE, text=True)
+        writer = redis.Redis.from_url(server.url)
+        while not any(c.get("cmd") == "xread" for c in writer.client_list()):
+            time.sleep(0.01)
+        for _ in range(count):
+            writer.xadd("s", {"t": str(time.time_ns()), "env": "x" * 400})
+            time.sleep(1 / rate)
+        out, _ = reader.communicate(timeout=30)
+        return [int(v) / 1000 for v in out.split()]
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def pct(values, p):
     values = sorted(values)
     return values[min(len(values) - 1, int(len(values) * p))]
@@ -134,6 +180,10 @@ def main():
     whole = [(r[-1] - r[0]) / 1000 for r in rows]
     print(f"  {'the claimed batch to the link in new/':<42} {pct(whole, .5):8.0f} {pct(whole, .9):8.0f} "
           f"{pct(whole, .99):8.0f}")
+    alone = hop(rate=args.rate)
+    if alone:
+        print(f"  {'(floor) the server hop alone, XADD to XREAD':<42} {pct(alone, .5):8.0f} {pct(alone, .9):8.0f} "
+              f"{pct(alone, .99):8.0f}")
 
 
 if __name__ == "__main__":
