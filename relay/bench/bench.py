@@ -181,23 +181,11 @@ PAIRS = 3               # alternated runs of the naive durable loop and of run -
 def offer(count, rate, route, inboxes, patience):
     """Offer `count` messages at `rate` per second, each written the agents' way (a dot-tmp file
     renamed in); `route(i)` gives message i's outbox directory and recipient. A watcher of
-    `inboxes` (the recipients' new/) notes when each envelope appears; wait up to `patience`
-    seconds for all. Returns the latencies in ms, from each rename to its envelope seen."""
-    from watchdog.events import FileSystemEventHandler
-    from watchdog.observers import Observer
-    seen = {}
-
-    class Seen(FileSystemEventHandler):
-        def on_any_event(self, event):
-            if event.event_type in ("created", "moved") and not event.is_directory:
-                path = event.dest_path if event.event_type == "moved" else event.src_path
-                if "/new/" in path:
-                    seen.setdefault(os.path.basename(path), time.time())
-
-    observer = Observer()
-    for new in inboxes:
-        observer.schedule(Seen(), str(new))
-    observer.start()
+    `inboxes` (the recipients' new/: loadgen.Arrivals, one thread that stamps each inotify
+    event as it reads it) notes when each envelope appears; wait up to `patience` seconds for
+    all. Returns the latencies in ms, from each rename to its envelope seen."""
+    from relay.bench.loadgen import Arrivals
+    arrivals = Arrivals(inboxes)
     try:
         sent = {}
         t0 = time.time()
@@ -211,17 +199,17 @@ def offer(count, rate, route, inboxes, patience):
             sent[i] = time.time()
             os.rename(tmp, box / f"m{i}")
         deadline = time.time() + patience
-        while len(seen) < count and time.time() < deadline:
+        while len(arrivals.seen) < count and time.time() < deadline:
             time.sleep(0.05)
     finally:
-        observer.stop()
-        observer.join()
+        arrivals.close()
+    seen = arrivals.seen
     lat = []
     for new in inboxes:
         for p in new.iterdir():
             i = int(json.loads(p.read_bytes())["body"].split()[1])
-            if p.name in seen:
-                lat.append((seen[p.name] - sent[i]) * 1000)
+            if os.fsencode(p.name) in seen:
+                lat.append((seen[os.fsencode(p.name)] - sent[i]) * 1000)
     return lat
 
 
