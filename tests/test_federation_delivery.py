@@ -8,6 +8,7 @@ keys (relay:{team}:from:<node>:...), which is all one node's credentials allow."
 import errno
 import logging
 import signal
+import threading
 
 import orjson
 import pytest
@@ -375,6 +376,50 @@ def test_the_loop_writes_an_offer_to_the_server_itself_and_the_publisher_records
     n1.link.publish()
     assert n1.outbound(mid)["n2"]["status"] == "acknowledged"
     assert [e["body"] for e in n2.held("Bob")] == ["straight from the loop"]
+
+
+def test_the_publisher_is_woken_for_the_replies_to_what_the_loop_wrote_only_once_the_batch_is_recorded(
+        redis_server, team, nodes):
+    """The loop writes a message's XADD and goes on with its batch; the publisher's thread is
+    woken to read the reply only when that batch is recorded (its outbound row there), not at
+    the write, while the server and the receiver act on the message. A step that fails after
+    the write wakes it all the same."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    r = client(redis_server.url)
+    router = n1.relay.router
+    woken = []
+
+    class Watched(threading.Event):
+        def set(self):
+            rows = [n1.outbound(fields[b"id"].decode()) for _, fields in r.xrange(n1.stream("n2"))]
+            woken.append([row["n2"]["status"] if "n2" in row else None for row in rows])
+            super().set()
+
+    router.queued = Watched()
+    n1.drop("Ann", "m", "TO: Bob\n\nread its reply later")
+    n1.relay.step()
+    [(_, fields)] = r.xrange(n1.stream("n2"))
+    mid = fields[b"id"].decode()
+    assert not router.offered                   # written by the loop
+    assert woken == [["pending"]]               # once, after the record (before it: no row at all)
+    n1.link.publish()
+    assert n1.outbound(mid)["n2"]["status"] == "published"
+    woken.clear()
+    n1.drop("Ann", "m2", "TO: Bob\n\nwritten, then the batch abandoned")
+    router.offer = _then_fail(router.offer)
+    with pytest.raises(RuntimeError):
+        n1.relay.step()
+    n1.relay.abandon()
+    assert len(woken) == 1 and len(woken[0]) == 2      # woken though nothing was recorded
+
+
+def _then_fail(offer):
+    def offered(works):
+        offer(works)
+        raise RuntimeError("the step fails after the write")
+    return offered
 
 
 def test_an_xadd_the_loop_wrote_lost_with_its_connection_is_published_from_the_ledger_and_delivered_once(

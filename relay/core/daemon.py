@@ -390,6 +390,8 @@ class Relay(Handling, Loop):
             # already: their rows are marked published at its next turn (an acknowledgement
             # that comes first settles a row all the same), not at a turn of its own each.
             self.router.queued.set()
+        if self.router is not None:
+            self.router.replied()
         for w in works:
             self._report(w, now, counts)
         return counts
@@ -403,6 +405,8 @@ class Relay(Handling, Loop):
                 pending[-1]()
             except DurabilityError:
                 pass
+        if self.router is not None:
+            self.router.replied()   # what the batch wrote to the server was written all the same
 
     def _custody(self, works):
         """Take custody of the files read before it (Outbox.peek), once the claim is durable

@@ -27,6 +27,7 @@ class Router:
         # while it drains, and its rows are published after.
         self.linked = False
         self.wire = None                    # the link's federation.wire.Wire: offers written from the loop
+        self.written = False                # offers written since the publisher was last woken for their replies
         self._held = 0                      # envelope bytes in `offered`
         self._lock = threading.Lock()
         self._remote = None
@@ -71,7 +72,7 @@ class Router:
             return
         # Written by the loop only behind nothing queued: one sender's messages keep their order.
         if self.wire is not None and not self.offered and self._write(works):
-            self.queued.set()               # the publisher reads the replies
+            self.written = True             # their replies are read once the batch is recorded (replied)
             return
         with self._lock:
             for w in works:
@@ -93,6 +94,14 @@ class Router:
         for w in works:
             w.offered = True
         return True
+
+    def replied(self):
+        """The batch that wrote offers is recorded: the publisher reads their replies now. Not
+        at the write: its thread would wake, read and record the entry ids while the server and
+        the receiver act on the message, on the CPUs they need; a reply waits in the socket."""
+        if self.written:
+            self.written = False
+            self.queued.set()
 
     def take(self, limit):
         """Up to `limit` offers, oldest first (the link)."""
