@@ -11,7 +11,9 @@ latency: messages offered at a steady rate from 8 agents of n1 to 8 agents of n2
 each rename into an outbox on n1 to its envelope appearing in new/ on n2 (seen by inotify).
 throughput: a producer writes the messages as fast as it can into n1's outboxes while both
 daemons run; messages per second from the first rename to the last envelope in new/ on n2.
-Prints one JSON line (with the machine's load average, since the machine may be shared).
+Prints one JSON line (with the machine's load average, since the machine may be shared, and for
+latency the share of CPU time the hypervisor stole during the run: a virtual machine whose host
+is busy shows it there, and its figures are those of a slower machine).
 """
 import argparse
 import importlib.util
@@ -103,11 +105,13 @@ def arrived(state, agents=RECEIVERS):
 def latency(base, rate, seconds, durability="full"):
 
     pair = Pair(base, durability)
+    ticks = fedkit.cpu_ticks()
     try:
         count = int(rate * seconds)
         lat = bench.offer(count, rate, lambda i: (pair.s1 / "outbox" / SENDERS[i % 8], RECEIVERS[(i * 3) % 8]),
                           [pair.s2 / "inbox" / r / "new" for r in RECEIVERS], 60)
     finally:
+        stolen = fedkit.stolen_percent(ticks, fedkit.cpu_ticks())
         pair.stop()
     lat.sort()
     if not lat:
@@ -117,7 +121,7 @@ def latency(base, rate, seconds, durability="full"):
         return round(lat[min(len(lat) - 1, int(len(lat) * p))], 2)
     return {"what": "cross-node latency", "rate": rate, "messages": count, "delivered": len(lat), "p50_ms": pct(0.5),
             "p90_ms": pct(0.9), "p99_ms": pct(0.99), "max_ms": round(lat[-1], 2), "durability": durability,
-            "loadavg_before": LOAD}
+            "loadavg_before": LOAD, "cpu_stolen_percent": stolen}
 
 
 def produce(state, messages, to):

@@ -17,6 +17,24 @@ MISSING = ("redis-server is not installed: apt-get install redis-server (Debian'
            "it), so the federation tests cannot run here")
 
 
+def cpu_ticks():
+    """(all, stolen) CPU ticks of this machine so far (/proc/stat), or None where it cannot
+    be read. Stolen: time a virtual CPU was ready and the hypervisor ran someone else."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields[:8]), (fields[7] if len(fields) > 7 else 0)
+
+
+def stolen_percent(before, after):
+    """The share of CPU time stolen by the hypervisor between two cpu_ticks(), in %."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return round(100 * (after[1] - before[1]) / (after[0] - before[0]), 1)
+
+
 def free_port(below=None):
     """A free local port; with `below`, one under it and with `port + 10000` free too (a cluster's bus)."""
     if below is None:
