@@ -7,6 +7,7 @@ steps and the injected clock. Entries a test writes stand for what a node writes
 keys (relay:{team}:from:<node>:...), which is all one node's credentials allow."""
 import errno
 import logging
+import os
 import signal
 import threading
 
@@ -376,6 +377,42 @@ def test_the_loop_writes_an_offer_to_the_server_itself_and_the_publisher_records
     n1.link.publish()
     assert n1.outbound(mid)["n2"]["status"] == "acknowledged"
     assert [e["body"] for e in n2.held("Bob")] == ["straight from the loop"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
+def test_a_message_for_another_node_syncs_its_three_directories_by_fsync_and_a_local_one_by_syncfs(
+        redis_server, team, nodes):
+    """Where syncfs is trusted ("fs" mode), the batch of a message for another node syncs the
+    three directories it changed (its outbox, the spool, its archive day) one by one: a syncfs
+    would wait for whatever every process writes on the file system. A local message changes a
+    fourth (the recipient's new/): one syncfs."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann", "Cy"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    syncer = n1.relay.syncer
+    syncer.mode = "fs"
+    whole, synced = [], []
+    syncer.syncfs = whole.append
+    real = syncer.fsync
+
+    def fsync(fd):
+        synced.append(os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), n1.state))
+        real(fd)
+
+    syncer.fsync = fsync
+    n1.drop("Ann", "first", "TO: Bob\n\nmakes the spool and the archive's day")
+    n1.relay.step()
+    del whole[:], synced[:]
+    n1.drop("Ann", "m", "TO: Bob\n\nfor another node")
+    n1.relay.step(n1.clock.advance(1))
+    [row] = [r for r in n1.relay.history.audit() if r["name"] == "m"]
+    day_dir = os.path.dirname(row["archive_path"])
+    assert whole == []
+    assert {"outbox/Ann", "spool/Ann", day_dir} <= set(synced), synced
+    n1.drop("Ann", "l", "TO: Cy\n\nfor an agent of this node")
+    n1.relay.step(n1.clock.advance(1))
+    assert len(whole) == 1
+    assert [e["body"] for e in n1.held("Cy")] == ["for an agent of this node"]
 
 
 def test_the_publisher_is_woken_for_the_replies_to_what_the_loop_wrote_only_once_the_batch_is_recorded(

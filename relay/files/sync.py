@@ -21,7 +21,9 @@ flush, chosen per file system:
   directories noted, a daemon delivering a steady trickle) is made by fsyncs even there, one
   after another: syncfs walks every cached inode of the file system and waits for whatever any
   process wrote on it, where an fsync waits for one journal commit, which the later fsyncs of
-  the same flush find done.
+  the same flush find done. A message for another node changes three directories (its outbox,
+  the spool, its archive day): synced so, it does not wait on what other processes of the
+  machine are writing (the receiving node's envelopes, when it is on the same machine).
 
 With durability "normal" nothing is synced. An fsync error raises DurabilityError and is never
 retried: the data may be lost. `fsync` is a seam: on macOS it is fcntl(F_FULLFSYNC), since
@@ -47,7 +49,7 @@ SYNCFS_HONOURED = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x010
 POOL_SIZE = 16
 MAX_HELD = 256           # files held open for the batch's sync before an early flush
 FEW = 4                  # "fs" mode: a flush of at most this many files ...
-FEW_DIRS = 2             # ... and directories is made by fsyncs, not syncfs
+FEW_DIRS = 3             # ... and directories is made by fsyncs, not syncfs
 
 _libc = None
 
