@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from relay.federation.keys import RETIRED
+from relay.files.sync import FEW_DIRS
 from fednodes import (RedisServer, client, entry, envelope, exchange, needs_server, nodes,  # noqa: F401 - fixtures
                       redis_server, team)
 from relay.ids import IdGenerator
@@ -382,15 +383,16 @@ def test_the_loop_writes_an_offer_to_the_server_itself_and_the_publisher_records
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
 def test_a_message_for_another_node_syncs_its_three_directories_by_fsync_and_a_local_one_by_syncfs(
         redis_server, team, nodes):
-    """Where syncfs is trusted ("fs" mode), the batch of a message for another node syncs the
-    three directories it changed (its outbox, the spool, its archive day) one by one: a syncfs
-    would wait for whatever every process writes on the file system. A local message changes a
-    fourth (the recipient's new/): one syncfs."""
+    """Where syncfs is trusted ("fs" mode) on a file system where one directory's fsync makes
+    every change before it durable (ext4, XFS), the batch of a message for another node syncs
+    the three directories it changed (its outbox, the spool, its archive day) one by one: a
+    syncfs would wait for whatever every process writes on the file system. A local message
+    changes a fourth (the recipient's new/): one syncfs."""
     n1 = nodes(redis_server.url, team, "n1", ["Ann", "Cy"])
     n2 = nodes(redis_server.url, team, "n2", ["Bob"])
     exchange(n1, n2, rounds=1)
     syncer = n1.relay.syncer
-    syncer.mode = "fs"
+    syncer.mode, syncer.few_dirs = "fs", FEW_DIRS      # as on ext4 or XFS
     whole, synced = [], []
     syncer.syncfs = whole.append
     real = syncer.fsync
@@ -450,6 +452,42 @@ def test_the_publisher_is_woken_for_the_replies_to_what_the_loop_wrote_only_once
         n1.relay.step()
     n1.relay.abandon()
     assert len(woken) == 1 and len(woken[0]) == 2      # woken though nothing was recorded
+
+
+def test_an_acknowledgement_read_before_its_batch_is_recorded_settles_the_row_once_recorded(
+        redis_server, team, nodes, caplog):
+    """The loop wrote the XADD; the receiver delivered and acknowledged it; the publisher read
+    that acknowledgement before the loop's batch recorded the row. It is kept, with the entry
+    it names, and settles the row once recorded: the message is not published a second time,
+    its entry is not deleted under a row that still waits for it, and no loss is reported."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    r = client(redis_server.url)
+    record = n1.relay.ledger.record
+    read_early = []
+
+    def acknowledged_first(*a, **k):
+        read_early.append(n2.receive())
+        n1.link.publish()                   # a turn of the publisher's (its ACKS_EVERY timer)
+        return record(*a, **k)
+
+    n1.relay.ledger.record = acknowledged_first
+    n1.drop("Ann", "m", "TO: Bob\n\nacknowledged before the record")
+    n1.relay.step()
+    n1.relay.ledger.record = record
+    assert read_early == [1]
+    [mid] = [row["id"] for row in n1.relay.history.audit() if row["name"] == "m"]
+    assert r.xlen(n1.stream("n2")) == 1     # kept while its row waits
+    with caplog.at_level(logging.WARNING, logger="relay.federation"):
+        n1.link.publish()                   # the turn replied() wakes: the row published, then settled
+        n1.link.check(n1.clock.advance(2))
+    assert n1.outbound(mid)["n2"]["status"] == "acknowledged"
+    assert r.xlen(n1.stream("n2")) == 0     # its entry deleted once settled, published once
+    assert not any("lost" in m for m in caplog.messages)
+    assert n2.receive() == 0
+    assert [e["body"] for e in n2.held("Bob")] == ["acknowledged before the record"]
+    assert n1.link.publisher.early_acks == {} and (mid, "n2") not in n1.link.publisher.early
 
 
 def _then_fail(offer):

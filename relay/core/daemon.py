@@ -386,11 +386,11 @@ class Relay(Handling, Loop):
         self.flow.commit(works, now, self.config)
         self.hooks.delivered(works)     # durable now: each new recipient's hook is queued
         if self.router is not None and any(w.remote and not w.offered for w in works):
-            # The link publishes what this batch queued. What it took as offers is published
-            # already: their rows are marked published at its next turn (an acknowledgement
-            # that comes first settles a row all the same), not at a turn of its own each.
-            self.router.queued.set()
+            self.router.queued.set()        # the link publishes what this batch queued
         if self.router is not None:
+            # What the loop wrote to the server is published already: the publisher reads the
+            # replies now and marks the rows published (an acknowledgement read before this
+            # record waits for it: federation/publisher.py).
             self.router.replied()
         for w in works:
             self._report(w, now, counts)

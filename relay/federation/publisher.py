@@ -34,6 +34,7 @@ HELD = 4                    # bytes held in memory per byte of an envelope publi
 ACK_BYTES = 1 << 20         # the largest acknowledgement entry read (a node's are a few KB)
 ACK_READ = 64               # acknowledgement entries per read and stream ...
 ACK_ROUNDS = 8              # ... and reads per call
+EARLY_ACKS_KEPT = 600.0     # seconds an acknowledgement waits for its row to be recorded
 
 
 class Publisher:
@@ -52,6 +53,7 @@ class Publisher:
         self.redis = redis
         self.errors = server_errors()
         self.early = {}                     # (message id, node) -> (entry id, when) published from an offer
+        self.early_acks = {}                # (message id, node) -> (refusal, entry id, when): its row not recorded yet
         self.cursors = {}                   # node -> last acknowledgement entry read from it
         self.run_id = None                  # the server's, to know a restart or failover
         self.new_server = False             # the last check found another run id
@@ -140,7 +142,7 @@ class Publisher:
             return 0
         streams = {self.keys.acks(n, self.node): self.cursors.get(n, "0-0") for n in nodes}
         streams = self.skipping.usable(self.acks_client, streams, now)
-        settled = 0
+        settled = self._early_acks(now)
         for _ in range(ACK_ROUNDS):     # bounded: a node flooding its stream delays no other work
             if not streams:
                 break
@@ -174,20 +176,67 @@ class Publisher:
                     self.moved += [(mid, node) for mid, _, refusal in acks if refusal and refusal.startswith(NOT_HERE)]
                     # The entries acknowledged are deleted, the row's own and the one the receiver
                     # names (an earlier publish of it, or one left by a crash after the record).
+                    unrecorded = []
                     gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in here],
-                                                    bounce=self.config.bounces)
+                                                    bounce=self.config.bounces, unrecorded=unrecorded)
+                    held = self._hold(now, node, unrecorded, {mid: e for mid, e, _ in here})
                     for mid, _, _ in acks:      # settled before the publisher marked it published
-                        self.early.pop((mid, node), None)
+                        if mid not in held:
+                            self.early.pop((mid, node), None)
                     if self.router is not None and any(refusal for _, _, refusal in here):
                         self.router.bounced()       # the sender's bounce, emitted by the loop now
                     settled += len(gone)
-                    deletions.setdefault(node, []).extend(set(gone) | {e for _, e, _ in acks if e})
-            if deletions:
-                pipe = self.client.pipeline(transaction=False)
-                for node, gone in deletions.items():
-                    pipe.xdel(self.keys.messages(self.node, node), *gone)
-                pipe.execute(raise_on_error=False)     # an entry left there is acknowledged: known again
+                    deletions.setdefault(node, []).extend(set(gone) | {e for mid, e, _ in acks if e and mid not in held})
+            self._delete(deletions)
         return settled
+
+    def _hold(self, now, node, unrecorded, entries):
+        """Acknowledgements of messages whose rows are not recorded yet (the loop wrote the XADD,
+        the receiver answered before the batch's record): kept, with the entries they name, and
+        settled once the rows are there. Dropped, they would have the row published again and
+        its entry, deleted early, taken for one the server lost. Returns their message ids."""
+        for mid, refusal in unrecorded:
+            self.early_acks[(mid, node)] = (refusal, entries.get(mid), now)
+        if len(self.early_acks) > 100 * BATCH:     # acknowledgements of rows that never came: forgotten
+            self.early_acks = {k: v for k, v in self.early_acks.items() if now - v[2] < EARLY_ACKS_KEPT}
+        return {mid for mid, _ in unrecorded}
+
+    def _early_acks(self, now):
+        """Settle the acknowledgements kept for rows since recorded; forget those older than
+        EARLY_ACKS_KEPT (their rows, if ever recorded, wait for the deadline and a repeat).
+        Returns the number of rows settled."""
+        settled = 0
+        by_node = {}
+        for (mid, node), (refusal, eid, at) in list(self.early_acks.items()):
+            if now - at >= EARLY_ACKS_KEPT:
+                del self.early_acks[(mid, node)]
+            else:
+                by_node.setdefault(node, []).append((mid, refusal, eid))
+        deletions = {}
+        for node, acks in by_node.items():
+            unrecorded = []
+            gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, refusal, _ in acks],
+                                            bounce=self.config.bounces, unrecorded=unrecorded)
+            waiting = {mid for mid, _ in unrecorded}
+            done = [(mid, refusal, eid) for mid, refusal, eid in acks if mid not in waiting]
+            for mid, _, _ in done:
+                del self.early_acks[(mid, node)]
+                self.early.pop((mid, node), None)
+            if self.router is not None and any(refusal for _, refusal, _ in done):
+                self.router.bounced()
+            settled += len(gone)
+            deletions[node] = set(gone) | {eid for _, _, eid in done if eid}
+        self._delete(deletions)
+        return settled
+
+    def _delete(self, deletions):
+        """XDEL acknowledged entries from this node's streams: {node: entry ids}."""
+        deletions = {node: gone for node, gone in deletions.items() if gone}
+        if deletions:
+            pipe = self.client.pipeline(transaction=False)
+            for node, gone in deletions.items():
+                pipe.xdel(self.keys.messages(self.node, node), *gone)
+            pipe.execute(raise_on_error=False)     # an entry left there is acknowledged: known again
 
     def _skip_large(self, streams):
         """Move each cursor past the entries too large to read (their ids from the replies' first

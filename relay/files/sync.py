@@ -22,8 +22,9 @@ flush, chosen per file system:
   after another: syncfs walks every cached inode of the file system and waits for whatever any
   process wrote on it, where an fsync waits for one journal commit, which the later fsyncs of
   the same flush find done. A message for another node changes three directories (its outbox,
-  the spool, its archive day): synced so, it does not wait on what other processes of the
-  machine are writing (the receiving node's envelopes, when it is on the same machine).
+  the spool, its archive day): synced so where one directory's fsync commits every change
+  before it (ext4, XFS), it does not wait on what other processes of the machine are writing
+  (the receiving node's envelopes, when it is on the same machine).
 
 With durability "normal" nothing is synced. An fsync error raises DurabilityError and is never
 retried: the data may be lost. `fsync` is a seam: on macOS it is fcntl(F_FULLFSYNC), since
@@ -49,7 +50,14 @@ SYNCFS_HONOURED = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x010
 POOL_SIZE = 16
 MAX_HELD = 256           # files held open for the batch's sync before an early flush
 FEW = 4                  # "fs" mode: a flush of at most this many files ...
-FEW_DIRS = 3             # ... and directories is made by fsyncs, not syncfs
+FEW_DIRS = 3             # ... and directories is made by fsyncs, not syncfs, on a file system whose
+                         # directory fsync commits every change made before it (ORDERED) ...
+FEW_DIRS_ELSEWHERE = 2   # ... and of this many elsewhere (Btrfs logs one directory's entries)
+# ext3/ext4 (a journal commit) and XFS (the log forced to the directory's last change, the
+# renames logged in order): synced one by one, the directories of a message moved outbox ->
+# spool -> archive are durable together at the first fsync. (ext2 shares ext4's magic and
+# orders nothing, with syncfs or without.)
+ORDERED = {0xEF53, 0x58465342}
 
 _libc = None
 
@@ -104,6 +112,7 @@ class Syncer:
         self.durable = durability == "full"
         self.state = state                     # a fs.StateDir
         self.mode = mode or choose_mode(state.fd)
+        self.few_dirs = FEW_DIRS if fs_type(state.fd) in ORDERED else FEW_DIRS_ELSEWHERE
         self.fsync = fsync or default_fsync
         self.syncfs = syncfs                   # a seam too: tests count or fail it
         self.log_sync = fdatasync              # the ledger's log, as SQLite syncs it (a seam too)
@@ -210,7 +219,7 @@ class Syncer:
 
     def _whole(self, dirs=True):
         """Whether this flush is one syncfs ("fs" mode, and more than a few things to sync)."""
-        return self.mode == "fs" and (self.many or (dirs and len(self.dirs) > FEW_DIRS))
+        return self.mode == "fs" and (self.many or (dirs and len(self.dirs) > self.few_dirs))
 
     def flush_later(self, what, submit=None):
         """Start making durable everything noted so far on another thread (`submit(fn, *args)`,

@@ -57,12 +57,14 @@ class FederationRecords:
             self.db.execute("UPDATE outbound SET next_attempt_at = ? WHERE status = 'pending' AND next_attempt_at > ?",
                             (now, now))
 
-    def acknowledged(self, now, node, acks, bounce=True):
+    def acknowledged(self, now, node, acks, bounce=True, unrecorded=None):
         """What `node` acknowledged: acks are (message_id, refusal or None). A row is done: its
         node recorded the durable delivery (`acknowledged`), or refused it with a reason
         (`refused`, the message failed for those recipients). Returns the entry ids the rows had
-        (for the sender to delete from its stream); acks for rows not waiting change nothing.
-        With `bounce`, the sender of a message refused is owed a bounce (bounces.py)."""
+        (for the sender to delete from its stream); acks for rows not waiting change nothing,
+        and those for no row at all (a batch published from its offer, not recorded yet) are
+        appended to `unrecorded` when given. With `bounce`, the sender of a message refused is
+        owed a bounce (bounces.py)."""
         entries = []
         with self.transaction():
             for mid, refusal in acks:
@@ -71,6 +73,9 @@ class FederationRecords:
                     "AND status IN ('pending', 'published') RETURNING entry_id",
                     ("refused" if refusal else "acknowledged", now, refusal, mid, node)).fetchone()
                 if row is None:
+                    if unrecorded is not None and self.db.execute(
+                            "SELECT 1 FROM outbound WHERE message_id = ? AND node = ?", (mid, node)).fetchone() is None:
+                        unrecorded.append((mid, refusal))
                     continue
                 if row[0]:
                     entries.append(row[0])
