@@ -490,6 +490,37 @@ def test_an_acknowledgement_read_before_its_batch_is_recorded_settles_the_row_on
     assert n1.link.publisher.early_acks == {} and (mid, "n2") not in n1.link.publisher.early
 
 
+def test_acknowledgements_of_ids_never_sent_are_held_within_a_bound_and_cost_one_query_a_turn(
+        redis_server, team, nodes):
+    """A node acknowledging thousands of ids this node never sent (or not yet recorded): at
+    most EARLY_ACKS_HELD are kept, the oldest forgotten, none older than EARLY_ACKS_KEPT; the
+    rows this node does send are settled as ever."""
+    from relay.federation.publisher import EARLY_ACKS_HELD, EARLY_ACKS_KEPT
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    r = client(redis_server.url)
+    ids = IdGenerator()
+    made_up = [[ids.new(n1.clock.now), None, None] for _ in range(EARLY_ACKS_HELD + 300)]
+    for i in range(0, len(made_up), 100):
+        r.xadd(n2.keys.acks("n2", "n1"), {"acks": orjson.dumps(made_up[i:i + 100])})
+    publisher = n1.link.publisher
+    for _ in range(3):
+        n1.link.publish()
+    assert 0 < len(publisher.early_acks) <= EARLY_ACKS_HELD
+    assert (made_up[-1][0], "n2") in publisher.early_acks and (made_up[0][0], "n2") not in publisher.early_acks
+    n1.drop("Ann", "m", "TO: Bob\n\nsettled all the same")
+    n1.relay.step()
+    n1.link.publish()
+    assert n2.receive() == 1
+    n1.link.publish()
+    [mid] = [row["id"] for row in n1.relay.history.audit() if row["name"] == "m"]
+    assert n1.outbound(mid)["n2"]["status"] == "acknowledged"
+    n1.clock.advance(EARLY_ACKS_KEPT)
+    n1.link.publish()
+    assert publisher.early_acks == {}
+
+
 def _then_fail(offer):
     def offered(works):
         offer(works)

@@ -34,7 +34,8 @@ HELD = 4                    # bytes held in memory per byte of an envelope publi
 ACK_BYTES = 1 << 20         # the largest acknowledgement entry read (a node's are a few KB)
 ACK_READ = 64               # acknowledgement entries per read and stream ...
 ACK_ROUNDS = 8              # ... and reads per call
-EARLY_ACKS_KEPT = 600.0     # seconds an acknowledgement waits for its row to be recorded
+EARLY_ACKS_KEPT = 60.0      # seconds an acknowledgement waits for its row to be recorded (milliseconds, as a rule) ...
+EARLY_ACKS_HELD = 1024      # ... and how many wait at most (a node acknowledging ids never sent fills no more)
 
 
 class Publisher:
@@ -197,21 +198,22 @@ class Publisher:
         its entry, deleted early, taken for one the server lost. Returns their message ids."""
         for mid, refusal in unrecorded:
             self.early_acks[(mid, node)] = (refusal, entries.get(mid), now)
-        if len(self.early_acks) > 100 * BATCH:     # acknowledgements of rows that never came: forgotten
-            self.early_acks = {k: v for k, v in self.early_acks.items() if now - v[2] < EARLY_ACKS_KEPT}
+        while len(self.early_acks) > EARLY_ACKS_HELD:      # the oldest forgotten (insertion order)
+            del self.early_acks[next(iter(self.early_acks))]
         return {mid for mid, _ in unrecorded}
 
     def _early_acks(self, now):
-        """Settle the acknowledgements kept for rows since recorded; forget those older than
-        EARLY_ACKS_KEPT (their rows, if ever recorded, wait for the deadline and a repeat).
-        Returns the number of rows settled."""
+        """Settle the acknowledgements kept for rows since recorded (one query finds which);
+        forget those older than EARLY_ACKS_KEPT (their rows, if ever recorded, wait for the
+        deadline and a repeat). Returns the number of rows settled."""
         settled = 0
-        by_node = {}
-        for (mid, node), (refusal, eid, at) in list(self.early_acks.items()):
+        for key, (_, _, at) in list(self.early_acks.items()):
             if now - at >= EARLY_ACKS_KEPT:
-                del self.early_acks[(mid, node)]
-            else:
-                by_node.setdefault(node, []).append((mid, refusal, eid))
+                del self.early_acks[key]
+        by_node = {}
+        for mid, node in self.history.outbound_recorded(list(self.early_acks)) if self.early_acks else ():
+            refusal, eid, _ = self.early_acks[(mid, node)]
+            by_node.setdefault(node, []).append((mid, refusal, eid))
         deletions = {}
         for node, acks in by_node.items():
             unrecorded = []

@@ -95,6 +95,16 @@ class RemoteHistory:
                     f"({','.join('?' * len(chunk))})", [node, *chunk])})
         return out
 
+    def outbound_recorded(self, pairs):
+        """Of (message id, node) pairs, those with an outbound row (recorded, whatever its status)."""
+        ids = sorted({mid for mid, _ in pairs})
+        found = set()
+        for i in range(0, len(ids), CHUNK):
+            chunk = ids[i:i + CHUNK]
+            found.update((r[0], r[1]) for r in self.db.execute(
+                f"SELECT message_id, node FROM outbound WHERE message_id IN ({','.join('?' * len(chunk))})", chunk))
+        return found & set(pairs)
+
     def received_counts(self):
         """{'delivered': n, 'refused': n} of the messages received from other nodes."""
         rows = dict(self.db.execute("SELECT status, count(*) FROM messages WHERE node IS NOT NULL GROUP BY status"
