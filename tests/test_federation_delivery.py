@@ -16,6 +16,7 @@ import pytest
 
 from relay.federation.keys import RETIRED
 from relay.files.sync import FEW_DIRS
+from relay.operator.views import remote_state
 from fednodes import (RedisServer, client, entry, envelope, exchange, needs_server, nodes,  # noqa: F401 - fixtures
                       redis_server, team)
 from relay.ids import IdGenerator
@@ -488,6 +489,28 @@ def test_an_acknowledgement_read_before_its_batch_is_recorded_settles_the_row_on
     assert n2.receive() == 0
     assert [e["body"] for e in n2.held("Bob")] == ["acknowledged before the record"]
     assert n1.link.publisher.early_acks == {} and (mid, "n2") not in n1.link.publisher.early
+    # Read again after the record and before the publisher marked the row published: the row goes
+    # from pending to acknowledged, with the entry the receiver read.
+    publisher = n1.link.publisher
+
+    def acks_first(*a, **k):
+        n2.receive()
+        publisher.read_acks(n1.clock.now, {"n2"})
+        return record(*a, **k)
+
+    n1.relay.ledger.record = acks_first
+    n1.drop("Ann", "m2", "TO: Bob\n\nacknowledged while pending")
+    n1.relay.step(n1.clock.advance(1))
+    n1.relay.ledger.record = record
+    [mid2] = [row["id"] for row in n1.relay.history.audit() if row["name"] == "m2"]
+    [(eid, _)] = r.xrange(n1.stream("n2"))
+    assert n1.outbound(mid2)["n2"]["status"] == "pending"
+    publisher.read_acks(n1.clock.now, {"n2"})
+    row = n1.outbound(mid2)["n2"]
+    assert row["status"] == "acknowledged" and row["entry_id"] == eid.decode()
+    assert remote_state(row).endswith(f"(published as entry {eid.decode()})")
+    n1.link.publish()
+    assert r.xlen(n1.stream("n2")) == 0 and n1.outbound(mid2)["n2"]["status"] == "acknowledged"
 
 
 def test_acknowledgements_of_ids_never_sent_are_held_within_a_bound_and_cost_one_query_a_turn(

@@ -179,7 +179,8 @@ class Publisher:
                     # names (an earlier publish of it, or one left by a crash after the record).
                     unrecorded = []
                     gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in here],
-                                                    bounce=self.config.bounces, unrecorded=unrecorded)
+                                                    bounce=self.config.bounces, unrecorded=unrecorded,
+                                                    entries={mid: e for mid, e, _ in here if e})
                     held = self._hold(now, node, unrecorded, {mid: e for mid, e, _ in here})
                     for mid, _, _ in acks:      # settled before the publisher marked it published
                         if mid not in held:
@@ -218,7 +219,8 @@ class Publisher:
         for node, acks in by_node.items():
             unrecorded = []
             gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, refusal, _ in acks],
-                                            bounce=self.config.bounces, unrecorded=unrecorded)
+                                            bounce=self.config.bounces, unrecorded=unrecorded,
+                                            entries={mid: eid for mid, _, eid in acks if eid})
             waiting = {mid for mid, _ in unrecorded}
             done = [(mid, refusal, eid) for mid, refusal, eid in acks if mid not in waiting]
             for mid, _, _ in done:

@@ -206,7 +206,8 @@ def remote_state(o):
     """Where one outbound row stands: acknowledged by its node, refused by it, waiting for its
     acknowledgement since when, or waiting to be published."""
     if o["status"] == "acknowledged":
-        return f"acknowledged by node {plain(o['node'])} {iso(o['acked_at'])} (published as entry {o['entry_id']})"
+        entry = f" (published as entry {plain(o['entry_id'])})" if o["entry_id"] else ""
+        return f"acknowledged by node {plain(o['node'])} {iso(o['acked_at'])}{entry}"
     if o["status"] == "refused":
         return f"refused by node {plain(o['node'])} {iso(o['acked_at'])}: {plain(o['error'] or '')}"
     if o["status"] == "published":
