@@ -35,7 +35,7 @@ ACK_BYTES = 1 << 20         # the largest acknowledgement entry read (a node's a
 ACK_READ = 64               # acknowledgement entries per read and stream ...
 ACK_ROUNDS = 8              # ... and reads per call
 EARLY_ACKS_KEPT = 60.0      # seconds an acknowledgement waits for its row to be recorded (milliseconds, as a rule) ...
-EARLY_ACKS_HELD = 1024      # ... and how many wait at most (a node acknowledging ids never sent fills no more)
+EARLY_ACKS_HELD = 1024      # ... and how many of one node's wait at most (one acknowledging ids never sent fills its own)
 
 
 class Publisher:
@@ -54,7 +54,7 @@ class Publisher:
         self.redis = redis
         self.errors = server_errors()
         self.early = {}                     # (message id, node) -> (entry id, when) published from an offer
-        self.early_acks = {}                # (message id, node) -> (refusal, entry id, when): its row not recorded yet
+        self.early_acks = {}                # node -> {message id: (refusal, entry id, when)}: rows not recorded yet
         self.cursors = {}                   # node -> last acknowledgement entry read from it
         self.run_id = None                  # the server's, to know a restart or failover
         self.new_server = False             # the last check found another run id
@@ -177,11 +177,11 @@ class Publisher:
                     self.moved += [(mid, node) for mid, _, refusal in acks if refusal and refusal.startswith(NOT_HERE)]
                     # The entries acknowledged are deleted, the row's own and the one the receiver
                     # names (an earlier publish of it, or one left by a crash after the record).
-                    unrecorded = []
+                    missed = []
                     gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in here],
-                                                    bounce=self.config.bounces, unrecorded=unrecorded,
+                                                    bounce=self.config.bounces, missed=missed,
                                                     entries={mid: e for mid, e, _ in here if e})
-                    held = self._hold(now, node, unrecorded, {mid: e for mid, e, _ in here})
+                    held = self._hold(now, node, missed, {mid: e for mid, e, _ in here})
                     for mid, _, _ in acks:      # settled before the publisher marked it published
                         if mid not in held:
                             self.early.pop((mid, node), None)
@@ -192,44 +192,55 @@ class Publisher:
             self._delete(deletions)
         return settled
 
-    def _hold(self, now, node, unrecorded, entries):
-        """Acknowledgements of messages whose rows are not recorded yet (the loop wrote the XADD,
-        the receiver answered before the batch's record): kept, with the entries they name, and
-        settled once the rows are there. Dropped, they would have the row published again and
-        its entry, deleted early, taken for one the server lost. Returns their message ids."""
-        for mid, refusal in unrecorded:
-            self.early_acks[(mid, node)] = (refusal, entries.get(mid), now)
-        while len(self.early_acks) > EARLY_ACKS_HELD:      # the oldest forgotten (insertion order)
-            del self.early_acks[next(iter(self.early_acks))]
-        return {mid for mid, _ in unrecorded}
+    def _hold(self, now, node, missed, entries):
+        """Acknowledgements that settled no row (`missed`: (message id, refusal)): those whose
+        rows are not recorded yet (the loop wrote the XADD, the receiver answered before the
+        batch's record) are kept, with the entries they name, and settle the rows once they are
+        there. Dropped, they would have the row published again and its entry, deleted early,
+        taken for one the server lost. At most EARLY_ACKS_HELD a node, the newest (a node that
+        acknowledges ids never sent crowds out only its own); an id kept keeps its first time.
+        Returns the message ids kept (their entries are not deleted yet)."""
+        if not missed:
+            return set()
+        recorded = self.history.outbound_recorded([(mid, node) for mid, _ in missed[-EARLY_ACKS_HELD:]])
+        kept = self.early_acks.setdefault(node, {})
+        for mid, refusal in missed[-EARLY_ACKS_HELD:]:
+            if (mid, node) not in recorded and mid not in kept:
+                kept[mid] = (refusal, entries.get(mid), now)
+        if len(kept) > EARLY_ACKS_HELD:
+            dropped = list(kept.items())[:-EARLY_ACKS_HELD]
+            self.early_acks[node] = kept = dict(list(kept.items())[-EARLY_ACKS_HELD:])
+            self._delete({node: {eid for _, (_, eid, _) in dropped if eid}})
+        return {mid for mid, _ in missed} & set(kept)
 
     def _early_acks(self, now):
-        """Settle the acknowledgements kept for rows since recorded (one query finds which);
-        forget those older than EARLY_ACKS_KEPT (their rows, if ever recorded, wait for the
-        deadline and a repeat). Returns the number of rows settled."""
+        """Settle the acknowledgements kept for rows since recorded (found by one query per 500),
+        then forget those older than EARLY_ACKS_KEPT, deleting the entries they name (their rows,
+        if ever recorded, wait for the deadline and a repeat). Returns the number of rows settled."""
         settled = 0
-        for key, (_, _, at) in list(self.early_acks.items()):
-            if now - at >= EARLY_ACKS_KEPT:
-                del self.early_acks[key]
-        by_node = {}
-        for mid, node in self.history.outbound_recorded(list(self.early_acks)) if self.early_acks else ():
-            refusal, eid, _ = self.early_acks[(mid, node)]
-            by_node.setdefault(node, []).append((mid, refusal, eid))
         deletions = {}
-        for node, acks in by_node.items():
-            unrecorded = []
-            gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, refusal, _ in acks],
-                                            bounce=self.config.bounces, unrecorded=unrecorded,
-                                            entries={mid: eid for mid, _, eid in acks if eid})
-            waiting = {mid for mid, _ in unrecorded}
-            done = [(mid, refusal, eid) for mid, refusal, eid in acks if mid not in waiting]
-            for mid, _, _ in done:
-                del self.early_acks[(mid, node)]
-                self.early.pop((mid, node), None)
-            if self.router is not None and any(refusal for _, refusal, _ in done):
-                self.router.bounced()
-            settled += len(gone)
-            deletions[node] = set(gone) | {eid for _, _, eid in done if eid}
+        for node, kept in list(self.early_acks.items()):
+            recorded = self.history.outbound_recorded([(mid, node) for mid in kept])
+            acks = [(mid, *kept[mid][:2]) for mid, _ in sorted(recorded)]
+            if acks:
+                missed = []
+                gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, refusal, _ in acks],
+                                                bounce=self.config.bounces, missed=missed,
+                                                entries={mid: eid for mid, _, eid in acks if eid})
+                for mid, _, _ in acks:
+                    del kept[mid]
+                    self.early.pop((mid, node), None)
+                if self.router is not None and any(refusal for _, refusal, _ in acks):
+                    self.router.bounced()
+                settled += len(gone)
+                deletions[node] = set(gone) | {eid for _, _, eid in acks if eid}
+            for mid, (_, eid, at) in list(kept.items()):
+                if now - at >= EARLY_ACKS_KEPT:
+                    del kept[mid]
+                    if eid:
+                        deletions.setdefault(node, set()).add(eid)
+            if not kept:
+                del self.early_acks[node]
         self._delete(deletions)
         return settled
 

@@ -57,13 +57,13 @@ class FederationRecords:
             self.db.execute("UPDATE outbound SET next_attempt_at = ? WHERE status = 'pending' AND next_attempt_at > ?",
                             (now, now))
 
-    def acknowledged(self, now, node, acks, bounce=True, unrecorded=None, entries=None):
+    def acknowledged(self, now, node, acks, bounce=True, missed=None, entries=None):
         """What `node` acknowledged: acks are (message_id, refusal or None). A row is done: its
         node recorded the durable delivery (`acknowledged`), or refused it with a reason
         (`refused`, the message failed for those recipients). Returns the entry ids the rows had
         (for the sender to delete from its stream); acks for rows not waiting change nothing,
-        and those for no row at all (a batch published from its offer, not recorded yet) are
-        appended to `unrecorded` when given. `entries`: {message id: the entry the node says it
+        and are appended to `missed` when given (the caller tells those of rows not recorded
+        yet, a batch published from its offer, from those of rows settled before). `entries`: {message id: the entry the node says it
         read}, kept for a row acknowledged before it was marked published. With `bounce`, the
         sender of a message refused is owed a bounce (bounces.py)."""
         named, entries = entries or {}, []
@@ -74,9 +74,8 @@ class FederationRecords:
                     "WHERE message_id = ? AND node = ? AND status IN ('pending', 'published') RETURNING entry_id",
                     ("refused" if refusal else "acknowledged", now, refusal, named.get(mid), mid, node)).fetchone()
                 if row is None:
-                    if unrecorded is not None and self.db.execute(
-                            "SELECT 1 FROM outbound WHERE message_id = ? AND node = ?", (mid, node)).fetchone() is None:
-                        unrecorded.append((mid, refusal))
+                    if missed is not None:
+                        missed.append((mid, refusal))
                     continue
                 if row[0]:
                     entries.append(row[0])
