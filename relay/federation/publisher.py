@@ -177,11 +177,10 @@ class Publisher:
                     self.moved += [(mid, node) for mid, _, refusal in acks if refusal and refusal.startswith(NOT_HERE)]
                     # The entries acknowledged are deleted, the row's own and the one the receiver
                     # names (an earlier publish of it, or one left by a crash after the record).
-                    missed = []
+                    missed, named = [], {mid: e for mid, e, _ in here if e}
                     gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in here],
-                                                    bounce=self.config.bounces, missed=missed,
-                                                    entries={mid: e for mid, e, _ in here if e})
-                    held = self._hold(now, node, missed, {mid: e for mid, e, _ in here})
+                                                    bounce=self.config.bounces, missed=missed, entries=named)
+                    held = self._hold(now, node, missed, named)
                     for mid, _, _ in acks:      # settled before the publisher marked it published
                         if mid not in held:
                             self.early.pop((mid, node), None)
@@ -208,9 +207,9 @@ class Publisher:
             if (mid, node) not in recorded and mid not in kept:
                 kept[mid] = (refusal, entries.get(mid), now)
         if len(kept) > EARLY_ACKS_HELD:
-            dropped = list(kept.items())[:-EARLY_ACKS_HELD]
-            self.early_acks[node] = kept = dict(list(kept.items())[-EARLY_ACKS_HELD:])
-            self._delete({node: {eid for _, (_, eid, _) in dropped if eid}})
+            items = list(kept.items())
+            self.early_acks[node] = kept = dict(items[-EARLY_ACKS_HELD:])
+            self._delete({node: {eid for _, (_, eid, _) in items[:-EARLY_ACKS_HELD] if eid}})
         return {mid for mid, _ in missed} & set(kept)
 
     def _early_acks(self, now):
@@ -223,9 +222,8 @@ class Publisher:
             recorded = self.history.outbound_recorded([(mid, node) for mid in kept])
             acks = [(mid, *kept[mid][:2]) for mid, _ in sorted(recorded)]
             if acks:
-                missed = []
                 gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, refusal, _ in acks],
-                                                bounce=self.config.bounces, missed=missed,
+                                                bounce=self.config.bounces,
                                                 entries={mid: eid for mid, _, eid in acks if eid})
                 for mid, _, _ in acks:
                     del kept[mid]

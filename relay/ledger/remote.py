@@ -63,9 +63,10 @@ class FederationRecords:
         (`refused`, the message failed for those recipients). Returns the entry ids the rows had
         (for the sender to delete from its stream); acks for rows not waiting change nothing,
         and are appended to `missed` when given (the caller tells those of rows not recorded
-        yet, a batch published from its offer, from those of rows settled before). `entries`: {message id: the entry the node says it
-        read}, kept for a row acknowledged before it was marked published. With `bounce`, the
-        sender of a message refused is owed a bounce (bounces.py)."""
+        yet, a batch published from its offer, from those of rows settled before). `entries`:
+        {message id: the entry the node says it read}, kept for a row acknowledged before it
+        was marked published. With `bounce`, the sender of a message refused is owed a bounce
+        (bounces.py)."""
         named, entries = entries or {}, []
         with self.transaction():
             for mid, refusal in acks:
