@@ -26,7 +26,7 @@ RESERVED = {"#": "%23", "/": "%2F", "?": "%3F"}
 
 @dataclasses.dataclass(frozen=True)
 class Federation:
-    url: str
+    url: str | None                 # None where it is not given (an agent's shell): the daemon needs it
     team: str
     node: str
     heartbeat: float = 5.0          # seconds between two directory announcements
@@ -36,15 +36,15 @@ class Federation:
     @property
     def shown_url(self):
         """The URL with its password hidden (for status and logs)."""
-        return redact(self.url)
+        return redact(self.url) if self.url is not None else "(not given here)"
 
     @property
     def sentinel(self):
-        return self.url.startswith("redis+sentinel://")
+        return self.url is not None and self.url.startswith("redis+sentinel://")
 
     @property
     def cluster(self):
-        return self.url.split("://", 1)[0] in ("redis+cluster", "rediss+cluster")
+        return self.url is not None and self.url.split("://", 1)[0] in ("redis+cluster", "rediss+cluster")
 
     @property
     def prefix(self):
@@ -107,7 +107,7 @@ def _url(value):
         if parts.scheme != "redis+sentinel":
             parts.port      # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        raise ValueError(f"url {redact(value)!r} is not a Redis URL: its port is not a number") from None
+        raise ValueError(f"url {redact(value)!r} is not a Redis URL: its port is not a number from 1 to 65535") from None
     if parts.scheme in SCHEMES:
         _query(value, parts)
     if parts.scheme not in SCHEMES or not parts.hostname:
@@ -139,6 +139,8 @@ def _query(value, parts):
 
 def warnings(federation):
     """What a working configuration should still be told (logged at start, shown by doctor)."""
+    if federation.url is None:
+        return []
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(federation.url).query))
     out = []
     if query.get("ssl_cert_reqs", "").lower() in ("none", "optional"):
@@ -154,9 +156,8 @@ def parse(value, root, parse_duration):
     unknown = sorted(set(value) - set(KEYS))
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r} (known: {', '.join(KEYS)})")
-    for key in ("url", "team"):
-        if key not in value:
-            raise ValueError(f"{key!r} is missing")
+    if "team" not in value:
+        raise ValueError("'team' is missing")
     heartbeat = parse_duration(value.get("heartbeat", "5s"))
     if heartbeat <= 0:
         raise ValueError("heartbeat must be more than 0s")
@@ -171,5 +172,6 @@ def parse(value, root, parse_duration):
     if limit <= 0:
         raise ValueError(f"max_agents_per_node {value.get('max_agents_per_node')!r} must be a whole number above 0")
     node = value.get("node") or default_node(root)
-    return Federation(url=_url(value["url"]), team=_name(value["team"], "team"), node=_name(node, "node"),
+    url = value.get("url")         # an agent's verbs need none: the daemon's ledger knows the team
+    return Federation(url=None if url in (None, "") else _url(url), team=_name(value["team"], "team"), node=_name(node, "node"),
                       heartbeat=heartbeat, ack_timeout=ack_timeout, max_agents_per_node=limit)

@@ -15,7 +15,9 @@ import pytest
 from fednodes import (Node, client, drop, exchange, held, needs_server, nodes, redis_server,  # noqa: F401 - fixtures
                       start_daemon, team, write_config)
 from relay import config as config_mod
+from relay.core import health
 from relay.errors import ConfigError
+from conftest import error_line
 from relay.federation.keys import RETIRED, Keys
 
 
@@ -177,6 +179,30 @@ def test_relay_send_asks_the_server_for_a_name_this_node_has_not_heard_of_yet(re
     write_config(tmp_path / "n1", redis_server.url, team, "n1", ["Ann"])        # n1 has never read the directory
     cli("--root", str(tmp_path / "n1"), "send", "--from", "Ann", "--to", "Bob", "across")
     assert "federation: published 1" in cli("--root", str(tmp_path / "n1"), "run", "--once").output
+
+
+def test_an_agents_shell_without_the_url_sends_to_the_team_by_what_the_daemon_read(redis_server, team, nodes,
+                                                                                cli, tmp_path, monkeypatch):
+    """The password stays in the daemon's environment: an agent's verbs, with relay.toml's
+    [federation] and no URL, know the team's agents from the ledger (what the daemon read of
+    the directory), send to them without a warning, and the node carries the message; relay
+    run without a URL says what it needs, in one line."""
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    (n1.state / "relay.toml").write_text(f'agents = ["Ann"]\n[federation]\nteam = "{team}"\nnode = "n1"\n')
+    monkeypatch.delenv("RELAY_FEDERATION_URL", raising=False)
+    sent = cli("--root", str(n1.root), "send", "--from", "Ann", "--to", "Bob", "from a shell without the password")
+    assert "warning" not in sent.output and "federation" not in sent.output
+    assert "Bob" in cli("--root", str(n1.root), "agents").output
+    typo = cli("--root", str(n1.root), "send", "--from", "Ann", "--to", "Bobb", "x", ok=False)
+    assert typo.exit_code != 0 and "did you mean Bob" in typo.output
+    status = cli("--root", str(n1.root), "status", ok=False)
+    assert f"federation node n1 of team {team}" in status.output and "no federation url here" in status.output
+    run = cli("--root", str(n1.root), "run", "--once", ok=False)
+    assert run.exit_code == 1 and error_line(run).startswith(f"[federation] of team {team}: no federation url here")
+    exchange(n1, n2, rounds=3)       # the daemon, with its URL
+    assert [e["body"] for e in n2.held("Bob")] == ["from a shell without the password"]
 
 
 @needs_server
@@ -488,3 +514,51 @@ def test_a_url_s_parameters_are_checked_by_name_and_no_password_shows(tmp_path):
     assert redact("redis+sentinel://h:26379/m?sentinel_password=SeCr#et99") == \
         "redis+sentinel://h:26379/m?sentinel_password=***"
     assert "p#1/a?b" not in redact("redis://u:p#1/a?b@c%d@h:6379/0")
+
+
+def test_the_health_check_counts_the_federation_a_link_down_and_an_old_unacknowledged_message():
+    """`relay status` exits 5 when the running daemon's link is down, its directory cannot be
+    read or a name is claimed twice, and 4 when a message for another node waits for its
+    acknowledgement longer than --max-pending-age; a stopped daemon's last link state is no news."""
+    def doc(connected=True, directory=None, conflicts=(), oldest=None):
+        return {"link": {"connected": connected, "error": None if connected else "ConnectionError: refused"},
+                "directory": {"error": directory}, "conflicts": list(conflicts),
+                "outbound": {"by_node": {"n2": {"waiting": 3, "oldest_at": oldest}} if oldest else {}}}
+    assert health.federation(doc(), True, 1000.0, 600) == (0, [])
+    code, said = health.federation(doc(connected=False), True, 1000.0, 600)
+    assert code == health.EXIT_FEDERATION and "link to the team's server is down (ConnectionError" in said[0]
+    assert health.federation(doc(directory="NoPermissionError: x"), True, 1000.0, 600)[0] == health.EXIT_FEDERATION
+    assert health.federation(doc(conflicts=[("Ann", "n3")]), True, 1000.0, 600)[0] == health.EXIT_FEDERATION
+    assert health.federation(doc(connected=False), False, 1000.0, 600) == (0, [])
+    code, said = health.federation(doc(oldest=100.0), True, 1000.0, 600)
+    assert code == health.EXIT_STALE and said == ["federation: 3 message(s) for node n2 not acknowledged, the oldest "
+                                                  "for 900s, more than --max-pending-age 10m"]
+    assert health.federation(doc(oldest=100.0), True, 1000.0, 0) == (0, [])
+
+
+def test_an_error_whose_reason_alternates_is_said_once_per_reason_then_counted():
+    """A TLS handshake refused one way, then another: each reason once while the condition
+    lasts (at most SAID of them), then one count a minute; said again after it ended."""
+    from relay.federation.conditions import EVERY, SAID, Condition
+    lines, now = [], [0.0]
+
+    class Log:
+        def error(self, fmt, *args):
+            lines.append(fmt % args)
+
+        def info(self, fmt, *args):
+            lines.append(fmt % args)
+
+    down = Condition(Log(), "federation: the server cannot be used", clock=lambda: now[0])
+    for i in range(1000):
+        now[0] = i * 0.5
+        down.report("TLSV13_ALERT_CERTIFICATE_REQUIRED" if i % 2 else "EOF occurred in violation of protocol")
+    assert lines[:2] == ["federation: the server cannot be used: EOF occurred in violation of protocol",
+                         "federation: the server cannot be used: TLSV13_ALERT_CERTIFICATE_REQUIRED"]
+    assert len(lines) == 2 + int(499.5 // EVERY) and all("again" in ln for ln in lines[2:])
+    for i in range(3 * SAID):
+        down.report(f"reason {i}")
+    assert len([ln for ln in lines if "reason" in ln and "again" not in ln]) == SAID - 2
+    down.clear()
+    down.report("EOF occurred in violation of protocol")
+    assert lines[-1] == "federation: the server cannot be used: EOF occurred in violation of protocol"

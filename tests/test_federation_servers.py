@@ -4,11 +4,15 @@ skip, saying why, when one is missing)."""
 import shutil
 import subprocess
 import time
+import urllib.parse
 
 import pytest
 
 from fednodes import MISSING, REDIS_SERVER, RedisServer, exchange, fedkit, nodes, team  # noqa: F401 - fixtures
 from relay import config as config_mod
+from relay.errors import FederationError
+from relay.federation.client import connect
+from relay.federation.keys import acl
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
 OPENSSL = shutil.which("openssl")
@@ -126,6 +130,10 @@ def test_sentinel_follows_the_master_through_a_failover_and_loses_nothing(tmp_pa
                     ".ci/run installs it)")
 @pytest.mark.timeout_s(90)
 def test_a_cluster_of_three_masters_with_urls_at_nodes_that_do_not_hold_the_teams_slot(tmp_path, team, nodes):
+    """Each node with its own ACL user, made on every node of the cluster by piping the line
+    `relay federation acl` prints into redis-cli (a password with quotes, a backslash and a
+    dollar read back as written); a user without the slots and command table gets one line
+    saying what it lacks, not a traceback."""
     cluster = fedkit.Cluster(tmp_path / "cluster").start()
     try:
         from redis.cluster import RedisCluster
@@ -133,8 +141,24 @@ def test_a_cluster_of_three_masters_with_urls_at_nodes_that_do_not_hold_the_team
         holder = rc.get_node_from_key(f"relay:{{{team}}}:node:n1").port
         others = [s.port for s in cluster.servers if s.port != holder]
         rc.close()
-        n1 = nodes(f"redis+cluster://127.0.0.1:{others[0]}/0", team, "n1", ["Ann"])
-        n2 = nodes(f"redis+cluster://127.0.0.1:{others[1]}/0", team, "n2", ["Bob"])
+        urls = {}
+        for node in ("n1", "n2"):
+            password = f"pw'{node}\"x\\$y"
+            line = acl(team, node, password)
+            for server in cluster.servers:
+                out = subprocess.run(["redis-cli", "-p", str(server.port)], input=line + "\n", capture_output=True,
+                                     text=True, check=True).stdout
+                assert out.strip() == "OK", out
+            urls[node] = f"relay-{team}-{node}:{urllib.parse.quote(password, safe='')}@127.0.0.1"
+        for server in cluster.servers:
+            subprocess.run(["redis-cli", "-p", str(server.port), "ACL", "SETUSER", "bare", "on", ">pw", "~*",
+                            "+@all", "-cluster|slots", "-cluster|shards"], check=True, capture_output=True)
+        bare = config_mod.load(tmp_path, ".relay", env={"RELAY_FEDERATION_URL": f"redis+cluster://bare:pw@127.0.0.1:"
+                                                        f"{others[0]}/0", "RELAY_FEDERATION_TEAM": team})
+        with pytest.raises(FederationError, match=r"needs \+cluster\|slots"):
+            connect(bare.federation)
+        n1 = nodes(f"redis+cluster://{urls['n1']}:{others[0]}/0", team, "n1", ["Ann"])
+        n2 = nodes(f"redis+cluster://{urls['n2']}:{others[1]}/0", team, "n2", ["Bob"])
         exchange(n1, n2, rounds=1)
         for i in range(3):
             n1.drop("Ann", f"m{i}", f"TO: Bob\n\nthrough the cluster {i}")

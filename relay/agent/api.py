@@ -137,7 +137,8 @@ class Agent(Leases, AgentState):
         known = set(self.project.agents())
         special = (*BROADCAST, SYSTEM)         # '*' and its alias Broadcast, relay's own inbox
         unknown = [n for n in names if n not in special and n not in known]
-        if unknown and self.project.config.federation is not None:     # a node this one has not heard of yet
+        federation = self.project.config.federation
+        if unknown and federation is not None and federation.url is not None:    # a node not heard of yet
             known |= self._team_names(unknown, wait=0.0 if create else 2.0)
             unknown = [n for n in unknown if n not in known]
         if unknown and create:

@@ -95,7 +95,8 @@ def federation_acl(ctx, node, team, password, save):
     user = f"relay-{team}-{node}"
     encoded = __import__("urllib.parse").parse.quote(secret, safe="")
     echo(f"# node {node} then uses: RELAY_FEDERATION_URL='redis://{user}:{encoded}@<redis-host>:6379/0' "
-               f"(and node = \"{node}\" in its [federation] section)", err=True)
+         f"(or the rediss://, redis+sentinel:// or redis+cluster:// form with the same user and password; "
+         f"and node = \"{node}\" in its [federation] section)", err=True)
 
 
 

@@ -15,7 +15,7 @@ from relay import config as config_mod
 from relay.core import health
 from relay.core.daemon import Relay
 from relay.core.loop import DRAIN_PATIENCE, GC_YOUNG, quiet_gc
-from relay.errors import RelayError
+from relay.errors import FederationError, RelayError
 from relay.core.flow import REASONS
 from relay.guards import checked, duration, handle_errors, sender_name, setting
 from relay.core.inbox import Inbox
@@ -85,6 +85,9 @@ def run(ctx, once, durability, settle, retention, patience, log_format, log_leve
     ctx.strict = True       # a mistake in relay.toml stops the daemon, with the key and its hint
     ctx.logged = True
     cfg = ctx.cfg
+    if cfg.federation is not None and cfg.federation.url is None:
+        from relay.federation.client import NO_URL
+        raise FederationError(f"[federation] of team {cfg.federation.team}: {NO_URL}")
     setup_logging(cfg, quiet)
     warn(cfg, lambda text: log.warning("%s", text))
     layout = Layout(cfg.root, cfg.state_dir)
@@ -175,6 +178,9 @@ def status(ctx, max_pending_age, as_json):
                 from relay.federation import probe
                 federation = probe(cfg, led)
     code, problems = health.check(pid, oldest, max_age)
+    if federation is not None:
+        more, said = health.federation(federation, pid is not None, now, max_age)
+        code, problems = code or more, problems + [views.plain(p) for p in said]
     settings = {k: att.get(k) for k in ("journal_mode", "synchronous", "busy_timeout_ms", "foreign_keys")}
     doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
            "daemon": {"running": pid is not None, "pid": pid}, "counts": counts,

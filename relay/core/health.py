@@ -20,6 +20,8 @@ NEEDED = {"full": "FULL", "normal": "NORMAL"}     # the synchronous level each d
 EXIT_OK = 0
 EXIT_DOWN = 3           # relay status: no daemon holds relay.lock
 EXIT_STALE = 4          # relay status: the oldest pending message is older than --max-pending-age
+EXIT_FEDERATION = 5     # relay status: the daemon runs, and its link to the team's server is down, its
+                        # directory cannot be read, or a name is claimed by two nodes
 MAX_PENDING_AGE = 600.0  # --max-pending-age by default (10 minutes)
 
 
@@ -111,4 +113,28 @@ def check(daemon_pid, oldest_age, max_age):
         out.append(f"the oldest pending message waits for {oldest_age:.0f}s, more than --max-pending-age "
                    f"{show_duration(max_age)}")
         code = code or EXIT_STALE
+    return code, out
+
+
+def federation(doc, running, now, max_age):
+    """(exit code, problems) of the federation part of `relay status` (federation.probe's
+    document): EXIT_STALE when a message for another node waits for its acknowledgement (or to
+    be published) longer than `max_age`, EXIT_FEDERATION when the running daemon's link is down,
+    the team's directory cannot be read or a name is claimed twice; while no daemon runs, only
+    the ages count (its link's last state is no longer news)."""
+    out, code = [], EXIT_OK
+    if running:
+        link, directory = doc["link"], doc["directory"]
+        if link["connected"] is False:
+            out.append(f"federation: the link to the team's server is down ({link['error'] or 'no reason recorded'})")
+        if directory["error"]:
+            out.append(f"federation: the team's directory cannot be read ({directory['error']})")
+        out += [f"federation: agent {name} is claimed by node {other} too" for name, other in doc["conflicts"]]
+        code = EXIT_FEDERATION if out else code
+    for node, w in doc["outbound"]["by_node"].items():
+        age = now - w["oldest_at"] if w["oldest_at"] else 0.0
+        if max_age and age > max_age:
+            out.append(f"federation: {w['waiting']} message(s) for node {node} not acknowledged, the oldest for "
+                       f"{age:.0f}s, more than --max-pending-age {show_duration(max_age)}")
+            code = code or EXIT_STALE
     return code, out

@@ -31,6 +31,10 @@ def redis_module():
     return redis
 
 
+NO_URL = ("no federation url here: the daemon's environment holds it (RELAY_FEDERATION_URL), or "
+          "[federation] url in relay.toml; agents' verbs need none")
+
+
 def server_errors():
     """What a call to the server may raise when the server (or the way to it) fails: redis-py's
     errors, and a cluster client's own."""
@@ -200,6 +204,8 @@ def connect(federation, timeout=SOCKET_TIMEOUT, limit=None, budget=None, name=No
     off themselves. With `limit`, no bulk string over `limit` bytes and no reply over `budget`
     is read (ReplyTooLarge)."""
     redis = redis_module()
+    if federation.url is None:
+        raise FederationError(NO_URL)
     options = {"socket_timeout": timeout, "socket_connect_timeout": min(timeout, CONNECT_TIMEOUT),
                "retry": None, "retry_on_timeout": False,
                "client_name": name or f"relay-{federation.node}"}
@@ -210,13 +216,27 @@ def connect(federation, timeout=SOCKET_TIMEOUT, limit=None, budget=None, name=No
         if federation.sentinel:
             return _sentinel(redis, federation, options)
         if federation.cluster:
-            from redis.cluster import RedisCluster
-            scheme, rest = federation.url.split("://", 1)
-            options.pop("retry")
-            return RedisCluster.from_url(scheme.split("+")[0] + "://" + rest, **options)
+            return _cluster(federation, options)
         return redis.Redis.from_url(federation.url, **options)
     except (ValueError, TypeError) as e:
         raise FederationError(f"the federation url {federation.shown_url} cannot be used: {e}") from None
+
+
+def _cluster(federation, options):
+    """A Redis Cluster client: made by reading the cluster's slots and command table at once,
+    which a node whose ACL user lacks `cluster|slots` and `command` (`relay federation acl`
+    gives both), a wrong password or a server that is no cluster refuse."""
+    from redis.cluster import RedisCluster
+    scheme, rest = federation.url.split("://", 1)
+    options.pop("retry")
+    try:
+        return RedisCluster.from_url(scheme.split("+")[0] + "://" + rest, **options)
+    except server_errors() as e:
+        cause = e.__cause__ or e.__context__
+        more = f" ({reason(cause)})" if cause is not None and not isinstance(cause, (ValueError, TypeError)) else ""
+        raise FederationError(f"the Redis Cluster at {federation.shown_url} cannot be used: {reason(e)}{more}; "
+                              "its ACL user needs +cluster|slots and +command (`relay federation acl` prints "
+                              "them)") from None
 
 
 def _sentinel(redis, federation, options):

@@ -1,8 +1,11 @@
-"""Repeated errors logged once per change of condition, then a count at most once a minute, so
-that a server refusing every write does not fill the log."""
+"""Repeated errors logged once per condition, then a count at most once a minute, so that a
+server refusing every write does not fill the log. A condition whose reason alternates (a TLS
+handshake refused one way, then another) is one condition: each reason is said once while it
+lasts, at most SAID of them, and the rest counted."""
 import time
 
 EVERY = 60.0
+SAID = 8
 
 
 class Condition:
@@ -11,6 +14,7 @@ class Condition:
         self.what = what
         self.clock = clock
         self.current = None
+        self.said = set()           # the reasons said since the condition began
         self.count = 0
         self.since = None
         self.next = 0.0
@@ -18,9 +22,12 @@ class Condition:
     def report(self, why):
         """The condition holds now, for `why`."""
         now = self.clock()
-        if why != self.current:
+        if self.current is None:
+            self.count, self.since, self.next = 0, now, now + EVERY
+        self.current = why
+        if why not in self.said and len(self.said) < SAID:
+            self.said.add(why)
             self.log.error("%s: %s", self.what, why)
-            self.current, self.count, self.since, self.next = why, 0, now, now + EVERY
             return
         self.count += 1
         if now >= self.next:
@@ -32,3 +39,4 @@ class Condition:
         if self.current is not None:
             self.log.info("%s: no longer (%s)", self.what, self.current)
         self.current, self.count = None, 0
+        self.said.clear()

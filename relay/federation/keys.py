@@ -13,7 +13,7 @@ from the key it read, never from a field. Node names never hold `:` or a glob ch
 pattern never matches another node's key. The braces keep every key of a team in one hash slot
 (Redis Cluster).
 """
-import shlex
+import re
 
 NODE_PREFIX = "node:"
 # What an operator writes into the entry of a node gone for good: it lists no name any more, so
@@ -58,12 +58,21 @@ WRITE = ("xadd", "xdel", "xtrim", "xlen", "xrange", "xinfo|stream", "del", "exis
 READ = ("xread", "xrange", "xlen", "xinfo|stream", "hgetall", "hget", "hmget", "exists")
 # No scripting: a script could hold the whole server (a loop no node may kill).
 EVERYONE = ("ping", "time", "scan", "info", "client|setname", "client|id", "client|info", "hello", "auth",
-            "select", "echo")
+            "select", "echo",
+            "cluster|slots", "cluster|shards", "command")    # a Cluster client reads the slots and command table
+SAFE = re.compile(r"[^\s'\"\\]+\Z")
+
+
+def quoted(word):
+    """`word` as one argument of a redis-cli line: as it is, or in double quotes with its
+    backslashes and double quotes escaped, which redis-cli and a POSIX shell (shlex) read back
+    alike (`relay federation acl` refuses a password with a control character or a space)."""
+    return word if SAFE.match(word) else '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def retire(team, node):
     """The redis-cli line with which an operator releases the names of a node gone for good."""
-    return " ".join(shlex.quote(w) for w in ["HSET", Keys(team).node(node), "agents", RETIRED["agents"], "v", RETIRED["v"]])
+    return " ".join(quoted(w) for w in ["HSET", Keys(team).node(node), "agents", RETIRED["agents"], "v", RETIRED["v"]])
 
 
 def acl(team, node, password=None):
@@ -80,7 +89,7 @@ def acl(team, node, password=None):
     # (an acknowledgement cannot be written then; a deletion needs no memory).
     relief = f"(~{keys.prefix}from:*:to:{node} -@all +xdel)"
     words = ["ACL", "SETUSER", user, "reset", *root, secret, selector, relief]
-    return " ".join(shlex.quote(w) for w in words)
+    return " ".join(quoted(w) for w in words)
 
 
 SAVE = "ACL SAVE"       # kept in the server's aclfile, so that a restart keeps every node's user
