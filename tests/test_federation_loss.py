@@ -128,6 +128,37 @@ def test_an_acknowledgement_lost_makes_the_message_go_again_at_its_deadline_deli
     assert "republished" in events and events[-1] == "acknowledged"
 
 
+def test_a_refusal_whose_acknowledgement_was_lost_is_given_again_not_taken_for_a_delivery(server, team, nodes,
+                                                                                         clock):
+    """n2 sheds a message (its queue_limit) and acknowledges it with the reason; the server
+    loses that before n1 reads it. Published again, the message is one n2 received before: its
+    answer is the refusal again, so n1 records it refused (the sender's bounce), never as
+    acknowledged while Bob never had it."""
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"], extra="queue_limit = 1")
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m0", "TO: Bob\n\nfirst, left unread")
+    exchange(n1, n2)
+    n1.drop("Ann", "m1", "TO: Bob\n\nsecond, shed by queue_limit")
+    n1.send()
+    n2.receive()
+    n2.link.incoming.acknowledge()
+    admin(server.url).flushall()         # the refusal is lost before n1 read it
+    for _ in range(3):
+        clock.advance(1.5)
+        for n in (n1, n2):
+            n.link.heartbeat()
+        n1.link.check()
+        n1.link.publish()
+        n2.receive()
+        n2.link.incoming.acknowledge()
+        n1.link.publish()
+    assert bodies(n2, "Bob") == ["first, left unread"]
+    assert states(n1) == {"acknowledged": 1, "refused": 1}
+    [refused] = n1.link.history.db.execute("SELECT error FROM outbound WHERE status = 'refused'").fetchone()
+    assert "queue_limit" in refused
+
+
 def test_a_name_announced_after_the_message_was_written_waits_for_it(server, team, nodes, clock, cli):
     n1 = nodes(server.url, team, "n1", ["Ann"])
     n2 = nodes(server.url, team, "n2", ["Bob"])

@@ -306,9 +306,12 @@ class Incoming:
                 # holds): delivered under an id of this node's, its sender's id kept beside it.
                 renamed(w, item, self.ids.new(now))
             if verdict == REPEAT:
-                log.info("%s from node %s (entry %s) was received before: acknowledged again, not delivered again",
-                         w.id, node, eid)
-                repeats.append((node, w.id, eid))
+                # Its first handling's answer again: a refusal (shed, given up) whose acknowledgement
+                # was lost is not taken for a delivery the second time.
+                failed = (before.get((node, w.id)) or (None, None, None))[2]
+                log.info("%s from node %s (entry %s) was received before: acknowledged again%s, not delivered again",
+                         w.id, node, eid, " (refused, as then)" if failed else "")
+                repeats.append((node, w.id, eid, failed))
                 continue
             if verdict is not None:
                 if self._recorded(node, now):
@@ -319,8 +322,8 @@ class Incoming:
             seen[(node, item.get("remote_id") or w.id)] = w.sha256
             used.add(w.id)
             works.append((w, item))
-        for node, mid, eid in repeats:
-            self._ack(node, mid, None, eid)
+        for node, mid, eid, failed in repeats:
+            self._ack(node, mid, failed, eid)
         works, shed = self._admit(works, now)
         done, gave_up = self._deliver(works, now)
         failed = [dict(item, got=w.got, error=why) for w, item, why in gave_up + shed]

@@ -81,8 +81,9 @@ class RemoteHistory:
         return self.db.execute("SELECT min(ack_deadline) FROM outbound WHERE status = 'published'").fetchone()[0]
 
     def received_before(self, pairs):
-        """{(node, id): (sha256, local id)} of the (node, id) pairs received before (kept past
-        the retention sweep). Looked up by node, on the key: the table holds 30 days of ids."""
+        """{(node, id): (sha256, local id, why it failed or None)} of the (node, id) pairs
+        received before (kept past the retention sweep; why it failed while its row is kept).
+        Looked up by node, on the key: the table holds 30 days of ids."""
         by_node = {}
         for node, mid in pairs:
             by_node.setdefault(node, []).append(mid)
@@ -90,8 +91,9 @@ class RemoteHistory:
         for node, ids in by_node.items():
             for i in range(0, len(ids), CHUNK):
                 chunk = ids[i:i + CHUNK]
-                out.update({(node, r[0]): (r[1], r[2]) for r in self.db.execute(
-                    "SELECT id, sha256, local_id FROM received_ids WHERE node = ? AND id IN "
+                out.update({(node, r[0]): (r[1], r[2], r[3]) for r in self.db.execute(
+                    "SELECT r.id, r.sha256, r.local_id, CASE WHEN m.status = 'failed' THEN coalesce(m.error, 'failed') "
+                    "END FROM received_ids r LEFT JOIN messages m ON m.id = r.local_id WHERE r.node = ? AND r.id IN "
                     f"({','.join('?' * len(chunk))})", [node, *chunk])})
         return out
 
