@@ -557,6 +557,41 @@ def test_acknowledgements_of_ids_never_sent_are_held_within_a_bound_per_node_and
     assert n3.receive() == 0 and [e["body"] for e in n3.held("Cid")] == ["acknowledged early, beside a flood"]
 
 
+def test_acknowledgement_entries_too_many_or_too_large_together_never_keep_another_nodes_from_being_read(
+        redis_server, team, nodes, caplog):
+    """n3 fills its acknowledgement stream to n1 with entries each under ACK_BYTES but too large
+    together for one read's budget, then with entries of ids that are no relay ids (empty, or a
+    megabyte long) and with more acknowledgements than one call settles: n2's acknowledgement
+    is read all the same, each call settles at most ACKS_PER_CALL, nothing unlike an id is held,
+    and the entries too large are said once, not at every read."""
+    from relay.federation.publisher import ACK_BYTES, ACKS_PER_CALL
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    n3 = nodes(redis_server.url, team, "n3", ["Cid"])
+    exchange(n1, n2, n3, rounds=1)
+    r = client(redis_server.url)
+    flood = n3.keys.acks("n3", "n1")
+    for _ in range(9):          # each under the bound; together over a read's
+        r.xadd(flood, {"acks": orjson.dumps([["x" * (ACK_BYTES // 2 - 100), None, None]])})
+    r.xadd(flood, {"acks": b"y" * (ACK_BYTES + 10)})     # one over it
+    r.xadd(flood, {"acks": orjson.dumps([[""]] * 50_000 + [["z" * 900_000]])})
+    ids = IdGenerator()
+    r.xadd(flood, {"acks": orjson.dumps([[ids.new(n1.clock.now)] for _ in range(3 * ACKS_PER_CALL)])})
+    n1.drop("Ann", "m", "TO: Bob\n\nits acknowledgement behind a flood of another node's")
+    n1.send()
+    n2.receive()
+    [mid] = [row["id"] for row in n1.relay.history.audit() if row["name"] == "m"]
+    publisher = n1.link.publisher
+    settled = publisher.read_acks(n1.clock.now, {"n2", "n3"})
+    assert settled == 1 and n1.outbound(mid)["n2"]["status"] == "acknowledged"
+    for _ in range(6):
+        publisher.read_acks(n1.clock.now, {"n2", "n3"})
+        assert len(publisher.early_acks.get("n3", {})) <= 1024
+    assert all(len(m) == 26 for m in publisher.early_acks.get("n3", {}))
+    assert publisher.cursors["n3"] == r.xrevrange(flood, count=1)[0][0].decode()     # read to its end
+    assert sum("too large to be any" in rec.getMessage() for rec in caplog.records) == 1
+
+
 def _then_fail(offer):
     def offered(works):
         offer(works)

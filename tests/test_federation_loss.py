@@ -4,6 +4,7 @@ data, an acknowledgement) is published again and delivered once; names the team 
 announcing wait instead of failing; a server refusing writes is still read."""
 import shlex
 import signal
+import time
 
 import orjson
 import pytest
@@ -95,11 +96,18 @@ def test_a_restart_without_its_data_is_a_new_server_and_everything_waiting_goes_
             n1.drop("Ann", f"m{i}", f"TO: Bob\n\nbefore {i}")
         n1.send()
         n2.receive()                                            # three of them read, acknowledged ...
+        # ... and an entry id an hour ahead (a server whose clock was wrong) read by n1: the new
+        # server's ids are smaller, and n1's cursors go back to the start of its streams.
+        ahead = f"{int(time.time() * 1000) + 3_600_000}-0"
+        admin(server.url).xadd(Keys(team).acks("n2", "n1"), {"acks": b"[]"}, id=ahead)
+        n1.link.publish()
+        assert n1.link.publisher.cursors["n2"] == ahead
         server.stop(signal.SIGKILL)
         (tmp_path / "redis" / "appendonlydir").exists() and __import__("shutil").rmtree(tmp_path / "redis" / "appendonlydir")
         server.start()                                          # ... and all lost with the data
         exchange(n1, n2, rounds=1)
         n1.link.check()
+        assert n1.link.publisher.new_server and n1.link.publisher.cursors == {}
         exchange(n1, n2, rounds=3)
         assert bodies(n2, "Bob") == sorted(f"before {i}" for i in range(5))
         assert states(n1) == {"acknowledged": 5}

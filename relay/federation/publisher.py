@@ -21,8 +21,9 @@ import re
 import orjson
 
 from relay.core.work import backoff
-from relay.federation.client import Skipping, reason, round_trip, server_errors, sized
+from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip, server_errors, sized
 from relay.federation.keys import Keys
+from relay.files.layout import valid_id
 from relay.federation.wire import Wire
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,10 @@ RETRY_CAP = 30.0            # ... at most this (and at once when the link comes 
 HELD = 4                    # bytes held in memory per byte of an envelope published (row, pipeline)
 ACK_BYTES = 1 << 20         # the largest acknowledgement entry read (a node's are a few KB)
 ACK_READ = 64               # acknowledgement entries per read and stream ...
-ACK_ROUNDS = 8              # ... and reads per call
+ACK_ROUNDS = 8              # ... and reads per call ...
+ACKS_PER_CALL = 8192        # ... and acknowledgements settled per call: a node writing made-up ones in
+                            # bulk holds the ledger's write lock no longer than these take (~50 ms)
+OVERSIZE_SAID = 60.0        # seconds between two log lines of one node's entries too large to read
 EARLY_ACKS_KEPT = 60.0      # seconds an acknowledgement waits for its row to be recorded (milliseconds, as a rule) ...
 EARLY_ACKS_HELD = 1024      # ... and how many of one node's wait at most (one acknowledging ids never sent fills its own)
 
@@ -56,6 +60,7 @@ class Publisher:
         self.early = {}                     # (message id, node) -> (entry id, when) published from an offer
         self.early_acks = {}                # node -> {message id: (refusal, entry id, when)}: rows not recorded yet
         self.cursors = {}                   # node -> last acknowledgement entry read from it
+        self.oversize_said = {}             # node -> when its entries too large to read may be said again
         self.run_id = None                  # the server's, to know a restart or failover
         self.new_server = False             # the last check found another run id
         self.refusing = False               # the server refused a publish for want of memory
@@ -144,8 +149,9 @@ class Publisher:
         streams = {self.keys.acks(n, self.node): self.cursors.get(n, "0-0") for n in nodes}
         streams = self.skipping.usable(self.acks_client, streams, now)
         settled = self._early_acks(now)
+        budget = ACKS_PER_CALL
         for _ in range(ACK_ROUNDS):     # bounded: a node flooding its stream delays no other work
-            if not streams:
+            if not streams or budget <= 0:
                 break
             try:
                 reply = self.acks_client.xread(streams, count=ACK_READ)
@@ -156,20 +162,22 @@ class Publisher:
                 continue
             except self.errors:
                 raise
-            except Exception as e:      # ReplyTooLarge: a node wrote an acknowledgement too large to be one
-                log.error("federation: an acknowledgement stream holds an entry too large to read (%s); skipped", e)
-                self._skip_large(streams)
-                continue
+            except ReplyTooLarge:       # the reply over its budget, or one entry over ACK_BYTES
+                reply = self._apart(streams, now)
             if not reply:
                 break
             deletions = {}
             for key, entries in reply:
                 key = key.decode() if isinstance(key, bytes) else key
                 node = key.split(":from:", 1)[1].split(":ack:", 1)[0]
-                acks = []
+                acks, last = [], None
                 for eid, fields in entries:
-                    acks.extend(_acks(fields))
-                    streams[key] = self.cursors[node] = eid.decode() if isinstance(eid, bytes) else eid
+                    if budget <= 0:
+                        break           # the rest in the next call: the cursor stays before them
+                    got = _acks(fields)
+                    acks.extend(got)
+                    budget -= max(1, len(got))
+                    last = eid.decode() if isinstance(eid, bytes) else eid
                 if acks:
                     # A refusal because the recipients are not the node's (any more) is rerouted
                     # when another node holds them now (reroute), else recorded as refused.
@@ -188,8 +196,33 @@ class Publisher:
                         self.router.bounced()       # the sender's bounce, emitted by the loop now
                     settled += len(gone)
                     deletions.setdefault(node, []).extend(set(gone) | {e for mid, e, _ in acks if e and mid not in held})
+                if last is not None:    # moved once what it passes is recorded
+                    streams[key] = self.cursors[node] = last
             self._delete(deletions)
         return settled
+
+    def _apart(self, streams, now):
+        """A read of the acknowledgement streams whose reply was too large: each stream read on
+        its own, and one whose entries are too large together read entry by entry, each over
+        ACK_BYTES passed by its size alone (said once a minute per node). Every stream moves
+        on: no node's entries keep the others' from being read."""
+        reply = []
+        for key, cursor in streams.items():
+            try:
+                got = self.acks_client.xread({key: cursor}, count=ACK_READ)
+                reply += got or []
+                continue
+            except ReplyTooLarge:       # one by one, then
+                pass
+            entries = sized(self.acks_client, key, cursor, ACK_READ)
+            big = [eid for eid, fields in entries if "oversize" in fields]
+            node = key.split(":from:", 1)[1].split(":ack:", 1)[0]
+            if big and now >= self.oversize_said.get(node, 0.0):
+                self.oversize_said[node] = now + OVERSIZE_SAID
+                log.error("federation: node %s wrote acknowledgement entries too large to be any (%s and others over "
+                          "%d bytes); passed unread", node, big[0], ACK_BYTES)
+            reply.append((key, entries))
+        return reply
 
     def _hold(self, now, node, missed, entries):
         """Acknowledgements that settled no row (`missed`: (message id, refusal)): those whose
@@ -250,17 +283,6 @@ class Publisher:
             for node, gone in deletions.items():
                 pipe.xdel(self.keys.messages(self.node, node), *gone)
             pipe.execute(raise_on_error=False)     # an entry left there is acknowledged: known again
-
-    def _skip_large(self, streams):
-        """Move each cursor past the entries too large to read (their ids from the replies' first
-        bulk strings, their content never read)."""
-        for key, cursor in list(streams.items()):
-            for eid, fields in sized(self.acks_client, key, cursor, ACK_READ):
-                if "oversize" not in fields:
-                    break
-                streams[key] = eid
-                node = key.split(":from:", 1)[1].split(":ack:", 1)[0]
-                self.cursors[node] = eid
 
     # -- what the server lost, and deadlines -------------------------------------------------
 
@@ -349,15 +371,16 @@ NOT_HERE = "none of "          # how a receiver's refusal for recipients that ar
 
 def _acks(fields):
     """(message id, entry id or None, refusal or None) of one acknowledgement entry
-    (`[[id, entry id, refusal or null], ...]`); nothing for a malformed one."""
+    (`[[id, entry id, refusal or null], ...]`); nothing for a malformed one, nor for an item
+    whose id is no relay id (never held, never looked up), and at most ACKS_PER_CALL."""
     raw = fields.get(b"acks") if isinstance(fields, dict) else None
     try:
         items = orjson.loads(raw) if raw is not None else []
     except orjson.JSONDecodeError:
         return []
     out = []
-    for item in items if isinstance(items, list) else []:
-        if isinstance(item, list) and item and isinstance(item[0], str):
+    for item in items[:ACKS_PER_CALL] if isinstance(items, list) else []:
+        if isinstance(item, list) and item and isinstance(item[0], str) and valid_id(item[0]):
             eid = item[1] if len(item) > 1 and isinstance(item[1], str) and ENTRY_ID.match(item[1]) else None
             refusal = item[2] if len(item) > 2 and isinstance(item[2], str) else None
             out.append((item[0], eid, refusal[:500] if refusal else None))
