@@ -193,6 +193,41 @@ def test_a_name_held_by_a_node_is_never_taken_by_anothers_claim(server, team, no
     assert n4.link.directory.routes.get("Bob") == "n3" or ("Bob", "n3") in n4.link.conflicts
 
 
+def test_a_case_variant_or_a_name_just_announced_elsewhere_gives_a_node_no_voice_and_takes_no_name(
+        server, team, nodes, clock):
+    """n3 lists ANN (n1's Ann, long held) or BOB (n2's own Bob), or a name n1 has just announced,
+    and writes from it before n2 looks at the directory again: each entry is refused, the name
+    it varies stays its holder's, and n1's Ann is still delivered from and to at n2."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=2)
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    evil.hset(keys.node("n3"), mapping={"agents": '["Eve"]', "v": "e1", "seen": evil.time()[0], "owner": "evil"})
+    n2.link.look()
+    (n1.state / "outbox" / "Newbie").mkdir()
+    n1.link.heartbeat()                     # n1 announces Newbie; n2 has not looked since
+    for k, spoof in enumerate(("ANN", "BOB", "AnN", "Newbie")):
+        evil.hset(keys.node("n3"), mapping={"agents": orjson.dumps(["Eve", spoof]), "v": f"e{k + 2}"})
+        mid = n2.relay.ids.new(clock())
+        evil.xadd(keys.messages("n3", "n2"), {"v": "2", "id": mid, "to": '["Bob"]',
+                                              "env": envelope(mid, spoof, ["Bob"], body=f"as {spoof}")})
+        n2.receive()                        # before n2's next look
+    assert bodies(n2, "Bob") == []
+    why = refusals(n2)
+    assert len(why) == 4 and any("differs only by case from Bob, an agent of this node" in w for w in why)
+    assert sum("not an agent of node n3" in w for w in why) == 3
+    n2.link.look()
+    routes = n2.link.directory.routes
+    assert routes["Ann"] == "n1" and "Newbie" not in routes and ("Newbie", "n3") in n2.link.directory.conflicts
+    evil.hset(keys.node("n3"), mapping={"agents": '["Eve", "ANN"]', "v": "e9"})
+    n2.link.look()
+    assert n2.link.directory.routes["Ann"] == "n1" and ("ANN", "n3") in n2.link.directory.conflicts
+    n1.drop("Ann", "m", "TO: Bob\n\nthe real Ann, after the claims")
+    n2.drop("Bob", "r", "TO: Ann\n\nback to the real Ann")
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["the real Ann, after the claims"] and bodies(n1, "Ann") == ["back to the real Ann"]
+
+
 def test_a_replay_after_the_retention_sweep_is_not_delivered_again(server, team, nodes, clock, cli):
     n1 = nodes(server, team, "n1", ["Ann"])
     n2 = nodes(server, team, "n2", ["Bob"], extra='retention = "1h"')

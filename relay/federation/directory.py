@@ -299,13 +299,17 @@ class Directory:
             elif holders:
                 conflicts.extend((name, h) for h in sorted(holders))
         # Names that differ only by case are one name to a person: a remote one beside a local
-        # one, or two remote ones, are conflicts, routed nowhere.
+        # one is a conflict, routed nowhere; of remote ones, the one routed to its node before
+        # keeps it (another node listing a case variant takes nothing), else all are conflicts.
         folded = {}
         for name in list(routes) + list(local):
             folded.setdefault(name.casefold(), set()).add(name)
         for names in folded.values():
             if len(names) > 1:
-                for name in names - set(local):
+                remote = names - set(local)
+                settled = [n for n in remote if not names & set(local) and previous.get(n, (None,))[0] == routes[n]]
+                keep = settled[0] if len(settled) == 1 else None
+                for name in remote - {keep}:
                     conflicts.append((name, routes.pop(name)))
         seen = {n: e.seen for n, e in self.entries.items()}
         rows = sorted((name, node, seen.get(node, previous.get(name, (None, None))[1])) for name, node in routes.items())

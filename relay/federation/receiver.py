@@ -65,7 +65,7 @@ class Incoming:
         self.nodes = nodes or (lambda: [])
         self.routes = routes or (lambda: ({}, set()))
         self.on_name = on_name or (lambda: None)
-        self._lists = {}            # node -> its list of names read in this batch (a name not yet resolved)
+        self._lists = None          # {node: {folded name: names}} read in this batch (a name not yet resolved)
         import redis
         self.redis = redis
         self.errors = server_errors()
@@ -266,7 +266,7 @@ class Incoming:
         if not entries:
             return 0
         self.layout.fs.recheck()    # each directory looked up again by name: one may have been swapped since
-        self._lists = {}
+        self._lists = None
         local = self.layout.agent_names(self.config.agents)
         works, refused, seen, repeats = [], [], {}, []      # seen: (node, id) -> sha256 of the original, in this read
         named = [(node, _text(f.get(b"id"))) for node, _, f in entries if isinstance(f, dict)]
@@ -361,23 +361,53 @@ class Incoming:
 
     def _holds(self, agent, node):
         """Whether the directory gives `agent` to `node`: True, False, or None (not known). A
-        name this node has not resolved yet (announced since its last read) is looked up in the
-        node's own entry, now."""
+        name this node has not resolved yet (announced since its last read) is looked up in every
+        node's entry, now: it is `node`'s only when no other node lists it and it differs only by
+        case from no name the team has (a name claimed twice, or a case variant, is no one's)."""
         routes, ambiguous = self.routes()
         if agent in routes:
             return routes[agent] == node
         if agent in ambiguous:
             return False
-        if node not in self._lists:
+        folded = agent.casefold()
+        if any(name.casefold() == folded for name in (*routes, *ambiguous)):
+            return False
+        lists = self._team_lists(node)
+        holders = {n for n, names in lists.items() if folded in names}
+        if not holders:
+            return None
+        return holders == {node} and agent in lists[node][folded]
+
+    def _team_lists(self, node):
+        """{node: {folded name: names}} of every node's entry (the team's nodes and `node`), read
+        once per batch (one round trip); a list that cannot be read counts as empty."""
+        if self._lists is None:
+            nodes = sorted(set(self.nodes()) | {node})
+            pipe = self.client.pipeline(transaction=False)
+            for n in nodes:
+                pipe.hget(self.keys.node(n), "agents")
             try:
-                listed = self.client.hget(self.keys.node(node), "agents")
-                names = orjson.loads(listed) if listed else []
-            except (orjson.JSONDecodeError, TypeError, ReplyTooLarge):
-                names = []
-            self._lists[node] = set(names) if isinstance(names, list) and \
-                len(names) <= self.fed.max_agents_per_node else set()
+                got = pipe.execute(raise_on_error=False)
+            except ReplyTooLarge:
+                got = [None] * len(nodes)
+            self._lists = {}
+            for n, listed in zip(nodes, got, strict=True):
+                try:
+                    names = orjson.loads(listed) if isinstance(listed, bytes) else []
+                except orjson.JSONDecodeError:
+                    names = []
+                if not isinstance(names, list) or len(names) > self.fed.max_agents_per_node:
+                    names = []
+                folded = {}
+                for name in names:
+                    if isinstance(name, str):
+                        folded.setdefault(name.casefold(), set()).add(name)
+                self._lists[n] = folded
             self.on_name()
-        return True if agent in self._lists[node] else None
+        if node not in self._lists:
+            self._lists = None
+            return self._team_lists(node)
+        return self._lists
 
     def _ack(self, node, mid, refusal, eid):
         self.retry.pop((node, eid), None)
@@ -389,9 +419,13 @@ class Incoming:
         """Why `sender` cannot speak through `node`'s stream, or None when it can."""
         if sender in local:
             return f"the sender {sender} is an agent of this node ({self.node}); node {node} cannot speak for it"
+        mine = next((name for name in local if name.casefold() == sender.casefold()), None)
+        if mine is not None:
+            return f"the sender {sender} differs only by case from {mine}, an agent of this node ({self.node})"
         holds = self._holds(sender, node)
         if holds is False:
-            return f"the sender {sender} is not an agent of node {node} in the team's directory"
+            return (f"the sender {sender} is not an agent of node {node} in the team's directory (another node's, "
+                    "claimed by more than one, or a case variant of a name the team has)")
         if holds is None:
             return f"the sender {sender} is not in the team's directory (node {node} has not announced it)"
         return None
