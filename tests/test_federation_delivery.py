@@ -1201,6 +1201,45 @@ def test_a_row_for_a_live_node_that_dropped_its_recipient_is_rerouted_to_the_nod
     assert [e["body"] for e in n3.held("Ann")] == ["follows Ann"]
 
 
+def test_a_row_for_a_node_that_dropped_its_recipient_that_no_node_holds_now_is_refused_once_not_republished(
+        redis_server, team, nodes, clock):
+    """n2 stops hosting Bob just as Ann writes to him: n2 answers "none of Bob is an agent of
+    node n2". No node holds Bob: the row waits MOVED_WAIT for one to announce him, its entry
+    kept (no check takes it for one the server lost and publishes every row again), then it is
+    refused with n2's reason and Ann gets her bounce."""
+    import shutil
+    from relay.federation.publisher import MOVED_WAIT
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Carl"])
+    for sub in ("tmp", "new", "cur"):
+        (n2.state / "inbox/Bob" / sub).mkdir(parents=True)
+    (n2.state / "outbox/Bob").mkdir(parents=True)
+    exchange(n1, n2, rounds=1)
+    shutil.rmtree(n2.state / "inbox/Bob")
+    shutil.rmtree(n2.state / "outbox/Bob")
+    n1.drop("Ann", "m", "TO: Bob\n\nare you there?")
+    n1.send()
+    [mid] = [row["id"] for row in n1.relay.history.audit() if row["name"] == "m"]
+    waited = 0.0
+    while waited <= MOVED_WAIT:
+        clock.advance(1.0)
+        waited += 1.0
+        n2.receive()
+        n2.link.heartbeat()
+        n1.link.heartbeat()
+        n1.link.check()
+        n1.link.publish()
+        if waited < MOVED_WAIT:
+            assert n1.outbound(mid)["n2"]["status"] == "published"
+    row = n1.outbound(mid)["n2"]
+    assert (row["status"], row["attempts"]) == ("refused", 1) and row["error"] == "none of Bob is an agent of node n2"
+    assert client(redis_server.url).xlen(n1.stream("n2")) == 0
+    for _ in range(3):
+        n1.relay.step(clock.advance(1))
+    assert [(e["kind"], e["from"], e["subject"]) for e in n1.held("Ann")] == [
+        ("bounce", "System", f"Undelivered: your message {mid}")]
+
+
 def test_a_rerouted_row_leaves_no_entry_in_the_stream_of_its_former_node(redis_server, team, nodes, clock):
     from fednodes import Node
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])

@@ -37,6 +37,7 @@ ACK_READ = 64               # acknowledgement entries per read and stream ...
 ACK_ROUNDS = 8              # ... and reads per call ...
 ACKS_PER_CALL = 8192        # ... and acknowledgements settled per call: a node writing made-up ones in
                             # bulk holds the ledger's write lock no longer than these take (~50 ms)
+MOVED_WAIT = 10.0           # seconds a "none of ... is an agent of node" refusal waits for another node to hold them
 OVERSIZE_SAID = 60.0        # seconds between two log lines of one node's entries too large to read
 EARLY_ACKS_KEPT = 60.0      # seconds an acknowledgement waits for its row to be recorded (milliseconds, as a rule) ...
 EARLY_ACKS_HELD = 1024      # ... and how many of one node's wait at most (one acknowledging ids never sent fills its own)
@@ -64,7 +65,7 @@ class Publisher:
         self.run_id = None                  # the server's, to know a restart or failover
         self.new_server = False             # the last check found another run id
         self.refusing = False               # the server refused a publish for want of memory
-        self.moved = []                     # (message id, node) refused by a node as not its agents
+        self.moved = {}                     # (message id, node) -> (refusal, when, entry): "not my agents" (NOT_HERE)
         self.skipping = Skipping("acknowledgement")
         self.wire = Wire(client, self.keys, self.node)     # offers the loop writes itself
 
@@ -182,7 +183,9 @@ class Publisher:
                     # A refusal because the recipients are not the node's (any more) is rerouted
                     # when another node holds them now (reroute), else recorded as refused.
                     here = [a for a in acks if not (a[2] and a[2].startswith(NOT_HERE))]
-                    self.moved += [(mid, node) for mid, _, refusal in acks if refusal and refusal.startswith(NOT_HERE)]
+                    for mid, eid, refusal in acks:
+                        if refusal and refusal.startswith(NOT_HERE):
+                            self.moved.setdefault((mid, node), (refusal, now, eid))
                     # The entries acknowledged are deleted, the row's own and the one the receiver
                     # names (an earlier publish of it, or one left by a crash after the record).
                     missed, named = [], {mid: e for mid, e, _ in here if e}
@@ -195,7 +198,7 @@ class Publisher:
                     if self.router is not None and any(refusal for _, _, refusal in here):
                         self.router.bounced()       # the sender's bounce, emitted by the loop now
                     settled += len(gone)
-                    deletions.setdefault(node, []).extend(set(gone) | {e for mid, e, _ in acks if e and mid not in held})
+                    deletions.setdefault(node, []).extend(set(gone) | {e for mid, e, _ in here if e and mid not in held})
                 if last is not None:    # moved once what it passes is recorded
                     streams[key] = self.cursors[node] = last
             self._delete(deletions)
@@ -344,14 +347,25 @@ class Publisher:
                 new = {routes.get(n) for n in names}
                 if len(new) == 1 and None not in new and node not in new:
                     moves.append((r["message_id"], node, new.pop(), r["recipients"]))
-        for mid, node in self.moved:
-            for r in self.history.outbound(mid):
-                if r["node"] == node:
-                    names = orjson.loads(r["recipients"])
-                    new = {routes.get(n) for n in names}
-                    if len(new) == 1 and None not in new and node not in new:
-                        moves.append((mid, node, new.pop(), r["recipients"]))
-        self.moved = []
+        refused, left = {}, {}
+        for (mid, node), (refusal, since, eid) in list(self.moved.items()):
+            rows = [r for r in self.history.outbound(mid) if r["node"] == node and r["status"] in ("pending", "published")]
+            new = {routes.get(n) for n in orjson.loads(rows[0]["recipients"])} if rows else set()
+            if rows and len(new) == 1 and None not in new and node not in new:
+                moves.append((mid, node, new.pop(), rows[0]["recipients"]))
+            elif rows and now - since < MOVED_WAIT:
+                continue            # the directory may still say where they went
+            elif rows:
+                refused.setdefault(node, []).append((mid, refusal))
+            elif eid:
+                left.setdefault(node, set()).add(eid)       # settled since: the entry it named goes
+            del self.moved[(mid, node)]
+        self._delete(left)
+        for node, items in refused.items():     # no other node holds them: refused, as the node said
+            gone = self.ledger.acknowledged(now, node, items, bounce=self.config.bounces)
+            self._delete({node: set(gone)})
+            if self.router is not None:
+                self.router.bounced()
         if moves:
             gone = self.ledger.reroute(now, moves, bounce=self.config.bounces)
             if self.router is not None:
