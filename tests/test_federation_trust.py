@@ -407,3 +407,18 @@ def test_a_flood_of_bad_entries_is_recorded_a_hundred_a_minute(server, team, nod
     n1.drop("Ann", "m", "TO: Bob\n\nbehind the flood")
     exchange(n1, n2)
     assert bodies(n2, "Bob") == ["behind the flood"]
+
+
+def test_an_envelopes_recipients_reach_the_inbox_as_names_alone(server, team, nodes, clock):
+    """What a node puts in the envelope's own `to` (the message's recipients as its sender wrote
+    them) reaches the inbox as agent names alone: no objects, numbers, nulls or escapes."""
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n2, n3, rounds=1)
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    mid = n2.relay.ids.new(clock())
+    evil.xadd(keys.messages("n3", "n2"), {"v": "2", "id": mid, "to": '["Bob"]', "env": envelope(
+        mid, "Eve", [{"a": 1}, None, 5, [["deep"]], "CEO", "\x1b]52;c;aGk=\x07", "Bob"], body="odd recipients")})
+    n2.receive()
+    [got] = n2.held("Bob")
+    assert got["body"] == "odd recipients" and got["to"] == ["CEO", "Bob"]

@@ -116,6 +116,10 @@ def read_entry(node, eid, fields, local, config):
     envelope = {k: doc.get(k) for k in ("id", "from", "to", "kind", "thread", "subject", "body", "headers",
                                          "sent_at", "relayed_at", "source", "sha256")}
     envelope["content_type"] = kind_of_content
+    # The message's recipients as its sender wrote them (beside this node's, which `to` says):
+    # names alone, at most MAX_RECIPIENTS, whatever else a node put there.
+    envelope["to"] = [t for t in envelope["to"] or [] if isinstance(t, str) and (valid_agent(t) or t == "*")][
+        :MAX_RECIPIENTS]
     envelope.update({k: doc[k] for k in CONTROL_KEYS if doc.get(k) is not None})
     envelope["node"] = node
     try:
@@ -125,7 +129,7 @@ def read_entry(node, eid, fields, local, config):
     w = Work(id=mid, sender=sender, name=source_name(doc.get("source")), archive_rel=None, retries=0,
              thorough=True, sha256=sha, recipients=mine, envelope=data, sent_at=_when(doc.get("sent_at")),
              envelope_sha256=hashlib.sha256(data).hexdigest(),
-             message=Remote([t for t in envelope["to"] or [] if isinstance(t, str)], doc.get("kind"),
+             message=Remote(envelope["to"], doc.get("kind"),
                             doc.get("thread"), doc.get("subject")))
     item = {"id": mid, "sender": sender, "name": w.name, "node": node, "entry_id": eid, "recipients": mine,
             "kind": doc.get("kind"), "thread": doc.get("thread"), "subject": doc.get("subject"), "body": body,
