@@ -562,3 +562,12 @@ def test_an_error_whose_reason_alternates_is_said_once_per_reason_then_counted()
     down.clear()
     down.report("EOF occurred in violation of protocol")
     assert lines[-1] == "federation: the server cannot be used: EOF occurred in violation of protocol"
+
+
+def test_a_password_for_the_acl_line_is_refused_with_a_control_or_format_character(cli):
+    """DEL, a C1 control or a bidi override would print as an escape redis-cli stores literally
+    (the node could never log in) or hide what the line says: refused, in one line."""
+    for bad in ("a\x7fb", "a\x85b", "pass\u202eword", "two words"):
+        result = cli("federation", "acl", "n1", "--team", "acme", "--password", bad, ok=False)
+        assert result.exit_code == 2 and "printable characters without spaces" in result.output
+    assert cli("federation", "acl", "n1", "--team", "acme", "--password", "é'\"\\$x").exit_code == 0

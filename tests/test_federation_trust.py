@@ -228,6 +228,51 @@ def test_a_case_variant_or_a_name_just_announced_elsewhere_gives_a_node_no_voice
     assert bodies(n2, "Bob") == ["the real Ann, after the claims"] and bodies(n1, "Ann") == ["back to the real Ann"]
 
 
+def test_a_name_a_new_node_announced_is_no_one_elses_and_an_oversized_list_refuses_no_honest_name(
+        server, team, nodes, clock):
+    """n4 joins and announces Dee; before n2 looks again, n3 lists Dee too and writes from Dee:
+    refused (every node key of the team is found for a name not yet resolved, n4's too). n3
+    then makes its own list too large to read: n1's new name is still delivered from."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    evil.hset(keys.node("n3"), mapping={"agents": '["Eve"]', "v": "1", "seen": evil.time()[0], "owner": "evil"})
+    exchange(n1, n2, rounds=2)
+    n4 = nodes(server, team, "n4", ["Dee"])
+    n4.link.heartbeat()                     # n2 has not looked since
+    evil.hset(keys.node("n3"), mapping={"agents": '["Eve", "Dee"]', "v": "2"})
+    mid = n2.relay.ids.new(clock())
+    evil.xadd(keys.messages("n3", "n2"), {"v": "2", "id": mid, "to": '["Bob"]',
+                                          "env": envelope(mid, "Dee", ["Bob"], body="Dee here")})
+    n2.receive()
+    assert bodies(n2, "Bob") == [] and any("the sender Dee is not an agent of node n3" in w for w in refusals(n2))
+    evil.hset(keys.node("n3"), mapping={"agents": b"[" + b'"x",' * (3 << 20) + b'"Eve"]', "v": "3"})
+    (n1.state / "outbox" / "Newbie").mkdir()
+    n1.link.heartbeat()
+    n1.drop("Newbie", "m", "TO: Bob\n\nfrom a name just made")
+    n1.send()
+    n2.receive()
+    assert bodies(n2, "Bob") == ["from a name just made"]
+
+
+def test_one_nodes_acknowledgements_in_bulk_take_none_of_anothers_turn(server, team, nodes, clock):
+    """n0 (its name first in order) writes 8,192 made-up acknowledgements before each of n1's
+    reads: n2's genuine acknowledgement is read in the first, each node has its own budget."""
+    from relay.federation.publisher import ACKS_PER_CALL
+    from relay.ids import IdGenerator
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    evil, keys, ids = as_node(server, team, "n0"), Keys(team), IdGenerator()
+    n1.drop("Ann", "m", "TO: Bob\n\nacknowledged beside a flood")
+    n1.send()
+    n2.receive()
+    n2.link.incoming.acknowledge()
+    evil.xadd(keys.acks("n0", "n1"), {"acks": orjson.dumps([[ids.new(clock())] for _ in range(ACKS_PER_CALL)])})
+    n1.link.publisher.read_acks(clock(), {"n0", "n2"})
+    assert n1.relay.history.outbound_counts()["acknowledged"] == 1
+
+
 def test_a_replay_after_the_retention_sweep_is_not_delivered_again(server, team, nodes, clock, cli):
     n1 = nodes(server, team, "n1", ["Ann"])
     n2 = nodes(server, team, "n2", ["Bob"], extra='retention = "1h"')

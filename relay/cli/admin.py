@@ -86,8 +86,9 @@ def federation_acl(ctx, node, team, password, save):
 
     from relay.federation.keys import SAVE, acl
     team = _team(ctx, node, team)
-    if password is not None and (not password or any(c.isspace() or ord(c) < 32 for c in password)):
-        raise click.BadParameter("a password of printable characters without spaces", param_hint="--password")
+    if password is not None and (not password or not password.isprintable() or any(c.isspace() for c in password)):
+        raise click.BadParameter("a password of printable characters without spaces (no control or format "
+                                 "character)", param_hint="--password")
     secret = password or secrets.token_urlsafe(24)
     echo(acl(team, node, secret))
     if save:

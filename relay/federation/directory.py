@@ -71,6 +71,16 @@ class Entry:
         return now - self.seen < (self.timeout if self.timeout and self.timeout > 0 else default)
 
 
+def team_nodes(client, keys):
+    """Every node name found in the team's keys (SCAN)."""
+    found = set()
+    for key in client.scan_iter(match=keys.node_pattern, count=1000):
+        name = keys.node_name(key)
+        if name and NAME.match(name):
+            found.add(name)
+    return found
+
+
 class Directory:
     """This node's side of the directory; used by the link's publisher thread only."""
 
@@ -140,12 +150,7 @@ class Directory:
 
     def nodes(self):
         """Every node name found in the team's keys (SCAN), this one included."""
-        found = set()
-        for key in self.client.scan_iter(match=self.keys.node_pattern, count=1000):
-            name = self.keys.node_name(key)
-            if name and NAME.match(name):
-                found.add(name)
-        return found
+        return team_nodes(self.client, self.keys)
 
     def look(self, now, local):
         """Read the team's directory and record what it resolves to. Returns True when the

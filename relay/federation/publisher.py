@@ -35,8 +35,9 @@ HELD = 4                    # bytes held in memory per byte of an envelope publi
 ACK_BYTES = 1 << 20         # the largest acknowledgement entry read (a node's are a few KB)
 ACK_READ = 64               # acknowledgement entries per read and stream ...
 ACK_ROUNDS = 8              # ... and reads per call ...
-ACKS_PER_CALL = 8192        # ... and acknowledgements settled per call: a node writing made-up ones in
-                            # bulk holds the ledger's write lock no longer than these take (~50 ms)
+ACKS_PER_CALL = 8192        # ... and acknowledgements settled per call and node: one writing made-up ones
+                            # in bulk holds the ledger's write lock no longer than these take (~50 ms),
+                            # and takes none of another node's
 MOVED_WAIT = 10.0           # seconds a "none of ... is an agent of node" refusal waits for another node to hold them
 OVERSIZE_SAID = 60.0        # seconds between two log lines of one node's entries too large to read
 EARLY_ACKS_KEPT = 60.0      # seconds an acknowledgement waits for its row to be recorded (milliseconds, as a rule) ...
@@ -150,9 +151,10 @@ class Publisher:
         streams = {self.keys.acks(n, self.node): self.cursors.get(n, "0-0") for n in nodes}
         streams = self.skipping.usable(self.acks_client, streams, now)
         settled = self._early_acks(now)
-        budget = ACKS_PER_CALL
+        budget = dict.fromkeys(streams, ACKS_PER_CALL)
         for _ in range(ACK_ROUNDS):     # bounded: a node flooding its stream delays no other work
-            if not streams or budget <= 0:
+            streams = {key: cursor for key, cursor in streams.items() if budget[key] > 0}
+            if not streams:
                 break
             try:
                 reply = self.acks_client.xread(streams, count=ACK_READ)
@@ -173,11 +175,11 @@ class Publisher:
                 node = key.split(":from:", 1)[1].split(":ack:", 1)[0]
                 acks, last = [], None
                 for eid, fields in entries:
-                    if budget <= 0:
+                    if budget[key] <= 0:
                         break           # the rest in the next call: the cursor stays before them
                     got = _acks(fields)
                     acks.extend(got)
-                    budget -= max(1, len(got))
+                    budget[key] -= max(1, len(got))
                     last = eid.decode() if isinstance(eid, bytes) else eid
                 if acks:
                     # A refusal because the recipients are not the node's (any more) is rerouted
