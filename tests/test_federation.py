@@ -198,7 +198,7 @@ def test_an_agents_shell_without_the_url_sends_to_the_team_by_what_the_daemon_re
     typo = cli("--root", str(n1.root), "send", "--from", "Ann", "--to", "Bobb", "x", ok=False)
     assert typo.exit_code != 0 and "did you mean Bob" in typo.output
     status = cli("--root", str(n1.root), "status", ok=False)
-    assert f"federation node n1 of team {team}" in status.output and "no federation url here" in status.output
+    assert f"federation node n1 of team {team}" in status.output and "server     not asked from here" in status.output
     run = cli("--root", str(n1.root), "run", "--once", ok=False)
     assert run.exit_code == 1 and error_line(run).startswith(f"[federation] of team {team}: no federation url here")
     exchange(n1, n2, rounds=3)       # the daemon, with its URL

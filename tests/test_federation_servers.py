@@ -133,9 +133,14 @@ def test_a_cluster_of_three_masters_with_urls_at_nodes_that_do_not_hold_the_team
     """Each node with its own ACL user, made on every node of the cluster by piping the line
     `relay federation acl` prints into redis-cli (a password with quotes, a backslash and a
     dollar read back as written); a user without the slots and command table gets one line
-    saying what it lacks, not a traceback."""
-    cluster = fedkit.Cluster(tmp_path / "cluster").start()
+    saying what it lacks, not a traceback. A node started before the cluster is up waits for it,
+    as for any server away."""
+    cluster = fedkit.Cluster(tmp_path / "cluster")
+    early = nodes(f"redis+cluster://127.0.0.1:{cluster.servers[0].port}/0", team, "n0", ["Cy"])
+    assert not early.link.heartbeat() and early.link.connected is False     # not up yet: waited for
+    cluster.start()
     try:
+        assert early.link.heartbeat() and early.link.connected
         from redis.cluster import RedisCluster
         rc = RedisCluster(host="127.0.0.1", port=cluster.servers[0].port)
         holder = rc.get_node_from_key(f"relay:{{{team}}}:node:n1").port

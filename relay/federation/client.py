@@ -223,20 +223,47 @@ def connect(federation, timeout=SOCKET_TIMEOUT, limit=None, budget=None, name=No
 
 
 def _cluster(federation, options):
-    """A Redis Cluster client: made by reading the cluster's slots and command table at once,
-    which a node whose ACL user lacks `cluster|slots` and `command` (`relay federation acl`
-    gives both), a wrong password or a server that is no cluster refuse."""
+    """A Redis Cluster client: made by reading the cluster's slots and command table at once.
+    A cluster that cannot be reached yet gives a client made at its first use (its callers
+    retry as with any server away); one that refuses (a wrong password, an ACL user without
+    `cluster|slots` and `command`, which `relay federation acl` gives, a server that is no
+    cluster) is a FederationError saying so."""
     from redis.cluster import RedisCluster
     scheme, rest = federation.url.split("://", 1)
     options.pop("retry")
-    try:
+
+    def make():
         return RedisCluster.from_url(scheme.split("+")[0] + "://" + rest, **options)
+    try:
+        return make()
     except server_errors() as e:
         cause = e.__cause__ or e.__context__
+        redis = redis_module()
+        if isinstance(cause or e, (redis.ConnectionError, redis.TimeoutError)) and \
+                not isinstance(cause or e, redis.AuthenticationError):
+            return Later(make)
         more = f" ({reason(cause)})" if cause is not None and not isinstance(cause, (ValueError, TypeError)) else ""
-        raise FederationError(f"the Redis Cluster at {federation.shown_url} cannot be used: {reason(e)}{more}; "
-                              "its ACL user needs +cluster|slots and +command (`relay federation acl` prints "
-                              "them)") from None
+        hint = ("; its ACL user needs +cluster|slots and +command (`relay federation acl` prints them)"
+                if isinstance(cause or e, redis.ResponseError) or "not enabled" in str(e) else "")
+        raise FederationError(f"the Redis Cluster at {federation.shown_url} cannot be used: {reason(e)}{more}"
+                              f"{hint}") from None
+
+
+class Later:
+    """A client made at its first use (`make()`), by whichever call comes first: until then
+    every call tries to make it, and raises what making it raised."""
+
+    def __init__(self, make):
+        self._make, self._client = make, None
+
+    def __getattr__(self, name):
+        if self._client is None:
+            self._client = self._make()
+        return getattr(self._client, name)
+
+    def close(self):
+        if self._client is not None:
+            self._client.close()
 
 
 def _sentinel(redis, federation, options):

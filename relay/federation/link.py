@@ -390,7 +390,9 @@ def probe(config, history, timeout=1.0):
                          "error": link["directory_error"] if link else None},
            "conflicts": orjson.loads(link["conflicts"]) if link and link["conflicts"] else [],
            "outbound": out, "received": history.received_counts(),
-           "server": {"reachable": False, "error": None, "incoming": None}}
+           "server": {"reachable": False, "error": None, "incoming": None, "asked": fed.url is not None}}
+    if fed.url is None:
+        return doc              # an agent's shell: the daemon's link above says how the server is
     try:
         client = connect(fed, timeout)
     except Exception as e:  # noqa: BLE001 - the status shows why

@@ -14,7 +14,7 @@ carried is published from the ledger, and a repeat is recognised by the receiver
 import collections
 import threading
 
-from relay.federation.client import pooled, redis_module
+from relay.federation.client import Later, pooled, redis_module
 
 IN_FLIGHT = 4 << 10         # command bytes written and not yet answered, at most: the smallest
                             # send buffer of a TCP socket (tcp_wmem's minimum, under memory
@@ -24,7 +24,8 @@ IN_FLIGHT = 4 << 10         # command bytes written and not yet answered, at mos
 class Wire:
     def __init__(self, client, keys, node):
         # A cluster's client routes each key itself: its offers go through the publisher.
-        self.pool = None if hasattr(client, "get_node_from_key") else client.connection_pool
+        self.pool = None if isinstance(client, Later) or hasattr(client, "get_node_from_key") else \
+            client.connection_pool
         self.keys = keys
         self.node = node
         self.lock = threading.Lock()    # held by whoever writes or reads the connection

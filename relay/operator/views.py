@@ -259,7 +259,9 @@ def federation(doc, running, now):
         lines.append(f"  directory  CANNOT BE READ: {plain(directory['error'])}; names this node does not know wait")
     elif directory["read_at"]:
         lines.append(f"  directory  read {max(0.0, now - directory['read_at']):.1f}s ago")
-    if server["reachable"] and server["error"]:
+    if server.get("asked") is False:
+        lines.append("  server     not asked from here: no URL in this environment (the daemon's holds it)")
+    elif server["reachable"] and server["error"]:
         lines.append(f"  server     reachable, but: {plain(server['error'])}")
     elif server["reachable"]:
         lines.append(f"  server     reachable; {server['incoming'] or 0} entries wait to be read by this node")
