@@ -3,6 +3,7 @@ serves."""
 import errno
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
@@ -221,8 +222,11 @@ def outbox_problem(entry):
     return None
 
 
+ID = re.compile(f"[{ALPHABET}]{{26}}")
+
+
 def valid_id(mid):
-    return len(mid) == 26 and all(c in ALPHABET for c in mid)
+    return ID.fullmatch(mid) is not None
 
 
 MAX_NAME = 255 - 26 - 2 - len(".error.json")
