@@ -67,6 +67,8 @@ class Incoming:
         self.routes = routes or (lambda: ({}, set()))
         self.on_name = on_name or (lambda: None)
         self._lists = None          # {node: {folded name: names}} read in this batch (a name not yet resolved)
+        self._team_folded = None    # the names routed or ambiguous, case folded (this batch's)
+        self._local_folded = {}     # folded name -> this node's agent (this batch's)
         import redis
         self.redis = redis
         self.errors = server_errors()
@@ -267,8 +269,9 @@ class Incoming:
         if not entries:
             return 0
         self.layout.fs.recheck()    # each directory looked up again by name: one may have been swapped since
-        self._lists = None
+        self._lists = self._team_folded = None
         local = self.layout.agent_names(self.config.agents)
+        self._local_folded = {name.casefold(): name for name in local}
         works, refused, seen, repeats = [], [], {}, []      # seen: (node, id) -> sha256 of the original, in this read
         named = [(node, _text(f.get(b"id"))) for node, _, f in entries if isinstance(f, dict)]
         ids = [i for _, i in named]
@@ -371,7 +374,9 @@ class Incoming:
         if agent in ambiguous:
             return False
         folded = agent.casefold()
-        if any(name.casefold() == folded for name in (*routes, *ambiguous)):
+        if self._team_folded is None:
+            self._team_folded = {name.casefold() for name in (*routes, *ambiguous)}
+        if folded in self._team_folded:
             return False
         lists = self._team_lists(node)
         holders = {n for n, names in lists.items() if folded in names}
@@ -417,7 +422,7 @@ class Incoming:
         """Why `sender` cannot speak through `node`'s stream, or None when it can."""
         if sender in local:
             return f"the sender {sender} is an agent of this node ({self.node}); node {node} cannot speak for it"
-        mine = next((name for name in local if name.casefold() == sender.casefold()), None)
+        mine = self._local_folded.get(sender.casefold())
         if mine is not None:
             return f"the sender {sender} differs only by case from {mine}, an agent of this node ({self.node})"
         holds = self._holds(sender, node)
