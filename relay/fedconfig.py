@@ -173,5 +173,6 @@ def parse(value, root, parse_duration):
         raise ValueError(f"max_agents_per_node {value.get('max_agents_per_node')!r} must be a whole number above 0")
     node = value.get("node") or default_node(root)
     url = value.get("url")         # an agent's verbs need none: the daemon's ledger knows the team
-    return Federation(url=None if url in (None, "") else _url(url), team=_name(value["team"], "team"), node=_name(node, "node"),
+    return Federation(url=None if url in (None, "") else _url(url), team=_name(value["team"], "team"),
+                      node=_name(node, "node"),
                       heartbeat=heartbeat, ack_timeout=ack_timeout, max_agents_per_node=limit)

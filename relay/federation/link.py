@@ -249,7 +249,6 @@ class Link:
         if self.publisher.new_server:
             self.incoming.reset()           # entry ids may have gone back: every stream from its start,
             self.publisher.cursors.clear()  # the acknowledgement streams' too
-
         self.publisher.reroute(now, self.directory.routes, self.alive)
         if now >= self.next_sweep:
             from relay.federation.receiver import REPLAY_WINDOW
