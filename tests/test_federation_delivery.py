@@ -1464,3 +1464,22 @@ def test_expire_and_retry_of_a_message_whose_remote_part_waits_for_the_server(tm
         assert n1.outbound(mid)["n2"]["status"] == "acknowledged"
     finally:
         server.stop()
+
+
+def test_the_log_says_which_recipients_were_delivered_here_and_which_are_queued_for_another_node(
+        redis_server, team, nodes, caplog):
+    """A message is archived once its local links and its queue for other nodes are durable:
+    its log line names the local deliveries and, apart, the recipients queued for each node (not
+    delivered there yet: `relay show` says when their node acknowledges them)."""
+    import logging
+    n1 = nodes(redis_server.url, team, "n1", ["Ann", "Cy"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    with caplog.at_level(logging.INFO, logger="relay"):
+        n1.drop("Ann", "both", "TO: Bob, Cy\n\nto both")
+        n1.drop("Ann", "away", "TO: Bob\n\nto Bob alone")
+        n1.relay.step()
+        n1.relay.finish()
+    said = [r.getMessage() for r in caplog.records if "archived as" in r.getMessage()]
+    assert sorted(m.split(" ", 1)[1].rsplit("; archived", 1)[0] for m in said) == [
+        "delivered from Ann to Cy; queued for node n2: Bob", "from Ann; queued for node n2: Bob"]

@@ -175,8 +175,7 @@ class Handling:
                 counts.bounced += 1
             else:
                 counts.archived += 1
-            log.info("%s delivered from %s to %s; archived as %s", w.id, w.sender, to, w.archive_rel,
-                     **fields("archived", w))
+            log.info("%s %s; archived as %s", w.id, _where(w), w.archive_rel, **fields("archived", w))
         elif w.outcome is Outcome.DELIVERED:
             counts.delivered += 1
             log.warning("%s delivered from %s to %s; archive move failed, will retry: %s",
@@ -187,3 +186,14 @@ class Handling:
                         w.retries + 1, w.next_attempt_at - now,
                         f" (delivered to {', '.join(sorted(w.got))})" if w.got else "",
                         **fields("retried", w))
+
+
+def _where(w):
+    """Where a message archived went: "delivered from Ann to Bob", and the recipients queued
+    for other nodes by node (delivered there once their node has them: relay show says when)."""
+    here = [r for r in w.recipients if r not in w.remote]
+    away = {}
+    for r, node in sorted(w.remote.items()):
+        away.setdefault(node, []).append(r)
+    said = f"delivered from {w.sender} to {','.join(here)}" if here else f"from {w.sender}"
+    return said + "".join(f"; queued for node {node}: {','.join(rs)}" for node, rs in away.items())
