@@ -560,6 +560,7 @@ def test_an_error_whose_reason_alternates_is_said_once_per_reason_then_counted()
         down.report(f"reason {i}")
     assert len([ln for ln in lines if "reason" in ln and "again" not in ln]) == SAID - 2
     down.clear()
+    assert lines[-1] == "federation: the server cannot be used: no longer (it was: reason 23)"
     down.report("EOF occurred in violation of protocol")
     assert lines[-1] == "federation: the server cannot be used: EOF occurred in violation of protocol"
 

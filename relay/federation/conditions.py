@@ -9,9 +9,10 @@ SAID = 8
 
 
 class Condition:
-    def __init__(self, log, what, clock=time.monotonic):
+    def __init__(self, log, what, over=None, clock=time.monotonic):
         self.log = log
         self.what = what
+        self.over = over or f"{what}: no longer"      # what is said when it ends
         self.clock = clock
         self.current = None
         self.said = set()           # the reasons said since the condition began
@@ -37,6 +38,6 @@ class Condition:
     def clear(self):
         """The condition ended (said once, if it held)."""
         if self.current is not None:
-            self.log.info("%s: no longer (%s)", self.what, self.current)
+            self.log.info("%s (it was: %s)", self.over, self.current)
         self.current, self.count = None, 0
         self.said.clear()

@@ -79,7 +79,7 @@ class Link:
         self.local = None                       # this node's agents as last announced
         self.nodes = set()                      # the team's nodes, as last read
         self.alive = {}
-        self.down = Condition(log, "federation: the server cannot be used")
+        self.down = Condition(log, "federation: the server cannot be used", over="federation: the server is used again")
         self.stopping = threading.Event()
         self.back = threading.Event()           # set when the server is back (ends the receiver's wait)
         self.threads = []
