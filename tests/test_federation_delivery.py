@@ -1483,3 +1483,27 @@ def test_the_log_says_which_recipients_were_delivered_here_and_which_are_queued_
     said = [r.getMessage() for r in caplog.records if "archived as" in r.getMessage()]
     assert sorted(m.split(" ", 1)[1].rsplit("; archived", 1)[0] for m in said) == [
         "delivered from Ann to Cy; queued for node n2: Bob", "from Ann; queued for node n2: Bob"]
+
+
+def test_relay_show_lists_a_messages_events_in_the_order_of_their_times(redis_server, team, tmp_path, cli):
+    """The queue for another node is stamped with the batch's time and recorded after the
+    archive move it preceded: `relay show` lists the events by time (then by their order).
+    Real clocks: the times of one batch's events differ."""
+    import time
+    from fednodes import Node
+    n1 = Node(tmp_path / "n1", redis_server.url, team, "n1", ["Ann"], time.time)
+    n2 = Node(tmp_path / "n2", redis_server.url, team, "n2", ["Bob"], time.time)
+    try:
+        exchange(n1, n2, rounds=1)
+        n1.drop("Ann", "m", "TO: Bob\n\nin order")
+        exchange(n1, n2)
+        [mid] = [row["id"] for row in n1.relay.history.audit() if row["name"] == "m"]
+        events = n1.relay.history.events(mid)
+        assert [e["at"] for e in events] == sorted(e["at"] for e in events)
+        kinds = [e["event"] for e in events]
+        assert kinds.index("queued") < kinds.index("published") < kinds.index("acknowledged")
+        shown = cli("--root", str(n1.root), "show", mid).output
+        assert shown.index("queued") < shown.index("acknowledged  by node n2")
+    finally:
+        n1.close()
+        n2.close()

@@ -132,7 +132,7 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
         return self.ledger.first_request(sender, request_id)
 
     def events(self, mid):
-        return self.db.execute("SELECT * FROM events WHERE message_id = ? ORDER BY seq", (mid,)).fetchall()
+        return self.db.execute("SELECT * FROM events WHERE message_id = ? ORDER BY at, seq", (mid,)).fetchall()
 
     def deliveries(self, mid):
         return self.db.execute("SELECT * FROM deliveries WHERE message_id = ? ORDER BY recipient",
