@@ -572,3 +572,14 @@ def test_a_password_for_the_acl_line_is_refused_with_a_control_or_format_charact
         result = cli("federation", "acl", "n1", "--team", "acme", "--password", bad, ok=False)
         assert result.exit_code == 2 and "printable characters without spaces" in result.output
     assert cli("federation", "acl", "n1", "--team", "acme", "--password", "é'\"\\$x").exit_code == 0
+
+
+def test_a_redis_error_is_one_line_without_the_clients_own_description():
+    """redis-py puts its client's repr (pools, connections, settings) in some errors: the log
+    and `relay status` get the error's own words."""
+    from redis.sentinel import MasterNotFoundError
+    from relay.federation.client import reason
+    error = MasterNotFoundError("No master found for 'mymaster' : <redis.client.Redis(<redis.connection."
+                                "ConnectionPool(<redis.connection.Connection(db=0,username=<REDACTED>,...")
+    assert reason(error) == "MasterNotFoundError: No master found for 'mymaster'"
+    assert reason(ConnectionError("Error 111\nconnecting")) == "ConnectionError: Error 111 connecting"

@@ -47,8 +47,10 @@ def server_errors():
 
 
 def reason(error):
-    """One line for a Redis error."""
+    """One line for a Redis error (without the client's own description redis-py puts in some,
+    as in "No master found for 'mymaster' : <redis.client.Redis(<...ConnectionPool(...)>)>")."""
     text = " ".join(str(error).split()) or type(error).__name__
+    text = text.split(" : <redis.", 1)[0].split(" <redis.", 1)[0]
     return f"{type(error).__name__}: {text}"[:300]
 
 
