@@ -81,6 +81,50 @@ def team_nodes(client, keys):
     return found
 
 
+def each(client, names, command):
+    """`command(pipe, name)` for each of `names` in one round trip: each reply, or the error it
+    answered. A reply too large (a guarded client) drops the connection: the names are then
+    asked one by one, each too large alone a ReplyTooLarge."""
+    from relay.federation.client import ReplyTooLarge
+    if not names:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for n in names:
+        command(pipe, n)
+    try:
+        return pipe.execute(raise_on_error=False)
+    except ReplyTooLarge:
+        results = []
+        for n in names:
+            one = client.pipeline(transaction=False)
+            command(one, n)
+            try:
+                results.append(one.execute(raise_on_error=False)[0])
+            except ReplyTooLarge as e:
+                results.append(e)
+        return results
+
+
+def listed_names(listed, limit):
+    """A node's `agents` field as read (bytes, or None): (its names: JSON, agent names only, at
+    most `limit`; what is wrong with it, or None)."""
+    if listed is None:
+        return (), None
+    if len(listed) > limit * NAME_BYTES:
+        return (), (f"lists {len(listed)} bytes of agent names, over what max_agents_per_node ({limit}) allows: "
+                    "its names are not taken")
+    try:
+        names = orjson.loads(listed)
+    except orjson.JSONDecodeError:
+        return (), None
+    if not isinstance(names, list):
+        return (), None
+    good = [n for n in names if isinstance(n, str) and valid_agent(n) and n != SYSTEM]
+    wrong = (f"lists {len(good)} agents, over max_agents_per_node ({limit}): only the first {limit} are taken"
+             if len(good) > limit else None)
+    return tuple(dict.fromkeys(good[:limit])), wrong
+
+
 class Directory:
     """This node's side of the directory; used by the link's publisher thread only."""
 
@@ -208,28 +252,11 @@ class Directory:
         return (self.routes, self.conflicts) != before
 
     def _each(self, names, command):
-        """One command per node in one round trip, through the guarded reader; a node whose key
-        answers an error (another type) or more than the bound is left out (None), said once.
-        A reply too large drops the connection: the nodes are then read one by one."""
-        from relay.federation.client import ReplyTooLarge
-        if not names:
-            return []
-        pipe = self.reader.pipeline(transaction=False)
-        for n in names:
-            command(pipe, n)
-        try:
-            results = pipe.execute(raise_on_error=False)
-        except ReplyTooLarge:
-            results = []
-            for n in names:
-                one = self.reader.pipeline(transaction=False)
-                command(one, n)
-                try:
-                    results.append(one.execute(raise_on_error=False)[0])
-                except ReplyTooLarge as e:
-                    results.append(e)
+        """One command per node in one round trip, through the guarded reader (each()); a node
+        whose key answers an error (another type) or more than the bound is left out (None),
+        said once."""
         out = []
-        for n, r in zip(names, results, strict=True):
+        for n, r in zip(names, each(self.reader, names, command), strict=True):
             if isinstance(r, Exception):
                 why = reason(r)
                 if self.bad.get(n) != why:
@@ -251,24 +278,11 @@ class Directory:
         return {n: e.alive(self.server_now, self.timeout) for n, e in entries.items()}
 
     def _agents(self, node, listed):
-        """A node's list of names, as read: JSON, agent names only, at most max_agents_per_node."""
-        limit = self.fed.max_agents_per_node
-        if listed is None or len(listed) > limit * NAME_BYTES:
-            if listed is not None:
-                log.error("federation: node %s lists %d bytes of agent names, over what max_agents_per_node (%d) "
-                          "allows: its names are not taken", node, len(listed), limit)
-            return ()
-        try:
-            names = orjson.loads(listed)
-        except orjson.JSONDecodeError:
-            return ()
-        if not isinstance(names, list):
-            return ()
-        good = [n for n in names if isinstance(n, str) and valid_agent(n) and n != SYSTEM]
-        if len(good) > limit:
-            log.error("federation: node %s lists %d agents, over max_agents_per_node (%d): only the first %d are "
-                      "taken", node, len(good), limit, limit)
-        return tuple(dict.fromkeys(good[:limit]))
+        """A node's list of names, as read (listed_names()), what is wrong with it logged."""
+        names, wrong = listed_names(listed, self.fed.max_agents_per_node)
+        if wrong:
+            log.error("federation: node %s %s", node, wrong)
+        return names
 
     def _holder(self, name, holders, before):
         """The node a name is routed to, or None (unknown, or ambiguous). Whether a node is

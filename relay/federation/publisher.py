@@ -351,7 +351,8 @@ class Publisher:
                     moves.append((r["message_id"], node, new.pop(), r["recipients"]))
         refused, left = {}, {}
         for (mid, node), (refusal, since, eid) in list(self.moved.items()):
-            rows = [r for r in self.history.outbound(mid) if r["node"] == node and r["status"] in ("pending", "published")]
+            rows = [r for r in self.history.outbound(mid)
+                    if r["node"] == node and r["status"] in ("pending", "published")]
             new = {routes.get(n) for n in orjson.loads(rows[0]["recipients"])} if rows else set()
             if rows and len(new) == 1 and None not in new and node not in new:
                 moves.append((mid, node, new.pop(), rows[0]["recipients"]))
@@ -362,12 +363,11 @@ class Publisher:
             elif eid:
                 left.setdefault(node, set()).add(eid)       # settled since: the entry it named goes
             del self.moved[(mid, node)]
-        self._delete(left)
         for node, items in refused.items():     # no other node holds them: refused, as the node said
-            gone = self.ledger.acknowledged(now, node, items, bounce=self.config.bounces)
-            self._delete({node: set(gone)})
-            if self.router is not None:
-                self.router.bounced()
+            left.setdefault(node, set()).update(self.ledger.acknowledged(now, node, items, bounce=self.config.bounces))
+        self._delete(left)
+        if refused and self.router is not None:
+            self.router.bounced()
         if moves:
             gone = self.ledger.reroute(now, moves, bounce=self.config.bounces)
             if self.router is not None:

@@ -33,7 +33,7 @@ from relay.files.sync import Syncer
 from relay.core.work import backoff
 from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip, server_errors, sized
 from relay.federation.entries import _sender_of, _text, read_entry, renamed
-from relay.federation.directory import team_nodes
+from relay.federation.directory import each, listed_names, team_nodes
 from relay.federation.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -386,31 +386,21 @@ class Incoming:
 
     def _team_lists(self, node):
         """{node: {folded name: names}} of every node's entry (every node key of the team, found
-        by SCAN now: one that joined since the last look too), read once per batch; one whose
-        list cannot be read (too large, another type) counts as empty, the others as listed."""
+        by SCAN now: one that joined since the last look too), read once per batch and taken as
+        the directory takes them (listed_names()); one that cannot be read (too large, another
+        type) lists nothing."""
         if self._lists is None or node not in self._lists:
             nodes = sorted(team_nodes(self.client, self.keys) | set(self.nodes()) | {node})
             limit = self.fed.max_agents_per_node
-            self._lists = {n: _folded(listed, limit) for n, listed in zip(nodes, self._each_list(nodes), strict=True)}
+            self._lists = {}
+            replies = each(self.client, nodes, lambda pipe, n: pipe.hget(self.keys.node(n), "agents"))
+            for n, listed in zip(nodes, replies, strict=True):
+                folded = {}
+                for name in listed_names(None if isinstance(listed, Exception) else listed, limit)[0]:
+                    folded.setdefault(name.casefold(), set()).add(name)
+                self._lists[n] = folded
             self.on_name()
         return self._lists
-
-    def _each_list(self, nodes):
-        """Each node's `agents` field (bytes, or None), in one round trip; one by one when the
-        reply is too large together, each too large alone None."""
-        pipe = self.client.pipeline(transaction=False)
-        for n in nodes:
-            pipe.hget(self.keys.node(n), "agents")
-        try:
-            return pipe.execute(raise_on_error=False)
-        except ReplyTooLarge:
-            out = []
-            for n in nodes:
-                try:
-                    out.append(self.client.hget(self.keys.node(n), "agents"))
-                except (ReplyTooLarge, self.redis.ResponseError):
-                    out.append(None)
-            return out
 
     def _ack(self, node, mid, refusal, eid):
         self.retry.pop((node, eid), None)
@@ -503,16 +493,3 @@ class Incoming:
                 log.warning("%s from node %s: %s; tried again shortly", w.id, item["node"], missed)
         return done, gave_up
 
-
-def _folded(listed, limit):
-    """{folded name: names} of the first `limit` names of a node's `agents` field as read
-    (bytes; as the directory takes them), {} when it is not a readable list."""
-    try:
-        names = orjson.loads(listed) if isinstance(listed, bytes) else []
-    except orjson.JSONDecodeError:
-        names = []
-    folded = {}
-    for name in names[:limit] if isinstance(names, list) else []:
-        if isinstance(name, str):
-            folded.setdefault(name.casefold(), set()).add(name)
-    return folded
