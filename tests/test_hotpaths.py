@@ -13,7 +13,7 @@ from relay.files import fs
 
 from relay import ids
 
-from relay.core import message
+from relay.core import archive, message
 from relay.errors import MessageRefused, TooLarge
 from relay.ids import ALPHABET
 
@@ -60,6 +60,25 @@ def test_iso_calendar_edges_and_rounding():
     # Round half to even on the microsecond, as datetime does, wherever a half is exact.
     for ts in (0.0000005, 0.0000015, 0.0000025, 1.5 + 0.0000005, 1024.0000005):
         assert message.iso(ts) == _datetime_iso(ts), ts
+
+
+def test_the_day_of_an_instant_is_datetimes_whichever_day_was_named_before():
+    """day_of keeps the day it named last: instants on either side of midnight, before 1970, far
+    off and unfit, in any order, each get the day datetime gives (or 0001-01-01)."""
+    def reference(ts):
+        try:
+            return datetime.datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
+        except (OverflowError, OSError, ValueError):
+            return "0001-01-01"
+    rng = random.Random(29)
+    midnight = 1_764_633_600.0          # 2025-12-02T00:00:00Z
+    edges = [midnight, midnight - 1e-6, midnight + 1e-6, midnight - 86400, 0.0, -1e-6, -86400.5, 951_782_400.0,
+             253_402_300_799.0, 1e20, -1e20, float("nan"), float("inf"), float("-inf")]
+    instants = edges + [rng.uniform(-4e9, 4e9) for _ in range(2000)] + [midnight + rng.uniform(-5, 5) for _ in range(500)]
+    rng.shuffle(instants)
+    for ts in instants + edges:
+        assert archive.day_of(ts) == reference(ts), ts
+        assert archive.day_of(ts) == reference(ts), ts       # named again, from what it kept
 
 
 def test_iso_cache_stays_small():

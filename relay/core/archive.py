@@ -15,11 +15,23 @@ from relay.core.message import iso
 log = logging.getLogger(__name__)
 
 
+_day = (0.0, 0.0, "1970-01-01")      # (start, end, name) of the UTC day named last
+
+
 def day_of(ts):
+    """The UTC day (YYYY-MM-DD) of the epoch time `ts`, the name of its archive directory. The
+    last day named is kept: each step names it twice (a formatted date costs tens of us)."""
+    global _day
+    start, end, name = _day
+    if start <= ts < end:
+        return name
     try:
-        return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d")
-    except (OverflowError, OSError, ValueError):
+        name = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d")
+    except (OverflowError, OSError, ValueError, TypeError):
         return "0001-01-01"
+    start = ts - ts % 86400         # POSIX days are 86,400 s long
+    _day = (start, start + 86400, name)
+    return name
 
 
 def parent(rel):
