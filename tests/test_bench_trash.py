@@ -47,3 +47,18 @@ def test_the_floor_probe_does_each_step_of_a_delivery_and_leaves_only_trash(tmp_
     db = sqlite3.connect(made / "ledger.sqlite")
     assert db.execute("SELECT count(*) FROM t").fetchone()[0] == 20      # one commit per delivery
     db.close()
+
+
+def test_the_floor_and_the_daemons_latency_are_taken_in_turns(tmp_path):
+    """relay bench's latency: blocks of the floor's deliveries and of messages to the daemon in
+    turns, every message seen once (names and tokens go on across blocks), a ratio per block,
+    and only the trash left."""
+    got = bench.latency(tmp_path, rate=200.0, seconds=0.6, agents=3, floor_blocks=3)
+    assert got["messages"] == got["delivered"] == 120
+    assert len(got["block_ratios"]) == 3 and all(r > 0 for r in got["block_ratios"])
+    assert 0 < got["floor"]["p50_ms"] <= got["floor"]["p99_ms"] and 0 < got["p50_ms"] <= got["p99_ms"]
+    assert [p.name for p in tmp_path.iterdir()] == [bench.TRASH]
+    floor_dir, project = sorted((tmp_path / bench.TRASH).iterdir(), key=lambda p: p.name)
+    assert floor_dir.name.startswith("floor-") and len(list((floor_dir / "new").iterdir())) == 3 * 20
+    names = [p.name for d in (project / ".relay" / "archive").rglob("agent*") if d.is_dir() for p in d.iterdir()]
+    assert len(names) == 120 and len(set(n.split("--")[-1] for n in names)) == 120
