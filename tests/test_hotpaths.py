@@ -2,6 +2,7 @@
 parsed message, the verdict on a stored row. Each fast path is checked against a reference
 written the obvious way, over many inputs and the edges where a shortcut would go wrong."""
 import datetime
+import math
 import os
 import random
 import time
@@ -79,6 +80,14 @@ def test_the_day_of_an_instant_is_datetimes_whichever_day_was_named_before():
     for ts in instants + edges:
         assert archive.day_of(ts) == reference(ts), ts
         assert archive.day_of(ts) == reference(ts), ts       # named again, from what it kept
+    # datetime rounds to the microsecond: the last half microsecond of a day is named the next
+    # day, which must not be kept for the rest of the day before it.
+    for before, then in [(math.nextafter(midnight, 0), midnight - 43200), (midnight - 4e-7, midnight - 1),
+                         (-1e-7, -3600.0), (math.nextafter(0.0, -1), -86399.0)]:
+        assert archive.day_of(before) == reference(before)
+        assert archive.day_of(then) == reference(then) == reference(midnight - 86400 if then > 0 else -1), then
+    with pytest.raises(TypeError):
+        archive.day_of(None)
 
 
 def test_iso_cache_stays_small():

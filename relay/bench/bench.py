@@ -187,8 +187,23 @@ def offer(count, rate, route, inboxes, patience, start=0):
     all. Returns the latencies in ms, from each rename to its envelope seen."""
     from relay.bench.loadgen import Arrivals
     arrivals = Arrivals(inboxes)
+    sent, tokens = {}, {}       # token -> instant renamed; envelope name seen -> its token
+
+    def token(name):
+        for new in inboxes:
+            try:
+                return int(json.loads((new / os.fsdecode(name)).read_bytes())["body"].split()[1])
+            except (OSError, ValueError, KeyError, IndexError, AttributeError):
+                continue
+        return None
+
+    def arrived():
+        """How many of this call's messages were seen (an envelope of another call's, come late, is not one)."""
+        for name in list(arrivals.seen):
+            if tokens.get(name) is None:
+                tokens[name] = token(name)
+        return sum(1 for t in tokens.values() if t in sent)
     try:
-        sent = {}
         t0 = time.time()
         for i in range(start, start + count):
             delay = t0 + (i - start) / rate - time.time()
@@ -200,21 +215,12 @@ def offer(count, rate, route, inboxes, patience, start=0):
             sent[i] = time.time()
             os.rename(tmp, box / f"m{i}")
         deadline = time.time() + patience
-        while len(arrivals.seen) < count and time.time() < deadline:
+        while arrived() < count and time.time() < deadline:
             time.sleep(0.05)
     finally:
         arrivals.close()
-    seen = arrivals.seen
-    lat = []
-    for new in inboxes:
-        for p in new.iterdir():
-            at = seen.get(os.fsencode(p.name))
-            if at is None:          # not seen by this call's watcher: an envelope of another call
-                continue
-            i = int(json.loads(p.read_bytes())["body"].split()[1])
-            if i in sent:
-                lat.append((at - sent[i]) * 1000)
-    return lat
+    arrived()
+    return [(arrivals.seen[name] - sent[i]) * 1000 for name, i in tokens.items() if i in sent]
 
 
 def relay_once(base, messages, agents, durability, preload=0, limits=True, timing=None, stats=None):
@@ -290,9 +296,13 @@ class Floor:
     def __init__(self, base):
         from relay.ledger.probe import CommitProbe
         self.dir = d = Path(tempfile.mkdtemp(dir=base, prefix="floor-"))
-        for sub in ("tmp", "new", "out", "archive"):
-            (d / sub).mkdir()
-        self.db = CommitProbe(d / "ledger.sqlite")
+        try:
+            for sub in ("tmp", "new", "out", "archive"):
+                (d / sub).mkdir()
+            self.db = CommitProbe(d / "ledger.sqlite")
+        except BaseException:
+            discard(d)
+            raise
         self.done = 0
 
     def sample(self, n, rate):
@@ -358,9 +368,9 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
     env = dict(os.environ, RELAY_ROOT=str(root), NOTIFY_SOCKET=sock_path, RELAY_AGENTS=",".join(names),
                RELAY_DURABILITY=durability, RELAY_LOG_LEVEL="WARNING")
     proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env, stderr=subprocess.PIPE, text=True)
-    probe = Floor(base) if floor_blocks else None
-    floors, blocks = [], []
+    probe, floors, blocks = None, [], []
     try:
+        probe = Floor(base) if floor_blocks else None
         while b"READY=1" not in sock.recv(4096):
             pass
         state = root / ".relay"
@@ -381,13 +391,21 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
         time.sleep(2.0)
         idle = (_cpu(proc.pid) - before) / 2.0 * 100
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=30)
-        sock.close()
-        rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        if probe is not None:
-            probe.close()
-        discard(root)
+        try:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+        finally:
+            sock.close()
+            try:
+                if probe is not None:
+                    probe.close()
+            finally:
+                discard(root)
+    rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if not lat:
         raise RuntimeError("bench: no envelope was seen")
     out = {"messages": count, "delivered": len(lat), "p50_ms": round(percentile(lat, 0.50), 2),
@@ -396,8 +414,8 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
     if probe is not None:
         every = [t for f in floors for t in f]
         out["floor"] = {"p50_ms": round(percentile(every, 0.50), 3), "p99_ms": round(percentile(every, 0.99), 3)}
-        out["block_ratios"] = [round(percentile(got, 0.5) / percentile(f, 0.5), 2) for f, got in zip(floors, blocks)
-                               if got]
+        out["block_ratios"] = [round(percentile(got, 0.5) / percentile(f, 0.5), 2) if got else None
+                               for f, got in zip(floors, blocks)]     # None: a block that saw nothing
     return out
 
 
@@ -463,7 +481,7 @@ def run(base=None, messages=5000, agents=20, rate=100.0, seconds=5.0, echo=print
     lat["p50_to_floor"] = round(lat["p50_ms"] / fl["p50_ms"], 2)
     lat["p99_to_floor"] = round(lat["p99_ms"] / fl["p50_ms"], 2)
     echo(f"daemon latency at {rate:g} msg/s from 8 agents (durability full): p50 {lat['p50_ms']} ms "
-         f"({lat['p50_to_floor']}x the floor; each block's: {', '.join(f'{r:g}' for r in lat['block_ratios'])}; "
+         f"({lat['p50_to_floor']}x the floor; each block's: {', '.join('-' if r is None else f'{r:g}' for r in lat['block_ratios'])}; "
          f"target 1.25x), p99 {lat['p99_ms']} ms ({lat['p99_to_floor']}x the floor's p50; target 3x), max "
          f"{lat['max_ms']} ms ({lat['delivered']}/{lat['messages']} seen); idle CPU {lat['idle_cpu_percent']}%")
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 
 
 _day = (0.0, 0.0, "1970-01-01")      # (start, end, name) of the UTC day named last
+EPOCH_ORDINAL = datetime.date(1970, 1, 1).toordinal()
 
 
 def day_of(ts):
@@ -26,11 +27,14 @@ def day_of(ts):
     if start <= ts < end:
         return name
     try:
-        name = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d")
-    except (OverflowError, OSError, ValueError, TypeError):
+        d = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
         return "0001-01-01"
-    start = ts - ts % 86400         # POSIX days are 86,400 s long
-    _day = (start, start + 86400, name)
+    name = d.strftime("%Y-%m-%d")
+    # The day datetime named (it rounds to the microsecond: half a microsecond before midnight
+    # is the next day), kept a microsecond inside each end. POSIX days are 86,400 s long.
+    start = (d.toordinal() - EPOCH_ORDINAL) * 86400
+    _day = (start + 1e-6, start + 86400 - 1e-6, name)
     return name
 
 
