@@ -480,8 +480,9 @@ def run(base=None, messages=5000, agents=20, rate=100.0, seconds=5.0, echo=print
          f"p99 {fl['p99_ms']} ms")
     lat["p50_to_floor"] = round(lat["p50_ms"] / fl["p50_ms"], 2)
     lat["p99_to_floor"] = round(lat["p99_ms"] / fl["p50_ms"], 2)
+    blocks = ", ".join("-" if r is None else f"{r:g}" for r in lat["block_ratios"])
     echo(f"daemon latency at {rate:g} msg/s from 8 agents (durability full): p50 {lat['p50_ms']} ms "
-         f"({lat['p50_to_floor']}x the floor; each block's: {', '.join('-' if r is None else f'{r:g}' for r in lat['block_ratios'])}; "
+         f"({lat['p50_to_floor']}x the floor; each block's: {blocks}; "
          f"target 1.25x), p99 {lat['p99_ms']} ms ({lat['p99_to_floor']}x the floor's p50; target 3x), max "
          f"{lat['max_ms']} ms ({lat['delivered']}/{lat['messages']} seen); idle CPU {lat['idle_cpu_percent']}%")
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
