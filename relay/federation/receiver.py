@@ -492,4 +492,3 @@ class Incoming:
                 self.retry[key] = (since, now + backoff(RETRY_BASE, min(tries, 6), 30.0))
                 log.warning("%s from node %s: %s; tried again shortly", w.id, item["node"], missed)
         return done, gave_up
-
