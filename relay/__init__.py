@@ -13,7 +13,7 @@ from relay.agent.leases import Reservation  # noqa: E402
 from relay.agent.state import StateEntry
 from relay.config import Config, load  # noqa: E402
 from relay.core.daemon import Relay  # noqa: E402
-from relay.errors import (ConfigError, DaemonRunning, DeliveryTimeout, DurabilityError, FederationError,  # noqa: E402
+from relay.errors import (BenchError, ConfigError, DaemonRunning, DeliveryTimeout, DurabilityError, FederationError,  # noqa: E402
                      InvalidName, LedgerCorrupt, LedgerError, LogSyncError, MessageRefused, NotDelivered, NotFound,
                      NotInProject, RelayError, ReservationConflict, SchemaError, StateConflict, StateLost, TooLarge, TransientError,
                      UnknownAgent, UnknownRecipient)
@@ -24,4 +24,4 @@ __all__ = ["__version__", "Agent", "Project", "Received", "agents", "Config", "l
            "RelayError", "ConfigError", "LedgerError", "LedgerCorrupt", "SchemaError", "DaemonRunning",
            "StateLost", "MessageRefused", "TooLarge", "UnknownRecipient", "TransientError", "DurabilityError", "LogSyncError", "InvalidName", "NotFound",
            "NotInProject", "UnknownAgent", "FederationError", "ReservationConflict", "Reservation", "NotDelivered",
-           "DeliveryTimeout", "StateConflict", "StateEntry"]
+           "DeliveryTimeout", "StateConflict", "StateEntry", "BenchError"]

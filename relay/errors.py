@@ -102,6 +102,11 @@ class TransientError(RelayError):
     """Delivery failed for a reason that may go away (disk full, permission denied)."""
 
 
+class BenchError(RelayError, RuntimeError):
+    """A benchmark could not measure what it set out to (the daemon under test died, nothing
+    arrived); the message says which run and why."""
+
+
 class DurabilityError(RelayError):
     """An fsync failed: the data may not be on disk. Never retried into success."""
 

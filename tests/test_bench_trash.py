@@ -1,5 +1,14 @@
-"""The benchmarks put finished runs aside instead of deleting them between runs (see bench.discard)."""
+"""The benchmarks put finished runs aside instead of deleting them between runs (see bench.discard);
+the latency run's floor in turns, its envelopes counted once, a daemon that dies."""
+import json
+import os
+import signal
+import threading
+
+import pytest
+
 from relay.bench import bench
+from relay.errors import BenchError
 
 
 def test_a_discarded_run_waits_in_the_trash_until_the_end(tmp_path):
@@ -49,11 +58,27 @@ def test_the_floor_probe_does_each_step_of_a_delivery_and_leaves_only_trash(tmp_
     db.close()
 
 
-def test_the_floor_and_the_daemons_latency_are_taken_in_turns(tmp_path):
+def test_the_floor_and_the_daemons_latency_are_taken_in_turns(tmp_path, monkeypatch):
     """relay bench's latency: blocks of the floor's deliveries and of messages to the daemon in
-    turns, every message seen once (names and tokens go on across blocks), a ratio per block,
-    and only the trash left."""
+    turns, every message seen once (names and tokens go on across blocks), each block's ratio
+    its own p50 over the floor's block just before it, and only the trash left."""
+    calls = []
+    sample, offer = bench.Floor.sample, bench.offer
+
+    def sampled(self, n, rate):
+        calls.append(("floor", sample(self, n, rate)))
+        return calls[-1][1]
+
+    def offered(*a, **k):
+        calls.append(("offer", offer(*a, **k)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(bench.Floor, "sample", sampled)
+    monkeypatch.setattr(bench, "offer", offered)
     got = bench.latency(tmp_path, rate=200.0, seconds=0.6, agents=3, floor_blocks=3)
+    assert [kind for kind, _ in calls] == ["floor", "offer"] * 3
+    assert got["block_ratios"] == [round(bench.percentile(calls[i + 1][1], 0.5) / bench.percentile(calls[i][1], 0.5), 2)
+                                   for i in (0, 2, 4)]
     assert got["messages"] == got["delivered"] == 120
     assert len(got["block_ratios"]) == 3 and all(r > 0 for r in got["block_ratios"])
     assert 0 < got["floor"]["p50_ms"] <= got["floor"]["p99_ms"] and 0 < got["p50_ms"] <= got["p99_ms"]
@@ -62,3 +87,65 @@ def test_the_floor_and_the_daemons_latency_are_taken_in_turns(tmp_path):
     assert floor_dir.name.startswith("floor-") and len(list((floor_dir / "new").iterdir())) == 3 * 20
     names = [p.name for d in (project / ".relay" / "archive").rglob("agent*") if d.is_dir() for p in d.iterdir()]
     assert len(names) == 120 and len(set(n.split("--")[-1] for n in names)) == 120
+
+
+def _fake_daemon(box, new, names, stray):
+    """Once every message of `names` is in `box` (offer() is waiting by then), deliver an
+    envelope of another run's message (`stray`), then each of them (its token in its body), the
+    last only after a pause."""
+    def link(name, token):
+        tmp = new.parent / "tmp" / name
+        tmp.write_text(json.dumps({"body": f"token {token}"}))
+        os.link(tmp, new / name)
+
+    def run():
+        while not all((box / n).exists() for n in names):
+            threading.Event().wait(0.01)
+        link("stray.json", stray)
+        for n in names:
+            if n == names[-1]:
+                threading.Event().wait(0.5)
+            link(f"{n}.json", int(n[1:]))
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_offer_counts_its_own_envelopes_not_a_late_one_of_another_run(tmp_path):
+    """offer() waits for its own messages: an envelope of another block's message seen meanwhile
+    is not one of them (else the wait ends before the last of its own, which is then lost)."""
+    box, new = tmp_path / "out", tmp_path / "new"
+    for d in (box, new, tmp_path / "tmp"):
+        d.mkdir()
+    thread = _fake_daemon(box, new, ["m10", "m11", "m12"], stray=3)
+    got = bench.offer(3, 1000.0, lambda i: (box, "b"), [new], 10, start=10)
+    thread.join(10)
+    assert len(got) == 3 and all(t >= 0 for t in got)
+
+
+def test_a_daemon_that_dies_during_the_latency_run_is_reported_at_once(tmp_path, monkeypatch):
+    """The daemon under test killed in the second block: the run ends there with an error that
+    says so (its exit and how many messages arrived), not after every block's patience, and
+    leaves only the trash."""
+    blocks, offer = [], bench.offer
+
+    def offered(*a, **k):
+        blocks.append(1)
+        if len(blocks) == 2:
+            children = [int(p) for t in os.listdir("/proc/self/task")
+                        for p in open(f"/proc/self/task/{t}/children").read().split()]
+            for pid in children:
+                os.kill(pid, signal.SIGKILL)
+        return offer(*a, **k)
+
+    monkeypatch.setattr(bench, "offer", offered)
+    with pytest.raises(BenchError, match=r"exited \(-9\) during the latency run, after \d+ of 60 messages"):
+        bench.latency(tmp_path, rate=100.0, seconds=0.6, agents=3, floor_blocks=3)
+    assert len(blocks) == 2
+    assert [p.name for p in tmp_path.iterdir()] == [bench.TRASH]
+
+
+def test_a_latency_run_that_offers_no_message_is_refused(tmp_path):
+    with pytest.raises(BenchError, match="offers no message"):
+        bench.latency(tmp_path, rate=1.0, seconds=0.5)
+    assert list(tmp_path.iterdir()) == []

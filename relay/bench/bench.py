@@ -21,6 +21,7 @@ from statistics import median
 from relay import config as config_mod
 from relay.core.daemon import Relay
 from relay.core.loop import quiet_gc
+from relay.errors import BenchError
 
 
 TRASH = ".relay-bench-done"
@@ -178,13 +179,14 @@ FLOW_RUNS = 3           # runs with the limits off, for the ratio with the limit
 PAIRS = 3               # alternated runs of the naive durable loop and of run --once
 
 
-def offer(count, rate, route, inboxes, patience, start=0):
+def offer(count, rate, route, inboxes, patience, start=0, alive=lambda: True):
     """Offer `count` messages at `rate` per second, each written the agents' way (a dot-tmp file
     renamed in); `route(i)` gives message i's outbox directory and recipient (i counts from
     `start`: each message of a run has its own name and token). A watcher of
     `inboxes` (the recipients' new/: loadgen.Arrivals, one thread that stamps each inotify
     event as it reads it) notes when each envelope appears; wait up to `patience` seconds for
-    all. Returns the latencies in ms, from each rename to its envelope seen."""
+    all, while `alive()` (the daemon's). Returns the latencies in ms, from each rename to its
+    envelope seen."""
     from relay.bench.loadgen import Arrivals
     arrivals = Arrivals(inboxes)
     sent, tokens = {}, {}       # token -> instant renamed; envelope name seen -> its token
@@ -215,7 +217,7 @@ def offer(count, rate, route, inboxes, patience, start=0):
             sent[i] = time.time()
             os.rename(tmp, box / f"m{i}")
         deadline = time.time() + patience
-        while arrived() < count and time.time() < deadline:
+        while arrived() < count and time.time() < deadline and alive():
             time.sleep(0.05)
     finally:
         arrivals.close()
@@ -247,7 +249,7 @@ def relay_once(base, messages, agents, durability, preload=0, limits=True, timin
             if stats is not None:
                 stats["cpu_s"] = time.process_time() - cpu
         if total.archived + (total.failed if total.shed else 0) != messages:
-            raise RuntimeError(f"bench: relay archived {total.archived} of {messages} messages")
+            raise BenchError(f"bench: relay archived {total.archived} of {messages} messages")
         if total.shed:
             logging.getLogger("relay").warning("bench: flow control shed %d deliveries of this backlog (more than "
                                                "pair_rate per pair)", total.shed)
@@ -357,6 +359,9 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
     floor's deliveries (Floor, half as many, at the same rate, the daemon idle): a disk whose
     speed drifts within minutes is measured by both in the same minutes. Then "floor" holds the
     floor's p50/p99 over every block and "block_ratios" each block's p50 over its floor's p50."""
+    count = int(rate * seconds)
+    if count < 1:
+        raise BenchError(f"bench: {rate:g} msg/s for {seconds:g} s offers no message; offer at least one")
     root = Path(tempfile.mkdtemp(dir=base, prefix="latency-"))
     names = [f"agent{i}" for i in range(agents)]
 
@@ -364,40 +369,40 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
     sock_path = f"@relay-bench-{os.getpid()}-{os.urandom(4).hex()}"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind("\0" + sock_path[1:])
-    sock.settimeout(30)
+    sock.settimeout(1)
     env = dict(os.environ, RELAY_ROOT=str(root), NOTIFY_SOCKET=sock_path, RELAY_AGENTS=",".join(names),
                RELAY_DURABILITY=durability, RELAY_LOG_LEVEL="WARNING")
     proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env, stderr=subprocess.PIPE, text=True)
-    probe, floors, blocks = None, [], []
+    from relay.bench.sustained import peak_rss_mb
+    probe, floors, blocks, lat, err, idle = None, [], [], [], "", None
+    alive = lambda: proc.poll() is None     # noqa: E731
     try:
         probe = Floor(base) if floor_blocks else None
-        while b"READY=1" not in sock.recv(4096):
-            pass
         state = root / ".relay"
-        count = int(rate * seconds)
         inboxes = [state / "inbox" / n / "new" for n in names]
         route = lambda i: (state / "outbox" / names[i % agents], names[(i + 1) % agents])   # noqa: E731
-        lat = []
-        turns = max(1, floor_blocks)
-        for b in range(turns):
+        turns = max(1, min(floor_blocks, count))       # no block without a message
+        for b in range(turns if _ready(sock, alive) else 0):
             start, end = count * b // turns, count * (b + 1) // turns
             if probe is not None:
                 floors.append(probe.sample(max(10, (end - start) // 2), rate))
-            got = offer(end - start, rate, route, inboxes, 30, start=start)
+            got = offer(end - start, rate, route, inboxes, 30, start=start, alive=alive)
             lat += got
             blocks.append(got)
-        # idle CPU: the daemon's CPU time over an idle second
-        before = _cpu(proc.pid)
-        time.sleep(2.0)
-        idle = (_cpu(proc.pid) - before) / 2.0 * 100
+            if not alive():
+                break
+        if alive():         # idle CPU: the daemon's CPU time over two idle seconds
+            before = _cpu(proc.pid)
+            time.sleep(2.0)
+            idle, rss_mb = (_cpu(proc.pid) - before) / 2.0 * 100, peak_rss_mb(proc.pid)
     finally:
         try:
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.communicate(timeout=30)
+                err = proc.communicate(timeout=30)[1]
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.communicate()
+                err = proc.communicate()[1]
         finally:
             sock.close()
             try:
@@ -405,18 +410,34 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
                     probe.close()
             finally:
                 discard(root)
-    rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    if idle is None:
+        lines = (err or "").strip().splitlines()[-5:]
+        raise BenchError(f"bench: the daemon under test exited ({proc.returncode}) during the latency run, "
+                         f"after {len(lat)} of {count} messages" + (": " + " | ".join(lines) if lines else ""))
     if not lat:
-        raise RuntimeError("bench: no envelope was seen")
+        raise BenchError(f"bench: none of the {count} messages offered arrived within 30 s")
     out = {"messages": count, "delivered": len(lat), "p50_ms": round(percentile(lat, 0.50), 2),
            "p99_ms": round(percentile(lat, 0.99), 2), "max_ms": round(max(lat), 2),
-           "idle_cpu_percent": round(idle, 3), "daemon_peak_rss_mb": round(rss_kb / 1024, 1)}
+           "idle_cpu_percent": round(idle, 3), "daemon_peak_rss_mb": rss_mb}
     if probe is not None:
         every = [t for f in floors for t in f]
         out["floor"] = {"p50_ms": round(percentile(every, 0.50), 3), "p99_ms": round(percentile(every, 0.99), 3)}
         out["block_ratios"] = [round(percentile(got, 0.5) / percentile(f, 0.5), 2) if got else None
                                for f, got in zip(floors, blocks)]     # None: a block that saw nothing
     return out
+
+
+def _ready(sock, alive, patience=30.0):
+    """Wait for the daemon's READY=1 on `sock` (its NOTIFY_SOCKET): True, or False once it exited."""
+    deadline = time.monotonic() + patience
+    while alive():
+        try:
+            if b"READY=1" in sock.recv(4096):
+                return True
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise BenchError(f"bench: the daemon under test did not say READY=1 within {patience:g} s") from None
+    return False
 
 
 def _cpu(pid):

@@ -41,6 +41,7 @@ import orjson
 from relay.bench import bench
 from relay.bench.loadgen import Arrivals, produce
 from relay.core.loop import quiet_gc
+from relay.errors import BenchError
 
 READY_TIMEOUT = 60.0
 
@@ -96,7 +97,7 @@ class Daemon:
                 pass
         except OSError:
             self.stop()
-            raise RuntimeError(f"the daemon did not say READY=1: {self.tail()}") from None
+            raise BenchError(f"the daemon did not say READY=1: {self.tail()}") from None
         finally:
             sock.close()
 
@@ -136,7 +137,7 @@ def _wait_for_figures(done, procs):
             continue
         dead = [p for p in procs if p.exitcode is not None]
         if dead or time.monotonic() > deadline:
-            raise RuntimeError("the producers did not all finish: " + ", ".join(
+            raise BenchError("the producers did not all finish: " + ", ".join(
                 f"{p.name} exit {p.exitcode}" for p in dead or procs) + "; see the tracebacks above")
 
 
@@ -178,7 +179,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         try:
             ready.wait(READY_TIMEOUT)
         except threading.BrokenBarrierError:
-            raise RuntimeError("the producers did not all start in time: "
+            raise BenchError("the producers did not all start in time: "
                                + ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if not p.is_alive())) from None
         cpu0, sys0 = cpu_seconds(daemon.pid), system_seconds(daemon.pid)
         start.value = t0 = time.time() + 0.05
@@ -207,7 +208,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
             deadline = time.time() + settle
             while len(arrivals.seen) < written and time.time() < deadline:
                 if daemon.proc.poll() is not None:
-                    raise RuntimeError(f"the daemon exited ({daemon.proc.returncode}) during the run: {daemon.tail()}")
+                    raise BenchError(f"the daemon exited ({daemon.proc.returncode}) during the run: {daemon.tail()}")
                 time.sleep(0.05)
             cpu1, sys1 = cpu_seconds(daemon.pid), system_seconds(daemon.pid)
             t1 = max(arrivals.seen.values(), default=time.time())
@@ -215,7 +216,7 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         for p in procs:
             p.join(READY_TIMEOUT)
             if p.exitcode != 0:
-                raise RuntimeError(f"{p.name} failed (exit {p.exitcode}); see its traceback above")
+                raise BenchError(f"{p.name} failed (exit {p.exitcode}); see its traceback above")
         out["peak_rss_mb"] = peak_rss_mb(daemon.pid)
         if idle_seconds and rate is not None:
             time.sleep(0.5)
@@ -337,7 +338,7 @@ def backlog(base, messages, agents, what):
     try:
         return here.recv()
     except EOFError:
-        raise RuntimeError(f"the {what} backlog run died (exit {p.join() or p.exitcode})") from None
+        raise BenchError(f"the {what} backlog run died (exit {p.join() or p.exitcode})") from None
     finally:
         p.join()
 
