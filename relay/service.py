@@ -25,16 +25,18 @@ STATUS_EVERY = 5.0          # seconds between two systemd STATUS lines while mes
 
 
 def notify(message):
-    """sd_notify(3) in a few lines: a datagram to $NOTIFY_SOCKET, when systemd set one."""
+    """sd_notify(3) in a few lines: a datagram to $NOTIFY_SOCKET, when systemd set one. Never
+    waits: a supervisor that stopped reading its socket (its queue full) misses the line, and the
+    loop goes on delivering."""
     addr = os.environ.get("NOTIFY_SOCKET")
     if not addr:
         return False
     if addr.startswith("@"):
         addr = "\0" + addr[1:]
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as s:
             s.connect(addr)
-            s.sendall(message.encode())
+            s.send(message.encode())
         return True
     except OSError as e:
         log.debug("notify %r failed: %s", message, e)
