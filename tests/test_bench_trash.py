@@ -3,6 +3,7 @@ the latency run's floor in turns, its envelopes counted once, a daemon that dies
 import json
 import os
 import signal
+import socket
 import threading
 
 import pytest
@@ -123,29 +124,79 @@ def test_an_offer_counts_its_own_envelopes_not_a_late_one_of_another_run(tmp_pat
     assert len(got) == 3 and all(t >= 0 for t in got)
 
 
-def test_a_daemon_that_dies_during_the_latency_run_is_reported_at_once(tmp_path, monkeypatch):
-    """The daemon under test killed in the second block: the run ends there with an error that
-    says so (its exit and how many messages arrived), not after every block's patience, and
-    leaves only the trash."""
+def _kill_children():
+    for pid in [int(p) for t in os.listdir("/proc/self/task") for p in open(f"/proc/self/task/{t}/children").read().split()]:
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("when", ["in the second block", "after the last block"])
+def test_a_daemon_that_dies_during_the_latency_run_is_reported_at_once(tmp_path, monkeypatch, when):
+    """The daemon under test killed in the second block (or after the last, before its idle
+    CPU is read): the run ends there with an error that says so (its exit, how many messages
+    arrived), not after the block's patience (an hour here: the test's time limit would end it
+    first), and leaves only the trash."""
     blocks, offer = [], bench.offer
 
-    def offered(*a, **k):
+    def offered(count, rate, route, inboxes, patience, **k):
         blocks.append(1)
-        if len(blocks) == 2:
-            children = [int(p) for t in os.listdir("/proc/self/task")
-                        for p in open(f"/proc/self/task/{t}/children").read().split()]
-            for pid in children:
-                os.kill(pid, signal.SIGKILL)
-        return offer(*a, **k)
+        if when == "in the second block" and len(blocks) == 2:
+            _kill_children()
+        got = offer(count, rate, route, inboxes, 3600, **k)
+        if when == "after the last block" and len(blocks) == 3:
+            _kill_children()
+        return got
 
     monkeypatch.setattr(bench, "offer", offered)
     with pytest.raises(BenchError, match=r"exited \(-9\) during the latency run, after \d+ of 60 messages"):
         bench.latency(tmp_path, rate=100.0, seconds=0.6, agents=3, floor_blocks=3)
-    assert len(blocks) == 2
+    assert len(blocks) == (2 if when == "in the second block" else 3)
     assert [p.name for p in tmp_path.iterdir()] == [bench.TRASH]
 
 
-def test_a_latency_run_that_offers_no_message_is_refused(tmp_path):
-    with pytest.raises(BenchError, match="offers no message"):
-        bench.latency(tmp_path, rate=1.0, seconds=0.5)
+def test_a_daemon_that_cannot_start_is_reported_with_what_it_said(tmp_path, monkeypatch):
+    monkeypatch.setenv("RELAY_PAIR_RATE", "bogus")
+    with pytest.raises(BenchError, match=r"exited \(1\) during the latency run, after 0 of 20 messages: .*pair_rate"):
+        bench.latency(tmp_path, rate=100.0, seconds=0.2, agents=3, floor_blocks=2)
+    assert [p.name for p in tmp_path.iterdir()] == [bench.TRASH]
+
+
+def test_the_daemons_peak_rss_is_its_own_and_no_floor_block_goes_without_a_message(tmp_path, monkeypatch):
+    """The RSS printed is the daemon's (not this process's, which a child's ru_maxrss starts
+    from at the fork); five floor blocks asked for and three messages offered: three blocks."""
+    calls = []
+    sample = bench.Floor.sample
+    monkeypatch.setattr(bench.Floor, "sample", lambda self, n, rate: calls.append(n) or sample(self, n, rate))
+    ballast = bytearray(300 << 20)
+    ballast[::4096] = b"x" * len(ballast[::4096])       # resident, not only reserved
+    got = bench.latency(tmp_path, rate=10.0, seconds=0.3, agents=3, floor_blocks=5)
+    assert 0 < got["daemon_peak_rss_mb"] < 200
+    assert got["delivered"] == 3 and len(got["block_ratios"]) == len(calls) == 3
+    del ballast
+
+
+def test_relay_bench_refuses_a_rate_and_length_that_offer_no_message_before_any_work(tmp_path, cli):
+    r = cli("bench", "--rate", "1", "--seconds", "0.5", "--dir", str(tmp_path), ok=False)
+    assert r.exit_code == 2 and "offers no message" in r.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("rate, seconds", [(1.0, 0.5), (-10.0, -1.0), (float("nan"), 1.0), (float("inf"), 1.0)])
+def test_a_latency_run_that_offers_no_message_is_refused(tmp_path, rate, seconds):
+    with pytest.raises(BenchError, match="offers no message"):
+        bench.latency(tmp_path, rate=rate, seconds=seconds)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_daemon_never_waits_on_a_supervisor_that_stopped_reading(monkeypatch):
+    """NOTIFY_SOCKET whose reader reads nothing: its queue fills, and notify() says the line
+    was not sent instead of waiting (the daemon's loop stopped there, a minute into a bench)."""
+    from relay import service
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    name = f"relay-test-{os.getpid()}-{os.urandom(4).hex()}"
+    sock.bind("\0" + name)
+    monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+    try:
+        sent = [service.notify(f"STATUS=line {i}") for i in range(200)]
+    finally:
+        sock.close()
+    assert sent[0] is True and sent[-1] is False

@@ -6,6 +6,7 @@ the targets are printed beside them so a reader can compare.
 import hashlib
 import json
 import logging
+import math
 import os
 import resource
 import shutil
@@ -21,6 +22,7 @@ from statistics import median
 from relay import config as config_mod
 from relay.core.daemon import Relay
 from relay.core.loop import quiet_gc
+from relay.bench.loadgen import offer     # bench.offer: latency's (a seam)
 from relay.errors import BenchError
 
 
@@ -179,52 +181,6 @@ FLOW_RUNS = 3           # runs with the limits off, for the ratio with the limit
 PAIRS = 3               # alternated runs of the naive durable loop and of run --once
 
 
-def offer(count, rate, route, inboxes, patience, start=0, alive=lambda: True):
-    """Offer `count` messages at `rate` per second, each written the agents' way (a dot-tmp file
-    renamed in); `route(i)` gives message i's outbox directory and recipient (i counts from
-    `start`: each message of a run has its own name and token). A watcher of
-    `inboxes` (the recipients' new/: loadgen.Arrivals, one thread that stamps each inotify
-    event as it reads it) notes when each envelope appears; wait up to `patience` seconds for
-    all, while `alive()` (the daemon's). Returns the latencies in ms, from each rename to its
-    envelope seen."""
-    from relay.bench.loadgen import Arrivals
-    arrivals = Arrivals(inboxes)
-    sent, tokens = {}, {}       # token -> instant renamed; envelope name seen -> its token
-
-    def token(name):
-        for new in inboxes:
-            try:
-                return int(json.loads((new / os.fsdecode(name)).read_bytes())["body"].split()[1])
-            except (OSError, ValueError, KeyError, IndexError, AttributeError):
-                continue
-        return None
-
-    def arrived():
-        """How many of this call's messages were seen (an envelope of another call's, come late, is not one)."""
-        for name in list(arrivals.seen):
-            if tokens.get(name) is None:
-                tokens[name] = token(name)
-        return sum(1 for t in tokens.values() if t in sent)
-    try:
-        t0 = time.time()
-        for i in range(start, start + count):
-            delay = t0 + (i - start) / rate - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            box, to = route(i)
-            tmp = box / f".m{i}.tmp"
-            tmp.write_text(f"TO: {to}\n\ntoken {i}")
-            sent[i] = time.time()
-            os.rename(tmp, box / f"m{i}")
-        deadline = time.time() + patience
-        while arrived() < count and time.time() < deadline and alive():
-            time.sleep(0.05)
-    finally:
-        arrivals.close()
-    arrived()
-    return [(arrivals.seen[name] - sent[i]) * 1000 for name, i in tokens.items() if i in sent]
-
-
 def relay_once(base, messages, agents, durability, preload=0, limits=True, timing=None, stats=None):
     """relay run --once on a backlog; messages/s of the drain alone. `limits`: flow control's
     defaults (True) or all turned off (False). `timing`, a dict, receives the seconds of the
@@ -359,9 +315,9 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
     floor's deliveries (Floor, half as many, at the same rate, the daemon idle): a disk whose
     speed drifts within minutes is measured by both in the same minutes. Then "floor" holds the
     floor's p50/p99 over every block and "block_ratios" each block's p50 over its floor's p50."""
-    count = int(rate * seconds)
-    if count < 1:
+    if not (0 < rate < math.inf and 0 < seconds < math.inf and rate * seconds >= 1):
         raise BenchError(f"bench: {rate:g} msg/s for {seconds:g} s offers no message; offer at least one")
+    count = int(rate * seconds)
     root = Path(tempfile.mkdtemp(dir=base, prefix="latency-"))
     names = [f"agent{i}" for i in range(agents)]
 
@@ -372,9 +328,11 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
     sock.settimeout(1)
     env = dict(os.environ, RELAY_ROOT=str(root), NOTIFY_SOCKET=sock_path, RELAY_AGENTS=",".join(names),
                RELAY_DURABILITY=durability, RELAY_LOG_LEVEL="WARNING")
-    proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env, stderr=subprocess.PIPE, text=True)
+    # Its log in a file, not a pipe read at the end only: a daemon that filled the pipe would stop.
+    log = tempfile.TemporaryFile(dir=base)
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env, stderr=log)
     from relay.bench.sustained import peak_rss_mb
-    probe, floors, blocks, lat, err, idle = None, [], [], [], "", None
+    probe, floors, blocks, lat, idle, ready = None, [], [], [], None, None
     alive = lambda: proc.poll() is None     # noqa: E731
     try:
         probe = Floor(base) if floor_blocks else None
@@ -382,7 +340,11 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
         inboxes = [state / "inbox" / n / "new" for n in names]
         route = lambda i: (state / "outbox" / names[i % agents], names[(i + 1) % agents])   # noqa: E731
         turns = max(1, min(floor_blocks, count))       # no block without a message
-        for b in range(turns if _ready(sock, alive) else 0):
+        ready = wait_ready(sock, alive)
+        sock.close()        # unread, its queue would fill with the daemon's STATUS= lines
+        for b in range(turns if ready else 0):
+            if not alive():
+                break
             start, end = count * b // turns, count * (b + 1) // turns
             if probe is not None:
                 floors.append(probe.sample(max(10, (end - start) // 2), rate))
@@ -391,18 +353,20 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
             blocks.append(got)
             if not alive():
                 break
-        if alive():         # idle CPU: the daemon's CPU time over two idle seconds
+        if ready and alive():       # idle CPU: the daemon's CPU time over two idle seconds
             before = _cpu(proc.pid)
             time.sleep(2.0)
-            idle, rss_mb = (_cpu(proc.pid) - before) / 2.0 * 100, peak_rss_mb(proc.pid)
+            cpu, rss_mb = _cpu(proc.pid), peak_rss_mb(proc.pid)
+            if alive() and rss_mb is not None:      # not a process that died meanwhile
+                idle = (cpu - before) / 2.0 * 100
     finally:
         try:
             proc.send_signal(signal.SIGTERM)
             try:
-                err = proc.communicate(timeout=30)[1]
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                err = proc.communicate()[1]
+                proc.wait()
         finally:
             sock.close()
             try:
@@ -410,10 +374,15 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
                     probe.close()
             finally:
                 discard(root)
+            log.seek(0)
+            lines = log.read()[-4000:].decode(errors="replace").strip().splitlines()[-5:]
+            log.close()
     if idle is None:
-        lines = (err or "").strip().splitlines()[-5:]
+        said = (": " + " | ".join(lines)) if lines else ""
+        if ready is None:
+            raise BenchError(f"bench: the daemon under test did not say READY=1 within 30 s{said}")
         raise BenchError(f"bench: the daemon under test exited ({proc.returncode}) during the latency run, "
-                         f"after {len(lat)} of {count} messages" + (": " + " | ".join(lines) if lines else ""))
+                         f"after {len(lat)} of {count} messages{said}")
     if not lat:
         raise BenchError(f"bench: none of the {count} messages offered arrived within 30 s")
     out = {"messages": count, "delivered": len(lat), "p50_ms": round(percentile(lat, 0.50), 2),
@@ -427,8 +396,10 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
     return out
 
 
-def _ready(sock, alive, patience=30.0):
-    """Wait for the daemon's READY=1 on `sock` (its NOTIFY_SOCKET): True, or False once it exited."""
+def wait_ready(sock, alive, patience=30.0):
+    """Wait for a daemon's READY=1 on `sock` (its NOTIFY_SOCKET, a timeout of a second or so
+    set): True; False once it exited (`alive()` false); None when it said nothing for `patience`
+    seconds."""
     deadline = time.monotonic() + patience
     while alive():
         try:
@@ -436,7 +407,7 @@ def _ready(sock, alive, patience=30.0):
                 return True
         except TimeoutError:
             if time.monotonic() > deadline:
-                raise BenchError(f"bench: the daemon under test did not say READY=1 within {patience:g} s") from None
+                return None
     return False
 
 

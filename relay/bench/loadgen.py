@@ -1,8 +1,10 @@
 """The two sides of a sustained-load run outside the daemon (relay/sustained.py drives them):
 `produce`, a producer process writing messages the way agents do, and `Arrivals`, the thread
-that sees each envelope linked into an inbox's new/. Both on a bare inotify descriptor."""
+that sees each envelope linked into an inbox's new/. Both on a bare inotify descriptor. And
+`offer`, both in one for `relay bench`'s latency run."""
 import ctypes
 import ctypes.util
+import json
 import marshal
 import os
 import select
@@ -164,3 +166,50 @@ class Arrivals:
         self.stopping = True
         self.thread.join()
         self.ino.close()
+
+
+def offer(count, rate, route, inboxes, patience, start=0, alive=lambda: True):
+    """Offer `count` messages at `rate` per second, each written the agents' way (a dot-tmp file
+    renamed in); `route(i)` gives message i's outbox directory and recipient (i counts from
+    `start`: each message of a run has its own name and token). A watcher of
+    `inboxes` (the recipients' new/: loadgen.Arrivals, one thread that stamps each inotify
+    event as it reads it) notes when each envelope appears; wait up to `patience` seconds for
+    all, while `alive()` (the daemon's). Returns the latencies in ms, from each rename to its
+    envelope seen."""
+    arrivals = Arrivals(inboxes)
+    sent, tokens = {}, {}       # token -> instant renamed; envelope name seen -> its token
+
+    def token(name):
+        for new in inboxes:
+            try:
+                return int(json.loads((new / os.fsdecode(name)).read_bytes())["body"].split()[1])
+            except (OSError, ValueError, KeyError, IndexError, AttributeError):
+                continue
+        return None
+
+    def arrived():
+        """How many of this call's messages were seen (an envelope of another call's, come late, is not one)."""
+        for name in list(arrivals.seen):
+            if tokens.get(name) is None:
+                tokens[name] = token(name)
+        return sum(1 for t in tokens.values() if t in sent)
+    try:
+        t0 = time.time()
+        for i in range(start, start + count):
+            delay = t0 + (i - start) / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            if not alive():
+                break
+            box, to = route(i)
+            tmp = box / f".m{i}.tmp"
+            tmp.write_text(f"TO: {to}\n\ntoken {i}")
+            sent[i] = time.time()
+            os.rename(tmp, box / f"m{i}")
+        deadline = time.time() + patience
+        while arrived() < count and time.time() < deadline and alive():
+            time.sleep(0.05)
+    finally:
+        arrivals.close()
+    arrived()
+    return [(arrivals.seen[name] - sent[i]) * 1000 for name, i in tokens.items() if i in sent]

@@ -83,7 +83,7 @@ class Daemon:
         sock_path = f"@relay-sustained-{os.getpid()}-{os.urandom(4).hex()}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.bind("\0" + sock_path[1:])
-        sock.settimeout(READY_TIMEOUT)
+        sock.settimeout(1)
         # Each producer writes to one recipient, far past flow control's pair_rate (600 messages
         # per pair in 10 minutes): at full speed the run would measure that limit's shedding,
         # not delivery. The limit is off; queue_limit (unread per inbox) stays as configured.
@@ -93,13 +93,14 @@ class Daemon:
         self.proc = subprocess.Popen(cmd or [sys.executable, "-m", "relay", "run"], env=env, stderr=self.log)
         self.pid = self.proc.pid
         try:
-            while b"READY=1" not in sock.recv(4096):
-                pass
+            ready = bench.wait_ready(sock, lambda: self.proc.poll() is None, READY_TIMEOUT)
         except OSError:
-            self.stop()
-            raise BenchError(f"the daemon did not say READY=1: {self.tail()}") from None
+            ready = None
         finally:
             sock.close()
+        if not ready:
+            self.stop()
+            raise BenchError(f"the daemon {'did not say READY=1' if ready is None else 'exited'}: {self.tail()}")
 
     def tail(self):
         return (self.root / "daemon.log").read_bytes()[-2000:].decode(errors="replace")
