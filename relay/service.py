@@ -24,17 +24,21 @@ SWITCH_INTERVAL = 0.0005    # seconds: the GIL's switch interval while the daemo
 STATUS_EVERY = 5.0          # seconds between two systemd STATUS lines while messages flow
 
 
+NOTIFY_WAIT = 0.1       # the longest notify() waits for room in the supervisor's queue
+
+
 def notify(message):
-    """sd_notify(3) in a few lines: a datagram to $NOTIFY_SOCKET, when systemd set one. Never
-    waits: a supervisor that stopped reading its socket (its queue full) misses the line, and the
-    loop goes on delivering."""
+    """sd_notify(3) in a few lines: a datagram to $NOTIFY_SOCKET, when systemd set one. A
+    supervisor busy for a moment gets NOTIFY_WAIT to make room (a watchdog ping is not lost to a
+    burst); one that stopped reading misses the line, and the loop goes on delivering."""
     addr = os.environ.get("NOTIFY_SOCKET")
     if not addr:
         return False
     if addr.startswith("@"):
         addr = "\0" + addr[1:]
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as s:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.settimeout(NOTIFY_WAIT)
             s.connect(addr)
             s.send(message.encode())
         return True
