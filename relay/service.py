@@ -22,9 +22,7 @@ log = logging.getLogger(__name__)
 
 SWITCH_INTERVAL = 0.0005    # seconds: the GIL's switch interval while the daemon runs
 STATUS_EVERY = 5.0          # seconds between two systemd STATUS lines while messages flow
-
-
-NOTIFY_WAIT = 0.1       # the longest notify() waits for room in the supervisor's queue
+NOTIFY_WAIT = 0.1           # seconds notify() waits at most for room in the supervisor's queue
 
 
 def notify(message):

@@ -315,9 +315,7 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
     floor's deliveries (Floor, half as many, at the same rate, the daemon idle): a disk whose
     speed drifts within minutes is measured by both in the same minutes. Then "floor" holds the
     floor's p50/p99 over every block and "block_ratios" each block's p50 over its floor's p50."""
-    if not (0 < rate < math.inf and 0 < seconds < math.inf and rate * seconds >= 1):
-        raise BenchError(f"bench: {rate:g} msg/s for {seconds:g} s offers no message; offer at least one")
-    count = int(rate * seconds)
+    count = offered(rate, seconds)
     root = Path(tempfile.mkdtemp(dir=base, prefix="latency-"))
     names = [f"agent{i}" for i in range(agents)]
 
@@ -361,12 +359,7 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
                 idle = (cpu - before) / 2.0 * 100
     finally:
         try:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
         finally:
             sock.close()
             try:
@@ -394,6 +387,24 @@ def latency(base, rate=100.0, seconds=5.0, agents=8, durability="full", floor_bl
         out["block_ratios"] = [round(percentile(got, 0.5) / percentile(f, 0.5), 2) if got else None
                                for f, got in zip(floors, blocks)]     # None: a block that saw nothing
     return out
+
+
+def offered(rate, seconds):
+    """How many messages `rate` msg/s for `seconds` s offer; BenchError when that is none."""
+    if not (0 < rate < math.inf and 0 < seconds < math.inf and rate * seconds >= 1):
+        raise BenchError(f"bench: {rate:g} msg/s for {seconds:g} s offers no message; offer at least one")
+    return int(rate * seconds)
+
+
+def stop(proc, timeout=30):
+    """SIGTERM to a daemon under test, SIGKILL if it has not exited `timeout` s later."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def wait_ready(sock, alive, patience=30.0):

@@ -27,7 +27,6 @@ import datetime
 import marshal
 import multiprocessing
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -106,13 +105,7 @@ class Daemon:
         return (self.root / "daemon.log").read_bytes()[-2000:].decode(errors="replace")
 
     def stop(self, timeout=120):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        bench.stop(self.proc, timeout)
         self.log.close()
         return self.proc.returncode
 

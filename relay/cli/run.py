@@ -315,8 +315,11 @@ def demo(ctx, outboxes, keep):
 def bench(ctx, base, messages, agents, rate, seconds, sustained, as_json):
     """Measure this disk's limits and relay's throughput and latency side by side."""
     from relay.bench import bench as bench_mod
-    if not sustained and int(rate * seconds) < 1:
-        raise click.BadParameter(f"{rate:g} msg/s for {seconds:g} s offers no message", param_hint="--rate/--seconds")
+    if not sustained:
+        try:
+            bench_mod.offered(rate, seconds)
+        except bench_mod.BenchError as e:
+            raise click.BadParameter(str(e).removeprefix("bench: "), param_hint="--rate/--seconds") from None
     root, _ = config_mod.resolve_dirs(ctx.root, ctx.state_dir)
     work = Path(tempfile.mkdtemp(prefix=".relay-bench-", dir=base or root))
     say = (lambda *_: None) if as_json else echo
