@@ -32,6 +32,7 @@ message; the server goes on. Only this module, mcp_wire.py and mcp_handover.py (
 import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
 """
 import functools
+import inspect
 import logging
 import signal
 import time
@@ -42,7 +43,6 @@ import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field, ValidationError
-from typing_extensions import TypedDict     # pydantic reads typing's only from Python 3.12
 
 from relay.version import __version__
 from relay.agent.api import Stop
@@ -51,6 +51,8 @@ from relay.agent.mcp_handover import (Handover, argument_errors, bounded, fresh,
                                       words)      # (Handover: offered here too)
 from relay.files.lock import holder
 from relay.agent.mcp_wire import serve as serve_stdio
+from relay.agent.mcp_results import (Agents, Leases, MarkedRead, Message, Messages, Released, Results, Sent,
+                                     Thread, ThreadMessage)
 
 log = logging.getLogger(__name__)
 
@@ -61,104 +63,6 @@ DEFAULT_LIMIT = 50
 MOST = "more is taken as the most"       # the tools' numbers: less than the least is refused
 LIMIT = f"At most this many messages (1 to {MAX_LIMIT}; {MOST}); the others stay new for the next call."
 MARK_READ = "False: list them and mark nothing read (mark_read(ids) does it later)."
-
-# A message as the inbox and wait tools return it (`from` is a Python keyword: functional form).
-Message = TypedDict("Message", {
-    "id": str, "from": Optional[str], "to": list[str], "kind": Optional[str], "thread": Optional[str],
-    "subject": Optional[str], "body": str, "sent_at": Optional[str], "relayed_at": Optional[str],
-    "headers": dict[str, str], "read": bool})       # read: it was marked read before this call
-
-
-class Unreadable(TypedDict):
-    id: str
-    error: str
-
-
-class Messages(TypedDict):
-    messages: list[Message]
-    more: int                   # new messages left in the inbox past those returned (not read yet)
-    unreadable: list[Unreadable]    # envelopes relay cannot read met on the way: never marked read
-    timed_out: bool             # wait only: the time ran out with no new message
-    recent: list[Message]       # inbox(recent=N): the newest messages read already, oldest first
-
-
-class MarkedRead(TypedDict):
-    marked: list[str]           # the ids marked read now
-    already: list[str]          # the ids that were read already
-
-
-class Inactive(TypedDict):
-    name: str
-    released_at: str | None
-    released_by: str | None
-
-
-class Sent(TypedDict):
-    id: str
-    repeated: bool              # the request id was used before: nothing was sent, `id` is the first's
-    released: list[Inactive]    # recipients named that a release made inactive: delivered all the same
-    relay_running: bool         # false: the message waits in the outbox until `relay run`
-    delivered: Optional[bool]   # with wait_delivered_s: every recipient has it (false: it failed, see error)
-    error: Optional[str]        # why it was not delivered (failed, shed, refused by a node)
-    timed_out: bool             # with wait_delivered_s: the time ran out first
-
-
-Found = TypedDict("Found", {
-    "id": str, "from": Optional[str], "to": list[str], "kind": Optional[str], "thread": Optional[str],
-    "subject": Optional[str], "snippet": Optional[str], "sent_at": Optional[str], "status": Optional[str]})
-
-
-class Results(TypedDict):
-    results: list[Found]
-
-
-class Known(TypedDict):
-    name: str
-    me: bool                    # this is the caller
-    state: str                  # "active", or "inactive" once a release named it (a spawn makes it active again)
-    metadata: dict              # what its last spawn said (cli, cwd, model, task, spawned_by, ...); {} when never spawned
-    spawned_at: str | None
-    spawned_by: str | None
-    released_at: str | None
-    released_by: str | None
-
-
-class Agents(TypedDict):
-    me: str
-    agents: list[Known]
-
-
-ThreadMessage = TypedDict("ThreadMessage", {
-    "id": str, "from": Optional[str], "to": list[str], "kind": Optional[str], "thread": Optional[str],
-    "subject": Optional[str], "body": Optional[str], "sent_at": Optional[str], "status": str,
-    "delivered_at": Optional[str], "error": Optional[str]})
-
-
-class Thread(TypedDict):
-    thread: str
-    messages: list[ThreadMessage]
-    more: int                   # earlier messages of the thread left out by the limit
-
-
-class Lease(TypedDict):
-    agent: str
-    path: str                   # normalised, relative to the project root
-    scope: str                  # "file", "tree" (it and all under it) or "glob" (what it matches)
-    exclusive: bool
-    reason: Optional[str]
-    since: str
-    expires_at: str
-    expires_in_s: float
-
-
-class Leases(TypedDict):
-    reservations: list[Lease]
-
-
-class Released(TypedDict):
-    released: list[str]
-    not_held: list[str]
-
 
 INSTRUCTIONS = """\
 You are the agent {me} on relay, which carries messages between the agents of this project.
@@ -187,25 +91,28 @@ class Server(MCPServer):
             raise ToolError(f"Error executing tool {name}: {argument_errors(e.__cause__)}") from e.__cause__
 
 
-def build(agent, handover=None):
-    """The MCP server for `agent` (an api.Agent, checked); serve it with `serve()` (stdio), or
-    call its tools in process. `handover`: what marks read the messages a reply holds (a
-    Handover; by default one with no wire: a call's return is the hand-off)."""
-    server = Server("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
-                       log_level="WARNING")
-    waits = anyio.CapacityLimiter(MAX_WAITS)    # the other tools keep the SDK's worker threads
-    name, config = agent.name, agent.project.config
-    handover = handover or Handover(name, config)
-    me = functools.partial(fresh, name, config)
+class Tools:
+    """The tools of one server: each a method (its name the tool's, its docstring the tool's
+    description, its parameters the tool's), on the agent's name and configuration, the
+    Handover and the limiter of blocking waits."""
 
+    NAMES = ("send", "reply", "inbox", "wait", "read", "mark_read", "agents", "thread", "search",
+             "reserve", "release", "reservations")
+
+    def __init__(self, agent, handover):
+        self.name, self.config = agent.name, agent.project.config
+        self.handover = handover or Handover(self.name, self.config)
+        self.me = functools.partial(fresh, self.name, self.config)
+        self.waits = anyio.CapacityLimiter(MAX_WAITS)    # the other tools keep the SDK's worker threads
+
+    @staticmethod
     def sent(agent, mid):
         return {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None,
                 "delivered": None, "error": None, "timed_out": False,
                 "released": [{"name": r.name, "released_at": r.released_at, "released_by": r.released_by}
                              for r in agent.released]}
 
-    @server.tool()
-    def send(to: Annotated[list[str] | str, Field(description="Recipient(s): NAME, NAME,NAME, a JSON array of "
+    def send(self, to: Annotated[list[str] | str, Field(description="Recipient(s): NAME, NAME,NAME, a JSON array of "
                                                   "names, '*' (everyone) or System.")],
              body: Annotated[str, Field(description="The message text.")],
              subject: Annotated[Optional[str], Field(description="One line.")] = None,
@@ -223,28 +130,26 @@ def build(agent, handover=None):
         returns once it is delivered to every recipient or failed (`delivered`, `error`).
         Marks nothing read."""
         wait = None if wait_delivered_s is None else bounded(wait_delivered_s, "wait_delivered_s", 0, MAX_WAIT)
-        with me() as agent, tool_errors():
+        with self.me() as agent, tool_errors():
             mid = agent.send(words(to, "names"), body, subject=subject, thread=thread, kind=kind,
                              request_id=request_id)
-            out = sent(agent, mid)
+            out = self.sent(agent, mid)
             if wait is not None:
                 outcome = wait_delivered(agent.project, mid, wait)
                 out.update(delivered=outcome.delivered, timed_out=outcome.delivered is None,
                            error=outcome.reason if outcome.delivered is False else None)
             return out
 
-    @server.tool()
-    def reply(id: Annotated[str, Field(description="The id of the message to answer (or a unique start of it).")],
+    def reply(self, id: Annotated[str, Field(description="The id of the message to answer (or a unique start of it).")],
               body: Annotated[str, Field(description="The answer.")],
               request_id: Annotated[Optional[str], Field(description="Your id for this request: a second reply "
                                                          "with it is not delivered again.")] = None) -> Sent:
         """Answer a message: to its sender, in its thread (its id when it had none), with the
         subject "Re: " and its subject. Returns what send returns. Marks nothing read."""
-        with me() as agent, tool_errors():
-            return sent(agent, agent.reply(id, body, request_id=request_id))
+        with self.me() as agent, tool_errors():
+            return self.sent(agent, agent.reply(id, body, request_id=request_id))
 
-    @server.tool()
-    def inbox(ctx: Context, limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT,
+    def inbox(self, ctx: Context, limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT,
               mark_read: Annotated[bool, Field(description=MARK_READ)] = True,
               recent: Annotated[int, Field(description=f"Also return (in `recent`) this many of the newest messages "
                                            f"read already (0 to {MAX_LIMIT}; {MOST}): to see again what a lost "
@@ -252,15 +157,14 @@ def build(agent, handover=None):
         """Your new messages, whole (from, to, thread, subject, body, sent_at, id), oldest first.
         Marks read the messages it returns, once this reply has reached you (unless mark_read is
         false); `more` counts those left for the next call."""
-        key, limit = handover.key(ctx), bounded(limit, "limit", 1, MAX_LIMIT)
+        key, limit = self.handover.key(ctx), bounded(limit, "limit", 1, MAX_LIMIT)
         recent = bounded(recent, "recent", 0, MAX_LIMIT)
-        with me() as agent, tool_errors():
+        with self.me() as agent, tool_errors():
             before = [message(m) for m in agent.recent(recent)]
-            got = handover.take(agent, agent.inbox(limit=limit, skip=handover.held), limit, key, mark=mark_read)
+            got = self.handover.take(agent, agent.inbox(limit=limit, skip=self.handover.held), limit, key, mark=mark_read)
             return got | {"recent": before}
 
-    @server.tool()
-    async def wait(ctx: Context,
+    async def wait(self, ctx: Context,
                    timeout_s: Annotated[float, Field(description=f"Seconds to wait at most (0 to {MAX_WAIT:g}; "
                                                      f"{MOST}).")] = 60.0,
                    limit: Annotated[int, Field(description=LIMIT)] = DEFAULT_LIMIT,
@@ -268,14 +172,14 @@ def build(agent, handover=None):
         """Block until at least one new message is there (or timeout_s passes: `timed_out`), then
         return the new messages as inbox does. Marks read the messages it returns, once this reply
         has reached you (unless mark_read is false)."""
-        key, limit = handover.key(ctx), bounded(limit, "limit", 1, MAX_LIMIT)
+        key, limit = self.handover.key(ctx), bounded(limit, "limit", 1, MAX_LIMIT)
 
         def waiting(seconds, stop):
             # In this thread from the wait to the taking: a cancelled call leaves it running a
             # moment, and `stop` (set then) makes it take nothing.
-            with me() as agent, tool_errors():
-                got = agent.wait(seconds, stop=stop, limit=limit, skip=handover.held)
-                return handover.take(agent, got, limit, key, stop=stop, mark=mark_read)
+            with self.me() as agent, tool_errors():
+                got = agent.wait(seconds, stop=stop, limit=limit, skip=self.handover.held)
+                return self.handover.take(agent, got, limit, key, stop=stop, mark=mark_read)
 
         deadline = time.monotonic() + bounded(timeout_s, "timeout_s", 0, MAX_WAIT)
         while True:
@@ -283,56 +187,51 @@ def build(agent, handover=None):
             try:
                 out = await anyio.to_thread.run_sync(
                     functools.partial(waiting, max(0, deadline - time.monotonic()), stop),
-                    abandon_on_cancel=True, limiter=waits)
+                    abandon_on_cancel=True, limiter=self.waits)
             finally:
                 stop.set()
             # all it saw were taken by another reader meanwhile: wait on for the time left
             if out["messages"] or out["unreadable"] or time.monotonic() >= deadline:
                 return out | {"timed_out": not out["messages"] and not out["unreadable"], "recent": []}
 
-    @server.tool()
-    def read(ctx: Context, id: Annotated[str, Field(description="The message's id (or a unique start of it).")]) -> Message:
+    def read(self, ctx: Context, id: Annotated[str, Field(description="The message's id (or a unique start of it).")]) -> Message:
         """One message of your inbox, whole, new or read already (`read`): a result you lost is
         still here. Marks it read, once this reply has reached you."""
-        key = handover.key(ctx)
-        with me() as agent, tool_errors():
-            return handover.take_one(agent, agent.read(id), key)
+        key = self.handover.key(ctx)
+        with self.me() as agent, tool_errors():
+            return self.handover.take_one(agent, agent.read(id), key)
 
-    @server.tool()
-    def mark_read(ids: Annotated[list[str] | str, Field(description="The ids (or unique starts of them) of "
+    def mark_read(self, ids: Annotated[list[str] | str, Field(description="The ids (or unique starts of them) of "
                                                         "messages in your inbox: a list, or one string.")]) -> MarkedRead:
         """Marks read the messages of your inbox with these ids: after inbox(mark_read=false), once
         you have dealt with them. An id that is not in your inbox refuses the whole call."""
-        with me() as agent, tool_errors():
+        with self.me() as agent, tool_errors():
             done = agent.mark_read(words(ids))
             return {"marked": agent.marked, "already": [m.id for m in done if m.id not in agent.marked]}
 
-    @server.tool()
-    def agents(active: Annotated[bool, Field(description="Only the active agents (not released).")] = False
+    def agents(self, active: Annotated[bool, Field(description="Only the active agents (not released).")] = False
                ) -> Agents:
         """Your name and the agents you can send to, yourself marked (`me`), each with its state
         (`active`, or `inactive` once released: mail to it is still delivered) and what its spawn
         said of it (`metadata`: cli, cwd, model, task, spawned_by, ...; {} when never spawned).
         Marks nothing read."""
-        with me() as agent, tool_errors():
+        with self.me() as agent, tool_errors():
             return {"me": agent.name, "agents": [{"name": r.name, "me": r.name == agent.name, **r.fields()}
                                                  for r in agent.agents(active)]}
 
-    @server.tool()
-    def thread(thread: Annotated[str, Field(description="A thread id: a message's `thread`, or the id of the "
+    def thread(self, thread: Annotated[str, Field(description="A thread id: a message's `thread`, or the id of the "
                                             "message a thread started from.")],
                limit: Annotated[int, Field(description=f"At most this many messages, the newest (1 to {MAX_LIMIT}; "
                                            f"{MOST}).")] = DEFAULT_LIMIT) -> Thread:
         """The messages of a thread, oldest first, with their bodies and delivery status; a thread
         named by a message's id starts with that message. `more` counts the earlier messages left
         out by `limit`. Marks nothing read."""
-        with me() as agent, tool_errors():
+        with self.me() as agent, tool_errors():
             rows, more = agent.project.thread_page(thread, bounded(limit, "limit", 1, MAX_LIMIT))
         keys = ThreadMessage.__annotations__
         return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows], "more": more}
 
-    @server.tool()
-    def search(query: Annotated[str, Field(description='Words that must all be in the subject or body, any case; '
+    def search(self, query: Annotated[str, Field(description='Words that must all be in the subject or body, any case; '
                                            '"a phrase"; prefix* for words that start so.')],
                sender: Annotated[Optional[str], Field(description="Only messages from this agent.")] = None,
                thread: Annotated[Optional[str], Field(description="Only this thread (a thread named by a message's "
@@ -344,12 +243,11 @@ def build(agent, handover=None):
         """Search the messages you may see (your inbox and what you sent) by the words of their
         subject and body: newest first, each with a snippet of its body (the words found between
         ** and **); read(id) or thread(thread) for the whole. Marks nothing read."""
-        with me() as agent, tool_errors():
+        with self.me() as agent, tool_errors():
             return {"results": agent.search(query, sender=sender, thread=thread, since=since,
                                             limit=bounded(limit, "limit", 1, MAX_LIMIT))}
 
-    @server.tool()
-    def reserve(paths: Annotated[list[str], Field(description="Files, directories or globs (*, ?, [ab], ** for "
+    def reserve(self, paths: Annotated[list[str], Field(description="Files, directories or globs (*, ?, [ab], ** for "
                                                   "any depth), relative to the project root.")],
                 ttl: Annotated[str, Field(description="How long the lease lasts: 90s, 30m, 2h (at most 7d); "
                                           "reserving again renews it.")] = "1h",
@@ -361,29 +259,40 @@ def build(agent, handover=None):
         error names who holds what until when, and they are told. Advisory: nothing stops a
         write, but the others see it and the git guard enforces exclusive ones at commit.
         Marks nothing read."""
-        with me() as agent, tool_errors():
+        with self.me() as agent, tool_errors():
             now = agent.project.clock()
             return {"reservations": [r.as_dict(now) for r in agent.reserve(paths, ttl, exclusive=exclusive,
                                                                               reason=reason)]}
 
-    @server.tool()
-    def release(paths: Annotated[Optional[list[str]], Field(description="The paths as you reserved them; "
+    def release(self, paths: Annotated[Optional[list[str]], Field(description="The paths as you reserved them; "
                                                             "leave out to release all of yours.")] = None) -> Released:
         """Release your reservations (when your work on those files is done or committed).
         Marks nothing read."""
-        with me() as agent, tool_errors():
+        with self.me() as agent, tool_errors():
             gone = agent.release(paths)
             asked = [] if paths is None else agent.normalised(paths)
         return {"released": gone, "not_held": [p for p in asked if p not in gone]}
 
-    @server.tool()
-    def reservations(mine: Annotated[bool, Field(description="Only yours.")] = False) -> Leases:
+    def reservations(self, mine: Annotated[bool, Field(description="Only yours.")] = False) -> Leases:
         """The file reservations held now: who holds which paths, exclusive or shared, until when.
         Marks nothing read."""
-        with me() as agent, tool_errors():
+        with self.me() as agent, tool_errors():
             now = agent.project.clock()
             return {"reservations": [r.as_dict(now) for r in agent.reservations(mine=mine)]}
 
+
+
+
+def build(agent, handover=None):
+    """The MCP server for `agent` (an api.Agent, checked); serve it with `serve()` (stdio), or
+    call its tools in process. `handover`: what marks read the messages a reply holds (a
+    Handover; by default one with no wire: a call's return is the hand-off)."""
+    server = Server("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
+                    log_level="WARNING")
+    tools = Tools(agent, handover)
+    for name in Tools.NAMES:
+        fn = getattr(tools, name)
+        server.add_tool(fn, description=inspect.cleandoc(fn.__doc__))
     return server
 
 
