@@ -14,7 +14,7 @@ from conftest import error_line
 from mcp_client import ToolFailed, deliver, serve
 from relay.ledger.history import History
 from relay.ledger.ledger import Ledger
-from relay.ledger.search import BODY_CHARS
+from relay.ledger.search import BODY_CHARS, MAX_QUERY_BYTES, MAX_TERMS, match
 
 
 def test_this_python_has_fts5():
@@ -156,3 +156,53 @@ def test_mcp_search_is_the_callers_view(mail, tmp_path):
                 assert e.value.args[0].endswith("nothing to search for in '--': give a word")
     anyio.run(main)
     assert "Traceback" not in (tmp_path / "server.err").read_text()
+
+
+def test_a_query_past_its_bounds_is_refused_with_the_bound_in_the_cli_python_and_mcp(mail, tmp_path):
+    cli = mail.cli
+    words = " ".join(f"w{i}" for i in range(MAX_TERMS + 1))                   # 65 words, under 1,000 bytes
+    r = cli("search", words, "--agent", "Bob", ok=False)
+    assert r.exit_code == 1 and error_line(r) == (
+        f"a search query holds at most {MAX_TERMS} words; this one has {MAX_TERMS + 1}")
+    huge = "ab " * 40_000                                                       # 120 KB, 40,000 words
+    r = cli("search", huge, "--agent", "Bob", ok=False)
+    assert r.exit_code == 1 and error_line(r) == (
+        f"a search query is at most {MAX_QUERY_BYTES:,} bytes; this one is 120,000")
+    with relay.Agent("Bob", root=mail.root) as bob:
+        with pytest.raises(relay.RelayError, match=f"at most {MAX_QUERY_BYTES:,} bytes"):
+            bob.search(huge)
+        with pytest.raises(relay.RelayError, match=f"at most {MAX_TERMS} words"):
+            bob.search(words)
+    with pytest.raises(relay.RelayError, match="at most"):                     # no ledger yet is no way round it
+        relay.Project(tmp_path / "elsewhere").search(huge)
+
+    async def main():
+        with open(tmp_path / "server.err", "w") as err:
+            async with serve(mail.root, "Bob", err) as bob:
+                with pytest.raises(ToolFailed) as e:
+                    await bob.call("search", query=huge)
+                assert e.value.args[0].endswith(f"at most {MAX_QUERY_BYTES:,} bytes; this one is 120,000")
+    anyio.run(main)
+    assert "Traceback" not in (tmp_path / "server.err").read_text()
+
+
+def test_a_query_just_under_its_bounds_is_answered(mail):
+    cli = mail.cli
+    at_bytes = "parser" + " " * (MAX_QUERY_BYTES - len("parser"))             # 1,000 bytes exactly
+    assert ids(json.loads(cli("search", at_bytes, "--agent", "Bob", "--json").output)) == [mail.a3, mail.b1, mail.a1]
+    at_terms = " ".join(["parser"] * (MAX_TERMS - 1) + ["unicode"])             # 64 words
+    assert ids(json.loads(cli("search", at_terms, "--agent", "Bob", "--json").output)) == [mail.a1]
+
+
+def test_the_work_a_query_gives_the_index_grows_linearly_and_not_with_repeats():
+    """What FTS5 is given for n and 2n words: its terms and its text grow with the distinct words
+    (no more than twice), and a word said again adds nothing (FTS5's cost for an AND of
+    matching terms grows with their square)."""
+    def distinct(n):
+        return " ".join(f"w{i:03d}" for i in range(n))
+    for n in (8, 16, 32):
+        small, large = match(distinct(n)), match(distinct(2 * n))
+        assert small.count(" AND ") == n - 1 and large.count(" AND ") == 2 * n - 1
+        assert len(large) <= 2 * len(small) + len(" AND ")
+        assert match(" ".join(["parser"] * n)) == match(" ".join(["parser"] * 2 * n)) == '"parser"'
+    assert match('parser "a b" pars* PARSER "a b" pars*') == '"parser" AND "a b" AND "pars"*'

@@ -21,6 +21,7 @@ from relay.core.inbox import Inbox
 from relay.files.layout import Layout
 from relay.files.lock import wake
 from relay.ledger.ledger import Ledger
+from relay.ledger.search import match
 from relay.core.message import BROADCAST, TEXT_PLAIN, closest, iso
 from relay.agent.state import TeamState
 
@@ -219,6 +220,7 @@ class Project(TeamState):
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise RelayError(f"the limit must be a whole number of messages, 1 or more, not {limit!r}")
         since = instant(since)
+        match(query)                    # a query past its bounds is refused, with a ledger or without
         history = self.history()
         if history is None:
             return []

@@ -11,7 +11,9 @@ batch's record (Ledger.record), a batch received from another node (received), t
 and what it sent, newest first, with a snippet of the body.
 
 A query is words, each of which must be there (any case, any order), `"a phrase"`, and `word*`
-for a prefix; nothing in it is FTS5 syntax (every term is quoted), so any text is a query.
+for a prefix; nothing in it is FTS5 syntax (every term is quoted), so any text is a query. A
+query is bounded (MAX_QUERY_BYTES, MAX_TERMS) and a term said twice is looked for once: FTS5's
+work for an AND of terms that match grows with the square of their number.
 """
 import re
 
@@ -21,22 +23,33 @@ BODY_CHARS = 4096          # of a body, what is indexed (migration 30 backfills 
 SNIPPET_TOKENS = 16        # words in a snippet
 MARK = "**"                # around each word found, in a snippet
 TERMS = re.compile(r'"([^"]*)"?|(\S+)')
+MAX_QUERY_BYTES = 1000     # of a query, in UTF-8: past it the query is refused before it is read
+MAX_TERMS = 64             # words and phrases in a query
 
 
 def match(query):
-    """The FTS5 expression for a query (see the module's docstring); RelayError when it holds no
-    word to look for."""
-    terms = []
-    for phrase, word in TERMS.findall(query or ""):
+    """The FTS5 expression for a query (see the module's docstring): each term once, so what FTS5
+    is given grows with the query's distinct terms and no further. RelayError when the query is
+    past MAX_QUERY_BYTES or MAX_TERMS (checked before it is split: a long query costs no more than
+    reading its length), or holds no word to look for."""
+    query = query or ""
+    size = len(query.encode("utf-8", "surrogatepass"))
+    if size > MAX_QUERY_BYTES:
+        raise RelayError(f"a search query is at most {MAX_QUERY_BYTES:,} bytes; this one is {size:,}")
+    found = TERMS.findall(query)
+    if len(found) > MAX_TERMS:
+        raise RelayError(f"a search query holds at most {MAX_TERMS} words; this one has {len(found)}")
+    terms = {}
+    for phrase, word in found:
         text = phrase if phrase else word
         prefix = not phrase and text.endswith("*")
         text = text.rstrip("*") if prefix else text
         if not re.search(r"\w", text):
             continue
-        terms.append('"' + text.replace('"', '""') + '"' + ("*" if prefix else ""))
+        terms.setdefault((text.lower(), prefix), '"' + text.replace('"', '""') + '"' + ("*" if prefix else ""))
     if not terms:
         raise RelayError(f"nothing to search for in {query!r}: give a word")
-    return " AND ".join(terms)
+    return " AND ".join(terms.values())
 
 
 class SearchIndex:
