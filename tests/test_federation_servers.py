@@ -176,3 +176,68 @@ def test_a_cluster_of_three_masters_with_urls_at_nodes_that_do_not_hold_the_team
         assert counts["acknowledged"] == 3 and counts["published"] == 0
     finally:
         cluster.stop()
+
+
+def _cluster_or_skip(directory):
+    """A started fedkit.Cluster, or a skip saying why it could not start here."""
+    if shutil.which("redis-cli") is None:
+        pytest.skip("redis-cli is not installed (Debian's redis-tools; .ci/run installs it): no cluster here")
+    cluster = fedkit.Cluster(directory)
+    try:
+        return cluster.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        cluster.stop()
+        pytest.skip(f"a Redis Cluster could not be started here: {e}")
+
+
+@pytest.mark.timeout_s(90)
+def test_a_node_on_its_acl_user_follows_ask_while_the_teams_slot_migrates(tmp_path, team, nodes):
+    """The team's slot held half way through a migration (MIGRATING on its master, IMPORTING on
+    another, the stream n1 sends n2 and n2's directory entry already moved): each node's client,
+    on the ACL user `relay federation acl` prints, follows the ASK redirects (ASKING, then the
+    command on the importing node), and a message goes across both ways."""
+    cluster = _cluster_or_skip(tmp_path / "cluster")
+    try:
+        import redis
+        from redis.cluster import RedisCluster
+        rc = RedisCluster(host="127.0.0.1", port=cluster.servers[0].port)
+        slot = rc.keyslot(f"relay:{{{team}}}:node:n1")
+        source = rc.get_node_from_key(f"relay:{{{team}}}:node:n1").port
+        rc.close()
+        target = next(s.port for s in cluster.servers if s.port != source)
+        urls = {}
+        for node in ("n1", "n2"):
+            line = acl(team, node, f"pw-{node}")
+            for server in cluster.servers:
+                out = subprocess.run(["redis-cli", "-p", str(server.port)], input=line + "\n", capture_output=True,
+                                     text=True, check=True).stdout
+                assert out.strip() == "OK", out
+            urls[node] = f"redis+cluster://relay-{team}-{node}:pw-{node}@127.0.0.1:{source}/0"
+        n1 = nodes(urls["n1"], team, "n1", ["Ann"])
+        n2 = nodes(urls["n2"], team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        n1.drop("Ann", "before", "TO: Bob\n\nbefore the migration")
+        exchange(n1, n2)
+        assert [e["body"] for e in n2.held("Bob")] == ["before the migration"]
+        src, dst = redis.Redis(port=source, single_connection_client=True), redis.Redis(port=target)
+        src_id, dst_id = src.execute_command("CLUSTER", "MYID"), dst.execute_command("CLUSTER", "MYID")
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        moved = [n1.stream("n2"), n2.key()]
+        assert src.exists(*moved) == 2
+        src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *moved)
+        with pytest.raises(redis.exceptions.AskError):
+            src.exists(*moved)                              # gone from the master: it answers ASK
+        asking = redis.Redis(port=target, single_connection_client=True)
+        assert asking.execute_command("ASKING") and asking.exists(*moved) == 2
+        asking.close()
+        n1.drop("Ann", "during", "TO: Bob\n\nwhile the slot migrates")
+        n2.drop("Bob", "back", "TO: Ann\n\nand back, while it migrates")
+        exchange(n1, n2, rounds=3)
+        assert sorted(e["body"] for e in n2.held("Bob")) == ["before the migration", "while the slot migrates"]
+        assert [e["body"] for e in n1.held("Ann")] == ["and back, while it migrates"]
+        assert n1.link.history.outbound_counts()["acknowledged"] == 2
+        src.close()
+        dst.close()
+    finally:
+        cluster.stop()

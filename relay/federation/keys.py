@@ -59,7 +59,8 @@ READ = ("xread", "xrange", "xlen", "xinfo|stream", "hgetall", "hget", "hmget", "
 # No scripting: a script could hold the whole server (a loop no node may kill).
 EVERYONE = ("ping", "time", "scan", "info", "client|setname", "client|id", "client|info", "hello", "auth",
             "select", "echo",
-            "cluster|slots", "cluster|shards", "command")    # a Cluster client reads the slots and command table
+            "cluster|slots", "cluster|shards", "command",    # a Cluster client reads the slots and command table,
+            "asking")                                         # and follows ASK while the team's slot migrates
 SAFE = re.compile(r"[^\s'\"\\]+\Z")
 
 
