@@ -141,3 +141,22 @@ def test_no_test_patches_a_private_name():
     found = [f"tests/{p.name}:{n}: {line.strip()}" for p in tests for n, line in lines(p)
              if any(pat.search(line) for pat in PRIVATE_PATCHES)]
     assert not found, "a test patches a private name:\n" + "\n".join(found)
+
+
+# watchdog's documented modules: its events, observers and their API, and the platform observers
+PUBLIC_WATCHDOG = {"watchdog", "watchdog.events", "watchdog.observers", "watchdog.observers.api",
+                   "watchdog.observers.inotify", "watchdog.observers.polling", "watchdog.utils"}
+
+
+def test_watchdog_is_used_through_its_documented_modules():
+    """A private module of watchdog's (inotify_c, inotify_move_event_grouper, ...) can move in any
+    release; relay imports only the documented ones, so an upgrade fails a test, not silently."""
+    import ast
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{path.relative_to(PACKAGE.parent)}: {n}" for n in names
+                      if n.split(".")[0] == "watchdog" and n not in PUBLIC_WATCHDOG]
+    assert not found, "a private watchdog module imported:\n" + "\n".join(found)

@@ -210,3 +210,65 @@ def test_a_burst_beyond_one_read_and_an_agent_made_mid_step_are_all_delivered(pr
         w.stop()
     bodies = {e["body"] for e in project.inbox("Ben")}
     assert len(bodies) == n + 2 and "from Dee" in bodies and checks == []
+
+
+def test_the_constants_come_from_watchdogs_documented_module():
+    """relay's masks are watchdog's own InotifyConstants, taken through watchdog.observers.inotify
+    (the documented Linux observer's module), and the move grouper relay sets to no delay is the
+    one that module uses: a watchdog that moves either fails here, not by a silent fallback."""
+    from watchdog.observers import inotify
+    from relay.files import inotify as relays
+    k = inotify.InotifyConstants
+    assert relays.available and relays.Constants is k
+    assert (watcher.IN_CLOSE_WRITE, watcher.IN_MOVED_TO, watcher.IN_CREATE, watcher.IN_ISDIR) == \
+        (k.IN_CLOSE_WRITE, k.IN_MOVED_TO, k.IN_CREATE, k.IN_ISDIR) == (0x8, 0x80, 0x100, 0x40000000)
+    assert watcher.ROOT_MASK & k.IN_DONT_FOLLOW and watcher.AGENT_MASK & k.IN_ONLYDIR
+    assert watcher.InotifyMoveEventGrouper is not None
+    assert watcher.InotifyMoveEventGrouper is inotify.InotifyMoveEventGrouper
+
+
+class Recorded:
+    """A relay's seam for the Observer path: hint() per event, an Event set on the one awaited."""
+
+    def __init__(self, relay, awaited):
+        self.layout, self.config = relay.layout, relay.config
+        self.wake = threading.Event()
+        self.got, self.awaited, self.seen = [], awaited, threading.Event()
+
+    def hint(self, kind, sender=None, name=None):
+        self.got.append((kind, sender, name))
+        if (kind, sender, name) == self.awaited:
+            self.seen.set()
+
+
+@pytest.mark.parametrize("own_reader", [True, False], ids=["relays-own-reader", "watchdog-observer"])
+def test_both_watchers_hint_a_renamed_message(project, own_reader):
+    """The portable path (watchdog's Observer) and relay's own reader both turn an agent's rename
+    into the hint that the message is complete; the daemon's Watcher chooses between them."""
+    relay = project.relay()
+    if own_reader:
+        got = []
+        relay.hint_many = got.extend
+        w = watcher.Watcher(relay, thread=False)
+        w.start()
+        try:
+            assert w.inotify is not None and w.observer is None
+            project.drop("Ann", "m1", "TO: Ben\n\nx")
+            for _ in range(10):
+                if ("closed", "Ann", "m1") in got:
+                    break
+                w.pump(5.0)
+        finally:
+            w.stop()
+        assert ("closed", "Ann", "m1") in got
+        return
+    seam = Recorded(relay, ("closed", "Ann", "m1"))
+    w = watcher.Watcher(seam, own_reader=False)
+    w.start()
+    try:
+        assert w.observer is not None and w.inotify is None and w.alive()
+        project.drop("Ann", "m1", "TO: Ben\n\nx")
+        assert seam.seen.wait(10), seam.got
+    finally:
+        w.stop()
+    assert ("file", "Ann", ".m1.tmp") not in seam.got     # a write in progress is no hint

@@ -1,6 +1,6 @@
 """Waiting for mail: `NewMail` wakes a waiter when a file arrives in an inbox's new/ (or a
 directory above it is replaced), `Stop` ends a wait from another thread. On Linux the waiting
-thread itself blocks (poll) on an inotify descriptor made with watchdog's bindings: no thread,
+thread itself blocks (poll) on an inotify descriptor (relay/files/inotify.py): no thread,
 no hand-off. Elsewhere, or with no inotify instance to be had, a watchdog Observer or a timed
 look stands in. Agent.wait (api.py) is built on them."""
 import fcntl
@@ -10,10 +10,7 @@ import os
 import select
 import threading
 
-try:
-    from watchdog.observers.inotify_c import InotifyConstants, inotify_add_watch, inotify_init
-except ImportError:     # not Linux: a watchdog Observer wakes the waiter
-    InotifyConstants = inotify_add_watch = inotify_init = None
+from relay.files.inotify import Constants as InotifyConstants, inotify_add_watch, inotify_init
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +68,7 @@ class NewMail:
     """Woken when a file arrives in a directory (the last of `paths`), or when that directory
     or one above it is replaced: `stale()` then says the watch looks at a directory that is no
     longer there, and the caller arms a new one. On Linux the waiting thread itself blocks on
-    an inotify descriptor (watchdog's bindings): no thread, no hand-off; a link is never
+    an inotify descriptor (relay/files/inotify.py): no thread, no hand-off; a link is never
     followed at the last step. Elsewhere a watchdog Observer sets an event."""
 
     def __init__(self, paths):

@@ -10,7 +10,7 @@ renamed in or closed after writing (complete: the message) or created (a writer 
 file the settle rule then watches). A tmp file's open, modify and the rename's "from" half are
 never asked for, and the events of names relay ignores (dot-files, *.tmp ...: layout's
 is_in_progress_name) are dropped as they are read, before they cost a hint. A queue overflow
-asks for a rescan. Elsewhere (or without the bindings) a watchdog Observer does the same.
+asks for a rescan. Elsewhere (no inotify: relay/files/inotify.py) a watchdog Observer does the same.
 """
 import errno
 import logging
@@ -23,23 +23,23 @@ from watchdog.events import (DirCreatedEvent, DirMovedEvent, FileClosedEvent, Fi
                              FileModifiedEvent, FileMovedEvent, FileSystemEventHandler)
 from watchdog.observers import Observer
 
-try:
-    from watchdog.observers.inotify_move_event_grouper import InotifyMoveEventGrouper
-except ImportError:  # other platforms, other watchdog versions
-    InotifyMoveEventGrouper = None
-
 from relay.files.layout import is_in_progress_name, valid_agent
 
-try:
-    from watchdog.observers.inotify_c import inotify_add_watch, inotify_init
-except (ImportError, OSError):  # not Linux, or a libc without inotify
-    inotify_add_watch = inotify_init = None
+from relay.files import inotify
+from relay.files.inotify import inotify_add_watch, inotify_init
 
 log = logging.getLogger(__name__)
 
-IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
-IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
-IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = 0x4000, 0x8000, 0x01000000, 0x02000000, 0x40000000
+if inotify.available:
+    _K = inotify.Constants
+    IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = _K.IN_CLOSE_WRITE, _K.IN_MOVED_TO, _K.IN_CREATE
+    IN_DELETE_SELF, IN_MOVE_SELF = _K.IN_DELETE_SELF, _K.IN_MOVE_SELF
+    IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR = _K.IN_Q_OVERFLOW, _K.IN_IGNORED, _K.IN_ONLYDIR
+    IN_DONT_FOLLOW, IN_ISDIR = _K.IN_DONT_FOLLOW, _K.IN_ISDIR
+else:                               # the reader is not used: the values only keep the masks defined
+    IN_CLOSE_WRITE = IN_MOVED_TO = IN_CREATE = IN_DELETE_SELF = IN_MOVE_SELF = 0
+    IN_Q_OVERFLOW = IN_IGNORED = IN_ONLYDIR = IN_DONT_FOLLOW = IN_ISDIR = 0
+InotifyMoveEventGrouper = inotify.MoveEventGrouper
 ROOT_MASK = IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW
 AGENT_MASK = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR | IN_DONT_FOLLOW
 HEADER = struct.Struct("iIII")      # wd, mask, cookie, len: struct inotify_event
@@ -96,7 +96,7 @@ class Inotify:
         self.outbox = os.fsencode(str(relay.layout.outbox))
         self.fd = inotify_init()
         if self.fd < 0:
-            e = ctypes_errno()
+            e = inotify.errno_now()
             raise OSError(e, f"inotify: {os.strerror(e)}")
         os.set_inheritable(self.fd, False)
         self.names = {}             # wd -> agent name
@@ -110,7 +110,7 @@ class Inotify:
     def start(self, thread=True):
         self.root_wd = self._add(self.outbox, ROOT_MASK)
         if self.root_wd is None:
-            e = ctypes_errno() or errno.ENOENT
+            e = inotify.errno_now() or errno.ENOENT
             raise OSError(e, f"cannot watch {os.fsdecode(self.outbox)}: {os.strerror(e)}")
         try:
             entries = list(os.scandir(self.outbox))
@@ -133,7 +133,7 @@ class Inotify:
             return
         wd = inotify_add_watch(self.fd, self.outbox + b"/" + os.fsencode(name), AGENT_MASK)
         if wd < 0:
-            e = ctypes_errno()
+            e = inotify.errno_now()
             if e not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                 log.warning("cannot watch outbox/%s (%s); its files are found by the rescan every %gs",
                             name, os.strerror(e), self.relay.config.rescan_interval)
@@ -194,9 +194,6 @@ class Inotify:
                 pass
 
 
-def ctypes_errno():
-    import ctypes
-    return ctypes.get_errno()
 
 
 # -- the fallback: watchdog --------------------------------------------------------------------
@@ -278,9 +275,10 @@ class Watcher:
     Observer (also when no inotify instance can be had: it says so the same way). With `thread`
     False the inotify reader has no thread: the loop reads it (`fileno`, `pump`)."""
 
-    def __init__(self, relay, thread=True):
+    def __init__(self, relay, thread=True, own_reader=True):
         self.relay = relay
         self.thread = thread
+        self.own_reader = own_reader    # False: watchdog's Observer even where relay could read inotify
         self.observer = None
         self.inotify = None
         self.lost = _LostEvents(relay)
@@ -330,7 +328,7 @@ class Watcher:
         return True
 
     def _start(self, outbox):
-        if inotify_init is not None:
+        if inotify_init is not None and self.own_reader:
             try:
                 self.inotify = Inotify(self.relay)
                 self.inotify.start(thread=self.thread)
