@@ -184,3 +184,30 @@ def test_guard_check_json(repo, monkeypatch):
     doc = json.loads(repo("guard", "check", "--agent", "Bob", "src/a.py", "--json").output)
     assert doc["ok"] is False and doc["paths"] == ["src/a.py"]
     assert [(c["path"], c["held"], c["agent"]) for c in doc["conflicts"]] == [("src/a.py", "src", "Alice")]
+
+
+def test_a_hooks_path_outside_the_repository_is_refused_unless_the_operator_names_it(repo, tmp_path_factory):
+    """core.hooksPath lies in .git/config, which an agent can write: pointed outside the project
+    (/tmp/elsewhere), `relay guard install` wrote a hook there. Refused, in one line naming where
+    it points; `--hooks-path` naming that directory is the operator saying they mean it."""
+    root = repo.root
+    elsewhere = tmp_path_factory.mktemp("tmp") / "elsewhere"
+    git(root, "config", "core.hooksPath", str(elsewhere))
+    for verb in (["install"], ["install", "--chain"], ["uninstall"]):
+        refused = repo("guard", *verb, ok=False)
+        assert refused.exit_code == 1 and len(refused.output.splitlines()) == 1, refused.output
+        assert str(elsewhere) in refused.output and "--hooks-path" in refused.output
+        assert not elsewhere.exists()
+    other = tmp_path_factory.mktemp("other")
+    refused = repo("guard", "install", "--hooks-path", str(other), ok=False)
+    assert refused.exit_code == 1 and str(elsewhere) in refused.output and list(other.iterdir()) == []
+    out = repo("guard", "install", "--hooks-path", str(elsewhere)).output
+    assert str(elsewhere / "pre-commit") in out and os.access(elsewhere / "pre-commit", os.X_OK)
+    stage(root, "src/app.py")
+    assert git(root, "commit", "-qm", "x", agent="Bob", check=False).returncode != 0
+    repo("guard", "uninstall", "--hooks-path", str(elsewhere))
+    assert not (elsewhere / "pre-commit").exists()
+    git(root, "config", "core.hooksPath", "../escape")             # relative, and out of the tree
+    refused = repo("guard", "install", ok=False)
+    assert refused.exit_code == 1 and str(root.parent / "escape") in refused.output
+    assert not (root.parent / "escape").exists()

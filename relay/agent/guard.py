@@ -70,9 +70,26 @@ def toplevel(root):
         raise RelayError(f"{root} is not in a git repository ({e}); the guard is a git hook") from None
 
 
-def hooks_dir(root):
+def hooks_dir(root, named=None, verb="install"):
+    """The directory git runs the hooks from (core.hooksPath honoured), when it lies inside the
+    repository: its work tree or its git directory. core.hooksPath is in .git/config, which an
+    agent can write: a place outside is refused, naming it, unless the operator names that same
+    place (`named`, --hooks-path); a `named` place git does not run hooks from is refused too."""
     top = toplevel(root)
-    return top / os.fsdecode(git(["rev-parse", "--git-path", "hooks"], top).rstrip(b"\n"))
+    hooks = top / os.fsdecode(git(["rev-parse", "--git-path", "hooks"], top).rstrip(b"\n"))
+    hooks = Path(os.path.realpath(hooks)) if ".." in hooks.parts else hooks     # as the kernel takes it
+    common = top / os.fsdecode(git(["rev-parse", "--git-common-dir"], top).rstrip(b"\n"))
+    real = os.path.join(os.path.realpath(hooks.parent), hooks.name)    # a link there itself: _open_dir refuses it
+    if named is not None:
+        named_ = Path(os.path.abspath(named))
+        if os.path.join(os.path.realpath(named_.parent), named_.name) != real:
+            raise RelayError(f"git runs the hooks from {hooks}, not {named} (--hooks-path); nothing was changed")
+        return hooks
+    if not any(real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+               for base in (os.path.realpath(top), os.path.realpath(common))):
+        raise RelayError(f"core.hooksPath points outside the repository, to {hooks}; nothing was changed "
+                         f"(`relay guard {verb} --hooks-path {shlex.quote(str(hooks))}` if you mean it)")
+    return hooks
 
 
 def script(root, state_dir):
@@ -136,9 +153,10 @@ def _write(fd, name, text):
     os.fsync(fd)
 
 
-def install(root, state_dir, chain=False):
-    """Write relay's pre-commit hook; returns the lines that say what was done."""
-    hooks = hooks_dir(root)
+def install(root, state_dir, chain=False, named=None):
+    """Write relay's pre-commit hook; returns the lines that say what was done. `named`: the
+    hooks directory the operator named (--hooks-path), needed when it lies outside the repository."""
+    hooks = hooks_dir(root, named, "install")
     text = script(root, state_dir)
     fd = _open_dir(hooks)
     try:
@@ -165,9 +183,9 @@ def install(root, state_dir, chain=False):
     return done
 
 
-def uninstall(root):
+def uninstall(root, named=None):
     """Remove relay's hook (a chained one takes its place again); returns what was done."""
-    hooks = hooks_dir(root)
+    hooks = hooks_dir(root, named, "uninstall")
     fd = _open_dir(hooks)
     try:
         there = _existing(fd, HOOK, hooks)

@@ -126,26 +126,34 @@ def guard():
     refused, naming the holder."""
 
 
+HOOKS_PATH = click.option("--hooks-path", "hooks_path", metavar="DIR",
+                          help="The hooks directory core.hooksPath names, when it lies outside the repository "
+                               "(refused unless named here).")
+
+
 @guard.command("install")
 @click.option("--chain", is_flag=True, help="Keep a pre-commit hook relay did not write as "
               "pre-commit.before-relay, which relay's hook runs first.")
+@HOOKS_PATH
 @pass_ctx
 @handle_errors
-def guard_install(ctx, chain):
+def guard_install(ctx, chain, hooks_path):
     """Write the pre-commit hook into the repository's hooks directory (core.hooksPath
-    honoured). A hook relay did not write is never replaced without --chain; a link is never
-    written through. Who commits: $RELAY_AGENT, else `git config relay.agent`; RELAY_GUARD=off
-    lets a person commit past it."""
-    for line in guard_mod.install(ctx.cfg.root, ctx.cfg.state_dir, chain=chain):
+    honoured inside the repository; a place outside it only when --hooks-path names it). A hook
+    relay did not write is never replaced without --chain; a link is never written through. Who
+    commits: $RELAY_AGENT, else `git config relay.agent`; RELAY_GUARD=off lets a person commit
+    past it."""
+    for line in guard_mod.install(ctx.cfg.root, ctx.cfg.state_dir, chain=chain, named=hooks_path):
         echo(line)
 
 
 @guard.command("uninstall")
+@HOOKS_PATH
 @pass_ctx
 @handle_errors
-def guard_uninstall(ctx):
+def guard_uninstall(ctx, hooks_path):
     """Remove relay's pre-commit hook (the hook it ran first, if any, takes its place again)."""
-    for line in guard_mod.uninstall(ctx.cfg.root):
+    for line in guard_mod.uninstall(ctx.cfg.root, named=hooks_path):
         echo(line)
 
 
