@@ -42,14 +42,15 @@ def test_send_takes_a_list_or_a_string_of_names_and_a_kind_and_reply_builds_the_
         tools = await bob.tools()
         assert "kind" in tools["send"].input_schema["properties"]
         assert set(tools["reply"].input_schema["required"]) == {"id", "body"}
-        sent["list"] = (await bob.call("send", to=["Alice", "Carol"], body="one", kind="note"))["id"]
+        sent["list"] = (await bob.call("send", to=["Alice", "Carol"], body="one", kind="continuity"))["id"]
         sent["json"] = (await bob.call("send", to='["Alice", "Carol"]', body="two"))["id"]
         sent["comma"] = (await bob.call("send", to="Alice, Carol", body="three", subject="plans"))["id"]
         deliver(team, ("Alice", "Bob", "Carol"))
         with relay.Agent("Alice", root=team.root) as alice:
             got = {m.id: m for m in alice.inbox()}
             assert [got[sent[k]].to for k in ("list", "json", "comma")] == [["Alice", "Carol"]] * 3
-            assert got[sent["list"]].kind == "note"
+            assert got[sent["list"]].kind == "continuity"
+            assert got[sent["json"]].kind == "message"
             question = alice.send("Bob", "what time?", subject="lunch")
         deliver(team, ("Alice", "Bob", "Carol"))
         answer = await bob.call("reply", id=question, body="noon")
@@ -97,4 +98,41 @@ def test_argument_errors_are_one_line_and_numbers_out_of_range_are_refused_or_cl
         got = await bob.call("wait", timeout_s=10**9, limit=10**9)       # a message is there: at once
         assert len(got["messages"]) == 1 and not got["timed_out"]
         assert (await bob.call("thread", thread="none", limit=10**9))["messages"] == []
+    run(team, tmp_path, scenario)
+
+
+def test_what_is_not_in_a_tools_schema_is_refused_in_the_schemas_words(team, tmp_path):
+    outbox = team.state / "outbox" / "Bob"
+
+    async def scenario(bob):
+        tools = await bob.tools()
+        assert all(t.input_schema["additionalProperties"] is False for t in tools.values())
+        assert tools["send"].input_schema["properties"]["kind"]["enum"] == ["message", "continuity"]
+        assert await refused(bob, "send", to="Alice", body="x", kind="bogus") == (
+            "kind: must be 'message' or 'continuity', not 'bogus'")
+        assert await refused(bob, "send", to="Alice", body="x", colour="red") == (
+            "colour: send takes no such argument (it takes to, body, subject, thread, request_id, kind, "
+            "wait_delivered_s)")
+        assert await refused(bob, "agents", active="yes") == "active: must be true or false, not 'yes'"
+        assert await refused(bob, "agents", active=1) == "active: must be true or false, not 1"
+        assert await refused(bob, "reservations", mine="true") == "mine: must be true or false, not 'true'"
+        assert await refused(bob, "inbox", limit="5") == "limit: must be a whole number, not '5'"
+        assert await refused(bob, "wait", timeout_s=True) == "timeout_s: must be a number, not True"
+        assert await refused(bob, "inbox", since="2h") == (
+            "since: inbox takes no such argument (it takes limit, mark_read, recent)")
+        assert await refused(bob, "search", query=["a"]) == "query: must be text, not ['a']"
+        assert not outbox.exists() or list(outbox.iterdir()) == []
+        # what the schema allows still works: a number given as a whole number, a float as an int
+        assert (await bob.call("wait", timeout_s=0, limit=3))["timed_out"] is True
+    run(team, tmp_path, scenario)
+
+
+def test_tool_descriptions_are_dedented_and_no_empty_resources_or_prompts_are_advertised(team, tmp_path):
+    async def scenario(bob):
+        for name, tool in (await bob.tools()).items():
+            lines = tool.description.splitlines()
+            assert len(lines) > 1 and not any(line[:1].isspace() for line in lines), (name, tool.description)
+        capabilities = bob.session.server_capabilities
+        assert capabilities.tools is not None
+        assert capabilities.resources is None and capabilities.prompts is None
     run(team, tmp_path, scenario)

@@ -168,15 +168,22 @@ FORMS = {"to": "must be a name, a comma-separated list of names or a JSON array 
          "ids": "must be a list of ids or one string of them"}
 
 
-def argument_errors(error):
-    """One line for a pydantic ValidationError of a tool's arguments: each argument refused, what
-    it must be and what it was (never pydantic's own text and its URLs)."""
+def argument_errors(error, tool="the tool", takes=()):
+    """One line for a pydantic ValidationError of the arguments of `tool` (which `takes` these):
+    each argument refused, what it must be and what it was (never pydantic's own text and its
+    URLs); an argument it does not take, with those it takes; a value outside an enum, with the
+    enum's values."""
     said = {}
     for e in error.errors():
         name = str(e["loc"][0]) if e.get("loc") else "arguments"
         if name in said:
             continue
+        if e.get("type") == "extra_forbidden":
+            said[name] = f"{tool} takes no such argument (it takes {', '.join(takes) or 'none'})"
+            continue
         need = NEEDS.get(e.get("type"))
+        if e.get("type") == "literal_error":
+            need = f"must be {e.get('ctx', {}).get('expected', 'one of its values')}"
         if need != "required" and name in FORMS:
             said[name] = FORMS[name]
             continue

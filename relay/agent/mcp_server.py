@@ -28,15 +28,14 @@ client no longer reads exits.
 
 A refusal (an unknown recipient with the closest match, a bad request id, an argument of the
 wrong type, a number below its range, ...) comes back as a tool error carrying relay's one-line
-message; the server goes on. Only this module, mcp_wire.py and mcp_handover.py (the hand-off)
-import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
+message; the server goes on. Only this module, mcp_wire.py, mcp_handover.py (the hand-off) and
+mcp_schema.py (the tools held to their schemas) import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
 """
 import functools
-import inspect
 import logging
 import signal
 import time
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import anyio
 import anyio.to_thread
@@ -51,6 +50,7 @@ from relay.agent.mcp_handover import (Handover, argument_errors, bounded, fresh,
                                       words)      # (Handover: offered here too)
 from relay.files.lock import holder
 from relay.agent.mcp_wire import serve as serve_stdio
+from relay.agent.mcp_schema import strict, takes, unadvertised
 from relay.agent.mcp_results import (Agents, Leases, MarkedRead, Message, Messages, Released, Results, Sent,
                                      Thread, ThreadMessage)
 
@@ -63,6 +63,7 @@ DEFAULT_LIMIT = 50
 MOST = "more is taken as the most"       # the tools' numbers: less than the least is refused
 LIMIT = f"At most this many messages (1 to {MAX_LIMIT}; {MOST}); the others stay new for the next call."
 MARK_READ = "False: list them and mark nothing read (mark_read(ids) does it later)."
+Kind = Literal["message", "continuity"]     # what send sends (relay writes bounces; spawn() and release_agent())
 
 INSTRUCTIONS = """\
 You are the agent {me} on relay, which carries messages between the agents of this project.
@@ -82,13 +83,18 @@ class Server(MCPServer):
     argument, what it must be and what it was (pydantic's own text and URLs never reach the
     agent)."""
 
+    def __init__(self, *args, tools=(), **kw):
+        super().__init__(*args, tools=list(tools), **kw)
+        self.takes = {t.name: takes(t) for t in tools}
+
     async def call_tool(self, name, arguments, context=None):
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as e:
             if not isinstance(e.__cause__, ValidationError):
                 raise
-            raise ToolError(f"Error executing tool {name}: {argument_errors(e.__cause__)}") from e.__cause__
+            said = argument_errors(e.__cause__, name, self.takes.get(name, ()))
+            raise ToolError(f"Error executing tool {name}: {said}") from e.__cause__
 
 
 class Tools:
@@ -120,7 +126,8 @@ class Tools:
                                                     "uses the message's thread (its id when it has none).")] = None,
              request_id: Annotated[Optional[str], Field(description="Your id for this request: a second send "
                                                         "with it is not delivered again.")] = None,
-             kind: Annotated[Optional[str], Field(description="The message's kind (default: message).")] = None,
+             kind: Annotated[Kind, Field(description="The message's kind: message, or continuity (a control kind, "
+                                         "for System); spawn() and release_agent() send the others.")] = "message",
              wait_delivered_s: Annotated[Optional[float], Field(description=(
                  f"Then wait up to this many seconds (0 to {MAX_WAIT:g}; {MOST}) until every "
                  "recipient has it: `delivered` true, or false with `error` when it failed; `timed_out` when the "
@@ -287,12 +294,10 @@ def build(agent, handover=None):
     """The MCP server for `agent` (an api.Agent, checked); serve it with `serve()` (stdio), or
     call its tools in process. `handover`: what marks read the messages a reply holds (a
     Handover; by default one with no wire: a call's return is the hand-off)."""
-    server = Server("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
-                    log_level="WARNING")
     tools = Tools(agent, handover)
-    for name in Tools.NAMES:
-        fn = getattr(tools, name)
-        server.add_tool(fn, description=inspect.cleandoc(fn.__doc__))
+    server = Server("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
+                    log_level="WARNING", tools=[strict(getattr(tools, name)) for name in Tools.NAMES])
+    unadvertised(server)
     return server
 
 

@@ -1,0 +1,55 @@
+"""The MCP server's tools as the SDK publishes them, held to their schemas (mcp_server.py builds
+them): each tool refuses what its input schema does not allow, in the schema's words, and the
+server advertises only what it serves.
+
+- An argument a tool does not take is refused, naming the ones it takes (the schema says
+  `additionalProperties: false`); the SDK's own models ignore it.
+- A value is taken only in its schema's type (pydantic's strict mode): true or false for a
+  boolean (not "yes", "true" or 1), a whole number for an integer (not "5"), a number for a
+  number (not true); a name of an enum's (send's `kind`) as the enum says it. A list given as
+  a JSON array in a string is still a list (the SDK parses it first: some clients send them so).
+- Resources and prompts are not advertised in the server's capabilities while it has none (the
+  SDK advertises them whatever its lists hold); a client asking for them gets "method not found".
+"""
+import inspect
+
+from mcp.server.mcpserver.tools import Tool
+from pydantic import ConfigDict
+
+# The requests that serve resources and prompts, and so advertise them (the SDK's lowlevel Server
+# derives its capabilities from the handlers it has).
+RESOURCE_METHODS = ("resources/list", "resources/read", "resources/templates/list", "resources/subscribe",
+                    "resources/unsubscribe")
+PROMPT_METHODS = ("prompts/list", "prompts/get")
+
+
+def strict(fn):
+    """The SDK's Tool for `fn` (a method: its name, its dedented docstring, its parameters), its
+    arguments' model strict and closed to arguments it does not name, its input schema so."""
+    tool = Tool.from_function(fn, description=inspect.cleandoc(fn.__doc__))
+    loose = tool.fn_metadata.arg_model
+
+    class Arguments(loose):
+        model_config = ConfigDict(extra="forbid", strict=True, title=loose.__name__)
+
+    tool.fn_metadata.arg_model = Arguments
+    tool.parameters = Arguments.model_json_schema(by_alias=True)
+    return tool
+
+
+def takes(tool):
+    """The names of the arguments a Tool takes, in its signature's order."""
+    return list(tool.parameters.get("properties", {}))
+
+
+def unadvertised(server):
+    """Drop from `server` (an MCPServer, its resources and prompts registered) the handlers of
+    resources when it has none, and of prompts when it has none: its capabilities then do not
+    advertise them. (SDK 2.x offers no public way to remove a handler or to ask its lists
+    without a request.)"""
+    handlers = server._lowlevel_server._request_handlers
+    resources = server._resource_manager.list_resources() or server._resource_manager.list_templates()
+    for methods, served in ((RESOURCE_METHODS, resources), (PROMPT_METHODS, server._prompt_manager.list_prompts())):
+        if not served:
+            for method in methods:
+                handlers.pop(method, None)
