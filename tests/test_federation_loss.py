@@ -291,3 +291,68 @@ def test_a_reset_that_comes_while_a_read_is_in_flight_moves_no_cursor(server, te
     finally:
         pool.release = real
     assert incoming.cursors == {}                   # the next read starts every stream from its start
+
+
+@pytest.mark.parametrize("executed", [False, True], ids=["xdel-lost", "xdel-reply-lost"])
+def test_an_acknowledged_entry_whose_deletion_was_cut_is_deleted_at_the_next_step_and_loss_counts_right(
+        server, team, nodes, tmp_path, executed):
+    """n1 reads n2's acknowledgements, records them, and its XDEL of the entries is cut with its
+    connection (never sent, or done and its reply lost): the entries are deleted at n1's next
+    step, and the stream-length check then sees one entry the server lost among those that wait."""
+    from fedcut import CutProxy
+    proxy = CutProxy(server.port).start()
+    try:
+        n1 = nodes(proxy.url(), team, "n1", ["Ann"])
+        n2 = nodes(server.url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        n1.link.check()                                         # the server's run id, known
+        for i in range(3):
+            n1.drop("Ann", f"m{i}", f"TO: Bob\n\nacknowledged {i}")
+        n1.send()
+        assert drain(n2) == 3
+        n2.link.incoming.acknowledge()
+        proxy.cut(b"XDEL", executed=executed)
+        n1.link.publish()                                       # acknowledgements recorded; the XDEL cut
+        assert proxy.cuts == 1 and states(n1) == {"acknowledged": 3}
+        r = admin(server.url)
+        assert r.xlen(n1.stream("n2")) == (0 if executed else 3)
+        n1.link.publish()                                       # the next step deletes them
+        assert r.xlen(n1.stream("n2")) == 0
+        for i in range(2):
+            n1.drop("Ann", f"w{i}", f"TO: Bob\n\nwaiting {i}")
+        n1.send()
+        [(first, _), _] = r.xrange(n1.stream("n2"))
+        r.xdel(n1.stream("n2"), first)                          # the server loses one of the two that wait
+        assert n1.link.check() == 2                             # seen: both published again
+        n1.link.publish()
+        assert drain(n2) == 2
+        n1.link.publish()
+        assert states(n1) == {"acknowledged": 5} and r.xlen(n1.stream("n2")) == 0
+    finally:
+        proxy.stop()
+
+
+def test_entries_left_by_a_deletion_cut_before_a_restart_are_deleted_at_the_first_check(server, team, nodes):
+    """The XDEL cut, then the relay stops before its next step: the new run deletes what its
+    ledger settled before the stop, and counts what waits right."""
+    from fedcut import CutProxy
+    proxy = CutProxy(server.port).start()
+    try:
+        n1 = nodes(proxy.url(), team, "n1", ["Ann"])
+        n2 = nodes(server.url, team, "n2", ["Bob"])
+        exchange(n1, n2, rounds=1)
+        for i in range(3):
+            n1.drop("Ann", f"m{i}", f"TO: Bob\n\nacknowledged {i}")
+        n1.send()
+        drain(n2)
+        n2.link.incoming.acknowledge()
+        proxy.cut(b"XDEL")
+        n1.link.publish()
+        n1.close()
+        r = admin(server.url)
+        assert r.xlen(n1.stream("n2")) == 3
+        again = nodes(proxy.url(), team, "n1", ["Ann"])
+        again.link.heartbeat()
+        assert again.link.check() == 0 and r.xlen(n1.stream("n2")) == 0
+    finally:
+        proxy.stop()

@@ -42,6 +42,10 @@ MOVED_WAIT = 10.0           # seconds a "none of ... is an agent of node" refusa
 OVERSIZE_SAID = 60.0        # seconds between two log lines of one node's entries too large to read
 EARLY_ACKS_KEPT = 60.0      # seconds an acknowledgement waits for its row to be recorded (milliseconds, as a rule) ...
 EARLY_ACKS_HELD = 1024      # ... and how many of one node's wait at most (one acknowledging ids never sent fills its own)
+UNDELETED_HELD = 100_000    # entries of one node whose deletion is not known done, kept to be deleted again, at most
+XDEL_IDS = 1000             # entry ids per XDEL
+SWEEP_WINDOW = 120.0        # a new run deletes again the entries of the rows settled this long before the last ...
+SWEEP_HELD = 20_000         # ... at most this many a node (a deletion cut, then a stop, left them in the stream)
 
 
 class Publisher:
@@ -67,6 +71,8 @@ class Publisher:
         self.new_server = False             # the last check found another run id
         self.refusing = False               # the server refused a publish for want of memory
         self.moved = {}                     # (message id, node) -> (refusal, when, entry): "not my agents" (NOT_HERE)
+        self.undeleted = {}                 # node -> {entry id: None} to delete, not yet known deleted (deleted())
+        self.swept = False                  # this run deleted again what the last one settled (check())
         self.skipping = Skipping("acknowledgement")
         self.wire = Wire(client, self.keys, self.node)     # offers the loop writes itself
 
@@ -281,13 +287,38 @@ class Publisher:
         return settled
 
     def _delete(self, deletions):
-        """XDEL acknowledged entries from this node's streams: {node: entry ids}."""
-        deletions = {node: gone for node, gone in deletions.items() if gone}
-        if deletions:
-            pipe = self.client.pipeline(transaction=False)
-            for node, gone in deletions.items():
-                pipe.xdel(self.keys.messages(self.node, node), *gone)
-            pipe.execute(raise_on_error=False)     # an entry left there is acknowledged: known again
+        """XDEL entries no row waits for from this node's streams ({node: entry ids}), with
+        those whose deletion is not known done yet (deleted())."""
+        for node, gone in deletions.items():
+            if gone:
+                self.undeleted.setdefault(node, {}).update(dict.fromkeys(gone))
+        self.deleted()
+
+    def deleted(self):
+        """XDEL every entry kept in `undeleted`: an id leaves it once the server answered its
+        XDEL. A deletion lost with its connection (the cursor and the ledger moved before it) is
+        sent again at the next step, so no entry acknowledged stays in a stream, and the
+        stream-length check counts only what waits (check()). An error answered for a node's
+        XDEL keeps its ids (at most UNDELETED_HELD, the newest); ConnectionError keeps them all."""
+        nodes = sorted(n for n, ids in self.undeleted.items() if ids)
+        if not nodes:
+            return
+        pipe, sent = self.client.pipeline(transaction=False), []
+        for node in nodes:
+            ids = list(self.undeleted[node])
+            for i in range(0, len(ids), XDEL_IDS):
+                pipe.xdel(self.keys.messages(self.node, node), *ids[i:i + XDEL_IDS])
+                sent.append((node, ids[i:i + XDEL_IDS]))
+        for (node, ids), reply in zip(sent, pipe.execute(raise_on_error=False), strict=True):
+            kept = self.undeleted[node]
+            if not isinstance(reply, Exception):
+                for eid in ids:
+                    kept.pop(eid, None)
+            elif len(kept) > UNDELETED_HELD:
+                log.error("federation: %d entries of the stream to node %s cannot be deleted (%s); the oldest are "
+                          "forgotten", len(kept), node, reason(reply))
+                self.undeleted[node] = dict.fromkeys(list(kept)[-UNDELETED_HELD:])
+        self.undeleted = {n: ids for n, ids in self.undeleted.items() if ids}
 
     # -- what the server lost, and deadlines -------------------------------------------------
 
@@ -300,6 +331,11 @@ class Publisher:
             info = self.client.info("server")
         run_id = info.get("run_id")
         again = []
+        if not self.swept:      # what a deletion cut before this run's start left
+            for node, ids in self.history.settled_entries(SWEEP_WINDOW, SWEEP_HELD).items():
+                self.undeleted.setdefault(node, {}).update(dict.fromkeys(ids))
+        self.deleted()          # ConnectionError: nothing is concluded from lengths this time
+        self.swept = True
         self.new_server = self.run_id is not None and run_id != self.run_id
         if self.new_server:
             log.warning("federation: the server is another one now (run id %s, was %s: a restart or a failover); "
@@ -314,7 +350,7 @@ class Publisher:
             for n in nodes:
                 pipe.xlen(self.keys.messages(self.node, n))
             for n, length in zip(nodes, pipe.execute(), strict=True):
-                if length < waiting[n]:
+                if length - len(self.undeleted.get(n, ())) < waiting[n]:    # those the server refused to delete
                     log.warning("federation: the stream to node %s holds %d entries where %d wait for its "
                                 "acknowledgement: the server lost some; they are published again", n, length, waiting[n])
                     again += [(r["message_id"], r["node"]) for r in self.history.waiting_for(n, 100_000)]
@@ -329,13 +365,9 @@ class Publisher:
     def _again(self, now, rows, why):
         by_node = {}
         for node, eid in self.ledger.republish(now, rows, why):
-            by_node.setdefault(node, []).append(eid)
-        pipe = self.client.pipeline(transaction=False)
-        for node, eids in by_node.items():
-            eids = [e for e in eids if e]
-            if eids:
-                pipe.xdel(self.keys.messages(self.node, node), *eids)
-        pipe.execute(raise_on_error=False)
+            if eid:
+                by_node.setdefault(node, set()).add(eid)
+        self._delete(by_node)
 
     def reroute(self, now, routes, alive):
         """Rows waiting for a node that no longer holds their recipients, while another does: the
@@ -373,11 +405,11 @@ class Publisher:
             if self.router is not None:
                 self.router.bounced()
             log.warning("federation: %d messages for agents now on other nodes are sent there", len(moves))
-            pipe = self.client.pipeline(transaction=False)
+            by_node = {}
             for node, eid in gone:
                 if eid:
-                    pipe.xdel(self.keys.messages(self.node, node), eid)
-            pipe.execute(raise_on_error=False)
+                    by_node.setdefault(node, set()).add(eid)
+            self._delete(by_node)
         return len(moves)
 
 

@@ -72,6 +72,21 @@ class RemoteHistory:
         return self.db.execute("SELECT message_id, node, entry_id, recipients FROM outbound WHERE node = ? AND "
                                f"status IN {states} LIMIT ?", (node, limit)).fetchall()
 
+    def settled_entries(self, window, limit):
+        """{node: entry ids} of the rows each node settled (acknowledged or refused) within
+        `window` seconds before the last it settled, the newest `limit` a node: the entries a
+        deletion cut before a stop may have left in this node's streams."""
+        out = {}
+        for node, eid in self.db.execute(
+                "SELECT o.node, o.entry_id FROM outbound o JOIN (SELECT node, max(acked_at) AS last FROM outbound "
+                "WHERE status IN ('acknowledged', 'refused') GROUP BY node) l ON o.node = l.node WHERE o.status IN "
+                "('acknowledged', 'refused') AND o.entry_id IS NOT NULL AND o.acked_at >= l.last - ? "
+                "ORDER BY o.acked_at DESC", (window,)):
+            ids = out.setdefault(node, [])
+            if len(ids) < limit:
+                ids.append(eid)
+        return out
+
     def waiting_nodes(self):
         """The nodes that have rows waiting (to be published or acknowledged)."""
         return [r[0] for r in self.db.execute("SELECT DISTINCT node FROM outbound WHERE status IN ('pending', "
