@@ -134,6 +134,9 @@ class Agent(Leases, AgentState):
         names = [n.strip() for n in (to.split(",") if isinstance(to, str) else to) if n.strip()]
         if not names:
             raise RelayError("no recipient: give a name, a list of names, '*' or System")
+        refusal = self.project.refusal(self.name, names, kind)     # a reserved name or kind, an archived agent
+        if refusal is not None:
+            raise InvalidName(refusal)
         known = set(self.project.agents())
         special = (*BROADCAST, SYSTEM)         # '*' and its alias Broadcast, relay's own inbox
         unknown = [n for n in names if n not in special and n not in known]
@@ -199,11 +202,21 @@ class Agent(Leases, AgentState):
         return self.send(to or message.sender, body, thread=thread or message.reply_thread, subject=subject, **kw)
 
     def find(self, mid):
-        """A message by id: this agent's copy, else the project's (the ledger's)."""
+        """A message by id that this agent sent or received: its own copy, else the project's
+        (a recipient's copy, or the ledger's). Any other message is NotFound, as one not there."""
         try:
             return self.read(mid)
         except NotFound:
-            return self.project.message(mid)
+            return self.project.message(mid, agent=self.name)
+
+    def thread(self, thread, limit=None):
+        """The messages of `thread` that this agent sent or received, oldest first, as ledger
+        records with their bodies (Project.thread, for this agent); with `limit`, the newest that many."""
+        return self.project.thread(thread, limit, agent=self.name)
+
+    def thread_page(self, thread, limit=None):
+        """(thread(thread, limit), how many earlier messages of it this agent may see were left out)."""
+        return self.project.thread_page(thread, limit, agent=self.name)
 
     def search(self, query, sender=None, thread=None, since=None, limit=20):
         """What this agent may see (its inbox and what it sent) whose subject or body holds every
@@ -304,7 +317,7 @@ class Agent(Leases, AgentState):
             if history is not None:
                 with history:
                     try:
-                        full = history.find(full)["id"]
+                        full = history.find(full, visible_to=self.name)["id"]
                     except NotFound:
                         pass
         found = self.inbox_.envelope(self.name, full) if full else None

@@ -16,7 +16,7 @@ had before version 2) on api.py's Agent, so its tools check what the shell and P
     agents(active)      who the agent is and the known agents, each active or inactive (released),
                         with what its spawn said of it
     thread(thread, limit)  a conversation oldest first, as the ledger has it (from the message
-                        whose id names it)
+                        whose id names it): the messages the agent sent or received
     reserve(paths, ttl, exclusive, reason), release(paths), reservations(mine)
                         file reservations (leases.py): refused whole, naming the holders
 
@@ -230,11 +230,11 @@ class Tools:
                                             "message a thread started from.")],
                limit: Annotated[int, Field(description=f"At most this many messages, the newest (1 to {MAX_LIMIT}; "
                                            f"{MOST}).")] = DEFAULT_LIMIT) -> Thread:
-        """The messages of a thread, oldest first, with their bodies and delivery status; a thread
-        named by a message's id starts with that message. `more` counts the earlier messages left
+        """The messages of a thread that you sent or received, oldest first, with their bodies and
+        delivery status; a thread named by a message's id starts with that message. `more` counts the earlier messages left
         out by `limit`. Marks nothing read."""
         with self.me() as agent, tool_errors():
-            rows, more = agent.project.thread_page(thread, bounded(limit, "limit", 1, MAX_LIMIT))
+            rows, more = agent.thread_page(thread, bounded(limit, "limit", 1, MAX_LIMIT))
         keys = ThreadMessage.__annotations__
         return {"thread": thread, "messages": [{k: r.get(k) for k in keys} for r in rows], "more": more}
 

@@ -13,7 +13,8 @@ import time
 import orjson
 
 from relay import config as config_mod
-from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
+from relay import names as reserved_names
+from relay.config import AGENT_NAME, AGENT_NAME_RULE
 from relay.errors import InvalidName, NotFound, RelayError, UnknownAgent
 from relay.ledger.history import History
 from relay.core import registry
@@ -22,7 +23,7 @@ from relay.files.layout import Layout
 from relay.files.lock import wake
 from relay.ledger.ledger import Ledger
 from relay.ledger.search import match
-from relay.core.message import BROADCAST, TEXT_PLAIN, closest, iso
+from relay.core.message import TEXT_PLAIN, closest, iso
 from relay.agent.state import TeamState
 
 
@@ -166,6 +167,32 @@ class Project(TeamState):
         except (sqlite3.Error, RelayError):
             return []
 
+    def archived(self):
+        """{name: (archived_at, actor)} of the agents an operator archived; {} with no ledger."""
+        history = self.history()
+        if history is None:
+            return {}
+        with history:
+            return history.archived_agents()
+
+    def refusal(self, sender, names, kind=None):
+        """Why `sender` cannot send a message of `kind` to `names` at all, or None: a reserved name
+        spelt otherwise than relay spells it (names.py), a kind relay writes itself, an archived
+        sender or recipient (with the operator's way back)."""
+        for n in names:
+            problem = reserved_names.address_problem(n)
+            if problem is not None:
+                return problem
+        problem = reserved_names.kind_problem(kind, sender)
+        if problem is not None:
+            return problem
+        archived = self.archived()
+        for name, sending in ((sender, True), *((n, False) for n in names)):
+            why = registry.archived_refusal(name, archived, sender=sending)
+            if why is not None:
+                return why
+        return None
+
     @contextlib.contextmanager
     def writing(self):
         """The ledger to write, one caller at a time. The connection is kept for the next write
@@ -192,13 +219,14 @@ class Project(TeamState):
             return None
         return History(Ledger(self.layout.ledger, readonly=True))
 
-    def message(self, mid):
-        """A message from any recipient's inbox, or from the ledger when no inbox holds it."""
+    def message(self, mid, agent=None):
+        """A message from any recipient's inbox, or from the ledger when no inbox holds it; with
+        `agent`, only one that agent sent or received (NotFound else, as for no message)."""
         history = self.history()
         if history is None:
             raise NotFound(f"no message with id {mid!r}: the project has no ledger yet")
         with history:
-            row = history.find(mid)
+            row = history.find(mid, visible_to=agent)
         box = Inbox(self.layout, None)
         for recipient in _recipients(row):
             found = box.envelope(recipient, row["id"])
@@ -230,29 +258,28 @@ class Project(TeamState):
                  "subject": r["subject"], "snippet": r["snippet"], "sent_at": _when(r["sent_at"]),
                  "status": r["status"]} for r in rows]
 
-    def thread(self, thread, limit=None):
+    def thread(self, thread, limit=None, agent=None):
         """The messages of a thread, oldest first, as ledger records with their bodies; a thread
-        named by a message's id starts with that message. With `limit`, the newest that many."""
-        return self.thread_page(thread, limit)[0]
+        named by a message's id starts with that message. With `limit`, the newest that many;
+        with `agent`, only those that agent sent or received."""
+        return self.thread_page(thread, limit, agent)[0]
 
-    def thread_page(self, thread, limit=None):
-        """(thread(thread, limit), how many earlier messages of the thread were left out)."""
+    def thread_page(self, thread, limit=None, agent=None):
+        """(thread(thread, limit, agent), how many earlier messages of it were left out)."""
         from relay.operator import views
         history = self.history()
         if history is None:
             return [], 0
         with history:
-            rows = [views.record(r) | {"body": r["body"]} for r in history.audit(thread=thread, limit=limit)]
-            more = history.thread_size(thread) - len(rows) if limit and len(rows) == limit else 0
+            rows = [views.record(r) | {"body": r["body"]}
+                    for r in history.audit(thread=thread, limit=limit, visible_to=agent)]
+            more = history.thread_size(thread, agent) - len(rows) if limit and len(rows) == limit else 0
         return rows[::-1], max(more, 0)
 
 
 def create_agents(layout, names, how):
     for name in names:
-        if not AGENT_NAME.match(name) or name == SYSTEM:
-            raise InvalidName(f"invalid agent name {name!r}: agent names match {AGENT_NAME_RULE}")
-        if name in BROADCAST:
-            raise InvalidName(f"{name!r} means every agent (as '*') and cannot be one agent's name")
+        reserved_names.agent(name)
     problems = layout.init(names)
     if problems:
         raise RelayError("; ".join(problems))

@@ -14,7 +14,8 @@ from relay.core.message import closest
 from relay.operator import views
 from relay.cli.context import out_json, pass_ctx, verdict
 from relay.cli.lookups import outbox_source
-from relay.guards import agent_name, checked, duration, handle_errors, moment
+from relay.guards import acting, agent_name, checked, duration, handle_errors, moment
+from relay.agent.project import Project, check_known
 from relay.errors import NotFound, RelayError
 from relay.files.fs import replace_file
 from relay.ledger.history import BadRow, sift
@@ -117,25 +118,35 @@ def _limited(rows, limit, bad):
               help="The messages this outbox path has carried, newest first (names are reused), instead of ID.")
 @click.option("--limit", type=click.IntRange(1, 10**12), default=None,
               help=f"With --path: at most N messages (default {PATH_LIMIT}; with --json, all).")
+@click.option("--agent", callback=acting(agent_name, "--agent NAME", required=False),
+              help="As this agent: only a message it sent or received (default: RELAY_AGENT; without "
+                   "either, any message).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with --path, a list).")
 @pass_ctx
 @handle_errors
-def show(ctx, message_id, source, limit, as_json):
+def show(ctx, message_id, source, limit, agent, as_json):
     """One message: every field, deliveries, lifecycle events, files and body (--path: each
-    message an outbox path has carried, newest first)."""
+    message an outbox path has carried, newest first). Run as an agent, only the messages it
+    sent or received."""
     if (message_id is None) == (source is None):
         raise click.UsageError("name a message ID, or --path outbox/AGENT/NAME (not both)")
     if limit is not None and source is None:
         raise click.UsageError("--limit goes with --path")
+    if agent is not None:
+        agent = check_known(agent, Project(config=ctx.cfg).agents(), "agent")
     if source is not None:
-        return _show_path(ctx, source, limit, as_json)
+        return _show_path(ctx, source, limit, as_json, agent)
     led = ctx.reader()
     layout = ctx.layout
     try:
         try:
-            row = led.find(message_id)
+            row = led.find(message_id, visible_to=agent)
         except NotFound:
-            waiting = _waiting(layout, message_id, led.id_owner(message_id.upper()))
+            owner = led.id_owner(message_id.upper())
+            if agent is not None and owner not in (None, agent):
+                waiting = None          # another agent's send, not taken yet: not this agent's to see
+            else:                       # as an agent, a file of its own outbox only
+                waiting = _waiting(layout, message_id, agent or owner)
             if waiting is None:
                 raise
             if as_json:
@@ -187,16 +198,17 @@ def _story(led, layout, row, as_json):
                         "actor": e["actor"]} for e in events], "sheds": sheds}
 
 
-def _show_path(ctx, source, limit, as_json):
-    """relay show --path: every message found at an outbox path, newest first; exit 1 when none."""
+def _show_path(ctx, source, limit, as_json, agent=None):
+    """relay show --path: every message found at an outbox path, newest first (as `agent`: those
+    it sent or received); exit 1 when none."""
     layout = ctx.layout
-    agent, name = outbox_source(source, layout)
-    rel = f"outbox/{agent}/{name}"
+    sender, name = outbox_source(source, layout)
+    rel = f"outbox/{sender}/{name}"
     if limit is None and not as_json:
         limit = PATH_LIMIT
     with ctx.reader() as led:
         bad, stories, more = [], [], False
-        for row in led.by_source(agent, name):
+        for row in led.by_source(sender, name, visible_to=agent):
             if limit and len(stories) == limit:
                 more = True
                 break
@@ -206,7 +218,7 @@ def _show_path(ctx, source, limit, as_json):
             stories.append(_story(led, layout, row, as_json))
         skipped(bad)
     if not stories:
-        there = layout.fs.exists(rel)
+        there = agent in (None, sender) and layout.fs.exists(rel)
         raise NotFound(f"no message from {rel} in the ledger" + (
             "; a file is there now that relay has not taken yet (is the daemon running? see relay status)"
             if there else ""))

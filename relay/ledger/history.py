@@ -28,6 +28,7 @@ from relay.ledger.imports import ImportReads
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
 from relay.ledger.lookups import Lookups
+from relay.ledger.parties import hidden, party
 from relay.ledger.search import SearchReads
 from relay.ledger.state import StateReads
 from relay.ledger.ledger import STATUSES
@@ -86,14 +87,16 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
     def get(self, mid):
         return self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
 
-    def find(self, mid):
+    def find(self, mid, visible_to=None):
         """A message by id or unique id prefix (any case); NotFound or RelayError otherwise. An
         id `relay send` gave a sender names that sender's message only: never another's, even
-        one whose file was named after it; what cannot be told apart is refused."""
+        one whose file was named after it; what cannot be told apart is refused. With
+        `visible_to`, only the messages that agent sent or received (parties.py) are looked at."""
         prefix = mid.upper()
         owner = self.id_owner(prefix) if valid_id(prefix) else None
-        rows = self.db.execute("SELECT * FROM messages WHERE id >= ? AND id < ? ORDER BY id LIMIT 2",
-                               (prefix, prefix + "\x7f")).fetchall()
+        seen, seen_args = party(visible_to)
+        rows = self.db.execute(f"SELECT * FROM messages m WHERE id >= ? AND id < ? AND {seen} ORDER BY id LIMIT 2",
+                               (prefix, prefix + "\x7f", *seen_args)).fetchall()
         if len(rows) == 1 or (rows and rows[0]["id"] == prefix):
             if owner is not None and rows[0]["id"] == prefix and rows[0]["sender"] != owner:
                 raise RelayError(f"the id {prefix} was given to {owner} by relay send, but the message recorded "
@@ -106,15 +109,15 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
             # failed or held back before that (too large, unreadable, not yet read) is still
             # under the id relay gave it when found, but its file name carries the printed one
             # (in its sender's outbox: any agent may name a file so).
-            sql = "SELECT * FROM messages WHERE name = ?" + (" AND sender = ?" if owner else "")
+            sql = f"SELECT * FROM messages m WHERE name = ? AND {seen}" + (" AND sender = ?" if owner else "")
             rows = self.db.execute(sql + " ORDER BY discovered_at, id LIMIT 2",
-                                   (f"msg-{prefix.lower()}", *([owner] if owner else []))).fetchall()
+                                   (f"msg-{prefix.lower()}", *seen_args, *([owner] if owner else []))).fetchall()
             if len(rows) == 1:
                 return rows[0]
             if rows and rows[0]["sender"] != rows[1]["sender"]:
                 raise RelayError(f"no message has the id {prefix}, and files of more than one agent are named "
                                  f"msg-{prefix.lower()}; relay will not say which is meant")
-        raise NotFound(f"no message with id {mid!r} in the ledger")
+        raise NotFound(hidden(mid, visible_to) if visible_to else f"no message with id {mid!r} in the ledger")
 
     def declared_agents(self):
         """The names of the agents declared as senders (ledger_senders.py)."""
@@ -384,8 +387,13 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
         return self.db.execute("SELECT * FROM commands ORDER BY at, id").fetchall()
 
     def audit(self, sender=None, recipient=None, status=None, kind=None, thread=None, since=None,
-              until=None, grep=None, limit=None, oldest_first=False, since_id=None):
+              until=None, grep=None, limit=None, oldest_first=False, since_id=None, visible_to=None):
+        """The messages that match, newest first; with `visible_to`, only those that agent sent or
+        received (parties.py)."""
         where, args = [], []
+        if visible_to is not None:
+            seen, seen_args = party(visible_to)
+            where.append(seen); args += seen_args
         if sender:
             where.append("m.sender = ?"); args.append(sender)
         if recipient:
@@ -418,10 +426,11 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
             sql += " LIMIT ?"; args.append(int(limit))
         return self.db.execute(sql, args)
 
-    def thread_size(self, thread):
-        """How many messages `audit(thread=...)` lists."""
-        return self.db.execute("SELECT count(*) FROM messages m WHERE m.thread = ? OR m.id = ?",
-                               (thread, thread)).fetchone()[0]
+    def thread_size(self, thread, visible_to=None):
+        """How many messages `audit(thread=..., visible_to=...)` lists."""
+        seen, seen_args = party(visible_to)
+        return self.db.execute(f"SELECT count(*) FROM messages m WHERE (m.thread = ? OR m.id = ?) AND {seen}",
+                               (thread, thread, *seen_args)).fetchone()[0]
 
     def last_event(self):
         """The seq of the newest lifecycle event (0 when there is none)."""

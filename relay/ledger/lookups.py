@@ -1,16 +1,19 @@
 """Two lookups for people, mixed into History: the messages one outbox path has carried (`relay
 show --path`: names are reused, so several, newest first) and the operator commands recorded in
 the commands table (`relay commands`: newest first, or one by its id)."""
+from relay.ledger.parties import party
 
 
 class Lookups:
     """History's part for the lookups (uses self.db). Rows are returned as stored: a reader
     checks them (rows.py)."""
 
-    def by_source(self, sender, name):
-        """The messages found at outbox/<sender>/<name>, newest first (by id: ids sort by time)."""
-        return self.db.execute("SELECT * FROM messages WHERE sender = ? AND name = ? ORDER BY id DESC",
-                               (sender, name))
+    def by_source(self, sender, name, visible_to=None):
+        """The messages found at outbox/<sender>/<name>, newest first (by id: ids sort by time);
+        with `visible_to`, only those that agent sent or received (parties.py)."""
+        seen, seen_args = party(visible_to)
+        return self.db.execute(f"SELECT * FROM messages m WHERE sender = ? AND name = ? AND {seen} ORDER BY id DESC",
+                               (sender, name, *seen_args))
 
     def command(self, cid):
         """The operator command recorded under `cid`, or None."""

@@ -18,6 +18,7 @@ work for an AND of terms that match grows with the square of their number.
 import re
 
 from relay.errors import RelayError
+from relay.ledger.parties import party
 
 BODY_CHARS = 4096          # of a body, what is indexed (migration 30 backfills with the same cap)
 SNIPPET_TOKENS = 16        # words in a snippet
@@ -85,9 +86,8 @@ class SearchReads:
         discovered_at, snippet."""
         where, args = ["search MATCH ?"], [match(query)]
         if agent is not None:
-            where.append("(m.sender = ? OR EXISTS (SELECT 1 FROM deliveries x WHERE x.message_id = m.id "
-                         "AND x.recipient = ?))")
-            args += [agent, agent]
+            seen, seen_args = party(agent)
+            where.append(seen); args += seen_args
         if sender is not None:
             where.append("m.sender = ?"); args.append(sender)
         if thread is not None:
