@@ -2,6 +2,8 @@
 checksum is recorded in the ledger and checked at open); a change of schema is a new one."""
 import hashlib
 import logging
+import sqlite3
+import time
 
 from relay.errors import SchemaError
 
@@ -95,6 +97,46 @@ ALTER TABLE messages ADD COLUMN duplicate_of TEXT;
 CREATE INDEX messages_spool_id ON messages(spool_id) WHERE spool_id IS NOT NULL;
 CREATE INDEX messages_request ON messages(sender, request_id) WHERE request_id IS NOT NULL
 """),
+    (4, "flow control and operator commands", """
+CREATE TABLE sheds (
+    message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    recipient  TEXT NOT NULL,
+    sender     TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    limit_value REAL,
+    observed   REAL,
+    at         REAL NOT NULL,
+    released_at REAL,
+    PRIMARY KEY (message_id, recipient)
+) WITHOUT ROWID;
+CREATE INDEX sheds_pair ON sheds(sender, recipient, reason);
+CREATE INDEX sheds_at ON sheds(at);
+CREATE TABLE commands (
+    id        TEXT PRIMARY KEY,
+    verb      TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    actor     TEXT NOT NULL,
+    at        REAL NOT NULL,
+    result    TEXT
+) WITHOUT ROWID;
+CREATE TABLE pings (
+    id      TEXT PRIMARY KEY,
+    agent   TEXT NOT NULL,
+    sent_at REAL NOT NULL,
+    actor   TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX pings_agent ON pings(agent, sent_at);
+CREATE TABLE archived_agents (
+    name   TEXT PRIMARY KEY,
+    at     REAL NOT NULL,
+    actor  TEXT NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE messages ADD COLUMN expired_at REAL;
+UPDATE messages SET expired_at = failed_at WHERE status = 'failed' AND EXISTS (
+    SELECT 1 FROM events e WHERE e.message_id = messages.id AND e.event = 'expired' AND e.seq > coalesce(
+        (SELECT max(r.seq) FROM events r WHERE r.message_id = messages.id AND r.event = 'retry'), 0));
+"""),
+    # Ids bound to their senders (ledger_senders.py): the id relay send gave each sender.
     (5, "attested durability; interrupted attempts", """
 CREATE TABLE attestations (
     seq             INTEGER PRIMARY KEY,
@@ -154,6 +196,26 @@ CREATE TABLE link (
     # whose id is taken here keeps the sender's as remote_id under one of its own; the link records when
     # the team's directory was last read, or why it cannot be. Rows published under the first
     # protocol (streams no node reads any more) are published again, and known by their ids.
+    (7, "ids bound to their senders", """
+CREATE TABLE sent_ids (
+    id     TEXT PRIMARY KEY,
+    sender TEXT NOT NULL,
+    at     REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX sent_ids_at ON sent_ids(at)
+"""),
+    # A request id `relay send` gave with an id (senders.py): a send that repeats it is known
+    # while the first message still waits in the outbox, before relay has read it.
+    (8, "declared senders", """
+CREATE TABLE declared_agents (
+    name TEXT PRIMARY KEY,
+    at   REAL NOT NULL,
+    how  TEXT NOT NULL
+) WITHOUT ROWID
+"""),
+    # Full-text search (ledger/search.py): each message's subject and the first 4096 characters of
+    # its body (search_docs, the external content), indexed by FTS5 (search); the messages already
+    # in the ledger are indexed here.
     (9, "federation: end-to-end acknowledgements, received ids, the directory's state", """
 ALTER TABLE outbound ADD COLUMN acked_at REAL;
 ALTER TABLE outbound ADD COLUMN ack_deadline REAL;
@@ -174,56 +236,6 @@ ALTER TABLE link ADD COLUMN directory_at REAL;
 ALTER TABLE link ADD COLUMN directory_error TEXT;
 UPDATE outbound SET status = 'pending', next_attempt_at = 0 WHERE status = 'published';
 """),
-    (4, "flow control and operator commands", """
-CREATE TABLE sheds (
-    message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-    recipient  TEXT NOT NULL,
-    sender     TEXT NOT NULL,
-    reason     TEXT NOT NULL,
-    limit_value REAL,
-    observed   REAL,
-    at         REAL NOT NULL,
-    released_at REAL,
-    PRIMARY KEY (message_id, recipient)
-) WITHOUT ROWID;
-CREATE INDEX sheds_pair ON sheds(sender, recipient, reason);
-CREATE INDEX sheds_at ON sheds(at);
-CREATE TABLE commands (
-    id        TEXT PRIMARY KEY,
-    verb      TEXT NOT NULL,
-    arguments TEXT NOT NULL,
-    actor     TEXT NOT NULL,
-    at        REAL NOT NULL,
-    result    TEXT
-) WITHOUT ROWID;
-CREATE TABLE pings (
-    id      TEXT PRIMARY KEY,
-    agent   TEXT NOT NULL,
-    sent_at REAL NOT NULL,
-    actor   TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX pings_agent ON pings(agent, sent_at);
-CREATE TABLE archived_agents (
-    name   TEXT PRIMARY KEY,
-    at     REAL NOT NULL,
-    actor  TEXT NOT NULL
-) WITHOUT ROWID;
-ALTER TABLE messages ADD COLUMN expired_at REAL;
-UPDATE messages SET expired_at = failed_at WHERE status = 'failed' AND EXISTS (
-    SELECT 1 FROM events e WHERE e.message_id = messages.id AND e.event = 'expired' AND e.seq > coalesce(
-        (SELECT max(r.seq) FROM events r WHERE r.message_id = messages.id AND r.event = 'retry'), 0));
-"""),
-    # Ids bound to their senders (ledger_senders.py): the id relay send gave each sender.
-    (7, "ids bound to their senders", """
-CREATE TABLE sent_ids (
-    id     TEXT PRIMARY KEY,
-    sender TEXT NOT NULL,
-    at     REAL NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX sent_ids_at ON sent_ids(at)
-"""),
-    # A request id `relay send` gave with an id (senders.py): a send that repeats it is known
-    # while the first message still waits in the outbox, before relay has read it.
     (20, "request ids of the ids relay send gave", """
 ALTER TABLE sent_ids ADD COLUMN request_id TEXT;
 CREATE INDEX sent_ids_request ON sent_ids(sender, request_id) WHERE request_id IS NOT NULL
@@ -246,16 +258,6 @@ CREATE TABLE bounces (
 CREATE INDEX bounces_due ON bounces(at) WHERE emitted_at IS NULL
 """),
     # The agents declared as senders (senders = "declared"; ledger_senders.py).
-    (8, "declared senders", """
-CREATE TABLE declared_agents (
-    name TEXT PRIMARY KEY,
-    at   REAL NOT NULL,
-    how  TEXT NOT NULL
-) WITHOUT ROWID
-"""),
-    # Full-text search (ledger/search.py): each message's subject and the first 4096 characters of
-    # its body (search_docs, the external content), indexed by FTS5 (search); the messages already
-    # in the ledger are indexed here.
     (30, "full-text search", """
 CREATE TABLE search_docs (
     seq        INTEGER PRIMARY KEY,
@@ -351,10 +353,12 @@ CREATE INDEX imports_message ON imports(message_id)
 ALTER TABLE messages ADD COLUMN content_type TEXT;
 ALTER TABLE messages ADD COLUMN max_retries INTEGER
 """),
+    (54, "migration times in Unix seconds", """
+UPDATE schema_migrations SET applied_at = (applied_at - 2440587.5) * 86400.0 WHERE applied_at < 1e7
+"""),
 ]
-# Versions are applied by number, each once, in order: a ledger may lack a lower number that
-# was added later, and gets it at its next start.
-MIGRATIONS.sort(key=lambda m: m[0])
+# Written in order of their numbers (tests/test_schema.py holds it); applied by number, each
+# once: a ledger that lacks one gets it at its next start.
 SCHEMA_VERSION = max(v for v, _, _ in MIGRATIONS)
 
 
@@ -362,7 +366,22 @@ def checksum(sql):
     return hashlib.sha256(sql.encode()).hexdigest()
 
 
-def migrate(db, path, readonly):
+def statements(sql):
+    """A migration's statements, each whole by SQLite's own rule (sqlite3.complete_statement): a
+    `;` inside a string literal or a trigger's body does not end one."""
+    out, part = [], ""
+    for piece in sql.split(";"):
+        part += piece + ";"
+        if sqlite3.complete_statement(part):
+            if part.strip(" \n\t;"):
+                out.append(part.strip())
+            part = ""
+    if part.strip(" \n\t;"):
+        raise SchemaError(f"a migration ends inside a statement: {part.strip()[:80]!r}")
+    return out
+
+
+def migrate(db, path, readonly, now=None):
     """Apply the migrations `db` lacks, in one transaction, each logged; SchemaError for a ledger
     newer than this relay, a migration whose text changed, or a read-only one that needs some."""
     has_table = db.execute(
@@ -392,12 +411,11 @@ def migrate(db, path, readonly):
         # Read again under the write lock: another process may have migrated meanwhile.
         done = {r[0] for r in db.execute("SELECT version FROM schema_migrations")}
         todo = [m for m in todo if m[0] not in done]
+        at = time.time() if now is None else now
         for version, name, sql in todo:
-            for stmt in sql.split(";"):
-                if stmt.strip():
-                    db.execute(stmt)
-            db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, julianday('now'))",
-                       (version, name, checksum(sql)))
+            for stmt in statements(sql):
+                db.execute(stmt)
+            db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?, ?)", (version, name, checksum(sql), at))
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")

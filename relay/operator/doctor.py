@@ -258,10 +258,6 @@ def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False
         found = [r for r in result if not r.startswith("***")] or result
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         out.append(str(LedgerCorrupt(layout.ledger, f"integrity check: {found[0]}{more}")))
-    for version, name, ok in history.migrations():
-        if not ok:
-            out.append(f"migration {version} ({name}) has a different checksum than this relay's; "
-                       "the ledger was made by another build")
     if history.journal_mode().lower() != "wal":
         out.append("the ledger is not in WAL mode; start `relay run` once to set it")
     if daemon_pid is None:
