@@ -10,19 +10,16 @@ where each value came from; `describe()` lays it out for `relay config`.
 """
 import dataclasses
 import difflib
-import errno
 import os
 import stat
 import re
-import tomllib
 from pathlib import Path
 
+from relay import config_file, names
 from relay.errors import ConfigError, NotInProject
+from relay.names import AGENT_NAME, AGENT_NAME_RULE, SYSTEM  # noqa: F401 - where the rest of relay takes them
 from relay.terminal import unsafe
 
-AGENT_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"     # agent names (SPEC section 1), as people read it
-AGENT_NAME = re.compile(AGENT_NAME_RULE + r"\Z")
-SYSTEM = "System"
 AGENT_VARIABLE = "RELAY_AGENT"      # the agent an agent's verbs, the Python API and MCP act as by default
 
 
@@ -121,6 +118,8 @@ def _agents(value):
     for name in value:
         if not isinstance(name, str) or not AGENT_NAME.match(name):
             raise ValueError(f"{name!r} is not a valid agent name ({AGENT_NAME_RULE})")
+        if names.reserved(name):
+            raise ValueError(names.why_reserved(name))
     return tuple(value)
 
 
@@ -375,30 +374,6 @@ def check_state(root, state, origin):
                           "name a directory of its own")
 
 
-def _read_toml(path):
-    """The parsed relay.toml, or None when there is none. Read without following a link and
-    without blocking on a FIFO: it lies where agents can write."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise ConfigError(f"{path} is a symbolic link; relay reads its configuration only from a plain "
-                              "file there") from None
-        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"{path} is not a regular file; relay reads its configuration only from a "
-                              "plain file there")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return tomllib.load(f)
-    except (tomllib.TOMLDecodeError, OSError) as e:
-        raise ConfigError(f"cannot read {path}: {e}") from None
-    finally:
-        os.close(fd)
-
-
 def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     """Build the Config. `overrides` are flag values (None means not given). With `strict`
     off, an unknown key or a bad value in relay.toml or the environment is a warning in
@@ -420,7 +395,16 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     check_state(root, candidate, {"flag": "--state-dir", "env RELAY_STATE_DIR": "RELAY_STATE_DIR"}.get(
         origins["state_dir"], "the default .relay"))
     toml_path = candidate / "relay.toml"
-    data = _read_toml(toml_path)
+    try:
+        data = config_file.read(toml_path)
+    except config_file.TomlSlip as e:
+        if warnings is None:
+            raise
+        if re.search(r"(?m)^\s*[\"']?state_dir\b", e.text):       # where relay is must be right, always
+            raise ConfigError(f"{e}; the file names state_dir, which no verb guesses: correct it first") from None
+        warnings.append(f"{e}; relay.toml is read as if it were not there (every key at what else gives it)")
+        rejected.append(("relay.toml", str(e)))
+        data = None
     if data is not None:
         found = _clean(data, str(toml_path), warnings, rejected)
         values.update(found)

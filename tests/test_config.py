@@ -51,7 +51,7 @@ def test_state_dir_from_env_and_flag(tmp_path):
     ("durability = 'max'", "bad value for 'durability'"),
     ("max_retries = -1", "bad value for 'max_retries'"),
     ("agents = ['../x']", "bad value for 'agents'"),
-    ("retention = ", "cannot read"),
+    ("retention = ", "relay.toml line 1: retention = is not TOML"),
 ])
 def test_bad_config_names_the_key(tmp_path, toml, match):
     (tmp_path / ".relay").mkdir()
@@ -283,3 +283,58 @@ def test_a_relay_toml_relay_may_not_read_is_one_error_naming_it(fs):
     with pytest.raises(ConfigError) as e:
         config_mod.load("/p", env={})
     assert str(e.value) == "cannot read /p/.relay/relay.toml: Permission denied"
+
+
+def test_a_toml_slip_names_its_line_and_what_to_write(tmp_path):
+    """`retention = 7d` (as the README's table wrote it) gave the parser's words only."""
+    (tmp_path / ".relay").mkdir()
+    toml = tmp_path / ".relay/relay.toml"
+    toml.write_text("max_retries = 5\n\n# the week\nretention = 7d\n")
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={})
+    assert str(e.value).startswith(f"{toml} line 4: retention = 7d is not TOML")
+    assert 'write retention = "7d"' in str(e.value)
+    toml.write_text("[federation\nurl = 'redis://x'\n")       # no value to quote: the line and the parser's words
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={})
+    assert str(e.value).startswith(f"{toml} line 1: [federation is not TOML (") and "write" not in str(e.value)
+
+
+def test_agents_verbs_carry_on_past_a_toml_slip_with_its_line_the_daemon_stops(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    (cli.state / "relay.toml").write_text("retention = 7d\n")
+    sent = cli("send", "--from", "Ann", "--to", "Ben", "hello")
+    assert sent.stdout.strip() and 'line 1: retention = 7d is not TOML' in sent.stderr
+    assert "read as if it were not there" in sent.stderr
+    assert "no new messages for Ben" in cli("inbox", "Ben").stdout     # (the warning is said once a process)
+    stopped = cli("run", "--once", ok=False)
+    assert stopped.exit_code == 1 and 'write retention = "7d"' in stopped.stderr
+    (cli.state / "relay.toml").write_text("retention = 7d\nstate_dir = 'elsewhere'\n")
+    refused = cli("send", "--from", "Ann", "--to", "Ben", "hello", ok=False)     # where relay is must be right
+    assert refused.exit_code == 1 and "state_dir" in refused.stderr and not refused.stdout
+
+
+def test_the_configuration_tables_write_each_default_as_relay_toml_takes_it(tmp_path):
+    """The README's table wrote `7d`, which as `retention = 7d` is no TOML: each default cell,
+    written after `key = `, is TOML that gives the default."""
+    import re
+    import tomllib
+    root = Path(__file__).resolve().parent.parent
+    defaults = config_mod.load(tmp_path, env={})
+    seen = 0
+    for doc in (root / "README.md", root / "docs" / "operating.md"):
+        for line in doc.read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) < 3 or not cells[0].startswith("`") or cells[0] == "`state_dir`":
+                continue
+            keys = re.findall(r"`([a-z_]+)`", cells[0])
+            values = re.findall(r"`([^`]+)`", cells[1])
+            if not keys or not all(k in config_mod.KEYS for k in keys) or len(values) != len(keys):
+                continue
+            for key, value in zip(keys, values):
+                tomllib.loads(f"{key} = {value}")          # TOMLDecodeError: the table writes no TOML
+                (tmp_path / ".relay").mkdir(exist_ok=True)
+                (tmp_path / ".relay/relay.toml").write_text(f"{key} = {value}\n")
+                assert getattr(config_mod.load(tmp_path, env={}), key) == getattr(defaults, key), (doc.name, key)
+                seen += 1
+    assert seen >= 20
