@@ -187,9 +187,6 @@ class Directory:
         self.announced = version
         return True
 
-    def version_of(self, local):
-        return hashlib.sha256(orjson.dumps(sorted(local)[:self.fed.max_agents_per_node])).hexdigest()[:16]
-
     # -- the others' entries -----------------------------------------------------------------
 
     def nodes(self):

@@ -71,7 +71,3 @@ class BounceHistory:
             "FROM bounces b INDEXED BY bounces_due LEFT JOIN messages m ON m.id = b.message_id "
             "WHERE b.emitted_at IS NULL AND b.at < ? ORDER BY b.at LIMIT ?",
             (before if before is not None else 1e18, limit)).fetchall()
-
-    def bounces_of(self, mid):
-        """The bounces owed for one message (relay show)."""
-        return self.db.execute("SELECT * FROM bounces WHERE message_id = ? ORDER BY at", (mid,)).fetchall()

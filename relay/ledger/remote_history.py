@@ -92,9 +92,6 @@ class RemoteHistory:
         return [r[0] for r in self.db.execute("SELECT DISTINCT node FROM outbound WHERE status IN ('pending', "
                                               "'published')")]
 
-    def next_ack_deadline(self):
-        return self.db.execute("SELECT min(ack_deadline) FROM outbound WHERE status = 'published'").fetchone()[0]
-
     def received_before(self, pairs):
         """{(node, id): (sha256, local id, why it failed or None)} of the (node, id) pairs
         received before (kept past the retention sweep; why it failed while its row is kept).

@@ -104,11 +104,6 @@ class Reservations:
             self._events([(None, now, "released", p, agent) for p in gone])
         return gone
 
-    def lapse(self, now):
-        """Remove the leases that ended by `now` (each an event dated when it ended)."""
-        with self.transaction():
-            self._lapse(now)
-
     def _lapse(self, now):
         ended = self.db.execute("DELETE FROM reservations WHERE expires_at <= ? RETURNING agent, pattern, exclusive, "
                                 "expires_at", (now,)).fetchall()
