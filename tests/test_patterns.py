@@ -4,6 +4,7 @@ matcher on a universe of paths)."""
 import fnmatch
 import functools
 import itertools
+import random
 import re
 
 import pytest
@@ -144,3 +145,63 @@ def test_a_plain_path_naming_an_existing_file_holds_only_that_file(tmp_path):
     assert overlap("src/app.py", "src/app.py", "file", "tree")
     assert not overlap("src/app.py", "src/app.py/x", "file", "tree")
     assert covers("src/app.py", "src/app.py", "file") and not covers("src/app.py", "src/app.py/x", "file")
+
+
+LONG = "*a" * 240                       # 480 characters: under the bound of 1,024
+
+
+@pytest.mark.parametrize("other, meet", [
+    (LONG, True),
+    ("*b" * 240, False),                # one ends in a, the other in b
+    ("a" * 240, True),
+    ("a" * 239, False),                 # 240 a's are needed, and this tree is one name of 239
+    ("*a" * 240 + "/x", False),         # two segments: LONG holds names of one
+    ("[!a]" * 250, False),
+    ("?" * 500, True),
+    ("/".join(["**", "a"] * 200), False),  # 400 segments: LONG is one
+    ("b/" * 499 + "b", False),
+])
+def test_overlap_of_long_patterns_is_decided_without_recursion(other, meet):
+    """Patterns under the bound of MAX_PATTERN characters, long in characters and in segments."""
+    assert overlap(LONG, other) is meet and overlap(other, LONG) is meet
+
+
+def test_overlap_of_patterns_of_many_segments():
+    deep = "a/" * 499 + "a"                                         # 500 segments, 999 characters
+    assert overlap("/".join(["**", "a"] * 200), deep)               # a glob of 400 segments, ending in a
+    assert not overlap("/".join(["**", "a"] * 200) + "/b", deep + "/c", "glob", "file")
+    assert overlap("/".join(["**"] * 300), deep) and covers("**/" * 300 + "a", deep)
+    assert not covers("/".join(["*"] * 499), deep)                   # one segment short
+
+
+def random_segment(rng, tokens, most):
+    return "".join(rng.choice(tokens) for _ in range(rng.randint(1, most)))
+
+
+def brute_force_overlap(a, b, universe):
+    return any(matches(a, u) and matches(b, u) for u in universe)
+
+
+def test_overlap_agrees_with_brute_force_on_random_names():
+    """One segment each, up to 3 tokens: a common name, if there is one, has at most 6 characters
+    (each character of a shortest one is taken by a token that is not *), and c stands for every
+    character the patterns do not name."""
+    rng = random.Random(38)
+    tokens = ["a", "b", "*", "?", "[ab]", "[!a]", "[a-b]", "[!ab]"]
+    names = ["".join(p) for n in range(1, 7) for p in itertools.product("abc", repeat=n)]
+    for _ in range(300):
+        a, b = (random_segment(rng, tokens, 3) for _ in range(2))
+        if a == "**" or b == "**":
+            continue
+        assert overlap(a, b) is brute_force_overlap(a, b, names), (a, b)
+
+
+def test_overlap_agrees_with_brute_force_on_random_paths():
+    """Up to 3 segments each, of names of one character (or a*): a common path, if there is one,
+    has at most 6 segments of one character."""
+    rng = random.Random(39)
+    segments = ["a", "b", "*", "?", "[ab]", "[!a]", "**", "a*"]
+    paths = ["/".join(p) for n in range(1, 7) for p in itertools.product("abc", repeat=n)]
+    for _ in range(300):
+        a, b = ("/".join(rng.choice(segments) for _ in range(rng.randint(1, 3))) for _ in range(2))
+        assert overlap(a, b) is brute_force_overlap(a, b, paths), (a, b)

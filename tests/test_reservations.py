@@ -274,3 +274,26 @@ def test_mcp_tools_reserve_release_and_reservations(team, tmp_path):
     anyio.run(main)
     assert "Traceback" not in errlog.read_text()
     assert len(notices(team.root, "Alice")) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mcp") is None, reason="needs the mcp extra")
+def test_long_patterns_under_the_bound_are_reserved_and_compared_in_the_cli_and_mcp(team, tmp_path):
+    """`*a` x 240 (480 characters; the bound is 1,024) once ended in a RecursionError."""
+    import anyio
+    from mcp_client import ToolFailed, serve
+    long_ = "*a" * 240
+    assert long_ in team("reserve", "--agent", "Alice", long_, "--exclusive").output
+    assert "Bob" in team("reserve", "--agent", "Bob", "*b" * 240).output           # ends in b: no overlap
+    refused = team("reserve", "--agent", "Bob", "a" * 240, ok=False)
+    assert refused.exit_code == 1 and "Alice" in refused.output and "Traceback" not in refused.output
+    errlog = tmp_path / "server.err"
+
+    async def main():
+        with open(errlog, "w") as err:
+            async with serve(team.root, "Carol", err) as carol:
+                with pytest.raises(ToolFailed, match="Alice"):
+                    await carol.call("reserve", paths=["?" * 500])
+                got = await carol.call("reserve", paths=["/".join(["**", "b"] * 150)])
+                assert got["reservations"][0]["agent"] == "Carol"
+    anyio.run(main)
+    assert "Traceback" not in errlog.read_text()

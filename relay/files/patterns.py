@@ -11,7 +11,8 @@ only that file (scope "file"; "tree" otherwise). A glob holds exactly the paths 
 `src/*.py` the .py files directly in src/, `src/**` everything under src/, `src/*` the entries
 of src/ but not what is under them (write `src/*/**` or `src/**` for that). Two reservations
 overlap when some path is held by both, decided exactly (the two are intersected as regular
-languages, segment by segment and character by character): `src` overlaps `src/app.py` and
+languages, segment by segment and character by character, by dynamic programming over the two
+without recursion: time O(len(a) * len(b))): `src` overlaps `src/app.py` and
 `**/*.md` (src/x.md); `src/*.py` overlaps `src/a*` (src/a.py) but not `src/*.md` or
 `src/lib/x.py`; `**/*.py` never overlaps `**/*.md`; `[!a]*` never overlaps `a*`; `src/app.py`, a
 file, does not overlap `**/*.md`, but `src/new.py`, not there yet, does (src/new.py/x.md: it may
@@ -222,33 +223,64 @@ def _intersect(a, b):
 
 @functools.lru_cache(maxsize=65536)
 def _meets(a, b):
-    """Whether two segments' tokens match a common non-empty name."""
-    @functools.lru_cache(maxsize=None)
-    def go(i, j):
-        if i == len(a) and j == len(b):
-            return True
-        if i < len(a) and a[i] is STAR:
-            return go(i + 1, j) or (j < len(b) and go(i, j + 1))
-        if j < len(b) and b[j] is STAR:
-            return go(i, j + 1) or (i < len(a) and go(i + 1, j))
-        if i == len(a) or j == len(b):
-            return False
-        return bool(_intersect(a[i], b[j])) and go(i + 1, j + 1)
-    # Two segments of stars alone meet on any name; otherwise a common match holds a character.
-    return go(0, 0)
+    """Whether two segments' tokens match a common name (two segments of stars alone meet on any
+    name; otherwise a common match holds a character)."""
+    return _meet(a, b, STAR, _char_masks(b))
+
+
+def _char_masks(b):
+    """For a token of one segment, the bits j of the tokens b[j] (not STAR) sharing a character
+    with it: b's single characters looked up, its sets intersected."""
+    single, sets = {}, []
+    for j, u in enumerate(b):
+        if u is STAR:
+            continue
+        if len(u) == 1 and u[0][0] == u[0][1]:
+            single[u[0][0]] = single.get(u[0][0], 0) | 1 << j
+        else:
+            sets.append((j, u))
+
+    def masks(t):
+        if len(t) == 1 and t[0][0] == t[0][1]:
+            bits = single.get(t[0][0], 0)
+        else:
+            bits = sum(m for c, m in single.items() if _intersect(t, ((c, c),)))
+        return bits | sum(1 << j for j, u in sets if _intersect(t, u))
+    return masks
 
 
 def _sequences_meet(a, b):
     """Whether two sequences of segments match a common path (GLOBSTAR: any whole segments)."""
-    @functools.lru_cache(maxsize=None)
-    def go(i, j):
-        if i == len(a) and j == len(b):
-            return True
-        if i < len(a) and a[i] is GLOBSTAR:
-            return go(i + 1, j) or (j < len(b) and go(i, j + 1))
-        if j < len(b) and b[j] is GLOBSTAR:
-            return go(i, j + 1) or (i < len(a) and go(i + 1, j))
-        if i == len(a) or j == len(b):
+    a, b = _one_globstar(a), _one_globstar(b)
+    return _meet(a, b, GLOBSTAR, lambda t: sum(1 << j for j, u in enumerate(b) if u is not GLOBSTAR and _meets(t, u)))
+
+
+def _one_globstar(segs):
+    """`**/**` is `**`: a run of them as one (as a run of stars in a segment is one STAR)."""
+    return tuple(s for k, s in enumerate(segs) if not (s is GLOBSTAR and k and segs[k - 1] is GLOBSTAR))
+
+
+def _meet(a, b, star, masks):
+    """Whether the token sequences `a` and `b` match a common string, where `star` (never two in
+    a row) matches any run of items and another token of `a` matches one item together with the
+    tokens b[j] whose bits are in `masks(token)`. Dynamic programming over the two, a row per
+    token of `a`: bit j of `row` says that a[:i] and b[:j] match a common prefix. No recursion;
+    time O(len(a) * len(b)): a row is a few operations on an integer of len(b) + 1 bits, and
+    `masks` is asked once per distinct token of `a`."""
+    m = len(b)
+    full = (1 << (m + 1)) - 1
+    stars = sum(1 << j for j, t in enumerate(b) if t is star)
+    known = {}
+    row = 1
+    for t in a:
+        if t is star:
+            row = full & ~((row & -row) - 1)            # a star goes on to every later j
+        else:
+            row |= (row & stars) << 1                   # ... and so does one of b's
+            if t not in known:
+                known[t] = masks(t)
+            row = (row & stars) | ((row & known[t]) << 1)
+        if not row:
             return False
-        return _meets(a[i], b[j]) and go(i + 1, j + 1)
-    return go(0, 0)
+    row |= (row & stars) << 1
+    return bool(row >> m & 1)
