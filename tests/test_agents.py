@@ -426,6 +426,40 @@ def test_reply_goes_to_the_sender_in_the_thread(team):
     assert [(m.thread, m.subject) for m in alice.inbox()][-1] == (q.id, "Re: review") and again
 
 
+def test_a_reply_to_ones_own_message_goes_to_its_recipients(team):
+    """As a mail client's reply to a sent message: to the recipients it was sent to, never back
+    to oneself (the shell, Python and MCP alike)."""
+    import anyio
+
+    from relay.agent import mcp_server
+    alice, bob, carol = (relay.Agent(n, root=team.root) for n in ("Alice", "Bob", "Carol"))
+    mid = alice.send(["Bob", "Carol"], "the plan", subject="plan")
+    drain(team.root)
+    rid = team("send", "--from", "Alice", "--reply-to", mid, "one more thing").output.strip()
+    again = alice.reply(mid, "and another")
+    server = mcp_server.build(alice)
+    third = anyio.run(server.call_tool, "reply", {"id": mid, "body": "last"}).structured_content["id"]
+    drain(team.root)
+    for them in (bob, carol):
+        got = [(m.id, m.sender, m.to, m.thread, m.subject) for m in them.inbox()][1:]
+        assert got == [(r, "Alice", ["Bob", "Carol"], mid, "Re: plan") for r in (rid, again, third)]
+    assert alice.inbox() == []
+    note = alice.send(["Alice", "Bob"], "a note to myself and Bob")     # herself among them: not to herself again
+    drain(team.root)
+    alice.inbox(ack=True)
+    alice.reply(note, "and only Bob")
+    drain(team.root)
+    assert alice.inbox() == [] and bob.inbox()[-1].body == "and only Bob"
+    alone = alice.send("Alice", "a note to myself")                    # to herself alone: to herself
+    drain(team.root)
+    alice.inbox(ack=True)
+    alice.reply(alone, "noted")
+    drain(team.root)
+    assert [m.body for m in alice.inbox()] == ["noted"]
+    for a in (alice, bob, carol):
+        a.close()
+
+
 def test_system_inbox_is_read_but_system_never_sends(team):
     (team.state / "outbox" / "Alice" / "spawn").write_text("NAME: worker\nCLI: claude\n")
     drain(team.root)

@@ -191,14 +191,18 @@ class Agent(Leases, AgentState):
         return self.project.registry(active)
 
     def reply(self, message, body, *, to=None, thread=None, subject=None, **kw):
-        """Answer `message` (a Received or an id): to its sender (or `to`), in its thread (or
-        `thread`), subject "Re: " and its subject (or `subject`)."""
+        """Answer `message` (a Received or an id of a message this agent sent or received): to
+        its sender (or `to`), in its thread (or `thread`), subject "Re: " and its subject (or
+        `subject`). A reply to a message this agent sent goes to that message's recipients, as a
+        mail client's reply to a sent message does (to itself only when it alone was one)."""
         if not isinstance(message, Received):
             message = self.find(message)
         if subject is None and message.subject:
             subject = message.subject if message.subject.lower().startswith("re:") else f"Re: {message.subject}"
         if not message.sender:
             raise RelayError(f"{message.id} names no sender to reply to")
+        if to is None and message.sender == self.name:
+            to = [n for n in message.to if n != self.name] or [self.name]
         return self.send(to or message.sender, body, thread=thread or message.reply_thread, subject=subject, **kw)
 
     def find(self, mid):

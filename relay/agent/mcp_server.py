@@ -6,7 +6,8 @@ had before version 2) on api.py's Agent, so its tools check what the shell and P
 
     send(to, body, subject, thread, request_id, kind, wait_delivered_s)
                         -> {id, repeated, relay_running, delivered, error, timed_out, released}
-    reply(id, body)     to the message's sender, in its thread, "Re: " its subject
+    reply(id, body)     to the message's sender (its recipients when the agent sent it), in its
+                        thread, "Re: " its subject
     inbox(limit, mark_read, recent)  the new messages with their bodies, oldest first; marks read
                         exactly those (unless mark_read is false); the newest read ones too
     wait(timeout_s)     blocks (inotify, in a worker thread) until a message is there, then as inbox
@@ -151,8 +152,9 @@ class Tools:
               body: Annotated[str, Field(description="The answer.")],
               request_id: Annotated[Optional[str], Field(description="Your id for this request: a second reply "
                                                          "with it is not delivered again.")] = None) -> Sent:
-        """Answer a message: to its sender, in its thread (its id when it had none), with the
-        subject "Re: " and its subject. Returns what send returns. Marks nothing read."""
+        """Answer a message: to its sender (to its recipients when you sent it), in its thread
+        (its id when it had none), with the subject "Re: " and its subject. Returns what send
+        returns. Marks nothing read."""
         with self.me() as agent, tool_errors():
             return self.sent(agent, agent.reply(id, body, request_id=request_id))
 

@@ -27,7 +27,8 @@ def _project(ctx):
 @click.option("--to", "to", callback=checked(recipient_names),
               help="Recipient(s): NAME[,NAME...], '*' or System.")
 @click.option("--reply-to", "reply_to", metavar="ID",
-              help="Answer this message: to its sender, in its thread, subject 'Re: ...'.")
+              help="Answer this message: to its sender (to its recipients when you sent it), in its thread, "
+                   "subject 'Re: ...'.")
 @click.option("--kind", help="Message kind (default: message).")
 @click.option("--thread", help="Thread id.")
 @click.option("--subject", help="Subject line.")
