@@ -19,6 +19,7 @@ import collections
 import orjson
 
 from relay.errors import NotFound, RelayError
+from relay.times import END, FIRST
 from relay.ledger.schema import REASONS
 from relay.files.layout import valid_id
 from relay.ledger.bounces import BounceHistory
@@ -36,8 +37,8 @@ from relay.ledger.rows import BadRow, sift, unreadable, unreadable_rows  # noqa:
 
 CHUNK = 500         # ids per `IN (...)` query
 NUMBER = "typeof({0}) IN ('integer', 'real')"
-# a column that holds a time: a number of seconds within the years 1 to 9999 (rows.py's _time)
-NUMERIC = "(" + NUMBER + " AND {0} >= -62135596800 AND {0} < 253402300800)"
+# a column that holds a time: a number of seconds within the years 1 to 9999 (relay/times.py)
+NUMERIC = "(" + NUMBER + f" AND {{0}} >= {FIRST} AND {{0}} < {END})"
 _ID = "(typeof({0}) != 'text' OR length({0}) != 26 OR {0} GLOB '*[^0-9A-HJKMNP-TV-Z]*')"
 _AGENT = ("(typeof({0}) != 'text' OR length({0}) > 64 OR {0} NOT GLOB '[A-Za-z0-9]*' "
           "OR {0} GLOB '*[^A-Za-z0-9._-]*')")

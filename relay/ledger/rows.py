@@ -17,6 +17,7 @@ from relay.ledger.schema import AGENT_STATES, REASONS
 from relay.ledger.state import CHECKS as STATE_CHECKS
 from relay.files.fs import Unsafe, split
 from relay.ids import ALPHABET
+from relay.times import END, FIRST, is_time
 from relay.ledger.ledger import STATUSES
 
 _ID = re.compile(f"[{ALPHABET}]{{26}}\\Z")       # layout.valid_id, as one regular expression
@@ -27,13 +28,8 @@ def _number(v):
     return isinstance(v, (int, float))
 
 
-# The times a stored row may hold: seconds within the calendar years 1 to 9999 (a larger number,
-# infinity or NaN is no time a date can be made of).
-_TIME_RANGE = (-62135596800, 253402300800)
-
-
-def _time(v):
-    return isinstance(v, (int, float)) and _TIME_RANGE[0] <= v < _TIME_RANGE[1]
+# The times a stored row may hold: seconds within the calendar years 1 to 9999 (relay/times.py).
+_time = is_time
 
 
 def _maybe(check):
@@ -101,7 +97,7 @@ def _sha256(v):
 
 _OPTIONAL = {
     _number: lambda v: v is None or isinstance(v, (int, float)),
-    _time: lambda v: v is None or isinstance(v, (int, float)) and _TIME_RANGE[0] <= v < _TIME_RANGE[1],
+    _time: lambda v: v is None or isinstance(v, (int, float)) and FIRST <= v < END,
     _count: lambda v: v is None or isinstance(v, int) and v >= 0,
     _text: lambda v: v is None or isinstance(v, str),
     _id: lambda v: v is None or isinstance(v, str) and _ID.match(v) is not None,

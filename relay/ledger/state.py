@@ -12,6 +12,7 @@ an event (message_id NULL, actor who made it): `state-set` and `state-deleted`, 
 import re
 
 from relay.errors import LedgerError
+from relay.times import is_time
 
 KEY_RULE = "[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}"
 KEY = re.compile(KEY_RULE + r"\Z")
@@ -23,7 +24,7 @@ CHECKS = {
     "key": lambda v: isinstance(v, str) and KEY.match(v) is not None,
     "value": lambda v: v is None or isinstance(v, str),
     "version": lambda v: isinstance(v, int) and v >= 0,
-    "updated_at": lambda v: isinstance(v, (int, float)) and -62135596800 <= v < 253402300800,   # years 1 to 9999
+    "updated_at": is_time,
     "updated_by": lambda v: isinstance(v, str),
 }
 
