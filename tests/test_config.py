@@ -204,7 +204,7 @@ def test_relay_init_under_another_users_state_directory_makes_a_project_of_ones_
         os.lchown(p, 65534, 65534)
     monkeypatch.chdir(shared / "newproj")
     r = runner.invoke(main, ["init", "--agent", "alice", "--agent", "bob"])
-    assert r.exit_code == 0 and r.output == f"initialised {shared}/newproj/.relay with agents alice, bob\n"
+    assert r.exit_code == 0 and r.output.splitlines()[0] == f"initialised {shared}/newproj/.relay with agents alice, bob"
     assert runner.invoke(main, ["send", "--from", "alice", "--to", "bob", "secret"]).exit_code == 0
     assert sorted(p.name for p in (shared / ".relay" / "outbox").iterdir()) == ["mallory"]
     assert len(list((shared / "newproj" / ".relay" / "outbox" / "alice").iterdir())) == 1
@@ -338,3 +338,36 @@ def test_the_configuration_tables_write_each_default_as_relay_toml_takes_it(tmp_
                 assert getattr(config_mod.load(tmp_path, env={}), key) == getattr(defaults, key), (doc.name, key)
                 seen += 1
     assert seen >= 20
+
+
+def test_init_writes_a_relay_toml_of_every_key_commented_out_at_its_default(cli):
+    """The README says .relay/ holds relay.toml; `relay init` wrote none. Each key is there,
+    commented out, with a line of help; uncommented, the file gives the defaults."""
+    import re
+    import tomllib
+    cli("init", "--agent", "Ann")
+    text = (cli.state / "relay.toml").read_text()
+    assert tomllib.loads(text) == {}
+    keys = [k for k in config_mod.KEYS if k != "federation"]
+    assigned = re.findall(r"(?m)^# ([a-z_]+) = ", text)
+    assert assigned == keys
+    for key in keys:        # a line of help just above each
+        help_line = text.split(f"\n# {key} = ")[0].rsplit("\n", 1)[-1]
+        assert help_line.startswith("## ") and len(help_line) > 12, key
+    assert "[federation]" in text
+    uncommented = re.sub(r"(?m)^# (?=[a-z_]+ = )", "", text)
+    data = tomllib.loads(uncommented)
+    assert sorted(data) == sorted(keys)
+    (cli.state / "relay.toml").write_text(uncommented)
+    loaded = config_mod.load(cli.root, env={})
+    defaults = config_mod.Config(root=loaded.root, state_dir=loaded.state_dir)
+    assert all(getattr(loaded, k) == getattr(defaults, k) for k in config_mod.KEYS if k != "state_dir")
+    assert loaded.state_dir == cli.state and not loaded.warnings
+
+
+def test_init_never_overwrites_a_relay_toml(cli):
+    cli.state.mkdir()
+    (cli.state / "relay.toml").write_text("retention = '1d'\n")
+    cli("init", "--agent", "Ann")
+    assert (cli.state / "relay.toml").read_text() == "retention = '1d'\n"
+    assert [p.name for p in cli.state.iterdir() if p.name.startswith(".relay.toml")] == []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from relay import config as config_mod
+from relay import config as config_mod, config_help
 from relay.core import health
 from relay.core.daemon import Relay
 from relay.core.loop import DRAIN_PATIENCE, GC_YOUNG, quiet_gc
@@ -53,6 +53,9 @@ def init(ctx, agents):
     Ledger(layout.ledger, durability=cfg.durability).close()
     declare(layout, list(agents), "relay init", cfg.durability)
     echo(f"initialised {layout.state}" + (f" with agents {', '.join(agents)}" if agents else ""))
+    toml = config_help.write(cfg)
+    if toml is not None:
+        echo(f"wrote {toml}: every key commented out at its default (relay config shows what is in force)")
     done, problem = keep_out_of_git(cfg.root, cfg.state_dir)
     if done:
         echo(done)
