@@ -1146,6 +1146,47 @@ def test_a_row_for_a_node_that_no_longer_holds_its_recipient_is_rerouted_to_the_
         renamed.close()
 
 
+def test_a_new_nodes_first_messages_after_a_retire_are_delivered_before_the_receivers_next_look(
+        redis_server, team, nodes, cli):
+    """n3, listing Bob, started while n2 (gone) still listed him. An operator retires n2 with the
+    line `relay federation retire` prints; n3's Bob writes at once, and n1 reads that entry before
+    its next look at the directory: delivered (the name's holder no longer lists it, and n3 alone
+    does), not refused as another node's. While n2 still lists Bob, n3 cannot speak for him."""
+    import shlex
+    n1 = nodes(redis_server.url, team, "n1", ["Ann"])
+    n2 = nodes(redis_server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    n2.close()                                                  # gone for good
+    n3 = nodes(redis_server.url, team, "n3", ["Bob"])
+    assert n3.link.heartbeat() and n3.link.conflicts == [("Bob", "n2")]
+    n1.link.look()
+    assert n1.relay.history.remote_agents()["Bob"][0] == "n2"
+    n3.drop("Bob", "early", "TO: Ann\n\nwhile n2 still lists Bob")
+    n3.send()
+    n1.receive()
+    assert n1.held("Ann") == []                                 # n2's name: refused
+    line = cli("federation", "retire", "n2", "--team", team).output.strip()
+    client(redis_server.url).execute_command(*shlex.split(line))
+    n3.link.look()
+    n3.drop("Bob", "m", "TO: Ann\n\nfirst after the retire")
+    n3.send()
+    n1.receive()                                                # n1 has not looked since the retire
+    assert [e["body"] for e in n1.held("Ann")] == ["first after the retire"]
+    n1.link.incoming.acknowledge()
+    n3.link.publish()
+    [mid] = [r["id"] for r in n3.relay.history.audit() if r["name"] == "m"]
+    assert n3.outbound(mid)["n1"]["status"] == "acknowledged"
+    # Ann's answer, written before n1's look too, goes to n2's stream; the look then finds n2
+    # retired (gone for good, whatever its last heartbeat says) and Bob on n3: rerouted at once.
+    n1.drop("Ann", "answer", "TO: Bob\n\nacross the retire")
+    n1.send()
+    n1.link.look()
+    n1.link.check()
+    n1.link.publish()
+    n3.receive()
+    assert [e["body"] for e in n3.held("Bob")] == ["across the retire"]
+
+
 def test_a_row_not_yet_published_for_a_node_gone_for_good_is_rerouted_too(redis_server, team, nodes, clock):
     """What waits for a node gone for good goes to the node that lists its agent now, whether it
     was published to the old node already or was still waiting to be published."""

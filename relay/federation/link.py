@@ -26,6 +26,7 @@ from relay.federation.conditions import Condition
 from relay.federation.directory import LOOK, Directory
 from relay.federation.publisher import ACK_BYTES, BATCH, RETRY_BASE, RETRY_CAP, Publisher
 from relay.federation.entries import entry_limit
+from relay.federation.keys import RETIRED
 from relay.federation.receiver import Incoming
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,9 @@ class Link:
         try:
             changed = self.directory.look(now, set(local))
             self.nodes = set(self.directory.entries) | {n for n, _ in self.history.remote_agents().values()}
-            self.alive = {n: e.alive(self.directory.server_now, self.directory.timeout)
+            # A node an operator retired is gone for good, whatever its last heartbeat says: what
+            # waits for it goes to the node that lists its agents now, without waiting for its timeout.
+            self.alive = {n: e.alive(self.directory.server_now, self.directory.timeout) and e.version != RETIRED["v"]
                           for n, e in self.directory.entries.items()}
         except self.errors as e:
             self._down(now, e)
