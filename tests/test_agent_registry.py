@@ -103,8 +103,8 @@ def test_an_agent_never_spawned_is_released_and_so_registered(project):
 @pytest.mark.parametrize("name, text, reason", [
     ("spawn", "CLI: claude\n\nno name", "a spawn message names its agent: add 'NAME: <agent>'"),
     ("release", "\nlet go of someone", "a release message names its agent: add 'NAME: <agent>'"),
-    ("spawn", "NAME: System\n\nme?", "System is relay's own inbox; it is never spawned or released"),
-    ("spawn.json", json.dumps({"kind": "spawn", "name": "*"}), "'*' means every agent and cannot be one agent's NAME"),
+    ("spawn", "NAME: System\n\nme?", "'System' is a name relay keeps for itself (System: relay's own name)"),
+    ("spawn.json", json.dumps({"kind": "spawn", "name": "*"}), "'*' is a name relay keeps for itself (*: every agent"),
     ("spawn", "NAME: bad name!\n\nx", "invalid agent name 'bad name!' in NAME of a spawn message"),
     ("release", "NAME: Dna\n\n", "a release of 'Dna', which is no known agent; did you mean Dan?"),
 ])
@@ -130,6 +130,40 @@ def test_a_spawn_of_an_agent_an_operator_archived_is_refused(project, cli):
     [row] = [m for m in r.history.audit() if m["kind"] == "spawn"]
     assert "agent Ben is archived by an operator" in row["error"] and "relay archive-agent --undo Ben" in row["error"]
     assert roster(r) == {}
+
+
+
+def test_an_agent_spawns_and_releases_through_the_api_with_the_spawns_fields(project, cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    with relay.Agent("Ann", root=project.root) as ann:
+        sid = ann.spawn("Dana", "review the parser\nthen the docs", cli="claude", cwd="work/dana", model="opus",
+                        request_id="spawn-dana")
+        assert ann.spawn("Dana", "review the parser\nthen the docs", request_id="spawn-dana") == sid
+        assert ann.repeated
+        for name, reason in ((" ", "a spawn message names its agent"), ("System", "'System'"), ("*", "'[*]'"),
+                             ("bad name!", "invalid agent name 'bad name!'")):
+            with pytest.raises(relay.RelayError, match=reason):
+                ann.spawn(name, "x")
+        with pytest.raises(relay.RelayError, match="a release of 'Benn', which is no known agent; did you mean Ben?"):
+            ann.release_agent("Benn")
+        with pytest.raises(relay.RelayError, match="cli must be text, not int"):
+            ann.spawn("Dana", cli=5)
+    cli("run", "--once")
+    with relay.Agent("Ben", root=project.root) as ben:
+        dana = ben.project.registered("Dana")
+        assert dana.active and dana.spawned_by == "Ann"
+        assert dana.metadata == {"cli": "claude", "cwd": "work/dana", "model": "opus",
+                                 "task": "review the parser\nthen the docs", "spawned_by": "Ann",
+                                 "spawned_at": dana.spawned_at, "spawn_id": sid}
+        ben.release_agent("Dana", "done, thanks")
+    cli("run", "--once")
+    with relay.Agent("Ann", root=project.root) as ann:
+        dana = ann.project.registered("Dana")
+        assert (dana.state, dana.released_by, dana.metadata["cli"]) == ("inactive", "Ben", "claude")
+        cli("archive-agent", "Dana")
+        with pytest.raises(relay.RelayError, match="agent Dana is archived by an operator"):
+            ann.spawn("Dana", "come back")
+    assert not list((project.state / "failed").rglob("*.error.json"))
 
 
 # -- relay agents ------------------------------------------------------------------------------------

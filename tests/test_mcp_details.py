@@ -136,3 +136,34 @@ def test_tool_descriptions_are_dedented_and_no_empty_resources_or_prompts_are_ad
         assert capabilities.tools is not None
         assert capabilities.resources is None and capabilities.prompts is None
     run(team, tmp_path, scenario)
+
+
+def test_spawn_and_release_agent_give_the_registry_their_fields(team, tmp_path):
+    async def scenario(bob):
+        tools = await bob.tools()
+        assert set(tools["spawn"].input_schema["properties"]) == {"name", "task", "cli", "cwd", "model", "action",
+                                                                  "request_id", "wait_delivered_s"}
+        assert tools["spawn"].input_schema["required"] == ["name"]
+        assert tools["release_agent"].input_schema["required"] == ["name"]
+        sent = await bob.call("spawn", name="Dana", task="review the parser", cli="claude", cwd="work/dana",
+                              model="opus", request_id="dana-1")
+        assert sent["repeated"] is False and sent["relay_running"] is False
+        assert (await bob.call("spawn", name="Dana", request_id="dana-1")) == sent | {"repeated": True}
+        assert await refused(bob, "spawn", task="x") == "name: required"
+        assert (await refused(bob, "spawn", name="System")).startswith("'System'")
+        assert (await refused(bob, "spawn", name="bad name!")).startswith("invalid agent name 'bad name!'")
+        assert await refused(bob, "release_agent", name="Zed") == "a release of 'Zed', which is no known agent"
+        assert await refused(bob, "spawn", name="Dana", colour="red") == (
+            "colour: spawn takes no such argument (it takes name, task, cli, cwd, model, action, request_id, "
+            "wait_delivered_s)")
+        deliver(team, ("Alice", "Bob", "Carol"))
+        [dana] = [a for a in (await bob.call("agents"))["agents"] if a["name"] == "Dana"]
+        assert (dana["state"], dana["spawned_by"]) == ("active", "Bob")
+        assert {k: dana["metadata"][k] for k in ("task", "cli", "cwd", "model", "spawn_id")} == {
+            "task": "review the parser", "cli": "claude", "cwd": "work/dana", "model": "opus", "spawn_id": sent["id"]}
+        await bob.call("release_agent", name="Dana", note="merged")
+        deliver(team, ("Alice", "Bob", "Carol", "Dana"))
+        [dana] = [a for a in (await bob.call("agents"))["agents"] if a["name"] == "Dana"]
+        assert (dana["state"], dana["released_by"], dana["metadata"]["cli"]) == ("inactive", "Bob", "claude")
+        assert [a["name"] for a in (await bob.call("agents", active=True))["agents"]] == ["Alice", "Bob", "Carol"]
+    run(team, tmp_path, scenario)

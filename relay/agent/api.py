@@ -30,6 +30,7 @@ from relay.core.inbox import Inbox
 from relay.files.layout import valid_id
 from relay.agent.leases import Leases
 from relay.agent.state import AgentState
+from relay.agent.registering import Registering
 from relay.agent.mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
 from relay.agent.project import (Project, Received, check_known, closest, create_agents, declare)  # noqa: F401  (offered here too)
 from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, retry_budget
@@ -46,12 +47,14 @@ def one_line(value, what):
 
 
 def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=None, content_type=None,
-            max_retries=None):
-    """The bytes of a message file in the header format (SPEC section 2)."""
+            max_retries=None, control=None):
+    """The bytes of a message file in the header format (SPEC section 2); `control`: a spawn's or
+    release's keys ({"name": ..., "cli": ...})."""
     lines = [f"ID: {mid}", f"TO: {', '.join(to)}"]
     for key, value in (("KIND", kind), ("THREAD", thread), ("SUBJECT", subject), ("REQUEST-ID", request_id),
                        ("CONTENT-TYPE", content_type),
-                       ("MAX-RETRIES", None if max_retries is None else str(max_retries))):
+                       ("MAX-RETRIES", None if max_retries is None else str(max_retries)),
+                       *((k.upper(), v) for k, v in (control or {}).items())):
         if value is not None:
             lines.append(f"{key}: {one_line(value, key.lower())}")
     # What relay's parser would refuse is refused here, before the file is written.
@@ -68,10 +71,11 @@ def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=N
     return (head + "\n\n" + body).encode("utf-8")
 
 
-class Agent(Leases, AgentState):
+class Agent(Leases, AgentState, Registering):
     """One agent's side: its outbox to send from, its inbox to read, its file reservations
     (leases.py: reserve, release, reservations), the team state in its name (state.py:
-    state_get, state_set, state_delete, state_list)."""
+    state_get, state_set, state_delete, state_list), the spawn and release of agents
+    (registering.py: spawn, release_agent)."""
 
     def __init__(self, name=None, root=None, *, state_dir=None, create=False, project=None, role="agent"):
         """`name`: the agent's (default: RELAY_AGENT's); `root`: the project's, found like git
@@ -128,7 +132,8 @@ class Agent(Leases, AgentState):
             delivered(self.project, mid, None if wait_delivered is True else wait_delivered)
         return mid
 
-    def _send(self, to, body, *, subject, thread, kind, request_id, create, content_type=None, max_retries=None):
+    def _send(self, to, body, *, subject, thread, kind, request_id, create, content_type=None, max_retries=None,
+              control=None):
         if self.name == SYSTEM:
             raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender: only agents have outboxes")
         names = [n.strip() for n in (to.split(",") if isinstance(to, str) else to) if n.strip()]
@@ -172,7 +177,7 @@ class Agent(Leases, AgentState):
                              "send it in parts, or raise max_body_bytes in relay.toml")
         mid = _ids.new(time.time())
         data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id,
-                       content_type=content_type, max_retries=max_retries)
+                       content_type=content_type, max_retries=max_retries, control=control)
         # The id is this sender's before any file names it; a request id sent before (its file
         # maybe still in the outbox) gives that message's id, and nothing is written.
         first = self.project.reserve(mid, self.name, request_id)

@@ -4,7 +4,7 @@ stdio, for agents in MCP clients (Claude Code, Cursor, Codex and the like).
 It is built with the official `mcp` SDK (the `agent-outbox-relay[mcp]` extra; its MCPServer, the name FastMCP
 had before version 2) on api.py's Agent, so its tools check what the shell and Python check:
 
-    send(to, body, subject, thread, request_id, kind, wait_delivered_s)
+    send(to, body, subject, thread, request_id, kind, wait_delivered_s)   (kind: message or continuity)
                         -> {id, repeated, relay_running, delivered, error, timed_out, released}
     reply(id, body)     to the message's sender (its recipients when the agent sent it), in its
                         thread, "Re: " its subject
@@ -16,6 +16,8 @@ had before version 2) on api.py's Agent, so its tools check what the shell and P
     search(query, ...)  full text over what the agent may see, newest first, with snippets
     agents(active)      who the agent is and the known agents, each active or inactive (released),
                         with what its spawn said of it
+    spawn(name, task, cli, cwd, model, action, ...), release_agent(name, note, ...)
+                        a spawn or release of an agent (registering.py), as send returns
     thread(thread, limit)  a conversation oldest first, as the ledger has it (from the message
                         whose id names it): the messages the agent sent or received
     reserve(paths, ttl, exclusive, reason), release(paths), reservations(mine)
@@ -27,10 +29,11 @@ message is marked read only once the reply holding it was written whole to the c
 reply that is not written (the client gone, the call cancelled) leaves it new. A server whose
 client no longer reads exits.
 
-A refusal (an unknown recipient with the closest match, a bad request id, an argument of the
-wrong type, a number below its range, ...) comes back as a tool error carrying relay's one-line
-message; the server goes on. Only this module, mcp_wire.py, mcp_handover.py (the hand-off) and
-mcp_schema.py (the tools held to their schemas) import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
+A refusal (an unknown recipient with the closest match, a bad request id, an argument a tool
+does not take or of another type than its schema's (mcp_schema.py), a number below its range,
+...) comes back as a tool error carrying relay's one-line message; the server goes on. Only this
+module, mcp_wire.py, mcp_handover.py (the hand-off) and mcp_schema.py (the tools held to their
+schemas) import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
 """
 import functools
 import logging
@@ -64,6 +67,9 @@ DEFAULT_LIMIT = 50
 MOST = "more is taken as the most"       # the tools' numbers: less than the least is refused
 LIMIT = f"At most this many messages (1 to {MAX_LIMIT}; {MOST}); the others stay new for the next call."
 MARK_READ = "False: list them and mark nothing read (mark_read(ids) does it later)."
+REQUEST_ID = "Your id for this request: a second call with it is not delivered again."
+WAIT_DELIVERED = (f"Then wait up to this many seconds (0 to {MAX_WAIT:g}; {MOST}) until relay has delivered it: "
+                  "`delivered` true, or false with `error` when it failed; `timed_out` when the time ran out first.")
 Kind = Literal["message", "continuity"]     # what send sends (relay writes bounces; spawn() and release_agent())
 
 INSTRUCTIONS = """\
@@ -73,7 +79,8 @@ to block until one comes; inbox(mark_read=false) lists them and marks nothing re
 marks them later. A result you lost is still there: read(id), or inbox(recent=5) for the newest
 read ones. send(to, body, subject, thread, request_id) sends; reply(id, body) answers a message
 in its thread. Give a request_id to make a retried send harmless. agents() lists who you can
-write to; thread(thread) shows a conversation; search(query) finds messages by their words.
+write to; spawn(name, task, ...) registers an agent and release_agent(name) says its work is done;
+thread(thread) shows a conversation; search(query) finds messages by their words.
 Before editing files others may edit, reserve(paths, exclusive=true) them (paths relative to the
 project root; reserve again to renew) and release(paths) when done; reservations() lists who
 holds what. A refusal names the holder and until when: ask them, or work elsewhere."""
@@ -103,8 +110,8 @@ class Tools:
     description, its parameters the tool's), on the agent's name and configuration, the
     Handover and the limiter of blocking waits."""
 
-    NAMES = ("send", "reply", "inbox", "wait", "read", "mark_read", "agents", "thread", "search",
-             "reserve", "release", "reservations")
+    NAMES = ("send", "reply", "inbox", "wait", "read", "mark_read", "agents", "spawn", "release_agent", "thread",
+             "search", "reserve", "release", "reservations")
 
     def __init__(self, agent, handover):
         self.name, self.config = agent.name, agent.project.config
@@ -113,11 +120,18 @@ class Tools:
         self.waits = anyio.CapacityLimiter(MAX_WAITS)    # the other tools keep the SDK's worker threads
 
     @staticmethod
-    def sent(agent, mid):
-        return {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None,
-                "delivered": None, "error": None, "timed_out": False,
-                "released": [{"name": r.name, "released_at": r.released_at, "released_by": r.released_by}
-                             for r in agent.released]}
+    def sent(agent, mid, wait=None):
+        """What send, reply, spawn and release_agent return; with `wait` (seconds), once the
+        message is delivered, failed or the time ran out."""
+        out = {"id": mid, "repeated": agent.repeated, "relay_running": holder(agent.layout.lock) is not None,
+               "delivered": None, "error": None, "timed_out": False,
+               "released": [{"name": r.name, "released_at": r.released_at, "released_by": r.released_by}
+                            for r in agent.released]}
+        if wait is not None:
+            outcome = wait_delivered(agent.project, mid, wait)
+            out.update(delivered=outcome.delivered, timed_out=outcome.delivered is None,
+                       error=outcome.reason if outcome.delivered is False else None)
+        return out
 
     def send(self, to: Annotated[list[str] | str, Field(description="Recipient(s): NAME, NAME,NAME, a JSON array of "
                                                   "names, '*' (everyone) or System.")],
@@ -141,12 +155,7 @@ class Tools:
         with self.me() as agent, tool_errors():
             mid = agent.send(words(to, "names"), body, subject=subject, thread=thread, kind=kind,
                              request_id=request_id)
-            out = self.sent(agent, mid)
-            if wait is not None:
-                outcome = wait_delivered(agent.project, mid, wait)
-                out.update(delivered=outcome.delivered, timed_out=outcome.delivered is None,
-                           error=outcome.reason if outcome.delivered is False else None)
-            return out
+            return self.sent(agent, mid, wait)
 
     def reply(self, id: Annotated[str, Field(description="The id of the message to answer (or a unique start of it).")],
               body: Annotated[str, Field(description="The answer.")],
@@ -170,7 +179,8 @@ class Tools:
         recent = bounded(recent, "recent", 0, MAX_LIMIT)
         with self.me() as agent, tool_errors():
             before = [message(m) for m in agent.recent(recent)]
-            got = self.handover.take(agent, agent.inbox(limit=limit, skip=self.handover.held), limit, key, mark=mark_read)
+            got = self.handover.take(agent, agent.inbox(limit=limit, skip=self.handover.held), limit, key,
+                                     mark=mark_read)
             return got | {"recent": before}
 
     async def wait(self, ctx: Context,
@@ -203,7 +213,8 @@ class Tools:
             if out["messages"] or out["unreadable"] or time.monotonic() >= deadline:
                 return out | {"timed_out": not out["messages"] and not out["unreadable"], "recent": []}
 
-    def read(self, ctx: Context, id: Annotated[str, Field(description="The message's id (or a unique start of it).")]) -> Message:
+    def read(self, ctx: Context,
+             id: Annotated[str, Field(description="The message's id (or a unique start of it).")]) -> Message:
         """One message of your inbox, whole, new or read already (`read`): a result you lost is
         still here. Marks it read, once this reply has reached you."""
         key = self.handover.key(ctx)
@@ -211,7 +222,8 @@ class Tools:
             return self.handover.take_one(agent, agent.read(id), key)
 
     def mark_read(self, ids: Annotated[list[str] | str, Field(description="The ids (or unique starts of them) of "
-                                                        "messages in your inbox: a list, or one string.")]) -> MarkedRead:
+                                                              "messages in your inbox: a list, or one string.")]
+                  ) -> MarkedRead:
         """Marks read the messages of your inbox with these ids: after inbox(mark_read=false), once
         you have dealt with them. An id that is not in your inbox refuses the whole call."""
         with self.me() as agent, tool_errors():
@@ -227,6 +239,38 @@ class Tools:
         with self.me() as agent, tool_errors():
             return {"me": agent.name, "agents": [{"name": r.name, "me": r.name == agent.name, **r.fields()}
                                                  for r in agent.agents(active)]}
+
+    def spawn(self, name: Annotated[str, Field(description="The agent's name: a new one, or one to make active "
+                                               "again.")],
+              task: Annotated[Optional[str], Field(description="What it is to do (the spawn's body; its first 4,096 "
+                                                   "characters are kept as the agent's `task`).")] = None,
+              cli: Annotated[Optional[str], Field(description="The program that runs it (claude, codex, ...).")] = None,
+              cwd: Annotated[Optional[str], Field(description="Where it works (a directory).")] = None,
+              model: Annotated[Optional[str], Field(description="Its model.")] = None,
+              action: Annotated[Optional[str], Field(description="One word more for what starts it.")] = None,
+              request_id: Annotated[Optional[str], Field(description=REQUEST_ID)] = None,
+              wait_delivered_s: Annotated[Optional[float], Field(description=WAIT_DELIVERED)] = None) -> Sent:
+        """Register an agent: relay makes it active with what this spawn says of it (task, cli,
+        cwd, model, action; agents() shows them) and gives a new one its outbox and inbox. relay
+        starts no process: whatever starts agents reads the spawn in System's inbox. Refused at
+        once: a name that is no agent name or is relay's own; an agent an operator archived.
+        Returns what send returns (wait_delivered_s: `delivered` once registered). Marks nothing read."""
+        wait = None if wait_delivered_s is None else bounded(wait_delivered_s, "wait_delivered_s", 0, MAX_WAIT)
+        with self.me() as agent, tool_errors():
+            mid = agent.spawn(name, task, cli=cli, cwd=cwd, model=model, action=action, request_id=request_id)
+            return self.sent(agent, mid, wait)
+
+    def release_agent(self, name: Annotated[str, Field(description="The agent's name.")],
+                      note: Annotated[Optional[str], Field(description="A word on why (the release's body).")] = None,
+                      request_id: Annotated[Optional[str], Field(description=REQUEST_ID)] = None,
+                      wait_delivered_s: Annotated[Optional[float], Field(description=WAIT_DELIVERED)] = None
+                      ) -> Sent:
+        """Say an agent's work is done: relay marks it inactive (agents() shows it so; its
+        metadata stays, mail to it is still delivered; a spawn makes it active again). An agent
+        relay does not know is refused at once. Returns what send returns. Marks nothing read."""
+        wait = None if wait_delivered_s is None else bounded(wait_delivered_s, "wait_delivered_s", 0, MAX_WAIT)
+        with self.me() as agent, tool_errors():
+            return self.sent(agent, agent.release_agent(name, note, request_id=request_id), wait)
 
     def thread(self, thread: Annotated[str, Field(description="A thread id: a message's `thread`, or the id of the "
                                             "message a thread started from.")],
