@@ -35,6 +35,7 @@ from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip,
 from relay.federation.entries import _sender_of, _text, read_entry, renamed
 from relay.federation.directory import each, listed_names, team_nodes
 from relay.federation.keys import Keys
+from relay.federation.listed import Listed
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,6 @@ class Incoming:
         self._lists = None          # {node: {folded name: names}} read in this batch (a name not yet resolved)
         self._team_folded = None    # the names routed or ambiguous, case folded (this batch's)
         self._local_folded = {}     # folded name -> this node's agent (this batch's)
-        self._listed = {}           # node -> (its version, its names case folded), as last read (_still_listed)
-        self._fresh = set()         # the nodes whose version this batch read
         import redis
         self.redis = redis
         self.errors = server_errors()
@@ -92,6 +91,7 @@ class Incoming:
         self.last_error = None
         self.skipping = Skipping("message")
         self.refusals = {}          # node -> (minute's start, refusals recorded, refusals not recorded)
+        self.listed = Listed(client, self.keys, self.fed.max_agents_per_node)     # what a node's entry lists now
 
     def close(self):
         try:
@@ -272,7 +272,7 @@ class Incoming:
             return 0
         self.layout.fs.recheck()    # each directory looked up again by name: one may have been swapped since
         self._lists = self._team_folded = None
-        self._fresh = set()
+        self.listed.batch()
         local = self.layout.agent_names(self.config.agents)
         self._local_folded = {name.casefold(): name for name in local}
         works, refused, seen, repeats = [], [], {}, []      # seen: (node, id) -> sha256 of the original, in this read
@@ -396,31 +396,11 @@ class Incoming:
         the new holder's first messages after a retire are not refused for the moment before
         this node's next look. A name its holder still lists is never another node's."""
         folded = agent.casefold()
-        if self._still_listed(holder, folded):
+        if self.listed.lists(holder, folded):
             return False
         lists = self._team_lists(node)
         holders = {n for n, names in lists.items() if folded in names}
         return holders == {node} and agent in lists[node][folded]
-
-    def _still_listed(self, holder, folded):
-        """Whether `holder`'s entry lists the name (case folded) now: its version read once a
-        batch, its list only when that changed (a node sending names it does not hold costs a
-        small read a batch, not every node's lists)."""
-        if holder not in self._fresh:
-            self._fresh.add(holder)
-            key = self.keys.node(holder)
-            [version] = each(self.client, [holder], lambda pipe, n: pipe.hget(key, "v"))
-            if isinstance(version, Exception):
-                self._listed.pop(holder, None)
-                return True         # its entry cannot be read (another type, too large): the name stays its
-            if holder not in self._listed or self._listed[holder][0] != version:
-                [listed] = each(self.client, [holder], lambda pipe, n: pipe.hget(key, "agents")) \
-                    if version is not None else [None]
-                if isinstance(listed, Exception):
-                    return True
-                names = listed_names(listed, self.fed.max_agents_per_node)[0]
-                self._listed[holder] = (version, {name.casefold() for name in names})
-        return holder not in self._listed or folded in self._listed[holder][1]
 
     def _team_lists(self, node):
         """{node: {folded name: names}} of every node's entry (every node key of the team, found
