@@ -134,7 +134,7 @@ class Tools:
         return out
 
     def send(self, to: Annotated[list[str] | str, Field(description="Recipient(s): NAME, NAME,NAME, a JSON array of "
-                                                  "names, '*' (everyone) or System.")],
+                                                        "names, '*' (everyone) or System.")],
              body: Annotated[str, Field(description="The message text.")],
              subject: Annotated[Optional[str], Field(description="One line.")] = None,
              thread: Annotated[Optional[str], Field(description="The conversation's thread id: a reply "
@@ -273,7 +273,7 @@ class Tools:
             return self.sent(agent, agent.release_agent(name, note, request_id=request_id), wait)
 
     def thread(self, thread: Annotated[str, Field(description="A thread id: a message's `thread`, or the id of the "
-                                            "message a thread started from.")],
+                                                  "message a thread started from.")],
                limit: Annotated[int, Field(description=f"At most this many messages, the newest (1 to {MAX_LIMIT}; "
                                            f"{MOST}).")] = DEFAULT_LIMIT) -> Thread:
         """The messages of a thread that you sent or received, oldest first, with their bodies and
@@ -301,7 +301,7 @@ class Tools:
                                             limit=bounded(limit, "limit", 1, MAX_LIMIT))}
 
     def reserve(self, paths: Annotated[list[str], Field(description="Files, directories or globs (*, ?, [ab], ** for "
-                                                  "any depth), relative to the project root.")],
+                                                        "any depth), relative to the project root.")],
                 ttl: Annotated[str, Field(description="How long the lease lasts: 90s, 30m, 2h (at most 7d); "
                                           "reserving again renews it.")] = "1h",
                 exclusive: Annotated[bool, Field(description="No other agent may hold an overlapping "
@@ -318,7 +318,8 @@ class Tools:
                                                                               reason=reason)]}
 
     def release(self, paths: Annotated[Optional[list[str]], Field(description="The paths as you reserved them; "
-                                                            "leave out to release all of yours.")] = None) -> Released:
+                                                                  "leave out to release all of yours.")] = None
+                ) -> Released:
         """Release your reservations (when your work on those files is done or committed).
         Marks nothing read."""
         with self.me() as agent, tool_errors():
