@@ -230,3 +230,52 @@ def test_doctor_runs_verifys_archive_checks_unless_quick(cli):
     assert line in doctor.stdout.splitlines()
     quick = cli("doctor", "--quick")
     assert "verify's checks not run (--quick)" in quick.stdout and "no problems" in quick.stdout
+
+
+@pytest.fixture
+def read_only(cli):
+    """A project whose state directory and ledger no one may write, root included: the
+    immutable attribute (chattr +i), which root's permission checks do not pass over as they
+    pass over the mode bits. Undone at the end."""
+    import shutil
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "--subject", "plan", "the zebra plan")
+    cli("run", "--once", "-q")
+    cli("state", "set", "build", "green", "--as", "Ann")
+    held = [cli.state] + [p for p in cli.state.iterdir() if p.name.startswith("ledger.sqlite")]
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", *map(str, held)],
+                                                        capture_output=True).returncode:
+        subprocess.run(["chattr", "-i", *map(str, held)], capture_output=True)
+        pytest.skip("cannot make the project immutable here (chattr +i)")
+    try:
+        yield cli
+    finally:
+        subprocess.run(["chattr", "-i", *map(str, held)], check=True)
+
+
+def test_the_read_only_verbs_read_a_read_only_project(read_only):
+    cli = read_only
+    assert [d["subject"] for d in json.loads(cli("audit", "--json").stdout)] == ["plan"]
+    assert "zebra" in cli("search", "zebra").stdout
+    assert cli("state", "get", "build").stdout.strip().startswith("green")
+    [mid] = [d["id"] for d in json.loads(cli("audit", "--json").stdout)]
+    assert json.loads(cli("show", mid, "--json").stdout)["body"] == "the zebra plan"
+    assert "Ann" in cli("agents").stdout
+    r = cli("status", ok=False)
+    assert r.exit_code == 3                                           # no daemon runs: the health check's 3
+    assert f"ledger     read-only: {cli.state} cannot be written" in r.stdout
+    doc = json.loads(cli("status", "--json").stdout)
+    assert sum(doc["counts"].values()) == 1
+    assert doc["ledger"] == {"path": str(cli.state / "ledger.sqlite"), "writable": False,
+                             "unwritable": str(cli.state), "opened": "immutable"}
+    assert "WAL" not in cli("doctor", "--quick", ok=False).stdout      # the file's header says WAL
+    r = cli("send", "--from", "Ann", "--to", "Ben", "hi", ok=False)     # what writes says why it cannot
+    assert r.exit_code == 1 and f"{cli.state} cannot be written (a read-only project" in r.output
+
+
+def test_status_of_a_writable_project_says_its_ledger_is_writable(cli):
+    cli("init", "--agent", "Ann")
+    doc = json.loads(cli("status", "--json").stdout)
+    assert doc["ledger"] == {"path": str(cli.state / "ledger.sqlite"), "writable": True, "unwritable": None,
+                             "opened": "read-only"}
+    assert "ledger     " not in cli("status", ok=False).stdout

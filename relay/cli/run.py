@@ -162,10 +162,11 @@ def status(ctx, max_pending_age, as_json):
         from relay.federation import redis_module
         redis_module()          # without the package: one line naming the extra
     sheds = dict.fromkeys(REASONS, 0)
-    held = []
+    held, opened = [], None
     now = time.time()
     if with_ledger:
         with ctx.reader() as led:
+            opened = led.ledger.access         # read-only, or immutable in a project no one here may write
             counts = led.counts()
             held = led.reservations(now)
             sheds.update(led.shed_counts())
@@ -192,7 +193,8 @@ def status(ctx, max_pending_age, as_json):
            "reservations": [Reservation.of(r).as_dict(now) for r in held],
            "durability": {**settings, **att, "setting": cfg.durability},
            "unreadable": {"count": unknown, "rows": [str(b) for b in bad]},
-           "health": {"ok": code == 0, "exit": code, "problems": problems}}
+           "health": {"ok": code == 0, "exit": code, "problems": problems},
+           "ledger": health.ledger_access(layout, opened)}
     if federation is not None:
         doc["federation"] = federation
     for b in bad:
@@ -215,6 +217,8 @@ def status(ctx, max_pending_age, as_json):
         echo("undeclared " + ", ".join(f"{u['agent']} ({u['waiting']} waiting)" for u in undeclared)
              + ': not read (senders = "declared"; relay init --agent NAME declares one)')
     echo("durability " + (health.describe(att, pid) if with_ledger else "not attested"))
+    if not doc["ledger"]["writable"]:
+        echo("ledger     " + health.describe_access(doc["ledger"]))
     if federation is not None:
         echo(views.federation(federation, running=pid is not None, now=time.time()))
     if not with_ledger:

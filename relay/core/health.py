@@ -10,6 +10,7 @@ import socket
 from relay.version import __version__
 from relay.config import show_duration
 from relay.core.message import iso
+from relay.ledger.opening import unwritable
 from relay.ledger.rows import BadRow
 
 log = logging.getLogger(__name__)
@@ -138,3 +139,21 @@ def federation(doc, running, now, max_age):
                        f"{age:.0f}s, more than --max-pending-age {show_duration(max_age)}")
             code = code or EXIT_STALE
     return code, out
+
+
+def ledger_access(layout, opened):
+    """What `relay status` says of the ledger: its path, whether this process may write it (the
+    state directory, the ledger and its -wal and -shm when there), the first of them it may not
+    (`unwritable`, None when it may write all) and how a reader opened it (ledger/opening.py:
+    read-only, or immutable where not even a -shm could be made; None with no ledger)."""
+    blocked = unwritable(layout.ledger)
+    return {"path": str(layout.ledger), "writable": blocked is None, "unwritable": blocked, "opened": opened}
+
+
+def describe_access(access):
+    """The line of `relay status` for a ledger this process may not write (None when it may)."""
+    if access["writable"]:
+        return None
+    how = " as it stands (immutable: no -shm could be made)" if access["opened"] == "immutable" else ""
+    return (f"read-only: {access['unwritable']} cannot be written; the read-only verbs read the ledger{how}, "
+            "a relay cannot run here")

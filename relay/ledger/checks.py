@@ -2,6 +2,7 @@
 the envelopes and paths recorded, SQLite's own integrity check, the migrations applied and the
 connection's settings."""
 from relay.ledger.ledger import GENESIS, Status, chain_hash, checksum
+from relay.ledger.opening import IMMUTABLE, journal_mode_on_disk
 from relay.ledger.rows import BadRow
 from relay.ledger.schema import MIGRATIONS
 
@@ -61,6 +62,8 @@ class Checks:
                 for r in self.db.execute("SELECT * FROM schema_migrations ORDER BY version")]
 
     def journal_mode(self):
+        if getattr(self.ledger, "access", None) == IMMUTABLE:      # opened with no log: the file's header
+            return journal_mode_on_disk(self.ledger.path)
         return self.db.execute("PRAGMA journal_mode").fetchone()[0]
 
     def pragmas(self):

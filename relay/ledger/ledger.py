@@ -14,7 +14,6 @@ import enum
 import os
 import sqlite3
 import stat
-import urllib.parse
 
 import orjson
 
@@ -22,6 +21,7 @@ from relay.errors import LedgerError
 from relay.ledger.chain import GENESIS, chain_hash, link_hash  # noqa: F401  (the chain's, offered here too)
 from relay.ledger.bounces import BounceRecords
 from relay.ledger.imports import Imports
+from relay.ledger.opening import READ_WRITE, cannot_open, connect_reader, unwritable
 from relay.ledger.operations import Operations
 from relay.ledger.senders import Senders
 from relay.files.sync import fdatasync
@@ -76,11 +76,11 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
         self.unsynced = False       # a commit made without a sync, not yet synced (transaction())
         _refuse_links(self.path)
         try:
-            if readonly:
-                self.db = sqlite3.connect(f"file:{urllib.parse.quote(self.path)}?mode=ro", uri=True,
-                                          isolation_level=None, check_same_thread=False)
+            if readonly:        # opening.py: mode=ro, or immutable=1 where not even a -shm can be made
+                self.db, self.access = connect_reader(self.path, busy_timeout_ms)
             else:
-                self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                self.db, self.access = sqlite3.connect(self.path, isolation_level=None,
+                                                       check_same_thread=False), READ_WRITE
             self.db.row_factory = sqlite3.Row
             self.db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             self.db.execute("PRAGMA foreign_keys = ON")
@@ -93,6 +93,10 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
         except sqlite3.DatabaseError as e:
             if getattr(self, "db", None) is not None:
                 self.db.close()         # no file descriptor left open on a ledger refused
+            blocked = None if readonly or not cannot_open(e) else unwritable(self.path)
+            if blocked is not None:
+                raise LedgerError(f"cannot write the ledger {self.path}: {blocked} cannot be written (a read-only "
+                                  "project: relay status, audit, search, show read it all the same)") from None
             raise LedgerError.opening(self.path, e) from None
 
     def close(self):
