@@ -34,8 +34,8 @@ from relay.ledger.search import SearchReads
 from relay.ledger.state import StateReads
 from relay.ledger.ledger import STATUSES
 from relay.ledger.rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
+from relay.ledger.sql import chunks
 
-CHUNK = 500         # ids per `IN (...)` query
 NUMBER = "typeof({0}) IN ('integer', 'real')"
 # a column that holds a time: a number of seconds within the years 1 to 9999 (relay/times.py)
 NUMERIC = "(" + NUMBER + f" AND {{0}} >= {FIRST} AND {{0}} < {END})"
@@ -147,10 +147,9 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
     def delivered_to(self, ids):
         """{id: {recipient: (size, sha256)}} of the deliveries recorded for these messages."""
         out = {}
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i:i + CHUNK]
+        for chunk, marks in chunks(ids):
             for r in self.db.execute("SELECT message_id, recipient, size, sha256 FROM deliveries WHERE message_id "
-                                     f"IN ({','.join('?' * len(chunk))})", chunk):
+                                     f"IN ({marks})", chunk):
                 out.setdefault(r[0], {})[r[1]] = (r[2], r[3])
         return out
 
@@ -160,19 +159,16 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
     def senders_of(self, ids):
         """{id: sender} of the messages among `ids` the ledger has (flow control's shares)."""
         out = {}
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i:i + CHUNK]
+        for chunk, marks in chunks(ids):
             out.update((r[0], r[1]) for r in self.db.execute(
-                f"SELECT id, sender FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+                f"SELECT id, sender FROM messages WHERE id IN ({marks})", chunk))
         return out
 
     def unknown(self, ids):
         """The ids among `ids` that no row holds, as its id or as the id its spool file is
         named by."""
         known = set()
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i:i + CHUNK]
-            marks = ','.join('?' * len(chunk))
+        for chunk, marks in chunks(ids):
             known.update(r[0] for r in self.db.execute(
                 f"SELECT id FROM messages WHERE id IN ({marks}) UNION "
                 f"SELECT spool_id FROM messages WHERE spool_id IN ({marks})", chunk + chunk))
@@ -307,10 +303,9 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
     def sheds_of(self, ids):
         """{id: {recipient: (reason, released)}} of the sheds recorded for these messages."""
         out = {}
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i:i + CHUNK]
+        for chunk, marks in chunks(ids):
             for r in self.db.execute("SELECT message_id, recipient, reason, released_at FROM sheds WHERE message_id "
-                                     f"IN ({','.join('?' * len(chunk))})", chunk):
+                                     f"IN ({marks})", chunk):
                 if unreadable(r, "sheds") is None:
                     out.setdefault(r[0], {})[r[1]] = (r[2], r[3] is not None)
         return out
@@ -365,9 +360,7 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
         """{id: (sender, delivered_at)} of these envelope ids delivered to `recipient`; a ping's
         sender is System."""
         out = {}
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i:i + CHUNK]
-            marks = ",".join("?" * len(chunk))
+        for chunk, marks in chunks(ids):
             for r in self.db.execute(f"SELECT d.message_id, m.sender, d.delivered_at FROM deliveries d JOIN messages m "
                                      f"ON m.id = d.message_id WHERE d.recipient = ? AND d.message_id IN ({marks})",
                                      [recipient, *chunk]):

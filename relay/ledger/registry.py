@@ -13,6 +13,8 @@ import collections
 
 import orjson
 
+from relay.ledger.sql import chunks
+
 # One change of the registry: `kind` "spawn" or "release", the agent's `name`, the sender `by`,
 # the control message's id `message_id`, and (a spawn's) `metadata`, a dict.
 Change = collections.namedtuple("Change", "kind name by message_id metadata")
@@ -54,8 +56,7 @@ class RegistryReads:
             return self.db.execute("SELECT * FROM agent_registry ORDER BY name").fetchall()
         names = sorted(set(names))
         out = []
-        for i in range(0, len(names), 500):
-            chunk = names[i:i + 500]
-            out += self.db.execute(f"SELECT * FROM agent_registry WHERE name IN ({','.join('?' * len(chunk))}) "
+        for chunk, marks in chunks(names):
+            out += self.db.execute(f"SELECT * FROM agent_registry WHERE name IN ({marks}) "
                                    "ORDER BY name", chunk).fetchall()
         return out
