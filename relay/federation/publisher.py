@@ -23,6 +23,7 @@ import orjson
 from relay.core.work import backoff
 from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip, server_errors, sized
 from relay.federation.keys import Keys
+from relay.federation.losses import Losses
 from relay.files.layout import valid_id
 from relay.federation.wire import Wire
 
@@ -75,6 +76,8 @@ class Publisher:
         self.swept = False                  # this run deleted again what the last one settled (check())
         self.skipping = Skipping("acknowledgement")
         self.wire = Wire(client, self.keys, self.node)     # offers the loop writes itself
+        self.losses = Losses(client, self.keys, self.node, history)   # what the server lost, found
+        self.hushed = set()                 # (message id, node) published again past the events' bound
 
     def _xadd(self, entries):
         """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry id
@@ -141,7 +144,8 @@ class Publisher:
         done = [(r["message_id"], r["node"], eid) for r, eid in early + list(zip(rest, ids, strict=True))
                 if not isinstance(eid, Exception)]
         if done:
-            self.ledger.published(now, done, self.fed.ack_timeout)
+            self.ledger.published(now, done, self.fed.ack_timeout, quiet=self.hushed)
+            self.hushed.difference_update((mid, node) for mid, node, _ in done)
             for mid, node, eid in done:
                 log.info("%s published to node %s as entry %s", mid, node, eid)
         return len(done), error
@@ -350,10 +354,15 @@ class Publisher:
             for n in nodes:
                 pipe.xlen(self.keys.messages(self.node, n))
             for n, length in zip(nodes, pipe.execute(), strict=True):
-                if length - len(self.undeleted.get(n, ())) < waiting[n]:    # those the server refused to delete
-                    log.warning("federation: the stream to node %s holds %d entries where %d wait for its "
-                                "acknowledgement: the server lost some; they are published again", n, length, waiting[n])
-                    again += [(r["message_id"], r["node"]) for r in self.history.waiting_for(n, 100_000)]
+                if length - len(self.undeleted.get(n, ())) >= waiting[n]:   # those the server refused to delete
+                    self.losses.calm(n, now)
+                elif self.losses.due(n, now):      # only what is missing goes again (losses.py)
+                    lost = self.losses.missing(n, now)
+                    if lost:
+                        log.warning("federation: the stream to node %s holds %d entries where %d wait for its "
+                                    "acknowledgement: %d are missing (the server lost them, or the node deleted "
+                                    "them); they are published again", n, length, waiting[n], len(lost))
+                    again += lost
         if again:
             self._again(now, again, "the server lost it")
         late = [(r["message_id"], r["node"]) for r in self.history.overdue(now, BATCH) if alive.get(r["node"])]
@@ -363,8 +372,17 @@ class Publisher:
         return len(again) + len(late)
 
     def _again(self, now, rows, why):
+        grouped, quiet = {}, set()
+        for mid, node in rows:
+            grouped.setdefault(node, []).append((mid, node))
+        for node, items in grouped.items():     # past the bound of events a minute: no event of their own
+            hushed = self.losses.quiet(node, now, len(items))
+            quiet.update(items[len(items) - hushed:])
+        self.hushed |= quiet
+        if len(self.hushed) > 1_000_000:
+            self.hushed = quiet
         by_node = {}
-        for node, eid in self.ledger.republish(now, rows, why):
+        for node, eid in self.ledger.republish(now, rows, why, quiet=quiet):
             if eid:
                 by_node.setdefault(node, set()).add(eid)
         self._delete(by_node)

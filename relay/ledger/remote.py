@@ -29,17 +29,19 @@ class FederationRecords:
         events.extend((mid, now, "queued", f"for node {node}: {', '.join(orjson.loads(names))}")
                       for mid, node, names, _, _ in queued)
 
-    def published(self, now, done, ack_timeout):
+    def published(self, now, done, ack_timeout, quiet=()):
         """Outbound rows now in their node's stream, waiting for its acknowledgement (at the
         latest by now + ack_timeout, doubled with each publish of the same row up to ACK_CAP).
-        done: (message_id, node, entry_id)."""
+        done: (message_id, node, entry_id); those in `quiet` ((message_id, node): published
+        again past the per-node bound of events) leave no event."""
         with self.transaction():
             self.db.executemany(
                 "UPDATE outbound SET status = 'published', entry_id = ?, published_at = ?, "
                 "ack_deadline = ? + min(?, ? * (1 << min(attempts, 10))), attempts = attempts + 1, error = NULL "
                 "WHERE message_id = ? AND node = ? AND status = 'pending'",
                 [(eid, now, now, ACK_CAP, ack_timeout, mid, node) for mid, node, eid in done])
-            self._events([(mid, now, "published", f"to node {node} as entry {eid}") for mid, node, eid in done])
+            self._events([(mid, now, "published", f"to node {node} as entry {eid}") for mid, node, eid in done
+                          if (mid, node) not in quiet])
 
     def publish_failed(self, now, failed, error):
         """Outbound rows not published (the server unreachable): tried again at their time.
@@ -86,18 +88,24 @@ class FederationRecords:
                     self._owe_refused(now, mid, node)
         return entries
 
-    def republish(self, now, rows, why):
+    def republish(self, now, rows, why, quiet=()):
         """Published rows whose acknowledgement did not come (the server lost them, a failover,
         the deadline): published again now. rows: (message_id, node). Returns the entry ids they
-        had, as (node, entry id) (deleted from the stream by the caller, when still there)."""
-        entries = []
+        had, as (node, entry id) (deleted from the stream by the caller, when still there). Rows
+        in `quiet` (past the per-node bound of events) leave no event of their own: one summary
+        event per node, on the first of them, counts them."""
+        entries, hushed = [], {}
         with self.transaction():
             for mid, node in rows:
                 row = self.db.execute("UPDATE outbound SET status = 'pending', next_attempt_at = ? WHERE "
                                       "message_id = ? AND node = ? AND status = 'published' RETURNING entry_id",
                                       (now, mid, node)).fetchone()
-                if row is not None:
-                    entries.append((node, row[0]))
+                if row is None:
+                    continue
+                entries.append((node, row[0]))
+                if (mid, node) in quiet:
+                    hushed.setdefault(node, []).append(mid)
+                else:
                     self._events([(mid, now, "republished", f"to node {node}: {why}")])
         return entries
 

@@ -87,6 +87,11 @@ class RemoteHistory:
                 ids.append(eid)
         return out
 
+    def published_entries(self, node):
+        """(message_id, entry_id, envelope bytes) of a node's rows published and not acknowledged."""
+        return self.db.execute("SELECT message_id, entry_id, length(envelope) FROM outbound WHERE node = ? AND "
+                               "status = 'published'", (node,)).fetchall()
+
     def waiting_nodes(self):
         """The nodes that have rows waiting (to be published or acknowledged)."""
         return [r[0] for r in self.db.execute("SELECT DISTINCT node FROM outbound WHERE status IN ('pending', "

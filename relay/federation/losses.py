@@ -1,0 +1,87 @@
+"""What the server lost of this node's streams, found at a cost of what was lost, not of the backlog.
+
+Each stream `from:<me>:to:<node>` holds only what waits for `node`'s acknowledgement, so a stream
+shorter than the rows waiting lost entries. Which ones is read from the stream itself: its entry
+ids between the first and the last waiting (pages of at most PAGE_BYTES of this node's own
+envelopes, as the ledger knows their sizes), compared with the entry ids the rows have; only
+those missing are published again. A stream gone whole (a FLUSHALL, a deleted key) has every
+waiting row published again: that is what was lost.
+
+The receiving node may delete entries of its stream (XDEL, its relief when the server is out of
+memory), so a node can make its stream short at will. Loss is therefore looked for at a pace per
+node: at once the first time, then after 1, 2, 4 ... seconds while losses go on (at most
+SCAN_CAP apart), back to at once after a quiet SCAN_CAP. And the events a row published again
+leaves in the ledger (`republished`, `published`) are at most EVENTS per node and minute; past
+them, one summary event per batch.
+"""
+import logging
+
+log = logging.getLogger(__name__)
+
+SCAN_BASE = 1.0             # seconds before a node's stream is read whole again, after a loss ...
+SCAN_CAP = 60.0             # ... doubled while losses go on, at most this
+PAGE_BYTES = 4 << 20        # envelope bytes read per XRANGE of a stream looked through
+PAGE_COUNT = 1024           # ... and entries
+EVENTS = 64                 # per-row events of publishing again, per node and minute
+
+
+def _eid(text):
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class Losses:
+    """The publisher's finder of lost entries (its thread, its client)."""
+
+    def __init__(self, client, keys, node, history):
+        self.client = client
+        self.keys = keys
+        self.node = node
+        self.history = history
+        self.pace = {}              # node -> (next look allowed, interval, last look)
+        self.quota = {}             # node -> (minute's start, per-row events left)
+        self.scans = 0              # streams read whole (counted, for tests and benchmarks)
+
+    def due(self, node, now):
+        """Whether `node`'s short stream may be looked through now."""
+        return now >= self.pace.get(node, (0.0, 0.0, None))[0]
+
+    def missing(self, node, now):
+        """(message id, node) of `node`'s waiting rows whose entries its stream no longer holds,
+        read now (the pace moved on)."""
+        _, interval, last = self.pace.get(node, (0.0, 0.0, None))
+        interval = SCAN_BASE if last is None or now - last > SCAN_CAP + interval else min(SCAN_CAP, 2 * interval)
+        self.pace[node] = (now + interval, interval, now)
+        rows = self.history.published_entries(node)        # (message id, entry id, envelope bytes) by entry
+        rows = [r for r in rows if r[1]]
+        if not rows:
+            return []
+        self.scans += 1
+        stream = self.keys.messages(self.node, node)
+        rows.sort(key=lambda r: _eid(r[1]))
+        present, i = set(), 0
+        while i < len(rows):
+            held, j = 0, i
+            while j < len(rows) and j - i < PAGE_COUNT and (held == 0 or held + rows[j][2] <= PAGE_BYTES):
+                held += rows[j][2]
+                j += 1
+            got = self.client.xrange(stream, rows[i][1], rows[j - 1][1], count=PAGE_COUNT)
+            present.update(e.decode() if isinstance(e, bytes) else e for e, _ in got)
+            i = j
+        return [(mid, node) for mid, eid, _ in rows if eid not in present]
+
+    def calm(self, node, now):
+        """`node`'s stream holds what waits: a later loss is looked for at once, after a quiet SCAN_CAP."""
+        nxt, interval, last = self.pace.get(node, (0.0, 0.0, None))
+        if last is not None and now - last > SCAN_CAP + interval:
+            self.pace.pop(node, None)
+
+    def quiet(self, node, now, count):
+        """How many of `count` rows published again to `node` now leave no per-row event (past
+        EVENTS in the minute)."""
+        start, left = self.quota.get(node, (now, EVENTS))
+        if now - start >= 60:
+            start, left = now, EVENTS
+        loud = min(left, count)
+        self.quota[node] = (start, left - loud)
+        return count - loud

@@ -1,0 +1,129 @@
+"""What one hostile node, holding only its own credentials (its ACL user), can make the others pay:
+each attack's work at the honest node is counted (rows published again, events, Redis commands
+as the server's INFO commandstats counts them, SQL statements), never timed. Against a real
+redis-server."""
+import shlex
+
+import orjson
+import pytest
+
+from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange, team  # noqa: F401 - fixtures
+from relay.federation.keys import Keys, acl
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if REDIS_SERVER is None:
+        pytest.skip(MISSING)
+    s = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield s
+    s.stop()
+
+
+def admin(server):
+    import redis
+    return redis.Redis.from_url(server.url)
+
+
+def user_url(server, team, node):
+    """The node's own ACL user, made from the lines `relay federation acl` prints."""
+    password = f"pw-{node}-{team}"
+    for line in acl_lines(team, node, password):
+        admin(server).execute_command(*shlex.split(line))
+    return f"redis://relay-{team}-{node}:{password}@127.0.0.1:{server.port}/0"
+
+
+def acl_lines(team, node, password):
+    import relay.federation.keys as k
+    return [acl(team, node, password)] + ([k.registration(team, node)] if hasattr(k, "registration") else [])
+
+
+def as_node(server, team, node):
+    import redis
+    return redis.Redis.from_url(user_url(server, team, node))
+
+
+@pytest.fixture
+def nodes(tmp_path, clock):
+    made = []
+
+    def make(server, team, name, agents, extra=""):
+        node = Node(tmp_path / name, user_url(server, team, name), team, name, agents, clock, extra)
+        made.append(node)
+        return node
+    yield make
+    for n in made:
+        n.close()
+
+
+def calls(server, *commands):
+    """How many times the server ran each of `commands` so far (INFO commandstats)."""
+    stats = admin(server).info("commandstats")
+    return {c: stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in commands}
+
+
+def events(node, event, detail="%"):
+    return node.relay.history.db.execute("SELECT count(*) FROM events WHERE event = ? AND detail LIKE ?",
+                                         (event, detail)).fetchone()[0]
+
+
+def sent(n1, count, to="Bob"):
+    for i in range(count):
+        n1.drop("Ann", f"m{i}", f"TO: {to}\n\nnumber {i}")
+    n1.send()
+
+
+# -- 1. the republish storm ------------------------------------------------------------------
+
+def test_entries_a_receiver_deletes_are_published_again_alone_and_their_events_bounded(server, team, nodes, clock):
+    """n2 never acknowledges and deletes one entry of n1's stream to it every second (XDEL, its
+    ACL's relief right): n1 publishes again the entries deleted, never the whole backlog, and
+    reads the stream whole at most at a pace that slows while the deletions go on."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    sent(n1, 60)
+    evil, stream = as_node(server, team, "n2"), Keys(team).messages("n1", "n2")
+    assert evil.xlen(stream) == 60
+    deleted = 0
+    for second in range(20):
+        [(eid, _)] = evil.xrange(stream, count=1)
+        evil.xdel(stream, eid)
+        deleted += 1
+        clock.advance(1)
+        n1.link.check()
+        n1.link.publish()
+        assert events(n1, "republished") <= deleted
+    assert 1 <= events(n1, "republished") <= deleted
+    clock.advance(120)                      # the deletions stopped: what was deleted goes again
+    n1.link.check()
+    n1.link.publish()
+    assert evil.xlen(stream) == 60
+    assert events(n1, "republished", "%the server lost it") == deleted     # (the rest: n2's deadline passed)
+
+
+def test_a_receiver_deleting_its_whole_stream_again_and_again_costs_a_bounded_resend(server, team, nodes, clock):
+    """Every entry deleted every second for a minute: the backlog goes again a few times (each
+    loss found at a pace that slows), and the per-row events of publishing again are bounded per
+    node and minute (one summary line beyond them)."""
+    EVENTS = 64
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    sent(n1, 200)
+    evil, stream = as_node(server, team, "n2"), Keys(team).messages("n1", "n2")
+    before = n1.relay.history.db.execute("SELECT count(*) FROM events").fetchone()[0]
+    for second in range(60):
+        ids = [eid for eid, _ in evil.xrange(stream)]
+        if ids:
+            evil.xdel(stream, *ids)
+        clock.advance(1)
+        n1.link.check()
+        n1.link.publish()
+    again = n1.relay.history.db.execute("SELECT sum(attempts) - count(*) FROM outbound").fetchone()[0]
+    assert again <= 200 * 7                 # found lost at 1, 2, 4, 8, 16, 32 s: not 60 times
+    grown = n1.relay.history.db.execute("SELECT count(*) FROM events").fetchone()[0] - before
+    assert grown <= 2 * 2 * EVENTS + 20     # republished + published, per row up to EVENTS a minute
+    assert events(n1, "republished") <= 2 * EVENTS + 10
