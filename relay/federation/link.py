@@ -244,6 +244,7 @@ class Link:
     def check(self, now=None):
         """Publish again what the server lost or what is late; reroute what another node holds now."""
         now = self.clock() if now is None else now
+        self.publisher.unanswered(now)      # a node not acknowledging, said in the log
         try:
             again = self.publisher.check(now, self.alive)
         except self.errors as e:
@@ -385,7 +386,7 @@ def probe(config, history, timeout=1.0):
     fed = config.federation
     link = history.link()
     out = history.outbound_counts()
-    doc = {"node": fed.node, "team": fed.team, "url": fed.shown_url, "ack_warn": max(60.0, 4 * fed.ack_timeout),
+    doc = {"node": fed.node, "team": fed.team, "url": fed.shown_url, "ack_warn": fed.ack_timeout,
            "link": {"connected": bool(link["connected"]) if link else None,
                     "since": link["since"] if link else None, "error": link["error"] if link else None},
            "directory": {"read_at": link["directory_at"] if link else None,
