@@ -32,6 +32,7 @@ from relay.ledger.remote import FederationRecords
 from relay.ledger.reservations import Reservations
 from relay.ledger.search import SearchIndex
 from relay.ledger.state import StateWrites
+from relay.ledger.sql import chunks
 
 
 class Status(str, enum.Enum):
@@ -187,11 +188,13 @@ class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, Bou
                 os.close(fd)
             self.unsynced = False
 
-    def _events(self, rows):
-        """rows: (message_id, at, event, detail[, actor])."""
+    def events(self, rows):
+        """Inside a transaction: append lifecycle events; rows: (message_id, at, event, detail[, actor])."""
         self.db.executemany("INSERT INTO events (message_id, at, event, detail, actor) "
                             "VALUES (?, ?, ?, ?, ?)",
                             [r if len(r) == 5 else (*r, "relay") for r in rows])
+
+    _events = events            # the mixins' name for it, until each is a Part (ledger/part.py)
 
     # -- the pipeline ----------------------------------------------------------------------
 
@@ -216,10 +219,9 @@ class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, Bou
                 else:   # some were registered already: find which rows are ours
                     ours = set()
                     ids = [f[0] for f in found]
-                    for i in range(0, len(ids), 500):
-                        chunk = ids[i:i + 500]
+                    for chunk, marks in chunks(ids):
                         ours.update(r[0] for r in db.execute(
-                            f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+                            f"SELECT id FROM messages WHERE id IN ({marks})", chunk))
                     registered = [(mid, sender, name) for mid, sender, name, _ in found if mid in ours]
             events = [(mid, now, "discovered", f"outbox/{s}/{n}") for mid, s, n in registered]
             if registered:
