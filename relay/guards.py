@@ -12,6 +12,7 @@ import time
 import click
 
 from relay import config as config_mod
+from relay import names
 from relay.config import AGENT_NAME, AGENT_NAME_RULE, AGENT_VARIABLE, SYSTEM, default_agent
 from relay.errors import FREE_SPACE, InvalidName, LedgerCorrupt, RelayError, sqlite_cause
 
@@ -24,22 +25,24 @@ def agent_name(name, where="agent"):
 
 
 def sender_name(name, where="sender"):
-    """An agent that may have an outbox: any agent name but System, relay's own."""
+    """An agent that may have an outbox: any agent name but a reserved one (System, Broadcast,
+    `*`, in any case: names.py)."""
     agent_name(name, where)
-    if name == SYSTEM:
-        raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender ({where}): "
-                          "only agents have outboxes")
-    return name
+    return names.agent(name, where)
 
 
 def recipient_names(value, where="recipients"):
-    """A TO value: NAME[,NAME...], where a name may also be `*`."""
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    if not names:
+    """A TO value: NAME[,NAME...], where a name may also be `*`; a reserved name only as relay
+    spells it (System, Broadcast, `*`)."""
+    given = [n.strip() for n in value.split(",") if n.strip()]
+    if not given:
         raise InvalidName(f"no recipient in {value!r} ({where}): give NAME[,NAME...], '*' or {SYSTEM}")
-    for name in names:
+    for name in given:
         if name != "*":
             agent_name(name, where)
+        problem = names.address_problem(name)
+        if problem is not None:
+            raise InvalidName(f"{problem} ({where})")
     return value
 
 

@@ -272,7 +272,7 @@ def test_unknown_and_invalid_agents(team):
     assert error(team("adopt", "dave", ok=False)) == (
         "unknown agent 'dave'; known agents: alice, bob, carol (--create adds a new agent on purpose)")
     assert error(team("adopt", "System", ok=False)) == (
-        "'System' is relay's own name and never a sender (AGENT): only agents have outboxes")
+        "'System' is a name relay keeps for itself (System: relay's own name), in any case (AGENT)")
     assert "invalid agent name '../x'" in error(team("adopt", "../x", ok=False))
     assert not (team.root / "AGENTS.md").exists()
 

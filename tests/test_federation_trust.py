@@ -143,7 +143,46 @@ def test_a_node_cannot_speak_as_system_even_listing_it_among_its_agents(server, 
     assert n2.receive() == 1
     assert n2.held("Bob") == []
     [why] = refusals(n2)
-    assert "the sender 'System' is not an agent name" in why
+    assert "the sender: 'System' is a name relay keeps for itself" in why
+
+
+@pytest.mark.parametrize("name", ["system", "SYSTEM", "sYsTeM", "System", "broadcast", "BROADCAST", "Broadcast"])
+def test_a_reserved_name_in_any_case_in_a_nodes_list_is_not_taken_nor_its_mail_delivered(server, team, nodes,
+                                                                                          clock, name):
+    """A node that lists a reserved name in some case (names.py) has it taken by no other node
+    (the directory, relay send's look-up), and a message from it is refused, not delivered as
+    System's."""
+    from relay.federation.link import directory
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n2, n3, rounds=1)
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    evil.hset(keys.node("n3"), mapping={"agents": orjson.dumps(["Eve", name]).decode(), "v": "with-reserved"})
+    exchange(n2, n3, rounds=1)
+    assert directory(n2.config) == {"Eve": "n3"}
+    assert name not in n2.relay.history.remote_agents() and name not in n2.relay.known_agents(refresh=True)
+    mid = n2.relay.ids.new(clock())
+    evil.xadd(keys.messages("n3", "n2"), {"v": "2", "id": mid, "to": '["Bob"]',
+                                          "env": envelope(mid, name, ["Bob"], body="your mail failed", kind="bounce")})
+    assert n2.receive() == 1
+    assert n2.held("Bob") == []
+    [why] = refusals(n2)
+    assert f"the sender: {name!r} is a name relay keeps for itself" in why
+
+
+@pytest.mark.parametrize("kind", ["bounce", "Bounce", "ping", "reservation-refused"])
+def test_a_kind_relay_writes_itself_from_another_nodes_agent_is_refused(server, team, nodes, clock, kind):
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n2, n3, rounds=1)
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    mid = n2.relay.ids.new(clock())
+    evil.xadd(keys.messages("n3", "n2"), {"v": "2", "id": mid, "to": '["Bob"]',
+                                          "env": envelope(mid, "Eve", ["Bob"], body="your mail failed", kind=kind)})
+    assert n2.receive() == 1
+    assert n2.held("Bob") == []
+    [why] = refusals(n2)
+    assert "is relay's own: only System sends it" in why
 
 
 def test_a_node_cannot_take_back_an_acknowledgement_it_gave(server, team, nodes):

@@ -89,7 +89,7 @@ def test_system_is_never_a_sender(cli, args):
     cli("init", "--agent", "Ann")
     r = cli(*args, ok=False)
     assert r.exit_code == 1
-    assert r.output.count("\n") == 1 and "'System' is relay's own name and never a sender" in r.output
+    assert r.output.count("\n") == 1 and "'System' is a name relay keeps for itself" in r.output
     assert not (cli.state / "outbox" / "System").exists()
     cli("send", "--from", "Ann", "--to", "System", "--kind", "spawn", "to relay")     # as a recipient: fine
 

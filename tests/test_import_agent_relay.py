@@ -317,3 +317,22 @@ def test_agents_come_into_the_registry_with_their_status_and_metadata(fresh, old
     assert len(rows(fresh, "SELECT 1 FROM events WHERE event = 'imported' AND detail LIKE 'agent % (%'")) == 3
     again = json.loads(fresh("import", "agent-relay", str(old.root), "--json").stdout)
     assert again["registry"] == []
+
+
+@pytest.mark.parametrize("name", ["system", "SYSTEM", "sYsTeM", "System", "broadcast", "BROADCAST", "Broadcast"])
+def test_an_agent_relay_agent_named_as_relay_keeps_for_itself_is_not_imported_as_an_agent(fresh, old, name):
+    """Carol, renamed in agent-relay's ledger to a reserved name in some case: her records are
+    problems, she is no agent, her name no directory; agent-relay's Lead is an agent as any."""
+    db = sqlite3.connect(old.ledger)
+    db.execute("UPDATE relay_files SET agent_name = ? WHERE agent_name = 'Carol'", (name,))
+    db.execute("UPDATE agents SET agent_name = ? WHERE agent_name = 'Carol'", (name,))
+    db.commit()
+    db.close()
+    r = fresh("import", "agent-relay", str(old.root), "--json", ok=False)
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and doc["problems"]
+    assert all(f", {name}/" in p and "keeps for itself" in p for p in doc["problems"])
+    assert doc["registry"] == ["Alice", "Bob", "Lead"]
+    assert not {name.lower()} & {p.name.lower() for p in (fresh.state / "outbox").iterdir()}
+    assert rows(fresh, "SELECT count(*) FROM agents WHERE lower(name) = lower(?)", (name,)) == [(0,)]
+    assert rows(fresh, "SELECT count(*) FROM messages WHERE lower(sender) = lower(?)", (name,)) == [(0,)]

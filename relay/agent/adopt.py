@@ -28,7 +28,10 @@ import stat
 import sys
 from pathlib import Path
 
+from relay import names as reserved_names
 from relay.agent.api import check_known, declare
+from relay.agent.project import archived
+from relay.core import registry
 from relay.agent.instructions import render, snippet
 from relay.errors import RelayError
 from relay.files.fs import StateDir, Unsafe, write_all
@@ -303,7 +306,12 @@ def adopt(layout, configured, agent, path, create=False, fsync=None, root=None):
     """Put agent `agent` in the relay block of `path` (walked from `root`, never through a link).
     An agent relay does not know is refused unless `create`, which makes its outbox and inbox.
     Returns 'added', 'updated' or 'unchanged'."""
-    known = layout.agent_names(configured)
+    reserved_names.agent(agent)
+    gone = archived(layout)         # archived agents are no one to write to, nor to adopt
+    why = registry.archived_refusal(agent, gone, sender=True, outcome="it is not adopted")
+    if why is not None:
+        raise RelayError(why)
+    known = {n for n in layout.agent_names(configured) if n not in gone}
     if agent not in known:
         if not create:
             check_known(agent, known, "agent")

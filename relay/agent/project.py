@@ -169,11 +169,7 @@ class Project(TeamState):
 
     def archived(self):
         """{name: (archived_at, actor)} of the agents an operator archived; {} with no ledger."""
-        history = self.history()
-        if history is None:
-            return {}
-        with history:
-            return history.archived_agents()
+        return archived(self.layout)
 
     def refusal(self, sender, names, kind=None):
         """Why `sender` cannot send a message of `kind` to `names` at all, or None: a reserved name
@@ -275,6 +271,15 @@ class Project(TeamState):
                     for r in history.audit(thread=thread, limit=limit, visible_to=agent)]
             more = history.thread_size(thread, agent) - len(rows) if limit and len(rows) == limit else 0
         return rows[::-1], max(more, 0)
+
+
+def archived(layout):
+    """{name: (archived_at, actor)} of the agents an operator archived (`relay archive-agent`);
+    {} with no ledger."""
+    if not layout.ledger.exists():
+        return {}
+    with History(Ledger(layout.ledger, readonly=True)) as history:
+        return history.archived_agents()
 
 
 def create_agents(layout, names, how):

@@ -308,7 +308,7 @@ def doctor(ctx, quick, as_json):
 
 @click.command()
 @click.argument("name", required=False, callback=checked(agent_name))
-@click.option("--active", is_flag=True, help="Only the active agents (those no release made inactive).")
+@click.option("--active", is_flag=True, help="Only the active agents (neither released nor archived).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with NAME: one object).")
 @pass_ctx
 @handle_errors
@@ -360,7 +360,8 @@ def agents(ctx, name, active, as_json):
                    f"{views.clip(r['last_error'] or '', 60)}")
         for line in views.registered(r):
             echo(f"    {line}")
-    echo("STATE: active, or inactive once released (a spawn makes it active again); SHED: messages shed on the "
+    echo("STATE: active, or inactive once released (a spawn makes it active again), or archived by an operator "
+         "(relay archive-agent; nothing is sent to it or from it); SHED: messages shed on the "
          "way to the agent / from it (relay queues, relay audit --status shed); RESERVED: file reservations held, "
          "exclusive ones marked x (relay reservations)")
 

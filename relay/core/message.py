@@ -14,12 +14,13 @@ import re
 
 import orjson
 
+from relay import names as reserved_names
 from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
+from relay.names import BROADCAST  # noqa: F401 - '*' and its alias Broadcast, where the pipeline takes them
 from relay.errors import MessageRefused, TooLarge, UnknownRecipient
 from relay.ids import ALPHABET
 from relay.files.layout import is_inside, valid_id
 
-BROADCAST = ("*", "Broadcast")
 CONTROL_KINDS = ("spawn", "release", "continuity")
 KNOWN_KINDS = ("message",) + CONTROL_KINDS
 CONTROL_KEYS = ("name", "cli", "cwd", "model", "action")
@@ -235,6 +236,10 @@ def parse(data, filename, max_body_bytes):
     if bad:
         shown = ", ".join(repr(n[:70]) for n in bad[:5]) + (" ..." if len(bad) > 5 else "")
         raise MessageRefused(f"invalid recipient name {shown}: agent names match {AGENT_NAME_RULE}")
+    for n in names:
+        problem = reserved_names.address_problem(n)
+        if problem is not None:
+            raise MessageRefused(f"invalid recipient: {problem}")
     control = {} if fields.keys().isdisjoint(CONTROL_KEYS) else \
         {k: fields[k] for k in CONTROL_KEYS if fields.get(k) is not None}
     return Message(to=(names[0],) if len(names) == 1 else tuple(dict.fromkeys(names)), kind=kind, thread=fields.get("thread") or None,
@@ -350,6 +355,9 @@ def accept(data, name, sender, known, config, *, mid, sent_at, relayed_at, sha25
     MessageRefused otherwise, its `parsed` the Message when the file itself was readable."""
     message = parse(data, name, config.max_body_bytes)
     try:
+        problem = reserved_names.kind_problem(message.kind, sender)
+        if problem is not None:
+            raise MessageRefused(problem)
         create = config.unknown_recipient == "create"
         names = known()
         for n in message.to:

@@ -9,20 +9,23 @@ it (SPEC section 2's control kinds; the rows are the ledger's, ledger/registry.p
 - Both are recorded in the transaction that records the control message as delivered
   (Ledger.record, on the loop thread): the registry never says what the ledger does not.
 - Refused, like any message relay cannot deliver (quarantined with the reason, its sender
-  bounced): a spawn or release with no NAME, a NAME that is no agent name, System or `*`
-  (Broadcast); a release of an agent relay does not know; a spawn of an agent an operator
-  archived.
+  bounced): a spawn or release with no NAME, a NAME that is no agent name or a reserved one
+  (System, Broadcast, `*`, in any case: names.py); a release of an agent relay does not know;
+  a spawn of an agent an operator archived.
 - An agent no spawn or release named (it has an outbox or inbox, or is in config `agents`) is
   active, with empty metadata.
 - A message to a released agent is delivered as any other; the sender is told when it sends
   (`relay send`, Agent.send, MCP send: `released()` below).
+- An agent an operator archived (`relay archive-agent`) is shown in state `archived` (not
+  active) whatever its row says; a send from it or to it is refused at once (archived_refusal).
 """
 import dataclasses
 
 import orjson
 
+from relay import names as reserved_names
 from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
-from relay.core.message import BROADCAST, closest, iso
+from relay.core.message import closest, iso
 from relay.core.work import Outcome
 from relay.errors import MessageRefused
 from relay.ledger.registry import Change
@@ -31,6 +34,7 @@ from relay.ledger.schema import AGENT_STATES
 
 KINDS = ("spawn", "release")
 ACTIVE, INACTIVE = AGENT_STATES
+ARCHIVED = "archived"   # no registry row's state: the state an operator's archive-agent shows, whatever the row says
 TASK_CHARS = 4096       # the task a spawn's metadata keeps (the whole body stays in its message)
 
 
@@ -47,10 +51,10 @@ def check(message, known, archived):
     kind, name = message.kind, message.control.get("name")
     if name is None or not name.strip():
         raise _refused(message, f"a {kind} message names its agent: add 'NAME: <agent>' (\"name\" in JSON)")
-    if name == SYSTEM:
-        raise _refused(message, f"{SYSTEM} is relay's own inbox; it is never spawned or released (NAME: {name})")
-    if name in BROADCAST:
-        raise _refused(message, f"{name!r} means every agent and cannot be one agent's NAME in a {kind} message")
+    why = reserved_names.why_reserved(name)
+    if why is not None:
+        done = "spawned" if kind == "spawn" else "released"
+        raise _refused(message, f"{why}: it is never {done} (NAME of a {kind} message)")
     if not AGENT_NAME.match(name):
         raise _refused(message, f"invalid agent name {name[:70]!r} in NAME of a {kind} message: agent names "
                                 f"match {AGENT_NAME_RULE}")
@@ -92,7 +96,7 @@ def changes(works, at):
                 or w.outcome not in (Outcome.ARCHIVED, Outcome.DELIVERED) or w.refused):
             continue
         name = m.control.get("name")
-        if not isinstance(name, str) or not AGENT_NAME.match(name) or name == SYSTEM or name in BROADCAST:
+        if reserved_names.agent_problem(name) is not None:
             continue        # refused when it was read (check): never here
         out.append(Change(m.kind, name, w.sender, w.id, metadata(m, w.sender, w.id, at) if m.kind == "spawn" else None))
     return out
@@ -141,7 +145,22 @@ def roster(history, names, bad=None):
     shown as one never spawned."""
     rows = {r["name"]: Registered.of(r) for r in sift(history.registry_rows(), [] if bad is None else bad,
                                                         "agent_registry")}
-    return {n: rows.get(n) or Registered(n) for n in sorted(set(names) | set(rows))}
+    archived = history.archived_agents()
+    out = {n: rows.get(n) or Registered(n) for n in sorted(set(names) | set(rows))}
+    return {n: dataclasses.replace(r, state=ARCHIVED) if n in archived else r for n, r in out.items()}
+
+
+def archived_refusal(name, archived, sender=False, outcome="nothing was sent"):
+    """The reason a send is refused at once when `name` (the sender, with `sender`; else a
+    recipient) is an agent an operator archived (`archived`: History.archived_agents()), or None.
+    `outcome`: what became of the request."""
+    if name not in archived:
+        return None
+    at, actor = archived[name]
+    what = "relay accepts nothing from it" if sender else "relay delivers nothing to it"
+    since = f" since {iso(at)}" if isinstance(at, (int, float)) else ""
+    return (f"agent {name} is archived{since} by {actor or 'an operator'}: {what}, so {outcome} "
+            f"(an operator restores it: `relay archive-agent --undo {name}`)")
 
 
 def released(history, names):

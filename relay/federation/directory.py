@@ -31,7 +31,7 @@ import logging
 
 import orjson
 
-from relay.config import SYSTEM
+from relay.names import reserved
 from relay.fedconfig import NAME
 from relay.files.layout import valid_agent
 from relay.federation.client import reason, server_errors
@@ -119,9 +119,15 @@ def listed_names(listed, limit):
         return (), None
     if not isinstance(names, list):
         return (), None
-    good = [n for n in names if isinstance(n, str) and valid_agent(n) and n != SYSTEM]
-    wrong = (f"lists {len(good)} agents, over max_agents_per_node ({limit}): only the first {limit} are taken"
-             if len(good) > limit else None)
+    good = [n for n in names if isinstance(n, str) and valid_agent(n)]
+    kept = [n for n in good if not reserved(n)]     # System, Broadcast in any case: relay's own (names.py)
+    wrong = (f"lists {len(kept)} agents, over max_agents_per_node ({limit}): only the first {limit} are taken"
+             if len(kept) > limit else None)
+    if len(kept) < len(good):
+        taken = ", ".join(repr(n) for n in good if reserved(n))[:200]
+        wrong = "; ".join(w for w in (wrong, f"lists {taken}, which relay keeps for itself (in any case): "
+                                              "not taken") if w)
+    good = kept
     return tuple(dict.fromkeys(good[:limit])), wrong
 
 

@@ -6,6 +6,7 @@ import datetime
 import hashlib
 import re
 import orjson
+from relay import names as reserved_names
 from relay.config import SYSTEM
 from relay.errors import MessageRefused
 from relay.files.fs import shown
@@ -84,8 +85,13 @@ def read_entry(node, eid, fields, local, config):
     if not isinstance(doc, dict) or doc.get("id") != mid:
         raise MessageRefused("the envelope is not an object with the entry's message id")
     sender = doc.get("from")
-    if not isinstance(sender, str) or not valid_agent(sender) or sender == SYSTEM:
+    if not isinstance(sender, str) or not valid_agent(sender):
         raise MessageRefused(f"the sender {shown(str(sender))[:70]!r} is not an agent name")
+    if reserved_names.reserved(sender):
+        raise MessageRefused(f"the sender: {reserved_names.why_reserved(sender)}; no node speaks as it")
+    problem = reserved_names.kind_problem(doc.get("kind"), sender)
+    if problem is not None:
+        raise MessageRefused(problem)
     if not isinstance(to_here, list) or not to_here or len(to_here) > MAX_RECIPIENTS or \
             not all(isinstance(r, str) and valid_agent(r) for r in to_here):
         raise MessageRefused("the recipients are not a list of agent names")

@@ -348,8 +348,8 @@ def directory(config, timeout=1.0):
     cannot be asked (relay send's check of a name this node has not heard of yet)."""
     from relay.federation.keys import Keys
     import orjson
-    from relay.config import SYSTEM
     from relay.files.layout import valid_agent
+    from relay.names import reserved
     fed = config.federation
     try:
         client = connect(fed, timeout, limit=fed.max_agents_per_node * 70)
@@ -368,7 +368,7 @@ def directory(config, timeout=1.0):
             except Exception:  # noqa: BLE001 - a node's entry that cannot be read names nobody
                 continue
             for name in names if isinstance(names, list) else []:
-                if isinstance(name, str) and valid_agent(name) and name != SYSTEM:
+                if isinstance(name, str) and valid_agent(name) and not reserved(name):
                     out.setdefault(name, node)
     except redis.RedisError:
         return out

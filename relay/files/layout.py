@@ -7,6 +7,7 @@ import re
 import time
 from pathlib import Path
 
+from relay import names
 from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM, linked, state_parts
 from relay.files.fs import DIR_FLAGS, DIR_MODE, StateDir, Unsafe, bad_name, shown
 from relay.ids import ALPHABET
@@ -104,7 +105,8 @@ class Layout:
         symbolic link (or not a directory) is left as it is and returned as a problem: the
         steps that use it wait until it is a directory again."""
         self.create()
-        problems = []
+        problems = [f"{names.why_reserved(a)}: no outbox or inbox is made for it" for a in agents if names.reserved(a)]
+        agents = [a for a in agents if not names.reserved(a)]
         for rel in ["outbox", "inbox", "archive", "failed", "spool"] + [f"outbox/{a}" for a in agents] + [
                 f"inbox/{a}/{sub}" for a in (SYSTEM, *agents) for sub in ("tmp", "new", "cur")]:
             try:
@@ -155,9 +157,7 @@ class Layout:
             found = frozenset(found)
             settled = key is not None and self.now() - max(key[2::4] + key[3::4]) / 1e9 > racy(key)
             self._names = (key, found) if settled else None
-        names = set(configured) | found
-        names.discard(SYSTEM)
-        return names
+        return {n for n in set(configured) | found if not names.reserved(n)}
 
     def _names_key(self):
         """(device, inode, mtime, ctime) of outbox/ and of inbox/, or None (one cannot be looked at)."""
@@ -213,8 +213,8 @@ def outbox_problem(entry):
     """Why relay will not read this entry of outbox/ as an agent's outbox, or None."""
     if not valid_agent(entry.name):
         return f"invalid agent name (must match {AGENT_NAME_RULE})"
-    if entry.name == SYSTEM:
-        return f"{SYSTEM} is relay's own name; no agent sends as {SYSTEM}"
+    if names.reserved(entry.name):
+        return f"{names.why_reserved(entry.name)}; no agent sends as it"
     if entry.is_symlink():
         return "a symbolic link; relay never follows links under its state directory"
     if not entry.is_dir(follow_symlinks=False):

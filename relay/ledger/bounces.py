@@ -24,15 +24,17 @@ class BounceRecords:
 
     def _owe(self, now, items):
         """Inside a transaction: record the bounces owed. items: (message id, sender, recipients,
-        reason). A sender that is System (a bounce, a ping) is owed none; a (message, recipient
-        set) owed one already is not owed another. Returns how many were recorded."""
+        reason). A sender that is System (a bounce, a ping) is owed none, nor a bounce of System's
+        (an agent's file of kind bounce, refused, is owed one); a (message, recipient set) owed one
+        already is not owed another. Returns how many were recorded."""
         rows = [(mid, _key(recipients), _ids.new(now), sender, str(reason)[:REASON_CHARS], now)
                 for mid, sender, recipients, reason in items if sender != SYSTEM]
         if not rows:
             return 0
         return self.db.executemany(
             "INSERT INTO bounces (message_id, recipients, id, sender, reason, at) SELECT ?, ?, ?, ?, ?, ? "
-            "WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = ?1 AND m.kind IS 'bounce') "
+            "WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = ?1 AND m.kind IS 'bounce' "
+            "AND m.sender IS 'System') "
             "ON CONFLICT DO NOTHING", rows).rowcount
 
     def _owe_refused(self, now, mid, node):

@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 
 import orjson
 
-from relay.config import AGENT_NAME, SYSTEM
+from relay.names import agent_problem
 from relay.core.archive import Archive, day_of
 from relay.core.message import parse
 from relay.errors import RelayError
@@ -246,8 +246,8 @@ class Importer:
     def _plan(self, r, owner):
         """The message row a record becomes (with the files to write), or None (a problem)."""
         sender, name, status = r["agent_name"], r["message_type"], r["status"]
-        if not isinstance(sender, str) or not AGENT_NAME.match(sender) or sender == SYSTEM:
-            return self._problem(r, "its agent name is not one relay takes; not imported")
+        if agent_problem(sender) is not None:     # no name relay keeps for itself (names.py), in any case
+            return self._problem(r, f"its agent name is not one relay takes ({agent_problem(sender)}); not imported")
         if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name
                 or bad_name(name) is not None):
             return self._problem(r, "its file name is not one relay takes; not imported")
@@ -435,7 +435,7 @@ class Importer:
         seen = {}
 
         def widen(name, first, last):
-            if not isinstance(name, str) or not AGENT_NAME.match(name) or name == SYSTEM or first is None:
+            if agent_problem(name) is not None or first is None:
                 return
             f, la = seen.get(name, (first, last or first))
             seen[name] = (min(f, first), max(la, last or first))
@@ -458,7 +458,7 @@ class Importer:
         entries = []
         for a in agents:
             name, status = a["agent_name"], a["status"]
-            if not isinstance(name, str) or not AGENT_NAME.match(name) or name == SYSTEM:
+            if agent_problem(name) is not None:
                 continue
             try:
                 metadata = orjson.loads(a["metadata"]) if isinstance(a["metadata"], (str, bytes)) else None
