@@ -1,5 +1,5 @@
 """Hostile soak: while the daemon runs and well-behaved producers send messages, hostile agents
-keep planting, at random, what SPEC section 4 says relay must survive: symlinks at every level of
+keep planting, at random, what contract §4 says relay must survive: symlinks at every level of
 .relay/, hard links to files outside the project, names that are not UTF-8 or hold control
 characters (C0 or C1), 250-byte names, names starting with '-', far-future and far-past mtimes,
 files held open for writing, FIFOs, directories in outboxes, an outbox named System, messages whose

@@ -356,3 +356,52 @@ def test_entries_left_by_a_deletion_cut_before_a_restart_are_deleted_at_the_firs
         assert again.link.check() == 0 and r.xlen(n1.stream("n2")) == 0
     finally:
         proxy.stop()
+
+
+def test_a_node_that_stops_acknowledging_is_said_once_ack_timeout_passes_in_status_and_the_log(
+        server, team, nodes, clock, caplog):
+    """n2 frozen (it reads nothing, answers nothing) while n1 sends to it: within ack_timeout
+    (30 s) all is well; past it the log says so once, and `relay status` (the document probe()
+    makes from the ledger, judged at the injected time) names the node and is no longer healthy,
+    long before --max-pending-age (10 minutes). Once n2 acknowledges, the log says that too."""
+    import logging
+
+    from relay.core import health
+    from relay.federation.link import probe
+    from relay.operator import views
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    for i in range(3):
+        n1.drop("Ann", f"m{i}", f"TO: Bob\n\nto a frozen node {i}")
+    n1.send()
+    sent = clock.now
+
+    def verdict(at):
+        doc = probe(n1.config, n1.link.history)
+        return health.federation(doc, True, at, 600), views.federation(doc, running=True, now=at)
+
+    caplog.set_level(logging.INFO, logger="relay.federation")
+    clock.advance(20)
+    n1.link.check()
+    (code, said), shown = verdict(clock.now)
+    assert (code, said) == (0, []) and "NOT ACKNOWLEDGING" not in shown
+    assert not [r for r in caplog.records if "not acknowledging" in r.getMessage()]
+    clock.advance(11)                                           # 31 s: past ack_timeout
+    n1.link.check()
+    n1.link.check()
+    (code, said), shown = verdict(clock.now)
+    assert code == health.EXIT_STALE
+    assert said == [f"federation: node n2 is not acknowledging: 3 message(s) wait for it, the oldest for "
+                    f"{clock.now - sent:.0f}s, more than ack_timeout (30s)"]
+    assert "n2" in shown and "NOT ACKNOWLEDGING" in shown
+    late = [r.getMessage() for r in caplog.records if "is not acknowledging" in r.getMessage()]
+    assert late == ["federation: node n2 is not acknowledging: 3 message(s) wait for it, the oldest for 31s, more "
+                    "than ack_timeout (30s); it may be stopped, frozen or cut off from the server"]    # once
+    n1.link.publish()                                           # what the check published again
+    drain(n2)
+    n2.link.incoming.acknowledge()
+    n1.link.publish()
+    n1.link.check()
+    assert verdict(clock.now)[0] == (0, [])
+    assert any("node n2 acknowledges again" in r.getMessage() for r in caplog.records)

@@ -432,3 +432,90 @@ def test_the_reason_names_whom_a_message_was_shed_for():
     assert summary({"Ben": rate, "Cy": rate}, everyone=False) == "shed for Ben, Cy (per_pair_rate: over)"
     assert summary({"Ben": rate, "Cy": Shed("queue_limit", 3, 3, "full")}) == (
         "shed for every recipient: Ben (per_pair_rate: over); Cy (queue_limit: full)")
+
+
+def test_a_looping_sender_of_large_shed_messages_grows_the_ledger_by_a_bounded_amount(project, clock, cli):
+    """190 shed messages of 64 KiB from one sender (per_pair_rate): each keeps its subject,
+    headers, size and hash, the first KiB of its body while the sender has had fewer than
+    SHED_BODIES sheds in the SHED_WINDOW, and no body past them; the ledger does not hold the
+    12 MiB that was sent."""
+    import hashlib
+    import sqlite3
+
+    from relay.ledger.shed_keep import KEEP_BODY_BYTES, SHED_BODIES
+    relay = project.relay(pair_rate=1, pair_window="1h")
+    project.drop("Ann", "first", "TO: Ben\n\nthe one that is delivered")
+    relay.drain()
+    path = project.state / "ledger.sqlite"
+    before = path.stat().st_size
+    body = ("x" * 1023 + "é") * 64                                 # 64 KiB and more, a character across the cut
+    for i in range(190):
+        project.drop("Ann", f"loop{i:03d}", f"TO: Ben\nSUBJECT: again {i}\nX-Loop: {i}\n\n{body}")
+    counts = relay.drain()
+    assert counts.failed == 190 and counts.shed == 190
+    db = sqlite3.connect(path)
+    rows = db.execute("SELECT name, subject, size, sha256, body, headers FROM messages WHERE name LIKE 'loop%' "
+                      "ORDER BY name").fetchall()
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    sent = len(body.encode())
+    assert len(rows) == 190 and all(r[2] == sent + len(f"TO: Ben\nSUBJECT: again {n}\nX-Loop: {n}\n\n")
+                                    for n, r in enumerate(rows))
+    assert all(r[3] == hashlib.sha256(f"TO: Ben\nSUBJECT: again {n}\nX-Loop: {n}\n\n{body}".encode()).hexdigest()
+               for n, r in enumerate(rows))
+    assert [r[1] for r in rows] == [f"again {n}" for n in range(190)]
+    assert all(json.loads(r[5]) == {"X-Loop": str(n)} for n, r in enumerate(rows))
+    kept = [r[4] for r in rows]
+    assert kept[:SHED_BODIES] == [body.encode()[:KEEP_BODY_BYTES].decode("utf-8", "ignore")] * SHED_BODIES
+    assert len(kept[0].encode()) == KEEP_BODY_BYTES - 1                  # é is not cut in two
+    assert kept[SHED_BODIES:] == [None] * (190 - SHED_BODIES)
+    assert path.stat().st_size - before < 2 * 1024 * 1024               # 12 MiB were sent
+    # audit and show still say what was shed: subject, size, hash
+    mid = named(relay)["loop189"]
+    shown = cli("show", mid, ok=False).output
+    assert "again 189" in shown and str(rows[189][2]) in shown and rows[189][3] in shown
+    assert "per_pair_rate" in shown
+    audited = json.loads(cli("audit", "--json", "--status", "failed").output)
+    assert {a["subject"] for a in audited} >= {"again 0", "again 189"}
+    # an hour later the sender's next shed keeps its first KiB again
+    clock.advance(3601)
+    project.drop("Ann", "late0", "TO: Ben\n\nfirst\n" + body)
+    project.drop("Ann", "late1", "TO: Ben\nSUBJECT: late\n\n" + body)
+    relay.drain()
+    late = relay.history.get(named(relay)["late1"])
+    assert late["status"] == "failed" and late["body"] == body.encode()[:KEEP_BODY_BYTES].decode("utf-8", "ignore")
+
+
+def test_messages_from_another_node_shed_for_every_recipient_keep_what_a_local_one_does(tmp_path):
+    """The receiver of a federation records a message it sheds for every recipient with
+    Ledger.received: the same bound as a local shed."""
+    from relay.ledger.history import History
+    from relay.ledger.ledger import Ledger
+    from relay.ledger.shed_keep import KEEP_BODY_BYTES, SHED_BODIES
+    now, body = 1_900_000_000.0, "y" * 200_000
+
+    def item(i):
+        return {"id": f"01KC30000000000000000{i:05d}", "sender": "Ann", "name": f"m{i}", "node": "n2",
+                "entry_id": f"{i}-0", "recipients": ["Ben"], "kind": "message", "thread": None,
+                "subject": f"loop {i}", "body": body, "headers": '{"X-Loop": "1"}', "sha256": "0" * 64,
+                "sent_at": now, "got": {}, "error": "shed for Ben (per_pair_rate)"}
+    failed = [item(i) for i in range(40)]
+    sheds = [(m["id"], "Ben", "Ann", "per_pair_rate", 1, 2) for m in failed]
+    with Ledger(tmp_path / "ledger.sqlite") as led:
+        led.received(now, [], [], sheds[:30], failed[:30])
+        led.received(now + 1, [], [], sheds[30:], failed[30:])
+        rows = [History(led).get(m["id"]) for m in failed]
+    assert [r["subject"] for r in rows] == [f"loop {i}" for i in range(40)]
+    assert [r["body"] for r in rows] == [body[:KEEP_BODY_BYTES]] * SHED_BODIES + [None] * (40 - SHED_BODIES)
+    assert all(r["status"] == "failed" and r["headers"] == '{"X-Loop": "1"}' for r in rows)
+
+
+def test_a_shed_record_keeps_headers_up_to_their_bound():
+    from relay.ledger.shed_keep import KEEP_HEADER_BYTES, KEEP_VALUE_CHARS, head, headers_kept
+    small = json.dumps({"X-A": "1"})
+    assert headers_kept(small) == small and headers_kept(None) is None
+    big = json.dumps({f"X-{i}": "v" * 60_000 for i in range(4)})              # 240 KB of headers
+    kept = json.loads(headers_kept(big))
+    assert len(json.dumps(kept, separators=(",", ":"))) <= KEEP_HEADER_BYTES
+    assert list(kept) == ["X-0", "X-1", "X-2", "X-3"] and all(v == "v" * KEEP_VALUE_CHARS for v in kept.values())
+    assert head("é" * 600, 1023) == "é" * 511 and head("short", 1024) == "short"

@@ -1,4 +1,4 @@
-"""Hostile and malformed input: each gets the SPEC behaviour, the relay keeps going, and nothing
+"""Hostile and malformed input: each gets the behaviour docs/contract.md gives, the relay keeps going, and nothing
 is read or written outside the project root."""
 import json
 import os

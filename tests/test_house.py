@@ -160,3 +160,15 @@ def test_watchdog_is_used_through_its_documented_modules():
             found += [f"{path.relative_to(PACKAGE.parent)}: {n}" for n in names
                       if n.split(".")[0] == "watchdog" and n not in PUBLIC_WATCHDOG]
     assert not found, "a private watchdog module imported:\n" + "\n".join(found)
+
+
+def test_the_code_cites_the_contract_that_is_in_the_repository():
+    """The contract is docs/contract.md ("contract §N"): a SPEC.md outside the repository is no
+    reference a reader can follow."""
+    found = [f"{p.relative_to(PACKAGE.parent)}:{n}" for p in sorted(PACKAGE.rglob("*.py"))
+             for n, line in lines(p) if re.search(r"\bSPEC\b(?! *=)", line) and "SUSPECT" not in line]
+    assert not found, "cite docs/contract.md as 'contract §N':\n" + "\n".join(found)
+    contract = (PACKAGE.parent / "docs" / "contract.md").read_text(encoding="utf-8")
+    sections = set(re.findall(r"^## (\d+)\. ", contract, re.M))
+    cited = {m for p in PACKAGE.rglob("*.py") for m in re.findall(r"contract §(\d+)", p.read_text(encoding="utf-8"))}
+    assert cited and cited <= sections, f"cited sections {sorted(cited - sections)} are not in docs/contract.md"

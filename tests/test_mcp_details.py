@@ -122,8 +122,16 @@ def test_what_is_not_in_a_tools_schema_is_refused_in_the_schemas_words(team, tmp
             "since: inbox takes no such argument (it takes limit, mark_read, recent)")
         assert await refused(bob, "search", query=["a"]) == "query: must be text, not ['a']"
         assert not outbox.exists() or list(outbox.iterdir()) == []
-        # what the schema allows still works: a number given as a whole number, a float as an int
-        assert (await bob.call("wait", timeout_s=0, limit=3))["timed_out"] is True
+        assert not outbox.exists() or list(outbox.iterdir()) == []
+        # what the schema allows is taken: an integer for a number, a whole number written 3.0 for an
+        # integer (JSON Schema's integer), text that reads as JSON for text, a JSON array for a list
+        assert (await bob.call("wait", timeout_s=0, limit=3.0))["timed_out"] is True
+        texts = {"subject": '{"plan": 1}', "thread": "[7]", "request_id": "null"}
+        sent = await bob.call("send", to='["Alice"]', body="x", **texts)
+        deliver(team, ("Alice", "Bob", "Carol"))
+        with relay.Agent("Alice", root=team.root) as alice:
+            [got] = [m for m in alice.inbox() if m.id == sent["id"]]
+            assert (got.subject, got.thread, got.kind) == ('{"plan": 1}', "[7]", "message")
     run(team, tmp_path, scenario)
 
 

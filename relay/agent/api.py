@@ -14,7 +14,7 @@ Project.registry(), core/registry.py). The CLI's agent verbs (send, inbox, read)
 this, so both check the same things:
 names against the known agents (an unknown one is refused with the closest match), an id that
 `relay show` finds at once (the sender's file carries it, and the ledger records it as that
-sender's before the file is written), request ids that make a repeated send harmless. Messages are written the way SPEC section 2 asks: a hidden temporary, synced, renamed
+sender's before the file is written), request ids that make a repeated send harmless. Messages are written the way contract §2 asks: a hidden temporary, synced, renamed
 into the outbox under a name no other message uses.
 """
 import dataclasses
@@ -48,7 +48,7 @@ def one_line(value, what):
 
 def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=None, content_type=None,
             max_retries=None, control=None):
-    """The bytes of a message file in the header format (SPEC section 2); `control`: a spawn's or
+    """The bytes of a message file in the header format (contract §2); `control`: a spawn's or
     release's keys ({"name": ..., "cli": ...})."""
     lines = [f"ID: {mid}", f"TO: {', '.join(to)}"]
     for key, value in (("KIND", kind), ("THREAD", thread), ("SUBJECT", subject), ("REQUEST-ID", request_id),

@@ -5,15 +5,19 @@ server advertises only what it serves.
 - An argument a tool does not take is refused, naming the ones it takes (the schema says
   `additionalProperties: false`); the SDK's own models ignore it.
 - A value is taken only in its schema's type (pydantic's strict mode): true or false for a
-  boolean (not "yes", "true" or 1), a whole number for an integer (not "5"), a number for a
-  number (not true); a name of an enum's (send's `kind`) as the enum says it. A list given as
-  a JSON array in a string is still a list (the SDK parses it first: some clients send them so).
+  boolean (not "yes", "true" or 1), a whole number for an integer (not "5"; 3.0 is JSON
+  Schema's integer 3), a number for a number (not true); a name of an enum's (send's `kind`) as
+  the enum says it. A list given as a JSON array in a string is still a list (some clients send
+  them so), but text is text: the SDK would parse any argument not typed plain `str` as JSON
+  first, and refuse a subject `{"plan": 1}` or a thread `[7]` as not text.
 - Resources and prompts are not advertised in the server's capabilities while it has none (the
   SDK advertises them whatever its lists hold); a client asking for them gets "method not found".
 """
 import inspect
+import json
 
 from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from pydantic import ConfigDict
 
 # The requests that serve resources and prompts, and so advertise them (the SDK's lowlevel Server
@@ -21,6 +25,33 @@ from pydantic import ConfigDict
 RESOURCE_METHODS = ("resources/list", "resources/read", "resources/templates/list", "resources/subscribe",
                     "resources/unsubscribe")
 PROMPT_METHODS = ("prompts/list", "prompts/get")
+
+
+class Metadata(FuncMetadata):
+    """The SDK's FuncMetadata, reading its arguments as their schema has them (pre_parse_json)."""
+    lists: tuple = ()       # the arguments whose schema takes an array
+    integers: tuple = ()    # the arguments whose schema takes an integer
+
+    def pre_parse_json(self, data):
+        """`data` with a JSON array in a string parsed for an argument that takes a list, and a
+        whole float given for an integer made that integer; any other value as it came."""
+        out = dict(data)
+        for key, value in data.items():
+            if key in self.lists and isinstance(value, str) and value.lstrip().startswith("["):
+                try:
+                    parsed = json.loads(value)
+                except (ValueError, RecursionError):
+                    continue        # relay's own words() says what is wrong with it
+                if isinstance(parsed, list):
+                    out[key] = parsed
+            elif key in self.integers and type(value) is float and value.is_integer():
+                out[key] = int(value)
+        return out
+
+
+def _types(schema):
+    """The JSON types a property's schema allows."""
+    return {schema.get("type"), *(s.get("type") for s in schema.get("anyOf", ()))} - {None}
 
 
 def strict(fn):
@@ -32,8 +63,13 @@ def strict(fn):
     class Arguments(loose):
         model_config = ConfigDict(extra="forbid", strict=True, title=loose.__name__)
 
-    tool.fn_metadata.arg_model = Arguments
     tool.parameters = Arguments.model_json_schema(by_alias=True)
+    properties = tool.parameters.get("properties", {})
+    old = tool.fn_metadata
+    tool.fn_metadata = Metadata(arg_model=Arguments, output_schema=old.output_schema, output_model=old.output_model,
+                                wrap_output=old.wrap_output,
+                                lists=tuple(k for k, v in properties.items() if "array" in _types(v)),
+                                integers=tuple(k for k, v in properties.items() if "integer" in _types(v)))
     return tool
 
 

@@ -1,5 +1,5 @@
-"""Agent.spawn and Agent.release_agent: an agent's `spawn` and `release` messages (SPEC section
-2's control kinds, to System) with their fields, for programs and the MCP server, as a file
+"""Agent.spawn and Agent.release_agent: an agent's `spawn` and `release` messages (contract
+§2's control kinds, to System) with their fields, for programs and the MCP server, as a file
 written by hand would carry them (docs/agents.md, "Spawning and releasing agents"):
 
     me.spawn("dana", "review the parser", cli="claude", model="opus", cwd="worktrees/dana")

@@ -1,4 +1,4 @@
-"""The archive and the quarantine (SPEC section 3): originals moved into archive/ and failed/
+"""The archive and the quarantine (contract §3): originals moved into archive/ and failed/
 (and back into the spool by recovery and relay retry), the error report beside a quarantined
 file, and removal of swept files. Every path goes through the confined file system; each
 directory a move changes is noted with the syncer, whose next flush makes it durable."""

@@ -1,5 +1,5 @@
 """Bounces: a sender hears of a message that failed, or that was shed for some of its recipients,
-or that another node refused (SPEC section 4, "senders hear of failure"), as mail does. relay
+or that another node refused (contract §4, "senders hear of failure"), as mail does. relay
 sends it a message from System, kind "bounce", naming the message (id, subject, to whom), the
 reason and what to do, in the message's thread (its id when it has none).
 
@@ -99,7 +99,7 @@ def hint(reason, mid):
 
 
 def document(b, limit):
-    """The bounce's file (JSON, SPEC section 2) for a row of History.bounces_due, its body cut
+    """The bounce's file (JSON, contract §2) for a row of History.bounces_due, its body cut
     to `limit` bytes (max_body_bytes)."""
     mid, reason = b["message_id"], b["reason"]
     try:

@@ -133,12 +133,27 @@ def federation(doc, running, now, max_age):
         out += [f"federation: agent {name} is claimed by node {other} too" for name, other in doc["conflicts"]]
         code = EXIT_FEDERATION if out else code
     for node, w in doc["outbound"]["by_node"].items():
+        said = unanswered(node, w, now, doc.get("ack_warn")) if running else None
+        if said:        # (while no daemon runs, nothing reads the acknowledgements that came)
+            out.append(f"federation: {said}")
+            code = code or EXIT_STALE
         age = now - w["oldest_at"] if w["oldest_at"] else 0.0
         if max_age and age > max_age:
             out.append(f"federation: {w['waiting']} message(s) for node {node} not acknowledged, the oldest for "
                        f"{age:.0f}s, more than --max-pending-age {show_duration(max_age)}")
             code = code or EXIT_STALE
     return code, out
+
+
+def unanswered(node, waiting, now, ack_timeout):
+    """What to say of `node` when the oldest message published to it waits for its
+    acknowledgement longer than `ack_timeout` (an acknowledgement takes milliseconds; the message
+    is published again at that deadline), else None. `waiting`: outbound_counts()'s of the node."""
+    since = waiting.get("unacked_since")
+    if not ack_timeout or since is None or now - since <= ack_timeout:
+        return None
+    return (f"node {node} is not acknowledging: {waiting.get('published') or waiting['waiting']} message(s) wait "
+            f"for it, the oldest for {now - since:.0f}s, more than ack_timeout ({show_duration(ack_timeout)})")
 
 
 def ledger_access(layout, opened):

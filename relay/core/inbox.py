@@ -1,4 +1,4 @@
-"""Maildir delivery (SPEC section 3): tmp/<id>.json, sync, link into new/, sync the directory.
+"""Maildir delivery (contract §3): tmp/<id>.json, sync, link into new/, sync the directory.
 
 Each recipient's delivery stands on its own: a recipient whose inbox fails is retried while the
 others are delivered. A recipient the ledger already records is never written again. On a

@@ -1,4 +1,4 @@
-"""Outbox files: which are messages, which are complete (SPEC section 2), custody and reading.
+"""Outbox files: which are messages, which are complete (contract §2), custody and reading.
 
 A regular file is complete when an event said so (renamed in, closed after writing) or it has
 stayed the same for `settle`, and, on Linux, no process holds it open for writing (a read lease

@@ -1,4 +1,4 @@
-"""Crash and power-loss recovery (SPEC section 3), run at every start (relay run, run --once)
+"""Crash and power-loss recovery (contract §3), run at every start (relay run, run --once)
 and after a failed step of the daemon's loop.
 
 Rows left processing go back to pending with their file put back in the spool wherever it was

@@ -1,4 +1,4 @@
-"""Retention (SPEC section 3): archived and failed entries older than `retention` are deleted
+"""Retention (contract §3): archived and failed entries older than `retention` are deleted
 from disk and ledger in bounded batches, so a sweep never holds the write lock for long. A
 sweep leaves a checkpoint of the hash chain so that `relay verify` stays clean."""
 import dataclasses

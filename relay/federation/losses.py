@@ -65,8 +65,14 @@ class Losses:
             while j < len(rows) and j - i < PAGE_COUNT and (held == 0 or held + rows[j][2] <= PAGE_BYTES):
                 held += rows[j][2]
                 j += 1
-            got = self.client.xrange(stream, rows[i][1], rows[j - 1][1], count=PAGE_COUNT)
-            present.update(e.decode() if isinstance(e, bytes) else e for e, _ in got)
+            start = rows[i][1]
+            while True:         # entries that wait for no row (published from an offer) may lie between
+                got = self.client.xrange(stream, start, rows[j - 1][1], count=PAGE_COUNT)
+                present.update(e.decode() if isinstance(e, bytes) else e for e, _ in got)
+                if len(got) < PAGE_COUNT:
+                    break
+                last = got[-1][0]
+                start = "(" + (last.decode() if isinstance(last, bytes) else last)
             i = j
         return [(mid, node) for mid, eid, _ in rows if eid not in present]
 

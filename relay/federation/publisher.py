@@ -74,6 +74,7 @@ class Publisher:
         self.moved = {}                     # (message id, node) -> (refusal, when, entry): "not my agents" (NOT_HERE)
         self.undeleted = {}                 # node -> {entry id: None} to delete, not yet known deleted (deleted())
         self.swept = False                  # this run deleted again what the last one settled (check())
+        self.silent = set()                 # the nodes said not to acknowledge (unanswered())
         self.skipping = Skipping("acknowledgement")
         self.wire = Wire(client, self.keys, self.node)     # offers the loop writes itself
         self.losses = Losses(client, self.keys, self.node, history)   # what the server lost, found
@@ -370,6 +371,24 @@ class Publisher:
             log.warning("federation: %d messages not acknowledged by their node in time; published again", len(late))
             self._again(now, late, "no acknowledgement by its deadline")
         return len(again) + len(late)
+
+    def unanswered(self, now):
+        """Say in the log, once, that a node is not acknowledging (the oldest message published
+        to it waits longer than ack_timeout: stopped, frozen, cut off from the server), and once
+        again when it acknowledges again."""
+        from relay.core.health import unanswered
+        waiting = self.history.unacknowledged_since()
+        for node, (count, since) in sorted(waiting.items()):
+            said = unanswered(node, {"published": count, "unacked_since": since, "waiting": count}, now,
+                              self.fed.ack_timeout)
+            if said and node not in self.silent:
+                self.silent.add(node)
+                log.warning("federation: %s; it may be stopped, frozen or cut off from the server", said)
+        for node in sorted(self.silent):
+            since = waiting.get(node, (0, None))[1]
+            if since is None or now - since <= self.fed.ack_timeout:
+                self.silent.discard(node)
+                log.info("federation: node %s acknowledges again", node)
 
     def _again(self, now, rows, why):
         grouped, quiet = {}, set()

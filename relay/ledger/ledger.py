@@ -24,6 +24,7 @@ from relay.ledger.imports import Imports
 from relay.ledger.opening import READ_WRITE, cannot_open, connect_reader, unwritable
 from relay.ledger.operations import Operations
 from relay.ledger.senders import Senders
+from relay.ledger.shed_keep import ShedKeep, shed_whole
 from relay.files.sync import fdatasync
 from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION, checksum, migrate  # noqa: F401  (checksum offered here)
 from relay.ledger.registry import AgentRegistry
@@ -31,6 +32,7 @@ from relay.ledger.remote import FederationRecords
 from relay.ledger.reservations import Reservations
 from relay.ledger.search import SearchIndex
 from relay.ledger.state import StateWrites
+from relay.ledger.sql import chunks
 
 
 class Status(str, enum.Enum):
@@ -64,7 +66,7 @@ def _refuse_links(path):
                               "ledger file there (no daemon running), or remove the link")
 
 
-class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords, SearchIndex, AgentRegistry,
+class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, BounceRecords, SearchIndex, AgentRegistry,
              StateWrites, Imports):
     """One connection to the ledger. Not shared between threads."""
 
@@ -186,11 +188,13 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
                 os.close(fd)
             self.unsynced = False
 
-    def _events(self, rows):
-        """rows: (message_id, at, event, detail[, actor])."""
+    def events(self, rows):
+        """Inside a transaction: append lifecycle events; rows: (message_id, at, event, detail[, actor])."""
         self.db.executemany("INSERT INTO events (message_id, at, event, detail, actor) "
                             "VALUES (?, ?, ?, ?, ?)",
                             [r if len(r) == 5 else (*r, "relay") for r in rows])
+
+    _events = events            # the mixins' name for it, until each is a Part (ledger/part.py)
 
     # -- the pipeline ----------------------------------------------------------------------
 
@@ -215,10 +219,9 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
                 else:   # some were registered already: find which rows are ours
                     ours = set()
                     ids = [f[0] for f in found]
-                    for i in range(0, len(ids), 500):
-                        chunk = ids[i:i + 500]
+                    for chunk, marks in chunks(ids):
                         ours.update(r[0] for r in db.execute(
-                            f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk))
+                            f"SELECT id FROM messages WHERE id IN ({marks})", chunk))
                     registered = [(mid, sender, name) for mid, sender, name, _ in found if mid in ours]
             events = [(mid, now, "discovered", f"outbox/{s}/{n}") for mid, s, n in registered]
             if registered:
@@ -283,6 +286,8 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
         events = []
         delivered, settled = delivered or now, settled or now
         with self.transaction():
+            kept = self._shed_kept(now, [(w.id, w.sender, w.message.body, w.message.subject,
+                                          orjson.dumps(w.message.headers).decode()) for w in works if shed_whole(w)])
             deliveries = [(w.id, r, delivered, size, sha) for w in works for r, (size, sha) in w.got.items()]
             if deliveries:
                 self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "
@@ -301,13 +306,16 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
             for w in works:
                 by_kind.setdefault(w.outcome, []).append(w)
             for outcome, group in by_kind.items():
-                getattr(self, f"_record_{outcome.value}")((delivered, settled), group, events)
+                if outcome.value == "failed":
+                    self._record_failed((delivered, settled), group, events, kept)
+                else:
+                    getattr(self, f"_record_{outcome.value}")((delivered, settled), group, events)
             self._queue_remote(now, [w for w in works if w.remote and not w.duplicate_of
                                      and not (w.refused and w.outcome.value == "failed" and not w.got)], events)
             self._register(settled, registry, events)
             self._events(events)
-            self._index([(w.id, w.message.subject, w.message.body) for w in works
-                         if w.message is not None and not w.duplicate_of])
+            self._index([(w.id, *(kept[w.id][1::-1] if w.id in kept else (w.message.subject, w.message.body)))
+                         for w in works if w.message is not None and not w.duplicate_of])
             return self._owe(settled, bounces) if bounces else 0
 
     @staticmethod
@@ -394,10 +402,12 @@ class Ledger(Senders, FederationRecords, Operations, Reservations, BounceRecords
                             [(w.next_attempt_at, int(w.spooled), w.id) for w in works])
         events.extend((w.id, settled, "deferred", w.error_text) for w in works)
 
-    def _record_failed(self, at, works, events):
+    def _record_failed(self, at, works, events, kept):
         settled = at[1]
         for w in works:
             f = self._fields(w)
+            if w.id in kept:        # shed for every recipient: what audit needs (shed_keep.py)
+                f["body"], f["subject"], f["headers"] = kept[w.id]
             self.db.execute(
                 "UPDATE messages SET status = 'failed', failed_at = :now, error = :error, "
                 "failed_path = :failed_path, spooled = 0, archive_path = NULL, "

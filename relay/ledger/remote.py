@@ -156,8 +156,14 @@ class FederationRecords:
         subject, body, headers, sha256, sent_at, got {recipient: (size, sha256)}, note); failed:
         such dicts with an `error`, recorded failed with the deliveries they had; refused: (id,
         sender, name, node, entry_id, reason) of entries that are no message for this node;
-        sheds: (id, recipient, sender, reason, limit, observed) of messages among the others."""
+        sheds: (id, recipient, sender, reason, limit, observed) of messages among the others. A
+        failed message shed for every recipient keeps what a local one does (shed_keep.py)."""
         with self.transaction():
+            shed = {s[0] for s in sheds}
+            kept = self._shed_kept(now, [(m["id"], m["sender"], m["body"], m["subject"], m["headers"])
+                                         for m in failed if m["id"] in shed and not m["got"]])
+            failed = [dict(m, **dict(zip(("body", "subject", "headers"), kept[m["id"]]))) if m["id"] in kept else m
+                      for m in failed]
             events, links = [], []
             seq, prev = self.head()
             rows = [{"remote_id": None, "content_type": None, **m, "recipients": orjson.dumps(m["recipients"]).decode(),

@@ -41,15 +41,18 @@ class RemoteHistory:
 
     def outbound_counts(self):
         """{'pending': n, 'published': n (waiting for their node's acknowledgement),
-        'acknowledged': n, 'refused': n, 'oldest_pending_at', 'by_node': {node: {'waiting': n,
-        'oldest_published_at': t}}}."""
+        'acknowledged': n, 'refused': n, 'oldest_pending_at', 'by_node': {node: {'waiting': n (pending
+        or published), 'oldest_at': t, 'published': n (published before, maybe being published again),
+        'unacked_since': when the oldest of those was queued}}}."""
         doc = {"pending": 0, "published": 0, "acknowledged": 0, "refused": 0}
         doc.update({r[0]: r[1] for r in self.db.execute("SELECT status, count(*) FROM outbound GROUP BY status")})
         doc["oldest_pending_at"] = self.db.execute(
             "SELECT min(queued_at) FROM outbound WHERE status = 'pending'").fetchone()[0]
-        doc["by_node"] = {r[0]: {"waiting": r[1], "oldest_at": r[2]} for r in self.db.execute(
-            "SELECT node, count(*), min(queued_at) FROM outbound WHERE status IN ('pending', 'published') "
-            "GROUP BY node ORDER BY node")}
+        doc["by_node"] = {r[0]: {"waiting": r[1], "oldest_at": r[2], "published": r[3], "unacked_since": r[4]}
+                          for r in self.db.execute(
+            "SELECT node, count(*), min(queued_at), sum(published_at IS NOT NULL), "
+            "min(CASE WHEN published_at IS NOT NULL THEN queued_at END) FROM outbound WHERE status IN ('pending', "
+            "'published') GROUP BY node ORDER BY node")}
         return doc
 
     def unacknowledged(self, node=None):
@@ -59,6 +62,13 @@ class RemoteHistory:
         if node is not None:
             sql, args = sql + " AND node = ?", (node,)
         return dict(self.db.execute(sql + " GROUP BY node", args).fetchall())
+    def unacknowledged_since(self):
+        """{node: (rows published and not yet acknowledged, being published again included; when
+        the oldest of them was queued)}."""
+        return {r[0]: (r[1], r[2]) for r in self.db.execute(
+            "SELECT node, count(*), min(queued_at) FROM outbound WHERE status IN ('pending', 'published') AND "
+            "published_at IS NOT NULL GROUP BY node")}
+
 
     def overdue(self, now, limit):
         """(message_id, node, entry_id, recipients) of published rows whose acknowledgement is late."""

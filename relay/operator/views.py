@@ -272,7 +272,9 @@ def federation(doc, running, now):
                  f"their node's acknowledgement, {out['acknowledged']} acknowledged, {out['refused']} refused")
     for node, w in out["by_node"].items():
         age = now - w["oldest_at"] if w["oldest_at"] else 0.0
-        warn = "  WARNING: unacknowledged for long" if age > doc.get("ack_warn", 300.0) else ""
+        late = w.get("unacked_since") is not None and now - w["unacked_since"] > doc.get("ack_warn", 30.0)
+        warn = f"  NOT ACKNOWLEDGING for {now - w['unacked_since']:.0f}s (ack_timeout {doc['ack_warn']:g}s)" \
+            if late else ""
         lines.append(f"    {plain(node):<20} {w['waiting']} unacknowledged, oldest {age:.1f}s{warn}")
     lines.append(f"  received   {doc['received']['delivered']} delivered, {doc['received']['refused']} refused")
     for name, other in doc["conflicts"]:

@@ -1,0 +1,32 @@
+"""The shape of a part of the ledger (huey's BaseSqlStorage, sqlite-utils' Table): a small class
+with an explicit interface that holds its own statements and shares its store's one connection
+and one transaction. A store is a Ledger (writes) or a History (reads); a part never reaches
+into another part, and nothing outside relay/ledger/ holds a statement.
+
+    class Receipts(Part):
+        def surfaced(self, ids, agent, now):
+            with self.transaction():
+                self.db.executemany(...)
+                self.events([(mid, now, "surfaced", agent) for mid in ids])
+
+    ledger.receipts = Receipts(ledger)
+"""
+
+
+class Part:
+    """One part of the ledger, on its store's connection (`db`), transaction (`transaction()`,
+    a store that writes) and event log (`events(rows)`: (message id or None, at, event, detail[,
+    actor]) rows, written inside the caller's transaction)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    @property
+    def db(self):
+        return self.store.db
+
+    def transaction(self, synced=True):
+        return self.store.transaction(synced=synced)
+
+    def events(self, rows):
+        self.store.events(rows)
