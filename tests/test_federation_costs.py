@@ -36,8 +36,8 @@ def user_url(server, team, node):
 
 
 def acl_lines(team, node, password):
-    import relay.federation.keys as k
-    return [acl(team, node, password)] + ([k.registration(team, node)] if hasattr(k, "registration") else [])
+    from relay.federation.keys import registration
+    return [acl(team, node, password), registration(team, node)]
 
 
 def as_node(server, team, node):
@@ -127,3 +127,64 @@ def test_a_receiver_deleting_its_whole_stream_again_and_again_costs_a_bounded_re
     grown = n1.relay.history.db.execute("SELECT count(*) FROM events").fetchone()[0] - before
     assert grown <= 2 * 2 * EVENTS + 20     # republished + published, per row up to EVENTS a minute
     assert events(n1, "republished") <= 2 * EVENTS + 10
+
+
+# -- 3. the acknowledgement flood ------------------------------------------------------------
+
+def test_made_up_acknowledgements_in_bulk_cost_one_lookup_a_batch_and_touch_no_row(server, team, nodes, clock):
+    """n3 writes 32,768 acknowledgements of fresh, well-formed ids n1 never sent it: n1 settles
+    n2's genuine one, runs no UPDATE for the made-up ones (they are looked up once a batch and
+    dropped), holds none of them for later, and takes at most its per-second share of n3's."""
+    from relay.federation.publisher import ACKS_PER_SECOND
+    from relay.ids import IdGenerator
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n1, n2, n3, rounds=1)
+    evil, ids = as_node(server, team, "n3"), IdGenerator()
+    for _ in range(4):
+        evil.xadd(Keys(team).acks("n3", "n1"), {"acks": orjson.dumps([[ids.new(clock()), f"{i}-1", None]
+                                                                       for i in range(8192)])})
+    n1.drop("Ann", "m", "TO: Bob\n\nacknowledged beside a flood")
+    n1.send()
+    n2.receive()
+    n2.link.incoming.acknowledge()
+    statements = []
+    n1.link.ledger.db.set_trace_callback(statements.append)
+    for _ in range(10):
+        clock.advance(0.1)
+        n1.link.publish()
+    n1.link.ledger.db.set_trace_callback(None)
+    assert n1.relay.history.outbound_counts()["acknowledged"] == 1
+    assert sum(s.lstrip().upper().startswith("UPDATE OUTBOUND") for s in statements) == 1
+    assert not n1.link.publisher.early_acks.get("n3")
+    cursor = n1.link.publisher.cursors.get("n3", "0-0")
+    read = [eid for eid, _ in admin(server).xrange(Keys(team).acks("n3", "n1"), "-", cursor)] if cursor != "0-0" else []
+    assert len(read) * 8192 <= 2 * ACKS_PER_SECOND         # 1 s: one second's share (and one entry over it)
+
+
+# -- 2. the keyspace flood -------------------------------------------------------------------
+
+def test_keys_a_node_stores_under_its_own_prefix_cost_no_other_node_a_walk_of_them(server, team, nodes, clock):
+    """n3 stores 60,000 keys under its own prefix: n1's look at the directory makes the same few
+    SCAN calls whatever the server holds (the registry is read with one SMEMBERS), and a node the
+    operator registers is found at the next look."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    evil = as_node(server, team, "n3")
+    pipe = evil.pipeline(transaction=False)
+    for i in range(60_000):
+        pipe.hset(f"relay:{{{team}}}:from:n3:junk:{i}", "x", "1")
+    pipe.execute()
+    before = calls(server, "scan", "smembers")
+    for _ in range(5):
+        clock.advance(1)
+        assert n1.link.look()
+    after = calls(server, "scan", "smembers")
+    assert after["scan"] - before["scan"] <= 5 * 4 and after["smembers"] - before["smembers"] == 5
+    n4 = nodes(server, team, "n4", ["Dee"])
+    n4.link.heartbeat()
+    clock.advance(1)
+    n1.link.look()
+    assert n1.link.directory.routes["Dee"] == "n4"

@@ -24,6 +24,7 @@ from relay.core.work import backoff
 from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip, server_errors, sized
 from relay.federation.keys import Keys
 from relay.federation.losses import Losses
+from relay.federation.ackgate import ACKS_PER_SECOND, AckGate  # noqa: F401 - the bound, here too
 from relay.files.layout import valid_id
 from relay.federation.wire import Wire
 
@@ -68,6 +69,7 @@ class Publisher:
         self.early_acks = {}                # node -> {message id: (refusal, entry id, when)}: rows not recorded yet
         self.cursors = {}                   # node -> last acknowledgement entry read from it
         self.oversize_said = {}             # node -> when its entries too large to read may be said again
+        self.gate = AckGate(history)        # each node's share of acknowledgements, and the lookup of them
         self.run_id = None                  # the server's, to know a restart or failover
         self.new_server = False             # the last check found another run id
         self.refusing = False               # the server refused a publish for want of memory
@@ -162,9 +164,9 @@ class Publisher:
         streams = {self.keys.acks(n, self.node): self.cursors.get(n, "0-0") for n in nodes}
         streams = self.skipping.usable(self.acks_client, streams, now)
         settled = self._early_acks(now)
-        budget = dict.fromkeys(streams, ACKS_PER_CALL)
+        budget = {key: self.gate.share(key, now) for key in streams}
         for _ in range(ACK_ROUNDS):     # bounded: a node flooding its stream delays no other work
-            streams = {key: cursor for key, cursor in streams.items() if budget[key] > 0}
+            streams = {key: cursor for key, cursor in streams.items() if budget[key] >= 1}
             if not streams:
                 break
             try:
@@ -192,6 +194,8 @@ class Publisher:
                     acks.extend(got)
                     budget[key] -= max(1, len(got))
                     last = eid.decode() if isinstance(eid, bytes) else eid
+                acks, named_settled = self._known(node, acks)
+                deletions.setdefault(node, []).extend(named_settled)
                 if acks:
                     # A refusal because the recipients are not the node's (any more) is rerouted
                     # when another node holds them now (reroute), else recorded as refused.
@@ -215,7 +219,18 @@ class Publisher:
                 if last is not None:    # moved once what it passes is recorded
                     streams[key] = self.cursors[node] = last
             self._delete(deletions)
+        self.gate.owe(budget, now)
         return settled
+
+    def _known(self, node, acks):
+        """acks.known() with what this node has in flight to `node` (written, not recorded yet)."""
+        def flying():
+            offered = list(self.router.offered) if self.router is not None else []
+            return {m for m, n in list(self.early) + list(self.wire.sent) + [o[:2] for o in offered] if n == node}
+        out, named, dropped = self.gate.known(node, acks, flying)
+        for mid in dropped:
+            self.early.pop((mid, node), None)
+        return out, named
 
     def _apart(self, streams, now):
         """A read of the acknowledgement streams whose reply was too large: each stream read on

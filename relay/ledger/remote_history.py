@@ -97,6 +97,16 @@ class RemoteHistory:
                 ids.append(eid)
         return out
 
+    def outbound_states(self, node, mids):
+        """{message id: status} of a node's outbound rows among `mids` (looked up by key)."""
+        out = {}
+        ids = sorted(set(mids))
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            out.update(self.db.execute("SELECT message_id, status FROM outbound WHERE node = ? AND message_id IN "
+                                       f"({','.join('?' * len(chunk))})", [node, *chunk]).fetchall())
+        return out
+
     def published_entries(self, node):
         """(message_id, entry_id, envelope bytes) of a node's rows published and not acknowledged."""
         return self.db.execute("SELECT message_id, entry_id, length(envelope) FROM outbound WHERE node = ? AND "
