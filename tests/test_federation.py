@@ -392,9 +392,10 @@ def test_one_acl_user_per_node_as_relay_federation_acl_prints_it(redis_server, t
     urls = {}
     for node in ("n1", "n2", "n3"):
         result = cli("federation", "acl", node, "--team", team, "--password", f"pw-{node}", "--no-save")
-        line = result.stdout.strip()
-        assert line.startswith("ACL SETUSER") and "pw-" in line
-        admin.execute_command(*shlex.split(line)[:])
+        line, register = result.stdout.strip().splitlines()
+        assert line.startswith("ACL SETUSER") and "pw-" in line and register == f"SADD relay:{{{team}}}:nodes {node}"
+        for each_line in (line, register):
+            admin.execute_command(*shlex.split(each_line))
         urls[node] = f"redis://relay-{team}-{node}:pw-{node}@127.0.0.1:{redis_server.port}/0"
     n1 = nodes(urls["n1"], team, "n1", ["Ann"])
     n2 = nodes(urls["n2"], team, "n2", ["Bob"])
@@ -435,8 +436,8 @@ def test_one_acl_user_per_node_as_relay_federation_acl_prints_it(redis_server, t
 @needs_server
 def test_a_node_whose_user_the_server_refuses_says_so_in_its_status(redis_server, team, nodes, cli):
     admin = client(redis_server.url)
-    line = cli("federation", "acl", "n1", "--team", team, "--password", "pw", "--no-save").stdout.strip()
-    admin.execute_command(*shlex.split(line))
+    for line in cli("federation", "acl", "n1", "--team", team, "--password", "pw", "--no-save").stdout.splitlines():
+        admin.execute_command(*shlex.split(line))
     url = f"redis://relay-{team}-n1:pw@127.0.0.1:{redis_server.port}/0"
     other = nodes(url, f"x{team}", "n1", ["Dan"])          # another team's node with n1's user
     assert other.link.heartbeat() is False and other.receive() == 0

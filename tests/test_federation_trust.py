@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange, team  # noqa: F401 - fixtures
-from relay.federation.keys import Keys, acl
+from relay.federation.keys import Keys, acl, registration
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
 
@@ -33,6 +33,7 @@ def user_url(server, team, node):
     """The node's own ACL user, made from the line `relay federation acl` prints."""
     password = f"pw-{node}-{team}"
     admin(server).execute_command(*shlex.split(acl(team, node, password)))
+    admin(server).execute_command(*shlex.split(registration(team, node)))
     return f"redis://relay-{team}-{node}:{password}@127.0.0.1:{server.port}/0"
 
 

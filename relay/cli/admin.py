@@ -84,13 +84,14 @@ def federation_acl(ctx, node, team, password, save):
     that node uses goes to stderr."""
     import secrets
 
-    from relay.federation.keys import SAVE, acl
+    from relay.federation.keys import SAVE, acl, registration
     team = _team(ctx, node, team)
     if password is not None and (not password or not password.isprintable() or any(c.isspace() for c in password)):
         raise click.BadParameter("a password of printable characters without spaces (no control or format "
                                  "character)", param_hint="--password")
     secret = password or secrets.token_urlsafe(24)
     echo(acl(team, node, secret))
+    echo(registration(team, node))      # the team's registry, which no node may write
     if save:
         echo(SAVE)
     user = f"relay-{team}-{node}"

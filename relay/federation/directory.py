@@ -5,7 +5,7 @@ list, its owner: the host and project root of the relay running it, its heartbea
 its last seen by the server's clock, stamped by the announcing script), and reads the others':
 
     announce (every heartbeat, and at once when its agents change)
-    look (every LOOK seconds, and at once when asked): SCAN for the team's node keys, one
+    look (every LOOK seconds, and at once when asked): the team's nodes (roster.py), one
       pipeline of HMGET (version, last seen, timeout) per node, the agents of a node read only
       when its version changed, then the names resolved and recorded in the ledger
 
@@ -32,10 +32,10 @@ import logging
 import orjson
 
 from relay.names import reserved
-from relay.fedconfig import NAME
 from relay.files.layout import valid_agent
 from relay.federation.client import reason, server_errors
 from relay.federation.keys import Keys
+from relay.federation.roster import Roster, registered
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +72,8 @@ class Entry:
 
 
 def team_nodes(client, keys):
-    """Every node name found in the team's keys (SCAN)."""
-    found = set()
-    for key in client.scan_iter(match=keys.node_pattern, count=1000):
-        name = keys.node_name(key)
-        if name and NAME.match(name):
-            found.add(name)
-    return found
+    """The nodes in the team's registry (one SMEMBERS: roster.py), never a walk of the keyspace."""
+    return registered(client, keys)
 
 
 def each(client, names, command):
@@ -150,6 +145,7 @@ class Directory:
         self.errors = server_errors()
         self.timeout = fed.heartbeat * TIMEOUT_BEATS
         self.entries = {}           # node -> Entry, as last read
+        self.roster = Roster(client, self.keys, self.node)     # which nodes the team has
         self.announced = None       # the version of this node's list last written
         self.duplicate = None       # why this relay may not act as its node (another holds the name)
         self.conflicts = []
@@ -191,13 +187,15 @@ class Directory:
             return False
         self.duplicate = None
         self.announced = version
+        self.roster.register(now, self.errors)
         return True
 
     # -- the others' entries -----------------------------------------------------------------
 
     def nodes(self):
-        """Every node name found in the team's keys (SCAN), this one included."""
-        return team_nodes(self.client, self.keys)
+        """Every node of the team found now (the registry, and the walk's backstop: roster.py),
+        this one included."""
+        return self.roster.nodes(None)
 
     def look(self, now, local):
         """Read the team's directory and record what it resolves to. Returns True when the

@@ -4,6 +4,7 @@ per node) let each node write only what is its own:
     relay:{team}:node:<N>              hash: N's directory entry (its agents, owner, heartbeat)
     relay:{team}:from:<N>:to:<M>       stream: messages N sends to M (N adds and deletes entries)
     relay:{team}:from:<N>:ack:<M>      stream: N's acknowledgements of what M sent it
+    relay:{team}:nodes                 set: the team's registry of node names (the admin's, roster.py)
 
 Node N may write `relay:{team}:node:N` and `relay:{team}:from:N:*`, and read every node's entry
 and the streams addressed to it (`...:to:N`, `...:ack:N`); the one write it has on another's key
@@ -55,7 +56,8 @@ class Keys:
 # no KEYS, no DEL of another's key.
 WRITE = ("xadd", "xdel", "xtrim", "xlen", "xrange", "xinfo|stream", "del", "exists", "hset", "hgetall",
          "hget", "hmget", "expire", "pexpire")
-READ = ("xread", "xrange", "xlen", "xinfo|stream", "hgetall", "hget", "hmget", "exists")
+READ = ("xread", "xrange", "xlen", "xinfo|stream", "hgetall", "hget", "hmget", "exists",
+        "smembers", "scard", "sscan", "sismember")     # the last four: the team's registry
 # No scripting: a script could hold the whole server (a loop no node may kill).
 EVERYONE = ("ping", "time", "scan", "info", "client|setname", "client|id", "client|info", "hello", "auth",
             "select", "echo",
@@ -83,7 +85,8 @@ def acl(team, node, password=None):
     user = f"relay-{team}-{node}"
     secret = f">{password}" if password else "><password>"
     own = [f"~{keys.node(node)}", f"~{keys.prefix}from:{node}:*"]
-    reads = [f"%R~{keys.node_pattern}", f"%R~{keys.prefix}from:*:to:{node}", f"%R~{keys.prefix}from:*:ack:{node}"]
+    reads = [f"%R~{keys.node_pattern}", f"%R~{keys.prefix}nodes", f"%R~{keys.prefix}from:*:to:{node}",
+             f"%R~{keys.prefix}from:*:ack:{node}"]
     root = ["on", "resetkeys", "resetchannels", "-@all", *own, *(f"+{c}" for c in WRITE + EVERYONE)]
     selector = "(" + " ".join([*reads, "-@all", *(f"+{c}" for c in READ)]) + ")"
     # What was handled is deleted from the senders' streams when the server is out of memory
@@ -91,6 +94,12 @@ def acl(team, node, password=None):
     relief = f"(~{keys.prefix}from:*:to:{node} -@all +xdel)"
     words = ["ACL", "SETUSER", user, "reset", *root, secret, selector, relief]
     return " ".join(quoted(w) for w in words)
+
+
+def registration(team, node):
+    """The redis-cli line with which the server's admin adds a node to the team's registry (the
+    set every node reads to find the others; no node may write it: roster.py)."""
+    return " ".join(quoted(w) for w in ["SADD", f"{Keys(team).prefix}nodes", node])
 
 
 SAVE = "ACL SAVE"       # kept in the server's aclfile, so that a restart keeps every node's user

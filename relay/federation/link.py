@@ -359,9 +359,10 @@ def directory(config, timeout=1.0):
     keys = Keys(fed.team)
     out = {}
     try:
-        for key in client.scan_iter(match=keys.node_pattern, count=1000):
-            node = keys.node_name(key)
-            if not node or node == fed.node:
+        from relay.federation.roster import registered
+        for node in sorted(registered(client, keys)):
+            key = keys.node(node)
+            if node == fed.node:
                 continue
             try:
                 names = orjson.loads(client.hget(key, "agents") or b"[]")
