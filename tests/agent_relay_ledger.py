@@ -11,7 +11,8 @@ to `archive/<agent>/<YYYY-MM-DD>/<file_id>-<name>` and marked archived with that
 failed file stays in the outbox, as does a delivered one whose archive move did not happen.
 
 `make(tmp_path)` builds `<tmp_path>/.agent-relay/` with rows in every state and returns a
-`Made` naming them.
+`Made` naming them. The ledger is `meta/ledger.sqlite`, where RelayWatchdog keeps it by default
+(`name=DAEMON` gives `meta/file-ledger.sqlite`, where the daemon of 2.0.29 has its watchdog keep it).
 """
 import dataclasses
 import hashlib
@@ -200,13 +201,15 @@ def open_ledger(path, now_ms, migrations=MIGRATIONS):
 # -- a project driven as agent-relay drives one -------------------------------------------------
 
 AGENTS = ("Alice", "Bob", "Carol", "Lead")
+WATCHDOG = "ledger.sqlite"          # RelayWatchdog's default: <its directory>/meta/ledger.sqlite
+DAEMON = "file-ledger.sqlite"       # the daemon's (2.0.29): <relayDir>/meta/file-ledger.sqlite
 COUNTS = {"archived": 180, "delivered": 40, "failed": 40, "processing": 20, "pending": 60}
 
 
 @dataclasses.dataclass
 class Made:
     root: Path                  # the agent-relay directory (.agent-relay)
-    ledger: Path                # root / meta / ledger.sqlite
+    ledger: Path                # root / meta / ledger.sqlite (or the name given)
     ids: dict                   # status -> [file_id, ...] as agent-relay left them
     bodies: dict                # file_id -> the file's bytes
     recipients: dict            # file_id -> the agent it was written to
@@ -216,10 +219,10 @@ class Made:
 class Driver:
     """RelayLedger and RelayWatchdog's steps over one project, with a clock in milliseconds."""
 
-    def __init__(self, root, now_ms):
+    def __init__(self, root, now_ms, name=WATCHDOG):
         self.root = root
         self.now = now_ms
-        self.db = open_ledger(root / "meta" / "ledger.sqlite", now_ms)
+        self.db = open_ledger(root / "meta" / name, now_ms)
         self.n = 0
 
     def tick(self, ms=997):
@@ -244,6 +247,15 @@ class Driver:
         self.db.execute(INSERT, (fid, str(path), None, agent, name, self.tick(), len(data),
                                  hashlib.sha256(data).hexdigest()[:16], None, None))
         return fid
+
+    def rediscover(self, fid):
+        """The file of record `fid` registered again under a new file id, as a restarted watchdog
+        that missed the record does: two records of one outbox file."""
+        new = self.file_id()
+        self.db.execute("INSERT INTO relay_files (file_id, source_path, agent_name, message_type, discovered_at, "
+                        "file_size, content_hash) SELECT ?, source_path, agent_name, message_type, ?, file_size, "
+                        "content_hash FROM relay_files WHERE file_id = ?", (new, self.tick(), fid))
+        return new
 
     def claim(self, fid):
         return self.db.execute(CLAIM, (fid,)).fetchone()
@@ -279,14 +291,14 @@ def message(to, i, kind="msg"):
     return f"TO: {to}\nTHREAD: t{i % 7}\nSUBJECT: {kind} {i}\n\n{kind} body {i}\n".encode()
 
 
-def make(where, now_ms=None, counts=None):
-    """An agent-relay project under `where`/.agent-relay with `counts` rows per state (COUNTS by
-    default), dated over the day before `now_ms`."""
+def make(where, now_ms=None, counts=None, name=WATCHDOG, top=".agent-relay"):
+    """An agent-relay project under `where`/`top` with `counts` rows per state (COUNTS by
+    default), dated over the day before `now_ms`, its ledger `meta/<name>`."""
     import time
     counts = {**COUNTS, **(counts or {})}
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    root = Path(where) / ".agent-relay"
-    d = Driver(root, now_ms - 86_400_000)
+    root = Path(where) / top
+    d = Driver(root, now_ms - 86_400_000, name)
     ids = {s: [] for s in COUNTS}
     bodies, recipients = {}, {}
 
@@ -332,7 +344,7 @@ def make(where, now_ms=None, counts=None):
         d.db.execute(SAVE_STATE, (key, value, d.tick()))
     d.db.execute(ADD_OPERATION, ("archive", ids["delivered"][0] if ids["delivered"] else "none", None, d.now))
     d.close()
-    return Made(root, root / "meta" / "ledger.sqlite", ids, bodies, recipients, state)
+    return Made(root, root / "meta" / name, ids, bodies, recipients, state)
 
 
 def fingerprint(path):

@@ -5,13 +5,16 @@ import json
 import os
 import shutil
 import sqlite3
+import tempfile
 import time
 
 import agent_relay_ledger
 import pytest
 from conftest import error_line
 
+from relay.errors import RelayError
 from relay.files.layout import Layout
+from relay.ledger import agent_relay
 from relay.ledger.ledger import Ledger
 from relay.operator.importer import import_agent_relay, message_id
 
@@ -191,7 +194,7 @@ def test_bad_sources_are_one_clear_line(fresh, old, tmp_path, case):
     elif case == "not sqlite":
         path = tmp_path / "notes.txt"
         path.write_text("not a database\n" * 100)
-        expect = "is not an agent-relay ledger that relay can read"
+        expect = "notes.txt is not an SQLite database (its first bytes are not SQLite's header"
     elif case == "relay's own ledger":
         path, expect = tmp_path / "relay.sqlite", "is not an agent-relay ledger: it has no table relay_files"
         shutil.copy(fresh.state / "ledger.sqlite", path)
@@ -317,6 +320,220 @@ def test_agents_come_into_the_registry_with_their_status_and_metadata(fresh, old
     assert len(rows(fresh, "SELECT 1 FROM events WHERE event = 'imported' AND detail LIKE 'agent % (%'")) == 3
     again = json.loads(fresh("import", "agent-relay", str(old.root), "--json").stdout)
     assert again["registry"] == []
+
+
+# -- one outbox file, one message -------------------------------------------------------------
+
+def test_two_records_of_one_outbox_file_are_one_message_delivered_once(fresh, project, tmp_path):
+    """A crash of agent-relay leaves a file with two records, one processing, one pending: it
+    comes over as one message; the second record is recorded as a duplicate of the first (its
+    own id in its `imported` event) and is never delivered."""
+    made = agent_relay_ledger.make(tmp_path / "old", counts=dict.fromkeys(COUNTS, 0))
+    d = agent_relay_ledger.Driver(made.root, int(time.time() * 1000))
+    first = d.register("Alice", "work", agent_relay_ledger.message("Bob", 1))
+    d.claim(first)
+    second = d.rediscover(first)
+    d.close()
+    doc = json.loads(fresh("import", "agent-relay", str(made.root), "--json").stdout)
+    assert doc["ok"] and doc["imported"]["processing"] == 1 and doc["imported"]["pending"] == 1
+    assert doc["became"]["pending"] == 1 and doc["duplicates"] == 1
+    imported = dict(rows(fresh, "SELECT source_id, message_id FROM imports"))
+    assert imported[first] == imported[second]
+    details = [d for (d,) in rows(fresh, "SELECT detail FROM events WHERE event = 'imported' AND message_id = ?",
+                                  (imported[first],))]
+    assert len(details) == 2 and any(second in d and "duplicate" in d and first in d for d in details)
+    assert rows(fresh, "SELECT count(*) FROM messages") == [(1,)]
+    r = project.relay(agents=agent_relay_ledger.AGENTS)
+    r.drain()
+    r.drain()
+    assert envelopes(fresh) == {imported[first]: ["Bob"]}
+    # run again: nothing changes, nothing goes out again
+    again = json.loads(fresh("import", "agent-relay", str(made.root), "--json").stdout)
+    assert again["skipped"] == {"already_imported": 2} and again["duplicates"] == 0
+    r.drain()
+    assert envelopes(fresh) == {imported[first]: ["Bob"]}
+
+
+# -- what the file is, before it is copied ----------------------------------------------------
+
+def sparse(path, head=b""):
+    """A 2 GiB file holding nothing but `head` (its blocks: a few KiB)."""
+    with open(path, "wb") as f:
+        f.write(head)
+    os.truncate(path, 2 << 30)
+    return path
+
+
+def test_a_2_gib_sparse_file_that_is_no_sqlite_database_is_refused_before_anything_is_copied(
+        fresh, tmp_path, monkeypatch):
+    """The file's first bytes are read before any copy is made: the temporary directory the
+    copy would go into is never even made (tempfile.tempdir names one that is not there)."""
+    big = sparse(tmp_path / "ledger.sqlite", b"not a database\n")
+    nowhere = tmp_path / "no-temp-dir"
+    monkeypatch.setattr(tempfile, "tempdir", str(nowhere))
+    r = fresh("import", "agent-relay", str(big), ok=False)
+    assert r.exit_code == 1 and "is not an SQLite database" in error_line(r), r.output
+    assert not nowhere.exists()
+
+
+def test_the_copy_of_a_sparse_ledger_is_bounded_by_the_blocks_it_holds(tmp_path):
+    """A file with SQLite's header and 2 GiB of holes: only its data is copied (the copy keeps
+    the holes), so the copy takes the blocks the source holds, not 2 GB."""
+    head = b"SQLite format 3\x00" + bytes(84)
+    big = sparse(tmp_path / "ledger.sqlite", head)
+    into = tmp_path / "copy"
+    into.mkdir()
+    copy = agent_relay.snapshot(str(big), str(into))
+    st = os.stat(copy)
+    assert st.st_size == 2 << 30 and st.st_blocks * 512 <= max(big.stat().st_blocks * 512, 1 << 20)
+    with open(copy, "rb") as f:
+        assert f.read(100) == head
+
+
+def test_a_copy_the_disk_has_no_room_for_is_refused_before_it_starts(old, tmp_path):
+    into = tmp_path / "copy"
+    into.mkdir()
+    need = old.ledger.stat().st_size
+    with pytest.raises(RelayError) as e:
+        agent_relay.snapshot(str(old.ledger), str(into), free_space=lambda d: need // 2)
+    assert f"has {need // 2} bytes free" in str(e.value) and str(into) in str(e.value)
+    assert list(into.iterdir()) == []
+
+
+def test_a_ledger_whose_wal_grows_while_it_is_copied_is_refused(fresh, old):
+    """agent-relay still running: it commits between the look at the files and their copy (the
+    free-space probe is the moment it is given); the import is refused and writes nothing."""
+    db = sqlite3.connect(old.ledger, isolation_level=None)
+    db.execute("PRAGMA wal_autocheckpoint = 0")
+    db.execute("UPDATE relay_files SET error = 'first' WHERE file_id = ?", (old.ids["failed"][0],))
+    wal = old.ledger.parent / "ledger.sqlite-wal"
+
+    def agent_relay_commits(d):
+        before = wal.stat().st_size
+        db.execute("INSERT INTO orchestrator_state (key, value, updated_at) VALUES ('late', 'x', 1)")
+        assert wal.stat().st_size > before
+        return 1 << 40
+    try:
+        with pytest.raises(RelayError) as e:
+            agent_relay.AgentRelayLedger(old.ledger, free_space=agent_relay_commits)
+    finally:
+        db.close()
+    assert "changed while it was read: agent-relay is still running" in str(e.value)
+
+
+# -- what an import reads: hashes, whose file -------------------------------------------------
+
+def test_a_hash_agent_relay_recorded_in_capitals_still_matches(fresh, old):
+    db = sqlite3.connect(old.ledger)
+    db.execute("UPDATE relay_files SET content_hash = upper(content_hash)")
+    db.commit()
+    db.close()
+    doc = json.loads(fresh("import", "agent-relay", str(old.root), "--json").stdout)
+    assert doc["ok"] and doc["imported"] == COUNTS and doc["without_file"] == 0
+
+
+def test_a_record_naming_another_agents_file_does_not_bring_it_over_as_its_own(fresh, old):
+    """Bob's records point at Alice's files (an archive file; a file in her outbox, under its
+    own name): Bob's archived record is a problem, his pending one comes over failed with
+    nothing to deliver; Alice's words never go out as Bob's, and her own record of that file
+    still delivers it, once, as hers."""
+    db = sqlite3.connect(old.ledger)
+    alice_archived, = db.execute("SELECT archive_path FROM relay_files WHERE agent_name = 'Alice' AND "
+                                 "status = 'archived' LIMIT 1").fetchone()
+    alice_pending, = db.execute("SELECT source_path FROM relay_files WHERE agent_name = 'Alice' AND "
+                                "status = 'pending' LIMIT 1").fetchone()
+    bob_archived, = db.execute("SELECT file_id FROM relay_files WHERE agent_name = 'Bob' AND status = 'archived' "
+                               "LIMIT 1").fetchone()
+    bob_pending, bob_file = db.execute("SELECT file_id, source_path FROM relay_files WHERE agent_name = 'Bob' "
+                                       "AND status = 'pending' LIMIT 1").fetchone()
+    os.unlink(bob_file)
+    db.execute("UPDATE relay_files SET archive_path = ? WHERE file_id = ?", (alice_archived, bob_archived))
+    db.execute("UPDATE relay_files SET source_path = ?, message_type = ? WHERE file_id = ?",
+               (alice_pending, os.path.basename(alice_pending), bob_pending))      # her file's name too
+    db.commit()
+    db.close()
+    r = fresh("import", "agent-relay", str(old.root), "--json", ok=False)
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and len(doc["problems"]) == 1
+    assert doc["problems"][0].startswith(f"{bob_archived} (archived, Bob/msg): archive file {alice_archived} is "
+                                         "not where agent-relay keeps its files")
+    (status, error), = rows(fresh, "SELECT m.status, m.error FROM messages m JOIN imports i ON i.message_id = m.id "
+                                   "WHERE i.source_id = ?", (bob_pending,))
+    assert status == "failed" and "is not where agent-relay keeps its files" in error
+    fresh("run", "--once", "-q")
+    alice_body = old.bodies[rows_of(old, "SELECT file_id FROM relay_files WHERE source_path = ? AND agent_name = "
+                                         "'Alice'", (alice_pending,))[0][0]]
+    sent = [json.loads(p.read_bytes()) for p in (fresh.state / "inbox").glob("*/*/*.json")]
+    assert [e["from"] for e in sent if e["body"] == alice_body.decode().partition("\n\n")[2]] == ["Alice"]
+
+
+# -- where agent-relay keeps its ledger -------------------------------------------------------
+
+def test_the_daemons_file_ledger_is_found_in_the_project_and_the_summary_says_which(fresh, tmp_path):
+    made = agent_relay_ledger.make(tmp_path / "old", name=agent_relay_ledger.DAEMON)
+    out = fresh("import", "agent-relay", str(made.root.parent)).output
+    found = [ln for ln in out.splitlines() if ln.startswith("ledger found:")]
+    assert found == [f"ledger found: {made.ledger} (agent-relay daemon's meta/file-ledger.sqlite, in "
+                     f"{made.root.parent}/.agent-relay)"]
+    assert rows(fresh, "SELECT count(*) FROM imports") == [(sum(COUNTS.values()),)]
+
+
+def test_of_two_ledgers_in_one_place_the_daemons_is_taken_and_the_other_named(fresh, tmp_path):
+    made = agent_relay_ledger.make(tmp_path / "old", name=agent_relay_ledger.DAEMON)
+    shutil.copy(made.ledger, made.ledger.parent / "ledger.sqlite")
+    doc = json.loads(fresh("import", "agent-relay", str(made.root), "--dry-run", "--json").stdout)
+    assert doc["ledger"] == str(made.ledger)
+    assert doc["found"].endswith(f"also found: {made.ledger.parent / 'ledger.sqlite'} (give it as PATH to import it)")
+
+
+@pytest.mark.parametrize("place", ["project", "AGENT_RELAY_DATA_DIR", "XDG_DATA_HOME", "HOME"])
+@pytest.mark.parametrize("name", [agent_relay_ledger.DAEMON, agent_relay_ledger.WATCHDOG])
+def test_without_a_path_the_ledger_is_found_where_agent_relay_keeps_it(fresh, tmp_path, monkeypatch, place, name):
+    home, xdg, data = tmp_path / "home", tmp_path / "xdg", tmp_path / "data"
+    for var, where in (("HOME", home), ("XDG_DATA_HOME", xdg), ("AGENT_RELAY_DATA_DIR", data)):
+        monkeypatch.setenv(var, str(where))
+    if place != "AGENT_RELAY_DATA_DIR":
+        monkeypatch.delenv("AGENT_RELAY_DATA_DIR")
+    if place != "XDG_DATA_HOME":
+        monkeypatch.delenv("XDG_DATA_HOME")
+    where, top = {"project": (tmp_path, ".agent-relay"), "AGENT_RELAY_DATA_DIR": (tmp_path, "data"),
+                  "XDG_DATA_HOME": (xdg, "agent-relay"), "HOME": (home, ".agent-relay")}[place]
+    made = agent_relay_ledger.make(where, name=name, top=top, counts=dict.fromkeys(COUNTS, 1))
+    doc = json.loads(fresh("import", "agent-relay", "--json").stdout)
+    assert doc["ok"] and doc["ledger"] == str(made.ledger) and doc["imported"] == dict.fromkeys(COUNTS, 1)
+    assert doc["found"].startswith(f"{made.ledger} (agent-relay ")
+
+
+def test_without_a_path_and_no_ledger_anywhere_one_line_says_where_it_looked(fresh, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AGENT_RELAY_DATA_DIR", raising=False)
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    r = fresh("import", "agent-relay", ok=False)
+    line = error_line(r)
+    assert r.exit_code == 1 and "no agent-relay ledger found: looked for meta/file-ledger.sqlite" in line
+    assert str(tmp_path / ".agent-relay") in line and str(tmp_path / "home" / ".agent-relay") in line
+
+
+# -- what the views show of what came over ----------------------------------------------------
+
+def test_imported_agents_have_no_empty_spawned_by_line(fresh, old):
+    fresh("import", "agent-relay", str(old.root))
+    out = fresh("agents").output
+    assert "spawned by" not in out
+    assert "imported from agent-relay" in out
+    assert "spawned by" not in fresh("agents", "Alice").output
+
+
+def test_pending_imported_records_show_their_sender_and_recipients_in_audit(fresh, old):
+    fresh("import", "agent-relay", str(old.root))
+    out = fresh("audit", "--status", "pending", "--limit", "1000").output
+    assert "→ ?" not in out
+    for fid in old.ids["pending"][:5]:
+        sender, = rows_of(old, "SELECT agent_name FROM relay_files WHERE file_id = ?", (fid,))[0]
+        assert f"{sender} → {old.recipients[fid]}" in out
+    # delivered later, each once, with the same recipients
+    fresh("run", "--once", "-q")
+    assert len(envelopes(fresh)) == PENDING
 
 
 @pytest.mark.parametrize("name", ["system", "SYSTEM", "sYsTeM", "System", "broadcast", "BROADCAST", "Broadcast"])

@@ -16,8 +16,8 @@ import orjson
 
 from relay.ledger.chain import chain_hash
 from relay.ledger.state import MAX_VALUE_BYTES
+from relay.ledger.sql import chunks
 
-CHUNK = 500
 # What one imported message row may set; the others keep their defaults.
 COLUMNS = ("id", "sender", "name", "status", "spooled", "recipients", "kind", "thread", "subject", "body", "headers",
            "size", "sha256", "sent_at", "discovered_at", "delivered_at", "archived_at", "failed_at", "retries",
@@ -37,8 +37,10 @@ class Imports:
 
     def record_imports(self, items, source, origin, now, actor):
         """One transaction: each of `items` (dicts of COLUMNS, with `source_id` and
-        `source_status`) recorded as a message with its `imports` row and events. Returns the ids
-        recorded (an item imported meanwhile, by another run, is left out)."""
+        `source_status`) recorded as a message with its `imports` row and events; an item with
+        `duplicate_of` (the source id of a record of the same file) gets only its `imports` row
+        and its event, on the message `id` that record became. Returns the ids recorded (an item
+        imported meanwhile, by another run, is left out)."""
         done, events, docs = [], [], []
         columns = ", ".join(COLUMNS)
         insert = f"INSERT INTO messages ({columns}) VALUES ({', '.join(':' + c for c in COLUMNS)})"
@@ -53,12 +55,17 @@ class Imports:
                 if claimed is None:
                     continue
                 done.append(mid)
-                events.append((mid, now, "imported", _what(source, origin, it["source_id"], it["source_status"]),
-                               actor))
+                what = _what(source, origin, it["source_id"], it["source_status"])
+                if it.get("duplicate_of"):      # another record of the file `mid` holds: no message of its own
+                    events.append((mid, now, "imported", f"{what}: a duplicate of its id {it['duplicate_of']} (the "
+                                   "same outbox file), one message with it, not delivered again", actor))
+                    continue
+                events.append((mid, now, "imported", what, actor))
                 if self.db.execute("SELECT 1 FROM messages WHERE id = ?", (mid,)).fetchone():
                     continue            # registered by recovery from its spool file: it stays as it is
                 self.db.execute(insert, {c: it.get(c) for c in COLUMNS})
-                docs.append((mid, it.get("subject"), it.get("body")))
+                if it["status"] != "pending":   # a pending one is indexed once relay has delivered it
+                    docs.append((mid, it.get("subject"), it.get("body")))
                 if it["status"] == "archived":
                     row = self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
                     seq, prev = seq + 1, chain_hash(prev, row)
@@ -149,11 +156,10 @@ class ImportReads:
         """{source id: message id} of those of `source_ids` imported from `source` already."""
         out = {}
         ids = list(source_ids)
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i:i + CHUNK]
+        for chunk, marks in chunks(ids):
             out.update((r[0], r[1]) for r in self.db.execute(
                 f"SELECT source_id, message_id FROM imports WHERE source = ? AND source_id IN "
-                f"({','.join('?' * len(chunk))})", [source, *chunk]))
+                f"({marks})", [source, *chunk]))
         return out
 
     def has_table(self, name):

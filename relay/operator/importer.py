@@ -2,10 +2,12 @@
 product relay replaces, into this project's ledger and archive.
 
 PATH is agent-relay's ledger file, agent-relay's directory (`.agent-relay`, holding
-`meta/ledger.sqlite`) or the project that holds that directory. Nothing there is written: the
-ledger is read from a copy (ledger/agent_relay.py), the files through a descriptor of agent-relay's
-directory that never follows a link. Each record of `relay_files` becomes one message here, with
-an id made from agent-relay's file id (and its time), so that every run gives it the same one:
+`meta/file-ledger.sqlite` or `meta/ledger.sqlite`) or the project that holds that directory;
+without it, the ledger is looked for where agent-relay keeps it (operator/agent_relay_places.py).
+Nothing there is written: the ledger is read from a copy (ledger/agent_relay.py), the files
+through a descriptor of agent-relay's directory that never follows a link. Each record of
+`relay_files` becomes one message here, with an id made from agent-relay's file id (and its
+time), so that every run gives it the same one:
 
 - archived there: archived here, its archive file copied into `archive/<day>/<agent>/<id>--<name>`
   after its bytes were checked against what agent-relay recorded (the first 16 hex digits of their
@@ -18,7 +20,10 @@ an id made from agent-relay's file id (and its time), so that every run gives it
   with its `.error.json`, so that `relay retry` can deliver it.
 - pending or processing there: pending here, its bytes in relay's spool, so relay delivers it
   once, as it delivers a message in its custody (`relay run`). A file in agent-relay's outbox is
-  delivered once because relay never reads that outbox: it delivers the copy in its spool.
+  delivered once because relay never reads that outbox: it delivers the copy in its spool. One
+  outbox file is one message: a later record of the same file (a crash of agent-relay leaves one
+  processing, one pending) is recorded as a duplicate of the first (its `imports` row and its
+  `imported` event name the message the first became), never delivered again.
 
 An archived or delivered record whose original is missing or does not match is not imported (a
 problem, named, each run), unless `accept_missing` brings it over as archived with no archive
@@ -28,14 +33,14 @@ any later run: a second run changes nothing. Agents come over into the agents ta
 their status and metadata into the agent registry; agent-relay's orchestrator state into
 `team_state` (relay state)."""
 import contextlib
-import dataclasses
 import hashlib
 import os
 import stat
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import orjson
 
+from relay.times import END
 from relay.names import agent_problem
 from relay.core.archive import Archive, day_of
 from relay.core.message import parse
@@ -44,86 +49,22 @@ from relay.files.fs import StateDir, bad_name, default_fsync, shown
 from relay.files.layout import is_in_progress_name
 from relay.files.lock import exclusive
 from relay.ids import id_text
-from relay.ledger.agent_relay import LEDGER, STATUSES, AgentRelayLedger
+from relay.ledger.agent_relay import AgentRelayLedger
 from relay.ledger.history import History
 from relay.ledger.imports import NO_STATE
+from relay.operator.agent_relay_places import locate
 from relay.operator.doctor import actor
+from relay.operator.import_summary import BECOMES, SOURCE, Summary
 
-SOURCE = "agent-relay"
-BECOMES = {"archived": "archived", "delivered": "archived", "failed": "failed", "processing": "pending",
-           "pending": "pending"}
+ON_THE_WAY = ("pending", "processing")     # statuses whose file agent-relay still had to deliver
 BATCH = 500                 # records written (files, then one transaction) at a time
 MAX_FILE = 64 << 20         # the largest file read from agent-relay's directory
 MAX_SHOWN = 20              # unknown outbox files named one by one
 STAGED = ".import"          # an archive copy's hidden name ends so until its record is durable
-LAST_MS = 253402300800000   # 10000-01-01: agent-relay's times are Date.now()
+LAST_MS = END * 1000        # 10000-01-01 (relay/times.py): agent-relay's times are Date.now()
 WAIT_S = 600                # how long an import waits for another one (or an operator command) to end
 BUSY = (f"another relay import or operator command has held this project for {WAIT_S} s; run the import "
         "again once it is done")
-
-
-@dataclasses.dataclass
-class Summary:
-    """What a run did (or, with dry_run, would do)."""
-    ledger: str
-    root: str
-    dry_run: bool = False
-    imported: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(STATUSES, 0))    # by status there
-    became: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(("archived", "failed", "pending"), 0))
-    without_file: int = 0       # archived with no archive file (accept_missing)
-    skipped: int = 0            # imported by an earlier run
-    agents: list = dataclasses.field(default_factory=list)
-    registry: list = dataclasses.field(default_factory=list)     # names written into the agent registry
-    state: list = dataclasses.field(default_factory=list)
-    state_skipped: int = 0      # keys this ledger has already
-    state_note: str = None      # why no state came over
-    problems: list = dataclasses.field(default_factory=list)     # not imported: a human must look
-    notices: list = dataclasses.field(default_factory=list)      # imported, with something to know
-
-    def doc(self):
-        return {"source": SOURCE, "ledger": self.ledger, "root": self.root, "dry_run": self.dry_run,
-                "imported": self.imported, "became": self.became, "without_file": self.without_file,
-                "skipped": {"already_imported": self.skipped}, "agents": self.agents, "registry": self.registry,
-                "state": {"imported": self.state, "skipped": self.state_skipped, "note": self.state_note},
-                "problems": self.problems, "notices": self.notices, "ok": not self.problems}
-
-    def lines(self):
-        verb = "would import" if self.dry_run else "imported"
-        out = [f"{verb} from agent-relay {self.ledger}:"]
-        for status in STATUSES:
-            n = self.imported[status]
-            then = " (relay delivers them)" if BECOMES[status] == "pending" else ""
-            out.append(f"  {status:<10} {n:>6} -> {BECOMES[status]}{then}")
-        if self.without_file:
-            out.append(f"  {self.without_file} of them archived without their archive file (--accept-missing)")
-        out.append(f"skipped (imported before): {self.skipped}")
-        out.append(f"agents: {len(self.agents)} added or updated" + (f" ({', '.join(self.agents)})" if self.agents else ""))
-        if self.registry:
-            out.append(f"agent registry: {len(self.registry)} agent(s) with agent-relay's status and metadata "
-                       f"({', '.join(self.registry)}; relay agents shows them)")
-        if self.state_note:
-            out.append(f"orchestrator state: not imported: {self.state_note}")
-        else:
-            out.append(f"orchestrator state: {len(self.state)} key(s) imported, {self.state_skipped} already set here")
-        out += [f"notice: {n}" for n in self.notices]
-        out += [f"problem: {p}" for p in self.problems]
-        return out
-
-
-def locate(path):
-    """(ledger file, agent-relay's directory) of PATH: the ledger file itself, agent-relay's
-    directory, or the project that holds `.agent-relay`."""
-    p = Path(path).expanduser().absolute()
-    if not p.exists():
-        raise RelayError(f"{path}: no such file or directory (give agent-relay's ledger, its directory "
-                         "or the project holding .agent-relay)")
-    if p.is_dir():
-        for ledger in (p.joinpath(*LEDGER), p.joinpath(".agent-relay", *LEDGER)):
-            if ledger.is_file():
-                return ledger, ledger.parent.parent
-        raise RelayError(f"no agent-relay ledger in {path}: neither {'/'.join(LEDGER)} nor "
-                         f".agent-relay/{'/'.join(LEDGER)} is there (give the ledger file if it lies elsewhere)")
-    return p, (p.parent.parent if p.parent.name == LEDGER[0] else p.parent)
 
 
 def message_id(file_id, discovered_ms):
@@ -151,6 +92,12 @@ def own(rel, r):
     if parts[1] != r["agent_name"]:
         return False
     return parts[-1] == (r["message_type"] if parts[0] == "outbox" else f"{r['file_id']}-{r['message_type']}")
+
+
+def on_the_way(r):
+    """`outbox/<agent>/<name>` of a record's own file (see own()), or None."""
+    rel = tail(r["source_path"], "outbox", 2)
+    return rel if rel is not None and own(rel, r) else None
 
 
 def seconds(ms):
@@ -184,14 +131,15 @@ def fields(data, name):
 
 
 class Importer:
-    def __init__(self, ledger, layout, path, now, durability="full", dry_run=False, accept_missing=False):
+    def __init__(self, ledger, layout, path, now, durability="full", dry_run=False, accept_missing=False, env=None):
         self.ledger, self.layout, self.now = ledger, layout, now
         self.history = History(ledger)
-        self.file, self.root = locate(path)
+        found = locate(path, layout.root, env)
+        self.file, self.root = found.ledger, found.root
         if os.path.realpath(self.root) == os.path.realpath(layout.state):
             raise RelayError(f"{self.root} is relay's own state directory: the files in its outbox are relay's to "
                              "deliver already; import into a state directory of relay's own (the default .relay)")
-        self.summary = Summary(str(self.file), str(self.root), dry_run)
+        self.summary = Summary(str(self.file), str(self.root), dry_run, found=found.said)
         self.dry_run, self.accept_missing = dry_run, accept_missing
         self.fsync = default_fsync if durability == "full" else False
         self.actor = actor()
@@ -229,6 +177,12 @@ class Importer:
         for r in rows:
             owner[r["source_path"]] = r["file_id"]
         done = self.history.imported(SOURCE, [r["file_id"] for r in rows])
+        # outbox/<agent>/<name> -> (file id, message id) of the first record still on its way of
+        # that file: one outbox file is one message, whatever else agent-relay recorded of it
+        self.holder = {}
+        for r in rows:
+            if r["file_id"] in done and r["status"] in ON_THE_WAY and (rel := on_the_way(r)):
+                self.holder.setdefault(rel, (r["file_id"], done[r["file_id"]]))
         todo = [r for r in rows if r["file_id"] not in done]
         self.summary.skipped = len(rows) - len(todo)
         for i in range(0, len(todo), BATCH):
@@ -262,6 +216,11 @@ class Importer:
             return self._archived(r, item, owner)
         if status == "failed":
             return self._failed(r, item, owner)
+        rel = on_the_way(r)
+        first = self.holder.setdefault(rel, (r["file_id"], mid)) if rel else (r["file_id"], mid)
+        if first[0] != r["file_id"]:        # a second record of a file already imported: its duplicate
+            return {"id": first[1], "duplicate_of": first[0], "source_id": r["file_id"], "source_status": status,
+                    "status": None, "files": []}
         return self._pending(r, item)
 
     def _original(self, r, owner):
@@ -349,7 +308,8 @@ class Importer:
                                         "imported as failed")
             return item
         rel = self.layout.spool_rel(item["sender"], item["id"], item["name"])
-        item.update(status="pending", spooled=1, sent_at=mtime, attempts=0)
+        # what audit shows of it (sender, recipients, subject) before relay delivers it
+        item.update(fields(data, item["name"]), status="pending", spooled=1, sent_at=mtime, attempts=0)
         item["files"].append((rel, data, None))
         return item
 
@@ -364,7 +324,10 @@ class Importer:
         held = {i["id"] for i in items} - self.history.unknown([i["id"] for i in items])
         for it in items:
             self.summary.imported[it["source_status"]] += 1
-            self.summary.became[it["status"]] += 1
+            if it.get("duplicate_of"):
+                self.summary.duplicates += 1
+            else:
+                self.summary.became[it["status"]] += 1
         if self.dry_run:
             return
         staged = []
@@ -494,6 +457,8 @@ def _what(origin, file_id):
     return f"from agent-relay {origin}, its id {file_id}"
 
 
-def import_agent_relay(ledger, layout, path, now, durability="full", dry_run=False, accept_missing=False):
-    """Import the agent-relay ledger at `path` (see the module's docstring); its Summary."""
-    return Importer(ledger, layout, path, now, durability, dry_run, accept_missing).run()
+def import_agent_relay(ledger, layout, path, now, durability="full", dry_run=False, accept_missing=False, env=None):
+    """Import the agent-relay ledger at `path` (None: where agent-relay keeps it, looked for in
+    the project and in `env`'s places: operator/agent_relay_places.py); its Summary (see the
+    module's docstring)."""
+    return Importer(ledger, layout, path, now, durability, dry_run, accept_missing, env).run()

@@ -134,12 +134,18 @@ def num(value):
 
 def registered(row):
     """The lines `relay agents` shows under an agent with a registry row: what its spawn said of
-    it (by whom, when, cli, model, cwd, task), and its release."""
+    it (by whom, when, cli, model, cwd, task), or where it was imported from, and its release."""
     out = []
     meta = row.get("metadata") or {}
     if row.get("spawned_at"):
         said = "  ".join(f"{k}={clip(meta[k], 40)}" for k in ("cli", "model", "cwd") if meta.get(k))
-        out.append(f"spawned by {plain(row['spawned_by'])} at {row['spawned_at']}" + (f": {said}" if said else ""))
+        if row.get("spawned_by"):
+            head = f"spawned by {plain(row['spawned_by'])} at {row['spawned_at']}"
+        else:               # no spawn made it: brought over by an import (or written by hand)
+            source = meta.get("imported_from")
+            head = (f"imported from {plain(source)}, known there since" if source else "registered at") + \
+                f" {row['spawned_at']}"
+        out.append(head + (f": {said}" if said else ""))
         if meta.get("task"):
             out.append(f"task: {clip(' '.join(str(meta['task']).split()), 100)}")
     if row.get("released_at"):
