@@ -512,6 +512,8 @@ def test_without_a_path_and_no_ledger_anywhere_one_line_says_where_it_looked(fre
     line = error_line(r)
     assert r.exit_code == 1 and "no agent-relay ledger found: looked for meta/file-ledger.sqlite" in line
     assert str(tmp_path / ".agent-relay") in line and str(tmp_path / "home" / ".agent-relay") in line
+    monkeypatch.setenv("HOME", str(tmp_path))           # the project is the home directory: named once
+    assert error_line(fresh("import", "agent-relay", ok=False)).count(str(tmp_path / ".agent-relay")) == 1
 
 
 # -- what the views show of what came over ----------------------------------------------------

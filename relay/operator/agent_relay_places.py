@@ -36,7 +36,8 @@ def places(project, env):
     if env.get("XDG_DATA_HOME"):
         out.append((Path(env["XDG_DATA_HOME"]) / "agent-relay", "$XDG_DATA_HOME/agent-relay"))
     out.append((Path(env.get("HOME") or os.path.expanduser("~")) / ".agent-relay", "~/.agent-relay"))
-    return out
+    seen = set()                # each directory once (the project may be the home directory)
+    return [(d, what) for d, what in out if not (str(d) in seen or seen.add(str(d)))]
 
 
 def _first(dirs):
