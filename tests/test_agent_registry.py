@@ -271,7 +271,7 @@ def test_a_send_to_a_released_agent_is_delivered_and_its_sender_is_told(spawned)
     assert "by Ben); the message is delivered to its inbox all the same" in r.stderr
     assert "Ben was" not in r.stderr
     quiet = spawned("send", "--from", "Ann", "--to", "Dana", "hello")
-    assert quiet.stderr == ""
+    assert "released" not in quiet.stderr
     with relay.Agent("Ann", root=spawned.root) as ann:
         again = ann.send("Cy", "still there?")
         assert [(a.name, a.released_by) for a in ann.released] == [("Cy", "Ben")]

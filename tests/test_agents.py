@@ -44,7 +44,7 @@ def test_a_misspelt_sender_is_refused_and_creates_nothing(team):
 
 
 def test_create_adds_new_agents_on_purpose(team):
-    mid = team("send", "--from", "Dave", "--to", "Erin", "--create", "hello").output.strip()
+    mid = team("send", "--from", "Dave", "--to", "Erin", "--create", "hello").stdout.strip()
     assert (team.state / "outbox" / "Dave").is_dir() and (team.state / "inbox" / "Erin" / "new").is_dir()
     drain(team.root)
     [m] = relay.Agent("Erin", root=team.root).inbox()
@@ -80,8 +80,8 @@ def test_verbs_find_the_project_from_a_subdirectory(team, monkeypatch):
 
 
 def test_send_to_broadcast_reaches_everyone_like_star(team):
-    """SPEC 2: `*` has the alias `Broadcast`; the agent side must not refuse it as an unknown agent."""
-    mid = team("send", "--from", "Alice", "--to", "Broadcast", "to all").output.strip()
+    """contract §2: `*` has the alias `Broadcast`; the agent side must not refuse it as an unknown agent."""
+    mid = team("send", "--from", "Alice", "--to", "Broadcast", "to all").stdout.strip()
     drain(team.root)
     for agent in ("Bob", "Carol"):
         assert [m.id for m in relay.Agent(agent, root=team.root).inbox()] == [mid]
@@ -94,7 +94,7 @@ def test_send_to_broadcast_reaches_everyone_like_star(team):
 # -- the id relay send prints is the message's id ---------------------------------------------------
 
 def test_the_printed_id_is_what_show_and_the_inbox_know(team):
-    mid = team("send", "--from", "Alice", "--to", "Bob", "--subject", "s", "hello").output.strip()
+    mid = team("send", "--from", "Alice", "--to", "Bob", "--subject", "s", "hello").stdout.strip()
     assert json.loads(team("show", mid, "--json").output) == {
         "id": mid, "status": "waiting", "source_path": f"outbox/Alice/msg-{mid.lower()}"}
     assert "relay has not taken it yet" in team("show", mid).output
@@ -194,7 +194,7 @@ def test_a_body_over_max_body_bytes_is_refused_before_anything_is_written(team):
     assert error_line(r) == ("the body is 102 bytes, over max_body_bytes (100); relay would refuse it: send it in "
                              "parts, or raise max_body_bytes in relay.toml")
     assert list((team.state / "outbox" / "Alice").iterdir()) == []
-    mid = team("send", "--from", "Alice", "--to", "Bob", "-", input="é" * 50).output.strip()
+    mid = team("send", "--from", "Alice", "--to", "Bob", "-", input="é" * 50).stdout.strip()
     drain(team.root)
     assert [len(m.body) for m in relay.Agent("Bob", root=team.root).inbox()] == [50]
     assert json.loads(team("show", mid, "--json").output)["status"] == "archived"
@@ -218,7 +218,7 @@ def test_a_subject_longer_than_a_header_line_is_refused_before_anything_is_writt
 def test_the_printed_id_finds_a_message_that_failed_before_relay_read_its_id(team):
     """A file refused before it is parsed (here: max_body_bytes lowered after the send) failed
     under the id relay gave it when found; show, retry and read did not know the printed id."""
-    mid = team("send", "--from", "Alice", "--to", "Bob", "x" * 200).output.strip()
+    mid = team("send", "--from", "Alice", "--to", "Bob", "x" * 200).stdout.strip()
     (team.state / "relay.toml").write_text("max_body_bytes = 100\n")
     assert drain(team.root).failed == 1
     doc = json.loads(team("show", mid, "--json").output)
@@ -417,7 +417,7 @@ def test_reply_goes_to_the_sender_in_the_thread(team):
     alice.send("Bob", "question", subject="review")
     drain(team.root)
     [q] = bob.inbox()
-    rid = team("send", "--from", "Bob", "--reply-to", q.id, "answer").output.strip()
+    rid = team("send", "--from", "Bob", "--reply-to", q.id, "answer").stdout.strip()
     drain(team.root)
     [a] = alice.inbox()
     assert (a.id, a.thread, a.subject, a.body) == (rid, q.id, "Re: review", "answer")
@@ -435,7 +435,7 @@ def test_a_reply_to_ones_own_message_goes_to_its_recipients(team):
     alice, bob, carol = (relay.Agent(n, root=team.root) for n in ("Alice", "Bob", "Carol"))
     mid = alice.send(["Bob", "Carol"], "the plan", subject="plan")
     drain(team.root)
-    rid = team("send", "--from", "Alice", "--reply-to", mid, "one more thing").output.strip()
+    rid = team("send", "--from", "Alice", "--reply-to", mid, "one more thing").stdout.strip()
     again = alice.reply(mid, "and another")
     server = mcp_server.build(alice)
     third = anyio.run(server.call_tool, "reply", {"id": mid, "body": "last"}).structured_content["id"]

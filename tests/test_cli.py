@@ -41,7 +41,7 @@ def test_init_is_idempotent(cli):
 
 def test_send_run_inbox_ack(cli):
     cli("init", "--agent", "Ann", "--agent", "Ben")
-    mid = cli("send", "--from", "Ann", "--to", "Ben", "--thread", "t", "--subject", "s", "hello").output.strip()
+    mid = cli("send", "--from", "Ann", "--to", "Ben", "--thread", "t", "--subject", "s", "hello").stdout.strip()
     assert [p.name for p in (cli.state / "outbox/Ann").iterdir()] == [f"msg-{mid.lower()}"]
     cli("send", "--from", "Ann", "--to", "Ben", "-", input="from stdin\n")
     assert "relayed 2 message(s)" in cli("run", "--once", "-q").output

@@ -52,7 +52,7 @@ def test_a_content_type_that_is_no_media_type_fails_the_message_with_the_reason(
 
 def test_send_and_the_api_take_a_content_type_and_refuse_a_bad_one_before_writing(cli, tmp_path):
     cli("init", "--agent", "Ann", "--agent", "Ben")
-    mid = cli("send", "--from", "Ann", "--to", "Ben", "--content-type", "text/markdown", "# hi").output.strip()
+    mid = cli("send", "--from", "Ann", "--to", "Ben", "--content-type", "text/markdown", "# hi").stdout.strip()
     bad = cli("send", "--from", "Ann", "--to", "Ben", "--content-type", "nope", "x", ok=False)
     assert bad.exit_code == 1 and "'nope' is not a media type" in bad.output
     with relay.Agent("Ann", root=tmp_path) as ann:
@@ -156,7 +156,7 @@ def test_each_migration_applied_is_logged(tmp_path, caplog):
 
 def test_read_names_the_type_only_when_it_is_not_plain_text(cli):
     cli("init", "--agent", "Ann", "--agent", "Ben")
-    plain = cli("send", "--from", "Ann", "--to", "Ben", "plain words").output.strip()
+    plain = cli("send", "--from", "Ann", "--to", "Ben", "plain words").stdout.strip()
     cli("run", "--once", "-q")
     out = cli("read", "--agent", "Ben", plain).output
     assert "type:" not in out

@@ -83,6 +83,7 @@ def test_a_relay_toml_cannot_move_the_state_directory_outside(proj, tmp_path):
 def test_a_relay_toml_link_is_not_read(proj, tmp_path):
     outside = tmp_path / "outside.toml"
     outside.write_text("secret_key_name = 1\n")
+    (proj / ".relay/relay.toml").unlink()              # the one relay init wrote
     (proj / ".relay/relay.toml").symlink_to(outside)
     r = relay(proj, "status")
     assert r.returncode == 1 and "relay.toml is a symbolic link" in r.stderr and "secret_key_name" not in r.stderr

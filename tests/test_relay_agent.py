@@ -26,8 +26,9 @@ def team(cli, project, monkeypatch):
 def test_every_agent_verb_takes_the_agent_from_relay_agent(team):
     cli = team.cli
     team.env.setenv("RELAY_AGENT", "Bob")
-    out = cli("send", "--to", "Alice", "on it").output
-    assert "warning" not in out            # RELAY_AGENT is no configuration key, and not taken for one
+    sent = cli("send", "--to", "Alice", "on it")
+    out = sent.stdout
+    assert "warning" not in sent.stderr     # RELAY_AGENT is no configuration key, and not taken for one
     deliver(team)
     with relay.Agent("Alice", root=team.root) as alice:
         [m] = alice.inbox()
@@ -41,7 +42,7 @@ def test_every_agent_verb_takes_the_agent_from_relay_agent(team):
     assert json.loads(cli("read", m.id, "--json").output)["from"] == "Bob"   # not in Bob's inbox: the ledger's
     # a name given wins; an empty one is none
     assert json.loads(cli("inbox", "Alice", "--json").output)[0]["id"] == m.id
-    assert cli("send", "--from", "", "--to", "Alice", "again").output.strip()
+    assert cli("send", "--from", "", "--to", "Alice", "again").stdout.strip()
     with relay.Agent(root=team.root) as me:
         assert me.name == "Bob"
     team.env.setenv("RELAY_AGENT", "bob")

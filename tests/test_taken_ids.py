@@ -42,7 +42,7 @@ def envelope(crew, agent, mid):
 def test_an_id_send_printed_is_not_taken_by_a_back_dated_copy_in_another_outbox(crew):
     """Al copied the id of Ann's `relay send` into an older file of its own: Ann's message failed
     ("the id ... is already used"), and her id named Al's message in show, read and --reply-to."""
-    mid = crew("send", "--from", "Ann", "--to", "Bob", "prod is down").output.strip()
+    mid = crew("send", "--from", "Ann", "--to", "Bob", "prod is down").stdout.strip()
     copy_id(crew, "Al", mid)
     drain(crew.root)
     assert envelope(crew, "Bob", mid)["from"] == "Ann" and envelope(crew, "Bob", mid)["body"] == "prod is down"
@@ -64,7 +64,7 @@ def test_an_id_send_printed_is_not_taken_by_a_back_dated_copy_in_another_outbox(
 def test_show_finds_the_printed_id_in_its_senders_outbox_only(crew):
     """Before relay takes it, `relay show ID` looked in every outbox for msg-<id>, the first in
     name order first: Al's copy of the name, not Ann's file."""
-    mid = crew("send", "--from", "Ann", "--to", "Bob", "prod is down").output.strip()
+    mid = crew("send", "--from", "Ann", "--to", "Bob", "prod is down").stdout.strip()
     box = crew.state / "outbox" / "Al"
     (box / f"msg-{mid.lower()}.tmp").write_text("TO: Bob\n\nmine")
     os.rename(box / f"msg-{mid.lower()}.tmp", box / f"msg-{mid.lower()}")
@@ -75,7 +75,7 @@ def test_show_finds_the_printed_id_in_its_senders_outbox_only(crew):
 def test_a_file_named_after_a_printed_id_does_not_stand_for_it(crew):
     """A message failed before its file was read is found by its file name msg-<id>: Al's failed
     file of that name was shown for the id printed to Ann."""
-    mid = crew("send", "--from", "Ann", "--to", "Bob", "prod is down").output.strip()
+    mid = crew("send", "--from", "Ann", "--to", "Bob", "prod is down").stdout.strip()
     ann = crew.state / "outbox" / "Ann" / f"msg-{mid.lower()}"
     aside = crew.root / "aside"
     os.rename(ann, aside)                   # not there yet when relay looks (a slow disk, a crash)
@@ -112,7 +112,7 @@ def test_an_id_another_message_has_is_refused_without_failing_the_message(projec
 def test_request_ids_are_each_senders_own(crew):
     """Al repeats the request id of Ann's message in an earlier file of its own: Ann's message is
     neither suppressed nor sent twice, and Ann's retried send still names her first message."""
-    mid = crew("send", "--from", "Ann", "--to", "Bob", "--request-id", "deploy-7", "deploy").output.strip()
+    mid = crew("send", "--from", "Ann", "--to", "Bob", "--request-id", "deploy-7", "deploy").stdout.strip()
     copy_id(crew, "Al", mid, extra="REQUEST-ID: deploy-7\n")
     box = crew.state / "outbox" / "Al"
     (box / ".again").write_text("TO: Bob\nREQUEST-ID: deploy-7\n\nagain")
@@ -122,12 +122,12 @@ def test_request_ids_are_each_senders_own(crew):
     assert bodies == ["deploy", "not Ann's"]       # Al's second file repeats Al's first, not Ann's
     again = crew("send", "--from", "Ann", "--to", "Bob", "--request-id", "deploy-7", "deploy")
     assert again.output.strip().splitlines()[-1] == mid
-    assert crew("send", "--from", "Al", "--to", "Bob", "--request-id", "deploy-7", "x").output.strip() != mid
+    assert crew("send", "--from", "Al", "--to", "Bob", "--request-id", "deploy-7", "x").stdout.strip() != mid
 
 
 
 def test_the_record_of_an_id_whose_file_never_came_goes_at_the_retention_sweep(crew):
-    mid = crew("send", "--from", "Ann", "--to", "Bob", "never relayed").output.strip()
+    mid = crew("send", "--from", "Ann", "--to", "Bob", "never relayed").stdout.strip()
     (crew.state / "outbox" / "Ann" / f"msg-{mid.lower()}").unlink()
     with relay.Relay(relay.load(crew.root, ".relay", env={})) as r:
         assert r.history.id_owner(mid) == "Ann"

@@ -29,7 +29,7 @@ def test_two_agents_talk_through_cli_wait_mcp_and_python(cli, tmp_path):
 
         # Alice sends with the CLI; the relay delivers
         asked = cli("send", "--from", "Alice", "--to", "Bob", "--thread", "review-42", "--subject", "review",
-                    "please review the parser").output.strip()
+                    "please review the parser").stdout.strip()
         said.append(f"Alice (relay send): {asked} 'please review the parser'")
         assert "relayed 1 message(s), 0 failed" in cli("run", "--once").output
 

@@ -144,3 +144,18 @@ def test_mcp_send_waits_for_delivery(crew, cli):
     got = anyio.run(lambda: send(wait_delivered_s=0.05))
     assert got["delivered"] is None and got["timed_out"]
     bob.close()
+
+
+def test_send_with_no_daemon_running_says_so_on_stderr_and_exits_0(crew, cli):
+    """Without --wait-delivered, a send with no relay running exited 0 saying nothing: the
+    message waited in the outbox and nobody knew why it never came."""
+    from relay.files.lock import DaemonLock
+    r = cli("send", "--from", "Alice", "--to", "Bob", "hello")
+    mid = r.stdout.strip()
+    assert r.exit_code == 0 and mid
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"relay: no relay is running here: {mid} waits in Alice's outbox") and "relay run" in line
+    assert len(list((crew.state / "outbox" / "Alice").iterdir())) == 1
+    with DaemonLock(crew.state / "relay.lock"):
+        r = cli("send", "--from", "Alice", "--to", "Bob", "again")
+    assert r.exit_code == 0 and r.stdout.strip() and r.stderr == ""

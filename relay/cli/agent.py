@@ -75,6 +75,9 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, content_t
     if wait is not None:
         sys.stdout.flush()
         _wait_delivered(me, mid, timeout)
+    elif not me.repeated and holder(me.layout.lock) is None:     # queued all the same: a relay started later delivers it
+        echo(f"relay: no relay is running here: {mid} waits in {me.name}'s outbox until one runs (start one: "
+             "relay run; as a service: relay service systemd)", err=True)
 
 
 def _wait_delivered(me, mid, timeout):
