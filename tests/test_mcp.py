@@ -359,7 +359,26 @@ def test_without_the_sdk_relay_mcp_says_how_to_install_it(cli, monkeypatch):
     r = cli("mcp", "--agent", "Bob", ok=False)
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [
-        "Error: relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'agent-outbox-relay[mcp]'"]
+        "Error: relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'agent-outbox-relay[mcp]' "
+        "(from a checkout of relay: pip install '.[mcp]')"]
+
+
+def test_every_install_hint_gives_the_package_index_form_and_the_checkout_form():
+    """`pip install 'agent-outbox-relay[mcp]'` fails where the package index has no such
+    distribution (yet); from a checkout of relay it is `pip install '.[mcp]'`: every hint (the
+    verbs' lines, the instructions agents get, the README and the docs) gives both."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    files = [*(root / "relay").rglob("*.py"), root / "README.md", *(root / "docs").glob("*.md"),
+             *(root / "contrib").glob("*.md")]
+    hints = 0
+    for f in files:
+        text = f.read_text()
+        for m in re.finditer(r"pip install '?agent-outbox-relay\[(\w+)\]'?", text):
+            assert f"pip install '.[{m.group(1)}]'" in text[m.end():m.end() + 120], (f.name, text[m.start():m.end() + 120])
+            hints += 1
+    assert hints >= 7
 
 
 def test_import_relay_and_other_verbs_never_import_mcp(cli):

@@ -62,7 +62,8 @@ From Python, with the interpreter that has relay ({{PY}}):
         me.mark_read([m.id])
     me.send("{{to}}", "the body", subject="hi")
 
-Through MCP, once relay's server is registered for you (`pip install 'agent-outbox-relay[mcp]'`):
+Through MCP, once relay's server is registered for you (`pip install 'agent-outbox-relay[mcp]'`, from a
+checkout of relay `pip install '.[mcp]'`):
 
     claude mcp add relay-{{me}} -- {{R}} mcp --agent {{me}} --root {{root}}
 

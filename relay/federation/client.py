@@ -17,7 +17,8 @@ from relay.errors import FederationError
 
 log = logging.getLogger(__name__)
 
-EXTRA = "the federation needs the redis package: pip install 'agent-outbox-relay[federation]'"
+EXTRA = ("the federation needs the redis package: pip install 'agent-outbox-relay[federation]' "
+         "(from a checkout of relay: pip install '.[federation]')")
 SOCKET_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 2.0
 
