@@ -87,7 +87,7 @@ def test_send_to_broadcast_reaches_everyone_like_star(team):
         assert [m.id for m in relay.Agent(agent, root=team.root).inbox()] == [mid]
     assert relay.Agent("Alice", root=team.root).inbox() == []
     r = team("send", "--from", "Broadcast", "--to", "Bob", "--create", "x", ok=False)
-    assert error_line(r) == "'Broadcast' means every agent (as '*') and cannot be one agent's name"
+    assert error_line(r) == "'Broadcast' is a name relay keeps for itself (Broadcast: every agent (as '*')), in any case (--from)"
     assert not (team.state / "outbox" / "Broadcast").exists()
 
 
@@ -465,7 +465,7 @@ def test_system_inbox_is_read_but_system_never_sends(team):
     drain(team.root)
     assert "kind:    spawn" in team("inbox", "System").output
     r = team("send", "--from", "System", "--to", "Bob", "x", ok=False)
-    assert error_line(r) == "'System' is relay's own name and never a sender (--from): only agents have outboxes"
+    assert error_line(r) == "'System' is a name relay keeps for itself (System: relay's own name), in any case (--from)"
     with pytest.raises(relay.InvalidName):
         relay.Agent("System", root=team.root).send("Bob", "x")
 
