@@ -188,3 +188,34 @@ def test_keys_a_node_stores_under_its_own_prefix_cost_no_other_node_a_walk_of_th
     clock.advance(1)
     n1.link.look()
     assert n1.link.directory.routes["Dee"] == "n4"
+
+
+# -- 4. the unknown-sender flood -------------------------------------------------------------
+
+def test_entries_from_names_nobody_announced_read_the_teams_lists_at_most_once_a_second(server, team, nodes, clock):
+    """n3 writes an entry from a name nobody announced every 20 ms for two seconds: n2 reads the
+    team's lists at most once a second (not once a batch), refuses each entry, and a name n1
+    announces meanwhile is delivered from within the second."""
+    from relay.ids import IdGenerator
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n1, n2, n3, rounds=1)
+    evil, ids, stream = as_node(server, team, "n3"), IdGenerator(), Keys(team).messages("n3", "n2")
+    before = calls(server, "hget", "scan", "smembers")
+    for k in range(100):
+        mid = ids.new(clock())
+        evil.xadd(stream, {"v": "2", "id": mid, "to": '["Bob"]', "env": orjson.dumps({
+            "id": mid, "from": f"Nobody{k}", "to": ["Bob"], "kind": "message", "body": "x", "sha256": "0" * 64,
+            "headers": {}})})
+        clock.advance(0.02)
+        n2.receive()
+    clock.advance(1)
+    n2.receive()
+    after = calls(server, "hget", "scan", "smembers")
+    assert after["scan"] == before["scan"]
+    assert after["smembers"] - before["smembers"] <= 4          # 2 s of flood: a read each second, at most
+    assert after["hget"] - before["hget"] <= 4 * 3 * 2          # each read: 3 versions, lists only when changed
+    refused = n2.relay.history.db.execute("SELECT count(*) FROM messages WHERE node = 'n3' AND status = 'failed' "
+                                          "AND error LIKE '%not in the team''s directory%'").fetchone()[0]
+    assert refused == 100 and n2.held("Bob") == []

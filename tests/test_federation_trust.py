@@ -291,6 +291,8 @@ def test_a_name_a_new_node_announced_is_no_one_elses_and_an_oversized_list_refus
     n1.link.heartbeat()
     n1.drop("Newbie", "m", "TO: Bob\n\nfrom a name just made")
     n1.send()
+    n2.receive()                            # the lists were read this second: the entry waits for the next read
+    clock.advance(1)
     n2.receive()
     assert bodies(n2, "Bob") == ["from a name just made"]
 

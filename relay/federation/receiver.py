@@ -33,8 +33,8 @@ from relay.files.sync import Syncer
 from relay.core.work import backoff
 from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip, server_errors, sized
 from relay.federation.entries import _sender_of, _text, read_entry, renamed
-from relay.federation.directory import each, listed_names, team_nodes
 from relay.federation.keys import Keys
+from relay.federation.teamlists import TeamLists
 from relay.federation.listed import Listed
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ RETRY_CAP = 1.0             # ... at most this while the server answers
 REPLAY_WINDOW = 30 * 86400.0    # received ids are kept this long; an entry with an older id is refused
 REFUSALS = 100             # refused entries of one node recorded one by one in a minute, at most
 ACK_KEEP = 10_000           # acknowledgement entries kept in this node's stream to a sender (each holds a batch's)
+UNANNOUNCED = "(its node has not announced it)"
 REPEAT = "repeat"           # the verdict on a message received before
 
 
@@ -67,7 +68,6 @@ class Incoming:
         self.nodes = nodes or (lambda: [])
         self.routes = routes or (lambda: ({}, set()))
         self.on_name = on_name or (lambda: None)
-        self._lists = None          # {node: {folded name: names}} read in this batch (a name not yet resolved)
         self._team_folded = None    # the names routed or ambiguous, case folded (this batch's)
         self._local_folded = {}     # folded name -> this node's agent (this batch's)
         import redis
@@ -91,6 +91,7 @@ class Incoming:
         self.last_error = None
         self.skipping = Skipping("message")
         self.refusals = {}          # node -> (minute's start, refusals recorded, refusals not recorded)
+        self.team = TeamLists(client, self.keys, self.fed.max_agents_per_node, self.nodes, clock, self.on_name)
         self.listed = Listed(client, self.keys, self.fed.max_agents_per_node)     # what a node's entry lists now
 
     def close(self):
@@ -271,8 +272,9 @@ class Incoming:
         if not entries:
             return 0
         self.layout.fs.recheck()    # each directory looked up again by name: one may have been swapped since
-        self._lists = self._team_folded = None
+        self._team_folded = None
         self.listed.batch()
+        self.team.batch()
         local = self.layout.agent_names(self.config.agents)
         self._local_folded = {name.casefold(): name for name in local}
         works, refused, seen, repeats = [], [], {}, []      # seen: (node, id) -> sha256 of the original, in this read
@@ -291,6 +293,10 @@ class Incoming:
             try:
                 w, item = read_entry(node, eid, fields, local, self.config)
                 why = self._sender(w.sender, node, local)
+                since = self.retry.get((node, eid), (now,))[0]
+                if why and why.endswith(UNANNOUNCED) and self.team.waits(since):
+                    self.retry[(node, eid)] = (since, self.team.next_read)    # the next read of the lists decides
+                    continue
                 if why:
                     raise MessageRefused(why)
                 if now - id_time(w.id) > REPLAY_WINDOW and (node, w.id) not in before:
@@ -398,27 +404,13 @@ class Incoming:
         folded = agent.casefold()
         if self.listed.lists(holder, folded):
             return False
-        lists = self._team_lists(node)
+        lists = self._team_lists(node, force=True)
         holders = {n for n, names in lists.items() if folded in names}
         return holders == {node} and agent in lists[node][folded]
 
-    def _team_lists(self, node):
-        """{node: {folded name: names}} of every node's entry (every node key of the team, found
-        by SCAN now: one that joined since the last look too), read once per batch and taken as
-        the directory takes them (listed_names()); one that cannot be read (too large, another
-        type) lists nothing."""
-        if self._lists is None or node not in self._lists:
-            nodes = sorted(team_nodes(self.client, self.keys) | set(self.nodes()) | {node})
-            limit = self.fed.max_agents_per_node
-            self._lists = {}
-            replies = each(self.client, nodes, lambda pipe, n: pipe.hget(self.keys.node(n), "agents"))
-            for n, listed in zip(nodes, replies, strict=True):
-                folded = {}
-                for name in listed_names(None if isinstance(listed, Exception) else listed, limit)[0]:
-                    folded.setdefault(name.casefold(), set()).add(name)
-                self._lists[n] = folded
-            self.on_name()
-        return self._lists
+    def _team_lists(self, node, force=False):
+        """{node: {folded name: names}} of every node's entry, read at most once a second (teamlists.py)."""
+        return self.team.lists(node, force)
 
     def _ack(self, node, mid, refusal, eid):
         self.retry.pop((node, eid), None)
@@ -438,7 +430,7 @@ class Incoming:
             return (f"the sender {sender} is not an agent of node {node} in the team's directory (another node's, "
                     "claimed by more than one, or a case variant of a name the team has)")
         if holds is None:
-            return f"the sender {sender} is not in the team's directory (node {node} has not announced it)"
+            return f"the sender {sender} is not in the team's directory {UNANNOUNCED}"
         return None
 
     def _verdict(self, w, node, before, seen):
