@@ -107,6 +107,9 @@ class FederationRecords:
                     hushed.setdefault(node, []).append(mid)
                 else:
                     self._events([(mid, now, "republished", f"to node {node}: {why}")])
+            self._events([(mids[0], now, "republished", f"to node {node} with {len(mids) - 1} others whose events "
+                           f"are not kept one by one (over the bound a minute): {why}")
+                          for node, mids in hushed.items()])
         return entries
 
     def reroute(self, now, moves, bounce=True):
