@@ -84,6 +84,26 @@ def test_status_json_has_the_spec_keys(cli):
     assert "archived 2" in cli("status", ok=False).output
 
 
+def test_status_headlines_a_message_delivered_and_archived_since_as_delivered(cli):
+    """39 messages delivered and archived read "delivered 0": the ledger's state `delivered` is
+    only a delivered message whose file is not archived yet. The headline counts what people
+    mean; the ledger's states are named on a line of their own."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    (cli.state / "relay.toml").write_text("bounces = false\n")
+    for i in range(3):
+        drop(cli, "Ann", f"m{i}", f"TO: Ben\n\nx{i}")
+    drop(cli, "Ann", "bad", "TO: Zed\n\nx")
+    cli("run", "--once", "-q")
+    drop(cli, "Ann", "later", "TO: Ben\n\nnot yet")
+    doc = json.loads(cli("status", "--json", ok=False).stdout)
+    assert doc["messages"] == {"delivered": 3, "on_the_way": 0, "failed": 1}
+    assert doc["counts"]["archived"] == 3 and doc["counts"]["delivered"] == 0
+    lines = cli("status", ok=False).stdout.splitlines()
+    assert "messages   3 delivered, 0 on the way, 1 failed" in lines
+    assert any(ln.startswith("states     archived 3, delivered 0 (") and "pending 0, processing 0, failed 1" in ln
+               for ln in lines), lines
+
+
 def test_audit_filters_json_and_table(cli):
     cli("init", "--agent", "Ann", "--agent", "Ben", "--agent", "Cy")
     (cli.state / "relay.toml").write_text("bounces = false\n")     # the filters over the agents' messages only

@@ -53,6 +53,23 @@ def test_report_numbers(page):
     assert re.search(r"<td>plan</td><td class='n'>4</td>", html)
 
 
+def test_the_report_headlines_messages_delivered_and_archived_since_as_delivered(page, project):
+    """The cards read "0 delivered" for messages delivered and archived: the ledger's state
+    `delivered` is the short time before the archive move. The headline counts delivered
+    messages (archived since or not); the ledger's states are named apart."""
+    from relay.ledger.history import History
+    from relay.ledger.ledger import Ledger
+    with History(Ledger(project.state / "ledger.sqlite", readonly=True)) as history:
+        counts = history.counts()
+    assert counts["archived"] >= 4 and counts["delivered"] == 0
+    html = page.read_text()
+    headline = re.search(r"<div class=['\"]cards['\"] id=['\"]messages['\"]>(.*?)</div>\s*<p", html, re.S).group(1)
+    cards = {name: int(n) for n, name in re.findall(r"<b>(\d+)</b>([a-z ]+)</div>", headline)}
+    assert cards == {"delivered": counts["archived"], "on the way": counts["pending"], "failed": 1}
+    states = re.search(r"<p class=['\"]meta['\"] id=['\"]states['\"]>(.*?)</p>", html).group(1)
+    assert states.startswith("ledger states: archived ") and "delivered 0" in states
+
+
 def _png_pixels(path):
     """A tiny PNG decoder (8-bit RGB/RGBA, non-interlaced): (width, height, rows of bytes, channels)."""
     data = path.read_bytes()

@@ -187,7 +187,7 @@ def status(ctx, max_pending_age, as_json):
         code, problems = code or more, problems + [views.plain(p) for p in said]
     settings = {k: att.get(k) for k in ("journal_mode", "synchronous", "busy_timeout_ms", "foreign_keys")}
     doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
-           "daemon": {"running": pid is not None, "pid": pid}, "counts": counts,
+           "daemon": {"running": pid is not None, "pid": pid}, "messages": views.headline(counts), "counts": counts,
            "agents": sorted(layout.agent_names(cfg.agents)), "undeclared": undeclared,
            "oldest_pending_age_s": oldest, "sheds": sheds,
            "reservations": [Reservation.of(r).as_dict(now) for r in held],
@@ -204,8 +204,9 @@ def status(ctx, max_pending_age, as_json):
         return
     echo(f"root       {doc['root']}\nstate dir  {doc['state_dir']}")
     echo(f"daemon     {'running, pid ' + str(pid) if pid else 'not running'}")
-    echo("messages   " + ", ".join(f"{k} {v}" for k, v in counts.items())
-               + (f"; {unknown} with a status this relay cannot read" if unknown else ""))
+    echo("messages   {delivered} delivered, {on_the_way} on the way, {failed} failed".format(**doc["messages"])
+         + (f"; {unknown} with a status this relay cannot read" if unknown else ""))
+    echo("states     " + views.ledger_states(counts) + "  (the ledger's)")
     echo("sheds      " + ", ".join(f"{k} {v}" for k, v in sheds.items()) + "  (relay audit --status shed)")
     if oldest is not None:
         echo(f"oldest pending  {oldest:.1f}s")

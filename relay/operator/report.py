@@ -5,11 +5,10 @@ History.figures()."""
 import datetime
 import html
 
-from relay.ledger.ledger import Status
 from relay.ledger.schema import REASONS
 from relay.core.message import iso
 from relay.terminal import escaped
-from relay.operator.views import num
+from relay.operator.views import headline, ledger_states, num
 
 
 def _time(ts):
@@ -96,8 +95,7 @@ def render(data, title="relay report", now=None):
     counts = data["counts"]
     total = sum(counts.values())
     since = f"since {iso(data['since'])}" if data["since"] else "all time"
-    cards = "".join(f"<div class='card'><b>{counts.get(k, 0)}</b>{k}</div>"
-                    for k in (Status.ARCHIVED, Status.FAILED, Status.PENDING, Status.PROCESSING, Status.DELIVERED))
+    cards = "".join(f"<div class='card'><b>{n}</b>{k.replace('_', ' ')}</div>" for k, n in headline(counts).items())
     failures = "".join(
         f"<tr><td><code>{_e(r['id'])}</code></td><td>{_e(r['sender'])}</td><td>{_e(r['name'])}</td>"
         f"<td class='err'>{_e(r['error'])}</td><td>{_e(iso(r['failed_at']) if r['failed_at'] else '')}</td></tr>"
@@ -118,7 +116,8 @@ def render(data, title="relay report", now=None):
 <body>
 <h1>{_e(title)}</h1>
 <p class="meta">{total} messages, {since}; generated {_e(iso(now)) if now else ''}</p>
-<div class="cards">{cards}</div>
+<div class="cards" id="messages">{cards}</div>
+<p class="meta" id="states">ledger states: {_e(ledger_states(counts))}</p>
 <h2>Who told whom (deliveries)</h2>
 {_matrix(data["matrix"])}
 <h2>Messages per hour (UTC)</h2>

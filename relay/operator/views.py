@@ -48,7 +48,7 @@ def value(v):
 
 
 def record(row):
-    """A message row as the JSON record of `relay audit --json` (SPEC section 5)."""
+    """A message row as the JSON record of `relay audit --json` (contract §5)."""
     to = recipients(row)
     row = {k: value(row[k]) for k in row.keys()}
     return {
@@ -130,6 +130,22 @@ def num(value):
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value if value is None or isinstance(value, (int, float, str)) else repr(value)[:80]
+
+
+def headline(counts):
+    """Messages as people count them, from the ledger's states (`counts`): delivered, whether its
+    file was archived since (`archived`) or its archive move is still to come (`delivered`); on
+    the way (`pending`, `processing`); failed."""
+    n = lambda *states: sum(counts.get(s, 0) for s in states)      # noqa: E731
+    return {"delivered": n(Status.DELIVERED, Status.ARCHIVED), "on_the_way": n(Status.PENDING, Status.PROCESSING),
+            "failed": n(Status.FAILED)}
+
+
+def ledger_states(counts):
+    """The ledger's states named, each with its count."""
+    n = lambda s: counts.get(s, 0)      # noqa: E731
+    return (f"archived {n(Status.ARCHIVED)}, delivered {n(Status.DELIVERED)} (its file not archived yet), "
+            f"pending {n(Status.PENDING)}, processing {n(Status.PROCESSING)}, failed {n(Status.FAILED)}")
 
 
 def registered(row):
