@@ -219,3 +219,53 @@ def test_entries_from_names_nobody_announced_read_the_teams_lists_at_most_once_a
     refused = n2.relay.history.db.execute("SELECT count(*) FROM messages WHERE node = 'n3' AND status = 'failed' "
                                           "AND error LIKE '%not in the team''s directory%'").fetchone()[0]
     assert refused == 100 and n2.held("Bob") == []
+
+
+# -- 6. the first issue's rules for entries from other nodes ---------------------------------
+
+def test_messages_from_another_node_shed_keep_a_kib_of_body_and_few_of_them_even_that(server, team, nodes, clock):
+    """Bob's queue is full (queue_limit = 1): 40 messages of 64 KiB from n1 are shed at n2. The
+    ledger keeps of each its headers, size and hash and at most the first KiB of its body, and a
+    body at all for at most SHED_BODIES of one sender in a window: not 40 x 64 KiB."""
+    from relay.ledger.shed_keep import KEEP_BODY_BYTES, SHED_BODIES
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"], extra="queue_limit = 1")
+    exchange(n1, n2, rounds=1)
+    big = "x" * (64 << 10)
+    for i in range(41):
+        n1.drop("Ann", f"m{i}", f"TO: Bob\n\n{i} {big}")
+    n1.send()
+    while n2.receive():
+        pass
+    rows = n2.relay.history.db.execute("SELECT body, sha256 FROM messages WHERE node = 'n1' AND status = 'failed'"
+                                       ).fetchall()
+    assert len(rows) == 40 and len(n2.held("Bob")) == 1
+    kept = [len((r["body"] or "").encode()) for r in rows]
+    assert max(kept) <= KEEP_BODY_BYTES and sum(1 for k in kept if k) <= SHED_BODIES
+    assert all(r["sha256"] for r in rows)
+
+
+def test_a_node_speaking_as_system_in_any_case_is_refused(server, team, nodes, clock):
+    """n3 lists SYSTEM (then system, then sYsTeM) among its agents, alone of its spelling, and
+    writes from it: none is taken as n3's, none is delivered (as System or otherwise), each is
+    refused as relay's own name."""
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n2, n3, rounds=1)
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    for k, spelling in enumerate(("SYSTEM", "system", "sYsTeM")):
+        evil.hset(keys.node("n3"), mapping={"agents": orjson.dumps(["Eve", spelling]), "v": f"with-system-{k}"})
+        clock.advance(1)
+        n2.link.look()
+        assert spelling not in n2.link.directory.routes
+        mid = n2.relay.ids.new(clock())
+        evil.xadd(keys.messages("n3", "n2"), {"v": "2", "id": mid, "to": '["Bob"]', "env": orjson.dumps({
+            "id": mid, "from": spelling, "to": ["Bob"], "kind": "message", "body": "stop", "sha256": "0" * 64,
+            "headers": {}})})
+        clock.advance(1)
+        while n2.receive():
+            pass
+    assert n2.held("Bob") == []
+    why = [r[0] for r in n2.relay.history.db.execute("SELECT error FROM messages WHERE node = 'n3' AND "
+                                                     "status = 'failed'")]
+    assert len(why) == 3 and all("reserved" in w or "relay's own" in w or "keeps for itself" in w for w in why), why
