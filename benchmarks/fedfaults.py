@@ -292,7 +292,7 @@ def acl_lines(team, passwords, cwd):
                              env=dict(os.environ, RELAY_LOG_LEVEL="ERROR"))
         if out.returncode != 0:
             raise RuntimeError(f"relay federation acl {node} failed: {out.stderr.strip()}")
-        lines.append(out.stdout.strip())
+        lines.extend(out.stdout.splitlines())     # the user, and the node's line in the team's registry
     return lines
 
 

@@ -60,7 +60,7 @@ class Roster:
         """Every node found: the registry's members, and the node keys the walk found so far."""
         self.members = registered(self.client, self.keys)
         for _ in range(WALK_CALLS):
-            self.cursor, keys = self.client.scan(self.cursor, match=self.keys.node_pattern, count=WALK_COUNT)
+            self.cursor, keys = self._scan()
             for key in keys:
                 name = self.keys.node_name(key)
                 if name and NAME.match(name):
@@ -69,6 +69,16 @@ class Roster:
                 self.walked, self.walking = self.walking, set()
                 break
         return self.members | self.walked | self.walking
+
+    def _scan(self):
+        """One SCAN from the walk's cursor: (the next cursor, the node keys found). In a cluster,
+        on the master of the team's slot (every key of a team lies in it)."""
+        if not hasattr(self.client, "get_node_from_key"):
+            return self.client.scan(self.cursor, match=self.keys.node_pattern, count=WALK_COUNT)
+        node = self.client.get_node_from_key(self.keys.node(self.node))
+        cursors, keys = self.client.scan(self.cursor, match=self.keys.node_pattern, count=WALK_COUNT,
+                                         target_nodes=node)
+        return (cursors.get(node.name, 0) if isinstance(cursors, dict) else cursors), keys
 
     def register(self, now, errors):
         """Add this node to the registry when it is not there (at most once a REGISTER_EVERY). A
