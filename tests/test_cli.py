@@ -104,6 +104,20 @@ def test_status_headlines_a_message_delivered_and_archived_since_as_delivered(cl
                for ln in lines), lines
 
 
+def test_audit_shows_whom_a_failed_message_was_for(cli):
+    """A message that failed on `TO: Zed, Bob` (Zed unknown) read `Ann → ?` in the audit: the
+    recipients it named are recorded, as written, and shown, its --to filter finds it."""
+    cli("init", "--agent", "Ann", "--agent", "Bob")
+    (cli.state / "relay.toml").write_text("bounces = false\n")
+    drop(cli, "Ann", "m", "TO: Zed, Bob\n\nhello")
+    cli("run", "--once", "-q")
+    [record] = json.loads(cli("audit", "--json").stdout)
+    assert (record["status"], record["to"]) == ("failed", ["Zed", "Bob"])
+    table = cli("audit").stdout
+    assert "Ann → Zed,Bob" in table and "→ ?" not in table
+    assert [r["id"] for r in json.loads(cli("audit", "--to", "Zed", "--json").stdout)] == [record["id"]]
+
+
 def test_audit_filters_json_and_table(cli):
     cli("init", "--agent", "Ann", "--agent", "Ben", "--agent", "Cy")
     (cli.state / "relay.toml").write_text("bounces = false\n")     # the filters over the agents' messages only

@@ -324,8 +324,10 @@ class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, Bou
         if m is None:
             return dict.fromkeys(("kind", "thread", "subject", "body", "headers", "recipients", "content_type",
                                   "max_retries"))
+        # a message refused before its recipients were resolved (one unknown): those it named, as written
+        to = w.recipients or list(dict.fromkeys(m.to))
         return {"kind": m.kind, "thread": m.thread, "subject": m.subject, "body": m.body,
-                "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(w.recipients).decode(),
+                "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(to).decode(),
                 "content_type": m.content_type, "max_retries": m.max_retries}
 
     def _record_archived(self, at, works, events):
