@@ -307,7 +307,7 @@ def test_the_server_ends_when_its_input_closes_or_on_ctrl_c_during_a_wait(team, 
         closed.stdin.close()
         interrupted.send_signal(signal.SIGINT)
         assert closed.wait(timeout=30) == 0
-        assert interrupted.wait(timeout=30) == -signal.SIGINT
+        assert interrupted.wait(timeout=30) == 130         # 128 + SIGINT, as a shell reports Ctrl-C
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -317,6 +317,27 @@ def test_the_server_ends_when_its_input_closes_or_on_ctrl_c_during_a_wait(team, 
             err.close()
     for i in range(2):
         assert "Traceback" not in (tmp_path / f"server{i}.err").read_text()
+    assert (tmp_path / "server1.err").read_text() == ""
+
+
+def test_ctrl_c_on_an_idle_server_exits_130_quietly(team):
+    """Ctrl-C on `relay mcp` waiting for its client's next request: exit 130, nothing on stderr
+    (it used to die of the signal itself: -2 to its parent, no exit status of its own)."""
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "mcp", "--agent", "Bob", "--root", str(team.root)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
+        ).encode() + b"\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["result"]["serverInfo"]["name"] == "relay"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and err.decode() == ""
 
 
 def test_a_stop_ends_an_agent_wait_from_another_thread(team):

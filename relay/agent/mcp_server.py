@@ -37,6 +37,7 @@ schemas) import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
 """
 import functools
 import logging
+import os
 import signal
 import time
 from typing import Annotated, Literal, Optional
@@ -348,16 +349,20 @@ def build(agent, handover=None):
     return server
 
 
+EXIT_INTERRUPTED = 130      # Ctrl-C: 128 + SIGINT, as a shell reports it (and relay inbox --wait exits)
+
+
 def serve(agent):
     """Serve `agent` over stdio until the client closes its input (or goes away: mcp_wire.ClientGone,
     a BrokenPipeError, which the CLI turns into a quiet exit)."""
     handover = Handover(agent.name, agent.project.config, wire=True)
     server = build(agent, handover)
     agent.layout.close()            # each call opens the state directory afresh
-    # Ctrl-C ends the server at once, as SIGTERM does: the SDK's shutdown would wait for the
-    # tools' worker threads. Nothing is left half done that relay does not tolerate (a send is a
-    # hidden temporary in the outbox until its rename; a message is new until its reply is out).
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # Ctrl-C ends the server at once, as SIGTERM does, with exit 130 (128 + SIGINT) and not a
+    # word: the SDK's shutdown would wait for the tools' worker threads. Nothing is left half done
+    # that relay does not tolerate (a send is a hidden temporary in the outbox until its rename; a
+    # message is new until its reply is out).
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
     # The SDK's Server under MCPServer, run on relay's transport (MCPServer.run_stdio_async
     # runs it on the SDK's, which cannot say whether a reply was written).
     lowlevel = server._lowlevel_server

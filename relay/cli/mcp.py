@@ -1,10 +1,12 @@
 """`relay mcp --agent NAME`: serve the agent's side of relay over the Model Context Protocol
 (stdio). The server is in mcp_server.py, which needs the `mcp` extra; no other verb imports it."""
 import importlib
+import sys
 
 import click
 
 from relay.agent.api import Agent, Project
+from relay.cli.agent import EXIT_INTERRUPTED
 from relay.cli.context import pass_ctx
 from relay.errors import RelayError, UnknownAgent
 from relay.guards import acting, handle_errors, sender_name
@@ -33,6 +35,13 @@ def mcp(ctx, agent):
     read, mark_read, search, agents, thread, reserve, release and reservations. Register it in an
     MCP client with the command
     `relay mcp --agent NAME --root /abs/project`."""
+    try:
+        _serve(ctx, agent)
+    except KeyboardInterrupt:       # Ctrl-C before the server took SIGINT over: as after, quietly
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _serve(ctx, agent):
     server = server_module()
     project = Project(config=ctx.cfg)
     try:
