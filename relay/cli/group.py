@@ -14,6 +14,7 @@ import relay.cli.operator as operator
 import relay.cli.reserve as reserve
 import relay.cli.run as run
 import relay.cli.state as state
+import relay.cli.web as web
 from relay.cli.context import Context, Group
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,6 +33,6 @@ def entry():
 
 
 # The verbs, each module's list (cli_mcp imports the SDK only when run).
-for module in (run, agent, reserve, state, inspect, lookups, operator, admin, adopt, imports, mcp):
+for module in (run, agent, reserve, state, inspect, lookups, operator, admin, adopt, imports, mcp, web):
     for command in module.COMMANDS:
         main.add_command(command)

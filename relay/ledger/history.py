@@ -35,6 +35,7 @@ from relay.ledger.state import StateReads
 from relay.ledger.ledger import STATUSES
 from relay.ledger.rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
 from relay.ledger.sql import chunks
+from relay.ledger.web import WebReads
 
 NUMBER = "typeof({0}) IN ('integer', 'real')"
 # a column that holds a time: a number of seconds within the years 1 to 9999 (relay/times.py)
@@ -73,6 +74,7 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
     def __init__(self, ledger):
         self.ledger = ledger
         self.db = ledger.db
+        self.web = WebReads(self)       # the web view's and /metrics' reads (web.py)
 
     def close(self):
         self.ledger.close()

@@ -1,0 +1,176 @@
+"""relay web without a browser: the token on every address, the headers that keep a page inert,
+agents' hostile text rendered inert on every page, the filters, search and pages of Messages, a
+message's original checked against its hash and the chain, and the refusals (bad filters, path
+traversal, huge query strings). The server runs in-process on a free port."""
+import html
+import html.parser
+import re
+import sys
+
+import pytest
+from webkit import get, server
+
+from relay.cli import main  # noqa: F401  (the CLI, for the verb's tests)
+
+HOSTILE = [
+    "<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "javascript:alert(1)",
+    "<a href='javascript:alert(1)'>x</a>", "<svg onload=alert(1)>", "</textarea><b>", "<!--",
+    "‮gnp.exe", "tab\tbell\x07esc\x1b[31m", "<style>body{display:none}</style>", "{{7*7}}",
+]
+
+
+@pytest.fixture
+def web(team):
+    """The team's project with a little traffic, and relay web serving it."""
+    for i, bad in enumerate(HOSTILE):
+        team("send", "--from", "Alice", "--to", "Bob", "--subject", bad, "--thread", f"t{i}{bad}", f"body {bad}")
+    team("send", "--from", "Bob", "--to", "Zed", "--create", "to a new agent")
+    team("run", "--once")
+    srv = server(team.root).start()
+    yield srv
+    srv.stop()
+
+
+def ids(text):
+    return re.findall(r'data-id="([0-9A-Z]{26})"', text)
+
+
+class Tags(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+ALLOWED = {"html", "head", "meta", "title", "link", "script", "body", "header", "nav", "a", "span", "main", "h1",
+           "h2", "p", "table", "tr", "th", "td", "code", "section", "div", "b", "ol", "li", "form", "label", "input",
+           "select", "option", "button", "pre", "article", "time", "footer", "svg", "line", "text", "rect", "ul",
+           "textarea"}
+
+
+def assert_inert(text):
+    """No tag, attribute or address came from an agent: only the page's own tags, no event
+    attribute, no javascript: address, one script (the page's own file); no bidi control raw."""
+    p = Tags()
+    p.feed(text)
+    for tag, attrs in p.tags:
+        assert tag in ALLOWED, tag
+        assert not any(k.startswith("on") for k in attrs), (tag, attrs)
+        assert not any((v or "").strip().lower().startswith("javascript:") for v in attrs.values()), (tag, attrs)
+    scripts = [a for t, a in p.tags if t == "script"]
+    assert scripts == [{"src": "/static/relay.js", "defer": None}]
+    assert "\u202e" not in text and "\x07" not in text and "\x1b" not in text
+
+
+def test_every_address_needs_the_token(web):
+    mid = ids(get(web, "/messages")[2])[0]
+    for path in ("/", "/messages", f"/messages/{mid}", f"/messages/{mid}/original", "/threads/t0", "/agents",
+                 "/metrics", "/events", "/static/relay.css"):
+        assert get(web, path, token=None)[0] == 401, path
+        assert get(web, path, token="wrong" + web.token)[0] == 401, path
+        assert get(web, path + "?token=nope", token=None)[0] == 401, path
+    assert get(web, "/agents")[0] == 200
+
+
+def test_the_printed_address_signs_in_with_a_strict_httponly_cookie(web):
+    status, headers, _ = get(web, f"/messages?token={web.token}&status=archived", token=None)
+    assert status == 303 and headers["location"] == "/messages?status=archived"
+    cookie = headers["set-cookie"]
+    assert cookie.startswith(f"relay_web_{web.port}={web.token};")
+    assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower()
+    assert get(web, "/messages", token=None, headers={"Cookie": f"relay_web_{web.port}={web.token}"})[0] == 200
+    assert get(web, "/messages", token=None, headers={"Cookie": f"relay_web_{web.port}=x{web.token}"})[0] == 401
+
+
+def test_every_answer_carries_a_policy_without_inline_script(web):
+    for path in ("/", "/messages", "/agents", "/nowhere"):
+        _, headers, _ = get(web, path)
+        csp = headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "default-src 'none'" in csp
+        assert headers["x-content-type-options"] == "nosniff" and headers["x-frame-options"] == "DENY"
+
+
+def test_agents_hostile_text_is_inert_on_every_page(web):
+    listing = get(web, "/messages")[2]
+    assert_inert(listing)
+    pages = ["/", "/messages", "/agents", "/messages?q=alert", "/messages?thread=t0%3Cscript%3Ealert(1)%3C/script%3E"]
+    threads = re.findall(r'href="(/threads/[^"]+)"', listing)
+    assert len(threads) == len(HOSTILE)
+    pages += threads + [f"/messages/{m}" for m in ids(listing)]
+    for path in pages:
+        status, _, text = get(web, path)
+        assert status == 200, path
+        assert_inert(text)
+    message = get(web, f"/messages/{ids(listing)[-1]}")[2]      # the first sent: its subject, shown as text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in message
+    bidi = [get(web, f"/messages/{m}")[2] for m in ids(listing)]
+    assert any("\\u202egnp.exe" in t for t in bidi)          # the bidi control shown, not obeyed
+
+
+def test_messages_filter_search_and_pages(team):
+    for i in range(55):
+        team("send", "--from", "Alice", "--to", "Bob", "--subject", f"note {i}", "--thread", "many", f"word{i} common")
+    team("send", "--from", "Bob", "--to", "Carol", "--subject", "unique zebra", "the zebra body")
+    team("run", "--once")
+    with server(team.root) as srv:
+        first = get(srv, "/messages")[2]
+        assert len(ids(first)) == 50
+        older = re.search(r'href="([^"]+)" id="older"', first).group(1).replace("&amp;", "&")
+        rest = get(srv, older)[2]
+        assert len(ids(rest)) == 6 and not set(ids(rest)) & set(ids(first)) and 'id="older"' not in rest
+        assert len(ids(get(srv, "/messages?from=Bob")[2])) == 1
+        assert len(ids(get(srv, "/messages?agent=Carol")[2])) == 1
+        assert len(ids(get(srv, "/messages?q=zebra")[2])) == 1
+        assert len(ids(get(srv, "/messages?q=word7")[2])) == 1
+        assert ids(get(srv, "/messages?to=Carol&status=archived")[2]) == ids(get(srv, "/messages?q=zebra")[2])
+        assert ids(get(srv, "/messages?status=failed")[2]) == []
+        thread = get(srv, "/threads/many")[2]
+        assert len(ids(thread)) == 55 and thread.index("note 0") < thread.index("note 54")     # oldest first
+
+
+@pytest.mark.parametrize("query, words", [("status=lost", "no status 'lost'"), ("since=yesterdayish", "since:"),
+                                           ("from=../etc", "invalid agent name"), ("q=%22%22", "nothing to search"),
+                                           ("priority=high", "no priorities yet"), ("before=../../x", "not a message id")])
+def test_a_filter_it_cannot_read_is_refused_in_one_line(web, query, words):
+    status, _, text = get(web, f"/messages?{query}")
+    assert status == 400
+    assert words in html.unescape(re.search(r'id="refused">(.*?)</p>', text, re.S).group(1))
+
+
+def test_no_address_reaches_the_file_system(web, team):
+    (team.root / "secret.txt").write_text("secret")
+    for path in ("/messages/..%2F..%2Fsecret.txt/original", "/messages/../../secret.txt/original",
+                 "/threads/..%2F..%2Fsecret.txt", "/static/..%2F..%2F..%2Fsecret.txt", "/static/%2e%2e/app.py",
+                 "/messages?thread=../../secret.txt", "/messages?q=../../secret.txt"):
+        status, _, text = get(web, path)
+        assert "secret" not in text.replace("secret.txt", "") and status in (200, 400, 404), path
+
+
+def test_a_huge_query_string_is_refused_before_it_is_read(web):
+    status, _, text = get(web, "/messages?q=" + "a" * 10_000)
+    assert status == 414 and "at most" in text
+
+
+def test_the_message_page_checks_the_original_against_its_hash_and_the_chain(web, team):
+    mid = ids(get(web, "/messages?from=Alice")[2])[0]
+    text = get(web, f"/messages/{mid}")[2]
+    assert 'id="hash" class="ok"' in text and "hash to the recorded sha256" in text
+    assert 'id="chain" class="ok"' in text
+    status, headers, original = get(web, f"/messages/{mid}/original")
+    assert status == 200 and "attachment" in headers["content-disposition"] and "body" in original
+    archived = next((team.root / ".relay" / "archive").rglob(f"{mid}*"))
+    archived.write_bytes(archived.read_bytes() + b"tampered")
+    text = get(web, f"/messages/{mid}")[2]
+    assert 'id="hash" class="err"' in text and "do NOT hash" in text
+
+
+def test_relay_web_without_its_extra_says_how_to_install_it(team, monkeypatch):
+    for name in [m for m in sys.modules if m == "relay.web" or m.startswith("relay.web.")]:
+        monkeypatch.delitem(sys.modules, name)
+    for name in [m for m in sys.modules if m.split(".")[0] in ("starlette", "uvicorn")] + ["starlette", "uvicorn"]:
+        monkeypatch.setitem(sys.modules, name, None)       # as if the extra were not installed
+    r = team("web", ok=False)
+    assert r.exit_code == 1
+    assert "pip install 'agent-outbox-relay[web]'" in r.output and "pip install '.[web]'" in r.output
