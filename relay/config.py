@@ -198,13 +198,14 @@ _PARSERS = {
     "on_deliver_timeout": _positive_duration,
     "on_deliver_system": _bool,
     "bounces": _bool,
+    "ack_overdue": _positive_duration,
     "federation": _table,       # checked whole in load(), with the root: fedconfig.parse
 }
 
 # Set by relay for an on_deliver hook (hooks.py), not configuration: a hook that runs relay
 # inherits them.
 HOOK_VARIABLES = frozenset({"RELAY_MESSAGE_ID", "RELAY_SENDER", "RELAY_RECIPIENT", "RELAY_ENVELOPE",
-                            "RELAY_SUBJECT", "RELAY_THREAD", "RELAY_KIND"})
+                            "RELAY_SUBJECT", "RELAY_THREAD", "RELAY_KIND", "RELAY_PRIORITY"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +234,7 @@ class Config:
     on_deliver_timeout: float = 10.0
     on_deliver_system: bool = False     # also for envelopes delivered to System's inbox
     bounces: bool = True                # a sender hears of a message that failed (core/bounces.py)
+    ack_overdue: float = 1800.0         # an acknowledgement asked for is overdue after this (relay overdue)
     federation: object = None           # fedconfig.Federation, or None: this machine only
     source: str = dataclasses.field(default="defaults", compare=False)
     # (key, where its value came from) for root, state_dir and every key not at its default

@@ -42,6 +42,7 @@ HELP = {
     "on_deliver_timeout": "an on_deliver command still running after this is killed",
     "on_deliver_system": "also run on_deliver for envelopes delivered to System",
     "bounces": "a message that fails (or is shed for some recipients) brings its sender a bounce from System",
+    "ack_overdue": "an acknowledgement a message asks for (ACK: required) is overdue after this (relay overdue)",
     "federation": """\
 ## teams across machines over Redis (docs/federation.md): a [federation] table at the end of
 ## this file (the URL, with its password, best in RELAY_FEDERATION_URL, which agents cannot read):

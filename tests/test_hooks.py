@@ -92,7 +92,7 @@ def test_a_hook_gets_the_delivery_in_its_environment(project, monkeypatch):
     out.mkdir()
     monkeypatch.setenv("HOOK_TEST_INHERITED", "yes")
     relay = project.relay(on_deliver=[sys.executable, "-c", DUMP, str(out)])
-    project.drop("Ann", "m", "TO: Ben, Cy\nTHREAD: t-1\nSUBJECT: tests are green\n\nbody")
+    project.drop("Ann", "m", "TO: Ben, Cy\nTHREAD: t-1\nSUBJECT: tests are green\nPRIORITY: urgent\n\nbody")
     assert relay.step().archived == 1
     assert relay.hooks.join(30)
     mid = project.inbox("Ben")[0]["id"]
@@ -103,7 +103,7 @@ def test_a_hook_gets_the_delivery_in_its_environment(project, monkeypatch):
             "RELAY_MESSAGE_ID": mid, "RELAY_SENDER": "Ann", "RELAY_RECIPIENT": who,
             "RELAY_ENVELOPE": str(project.state / "inbox" / who / "new" / f"{mid}.json"),
             "RELAY_SUBJECT": "tests are green", "RELAY_THREAD": "t-1", "RELAY_KIND": "message",
-            "RELAY_ROOT": str(project.root), "RELAY_STATE_DIR": str(project.state)}
+            "RELAY_PRIORITY": "urgent", "RELAY_ROOT": str(project.root), "RELAY_STATE_DIR": str(project.state)}
         assert json.loads(open(env["RELAY_ENVELOPE"]).read())["id"] == mid
         assert env["HOOK_TEST_INHERITED"] == "yes"
         assert doc["cwd"] == str(project.root) and doc["stdin"] == "/dev/null"

@@ -31,10 +31,12 @@ from relay.files.layout import valid_id
 from relay.agent.leases import Leases
 from relay.agent.state import AgentState
 from relay.agent.registering import Registering
+from relay.agent.receipts import Receipting, by_priority
 from relay.agent.mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
 from relay.agent.project import (Project, Received, check_known, closest, create_agents, declare)  # noqa: F401  (offered here too)
 from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, retry_budget
 from relay.core.message import content_type as message_content_type, request_id as checked_request_id
+from relay.core.message import ack_required as checked_ack, priority as checked_priority
 from relay.files.sync import Syncer
 
 _ids = IdGenerator()
@@ -47,13 +49,15 @@ def one_line(value, what):
 
 
 def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=None, content_type=None,
-            max_retries=None, control=None):
+            max_retries=None, control=None, priority=None, ack_required=False):
     """The bytes of a message file in the header format (contract §2); `control`: a spawn's or
     release's keys ({"name": ..., "cli": ...})."""
     lines = [f"ID: {mid}", f"TO: {', '.join(to)}"]
     for key, value in (("KIND", kind), ("THREAD", thread), ("SUBJECT", subject), ("REQUEST-ID", request_id),
                        ("CONTENT-TYPE", content_type),
                        ("MAX-RETRIES", None if max_retries is None else str(max_retries)),
+                       ("PRIORITY", None if priority in (None, "normal") else priority),
+                       ("ACK", "required" if ack_required else None),
                        *((k.upper(), v) for k, v in (control or {}).items())):
         if value is not None:
             lines.append(f"{key}: {one_line(value, key.lower())}")
@@ -71,11 +75,12 @@ def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=N
     return (head + "\n\n" + body).encode("utf-8")
 
 
-class Agent(Leases, AgentState, Registering):
+class Agent(Leases, AgentState, Registering, Receipting):
     """One agent's side: its outbox to send from, its inbox to read, its file reservations
     (leases.py: reserve, release, reservations), the team state in its name (state.py:
     state_get, state_set, state_delete, state_list), the spawn and release of agents
-    (registering.py: spawn, release_agent)."""
+    (registering.py: spawn, release_agent), receipts and acknowledgements (receipts.py:
+    receipts, wait_receipts, ack_message, unacknowledged)."""
 
     def __init__(self, name=None, root=None, *, state_dir=None, create=False, project=None, role="agent"):
         """`name`: the agent's (default: RELAY_AGENT's); `root`: the project's, found like git
@@ -115,7 +120,7 @@ class Agent(Leases, AgentState, Registering):
     # -- sending ----------------------------------------------------------------------------
 
     def send(self, to, body="", *, subject=None, thread=None, kind=None, request_id=None, create=False,
-             wait_delivered=None, content_type=None, max_retries=None):
+             wait_delivered=None, content_type=None, max_retries=None, priority=None, ack_required=False):
         """Write a message into this agent's outbox; returns its id, which `relay show` finds.
         `to`: a name, a list of names, "*" (or its alias "Broadcast") or "System". With a request id used before by this
         agent (on a message that did not fail), nothing is written and that message's id is
@@ -125,15 +130,18 @@ class Agent(Leases, AgentState, Registering):
         (seconds, or True: for ever) it returns once every recipient has the message, and
         raises NotDelivered with the reason when it failed (DeliveryTimeout when the time ran
         out first). `content_type` (default text/plain) says how to read the body; `max_retries`
-        how many times a transient failure is retried (at most relay's max_retries)."""
+        how many times a transient failure is retried (at most relay's max_retries); `priority`
+        urgent, high, normal (the default) or low; `ack_required` asks each recipient to
+        acknowledge it (ack_message)."""
         mid = self._send(to, body, subject=subject, thread=thread, kind=kind, request_id=request_id, create=create,
-                         content_type=content_type, max_retries=max_retries)
+                         content_type=content_type, max_retries=max_retries, priority=priority,
+                         ack_required=ack_required)
         if wait_delivered is not None and wait_delivered is not False:
             delivered(self.project, mid, None if wait_delivered is True else wait_delivered)
         return mid
 
     def _send(self, to, body, *, subject, thread, kind, request_id, create, content_type=None, max_retries=None,
-              control=None):
+              control=None, priority=None, ack_required=False):
         if self.name == SYSTEM:
             raise InvalidName(f"{SYSTEM!r} is relay's own name and never a sender: only agents have outboxes")
         names = [n.strip() for n in (to.split(",") if isinstance(to, str) else to) if n.strip()]
@@ -169,6 +177,10 @@ class Agent(Leases, AgentState, Registering):
                 if isinstance(max_retries, bool) or not isinstance(max_retries, int):
                     raise MessageRefused(f"max_retries {max_retries!r} is not a whole number from 0 up")
                 retry_budget(str(max_retries))
+            priority = None if priority is None else checked_priority(str(priority))
+            if not isinstance(ack_required, bool):
+                checked_ack(str(ack_required))
+                raise MessageRefused(f"ack_required must be true or false, not {ack_required!r}")
         except MessageRefused as e:
             raise RelayError(str(e)) from None
         size, limit = len(body.encode("utf-8")), self.project.config.max_body_bytes
@@ -177,7 +189,8 @@ class Agent(Leases, AgentState, Registering):
                              "send it in parts, or raise max_body_bytes in relay.toml")
         mid = _ids.new(time.time())
         data = compose(names, body, mid=mid, kind=kind, thread=thread, subject=subject, request_id=request_id,
-                       content_type=content_type, max_retries=max_retries, control=control)
+                       content_type=content_type, max_retries=max_retries, control=control, priority=priority,
+                       ack_required=ack_required)
         # The id is this sender's before any file names it; a request id sent before (its file
         # maybe still in the outbox) gives that message's id, and nothing is written.
         first = self.project.reserve(mid, self.name, request_id)
@@ -244,17 +257,19 @@ class Agent(Leases, AgentState, Registering):
     # -- reading ----------------------------------------------------------------------------
 
     def inbox(self, ack=False, include_read=False, limit=None, skip=(), recent=0):
-        """The new messages (with `include_read`, the read ones too), oldest first; nothing is
-        marked read unless `ack`, which marks read the new ones returned. With `limit`, at most
-        that many messages (an unreadable entry met before the last of them is among them, not
-        counted), and no envelope past them is read. `skip`: names of new/ entries ("<id>.json")
+        """The new messages (with `include_read`, the read ones too), urgent first (then high,
+        normal, low), oldest first within each; nothing is marked read unless `ack`, which marks
+        read the new ones returned; each is recorded as surfaced. With `limit`, at most that many
+        messages (an unreadable entry ranked before the last of them is among them, not counted),
+        and no envelope past them is read (the ledger tells their priority). `skip`: names of new/ entries ("<id>.json")
         to leave out, unread. `recent`: the `recent` newest read messages first (recent())."""
         self._check_inbox()
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise RelayError(f"the limit must be a whole number of messages, 1 or more, not {limit!r}")
         before = self.recent(recent) if recent and not include_read else []
-        listed = self.inbox_.list(self.name, include_read, limit=limit, skip=skip)
-        items = [Received.of(doc, sub, path) for sub, path, doc in listed]
+        listed = self.inbox_.list(self.name, include_read, limit=limit, skip=skip, order=self._ranked)
+        items = by_priority([Received.of(doc, sub, path) for sub, path, doc in listed])
+        self._record("surfaced", [m for m in items if m.state == "new"])
         return before + (self.ack(items) if ack else items)
 
     def recent(self, n=10):
@@ -302,12 +317,13 @@ class Agent(Leases, AgentState, Registering):
         """Mark these messages read (new/ -> cur/); returns them as they are now. A message
         read already (here or by another reader of this inbox meanwhile), an envelope relay
         could not read, or another agent's copy (find() may return one) is left as it is."""
-        out = []
+        out, moved = [], []
         mine = os.path.join(str(self.layout.inbox), self.name, "new")
         for m in [messages] if isinstance(messages, Received) else messages:
             if m.state == "new" and not m.error and m.path and os.path.dirname(str(m.path)) == mine:
                 try:
                     m = dataclasses.replace(m, state="cur", path=str(self.inbox_.ack(m.path)))
+                    moved.append(m)
                 except FileNotFoundError:   # taken from new/ by another reader since it was listed?
                     if os.path.lexists(m.path):
                         raise               # no: cur/ is missing, say so
@@ -315,6 +331,7 @@ class Agent(Leases, AgentState, Registering):
                     if os.path.lexists(done):
                         m = dataclasses.replace(m, state="cur", path=str(done))
             out.append(m)
+        self._record("read", moved)
         return out
 
     def read(self, mid, ack=False):
@@ -333,6 +350,7 @@ class Agent(Leases, AgentState, Registering):
         if found is None:
             raise NotFound(f"no message {mid!r} in the inbox of {self.name}")
         m = Received.of(found[2], found[0], found[1])
+        self._record("surfaced", [m])
         return self.ack([m])[0] if ack else m
 
     def wait(self, timeout=None, ack=False, listening=None, stop=None, limit=None, skip=()):

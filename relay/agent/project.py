@@ -44,6 +44,8 @@ class Received:
     path: str
     error: str = None       # an envelope relay could not read: shown, never marked read
     content_type: str = TEXT_PLAIN
+    priority: str = "normal"        # urgent, high, normal or low (PRIORITY:)
+    ack_required: bool = False      # the sender asks for an acknowledgement (ACK: required)
 
     @classmethod
     def of(cls, doc, state, path):
@@ -56,14 +58,15 @@ class Received:
                    kind=text("kind"), thread=text("thread"), subject=text("subject"), body=text("body") or "",
                    headers=doc.get("headers") if isinstance(doc.get("headers"), dict) else {},
                    sent_at=text("sent_at"), relayed_at=text("relayed_at"), state=state, path=str(path),
-                   error=text("error"), content_type=text("content_type") or TEXT_PLAIN)
+                   error=text("error"), content_type=text("content_type") or TEXT_PLAIN,
+                   priority=text("priority") or "normal", ack_required=doc.get("ack_required") is True)
 
     def as_dict(self):
         """The envelope's fields (`from` for the sender), with `state` and `path`."""
         doc = {"id": self.id, "from": self.sender, "to": self.to, "kind": self.kind, "thread": self.thread,
                "subject": self.subject, "body": self.body, "headers": self.headers, "sent_at": self.sent_at,
                "relayed_at": self.relayed_at, "state": self.state, "path": self.path,
-               "content_type": self.content_type}
+               "content_type": self.content_type, "priority": self.priority, "ack_required": self.ack_required}
         if self.error:
             doc["error"] = self.error
         return doc

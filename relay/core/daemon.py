@@ -38,6 +38,7 @@ from relay.ledger.ledger import Ledger
 from relay.core.handling import Handling
 from relay.core.loop import MAX_HELD_WAIT, STEP_PAUSE, Loop
 from relay.core.outbox import Outbox, declared, ignore_lease_breaks
+from relay.core.reads import Reads
 from relay.core.recovery import Recovery
 from relay.core.routes import Router
 from relay.files.sync import Syncer
@@ -99,6 +100,7 @@ class Relay(Handling, Loop):
         self._archived = frozenset()            # the agents an operator archived, as the last batch saw them
         self.ids = IdGenerator()
         self.hooks = Hooks(config)              # on_deliver, run off this thread (hooks.py)
+        self.reads = Reads(self.layout, self.ledger)    # envelopes a Maildir client moved to cur/ (reads.py)
         # The federation's view from the loop: which recipients are on other nodes (routes.py).
         self.router = Router(config.federation, self.history) if config.federation else None
         if self.router is not None:             # the link recorded a bounce (a node refused a message)
@@ -228,6 +230,7 @@ class Relay(Handling, Loop):
             self._next_sweep = now if result.more else now + self.config.sweep_interval
         if now >= self._next_orphans:
             self.remove_orphans(now)
+        self.reads.step(now)            # reads a Maildir client made (reads.py)
         if self.bounces.due:        # registered now, claimed by the next step
             counts.registered += self.bounces.emit(now)
         return counts
@@ -385,6 +388,7 @@ class Relay(Handling, Loop):
             self.bounces.due = True
         self.flow.commit(works, now, self.config)
         self.hooks.delivered(works)     # durable now: each new recipient's hook is queued
+        self.reads.delivered(works)
         if self.router is not None and any(w.remote and not w.offered for w in works):
             self.router.queued.set()        # the link publishes what this batch queued
         if self.router is not None:

@@ -57,6 +57,7 @@ class Delivery:
     subject: str
     thread: str
     kind: str
+    priority: str = "normal"
 
     def environment(self):
         """The delivery's RELAY_* variables: every value from the message through `plain` (the
@@ -65,7 +66,7 @@ class Delivery:
         return {"RELAY_MESSAGE_ID": plain(self.message_id), "RELAY_SENDER": plain(self.sender),
                 "RELAY_RECIPIENT": plain(self.recipient), "RELAY_ENVELOPE": self.envelope,
                 "RELAY_SUBJECT": plain(self.subject), "RELAY_THREAD": plain(self.thread),
-                "RELAY_KIND": plain(self.kind)}
+                "RELAY_KIND": plain(self.kind), "RELAY_PRIORITY": plain(self.priority)}
 
 
 def plain(value):
@@ -135,7 +136,7 @@ class Hooks:
                         continue
                     d = Delivery(w.id, w.sender, r, os.path.join(inbox, r, "new", f"{w.id}.json"),
                                  plain(getattr(m, "subject", None)), plain(getattr(m, "thread", None)),
-                                 plain(getattr(m, "kind", None)))
+                                 plain(getattr(m, "kind", None)), plain(getattr(m, "priority", "normal")))
                     queued += self.fire(d)
         except Exception:  # noqa: BLE001 - the deliveries are recorded: nothing here may fail the step
             log.exception("on_deliver: hooks of this batch not queued")

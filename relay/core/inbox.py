@@ -199,15 +199,17 @@ class Inbox:
         rel = next((r for r in self._copies(recipient, mid) if self.fs.exists(r)), None)
         return None if rel is None else self.fs.abspath(rel)
 
-    def list(self, agent, include_cur=False, limit=None, skip=()):
+    def list(self, agent, include_cur=False, limit=None, skip=(), order=None):
         """(sub, path, envelope) of an agent's messages, oldest first (by name: ids sort by time).
         With `limit`, at most that many readable envelopes, and no file past the last of them is
         opened (an unreadable one met before it is listed too and not counted). An entry of
         new/ named in `skip` is left out unopened; one that left its directory since the
-        listing (another reader took it) is left out."""
+        listing (another reader took it) is left out. `order(names)` gives new/'s names in the
+        order to read them (the agent's priority order) instead."""
         out, readable = [], 0
         for sub in ("new", "cur") if include_cur else ("new",):
-            for name in self.names(agent, sub):
+            names = self.names(agent, sub)
+            for name in order(names) if order is not None and sub == "new" and names else names:
                 if limit is not None and readable >= limit:
                     return out
                 if sub == "new" and name in skip:

@@ -172,4 +172,5 @@ class Loop:
             deadlines.append(due)
         if horizon is None:
             deadlines += [self._next_rescan, self._next_sweep, self._next_orphans, self._next_archive_retry]
+            deadlines += [d for d in (self.reads.due(),) if d is not None]
         return min(deadlines, default=None)

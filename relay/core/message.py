@@ -25,8 +25,11 @@ CONTROL_KINDS = ("spawn", "release", "continuity")
 KNOWN_KINDS = ("message",) + CONTROL_KINDS
 CONTROL_KEYS = ("name", "cli", "cwd", "model", "action")
 KNOWN_KEYS = ("to", "kind", "thread", "subject", "body", "id", "request_id", "content_type",
-              "max_retries") + CONTROL_KEYS
-ALIASES = {"request-id": "request_id", "content-type": "content_type", "max-retries": "max_retries"}  # header -> key
+              "max_retries", "priority", "ack_required") + CONTROL_KEYS
+ALIASES = {"request-id": "request_id", "content-type": "content_type", "max-retries": "max_retries",
+           "ack": "ack_required", "ack-required": "ack_required"}  # header -> key
+PRIORITIES = ("urgent", "high", "normal", "low")    # most urgent first (PRIORITY:)
+ACK_YES, ACK_NO = ("required", "yes", "true", "1"), ("", "no", "none", "false", "0")   # ACK: values
 MAX_REQUEST_ID = 200
 TEXT_PLAIN = "text/plain"   # the content type of a message that names none
 MAX_CONTENT_TYPE = 255
@@ -54,6 +57,8 @@ class Message:
     request_id: str = None
     content_type: str = TEXT_PLAIN
     max_retries: int = None     # the sender's retry budget (at most the configured one), or None
+    priority: str = "normal"    # PRIORITY: one of PRIORITIES
+    ack_required: bool = False  # ACK: required: each recipient is asked to acknowledge it
 
 
 _iso_seconds = {}        # epoch second -> "YYYY-MM-DDTHH:MM:SS", the last few formatted
@@ -133,7 +138,8 @@ def _parse_json(text):
     body = fields.get("body", "")
     if body is None:
         body = ""
-    return names, {k: _text(k, v) for k, v in fields.items() if k not in ("to", "body")}, \
+    return names, {k: v if k == "ack_required" and isinstance(v, bool) else _text(k, v)
+                   for k, v in fields.items() if k not in ("to", "body")}, \
         _text("body", body), headers, ("to" in fields)
 
 
@@ -247,7 +253,30 @@ def parse(data, filename, max_body_bytes):
                    control=control, format=fmt, id=chosen_id(fields.get("id")),
                    request_id=request_id(fields.get("request_id")),
                    content_type=content_type(fields.get("content_type")),
-                   max_retries=retry_budget(fields.get("max_retries")))
+                   max_retries=retry_budget(fields.get("max_retries")),
+                   priority=priority(fields.get("priority")), ack_required=ack_required(fields.get("ack_required")))
+
+
+def priority(value):
+    """A message's priority (PRIORITY:), `normal` when none; MessageRefused when it is not one."""
+    if value is None or value.strip() == "":
+        return "normal"
+    low = value.strip().lower()
+    if low not in PRIORITIES:
+        raise MessageRefused(f"PRIORITY {value[:30]!r} is not one of {', '.join(PRIORITIES)}")
+    return low
+
+
+def ack_required(value):
+    """Whether a message asks for acknowledgements (ACK: required; JSON true); MessageRefused
+    for a value that says neither yes nor no."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    low = value.strip().lower()
+    if low in ACK_YES or low in ACK_NO:
+        return low in ACK_YES
+    raise MessageRefused(f"ACK {value[:30]!r} is not 'required' (or JSON true); leave it out when no "
+                         "acknowledgement is asked for")
 
 
 def content_type(value):
@@ -381,7 +410,8 @@ def envelope(message_id, sender, recipients, message, sent_at, relayed_at, sourc
     doc = {"id": message_id, "from": sender, "to": recipients, "kind": message.kind,
            "thread": message.thread, "subject": message.subject, "body": message.body,
            "headers": message.headers, "sent_at": iso(sent_at), "relayed_at": iso(relayed_at),
-           "source": source, "sha256": sha256, "content_type": message.content_type}
+           "source": source, "sha256": sha256, "content_type": message.content_type,
+           "priority": message.priority, "ack_required": message.ack_required}
     if message.control:
         doc.update(message.control)
     return orjson.dumps(doc)

@@ -30,6 +30,7 @@ from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
 from relay.ledger.lookups import Lookups
 from relay.ledger.parties import hidden, party
+from relay.ledger.receipts import Receipts
 from relay.ledger.search import SearchReads
 from relay.ledger.state import StateReads
 from relay.ledger.ledger import STATUSES
@@ -75,6 +76,7 @@ class History(RemoteHistory, Checks, ReservationReads, BounceHistory, SearchRead
         self.ledger = ledger
         self.db = ledger.db
         self.web = WebReads(self)       # the web view's and /metrics' reads (web.py)
+        self.receipts = Receipts(self)      # receipts, acknowledgements, priority (receipts.py): reads
 
     def close(self):
         self.ledger.close()

@@ -23,6 +23,7 @@ from relay.ledger.bounces import BounceRecords
 from relay.ledger.imports import Imports
 from relay.ledger.opening import READ_WRITE, cannot_open, connect_reader, unwritable
 from relay.ledger.operations import Operations
+from relay.ledger.receipts import Receipts
 from relay.ledger.senders import Senders
 from relay.ledger.shed_keep import ShedKeep, shed_whole
 from relay.files.sync import fdatasync
@@ -76,6 +77,7 @@ class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, Bou
         self.durability = durability
         self.busy_timeout_ms = busy_timeout_ms
         self.unsynced = False       # a commit made without a sync, not yet synced (transaction())
+        self.receipts = Receipts(self)      # receipts, acknowledgements, priority (receipts.py)
         _refuse_links(self.path)
         try:
             if readonly:        # opening.py: mode=ro, or immutable=1 where not even a -shm can be made
@@ -288,6 +290,8 @@ class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, Bou
         with self.transaction():
             kept = self._shed_kept(now, [(w.id, w.sender, w.message.body, w.message.subject,
                                           orjson.dumps(w.message.headers).decode()) for w in works if shed_whole(w)])
+            self.receipts.asked([(w.id, w.message.priority, w.message.ack_required) for w in works
+                                 if w.got and getattr(w.message, "priority", None)])
             deliveries = [(w.id, r, delivered, size, sha) for w in works for r, (size, sha) in w.got.items()]
             if deliveries:
                 self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "

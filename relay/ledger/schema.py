@@ -356,6 +356,26 @@ ALTER TABLE messages ADD COLUMN max_retries INTEGER
     (54, "migration times in Unix seconds", """
 UPDATE schema_migrations SET applied_at = (applied_at - 2440587.5) * 86400.0 WHERE applied_at < 1e7
 """),
+    # Receipts, acknowledgements and priority (ledger/receipts.py): what a message asked for (a
+    # row only for one not `normal` or asking for acknowledgements), and each delivered copy's
+    # later steps (surfaced, read, acknowledged), each at its first time. Swept with the message.
+    (55, "receipts, acknowledgements and priority", """
+CREATE TABLE IF NOT EXISTS asks (
+    message_id   TEXT PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+    priority     TEXT NOT NULL,
+    ack_required INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS receipts (
+    message_id  TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    recipient   TEXT NOT NULL,
+    surfaced_at REAL,
+    read_at     REAL,
+    acked_at    REAL,
+    note        TEXT,
+    reply_id    TEXT,
+    PRIMARY KEY (message_id, recipient)
+) WITHOUT ROWID
+"""),
 ]
 # Written in order of their numbers (tests/test_schema.py holds it); applied by number, each
 # once: a ledger that lacks one gets it at its next start.

@@ -1,0 +1,206 @@
+"""Receipts and acknowledgements for agents (contract §3), mixed into api.Agent: what became of a
+message's copies after delivery, the steps an agent's reads record, and its acknowledgements.
+
+    mid = me.send("bob", "merge it?", ack_required=True, priority="high")
+    me.receipts(mid)            # {"id", "priority", "ack_required", "recipients": [{recipient, delivered_at,
+                                #   surfaced_at, read_at, acked_at, note, reply_id}, ...]}
+    me.wait_receipts(mid, "read", 60)     # blocks until every recipient read it (NotDelivered, DeliveryTimeout)
+    bob.ack_message(mid, note="merged")   # the note goes back to the sender as a reply in the thread
+
+The steps an agent's own reads take are recorded here: surfaced when inbox(), wait() or read()
+give a message to the agent, read when ack() moves it to cur/. A recording that fails (a
+read-only project, a ledger locked past its timeout) is logged and never fails the read. Only a
+message's sender (or an operator, relay show) sees its receipts: docs/agents.md "What an agent
+sees"."""
+import logging
+import os
+import sqlite3
+import time
+
+import orjson
+
+from relay.agent.delivery import FIRST_PAUSE, MAX_PAUSE, standing
+from relay.config import show_duration
+from relay.core.message import PRIORITIES, iso
+from relay.errors import DeliveryTimeout, NotDelivered, NotFound, RelayError
+
+log = logging.getLogger(__name__)
+
+RANK = {p: i for i, p in enumerate(PRIORITIES)}     # urgent first
+STEPS = {"read": "read_at", "acked": "acked_at", "surfaced": "surfaced_at"}
+MAX_NOTE = 64 * 1024
+
+
+def by_priority(items, limit=None):
+    """Messages (Received) urgent first, then high, normal, low; oldest first within each (the
+    order given). With `limit`, at most that many readable ones (an unreadable entry ranked
+    before the last of them is kept, not counted)."""
+    ordered = sorted(items, key=lambda m: RANK.get(m.priority, RANK["normal"]))
+    if limit is None:
+        return ordered
+    out, readable = [], 0
+    for m in ordered:
+        if readable >= limit:
+            break
+        out.append(m)
+        readable += not m.error
+    return out
+
+
+def shown(receipt):
+    """A receipt row with its times in ISO 8601 (None where the step has not happened)."""
+    return {k: (iso(v) if k.endswith("_at") and isinstance(v, (int, float)) else v) for k, v in receipt.items()}
+
+
+def receipts_of(history, row):
+    """{id, status, priority, ack_required, recipients} of message `row`: each recipient named
+    (broadcast expanded) with its steps, delivered or not yet."""
+    got = {r["recipient"]: r for r in history.receipts.of(row["id"])}
+    try:
+        named = [n for n in orjson.loads(row["recipients"] or "[]") if isinstance(n, str)]
+    except ValueError:
+        named = []
+    empty = dict.fromkeys(("delivered_at", "surfaced_at", "read_at", "acked_at", "note", "reply_id"))
+    recipients = [shown(got.get(n) or {"recipient": n, **empty}) for n in dict.fromkeys(named + sorted(got))]
+    priority, ack = history.receipts.asks(row["id"])
+    return {"id": row["id"], "status": row["status"], "priority": priority, "ack_required": ack,
+            "recipients": recipients}
+
+
+def wait_step(project, mid, step, timeout, pause=time.sleep, clock=time.monotonic):
+    """Look at message `mid` until every recipient's copy has reached `step` ("read" or
+    "acked"; a later step counts), it failed for one, or `timeout` seconds pass (None: for ever).
+    Returns (done: True, False (failed) or None (time ran out), reason)."""
+    column = STEPS[step]
+    deadline = None if timeout is None else clock() + timeout
+    wait, history = FIRST_PAUSE, None
+    try:
+        while True:
+            history = history or project.history()
+            done, reason = (None, "the project has no ledger yet") if history is None else _where(history, mid, column)
+            if done is not None:
+                return done, reason
+            left = None if deadline is None else deadline - clock()
+            if left is not None and left <= 0:
+                return None, reason
+            pause(wait if left is None else min(wait, left))
+            wait = min(wait * 2, MAX_PAUSE)
+    finally:
+        if history is not None:
+            history.close()
+
+
+def _where(history, mid, column):
+    outcome = standing(history, mid)
+    if outcome.delivered is False:
+        return False, outcome.reason
+    if outcome.delivered is None:
+        return None, f"not delivered yet ({outcome.reason})"
+    row = history.find(mid)
+    copies = history.receipts.of(row["duplicate_of"] or row["id"])
+    waiting = [c["recipient"] for c in copies if c[column] is None]
+    if waiting:
+        what = "read" if column == "read_at" else "acknowledged"
+        return None, f"not {what} yet by {', '.join(waiting)}"
+    return True, None
+
+
+class Receipting:
+    """The Agent's receipts (mixed into api.Agent): receipts(), wait_receipts(), ack_message()
+    and the steps its reads record."""
+
+    def receipts(self, mid):
+        """The receipts of a message this agent sent (by id or unique prefix): {id, status,
+        priority, ack_required, recipients: [{recipient, delivered_at, surfaced_at, read_at,
+        acked_at, note, reply_id}]}, times in ISO 8601 or None; status `outbox` (and no
+        recipients yet) while relay has not taken it. Another's message is NotFound."""
+        history = self.project.history()
+        if history is None:
+            raise NotFound(f"no message {mid!r} that {self.name} sent: the project has no ledger yet")
+        with history:
+            try:
+                row = history.find(mid, visible_to=self.name)
+            except NotFound:
+                row = None
+            if row is None and history.id_owner(mid.upper()) == self.name:     # sent, not taken by relay yet
+                return {"id": mid.upper(), "status": "outbox", "priority": None, "ack_required": None,
+                        "recipients": []}
+            if row is None or row["sender"] != self.name:
+                raise NotFound(f"no message {mid!r} that {self.name} sent")
+            return receipts_of(history, row)
+
+    def wait_receipts(self, mid, step, timeout=None):
+        """Block until every recipient of message `mid` has `step` ("read" or "acked") it;
+        NotDelivered with the reason when it failed for one, DeliveryTimeout when `timeout`
+        seconds (None: for ever) ran out first."""
+        if step not in ("read", "acked"):
+            raise RelayError(f"the step to wait for is 'read' or 'acked', not {step!r}")
+        if timeout is not None and not float(timeout) >= 0:
+            raise RelayError(f"the time to wait must be a number of seconds, not {timeout!r}")
+        done, reason = wait_step(self.project, mid, step, None if timeout is None else float(timeout))
+        if done is None:
+            raise DeliveryTimeout(mid, reason, show_duration(float(timeout)) if timeout else "0s")
+        if done is False:
+            raise NotDelivered(mid, reason)
+
+    def ack_message(self, mid, note=None):
+        """Acknowledge a message of this agent's inbox (by id or unique prefix): it is marked
+        read, and `note` (text) goes back to its sender as a reply in its thread. Returns {id,
+        acked (False: acknowledged before, nothing sent again), reply_id}."""
+        if note is not None and (not isinstance(note, str) or len(note.encode("utf-8")) > MAX_NOTE):
+            raise RelayError(f"the note must be text of at most {MAX_NOTE} bytes")
+        m = self.read(mid)
+        if m.error:
+            raise RelayError(f"{m.id} in the inbox of {self.name} is not an envelope relay can read: {m.error}")
+        history = self.project.history()
+        copy = None
+        if history is not None:
+            with history:
+                copy = next((c for c in history.receipts.of(m.id) if c["recipient"] == self.name), None)
+        if copy is None:
+            raise RelayError(f"the ledger records no delivery of {m.id} to {self.name} yet; try again in a moment")
+        if copy["acked_at"] is not None:
+            return {"id": m.id, "acked": False, "reply_id": copy["reply_id"]}
+        self.ack([m])
+        reply_id = self.reply(m, note) if note else None
+        with self.project.writing() as ledger:
+            acked = ledger.receipts.acked(m.id, self.name, self.project.clock(), note, reply_id)
+        return {"id": m.id, "acked": acked, "reply_id": reply_id}
+
+    def unacknowledged(self):
+        """The messages this agent received that ask for an acknowledgement it has not given,
+        oldest first: dicts with id, sender, subject, thread, delivered_at (ISO 8601)."""
+        history = self.project.history()
+        if history is None:
+            return []
+        with history:
+            return [shown(r) for r in history.receipts.unacknowledged(self.name)]
+
+    def _ranked(self, names):
+        """The names of new/'s envelopes ("<id>.json"), urgent first, by the priorities the ledger
+        recorded (as they are when it has none to tell)."""
+        history = self.project.history() if self.layout.ledger.exists() else None
+        if history is None:
+            return names
+        try:
+            with history:
+                found = history.receipts.priorities(n.split(".")[0] for n in names if n.endswith(".json"))
+        except (sqlite3.Error, RelayError) as e:
+            log.warning("could not read the priorities of %s's messages: %s", self.name, e)
+            return names
+        if not found:
+            return names
+        return sorted(names, key=lambda n: RANK.get(found.get(n.split(".")[0]), RANK["normal"]))
+
+    def _record(self, step, items):
+        """Record `step` of these messages of this agent's inbox (its own copies, readable)."""
+        mine = os.path.join(str(self.layout.inbox), self.name)
+        pairs = [(m.id, self.name) for m in items
+                 if not m.error and m.path and os.path.dirname(os.path.dirname(str(m.path))) == mine]
+        if not pairs or not self.layout.ledger.exists():
+            return
+        try:
+            with self.project.writing() as ledger:
+                ledger.receipts.step(step, pairs, self.project.clock())
+        except (sqlite3.Error, RelayError, OSError) as e:
+            log.warning("could not record %s for %d message(s) of %s: %s", step, len(pairs), self.name, e)
