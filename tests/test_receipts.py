@@ -1,9 +1,13 @@
 """Receipts, acknowledgements and priority (contract §3): each recipient's copy moves through
 delivered, surfaced, read and acknowledged, each step seen by the sender with its time; a plain
 Maildir client's rename from new/ to cur/ is noticed by the daemon; urgent mail comes first."""
+import json
 import os
+import threading
+import time
 
 import pytest
+from mcp_client import deliver, until
 
 import relay
 from relay.errors import NotFound
@@ -14,6 +18,13 @@ def trio(crew, project):
     """Alice, Bob and Carol as relay.Agents, and `trio.relay`: a daemon's pipeline on the same clock."""
     crew.relay = project.relay(agents=("Alice", "Bob", "Carol"))
     return crew
+
+
+@pytest.fixture
+def shell(cli, project):
+    """Alice, Bob and Carol made through the CLI; `project` drives the relay."""
+    cli("init", "--agent", "Alice", "--agent", "Bob", "--agent", "Carol")
+    return project
 
 
 def steps(receipts, name):
@@ -112,3 +123,99 @@ def test_overdue_lists_unacknowledged_copies_past_the_limit_and_the_stop_check_n
     assert bob.unacknowledged() == []
     assert [r["recipient"] for r in history.receipts.overdue(at + 1)] == ["Carol"]
     assert history.receipts.overdue(at + 1, sender="Bob") == []
+
+
+# -- from the shell ---------------------------------------------------------------------------
+
+def _written(project, agent="Alice"):
+    box = project.state / "outbox" / agent
+    until(lambda: any(p.name.startswith("msg-") for p in box.iterdir()), "the message is written")
+
+
+def test_send_wait_read_exits_0_once_both_read_it_one_by_a_maildir_rename(shell, cli):
+    def recipients_read():
+        _written(shell)
+        deliver(shell, ("Alice", "Bob", "Carol"))
+        bob = relay.Agent("Bob", root=shell.root)
+        bob.inbox(ack=True)
+        bob.close()
+        box = shell.state / "inbox" / "Carol"
+        [env] = list((box / "new").iterdir())
+        os.rename(env, box / "cur" / f"{env.name}:2,S")
+        deliver(shell, ("Alice", "Bob", "Carol"))     # a daemon's pass notices the rename
+    t = threading.Thread(target=recipients_read)
+    t.start()
+    r = cli("send", "--from", "Alice", "--to", "Bob,Carol", "--wait-read", "30", "hello")
+    t.join()
+    assert r.exit_code == 0 and r.stdout.strip()
+
+
+def test_send_wait_acked_exits_0_once_both_acknowledged_and_124_while_one_has_not(shell, cli):
+    def acknowledge(names):
+        _written(shell)
+        deliver(shell, ("Alice", "Bob", "Carol"))
+        for name in names:
+            me = relay.Agent(name, root=shell.root)
+            [m] = me.inbox()
+            me.ack_message(m.id)
+            me.close()
+    t = threading.Thread(target=acknowledge, args=(["Bob", "Carol"],))
+    t.start()
+    r = cli("send", "--from", "Alice", "--to", "Bob,Carol", "--ack-required", "--wait-acked", "30", "sign off?")
+    t.join()
+    assert r.exit_code == 0
+    t = threading.Thread(target=acknowledge, args=(["Bob"],))
+    t.start()
+    r = cli("send", "--from", "Alice", "--to", "Bob,Carol", "--ack-required", "--wait-acked", "1s", "again?", ok=False)
+    t.join()
+    mid = r.stdout.strip()
+    assert r.exit_code == 124 and f"relay: {mid} was not acknowledged by every recipient in 1s" in r.stderr
+    assert "not acknowledged yet by Carol" in r.stderr
+
+
+def test_send_wait_read_exits_1_with_the_reason_when_it_was_shed(shell, cli):
+    with open(shell.state / "relay.toml", "a") as f:
+        f.write("\nqueue_limit = 1\n")
+    cli("send", "--from", "Alice", "--to", "Carol", "first")
+    deliver(shell, ("Alice", "Bob", "Carol"))          # Carol's new/ is full now
+    t = threading.Thread(target=lambda: (_written(shell), deliver(shell, ("Alice", "Bob", "Carol"))))
+    t.start()
+    r = cli("send", "--from", "Alice", "--to", "Carol", "--wait-read", "30", "second", ok=False)
+    t.join()
+    assert r.exit_code == 1 and "was not delivered: shed for Carol (queue_limit: " in r.stderr
+
+
+def test_relay_ack_overdue_status_and_show_from_the_shell(shell, cli):
+    mid = cli("send", "--from", "Alice", "--to", "Bob,Carol", "--ack-required", "--priority", "high",
+              "--subject", "sign off", "ship it?").stdout.strip()
+    past = time.time() - 7210                 # delivered two hours ago: past ack_overdue (30m)
+    for f in (shell.state / "outbox" / "Alice").iterdir():
+        os.utime(f, (past, past))
+    shell.clock.now = past + 10
+    r = shell.relay(agents=("Alice", "Bob", "Carol"))
+    r.drain()
+    out = cli("overdue", "--agent", "Alice").stdout
+    assert f"{mid}  Alice -> Bob  waiting 2h" in out and f"{mid}  Alice -> Carol" in out
+    assert json.loads(cli("status", "--json").stdout)["acks_overdue"] == 2
+    assert cli("overdue", "--agent", "Bob").stdout.startswith("no acknowledgement waits longer than 30m")
+    done = cli("ack", mid, "--agent", "Bob", "--note", "shipped").stdout
+    assert f"{mid}: acknowledged; the note went back as " in done
+    assert cli("ack", mid, "--agent", "Bob").stdout.strip() == f"{mid}: acknowledged before; nothing sent again"
+    rows = json.loads(cli("overdue", "--json").stdout)
+    assert [(x["id"], x["recipient"]) for x in rows] == [(mid, "Carol")]
+    shown = cli("show", mid).stdout
+    assert "priority       high" in shown and "ack_required   yes" in shown and "note: shipped" in shown
+    doc = json.loads(cli("show", mid, "--json").stdout)
+    bob = next(x for x in doc["receipts"] if x["recipient"] == "Bob")
+    assert bob["acked_at"] and bob["read_at"] and bob["note"] == "shipped"
+    assert "receipts" not in json.loads(cli("show", mid, "--agent", "Bob", "--json").stdout)   # the sender's only
+    r = cli("ack", "01KC0000000000000000000000", "--agent", "Bob", ok=False)
+    assert r.exit_code == 1 and "relay: no message" in r.stderr and "Traceback" not in r.output
+
+
+def test_inbox_from_the_shell_puts_urgent_first(shell, cli):
+    low = cli("send", "--from", "Alice", "--to", "Bob", "--priority", "low", "later").stdout.strip()
+    urgent = cli("send", "--from", "Alice", "--to", "Bob", "--priority", "urgent", "now").stdout.strip()
+    deliver(shell, ("Alice", "Bob", "Carol"))
+    got = json.loads(cli("inbox", "Bob", "--json").stdout)
+    assert [m["id"] for m in got] == [urgent, low] and got[0]["priority"] == "urgent"

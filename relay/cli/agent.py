@@ -9,6 +9,7 @@ from relay.agent.api import Agent, Project
 from relay.cli.context import out_json, pass_ctx
 from relay.agent.delivery import wait_delivered
 from relay.config import AGENT_VARIABLE, default_agent, show_duration
+from relay.core.message import PRIORITIES
 from relay.files.lock import holder
 from relay.guards import acting, agent_name, checked, handle_errors, moment, recipient_names, seconds, sender_name
 from relay.terminal import echo, echo_json
@@ -39,6 +40,16 @@ def _project(ctx):
 @click.option("--max-retries", "max_retries", type=click.IntRange(0, None), metavar="N",
               help="Retry a transient failure at most N times (at most relay's max_retries).")
 @click.option("--create", is_flag=True, help="Allow agents that do not exist yet (they are created).")
+@click.option("--priority", type=click.Choice(PRIORITIES), help="urgent, high, normal (default) or low: "
+              "inboxes put urgent first.")
+@click.option("--ack-required", "ack_required", is_flag=True,
+              help="Ask each recipient to acknowledge it (relay ack); relay overdue lists what waits.")
+@click.option("--wait-read", "wait_read", is_flag=False, flag_value="forever", default=None, metavar="[DURATION]",
+              help="Then block until every recipient has read it (exit 0), it failed (exit 1) or DURATION "
+                   f"passed (exit {EXIT_TIMEOUT}).")
+@click.option("--wait-acked", "wait_acked", is_flag=False, flag_value="forever", default=None, metavar="[DURATION]",
+              help="Then block until every recipient has acknowledged it (exit 0), it failed (exit 1) or "
+                   f"DURATION passed (exit {EXIT_TIMEOUT}).")
 @click.option("--wait-delivered", "wait", is_flag=False, flag_value="forever", default=None, metavar="[DURATION]",
               help="Then block until every recipient has it (exit 0), it failed (exit 1, the reason on "
                    f"stderr) or DURATION (600 or 600s, 5m) passed (exit {EXIT_TIMEOUT}); without a DURATION, "
@@ -46,7 +57,8 @@ def _project(ctx):
 @click.argument("body", required=False)
 @pass_ctx
 @handle_errors
-def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, content_type, max_retries, create, wait, body):
+def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, content_type, max_retries, create, priority,
+         ack_required, wait_read, wait_acked, wait, body):
     """Write a message atomically into SENDER's outbox and print its id.
 
     BODY '-' (or none) reads standard input. Names are checked against the known agents first:
@@ -56,16 +68,25 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, content_t
     wait, timeout = _wait_for(wait, body, "--wait-delivered")
     if body is None and wait not in (None, "forever") and timeout is None:
         body, wait = wait, "forever"        # `--wait-delivered "the body"`: the body, waited for ever
+    steps = []                              # --wait-read, --wait-acked: (step, timeout)
+    for step, value, flag in (("read", wait_read, "--wait-read"), ("acked", wait_acked, "--wait-acked")):
+        value, limit = _wait_for(value, body, flag)
+        if body is None and value not in (None, "forever") and limit is None:
+            body, value = value, "forever"
+        if value is not None:
+            steps.append((step, limit))
     if body is None or body == "-":
         body = sys.stdin.read()
     me = Agent(sender, project=_project(ctx), create=create, role="sender")
     if reply_to is not None:
         original = me.find(reply_to)
         mid = me.reply(original, body, to=to, kind=kind, thread=thread, subject=subject,
-                       request_id=request_id, create=create, content_type=content_type, max_retries=max_retries)
+                       request_id=request_id, create=create, content_type=content_type, max_retries=max_retries,
+                       priority=priority, ack_required=ack_required)
     else:
         mid = me.send(to, body, kind=kind, thread=thread, subject=subject, request_id=request_id, create=create,
-                      content_type=content_type, max_retries=max_retries)
+                      content_type=content_type, max_retries=max_retries, priority=priority,
+                      ack_required=ack_required)
     if me.repeated:
         echo(f"relay: request id {request_id!r} was sent before as {mid}; not sent again", err=True)
     for r in me.released:
@@ -75,7 +96,12 @@ def send(ctx, sender, to, reply_to, kind, thread, subject, request_id, content_t
     if wait is not None:
         sys.stdout.flush()
         _wait_delivered(me, mid, timeout)
-    elif not me.repeated and holder(me.layout.lock) is None:     # queued all the same: a relay started later delivers it
+    if steps:
+        from relay.cli.receipts import wait_for_step
+        sys.stdout.flush()
+        for step, limit in steps:
+            wait_for_step(me, mid, step, limit)
+    elif wait is None and not me.repeated and holder(me.layout.lock) is None:     # queued all the same: a relay started later delivers it
         echo(f"relay: no relay is running here: {mid} waits in {me.name}'s outbox until one runs (start one: "
              "relay run; as a service: relay service systemd)", err=True)
 

@@ -11,6 +11,7 @@ import relay.cli.inspect as inspect
 import relay.cli.lookups as lookups
 import relay.cli.mcp as mcp
 import relay.cli.operator as operator
+import relay.cli.receipts as receipts
 import relay.cli.reserve as reserve
 import relay.cli.run as run
 import relay.cli.state as state
@@ -33,6 +34,6 @@ def entry():
 
 
 # The verbs, each module's list (cli_mcp imports the SDK only when run).
-for module in (run, agent, reserve, state, inspect, lookups, operator, admin, adopt, imports, mcp, web):
+for module in (run, agent, reserve, state, inspect, lookups, operator, admin, adopt, imports, mcp, web, receipts):
     for command in module.COMMANDS:
         main.add_command(command)

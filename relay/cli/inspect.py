@@ -14,6 +14,7 @@ from relay.core.message import closest
 from relay.operator import views
 from relay.cli.context import out_json, pass_ctx, verdict
 from relay.cli.lookups import outbox_source
+from relay.cli import receipts
 from relay.guards import acting, agent_name, checked, duration, handle_errors, moment
 from relay.agent.project import Project, check_known
 from relay.errors import NotFound, RelayError
@@ -159,10 +160,12 @@ def show(ctx, message_id, source, limit, agent, as_json):
         if problem is not None:     # shown as it is stored, each unreadable value marked
             skipped([problem])
         story = _story(led, layout, row, as_json)
+        sender = agent is None or row["sender"] == agent     # receipts: for the sender and operators
         if as_json:
-            out_json(story)
+            out_json(story | (receipts.receipts_json(led, row) if sender else {}))
         else:
-            echo(story)
+            echo(story.replace("\nevents:", "\n".join(["", *receipts.receipts_text(led, row), "events:"]), 1)
+                 if sender else story)
     finally:
         led.close()
 

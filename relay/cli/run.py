@@ -162,7 +162,7 @@ def status(ctx, max_pending_age, as_json):
         from relay.federation import redis_module
         redis_module()          # without the package: one line naming the extra
     sheds = dict.fromkeys(REASONS, 0)
-    held, opened = [], None
+    held, opened, overdue = [], None, 0
     now = time.time()
     if with_ledger:
         with ctx.reader() as led:
@@ -170,6 +170,7 @@ def status(ctx, max_pending_age, as_json):
             counts = led.counts()
             held = led.reservations(now)
             sheds.update(led.shed_counts())
+            overdue = led.receipts.overdue_count(now - cfg.ack_overdue)     # acknowledgements waiting too long
             first = led.oldest_pending()
             oldest = round(time.time() - first, 3) if first is not None else None
             att = health.attestation(led, pid)
@@ -189,7 +190,7 @@ def status(ctx, max_pending_age, as_json):
     doc = {"root": str(cfg.root), "state_dir": str(cfg.state_dir),
            "daemon": {"running": pid is not None, "pid": pid}, "messages": views.headline(counts), "counts": counts,
            "agents": sorted(layout.agent_names(cfg.agents)), "undeclared": undeclared,
-           "oldest_pending_age_s": oldest, "sheds": sheds,
+           "oldest_pending_age_s": oldest, "sheds": sheds, "acks_overdue": overdue,
            "reservations": [Reservation.of(r).as_dict(now) for r in held],
            "durability": {**settings, **att, "setting": cfg.durability},
            "unreadable": {"count": unknown, "rows": [str(b) for b in bad]},
@@ -210,6 +211,9 @@ def status(ctx, max_pending_age, as_json):
     echo("sheds      " + ", ".join(f"{k} {v}" for k, v in sheds.items()) + "  (relay audit --status shed)")
     if oldest is not None:
         echo(f"oldest pending  {oldest:.1f}s")
+    if overdue:
+        echo(f"acks overdue {overdue} (waiting longer than ack_overdue, "
+             f"{config_mod.show_duration(cfg.ack_overdue)}: relay overdue)")
     echo(f"agents     {', '.join(doc['agents']) or '(none)'}")
     if held:
         shown_ = ", ".join(f"{r['agent']} {r['pattern']}{' (exclusive)' if r['exclusive'] else ''}" for r in held[:8])
