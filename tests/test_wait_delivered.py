@@ -4,12 +4,14 @@ and MCP `send(wait_delivered_s=)` block until every recipient has the message (e
 this process, once the message is in the outbox."""
 import json
 import threading
+import time
 
 import pytest
 from mcp_client import deliver, until
 
 import relay
 from relay.agent.delivery import wait_delivered
+from relay.ledger.ledger import Ledger
 
 
 @pytest.fixture
@@ -18,13 +20,18 @@ def crew(cli, project):
     return project
 
 
-def relay_once_written(project, agent="Alice", agents=("Alice", "Bob", "Carol")):
-    """A thread that runs one relay pass as soon as a message is in `agent`'s outbox."""
+def relay_once_written(project, agent="Alice", agents=("Alice", "Bob", "Carol"), archive=None):
+    """A thread that runs one relay pass as soon as a message is in `agent`'s outbox; with
+    `archive`, an operator archives that agent first, while the message waits (a send to an
+    agent archived already is refused at once: tests/test_archived_agents.py)."""
     box = project.state / "outbox" / agent
     done = {}
 
     def run():
         until(lambda: any(p.name.startswith("msg-") for p in box.iterdir()), "the message is written")
+        if archive is not None:
+            with Ledger(project.state / "ledger.sqlite") as ledger:
+                ledger.archive_agent(archive, time.time(), "operator:test")
         done["total"] = deliver(project, agents)
     t = threading.Thread(target=run)
     t.start()
@@ -42,8 +49,7 @@ def test_send_wait_delivered_exits_0_once_every_recipient_has_it(crew, cli):
 
 
 def test_send_wait_delivered_exits_1_with_the_reason_when_it_failed(crew, cli):
-    cli("archive-agent", "Carol")
-    t, _ = relay_once_written(crew)
+    t, _ = relay_once_written(crew, archive="Carol")
     r = cli("send", "--from", "Alice", "--to", "Carol", "--wait-delivered", "30s", "hello", ok=False)
     t.join()
     mid = r.stdout.strip()
@@ -52,8 +58,7 @@ def test_send_wait_delivered_exits_1_with_the_reason_when_it_failed(crew, cli):
 
 
 def test_a_partial_shed_is_no_delivery(crew, cli):
-    cli("archive-agent", "Carol")
-    t, _ = relay_once_written(crew)
+    t, _ = relay_once_written(crew, archive="Carol")
     r = cli("send", "--from", "Alice", "--to", "Bob,Carol", "--wait-delivered", "30", "hello", ok=False)
     t.join()
     assert r.exit_code == 1 and "shed for Carol" in r.stderr and "recipient_archived" in r.stderr
@@ -82,8 +87,7 @@ def test_the_api_waits_and_raises_with_the_reason(crew, cli):
     mid = alice.send("Bob", "hello", wait_delivered=30)
     t.join()
     assert [m.id for m in relay.Agent("Bob", root=crew.root).inbox()] == [mid]
-    cli("archive-agent", "Carol")
-    t, _ = relay_once_written(crew)
+    t, _ = relay_once_written(crew, archive="Carol")
     with pytest.raises(relay.NotDelivered) as e:
         alice.send("Carol", "hello", wait_delivered=30)
     t.join()
@@ -135,8 +139,7 @@ def test_mcp_send_waits_for_delivery(crew, cli):
     got = anyio.run(lambda: send(wait_delivered_s=30))
     t.join()
     assert got["delivered"] is True and got["error"] is None and not got["timed_out"]
-    cli("archive-agent", "Alice")
-    t, _ = relay_once_written(crew, agent="Bob")
+    t, _ = relay_once_written(crew, agent="Bob", archive="Alice")
     got = anyio.run(lambda: send(wait_delivered_s=30))
     t.join()
     assert got["delivered"] is False and "recipient_archived" in got["error"]
