@@ -6,6 +6,7 @@ from relay.version import __version__
 import relay.cli.admin as admin
 import relay.cli.adopt as adopt
 import relay.cli.agent as agent
+import relay.cli.hook as hook
 import relay.cli.imports as imports
 import relay.cli.inspect as inspect
 import relay.cli.lookups as lookups
@@ -34,6 +35,6 @@ def entry():
 
 
 # The verbs, each module's list (cli_mcp imports the SDK only when run).
-for module in (run, agent, reserve, state, inspect, lookups, operator, admin, adopt, imports, mcp, web, receipts):
+for module in (run, agent, reserve, state, inspect, lookups, operator, admin, adopt, hook, imports, mcp, web, receipts):
     for command in module.COMMANDS:
         main.add_command(command)

@@ -21,6 +21,7 @@ from relay.errors import LedgerError
 from relay.ledger.chain import GENESIS, chain_hash, link_hash  # noqa: F401  (the chain's, offered here too)
 from relay.ledger.bounces import BounceRecords
 from relay.ledger.imports import Imports
+from relay.ledger.hook_sessions import HookSessions
 from relay.ledger.opening import READ_WRITE, cannot_open, connect_reader, unwritable
 from relay.ledger.operations import Operations
 from relay.ledger.receipts import Receipts
@@ -78,6 +79,7 @@ class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, Bou
         self.busy_timeout_ms = busy_timeout_ms
         self.unsynced = False       # a commit made without a sync, not yet synced (transaction())
         self.receipts = Receipts(self)      # receipts, acknowledgements, priority (receipts.py)
+        self.hook_sessions = HookSessions(self)     # what Claude Code hooks told each session (hook_sessions.py)
         _refuse_links(self.path)
         try:
             if readonly:        # opening.py: mode=ro, or immutable=1 where not even a -shm can be made

@@ -376,6 +376,20 @@ CREATE TABLE IF NOT EXISTS receipts (
     PRIMARY KEY (message_id, recipient)
 ) WITHOUT ROWID
 """),
+    # What relay's Claude Code hooks told each session of an agent (ledger/hook_sessions.py):
+    # a message given in a hook's context, and a stop blocked for it, once per session.
+    (56, "claude code hook sessions", """
+CREATE TABLE IF NOT EXISTS hook_marks (
+    agent      TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    at         REAL NOT NULL,
+    given_at   REAL,
+    blocked_at REAL,
+    PRIMARY KEY (agent, session_id, message_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS hook_marks_at ON hook_marks(at)
+"""),
 ]
 # Written in order of their numbers (tests/test_schema.py holds it); applied by number, each
 # once: a ledger that lacks one gets it at its next start.

@@ -1,0 +1,257 @@
+"""relay's Claude Code hooks (relay/agent/claude_hooks.py, relay hook claude): the JSON each event
+of Claude Code's gets back (fixtures from its hooks reference in fixtures/claude_hooks/), each
+message given to a session once, the idle boundary at Stop and SubagentStop (blocked while unseen
+mail waits, never twice for the same mail, stop_hook_active honoured, failing open), and the
+settings that install them (relay hook install / uninstall claude)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relay import config as config_mod
+from relay.agent import claude_hooks, claude_settings
+from relay.core.daemon import Relay
+
+FIXTURES = Path(__file__).parent / "fixtures" / "claude_hooks"
+EVENTS = ("SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SubagentStop")
+
+
+def event(name, root, session="abc123", **fields):
+    doc = json.loads((FIXTURES / f"{name}.json").read_text())
+    doc.update(cwd=str(root), session_id=session, **fields)
+    return doc
+
+
+def hook(cli, name, agent="Bob", **fields):
+    """`relay hook claude` for one event; the JSON it printed, or None when it printed nothing."""
+    result = cli("hook", "claude", "--agent", agent, input=json.dumps(event(name, cli.root, **fields)))
+    out = result.stdout.strip()
+    return json.loads(out) if out else None
+
+
+def context(doc, name):
+    assert doc["hookSpecificOutput"]["hookEventName"] == name
+    return doc["hookSpecificOutput"]["additionalContext"]
+
+
+@pytest.fixture
+def mail(crew):
+    """crew, with `send(sender, to, body, subject)` that delivers at once (a relay's drain on the
+    crew's clock) and returns the id."""
+    relay = Relay(config_mod.load(crew.root, ".relay", env={}), clock=crew.clock)
+    agents = {}
+
+    def send(sender, to, body, subject=None, **kw):
+        me = agents.get(sender) or agents.setdefault(sender, crew.agent(sender))
+        mid = me.send(to, body, subject=subject, **kw)
+        relay.drain()
+        return mid
+    crew.send = send
+    yield crew
+    relay.close()
+
+
+# -- what each event gets back ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", EVENTS)
+def test_each_event_of_the_reference_gets_the_json_claude_code_reads(mail, name):
+    mid = mail.send("Alice", "Bob", "the tests are green", subject="review")
+    doc = hook(mail, name)
+    if name in ("Stop", "SubagentStop"):
+        assert set(doc) == {"decision", "reason"} and doc["decision"] == "block"
+        assert mid in doc["reason"] and "Alice" in doc["reason"] and "review" in doc["reason"]
+    else:
+        assert set(doc) == {"hookSpecificOutput"}
+        text = context(doc, name)
+        assert mid in text and "the tests are green" in text
+
+
+def test_session_start_says_who_the_agent_is_its_team_its_mail_and_the_commands(mail):
+    mail.send("Alice", "Bob", "first", subject="one")
+    mail.send("Carol", "Bob", "second", subject="two")
+    text = context(hook(mail, "SessionStart"), "SessionStart")
+    assert "You are Bob" in text and "Alice, Carol" in text and "You have 2 unread messages" in text
+    assert "from Alice: one" in text and "from Carol: two" in text
+    assert "inbox Bob" in text and "send --from Bob --reply-to ID" in text and "read ID --agent Bob" in text
+
+
+def test_each_message_is_given_to_a_session_once(mail):
+    first = mail.send("Alice", "Bob", "body one", subject="one")
+    text = context(hook(mail, "UserPromptSubmit"), "UserPromptSubmit")
+    assert first in text and "body one" in text
+    assert hook(mail, "UserPromptSubmit") is None and hook(mail, "PostToolUse") is None
+    second = mail.send("Carol", "Bob", "body two", subject="two")
+    text = context(hook(mail, "PostToolUse"), "PostToolUse")
+    assert second in text and first not in text
+    other = context(hook(mail, "UserPromptSubmit", session="other"), "UserPromptSubmit")
+    assert first in other and second in other         # another session is given them too
+
+
+def test_bodies_are_bounded_and_the_rest_named_by_id_and_subject(mail):
+    ids = [mail.send("Alice", "Bob", str(i) * 3000, subject=f"part {i}") for i in range(3)]
+    text = context(hook(mail, "UserPromptSubmit"), "UserPromptSubmit")
+    assert sum(line.count(str(i)) for i in range(3) for line in text.splitlines()
+               if line.startswith("    ") and set(line.strip()) == {str(i)}) == claude_hooks.BODY_BUDGET
+    assert all(f"{mid} from Alice: part {i}" in text for i, mid in enumerate(ids))
+    assert f"read {ids[2]} --agent Bob" in text and f"read {ids[1]} --agent Bob" in text
+
+
+# -- the idle boundary --------------------------------------------------------------------------
+
+
+def test_a_stop_is_blocked_while_unseen_mail_waits_and_never_twice_for_it(mail):
+    mid = mail.send("Alice", "Bob", "please review", subject="review")
+    reason = hook(mail, "Stop")["reason"]
+    assert f"{mid} from Alice: review" in reason
+    assert hook(mail, "Stop", stop_hook_active=True) is None
+    assert hook(mail, "Stop") is None                   # the same mail never blocks this session again
+
+
+def test_a_stop_is_let_through_once_the_mail_was_given_or_read(mail):
+    mid = mail.send("Alice", "Bob", "please review", subject="review")
+    assert hook(mail, "UserPromptSubmit", session="given") is not None
+    assert hook(mail, "Stop", session="given") is None
+    mail("mark-read", "--agent", "Bob", mid)
+    assert hook(mail, "Stop", session="fresh") is None     # read: seen by the agent, in any session
+
+
+def test_mail_asking_for_an_acknowledgement_holds_a_stop_once_until_acknowledged(mail):
+    mid = mail.send("Alice", "Bob", "merge it?", subject="merge", ack_required=True)
+    assert hook(mail, "UserPromptSubmit") is not None
+    mail("mark-read", "--agent", "Bob", mid)
+    reason = hook(mail, "Stop")["reason"]
+    assert f"{mid} from Alice: merge (asks for an acknowledgement)" in reason
+    assert hook(mail, "Stop") is None                   # named once: never blocked twice for it
+    mail.agent("Bob").ack_message(mid)
+    assert hook(mail, "Stop", session="later") is None
+
+
+def test_stop_hook_active_blocks_only_for_mail_after_relay_s_previous_block(mail):
+    first = mail.send("Alice", "Bob", "one", subject="one")
+    env = {"RELAY_ROOT": str(mail.root)}
+    answer = lambda session, active: claude_hooks.answer(     # noqa: E731
+        event("Stop", mail.root, session, stop_hook_active=active), "Bob", env, now=mail.clock())
+    assert answer("s", False)["decision"] == "block"
+    assert answer("other", True) is None        # relay did not block it: another hook's continuation
+    mail.clock.advance(5)
+    second = mail.send("Carol", "Bob", "two", subject="two")
+    mail.clock.advance(5)
+    reason = answer("s", True)["reason"]
+    assert second in reason and first not in reason
+    assert answer("s", True) is None
+
+
+def test_a_subagent_stop_is_blocked_only_for_mail_its_session_has_not_seen(mail):
+    mail.send("Alice", "Bob", "one", subject="one")
+    assert hook(mail, "UserPromptSubmit") is not None
+    assert hook(mail, "SubagentStop") is None
+    second = mail.send("Carol", "Bob", "two", subject="two")
+    assert second in hook(mail, "SubagentStop")["reason"]
+    assert second in hook(mail, "Stop")["reason"]       # the subagent's block is not the session's
+
+
+def test_an_error_of_relay_s_lets_the_stop_through_and_is_logged(mail):
+    mail.send("Alice", "Bob", "one", subject="one")
+    ledger = mail.state / "ledger.sqlite"
+    for suffix in ("-wal", "-shm"):
+        Path(f"{ledger}{suffix}").unlink(missing_ok=True)
+    ledger.write_bytes(b"this is not a ledger" * 100)
+    result = mail("hook", "claude", "--agent", "Bob", input=json.dumps(event("Stop", mail.root)))
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "relay hook claude:" in result.stderr and "nothing done" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Stop relay hook claude:" in (mail.state / "hooks.log").read_text()
+
+
+@pytest.mark.parametrize("stdin, agent", [("not json", "Bob"), ('{"no": "event"}', "Bob"), (None, "Nobody")])
+def test_bad_input_or_an_unknown_agent_prints_nothing_claude_code_reads(mail, stdin, agent):
+    text = stdin if stdin is not None else json.dumps(event("Stop", mail.root))
+    result = mail("hook", "claude", "--agent", agent, input=text)
+    assert result.exit_code == 0 and result.stdout == "" and len(result.stderr.splitlines()) == 1
+
+
+def test_the_hook_run_by_claude_code_finds_the_project_from_the_event_s_cwd(mail, tmp_path_factory):
+    mid = mail.send("Alice", "Bob", "from afar", subject="far")
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")} | {"RELAY_AGENT": "Bob"}
+    relay = [sys.executable, "-m", "relay", "hook", "claude"]
+    for name in ("UserPromptSubmit", "Stop"):
+        run = subprocess.run(relay, input=json.dumps(event(name, mail.root, session="e2e")), env=env,
+                             cwd=elsewhere, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and run.stderr == "", run.stderr
+        if name == "UserPromptSubmit":
+            assert "from afar" in context(json.loads(run.stdout), name)
+        else:
+            assert run.stdout == ""         # given at the prompt: the stop goes through
+    run = subprocess.run(relay, input=json.dumps(event("Stop", mail.root, session="late")), env=env,
+                         cwd=elsewhere, capture_output=True, text=True, timeout=60)
+    assert json.loads(run.stdout)["decision"] == "block" and mid in run.stdout
+
+
+# -- the settings -------------------------------------------------------------------------------
+
+
+THEIRS = {"permissions": {"allow": ["Bash(npm test)"]},
+          "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "./check.sh"}]}],
+                    "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "guard"}]}]}}
+
+
+def settings(cli, shared=False):
+    return json.loads((cli.root / (claude_settings.SHARED if shared else claude_settings.LOCAL)).read_text())
+
+
+def test_install_merges_with_the_hooks_there_and_uninstall_takes_out_exactly_relay_s(team):
+    path = team.root / claude_settings.LOCAL
+    path.parent.mkdir()
+    path.write_text(json.dumps(THEIRS))
+    assert "installed" in team("hook", "install", "claude", "--agent", "Bob").output
+    doc = settings(team)
+    assert doc["permissions"] == THEIRS["permissions"] and doc["hooks"]["PreToolUse"] == THEIRS["hooks"]["PreToolUse"]
+    assert doc["hooks"]["Stop"][0] == THEIRS["hooks"]["Stop"][0]
+    for name in EVENTS:
+        ours = [h for g in doc["hooks"][name] for h in g["hooks"] if claude_settings.is_relays(h)]
+        assert len(ours) == 1 and ours[0]["command"].endswith("hook claude --agent Bob")
+        assert os.path.isabs(ours[0]["command"].split()[0])
+    text = path.read_text()
+    assert "up to date" in team("hook", "install", "claude", "--agent", "Bob").output
+    assert path.read_text() == text
+    assert "updated" in team("hook", "install", "claude", "--agent", "Carol").output
+    assert path.read_text() == text.replace("--agent Bob", "--agent Carol")
+    assert "took 5 relay hooks out" in team("hook", "uninstall", "claude").output
+    assert settings(team) == THEIRS
+    assert "no relay hook" in team("hook", "uninstall", "claude").output
+
+
+def test_install_shared_writes_the_committed_settings_and_may_leave_the_agent_to_the_session(team):
+    team("hook", "install", "claude", "--shared")
+    stop = settings(team, shared=True)["hooks"]["Stop"][0]["hooks"][0]["command"]
+    assert stop.endswith(" hook claude")
+    assert not (team.root / claude_settings.LOCAL).exists()
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"hooks": {"Stop": {}}}'])
+def test_a_malformed_settings_file_is_refused_with_one_line_and_left_unchanged(team, text):
+    from conftest import error_line
+    path = team.root / claude_settings.LOCAL
+    path.parent.mkdir()
+    path.write_text(text)
+    for args in (("install", "claude", "--agent", "Bob"), ("uninstall", "claude")):
+        result = team("hook", *args, ok=False)
+        assert result.exit_code == 1 and str(path) in error_line(result)
+        assert path.read_text() == text
+
+
+def test_install_names_a_known_agent(team):
+    assert team("hook", "install", "claude", ok=False).exit_code == 2
+    result = team("hook", "install", "claude", "--agent", "Bobb", ok=False)
+    assert result.exit_code == 1 and "did you mean Bob?" in result.output
+    assert not (team.root / ".claude").exists()
+
+
+def test_adopt_offers_the_hooks(team):
+    out = team("adopt", "Bob").output
+    assert "relay hook install claude --agent Bob" in out
