@@ -6,6 +6,7 @@ past MAX_CLIENTS a new stream is refused (503), so the daemon's ledger sees the 
 however many pages are open. What is sent is JSON (orjson escapes nothing a page could run; the
 page's script sets it as text, never as markup), each string made inert first (render.inert)."""
 import asyncio
+import logging
 
 import orjson
 from starlette.concurrency import run_in_threadpool
@@ -19,6 +20,7 @@ QUEUE = 64              # updates a stream may hold unread before it is dropped
 KEEPALIVE = 15.0        # seconds of quiet before a comment line keeps the stream open
 BATCH = 200             # events sent in one update at most (the page reloads its figures past it)
 CLOSE = object()
+log = logging.getLogger(__name__)
 
 
 class Hub:
@@ -30,6 +32,7 @@ class Hub:
         self.closed = False
         self.seq = None
         self.loop = None
+        self.failing = None         # the last read's error, said once
 
     def _news(self):
         history = self.reader()
@@ -56,8 +59,12 @@ class Hub:
         while not self.closed and self.clients:
             try:
                 doc = await run_in_threadpool(self._news)
-            except Exception:           # a read that fails (the ledger busy, moved): tried again
-                doc = None
+            except Exception as e:      # a read that fails (the ledger busy, moved): said once, tried again
+                if str(e) != self.failing:
+                    log.warning("relay web: the live view cannot read the ledger: %s", e)
+                self.failing, doc = str(e), None
+            else:
+                self.failing = None
             if doc is not None:
                 data = b"event: update\ndata: " + orjson.dumps(doc) + b"\n\n"
                 for q in list(self.clients):
