@@ -211,10 +211,10 @@ def cli(tmp_path):
 
 
 def error_line(result):
-    """The one line a refusal prints (stderr), without click's prefix."""
+    """The one line a refusal prints (stderr), without relay's prefix (`relay: `, which it has)."""
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1, result.output
-    return lines[0].removeprefix("Error: ")
+    assert len(lines) == 1 and lines[0].startswith("relay: "), result.output
+    return lines[0].removeprefix("relay: ")
 
 
 @pytest.fixture

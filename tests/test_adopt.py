@@ -25,11 +25,11 @@ def team(cli):
 
 
 def error(result):
-    """The one line a refusal prints (click's 'Error: ' prefix taken off)."""
+    """The one line a refusal prints (relay's 'relay: ' prefix taken off)."""
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1 and len(lines) == 1, result.output
-    assert lines[0].startswith("Error: ")
-    return lines[0][len("Error: "):]
+    assert lines[0].startswith("relay: ")
+    return lines[0][len("relay: "):]
 
 
 def test_adopt_writes_the_block_after_the_text_there(team):

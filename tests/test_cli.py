@@ -104,6 +104,25 @@ def test_status_headlines_a_message_delivered_and_archived_since_as_delivered(cl
                for ln in lines), lines
 
 
+@pytest.mark.parametrize("args,code", [
+    (["send", "--from", "Ann", "--to", "Zed", "x"], 1),            # relay's own refusal (handle_errors)
+    (["send", "--from", "Ann", "x"], 2),                           # a usage error of the verb's
+    (["show", "01ARZ3NDEKTSV4RRFFQ69G5FAV"], 1),
+    (["status", "--max-pending-age", "soon"], 2),                  # a bad value for an option
+    (["audit", "--bogus"], 2),                                     # no such option
+    (["bogus"], 2),                                                # no such verb
+    (["--bogus"], 2),                                              # the group's own options
+    (["send", "--from", "../x", "--to", "Ben", "x"], 1),           # a callback's refusal
+])
+def test_every_error_line_starts_with_relay_never_error(cli, args, code):
+    """Some refusals read `relay: ...`, click's read `Error: ...`: one way for all."""
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    r = cli(*args, ok=False)
+    assert r.exit_code == code and r.stdout == ""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("relay: ") and "Error" not in r.stderr, r.stderr
+
+
 def test_audit_shows_whom_a_failed_message_was_for(cli):
     """A message that failed on `TO: Zed, Bob` (Zed unknown) read `Ann → ?` in the audit: the
     recipients it named are recorded, as written, and shown, its --to filter finds it."""

@@ -150,7 +150,7 @@ def test_a_root_that_is_not_a_directory_is_one_clear_line(tmp_path):
     (tmp_path / "afile").write_text("")
     for verb in (["init"], ["status"], ["run", "--once"]):
         r = CliRunner().invoke(main, verb, env={"RELAY_ROOT": str(tmp_path / "afile")})
-        assert r.exit_code == 1 and r.output == f"Error: the project root {tmp_path / 'afile'} is not a directory\n"
+        assert r.exit_code == 1 and r.output == f"relay: the project root {tmp_path / 'afile'} is not a directory\n"
     assert CliRunner().invoke(main, ["--root", str(tmp_path / "afile"), "status"]).exit_code == 2     # click's usage
 
 

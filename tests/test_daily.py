@@ -185,7 +185,7 @@ def test_a_pipe_closed_early_ends_quietly(cli):
         err = p.stderr.read().decode()
         p.wait(timeout=30)
         # 141 (as if killed by SIGPIPE) when a write met the closed pipe; 0 when the interpreter's
-        # buffered writer took the last write whole. Never a traceback or an "Error:" line.
+        # buffered writer took the last write whole. Never a traceback or an error line.
         assert p.returncode in (0, 141) and err == "", (verb, p.returncode, err)
 
 

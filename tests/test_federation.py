@@ -75,7 +75,7 @@ def test_without_the_redis_package_a_verb_names_the_extra(cli, monkeypatch):
         result = cli(*args, ok=False)
         assert result.exit_code == 1, result.output
         assert result.output.strip().splitlines() == [
-            "Error: the federation needs the redis package: pip install 'agent-outbox-relay[federation]' "
+            "relay: the federation needs the redis package: pip install 'agent-outbox-relay[federation]' "
             "(from a checkout of relay: pip install '.[federation]')"]
 
 

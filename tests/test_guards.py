@@ -295,7 +295,7 @@ def test_a_running_daemon_whose_lock_is_removed_exits_1_saying_so(daemon):  # no
     err = d.log()
     assert d.proc.returncode == 1, err
     assert "Traceback" not in err
-    assert err.splitlines()[-1] == (f"Error: {d.state / 'relay.lock'} was removed or replaced while this daemon "
+    assert err.splitlines()[-1] == (f"relay: {d.state / 'relay.lock'} was removed or replaced while this daemon "
                                     "ran; stopping so that two daemons never run on one state directory")
 
 

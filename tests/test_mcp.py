@@ -358,7 +358,7 @@ def test_unknown_agent_or_no_project_exits_1_before_serving(cli, tmp_path_factor
     r = cli("mcp", "--agent", "bob", ok=False)
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [
-        "Error: unknown agent (--agent) 'bob'; did you mean Bob? known agents: Alice, Bob "
+        "relay: unknown agent (--agent) 'bob'; did you mean Bob? known agents: Alice, Bob "
         "(relay init --agent NAME adds one)"]
     r = cli("mcp", "--agent", "../x", ok=False)
     assert r.exit_code == 1 and "invalid agent name '../x' (--agent)" in r.output
@@ -368,7 +368,7 @@ def test_unknown_agent_or_no_project_exits_1_before_serving(cli, tmp_path_factor
     r = CliRunner().invoke(main, ["mcp", "--agent", "Bob"])
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [
-        "Error: not in a relay project (no .relay/ here or above); run relay init"]
+        "relay: not in a relay project (no .relay/ here or above); run relay init"]
 
 
 def test_without_the_sdk_relay_mcp_says_how_to_install_it(cli, monkeypatch):
@@ -380,7 +380,7 @@ def test_without_the_sdk_relay_mcp_says_how_to_install_it(cli, monkeypatch):
     r = cli("mcp", "--agent", "Bob", ok=False)
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [
-        "Error: relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'agent-outbox-relay[mcp]' "
+        "relay: relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'agent-outbox-relay[mcp]' "
         "(from a checkout of relay: pip install '.[mcp]')"]
 
 

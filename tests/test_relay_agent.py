@@ -55,7 +55,7 @@ def test_without_it_a_verb_that_needs_an_agent_says_how_to_name_one(team):
                        (["mark-read", team.first], "--agent NAME"), (["mcp"], "--agent NAME")):
         r = cli(*args, ok=False)
         assert r.exit_code == 2, args
-        assert r.output.splitlines()[-1] == f"Error: name the agent: {flag}, or set RELAY_AGENT=NAME", args
+        assert r.output.splitlines()[-1] == f"relay: name the agent: {flag}, or set RELAY_AGENT=NAME", args
     with pytest.raises(relay.RelayError) as e:
         relay.Agent(root=team.root)
     assert str(e.value) == 'name the agent: relay.Agent("NAME"), or set RELAY_AGENT=NAME'

@@ -3,6 +3,7 @@ and ledger), logging, the JSON and verdict printers, and the Group that prints c
 through the terminal's gate. No verb is defined here, and nothing here imports a verb."""
 import datetime
 import functools
+import io
 import logging
 import sys
 from pathlib import Path
@@ -150,17 +151,47 @@ def out_json(doc):
     echo_json(doc, indent=True)
 
 
+class Said(click.ClickException):
+    """A ClickException said relay's way: click's lines (a usage error's usage and hint too), its
+    error line starting `relay: ` where click writes `Error: `, as every other line of relay's
+    on stderr starts; the exit status is the error's own (1, 2 for a usage error)."""
+
+    def __init__(self, error):
+        super().__init__(error.format_message())
+        self.error, self.exit_code = error, error.exit_code
+
+    def show(self, file=None):
+        told = io.StringIO()
+        self.error.show(told)
+        said = self.error.format_message()
+        click.echo(told.getvalue().replace(f"Error: {said}", f"relay: {said}"), file=file, err=True, nl=False)
+
+
+def said(error):
+    """`error` (a ClickException) to raise again: its message through the terminal's gate, on one
+    line, and said relay's way."""
+    if isinstance(error, Said):
+        return error
+    error.message = escaped(error.message, keep="")
+    return Said(error)
+
+
 class Group(click.Group):
     """relay's click group: an error line (a ClickException, relay's own turned into one by
-    guards.handle_errors, or click's usage errors) goes out through the terminal's gate too,
-    on one line."""
+    guards.handle_errors, or click's usage errors, the group's own options' too) goes out
+    through the terminal's gate, on one line, starting `relay: ` (Said)."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.ClickException as e:
+            raise said(e) from None
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except click.ClickException as e:
-            e.message = escaped(e.message, keep="")
-            raise
+            raise said(e) from None
 
 
 def verdict(as_json, problems, extra, summary):
