@@ -1,0 +1,60 @@
+"""/metrics: what a Prometheus scraper reads, parsed with prometheus_client's own text parser and
+checked against the ledger after a known run (driven with drain() on an injected clock)."""
+import pytest
+from webkit import get
+
+prometheus = pytest.importorskip("prometheus_client", reason="the web extra is not installed")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from relay.ledger.history import History  # noqa: E402
+from relay.ledger.ledger import Ledger  # noqa: E402
+from relay.ledger.web import LATENCY_BUCKETS  # noqa: E402
+from relay.web.server import Server  # noqa: E402
+
+
+def samples(text):
+    """{(sample name, frozenset of labels): value} of a scrape."""
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.fixture
+def known_run(project):
+    relay = project.relay(agents=("Ann", "Ben", "Cy"))
+    for i in range(4):
+        project.drop("Ann", f"a{i}", f"TO: Ben\nSUBJECT: s{i}\n\nhello {i}")
+    project.drop("Ben", "b", "TO: Ann, Cy\n\nreply")
+    project.drop("Cy", "c", "TO: Zed\nSUBJECT: lost\n\nto nobody")     # fails: unknown recipient, bounced
+    relay.drain()
+    project.clock.advance(5)
+    relay.drain()
+    return project
+
+
+def test_metrics_match_the_ledger_after_a_known_run(known_run):
+    cfg = known_run.config(agents=["Ann", "Ben", "Cy"])
+    with Server(cfg, clock=known_run.clock) as srv:
+        status, headers, text = get(srv, "/metrics")
+        assert get(srv, "/metrics", token=None)[0] == 401
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    got = samples(text)
+    with History(Ledger(known_run.state / "ledger.sqlite", readonly=True)) as history:
+        counts = history.counts()
+        deliveries = [(d, history.get(mid)) for mid in [r["id"] for r in history.audit()]
+                      for d in history.deliveries(mid)]
+    for state, n in counts.items():
+        assert got[("relay_messages", frozenset({("state", state)}))] == n
+    assert counts["failed"] == 1 and counts["archived"] == 6       # the 5 delivered and the bounce
+    assert got[("relay_deliveries_total", frozenset())] == len(deliveries) == 7
+    assert got[("relay_failures_total", frozenset({("reason", "unknown_recipient")}))] == 1
+    assert got[("relay_bounces_total", frozenset())] == 1
+    assert got[("relay_sheds_total", frozenset({("reason", "queue_limit")}))] == 0
+    for agent, unread in (("Ben", 4), ("Ann", 1), ("Cy", 2)):      # Cy: Ben's reply and the bounce
+        assert got[("relay_queue_depth", frozenset({("agent", agent)}))] == unread, agent
+    latencies = [d["delivered_at"] - (m["sent_at"] or m["discovered_at"]) for d, m in deliveries]
+    for bound in LATENCY_BUCKETS:
+        key = ("relay_envelope_latency_seconds_bucket", frozenset({("le", str(float(bound)))}))
+        assert got[key] == sum(1 for x in latencies if x <= bound), bound
+    assert got[("relay_envelope_latency_seconds_count", frozenset())] == len(latencies)
+    assert got[("relay_envelope_latency_seconds_sum", frozenset())] == pytest.approx(sum(max(x, 0) for x in latencies))
+    assert not any(name == "relay_federation_link_up" for name, _ in got)      # not federated
