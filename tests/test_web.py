@@ -47,7 +47,7 @@ class Tags(html.parser.HTMLParser):
 ALLOWED = {"html", "head", "meta", "title", "link", "script", "body", "header", "nav", "a", "span", "main", "h1",
            "h2", "p", "table", "tr", "th", "td", "code", "section", "div", "b", "ol", "li", "form", "label", "input",
            "select", "option", "button", "pre", "article", "time", "footer", "svg", "line", "text", "rect", "ul",
-           "textarea"}
+           "textarea", "fieldset", "legend"}
 
 
 def assert_inert(text):
@@ -174,3 +174,35 @@ def test_relay_web_without_its_extra_says_how_to_install_it(team, monkeypatch):
     r = team("web", ok=False)
     assert r.exit_code == 1
     assert "pip install 'agent-outbox-relay[web]'" in r.output and "pip install '.[web]'" in r.output
+
+
+def _csrf(text):
+    return re.search(r'name="csrf" value="([0-9a-f]{64})"', text).group(1)
+
+
+def test_read_only_unless_started_with_compose(web):
+    assert get(web, "/compose")[0] == 404
+    assert get(web, "/compose", data=b"to=Bob&body=x", method="POST")[0] in (404, 405)
+
+
+def test_compose_sends_as_the_overseer_with_csrf_and_same_origin_only(team):
+    from urllib.parse import urlencode
+    team("init", "--agent", "Human")
+    with server(team.root, compose="Human") as srv:
+        token = _csrf(get(srv, "/compose")[2])
+        form = {"to": "Bob", "subject": "from a person", "body": "hello <b>Bob</b>"}
+        kinds = {"Content-Type": "application/x-www-form-urlencoded"}
+        assert get(srv, "/compose", data=urlencode(form).encode(), headers=kinds)[0] == 403     # no CSRF token
+        wrong = urlencode({**form, "csrf": "0" * 64}).encode()
+        assert get(srv, "/compose", data=wrong, headers=kinds)[0] == 403
+        right = urlencode({**form, "csrf": token}).encode()
+        cross = {**kinds, "Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
+        assert get(srv, "/compose", data=right, headers=cross)[0] == 403                         # another site
+        assert get(srv, "/compose", token=None, data=right, headers=kinds)[0] == 401             # no token
+        status, _, text = get(srv, "/compose", data=right, headers={**kinds, "Origin": srv.base})
+        assert status == 200
+        mid = re.search(r'id="sent">Sent: <a href="/messages/([0-9A-Z]{26})"', text).group(1)
+    team("run", "--once")
+    inbox = list((team.state / "inbox" / "Bob" / "new").iterdir())
+    assert len(inbox) == 1 and mid in inbox[0].name and "hello <b>Bob</b>" in inbox[0].read_text()
+    assert '"from":"Human"' in inbox[0].read_text().replace(" ", "")

@@ -126,3 +126,23 @@ def test_a_delivery_shows_live_on_an_open_overview(traffic, browser):
             lambda d: d.find_element(By.ID, "count-archived").text == str(archived))
         assert not browser.find_elements(By.CSS_SELECTOR, "#live-events b")     # text, never markup
         assert re.fullmatch(r"[0-9A-Z]{26}", mid)
+
+
+def test_with_compose_a_person_sends_a_message_that_reaches_an_inbox(traffic, browser):
+    with server(traffic.root, compose="Human") as srv:
+        browser.get(srv.url)
+        browser.find_element(By.LINK_TEXT, "Compose").click()
+        browser.find_element(By.ID, "to-Bob").click()
+        browser.find_element(By.ID, "to-Carol").click()
+        browser.find_element(By.ID, "subject").send_keys("please review")
+        browser.find_element(By.ID, "body").send_keys("The lexer first, then the parser.")
+        shot(browser, "compose")
+        browser.find_element(By.ID, "send").click()
+        sent = WebDriverWait(browser, DEADLINE).until(EC.presence_of_element_located((By.CSS_SELECTOR, "#sent code")))
+        mid = sent.text
+    traffic("run", "--once")
+    for agent in ("Bob", "Carol"):
+        held = [json.loads(p.read_text()) for p in (traffic.state / "inbox" / agent / "new").iterdir()]
+        mine = [m for m in held if m["id"] == mid]
+        assert len(mine) == 1 and mine[0]["from"] == "Human" and mine[0]["subject"] == "please review"
+        assert mine[0]["body"] == "The lexer first, then the parser."

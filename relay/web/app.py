@@ -108,6 +108,10 @@ def build(site):
               Route("/static/{name}", static)]
     if site.compose is not None:
         from relay.web import compose
-        routes.append(Route("/compose", handler(site, compose.form), methods=["GET", "POST"]))
+
+        async def composing(request):
+            body = await compose.read(request) if request.method == "POST" else None
+            return await run_in_threadpool(compose.form, site, request, body)
+        routes.append(Route("/compose", composing, methods=["GET", "POST"]))
     app = Starlette(routes=routes)
     return Guard(app, site.token, site.cookie)
