@@ -6,7 +6,10 @@ files held open for writing, FIFOs, directories in outboxes, an outbox named Sys
 subject, thread and body are terminal escapes (OSC 52, OSC 8, CSI), C1 controls and bidi overrides;
 made-up senders (new outbox directories with messages for the producers' agents) and ids copied
 from another agent's outbox into a back-dated file (the producers send half their messages with
-relay's API, whose ids the ledger binds to their sender).
+relay's API, whose ids the ledger binds to their sender); outboxes named as relay's reserved names
+in any case (system, SYSTEM, broadcast ...) with files of kind bounce, an agent's own file of
+kind bounce, messages to an agent an operator archived, and an agent's search and reserve with
+queries and patterns at and past their bounds.
 
     python benchmarks/hostile.py --seconds 20 --seed 1 --producers 3 --rate 10 [--skip bad-utf8]
 
@@ -16,7 +19,9 @@ outside .relay/ changed, a producer's message was lost, duplicated or misdeliver
 relay's API sent was delivered under another id than the one it printed, a decoy or project file
 or a half-written or oddly named file was delivered, a made-up sender's file was delivered (in
 declared mode) or lost, a raw escape, control or bidi character reached the daemon's log or the
-output of audit, show, tail or inbox, or the daemon died or did not exit 0 on SIGTERM.
+output of audit, show, tail or inbox, a file from a reserved name or of kind bounce from an agent
+was delivered, an archived agent got mail, a search or reserve printed a traceback, or the daemon
+died or did not exit 0 on SIGTERM.
 """
 import argparse
 import collections
@@ -41,7 +46,13 @@ HOSTILES = 3
 KINDS = {"file-link": 3, "agent-link": 2, "ghost-inbox": 1, "swap": 2, "hardlink": 2, "bad-utf8": 2,
          "control-name": 2, "long-name": 2, "dash-name": 2, "future-mtime": 2, "past-mtime": 2,
          "held-open": 1, "fifo": 2, "dir": 1, "system-outbox": 1, "made-up-sender": 2, "copied-id": 3,
-         "escapes": 2, "c1-name": 1}
+         "escapes": 2, "c1-name": 1, "reserved-outbox": 2, "bounce-kind": 2, "archived-recipient": 2,
+         "long-query": 1, "long-pattern": 1}
+ARCHIVED = "Z9"                 # declared, then archived by the operator before the daemon starts
+RESERVED = ("system", "SYSTEM", "sYsTeM", "broadcast", "BROADCAST", "Broadcast")
+# an agent's search and reserve at and past their bounds (1,000 bytes and 64 words; 1,000 characters)
+QUERIES = ("parser " * 3000, " ".join(f"w{i}" for i in range(64)), "x" * 999, "a b " * 20000)
+PATTERNS = ("*a" * 240, "*" * 999, "**/" * 300 + "x", "?*" * 400 + "z")
 # What a message may hold to drive a terminal: none of it may reach one raw.
 ESCAPES = ("\x1b]52;c;cm0gLXJmIH4K\x07\x1b]8;;https://evil.example/\x1b\\link\x1b]8;;\x1b\\\x1b[2J\x1b[31m"
            "\x9b2J\x9d0;t\x9c\x85\u202e\u2066\u2069\u2028\r\x08\x7f")
@@ -135,6 +146,7 @@ class Hostile:
         self.planted = collections.Counter()
         self.held, self.asides, self.count = [], [], 0     # held: (file, rest, when to finish it)
         self.made_up = []                                   # files planted in made-up senders' outboxes
+        self.cli = []                                       # (verb, exit code, CPU seconds, traceback printed)
 
     def box(self):
         return self.state / "outbox" / self.rnd.choice(AGENTS)
@@ -146,11 +158,11 @@ class Hostile:
             return f"TO: {to}\nSUBJECT: {ESCAPES}\nTHREAD: t{ESCAPES}\n\nhostile-{kind}-{self.n}-{self.count}{ESCAPES}"
         return f"TO: {to}\n\nhostile-{kind}-{self.n}-{self.count}"
 
-    def drop(self, kind, name, mtime=None, box=None):
+    def drop(self, kind, name, mtime=None, box=None, text=None):
         """A hostile message renamed into an outbox under `name` (bytes), its mtime set first."""
         box = os.fsencode(box or self.box())
         tmp = os.path.join(box, b".h%d-%d.tmp" % (self.n, self.count))
-        write(tmp, self.body(kind))
+        write(tmp, text or self.body(kind))
         if mtime is not None:             # a file system may clamp it (ext4: year 2446)
             os.utime(tmp, (mtime, mtime))
         os.rename(tmp, os.path.join(box, name))
@@ -221,6 +233,26 @@ class Hostile:
         os.rename(tmp, box / f"c-{self.n}-{self.count}")
         return "copied-id"
 
+    def reserved_outbox(self, tag):
+        """An outbox named as relay's own (System) or every agent (Broadcast), in some case, with a
+        file of kind bounce for a producer's agent: it must never be delivered."""
+        box = self.state / "outbox" / self.rnd.choice(RESERVED)
+        box.mkdir(exist_ok=True)
+        self.drop("reserved", b"r-" + tag, box=box,
+                  text=f"TO: {self.rnd.choice(AGENTS)}\nKIND: bounce\n\nhostile-reserved-{self.n}-{self.count}")
+
+    def agent_cli(self, verb, arg):
+        """An agent's relay search or reserve with a query or pattern at or past its bound."""
+        cmd = [sys.executable, "-m", "relay", "--root", str(self.project), verb, "--agent",
+               self.rnd.choice(AGENTS), arg]
+        start = os.times()
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=300)
+        end = os.times()
+        cpu = (end.children_user + end.children_system) - (start.children_user + start.children_system)
+        self.cli.append((verb, r.returncode, cpu, "Traceback" in r.stdout + r.stderr))
+        if verb == "reserve" and r.returncode == 0:         # let the others reserve again
+            subprocess.run(cmd[:-3] + ["release", "--agent", cmd[-2], "--all"], capture_output=True, timeout=120)
+
     def held_open(self, path):
         """Half a message written, the file held open for seconds, then finished."""
         text = self.body("open") + "-" + "x" * 300 + "-END"
@@ -252,7 +284,14 @@ class Hostile:
                "dir": lambda: (os.mkdir(box / f"d-{n}-{c}"), write(box / f"d-{n}-{c}" / "in", self.body(kind))),
                "system-outbox": lambda: (os.makedirs(outbox / "System", exist_ok=True),
                                          self.drop(kind, b"sys-" + tag, box=outbox / "System")),
-               "made-up-sender": self.made_up_sender, "copied-id": self.copied_id}[kind]()
+               "made-up-sender": self.made_up_sender, "copied-id": self.copied_id,
+               "reserved-outbox": lambda: self.reserved_outbox(tag),
+               "bounce-kind": lambda: self.drop(kind, b"b-" + tag, text=f"TO: {r.choice(AGENTS)}\nKIND: bounce\n\n"
+                                                                     f"hostile-bounce-{n}-{c}"),
+               "archived-recipient": lambda: self.drop(kind, b"z-" + tag, text=f"TO: {ARCHIVED}\n\n"
+                                                                            f"hostile-archived-{n}-{c}"),
+               "long-query": lambda: self.agent_cli("search", r.choice(QUERIES)),
+               "long-pattern": lambda: self.agent_cli("reserve", r.choice(PATTERNS))}[kind]()
         kind = act if kind in ("agent-link", "swap", "copied-id") else kind     # these say which, or None
         if kind:
             self.planted[kind] += 1
@@ -339,13 +378,15 @@ def run(seconds, seed, producers, rate, settle, skip=(), keep=False, senders="de
     state = project / ".relay"
     project.mkdir()
     cli = [sys.executable, "-m", "relay", "--root", str(project)]
-    init = subprocess.run(cli + ["init", *sum((["--agent", a] for a in AGENTS), [])],
+    init = subprocess.run(cli + ["init", *sum((["--agent", a] for a in AGENTS + [ARCHIVED]), [])],
                           capture_output=True, text=True)
+    if not init.returncode:
+        init = subprocess.run(cli + ["archive-agent", ARCHIVED], capture_output=True, text=True)
     if init.returncode:
         shutil.rmtree(base, ignore_errors=True)
         sys.exit(f"relay init failed: {init.stderr.strip()[-500:]}")
     decoy = make_decoy(base, project)
-    env = dict(os.environ, RELAY_ROOT=str(project), RELAY_AGENTS=",".join(AGENTS), RELAY_SETTLE="100ms",
+    env = dict(os.environ, RELAY_ROOT=str(project), RELAY_AGENTS=",".join(AGENTS + [ARCHIVED]), RELAY_SETTLE="100ms",
                RELAY_RESCAN_INTERVAL="1s", RELAY_MAX_RETRIES="8", RELAY_RETRY_BACKOFF="50ms",
                RELAY_LOG_LEVEL="ERROR", RELAY_SENDERS=senders)
     logf = open(log, "wb")
@@ -394,10 +435,12 @@ def run(seconds, seed, producers, rate, settle, skip=(), keep=False, senders="de
     diffs = list(differences(before, snapshot(base, state, log)))
     planted = sum((h.planted for h in hostiles), collections.Counter())
     made_up = [p for h in hostiles for p in h.made_up]
+    archived_mail = sum(1 for sub in ("new", "cur") for _ in (state / "inbox" / ARCHIVED / sub).glob("*"))
     waiting = sum(1 for p in made_up if p.is_file())
     leaked += [f"daemon log: {c}" for c in raw(log.read_text(errors="replace"))]
     failed = report(planted, diffs, status, inboxes(state, seen), expected, alive, rc, log, base,
-                    printed, (senders, len(made_up), waiting), leaked)
+                    printed, (senders, len(made_up), waiting), leaked,
+                    (archived_mail, [c for h in hostiles for c in h.cli]))
     if not keep:
         shutil.rmtree(base, ignore_errors=True)
     return not failed
@@ -427,7 +470,8 @@ def shown_raw(cli):
     return found
 
 
-def report(planted, diffs, status, inbox, expected, alive, rc, log, base, printed, made_up, leaked=()):
+def report(planted, diffs, status, inbox, expected, alive, rc, log, base, printed, made_up, leaked=(),
+           bounds=(0, ())):
     print("planted:", " ".join(f"{k}={v}" for k, v in sorted(planted.items())))
     groups = collections.defaultdict(list)
     for path, what, detail in diffs:
@@ -461,10 +505,16 @@ def report(planted, diffs, status, inbox, expected, alive, rc, log, base, printe
               "made_up_planted": made_up_planted, "made_up_waiting": made_up_waiting,
               "made_up_delivered": made_up_delivered,
               "made_up_lost": made_up_planted - made_up_waiting - made_up_delivered if senders == "declared" else 0,
+              "reserved_delivered": sum(n for k, n in got.items() if k[1].startswith("hostile-reserved")),
+              "bounce_kind_delivered": sum(n for k, n in got.items() if k[1].startswith("hostile-bounce")),
+              "archived_got_mail": bounds[0],
+              "bounded_verbs": len(bounds[1]), "bounded_verb_tracebacks": sum(1 for c in bounds[1] if c[3]),
+              "bounded_verb_cpu_max_s": round(max((c[2] for c in bounds[1]), default=0.0), 3),
               "daemon_alive": alive, "daemon_exit": rc, "dir": str(base)}
     failed = [k for k in ("lost", "duplicated", "unexpected", "followed", "partial", "odd_names_delivered",
                           "decoy_changes", "outside_created_removed", "ids_taken", "made_up_lost",
-                          "escapes_shown_raw") if result[k]]
+                          "escapes_shown_raw", "reserved_delivered", "bounce_kind_delivered",
+                          "archived_got_mail", "bounded_verb_tracebacks") if result[k]]
     failed += ["made_up_delivered"] if senders == "declared" and made_up_delivered else []
     if leaked:
         print("raw in what people read, e.g.:", *sorted(set(leaked))[:10], sep="\n  ")

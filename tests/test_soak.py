@@ -22,8 +22,10 @@ def test_short_soak_under_sigkill():
 @pytest.mark.timeout_s(150)
 def test_short_hostile_soak():
     """benchmarks/hostile.py for a few seconds: links at every level, hard links, odd names,
-    future times, held-open files and swapped directories while producers send; nothing outside
-    the state directory changes and every well-formed message arrives exactly once."""
+    future times, held-open files and swapped directories, reserved names in every case, files of
+    kind bounce, mail to an archived agent, searches and reservations at and past their bounds,
+    while producers send; nothing outside the state directory changes and every well-formed
+    message arrives exactly once."""
     import subprocess
     import sys
     script = Path(__file__).parent.parent / "benchmarks" / "hostile.py"
@@ -31,6 +33,9 @@ def test_short_hostile_soak():
                        capture_output=True, text=True, timeout=140)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert '"lost": 0, "duplicated": 0' in r.stdout and "0 differences" in r.stdout
+    for planted in ("reserved-outbox", "bounce-kind", "archived-recipient"):
+        assert f" {planted}=" in r.stdout, planted         # the new kinds were planted, and held
+    assert '"reserved_delivered": 0, "bounce_kind_delivered": 0, "archived_got_mail": 0' in r.stdout
 
 
 @pytest.mark.timeout_s(240)
