@@ -231,12 +231,12 @@ class Tools:
             done = agent.mark_read(words(ids))
             return {"marked": agent.marked, "already": [m.id for m in done if m.id not in agent.marked]}
 
-    def agents(self, active: Annotated[bool, Field(description="Only the active agents (neither released nor archived).")] = False
-               ) -> Agents:
+    def agents(self, active: Annotated[bool, Field(description="Only the active agents (neither released nor "
+                                                        "archived).")] = False) -> Agents:
         """Your name and the agents you can send to, yourself marked (`me`), each with its state
         (`active`; `inactive` once released: mail to it is still delivered; `archived` by an
-        operator: nothing is sent to it or from it) and what its spawn said of it (`metadata`: cli, cwd, model, task, spawned_by, ...; {} when never spawned).
-        Marks nothing read."""
+        operator: nothing is sent to it or from it) and what its spawn said of it (`metadata`: cli,
+        cwd, model, task, spawned_by, ...; {} when never spawned). Marks nothing read."""
         with self.me() as agent, tool_errors():
             return {"me": agent.name, "agents": [{"name": r.name, "me": r.name == agent.name, **r.fields()}
                                                  for r in agent.agents(active)]}
