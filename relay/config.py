@@ -15,7 +15,7 @@ import stat
 import re
 from pathlib import Path
 
-from relay import config_file, names
+from relay import config_file, names, wakeconfig
 from relay.errors import ConfigError, NotInProject
 from relay.names import AGENT_NAME, AGENT_NAME_RULE, SYSTEM  # noqa: F401 - where the rest of relay takes them
 from relay.terminal import unsafe
@@ -200,6 +200,7 @@ _PARSERS = {
     "bounces": _bool,
     "ack_overdue": _positive_duration,
     "federation": _table,       # checked whole in load(), with the root: fedconfig.parse
+    "wake": wakeconfig.parse,   # [wake]: relay wakes agents through tmux (core/wake.py)
 }
 
 # Set by relay for an on_deliver hook (hooks.py), not configuration: a hook that runs relay
@@ -236,6 +237,7 @@ class Config:
     bounces: bool = True                # a sender hears of a message that failed (core/bounces.py)
     ack_overdue: float = 1800.0         # an acknowledgement asked for is overdue after this (relay overdue)
     federation: object = None           # fedconfig.Federation, or None: this machine only
+    wake: object = None                 # WakeConfig, or None: relay wakes no agent itself
     source: str = dataclasses.field(default="defaults", compare=False)
     # (key, where its value came from) for root, state_dir and every key not at its default
     origins: tuple = dataclasses.field(default=(), compare=False)
@@ -486,6 +488,9 @@ def describe(cfg):
             value = None if value is None else {"url": value.shown_url, "team": value.team, "node": value.node}
             text = "(none: this machine only)" if value is None else \
                 f"url {value['url']}, team {value['team']}, node {value['node']}"
+        elif key == "wake":
+            value = None if value is None else dataclasses.asdict(value)
+            text = "(none)" if value is None else ", ".join(f"{k} {v}" for k, v in value.items() if v)
         else:
             text = str(value).lower() if key == "log_level" else str(value)
         out.append((key, value, text, cfg.origin(key)))

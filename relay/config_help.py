@@ -43,6 +43,12 @@ HELP = {
     "on_deliver_system": "also run on_deliver for envelopes delivered to System",
     "bounces": "a message that fails (or is shed for some recipients) brings its sender a bounce from System",
     "ack_overdue": "an acknowledgement a message asks for (ACK: required) is overdue after this (relay overdue)",
+    "wake": """\
+## relay wakes each agent itself by typing one line into its tmux pane (docs/agents.md, "Waking
+## agents"), once per batch: a [wake] table at the end of this file ({agent}: the agent's name):
+## [wake]
+## tmux = "agents:{agent}"
+""",
     "federation": """\
 ## teams across machines over Redis (docs/federation.md): a [federation] table at the end of
 ## this file (the URL, with its password, best in RELAY_FEDERATION_URL, which agents cannot read):
@@ -77,8 +83,9 @@ def template():
             config.describe(config.Config(root=Path("."), state_dir=Path(".relay")))}
     out = [HEAD]
     for key in config.KEYS:
-        if key != "federation":
+        if key not in ("federation", "wake"):
             out.append(f"## {HELP[key]}\n# {key} = {_value(key, *rows[key])}\n")
+    out.append(HELP["wake"])
     out.append(HELP["federation"])
     return "\n".join(out)
 

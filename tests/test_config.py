@@ -348,13 +348,13 @@ def test_init_writes_a_relay_toml_of_every_key_commented_out_at_its_default(cli)
     cli("init", "--agent", "Ann")
     text = (cli.state / "relay.toml").read_text()
     assert tomllib.loads(text) == {}
-    keys = [k for k in config_mod.KEYS if k != "federation"]
+    keys = [k for k in config_mod.KEYS if k not in ("federation", "wake")]     # the tables, at the end
     assigned = re.findall(r"(?m)^# ([a-z_]+) = ", text)
     assert assigned == keys
     for key in keys:        # a line of help just above each
         help_line = text.split(f"\n# {key} = ")[0].rsplit("\n", 1)[-1]
         assert help_line.startswith("## ") and len(help_line) > 12, key
-    assert "[federation]" in text
+    assert "[federation]" in text and '## [wake]\n## tmux = "agents:{agent}"' in text
     uncommented = re.sub(r"(?m)^# (?=[a-z_]+ = )", "", text)
     data = tomllib.loads(uncommented)
     assert sorted(data) == sorted(keys)

@@ -30,6 +30,7 @@ from relay.errors import DurabilityError, TransientError
 from relay.files.fs import shown
 from relay.ledger.history import History
 from relay.core.hooks import Hooks
+from relay.core.wake import Wake
 from relay.ids import IdGenerator
 from relay.core.identity import identify
 from relay.core.inbox import Inbox
@@ -100,6 +101,7 @@ class Relay(Handling, Loop):
         self._archived = frozenset()            # the agents an operator archived, as the last batch saw them
         self.ids = IdGenerator()
         self.hooks = Hooks(config)              # on_deliver, run off this thread (hooks.py)
+        self.wakes = Wake(config, self.hooks)   # [wake]: a line in each agent's tmux pane, on the same workers
         self.reads = Reads(self.layout, self.ledger)    # envelopes a Maildir client moved to cur/ (reads.py)
         # The federation's view from the loop: which recipients are on other nodes (routes.py).
         self.router = Router(config.federation, self.history) if config.federation else None
@@ -388,6 +390,7 @@ class Relay(Handling, Loop):
             self.bounces.due = True
         self.flow.commit(works, now, self.config)
         self.hooks.delivered(works)     # durable now: each new recipient's hook is queued
+        self.wakes.delivered(works)     # and one wake per agent of the batch
         self.reads.delivered(works)
         if self.router is not None and any(w.remote and not w.offered for w in works):
             self.router.queued.set()        # the link publishes what this batch queued
@@ -474,6 +477,7 @@ class Relay(Handling, Loop):
         self.syncer.durable = config.durability == "full"
         self.ledger.set_durability(config.durability)
         self.hooks.configure(config)
+        self.wakes.configure(config)
         if "agents" in changed:         # a newly listed agent gets its outbox and inbox now
             for problem in self.layout.init(config.agents):
                 log.warning("%s", problem)

@@ -142,10 +142,13 @@ class Hooks:
             log.exception("on_deliver: hooks of this batch not queued")
         return queued
 
-    def fire(self, delivery):
-        """Queue one hook; False when it is dropped (the queue is full, or stop() began)."""
+    def fire(self, delivery, command=None, timeout=None, report=None):
+        """Queue one hook; False when it is dropped (the queue is full, or stop() began).
+        `command`, `timeout`, `report`: another job on the same workers (the [wake]'s, wake.py),
+        its own argv, time limit and report(run, tail, ended, timeout, took) of how it ended."""
+        command = command or self.argv
         with self._lock:
-            if self._closing or self.argv is None:
+            if self._closing or command is None:
                 return False
             if self._pending >= self.limit:
                 self._drop(delivery, f"{self._pending} hooks are waiting or running (the limit)")
@@ -155,7 +158,7 @@ class Hooks:
                 t = threading.Thread(target=self._work, name=f"relay-hook-{len(self._threads) + 1}", daemon=True)
                 self._threads.append(t)
                 t.start()
-        self._queue.put((delivery, self.argv, self.timeout))
+        self._queue.put((delivery, command, timeout or self.timeout, report))
         return True
 
     def _drop(self, d, why):
@@ -206,7 +209,7 @@ class Hooks:
                 if left:
                     self.dropped += len(left)
                     log.warning("on_deliver: %d queued hook(s) dropped at stop: %s%s", len(left),
-                                ", ".join(f"{d.message_id} to {d.recipient}" for d, _, _ in left[:20]),
+                                ", ".join(f"{d.message_id} to {d.recipient}" for d, *_ in left[:20]),
                                 " ..." if len(left) > 20 else "")
         with self._lock:
             if self._unreported:
@@ -268,7 +271,7 @@ class Hooks:
                     self._pending -= 1
                     self._idle.notify_all()
 
-    def _run(self, d, command, timeout):
+    def _run(self, d, command, timeout, report=None):
         env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARIABLES}
         env.update(RELAY_ROOT=self.root, RELAY_STATE_DIR=self.state_dir, **d.environment())
         started = time.monotonic()
@@ -303,7 +306,7 @@ class Hooks:
             with self._lock:
                 self._running.pop(proc.pid, None)
             proc.stdout.close()
-        self._outcome(run, tail, ended, timeout, time.monotonic() - started)
+        (report or self._outcome)(run, tail, ended, timeout, time.monotonic() - started)
 
     def _outcome(self, run, tail, ended, timeout, took):
         d, code = run.delivery, run.proc.returncode
