@@ -91,6 +91,7 @@ def invocations(ids):
         "service": [["systemd", "--user"], ["launchd", "--user"]],
         "federation": [["acl", "n1", "--team", "acme", "--password", "x"]],
         "adopt": [["Bob"]],
+        "hook": [["claude", "--agent", "Bob"], ["install", "claude", "--agent", "Bob"], ["uninstall", "claude"]],
         "ping": [["Bob"], ["Bob", "--json"]],
         "retry": [ids, ["--failed"], ["--failed", "--json"]],
         "expire": [[i] for i in ids] + [[first, "--json"]],
