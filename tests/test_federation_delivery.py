@@ -1219,7 +1219,8 @@ def test_a_row_not_yet_published_for_a_node_gone_for_good_is_rerouted_too(redis_
 
 
 def test_a_row_for_a_live_node_that_dropped_its_recipient_is_rerouted_to_the_node_that_holds_it_now(
-        redis_server, team, nodes):
+        redis_server, team, nodes, cli):
+    import shlex
     import shutil
     n1 = nodes(redis_server.url, team, "n1", ["Al"])
     for sub in ("tmp", "new", "cur"):
@@ -1233,8 +1234,13 @@ def test_a_row_for_a_live_node_that_dropped_its_recipient_is_rerouted_to_the_nod
     shutil.rmtree(n1.state / "inbox/Ann")
     shutil.rmtree(n1.state / "outbox/Ann")
     assert n1.link.heartbeat()                          # n1 lists Al alone now
-    n3 = nodes(redis_server.url, team, "n3", ["Ann"])   # Ann moved to n3
-    assert n3.link.heartbeat()
+    n3 = nodes(redis_server.url, team, "n3", ["Ann"])   # Ann moved to n3 ...
+    assert n3.link.heartbeat() and n3.link.conflicts == [("Ann", "n1")]     # ... but n1 holds her claim
+    n2.link.heartbeat()
+    assert "Ann" not in n2.link.directory.routes
+    line = cli("federation", "claim-grant", "Ann", "n3", "--team", team).output.strip()
+    client(redis_server.url).execute_command(*shlex.split(line))    # the admin moves the name
+    n2.clock.advance(10)                                # the claims are read again (claims.REFRESH)
     n2.link.heartbeat()
     assert n2.relay.history.remote_agents()["Ann"][0] == "n3" and n2.link.alive["n1"]
     n2.link.check()

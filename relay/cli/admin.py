@@ -116,4 +116,41 @@ def federation_retire(ctx, node, team):
     echo(retire(team, node))
 
 
+def _agent_name(name):
+    """An agent NAME as a claim names it: a valid agent name, none of relay's own."""
+    from relay.files.layout import valid_agent
+    from relay.names import reserved
+    if not valid_agent(name) or reserved(name):
+        raise click.BadParameter(f"{name!r} is not an agent name" + (f" ({reserved(name)} is relay's own)"
+                                                                      if reserved(name) else ""), param_hint="NAME")
+    return name
+
+
+@federation.command("claim-grant")
+@click.argument("name")
+@click.argument("node")
+@click.option("--team", help="The team (default: the [federation] section's).")
+@pass_ctx
+@handle_errors
+def federation_claim_grant(ctx, name, node, team):
+    """Print the redis-cli line that gives the agent NAME (in every case) to NODE, whoever claimed
+    it: the team routes NAME to NODE once NODE lists it, within seconds."""
+    from relay.federation.keys import claim_grant
+    team = _team(ctx, node, team)
+    echo(claim_grant(team, _agent_name(name), node))
+
+
+@federation.command("claim-free")
+@click.argument("name")
+@click.option("--team", help="The team (default: the [federation] section's).")
+@pass_ctx
+@handle_errors
+def federation_claim_free(ctx, name, team):
+    """Print the redis-cli line that frees the claim on the agent NAME (in every case): the next
+    node to announce NAME claims it."""
+    from relay.federation.keys import claim_free
+    team = _team(ctx, "n", team)
+    echo(claim_free(team, _agent_name(name)))
+
+
 COMMANDS = [config_, service, federation]

@@ -66,6 +66,29 @@ class ReplyTooLarge(Exception):
         self.seen = list(seen)      # the small bulk strings read before (an entry's id, its first fields)
 
 
+def each(client, names, command):
+    """`command(pipe, name)` for each of `names` in one round trip: each reply, or the error it
+    answered. A reply too large (a guarded client) drops the connection: the names are then
+    asked one by one, each too large alone a ReplyTooLarge."""
+    if not names:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for n in names:
+        command(pipe, n)
+    try:
+        return pipe.execute(raise_on_error=False)
+    except ReplyTooLarge:
+        results = []
+        for n in names:
+            one = client.pipeline(transaction=False)
+            command(one, n)
+            try:
+                results.append(one.execute(raise_on_error=False)[0])
+            except ReplyTooLarge as e:
+                results.append(e)
+        return results
+
+
 def _guarded_parser(limit, budget):
     from redis._parsers import _RESP2Parser
 

@@ -10,7 +10,9 @@ its last seen by the server's clock, stamped by the announcing script), and read
       when its version changed, then the names resolved and recorded in the ledger
 
 A node can write only its own entry (ACLs), so nothing it writes says anything of another
-node's names. Which node holds a name is decided by each reader, never by a claim alone:
+node's names. A name's claim (claims.py: written once, before the name is announced) outranks
+every list: a node listing a name another node claimed is not taken for it. For a name no one
+claimed, which node holds it is decided by each reader from the lists:
 
 - a name of this node's own agents is local (another node claiming it is a conflict, shown);
 - a name one live node lists is that node's;
@@ -33,7 +35,8 @@ import orjson
 
 from relay.names import reserved
 from relay.files.layout import valid_agent
-from relay.federation.client import reason, server_errors
+from relay.federation.claims import Claims
+from relay.federation.client import each, reason, server_errors     # each: used by listed.py, receiver.py
 from relay.federation.keys import Keys
 from relay.federation.roster import Roster, registered
 
@@ -74,30 +77,6 @@ class Entry:
 def team_nodes(client, keys):
     """The nodes in the team's registry (one SMEMBERS: roster.py), never a walk of the keyspace."""
     return registered(client, keys)
-
-
-def each(client, names, command):
-    """`command(pipe, name)` for each of `names` in one round trip: each reply, or the error it
-    answered. A reply too large (a guarded client) drops the connection: the names are then
-    asked one by one, each too large alone a ReplyTooLarge."""
-    from relay.federation.client import ReplyTooLarge
-    if not names:
-        return []
-    pipe = client.pipeline(transaction=False)
-    for n in names:
-        command(pipe, n)
-    try:
-        return pipe.execute(raise_on_error=False)
-    except ReplyTooLarge:
-        results = []
-        for n in names:
-            one = client.pipeline(transaction=False)
-            command(one, n)
-            try:
-                results.append(one.execute(raise_on_error=False)[0])
-            except ReplyTooLarge as e:
-                results.append(e)
-        return results
 
 
 def listed_names(listed, limit):
@@ -146,6 +125,7 @@ class Directory:
         self.timeout = fed.heartbeat * TIMEOUT_BEATS
         self.entries = {}           # node -> Entry, as last read
         self.roster = Roster(client, self.keys, self.node)     # which nodes the team has
+        self.claims = Claims(self.reader, self.keys, self.node)     # who holds each name (claims.py)
         self.announced = None       # the version of this node's list last written
         self.duplicate = None       # why this relay may not act as its node (another holds the name)
         self.conflicts = []
@@ -166,7 +146,7 @@ class Directory:
         listed = orjson.dumps(names)
         version = hashlib.sha256(listed).hexdigest()[:16]
         key = self.keys.node(self.node)
-        owner, seen, timeout = self.client.hmget(key, "owner", "seen", "timeout")
+        owner, seen, timeout, written, recorded = self.client.hmget(key, "owner", "seen", "timeout", "v", "claims")
         secs, micros = self._time()
         self.server_now = now_there = int(secs) + int(micros) / 1e6
         holder = _text(owner)[:200] if owner is not None else None
@@ -175,8 +155,11 @@ class Directory:
             pass                    # another relay announced under this name within its timeout
         else:
             holder = None
+            # Each name claimed before it is listed: no node can read it anywhere before its claim.
+            again = self.announced is None or _text(written) != self.announced     # first, or the entry lost
+            claimed = self.claims.make(names, recorded, again)
             self.client.hset(key, mapping={"owner": self.identity, "seen": repr(now_there), "timeout": self.timeout,
-                                           "agents": listed, "v": version})
+                                           "agents": listed, "v": version, "claims": claimed})
         if holder:
             why = (f"node name {self.node} is in use by another relay ({holder}); this one neither announces its "
                    f"agents nor reads the node's streams until that one has been gone for {self.timeout:.0f}s: set "
@@ -244,8 +227,9 @@ class Directory:
                                  strict=True):
                 entries[n].agents = self._agents(n, listed)
         before = (self.routes, self.conflicts)
-        if stale or set(entries) != set(self.entries) or self._liveness(entries) != self._liveness(self.entries) \
-                or self.read_at is None:
+        claimed = self.claims.refresh(now, entries, local, force=bool(stale) or self.read_at is None)
+        if claimed or stale or set(entries) != set(self.entries) \
+                or self._liveness(entries) != self._liveness(self.entries) or self.read_at is None:
             self.entries = entries
             self.resolve(now, local)
         else:
@@ -285,9 +269,13 @@ class Directory:
             log.error("federation: node %s %s", node, wrong)
         return names
 
-    def _holder(self, name, holders, before):
+    def _holder(self, name, holders, before, owner=None):
         """The node a name is routed to, or None (unknown, or ambiguous). Whether a node is
-        alive never decides it: a node's own last seen is its to forge."""
+        alive never decides it: a node's own last seen is its to forge. A name's claim
+        outranks every list (claims.py): only its `owner` may hold it then."""
+        if owner is not None:
+            holders = [h for h in holders if h == owner]
+            before = before if before is not None and before[0] == owner else None
         if before is not None:
             node, _ = before
             entry = self.entries.get(node)
@@ -308,15 +296,21 @@ class Directory:
             for name in e.agents:
                 claims.setdefault(name, []).append(n)
         routes, conflicts = {}, []
-        for name in set(claims) | {n for n, (node, _) in previous.items() if node not in self.entries}:
+        for name in set(claims) | {n for n, (node, _) in previous.items() if node not in self.entries} | set(local):
             holders = claims.get(name, [])
+            owner = self.claims.owner(name, self.entries)
             if name in local:
-                conflicts.extend((name, h) for h in holders)
+                # Another node's claim takes this node's agent out of the team's routes; a node
+                # listing a name this node claimed is not taken for it.
+                if owner is None:
+                    conflicts.extend((name, h) for h in holders)
+                elif owner != self.node:
+                    conflicts.append((name, owner))
                 continue
-            node = self._holder(name, holders, previous.get(name))
+            node = self._holder(name, holders, previous.get(name), owner)
             if node is not None:
                 routes[name] = node
-            elif holders:
+            elif holders and owner is None:
                 conflicts.extend((name, h) for h in sorted(holders))
         # Names that differ only by case are one name to a person: a remote one beside a local
         # one is a conflict, routed nowhere; of remote ones, the one routed to its node before

@@ -273,7 +273,7 @@ class Incoming:
             return 0
         self.layout.fs.recheck()    # each directory looked up again by name: one may have been swapped since
         self._team_folded = None
-        self.listed.batch()
+        self.listed.batch(entries)
         self.team.batch()
         local = self.layout.agent_names(self.config.agents)
         self._local_folded = {name.casefold(): name for name in local}
@@ -378,6 +378,8 @@ class Incoming:
         node's entry, now: it is `node`'s only when no other node lists it and it differs only by
         case from no name the team has (a name claimed twice, or a case variant, is no one's)."""
         routes, ambiguous = self.routes()
+        if routes.get(agent) != node and (claimed := self.listed.claimed(agent, node)) is not None:
+            return claimed          # a name's claim outranks every list (claims.py)
         if agent in routes and routes[agent] != node:
             return self._moved(agent, node, routes[agent])
         if agent in routes:

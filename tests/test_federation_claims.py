@@ -1,0 +1,202 @@
+"""Agent names no node can squat: a name is claimed (a key written only with SETNX) before its
+node announces it, and the claim outranks any other node's list. Against a real redis-server,
+each node on the ACL user `relay federation acl` prints; the squatter is a raw client with its
+own node's credentials that lists (and tries to claim) every name it sees, polling."""
+import hashlib
+import shlex
+
+import orjson
+import pytest
+
+from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange, team  # noqa: F401 - fixtures
+from relay.federation.keys import Keys, acl, registration
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if REDIS_SERVER is None:
+        pytest.skip(MISSING)
+    s = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield s
+    s.stop()
+
+
+def admin(server):
+    import redis
+    return redis.Redis.from_url(server.url)
+
+
+def user_url(server, team, node):
+    password = f"pw-{node}-{team}"
+    admin(server).execute_command(*shlex.split(acl(team, node, password)))
+    admin(server).execute_command(*shlex.split(registration(team, node)))
+    return f"redis://relay-{team}-{node}:{password}@127.0.0.1:{server.port}/0"
+
+
+@pytest.fixture
+def nodes(tmp_path, clock):
+    made = []
+
+    def make(server, team, name, agents):
+        node = Node(tmp_path / name, user_url(server, team, name), team, name, agents, clock)
+        made.append(node)
+        return node
+    yield make
+    for n in made:
+        n.close()
+
+
+def claim_key(team, name):
+    return f"relay:{{{team}}}:claim:{name.casefold()}"
+
+
+class Squatter:
+    """Node n3, hostile: it lists every name another node lists (and a case variant of each) in
+    its own entry, with a last seen far ahead, and tries to claim each first."""
+
+    def __init__(self, server, team, others):
+        import redis
+        self.r = redis.Redis.from_url(user_url(server, team, "n3"))
+        self.team, self.keys, self.others = team, Keys(team), others
+
+    def poll(self):
+        names = set()
+        for n in self.others:
+            names.update(orjson.loads(self.r.hget(self.keys.node(n), "agents") or b"[]"))
+        for name in names:
+            try:
+                self.r.setnx(claim_key(self.team, name), "n3")
+            except Exception:   # noqa: BLE001 - an ACL without claims refuses it; the squat goes on
+                pass
+        listed = orjson.dumps(sorted(names | {n.upper() for n in names} | {"Eve"}))
+        seconds, _ = self.r.time()
+        self.r.hset(self.keys.node("n3"), mapping={"agents": listed, "v": hashlib.sha256(listed).hexdigest()[:16],
+                                                   "seen": str(seconds + 3600), "timeout": "60", "owner": "squat"})
+
+
+def new_agent(node, name):
+    for sub in ("tmp", "new", "cur"):
+        (node.state / "inbox" / name / sub).mkdir(parents=True, exist_ok=True)
+    (node.state / "outbox" / name).mkdir(parents=True, exist_ok=True)
+
+
+def bodies(node, agent):
+    return sorted(e["body"] for e in node.held(agent))
+
+
+def refusals(node):
+    rows = node.relay.history.db.execute("SELECT error FROM messages WHERE node IS NOT NULL AND status = 'failed'")
+    return [r[0] for r in rows]
+
+
+def test_a_squatting_node_cannot_make_a_new_agent_unreachable(server, team, nodes):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    squat = Squatter(server, team, ["n1", "n2"])
+    squat.poll()
+    exchange(n1, n2, rounds=1)
+    new_agent(n1, "Dan")
+    assert n1.link.look()                   # a new agent: claimed, then announced at once
+    squat.poll()                            # ... and listed (and claimed) by the squatter at once
+    # Dan writes before n2 has looked at the directory since: n2 resolves him now.
+    n1.drop("Dan", "hello", "TO: Bob\n\nDan here")
+    n1.send()
+    n2.receive()
+    assert bodies(n2, "Bob") == ["Dan here"]
+    # Messages to Dan are routed to n1 at n2's next look, whatever n3 lists.
+    n2.drop("Bob", "answer", "TO: Dan\n\nwelcome, Dan")
+    for _ in range(2):
+        n1.link.heartbeat()
+        squat.poll()
+        n2.link.heartbeat()
+        squat.poll()
+        n2.send()
+        n1.receive()
+        n1.link.publish()
+        n2.link.publish()
+    assert bodies(n1, "Dan") == ["welcome, Dan"]
+    assert n2.relay.history.remote_agents()["Dan"][0] == "n1"
+    assert "DAN" not in n2.relay.history.remote_agents()
+    assert n2.link.conflicts == [] and n1.link.conflicts == []     # the squat is no conflict anywhere
+    assert refusals(n2) == [] and refusals(n1) == []
+    # Dan's own messages are still accepted after n2's look.
+    n1.drop("Dan", "again", "TO: Bob\n\nstill Dan")
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["Dan here", "still Dan"]
+
+
+def test_a_node_cannot_overwrite_or_delete_another_nodes_claim(server, team, nodes):
+    import redis
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n1.link.heartbeat()
+    squat = Squatter(server, team, ["n1"])
+    key = claim_key(team, "Ann")
+    assert squat.r.get(key) == b"n1"
+    for cmd in [("SET", key, "n3"), ("SET", key, "n3", "XX"), ("DEL", key), ("UNLINK", key), ("GETSET", key, "n3"),
+                ("GETDEL", key), ("EXPIRE", key, "1"), ("PEXPIRE", key, "1"), ("RENAME", key, key + "x"),
+                ("APPEND", key, "x"), ("SETRANGE", key, "0", "n3"), ("MSET", key, "n3"), ("COPY", key, key + "x"),
+                ("RESTORE", key, "0", "x", "REPLACE"), ("EVAL", "return redis.call('SET', KEYS[1], 'n3')", 1, key)]:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            squat.r.execute_command(*cmd)
+    assert squat.r.setnx(key, "n3") is False
+    assert squat.r.get(key) == b"n1"
+    squat.poll()
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n2.link.heartbeat()
+    assert n2.relay.history.remote_agents()["Ann"][0] == "n1"
+
+
+def test_an_operator_grants_and_frees_a_name(server, team, nodes, cli, clock):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    squat = Squatter(server, team, ["n1", "n2"])
+    squat.r.setnx(claim_key(team, "Zed"), "n3")         # a name guessed before anyone announced it
+    exchange(n1, n2, rounds=1)
+    new_agent(n1, "Zed")
+    n1.link.look()
+    squat.poll()
+    n2.link.heartbeat()
+    assert "Zed" not in n2.relay.history.remote_agents()    # n3 holds the claim: n1's list is not taken for it
+    assert n1.link.conflicts == [("Zed", "n3")]             # said on the node whose agent it is
+    line = cli("federation", "claim-grant", "Zed", "n1", "--team", team).output.strip()
+    admin(server).execute_command(*shlex.split(line))
+    clock.advance(10)
+    n1.link.heartbeat()
+    n2.link.heartbeat()
+    assert n2.relay.history.remote_agents()["Zed"][0] == "n1" and n1.link.conflicts == []
+    n2.drop("Bob", "m", "TO: Zed\n\nyours now")
+    exchange(n1, n2)
+    assert bodies(n1, "Zed") == ["yours now"]
+    # Freed: the next node to announce it claims it (n1 at its next heartbeat).
+    line = cli("federation", "claim-free", "Zed", "--team", team).output.strip()
+    admin(server).execute_command(*shlex.split(line))
+    assert admin(server).get(claim_key(team, "Zed")) is None
+    clock.advance(10)
+    n1.link.heartbeat()                 # its look finds its claim gone ...
+    n1.link.heartbeat()                 # ... and its next announcement claims the name again
+    assert admin(server).get(claim_key(team, "Zed")) == b"n1"
+    bad = cli("federation", "claim-grant", "System", "n1", "--team", team, ok=False)
+    assert bad.exit_code != 0 and "System" in bad.output
+
+
+def test_a_retire_frees_the_retired_nodes_claims(server, team, nodes, cli):
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    assert admin(server).get(claim_key(team, "Bob")) == b"n2"
+    n2.close()                                              # gone for good
+    n4 = nodes(server, team, "n4", ["Bob"])
+    n4.link.heartbeat()
+    assert n4.link.conflicts == [("Bob", "n2")]             # n2 holds the claim
+    line = cli("federation", "retire", "n2", "--team", team).output.strip()
+    admin(server).execute_command(*shlex.split(line))
+    assert admin(server).get(claim_key(team, "Bob")) is None
+    assert admin(server).hget(n2.key(), "agents") == b"[]"
+    n4.link.heartbeat()
+    assert admin(server).get(claim_key(team, "Bob")) == b"n4" and n4.link.conflicts == []
+    n4.drop("Bob", "m", "TO: Ann\n\nBob on n4")
+    n1.link.heartbeat()
+    exchange(n1, n4)
+    assert bodies(n1, "Ann") == ["Bob on n4"]
