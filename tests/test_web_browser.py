@@ -29,6 +29,7 @@ from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 DEADLINE = 10       # seconds a page is given to show what it should
+SHOTS = os.environ.get("RELAY_WEB_SCREENSHOTS")     # read at import: the tests run with no RELAY_ variable
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def browser(tmp_path):
 
 
 def shot(driver, name):
-    where = os.environ.get("RELAY_WEB_SCREENSHOTS")
+    where = SHOTS
     if where:
         Path(where).mkdir(parents=True, exist_ok=True)
         driver.set_window_size(1280, max(900, min(2400, driver.execute_script(

@@ -77,7 +77,7 @@ def messages(site, request):
     kept = [(k, v) for k, v in given.items() if v]
     older = f"/messages?{urlencode([*kept, ('before', rows[-1]['id'])])}" if more else None
     return page(site, request, "messages.html", rows=reads.message_list(rows, history), given=given,
-                statuses=(*STATUSES, "shed"), kinds=history.web.kinds(), older=older,
+                statuses=(*STATUSES, "shed"), older=older,
                 first=f"/messages?{urlencode(kept)}" if before else None,
                 last_event=history.last_event())
 
