@@ -21,7 +21,7 @@ from mcp_client import (ToolFailed, deliver, serve, server_pid, team, until, unt
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")
 
 TOOLS = {"send", "reply", "inbox", "wait", "agents", "spawn", "release_agent", "thread", "read", "mark_read", "search",
-         "reserve", "release", "reservations"}
+         "reserve", "release", "reservations", "receipts", "acknowledge"}
 SDK_PREFIX = "Error executing tool "        # the SDK's, before relay's one line
 
 

@@ -112,7 +112,7 @@ def test_what_is_not_in_a_tools_schema_is_refused_in_the_schemas_words(team, tmp
             "kind: must be 'message' or 'continuity', not 'bogus'")
         assert await refused(bob, "send", to="Alice", body="x", colour="red") == (
             "colour: send takes no such argument (it takes to, body, subject, thread, request_id, kind, "
-            "wait_delivered_s)")
+            "priority, ack_required, wait_delivered_s)")
         assert await refused(bob, "agents", active="yes") == "active: must be true or false, not 'yes'"
         assert await refused(bob, "agents", active=1) == "active: must be true or false, not 1"
         assert await refused(bob, "reservations", mine="true") == "mine: must be true or false, not 'true'"

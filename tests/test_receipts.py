@@ -219,3 +219,34 @@ def test_inbox_from_the_shell_puts_urgent_first(shell, cli):
     deliver(shell, ("Alice", "Bob", "Carol"))
     got = json.loads(cli("inbox", "Bob", "--json").stdout)
     assert [m["id"] for m in got] == [urgent, low] and got[0]["priority"] == "urgent"
+
+
+# -- over MCP ---------------------------------------------------------------------------------
+
+def test_mcp_send_with_priority_and_ack_then_acknowledge_and_receipts(crew, project):
+    anyio = pytest.importorskip("anyio")
+    from relay.agent import mcp_server
+    alice = mcp_server.build(relay.Agent("Alice", root=project.root))
+    bob = mcp_server.build(relay.Agent("Bob", root=project.root))
+
+    async def call(server, tool, **args):
+        return (await server.call_tool(tool, args)).structured_content
+
+    async def main():
+        low = (await call(alice, "send", to="Bob", body="later", priority="low"))["id"]
+        asked = (await call(alice, "send", to="Bob,Carol", body="ship?", subject="ship", ack_required=True,
+                            priority="urgent"))["id"]
+        deliver(project, ("Alice", "Bob", "Carol"))
+        got = await call(bob, "inbox")
+        assert [m["id"] for m in got["messages"]] == [asked, low]
+        assert got["messages"][0]["priority"] == "urgent" and got["messages"][0]["ack_required"] is True
+        done = await call(bob, "acknowledge", id=asked, note="shipped")
+        assert done["acked"] is True and done["reply_id"]
+        seen = await call(alice, "receipts", id=asked, wait_for="acked", wait_s=0)
+        assert seen["done"] is None and seen["timed_out"] is True       # Carol has not
+        rows = {r["recipient"]: r for r in seen["recipients"]}
+        assert rows["Bob"]["acked_at"] and rows["Bob"]["note"] == "shipped" and rows["Carol"]["acked_at"] is None
+        assert rows["Bob"]["surfaced_at"] and rows["Bob"]["read_at"]
+        with pytest.raises(Exception, match="that Bob sent"):
+            await call(bob, "receipts", id=asked)
+    anyio.run(main)

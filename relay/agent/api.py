@@ -31,7 +31,7 @@ from relay.files.layout import valid_id
 from relay.agent.leases import Leases
 from relay.agent.state import AgentState
 from relay.agent.registering import Registering
-from relay.agent.receipts import Receipting, by_priority
+from relay.agent.receipts import AgentReceipts, by_priority
 from relay.agent.mail import NewMail, Stop  # noqa: F401  (Stop is part of the API: Agent.wait's `stop=`)
 from relay.agent.project import (Project, Received, check_known, closest, create_agents, declare)  # noqa: F401  (offered here too)
 from relay.core.message import BROADCAST, MAX_HEADER_BYTES, MAX_HEADER_LINE, MAX_REQUEST_ID, retry_budget
@@ -75,12 +75,12 @@ def compose(to, body, *, mid, kind=None, thread=None, subject=None, request_id=N
     return (head + "\n\n" + body).encode("utf-8")
 
 
-class Agent(Leases, AgentState, Registering, Receipting):
+class Agent(Leases, AgentState, Registering):
     """One agent's side: its outbox to send from, its inbox to read, its file reservations
     (leases.py: reserve, release, reservations), the team state in its name (state.py:
     state_get, state_set, state_delete, state_list), the spawn and release of agents
-    (registering.py: spawn, release_agent), receipts and acknowledgements (receipts.py:
-    receipts, wait_receipts, ack_message, unacknowledged)."""
+    (registering.py: spawn, release_agent); its receipts and acknowledgements are receipts.py's
+    (`steps`)."""
 
     def __init__(self, name=None, root=None, *, state_dir=None, create=False, project=None, role="agent"):
         """`name`: the agent's (default: RELAY_AGENT's); `root`: the project's, found like git
@@ -93,6 +93,7 @@ class Agent(Leases, AgentState, Registering, Receipting):
         self.repeated = False       # the last send's request id was used before: nothing was sent
         self.released = []          # the recipients the last send named that a release made inactive (Registered)
         self.marked = []            # the ids the last mark_read() marked read (the others were read already)
+        self.steps = AgentReceipts(self)    # receipts, acknowledgements (receipts.py)
         self.layout = self.project.layout
         self.inbox_ = Inbox(self.layout, Syncer("normal", self.layout.fs))
         if not self.layout.state.is_dir():
@@ -202,6 +203,22 @@ class Agent(Leases, AgentState, Registering, Receipting):
         self.released = self.project.released([n for n in names if n not in special])
         return mid
 
+    def receipts(self, mid):
+        """What became of a message this agent sent, per recipient (receipts.py)."""
+        return self.steps.receipts(mid)
+
+    def wait_receipts(self, mid, step, timeout=None):
+        """Block until every recipient has `step` ("read", "acked") the message (receipts.py)."""
+        return self.steps.wait_receipts(mid, step, timeout)
+
+    def ack_message(self, mid, note=None):
+        """Acknowledge a message of this inbox; `note` goes back as a reply (receipts.py)."""
+        return self.steps.ack_message(mid, note)
+
+    def unacknowledged(self):
+        """The messages received that ask for an acknowledgement not given yet (receipts.py)."""
+        return self.steps.unacknowledged()
+
     def agents(self, active=False):
         """The project's agents as the agent registry has them (Project.registry): each a
         Registered (name, state, active, metadata, spawned_at/by, released_at/by); with
@@ -267,9 +284,9 @@ class Agent(Leases, AgentState, Registering, Receipting):
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise RelayError(f"the limit must be a whole number of messages, 1 or more, not {limit!r}")
         before = self.recent(recent) if recent and not include_read else []
-        listed = self.inbox_.list(self.name, include_read, limit=limit, skip=skip, order=self._ranked)
+        listed = self.inbox_.list(self.name, include_read, limit=limit, skip=skip, order=self.steps.ranked)
         items = by_priority([Received.of(doc, sub, path) for sub, path, doc in listed])
-        self._record("surfaced", [m for m in items if m.state == "new"])
+        self.steps.record("surfaced", [m for m in items if m.state == "new"])
         return before + (self.ack(items) if ack else items)
 
     def recent(self, n=10):
@@ -331,7 +348,7 @@ class Agent(Leases, AgentState, Registering, Receipting):
                     if os.path.lexists(done):
                         m = dataclasses.replace(m, state="cur", path=str(done))
             out.append(m)
-        self._record("read", moved)
+        self.steps.record("read", moved)
         return out
 
     def read(self, mid, ack=False):
@@ -350,7 +367,7 @@ class Agent(Leases, AgentState, Registering, Receipting):
         if found is None:
             raise NotFound(f"no message {mid!r} in the inbox of {self.name}")
         m = Received.of(found[2], found[0], found[1])
-        self._record("surfaced", [m])
+        self.steps.record("surfaced", [m])
         return self.ack([m])[0] if ack else m
 
     def wait(self, timeout=None, ack=False, listening=None, stop=None, limit=None, skip=()):

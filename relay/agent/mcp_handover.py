@@ -197,7 +197,8 @@ def message(m):
     """A message as the tools return it: `read` says whether it was marked read before the call."""
     return {"id": m.id, "from": m.sender, "to": m.to, "kind": m.kind, "thread": m.thread, "subject": m.subject,
             "body": m.body, "sent_at": m.sent_at, "relayed_at": m.relayed_at,
-            "headers": {str(k): str(v) for k, v in m.headers.items()}, "read": m.state != "new"}
+            "headers": {str(k): str(v) for k, v in m.headers.items()}, "read": m.state != "new",
+            "priority": m.priority, "ack_required": m.ack_required}
 
 
 def words(value, what="ids"):

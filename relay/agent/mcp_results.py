@@ -9,7 +9,8 @@ from typing_extensions import TypedDict     # pydantic reads typing's only from 
 Message = TypedDict("Message", {
     "id": str, "from": Optional[str], "to": list[str], "kind": Optional[str], "thread": Optional[str],
     "subject": Optional[str], "body": str, "sent_at": Optional[str], "relayed_at": Optional[str],
-    "headers": dict[str, str], "read": bool})       # read: it was marked read before this call
+    "headers": dict[str, str], "read": bool,        # read: it was marked read before this call
+    "priority": str, "ack_required": bool})         # urgent first; acknowledge(id) when ack_required
 
 
 class Unreadable(TypedDict):

@@ -22,6 +22,9 @@ had before version 2) on api.py's Agent, so its tools check what the shell and P
                         whose id names it): the messages the agent sent or received
     reserve(paths, ttl, exclusive, reason), release(paths), reservations(mine)
                         file reservations (leases.py): refused whole, naming the holders
+    receipts(id, wait_for, wait_s), acknowledge(id, note)
+                        receipts and acknowledgements (mcp_receipts.py); send takes priority
+                        and ack_required, and inbox puts urgent first
 
 inbox and wait read only the envelopes they return (the oldest `limit`), in worker threads. A
 message is marked read only once the reply holding it was written whole to the client
@@ -56,6 +59,7 @@ from relay.agent.mcp_handover import (Handover, argument_errors, bounded, fresh,
 from relay.files.lock import holder
 from relay.agent.mcp_wire import serve as serve_stdio
 from relay.agent.mcp_schema import strict, takes, unadvertised
+from relay.agent.mcp_receipts import ReceiptTools
 from relay.agent.mcp_results import (Agents, Leases, MarkedRead, Message, Messages, Released, Results, Sent,
                                      Thread, ThreadMessage)
 
@@ -72,6 +76,7 @@ REQUEST_ID = "Your id for this request: a second call with it is not delivered a
 WAIT_DELIVERED = (f"Then wait up to this many seconds (0 to {MAX_WAIT:g}; {MOST}) until relay has delivered it: "
                   "`delivered` true, or false with `error` when it failed; `timed_out` when the time ran out first.")
 Kind = Literal["message", "continuity"]     # what send sends (relay writes bounces; spawn() and release_agent())
+Priority = Literal["urgent", "high", "normal", "low"]
 
 INSTRUCTIONS = """\
 You are the agent {me} on relay, which carries messages between the agents of this project.
@@ -84,7 +89,10 @@ write to; spawn(name, task, ...) registers an agent and release_agent(name) says
 thread(thread) shows a conversation; search(query) finds messages by their words.
 Before editing files others may edit, reserve(paths, exclusive=true) them (paths relative to the
 project root; reserve again to renew) and release(paths) when done; reservations() lists who
-holds what. A refusal names the holder and until when: ask them, or work elsewhere."""
+holds what. A refusal names the holder and until when: ask them, or work elsewhere.
+Urgent messages come first in inbox(). A message with ack_required asks you to acknowledge(id,
+note) it once dealt with; send(..., ack_required=true) asks it of others, and receipts(id) shows
+who has read and acknowledged what you sent."""
 
 
 class Server(MCPServer):
@@ -106,13 +114,13 @@ class Server(MCPServer):
             raise ToolError(f"Error executing tool {name}: {said}") from e.__cause__
 
 
-class Tools:
+class Tools(ReceiptTools):
     """The tools of one server: each a method (its name the tool's, its docstring the tool's
     description, its parameters the tool's), on the agent's name and configuration, the
     Handover and the limiter of blocking waits."""
 
     NAMES = ("send", "reply", "inbox", "wait", "read", "mark_read", "agents", "spawn", "release_agent", "thread",
-             "search", "reserve", "release", "reservations")
+             "search", "reserve", "release", "reservations", "receipts", "acknowledge")
 
     def __init__(self, agent, handover):
         self.name, self.config = agent.name, agent.project.config
@@ -144,6 +152,10 @@ class Tools:
                                                         "with it is not delivered again.")] = None,
              kind: Annotated[Kind, Field(description="The message's kind: message, or continuity (a control kind, "
                                          "for System); spawn() and release_agent() send the others.")] = "message",
+             priority: Annotated[Priority, Field(description="urgent, high, normal or low: inboxes put urgent "
+                                                 "first.")] = "normal",
+             ack_required: Annotated[bool, Field(description="Ask each recipient to acknowledge it (their "
+                                                 "acknowledge tool); receipts(id) shows who did.")] = False,
              wait_delivered_s: Annotated[Optional[float], Field(description=(
                  f"Then wait up to this many seconds (0 to {MAX_WAIT:g}; {MOST}) until every "
                  "recipient has it: `delivered` true, or false with `error` when it failed; `timed_out` when the "
@@ -155,7 +167,7 @@ class Tools:
         wait = None if wait_delivered_s is None else bounded(wait_delivered_s, "wait_delivered_s", 0, MAX_WAIT)
         with self.me() as agent, tool_errors():
             mid = agent.send(words(to, "names"), body, subject=subject, thread=thread, kind=kind,
-                             request_id=request_id)
+                             request_id=request_id, priority=priority, ack_required=ack_required)
             return self.sent(agent, mid, wait)
 
     def reply(self, id: Annotated[str, Field(description="The id of the message to answer (or a unique start of it).")],

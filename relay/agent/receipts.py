@@ -1,4 +1,4 @@
-"""Receipts and acknowledgements for agents (contract §3), mixed into api.Agent: what became of a
+"""Receipts and acknowledgements for agents (contract §3), for api.Agent (its `steps`): what became of a
 message's copies after delivery, the steps an agent's reads record, and its acknowledgements.
 
     mid = me.send("bob", "merge it?", ack_required=True, priority="high")
@@ -105,9 +105,24 @@ def _where(history, mid, column):
     return True, None
 
 
-class Receipting:
-    """The Agent's receipts (mixed into api.Agent): receipts(), wait_receipts(), ack_message()
-    and the steps its reads record."""
+class AgentReceipts:
+    """One Agent's receipts (api.Agent's `steps`; its receipts(), wait_receipts(), ack_message()
+    and unacknowledged() are these) and the steps its reads record (ranked(), record())."""
+
+    def __init__(self, agent):
+        self.agent = agent
+
+    @property
+    def name(self):
+        return self.agent.name
+
+    @property
+    def project(self):
+        return self.agent.project
+
+    @property
+    def layout(self):
+        return self.agent.layout
 
     def receipts(self, mid):
         """The receipts of a message this agent sent (by id or unique prefix): {id, status,
@@ -149,7 +164,7 @@ class Receipting:
         acked (False: acknowledged before, nothing sent again), reply_id}."""
         if note is not None and (not isinstance(note, str) or len(note.encode("utf-8")) > MAX_NOTE):
             raise RelayError(f"the note must be text of at most {MAX_NOTE} bytes")
-        m = self.read(mid)
+        m = self.agent.read(mid)
         if m.error:
             raise RelayError(f"{m.id} in the inbox of {self.name} is not an envelope relay can read: {m.error}")
         history = self.project.history()
@@ -161,8 +176,8 @@ class Receipting:
             raise RelayError(f"the ledger records no delivery of {m.id} to {self.name} yet; try again in a moment")
         if copy["acked_at"] is not None:
             return {"id": m.id, "acked": False, "reply_id": copy["reply_id"]}
-        self.ack([m])
-        reply_id = self.reply(m, note) if note else None
+        self.agent.ack([m])
+        reply_id = self.agent.reply(m, note) if note else None
         with self.project.writing() as ledger:
             acked = ledger.receipts.acked(m.id, self.name, self.project.clock(), note, reply_id)
         return {"id": m.id, "acked": acked, "reply_id": reply_id}
@@ -176,13 +191,13 @@ class Receipting:
         with history:
             return [shown(r) for r in history.receipts.unacknowledged(self.name)]
 
-    def _ranked(self, names):
+    def ranked(self, names):
         """The names of new/'s envelopes ("<id>.json"), urgent first, by the priorities the ledger
         recorded (as they are when it has none to tell)."""
-        history = self.project.history() if self.layout.ledger.exists() else None
-        if history is None:
-            return names
         try:
+            history = self.project.history() if self.layout.ledger.exists() else None
+            if history is None:
+                return names
             with history:
                 found = history.receipts.priorities(n.split(".")[0] for n in names if n.endswith(".json"))
         except (sqlite3.Error, RelayError) as e:
@@ -192,7 +207,7 @@ class Receipting:
             return names
         return sorted(names, key=lambda n: RANK.get(found.get(n.split(".")[0]), RANK["normal"]))
 
-    def _record(self, step, items):
+    def record(self, step, items):
         """Record `step` of these messages of this agent's inbox (its own copies, readable)."""
         mine = os.path.join(str(self.layout.inbox), self.name)
         pairs = [(m.id, self.name) for m in items

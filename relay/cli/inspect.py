@@ -14,7 +14,7 @@ from relay.core.message import closest
 from relay.operator import views
 from relay.cli.context import out_json, pass_ctx, verdict
 from relay.cli.lookups import outbox_source
-from relay.cli import receipts
+from relay.cli.receipts import receipts_json, receipts_text
 from relay.guards import acting, agent_name, checked, duration, handle_errors, moment
 from relay.agent.project import Project, check_known
 from relay.errors import NotFound, RelayError
@@ -162,9 +162,9 @@ def show(ctx, message_id, source, limit, agent, as_json):
         story = _story(led, layout, row, as_json)
         sender = agent is None or row["sender"] == agent     # receipts: for the sender and operators
         if as_json:
-            out_json(story | (receipts.receipts_json(led, row) if sender else {}))
+            out_json(story | (receipts_json(led, row) if sender else {}))
         else:
-            echo(story.replace("\nevents:", "\n".join(["", *receipts.receipts_text(led, row), "events:"]), 1)
+            echo(story.replace("\nevents:", "\n".join(["", *receipts_text(led, row), "events:"]), 1)
                  if sender else story)
     finally:
         led.close()
