@@ -11,8 +11,9 @@ is files/patterns.py's rule. An exclusive reservation excludes every overlapping
 agent, a shared one only exclusive ones; a request is granted whole or refused whole
 (ReservationConflict naming each holder, its pattern and until when). Reserving again what one
 holds renews it. Leases end by themselves at their time (the Project's clock). The decision and
-its record are one ledger transaction (ledger/reservations.py); a holder is told of a refusal
-on its paths by a notice from System in its inbox (core/notices.py), once per lease and
+its record are one ledger transaction (ledger/reservations.py; the overlaps are decided
+before it, outside the write lock, and bounded: files/patterns.py Work); a holder is told of a
+refusal on its paths by a notice from System in its inbox (core/notices.py), once per lease and
 requester, written by the refused agent's process right after the decision (a notice that
 could not be written then is written by the next reserve or release of any agent).
 """

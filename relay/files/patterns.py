@@ -18,6 +18,11 @@ without recursion: time O(len(a) * len(b))): `src` overlaps `src/app.py` and
 file, does not overlap `**/*.md`, but `src/new.py`, not there yet, does (src/new.py/x.md: it may
 become a directory).
 
+The bound. Deciding one request (its paths against every lease another agent holds) may take at
+most MAX_WORK steps (a `Work`: a row of one dynamic programme, or two segments looked up);
+past it TooMuchWork refuses the request whole, so that a request of long many-segment globs
+against many such leases costs seconds of its own process, not hours.
+
 The limits. Paths are compared as written, not as the file system resolves them: a symbolic
 link, a hard link or a case-insensitive file system can give one file two paths, and relay sees
 two. `..` is taken lexically. Glob characters cannot be escaped: a name holding `*`, `?` or a
@@ -36,6 +41,7 @@ from relay.errors import RelayError
 from relay.terminal import unsafe
 
 MAX_PATTERN = 1024          # characters of one path or glob
+MAX_WORK = 1_000_000        # steps one request's overlaps may take (at most a few seconds)
 GLOBSTAR = "**"
 STAR = ("*",)
 _SLASH = 0x2F
@@ -46,6 +52,53 @@ _STARS = re.compile(r"\*{2,}")                   # inside a segment, a run of st
 
 class PatternError(RelayError):
     """A path or glob that cannot be reserved (outside the project, matching nothing)."""
+
+
+class TooMuchWork(RelayError):
+    """Deciding the overlaps of one request would take more than its Work's limit of steps."""
+
+    def __init__(self, limit):
+        super().__init__(f"deciding this request would take more than {limit:,} steps of comparing its paths with "
+                         "the leases held (the bound of one request): reserve fewer or shorter paths at a time")
+        self.limit = limit
+
+
+class Work:
+    """The steps deciding overlaps may take, counted in `spent` up to `limit` (past it:
+    TooMuchWork). A step is a row of a dynamic programme over a few machine words, or two
+    segments looked up; two segments are compared once per Work."""
+
+    def __init__(self, limit=MAX_WORK):
+        self.limit, self.spent, self._known = limit, 0, {}
+
+    def spend(self, steps):
+        self.spent += steps
+        if self.spent > self.limit:
+            raise TooMuchWork(self.limit)
+
+    def meets(self, t, u):
+        """_meets(t, u), counted."""
+        self.spend(1)
+        key = (t, u)
+        if key not in self._known:
+            self.spend(_segment_steps(t, u))
+            self._known[key] = _meets(t, u)
+        return self._known[key]
+
+
+def _steps(m, n):
+    """The steps of _meet over m tokens and n: a row per token of one (each a few operations on
+    an integer of n + 1 bits), and the other's masks made once."""
+    return m * (1 + n // 64) + n + 1
+
+
+def _segment_steps(t, u):
+    """The steps of _meets(t, u): _meet's, and a mask per distinct token of t (a character looked
+    up and intersected with u's sets; a set intersected with every token of u)."""
+    distinct = set(t) - {STAR}
+    sets = sum(1 for x in u if x is not STAR and not (len(x) == 1 and x[0][0] == x[0][1]))
+    wide = sum(1 for x in distinct if not (len(x) == 1 and x[0][0] == x[0][1]))
+    return _steps(len(t), len(u)) + len(distinct) * sets + wide * len(u)
 
 
 def normalise(text, root, base=None):
@@ -105,10 +158,11 @@ def scope(pattern, root):
     return "tree" if stat.S_ISDIR(st.st_mode) else "file"
 
 
-def overlap(a, b, a_scope=None, b_scope=None):
+def overlap(a, b, a_scope=None, b_scope=None, work=None):
     """Whether some path is held by both reservations `a` and `b` (normalised patterns, with
-    their scopes; a plain path without one is a "tree")."""
-    return _sequences_meet(_held(a, a_scope), _held(b, b_scope))
+    their scopes; a plain path without one is a "tree"), its steps counted in `work` (a Work)
+    when given."""
+    return _sequences_meet(_held(a, a_scope), _held(b, b_scope), work)
 
 
 def covers(pattern, path, scope_=None):
@@ -249,10 +303,14 @@ def _char_masks(b):
     return masks
 
 
-def _sequences_meet(a, b):
+def _sequences_meet(a, b, work=None):
     """Whether two sequences of segments match a common path (GLOBSTAR: any whole segments)."""
     a, b = _one_globstar(a), _one_globstar(b)
-    return _meet(a, b, GLOBSTAR, lambda t: sum(1 << j for j, u in enumerate(b) if u is not GLOBSTAR and _meets(t, u)))
+    meets = _meets
+    if work is not None:
+        work.spend(_steps(len(a), len(b)))
+        meets = work.meets
+    return _meet(a, b, GLOBSTAR, lambda t: sum(1 << j for j, u in enumerate(b) if u is not GLOBSTAR and meets(t, u)))
 
 
 def _one_globstar(segs):
