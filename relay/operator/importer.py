@@ -23,7 +23,8 @@ time), so that every run gives it the same one:
   delivered once because relay never reads that outbox: it delivers the copy in its spool. One
   outbox file is one message: a later record of the same file (a crash of agent-relay leaves one
   processing, one pending) is recorded as a duplicate of the first (its `imports` row and its
-  `imported` event name the message the first became), never delivered again.
+  `imported` event name the message the first became), never delivered again; so is a record
+  on the way of a file a delivered record holds (the same path and hash), whatever their order.
 
 An archived or delivered record whose original is missing or does not match is not imported (a
 problem, named, each run), unless `accept_missing` brings it over as archived with no archive
@@ -101,6 +102,12 @@ def on_the_way(r):
 
 
 def seconds(ms):
+def file_key(r):
+    """(outbox/<agent>/<name>, short sha256, size) of the file a record names, or None."""
+    rel, short = on_the_way(r), r["content_hash"]
+    return (rel, short.lower(), r["file_size"]) if rel and isinstance(short, str) and short else None
+
+
     """A time of agent-relay's (milliseconds since 1970) in seconds; None when it is none a
     clock gives (not a number, before 1970, after the year 9999, infinity, NaN)."""
     if not isinstance(ms, (int, float)) or isinstance(ms, bool) or not 0 <= ms < LAST_MS:
@@ -173,17 +180,25 @@ class Importer:
     # -- messages ---------------------------------------------------------------------------
 
     def _messages(self, rows):
-        owner = {}          # source path -> the newest record there: a file at that path is its
-        for r in rows:
-            owner[r["source_path"]] = r["file_id"]
         done = self.history.imported(SOURCE, [r["file_id"] for r in rows])
         # outbox/<agent>/<name> -> (file id, message id) of the first record still on its way of
+        # (outbox/<agent>/<name>, hash, size) -> file id of the first record delivered of that file
+        self.delivered = {}
+        for r in rows:
+            if r["status"] == "delivered" and (key := file_key(r)):
+                self.delivered.setdefault(key, r["file_id"])
+        self.became = dict(done)        # file id -> the message id it became (imported, or now)
+        owner = {}          # source path -> the newest record there: a file at that path is its
+        for r in rows:      # (a record on the way of a delivered file is that file still)
+            if not (r["status"] in ON_THE_WAY and file_key(r) in self.delivered):
+                owner[r["source_path"]] = r["file_id"]
         # that file: one outbox file is one message, whatever else agent-relay recorded of it
         self.holder = {}
         for r in rows:
             if r["file_id"] in done and r["status"] in ON_THE_WAY and (rel := on_the_way(r)):
                 self.holder.setdefault(rel, (r["file_id"], done[r["file_id"]]))
-        todo = [r for r in rows if r["file_id"] not in done]
+        # records on the way last: a delivered record they may be duplicates of is planned first
+        todo = sorted((r for r in rows if r["file_id"] not in done), key=lambda r: r["status"] in ON_THE_WAY)
         self.summary.skipped = len(rows) - len(todo)
         for i in range(0, len(todo), BATCH):
             items = []
@@ -192,6 +207,7 @@ class Importer:
                 if item is not None:
                     items.append(item)
             self._write(items)
+                    self.became.setdefault(r["file_id"], item["id"])
 
     def _problem(self, r, what):
         self.summary.problems.append(f"{shown(str(r['file_id']))} ({r['status']}, "
@@ -219,6 +235,12 @@ class Importer:
         rel = on_the_way(r)
         first = self.holder.setdefault(rel, (r["file_id"], mid)) if rel else (r["file_id"], mid)
         if first[0] != r["file_id"]:        # a second record of a file already imported: its duplicate
+        if (twin := self.delivered.get(file_key(r))) is not None:       # a file delivered there already
+            if twin not in self.became:
+                return self._problem(r, f"the outbox file agent-relay's {shown(twin)} delivered, which is not "
+                                        "imported (its own problem says why); not imported, never delivered twice")
+            return {"id": self.became[twin], "duplicate_of": twin, "source_id": r["file_id"], "source_status": status,
+                    "status": None, "files": []}
             return {"id": first[1], "duplicate_of": first[0], "source_id": r["file_id"], "source_status": status,
                     "status": None, "files": []}
         return self._pending(r, item)
