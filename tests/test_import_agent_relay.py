@@ -1,11 +1,14 @@
 """relay import agent-relay: a ledger made with agent-relay 2.0's own schema and statements
-(agent_relay_ledger.py), with rows in every state, brought over into relay and delivered."""
+(agent_relay_ledger.py), with rows in every state, brought over into relay and delivered; and
+under hostile input: a WAL or ledger that is a device, a record naming another agent's file or
+dated past any calendar, team state past its limit, two imports at once."""
 import hashlib
 import json
 import os
 import shutil
 import sqlite3
 import tempfile
+import threading
 import time
 
 import agent_relay_ledger
@@ -354,6 +357,38 @@ def test_two_records_of_one_outbox_file_are_one_message_delivered_once(fresh, pr
     assert envelopes(fresh) == {imported[first]: ["Bob"]}
 
 
+@pytest.mark.parametrize("twin", ["pending", "processing"])
+def test_a_record_on_the_way_of_a_file_delivered_there_is_its_duplicate_never_delivered_again(
+        fresh, project, tmp_path, twin):
+    """agent-relay delivered a file (its archive move never happened) and a restarted watcher
+    registered it again: the later record (same path, same hash) is a duplicate of the
+    delivered one, and the delivered one is no problem ("holds a later message")."""
+    made = agent_relay_ledger.make(tmp_path / "old", counts=dict.fromkeys(COUNTS, 0))
+    d = agent_relay_ledger.Driver(made.root, int(time.time() * 1000))
+    first = d.register("Alice", "dup2", agent_relay_ledger.message("Bob", 2))
+    d.claim(first)
+    d.delivered(first)
+    second = d.rediscover(first)
+    if twin == "processing":
+        d.claim(second)
+    d.close()
+    doc = json.loads(fresh("import", "agent-relay", str(made.root), "--json").stdout)
+    assert doc["ok"] and not doc["problems"], doc["problems"]
+    assert doc["imported"]["delivered"] == 1 and doc["imported"][twin] == 1 and doc["duplicates"] == 1
+    imported = dict(rows(fresh, "SELECT source_id, message_id FROM imports"))
+    assert imported[first] == imported[second]
+    details = [d for (d,) in rows(fresh, "SELECT detail FROM events WHERE event = 'imported' AND message_id = ?",
+                                  (imported[first],))]
+    assert any(second in d and "duplicate" in d and first in d for d in details), details
+    assert rows(fresh, "SELECT status, count(*) FROM messages GROUP BY status") == [("archived", 1)]
+    r = project.relay(agents=agent_relay_ledger.AGENTS)
+    r.drain()
+    r.drain()
+    assert envelopes(fresh) == {}           # delivered there: nothing goes out again here
+    assert json.loads(fresh("import", "agent-relay", str(made.root), "--json").stdout)["skipped"] == \
+        {"already_imported": 2}
+
+
 # -- what the file is, before it is copied ----------------------------------------------------
 
 def sparse(path, head=b""):
@@ -555,3 +590,102 @@ def test_an_agent_relay_agent_named_as_relay_keeps_for_itself_is_not_imported_as
     assert not {name.lower()} & {p.name.lower() for p in (fresh.state / "outbox").iterdir()}
     assert rows(fresh, "SELECT count(*) FROM agents WHERE lower(name) = lower(?)", (name,)) == [(0,)]
     assert rows(fresh, "SELECT count(*) FROM messages WHERE lower(sender) = lower(?)", (name,)) == [(0,)]
+
+
+SMALL = {"archived": 2, "delivered": 1, "failed": 1, "processing": 1, "pending": 2}
+
+
+@pytest.fixture
+def small_old(tmp_path):
+    return agent_relay_ledger.make(tmp_path / "old", counts=SMALL)
+
+
+def add_record(made, file_id, agent, name, status, data, source, archive=None, discovered_ms=1_700_000_000_000,
+               processed_ms=None):
+    db = sqlite3.connect(made.ledger, isolation_level=None)
+    try:
+        db.execute("INSERT INTO relay_files (file_id, source_path, archive_path, agent_name, message_type, status, "
+                   "discovered_at, processed_at, archived_at, file_size, content_hash) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                   (file_id, str(source), archive and str(archive), agent, name, status, discovered_ms,
+                    processed_ms, processed_ms, len(data), hashlib.sha256(data).hexdigest()[:16]))
+    finally:
+        db.close()
+
+
+@pytest.mark.timeout_s(20)
+def test_a_wal_beside_the_ledger_that_is_a_device_or_fifo_is_refused_not_read_for_ever(fresh, small_old):
+    wal = small_old.ledger.with_name(small_old.ledger.name + "-wal")
+    wal.symlink_to("/dev/zero")
+    r = fresh("import", "agent-relay", str(small_old.root), ok=False)
+    assert r.exit_code == 1 and "not a regular file" in error_line(r)
+    wal.unlink()
+    os.mkfifo(wal)
+    r = fresh("import", "agent-relay", str(small_old.root), ok=False)
+    assert r.exit_code == 1 and "not a regular file" in error_line(r)
+
+
+def test_a_ledger_named_as_a_device_is_refused(fresh):
+    r = fresh("import", "agent-relay", "/dev/zero", ok=False)
+    assert r.exit_code == 1 and "not a regular file" in error_line(r)
+
+
+def test_two_imports_at_once_both_succeed_and_bring_each_record_over_once(fresh, small_old):
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    results = []
+
+    def one():
+        r = CliRunner().invoke(main, ["--root", str(fresh.root), "import", "agent-relay", str(small_old.root)])
+        results.append(r)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.exit_code for r in results] == [0, 0], [r.output for r in results]
+    fresh("run", "--once")
+    pending = SMALL["pending"] + SMALL["processing"]
+    assert sum(1 for _ in (fresh.state / "inbox").glob("*/new/*.json")) == pending
+    fresh("verify")
+
+
+def test_a_record_naming_another_agents_outbox_file_is_not_imported_as_its_own(fresh, small_old):
+    """agent-relay's file of a record lies at outbox/<its agent>/<its name>: a record of Alice
+    whose recorded path is Bob's file would deliver Bob's words as Alice's."""
+    secret = b"TO: Carol\n\nBob's own words\n"
+    (small_old.root / "outbox" / "Bob").mkdir(parents=True, exist_ok=True)
+    (small_old.root / "outbox" / "Bob" / "secret").write_bytes(secret)
+    add_record(small_old, "abcdefabcdef", "Alice", "innocent", "pending", secret,
+               small_old.root / "outbox" / "Bob" / "secret")
+    r = fresh("import", "agent-relay", str(small_old.root), ok=False)
+    fresh("run", "--once")
+    for p in (fresh.state / "inbox" / "Carol" / "new").glob("*.json"):
+        env = json.loads(p.read_bytes())
+        assert not (env["from"] == "Alice" and "Bob's own words" in env["body"]), env
+    assert "abcdefabcdef" in r.output
+
+
+@pytest.mark.parametrize("ms", [99_999_999_999_999_999, 1e308])
+def test_a_record_dated_past_any_calendar_breaks_no_verb(fresh, small_old, ms):
+    data = b"TO: Bob\n\nlate\n"
+    (small_old.root / "outbox" / "Alice" / "late").write_bytes(data)
+    add_record(small_old, "fedcbafedcba", "Alice", "late", "pending", data,
+               small_old.root / "outbox" / "Alice" / "late", discovered_ms=ms)
+    fresh("import", "agent-relay", str(small_old.root), ok=False)
+    for verb in (("audit",), ("agents",), ("report", "--html", str(fresh.root / "r.html")), ("status", "--json")):
+        r = fresh(*verb, ok=False)
+        assert r.exit_code in (0, 1, 3), r.output
+        assert "Traceback" not in r.output
+
+
+def test_orchestrator_state_over_the_team_state_limit_is_not_imported(fresh, small_old):
+    db = sqlite3.connect(small_old.ledger, isolation_level=None)
+    db.execute("INSERT INTO orchestrator_state (key, value, updated_at) VALUES ('huge', ?, 1)", ("x" * (1 << 20),))
+    db.close()
+    r = fresh("import", "agent-relay", str(small_old.root))
+    assert "huge" in r.output
+    got = fresh("state", "get", "huge", ok=False)
+    assert got.exit_code == 1
+    fresh("state", "get", "lead")
