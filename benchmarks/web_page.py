@@ -105,7 +105,8 @@ def main():
             paths = ["/messages", "/messages?from=agent003", "/messages?to=agent007", "/messages?agent=agent011",
                      "/messages?status=archived", "/messages?kind=message", "/messages?q=bench",
                      "/messages?thread=bench-thread", "/messages?since=1h&status=archived",
-                     "/messages?from=agent003&before=" + mid, f"/messages/{mid}", "/threads/bench-thread",
+                     "/messages?from=agent003&before=" + mid, "/messages?kind=nothing", "/messages?since=2099-01-01",
+                     "/messages?until=2000-01-01", "/messages?to=nobody", f"/messages/{mid}", "/threads/bench-thread",
                      "/agents", "/", "/metrics"]
             figures = {}
             for p in paths:

@@ -206,3 +206,35 @@ def test_compose_sends_as_the_overseer_with_csrf_and_same_origin_only(team):
     inbox = list((team.state / "inbox" / "Bob" / "new").iterdir())
     assert len(inbox) == 1 and mid in inbox[0].name and "hello <b>Bob</b>" in inbox[0].read_text()
     assert '"from":"Human"' in inbox[0].read_text().replace(" ", "")
+
+
+def _steps(history, **filters):
+    """SQLite's virtual-machine steps (in hundreds) to answer one page of Messages."""
+    steps = [0]
+
+    def count():
+        steps[0] += 1
+    history.db.set_progress_handler(count, 100)
+    try:
+        assert history.web.messages(**filters) == []
+    finally:
+        history.db.set_progress_handler(None, 100)
+    return steps[0]
+
+
+def test_a_filter_matching_nothing_reads_an_index_not_every_message(tmp_path):
+    """kind, since and until matching no message answer from an index: the work does not grow
+    with the ledger (a walk of every message would cost tens of steps per row)."""
+    from relay.bench.bench import preload_ledger
+    from relay.ledger.history import History
+    from relay.ledger.ledger import Ledger
+    work = []
+    for rows in (500, 2500):
+        path = tmp_path / f"ledger{rows}.sqlite"
+        ledger = Ledger(path)
+        preload_ledger(ledger, rows)
+        ledger.close()
+        with History(Ledger(path, readonly=True)) as history:
+            work.append([_steps(history, kind="nothing"), _steps(history, since=4e9), _steps(history, until=1.0),
+                         _steps(history, since=1.0, until=2.0)])
+    assert all(big <= small + 2 for small, big in zip(*work)), work

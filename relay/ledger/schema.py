@@ -390,6 +390,12 @@ CREATE TABLE IF NOT EXISTS hook_marks (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS hook_marks_at ON hook_marks(at)
 """),
+    # The web view's Messages filtered by kind or by time (ledger/web.py): a kind or a span that
+    # matches no message is answered from these, not by a walk of every message.
+    (57, "messages by kind and by time", """
+CREATE INDEX IF NOT EXISTS messages_kind ON messages(kind, id);
+CREATE INDEX IF NOT EXISTS messages_discovered_at ON messages(discovered_at)
+"""),
 ]
 # Written in order of their numbers (tests/test_schema.py holds it); applied by number, each
 # once: a ledger that lacks one gets it at its next start.
