@@ -1,4 +1,4 @@
-"""Issue 27's "done when": one scripted day of three agents on one repository, each through a
+"""One scripted day of three agents on one repository, each through a
 different side of relay, with a real `relay run` daemon delivering for the project.
 
 - ann works from the shell: the real `relay` CLI as a subprocess, `RELAY_AGENT=ann`;

@@ -1,7 +1,7 @@
 """Stored rows this build cannot read (an unknown status, a time that is no number, a malformed
 id, a path outside the state directory) are named with their id and column by every verb that
-meets them, which goes on without them; no verb prints a traceback, recovery follows no such
-path, and doctor counts them."""
+meets them, which goes on without them (a time out of every calendar too); no verb prints a
+traceback, recovery follows no such path, and doctor counts them."""
 import json
 import sqlite3
 
@@ -333,3 +333,25 @@ def test_the_sql_that_leaves_sheds_out_refuses_exactly_what_the_checks_refuse(pr
     assert sum(relay.history.shed_counts().values()) == len(rows) - refused
     assert sum(n for by in relay.history.shed_pairs().values() for n in by.values()) == len(rows) - refused
     assert 0 < refused < len(rows)
+
+
+@pytest.fixture
+def fresh(cli):
+    cli("init")
+    return cli
+
+
+@pytest.mark.parametrize("column", ["discovered_at", "delivered_at"])
+def test_a_ledger_row_with_a_time_no_calendar_holds_is_named_not_a_traceback(fresh, column):
+    fresh("init", "--agent", "Ann", "--agent", "Ben")
+    fresh("send", "--from", "Ann", "--to", "Ben", "hello")
+    fresh("run", "--once")
+    db = sqlite3.connect(fresh.state / "ledger.sqlite")
+    db.execute(f"UPDATE messages SET {column} = 1e300")
+    db.commit()
+    db.close()
+    for verb in (("audit",), ("agents",), ("report", "--html", str(fresh.root / "r.html")), ("doctor", "--quick")):
+        r = fresh(*verb, ok=False)
+        assert "Traceback" not in r.output
+        if verb[0] != "agents":
+            assert column in r.output, r.output

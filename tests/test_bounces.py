@@ -1,4 +1,4 @@
-"""Issue 27, item 1: a sender hears of a message that failed or was shed. relay delivers a bounce
+"""A sender hears of a message that failed or was shed. relay delivers a bounce
 to the sender's own inbox, from System, kind "bounce", naming the message (id, subject, to whom),
 the reason and what to do; once per message and recipient set, through the pipeline's own
 exactly-once path (a message from System in the spool, registered with the ledger); never a

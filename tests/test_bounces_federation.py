@@ -1,4 +1,4 @@
-"""Issue 27, item 1, across nodes: a message the recipient's node refuses (its outbound row
+"""Bounces across nodes: a message the recipient's node refuses (its outbound row
 becomes `refused`) bounces to its sender like a local failure, once."""
 import pytest
 

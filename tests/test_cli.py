@@ -1,13 +1,22 @@
-"""Every verb through click's CliRunner, in-process."""
+"""Every verb through click's CliRunner, in-process; what a shell sees of them in a process of its
+own: Ctrl-C ending `relay inbox --wait` (130, no "Aborted!"), a pipe closed early ending quietly.
+Also `relay inbox --wait [DURATION] AGENT`, read and unread as --ack and `read` label them, and the
+JSON log lines with the message's fields."""
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
+from relay.ids import IdGenerator
+from relay.ledger.ledger import Ledger
 
 
 
@@ -297,3 +306,143 @@ def test_state_dir_after_the_verb_for_agent_relay_projects(cli):
     assert json.loads(env.read_text())["body"] == "from agent-relay"
     assert json.loads(cli("status", "--json", "--state-dir", ".agent-relay", ok=False).stdout)["counts"]["archived"] == 1
     assert not (cli.root / ".relay").exists()
+
+
+# -- relay inbox --wait -----------------------------------------------------------------------
+
+def test_inbox_wait_followed_by_a_name_waits_for_that_agent(team):
+    team("send", "--from", "Alice", "--to", "Bob", "--subject", "s", "for Bob")
+    team("run", "--once")
+    r = team("inbox", "--wait", "Bob")
+    assert "for Bob" in r.stdout
+    r = team("inbox", "--wait", "5s", "Bob")
+    assert "for Bob" in r.stdout
+
+
+def test_inbox_wait_without_an_agent_is_a_usage_error(team):
+    for args in (["--wait"], ["--wait", "5m"], []):
+        r = team("inbox", *args, ok=False)
+        # (RELAY_AGENT, unset here, would name it: the error says both ways)
+        assert r.exit_code == 2 and "name the agent: AGENT, or set RELAY_AGENT=NAME" in r.output
+
+
+def test_inbox_help_says_a_bare_wait_waits_for_ever(team):
+    text = " ".join(team("inbox", "--help").stdout.split())
+    assert "for ever" in text and "--wait" in text
+
+
+def wait_until_watching(proc, deadline=20.0):
+    """The process holds an inotify watch (its wait has begun), by its descriptors' fdinfo."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            for fd in os.listdir(f"/proc/{proc.pid}/fdinfo"):
+                with open(f"/proc/{proc.pid}/fdinfo/{fd}") as f:
+                    if "inotify wd:" in f.read():
+                        return
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+        time.sleep(0.01)
+    raise AssertionError("the wait never began")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="needs Linux's /proc fdinfo")
+def test_ctrl_c_ends_a_wait_with_130_and_no_aborted(team):
+    # SIGINT as a terminal's foreground job has it: a runner started in the background by a
+    # shell without job control ignores it, and a child would inherit that (and never see Ctrl-C).
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "--root", str(team.root), "inbox", "Bob", "--wait"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_until_watching(proc)
+        for _ in range(20):             # Ctrl-C, again if the first came before the wait could see it
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            raise AssertionError("relay inbox --wait did not end on Ctrl-C")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, (out, err)
+    assert "Aborted" not in out + err and "Traceback" not in err
+
+
+# -- read and unread ----------------------------------------------------------------------------
+
+def test_ack_labels_what_it_printed_as_read(team):
+    team("send", "--from", "Alice", "--to", "Bob", "--subject", "s", "hello")
+    team("run", "--once")
+    r = team("inbox", "Bob", "--ack")
+    assert "(read)" in r.stdout and "(unread)" not in r.stdout
+    r = team("inbox", "Bob", "--all")
+    assert "(read)" in r.stdout and "cur" not in r.stdout
+
+
+def test_read_says_read_or_unread(team):
+    mid = team("send", "--from", "Alice", "--to", "Bob", "--subject", "s", "hello").stdout.strip()
+    team("run", "--once")
+    assert "(unread)" in team("read", mid).stdout
+    assert "(read)" in team("read", mid, "--agent", "Bob").stdout
+    r = team("read", mid)
+    assert "(read)" in r.stdout and "cur" not in r.stdout
+
+
+def test_json_log_lines_carry_the_message_fields(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben", "--agent", "Cy")
+    cli("send", "--from", "Ann", "--to", "Ben,Cy", "x")
+    r = CliRunner().invoke(main, ["--root", str(cli.root), "run", "--once", "--log-format", "json"],
+                           env={"RELAY_LOG_LEVEL": "DEBUG"})      # "discovered" is a DEBUG line
+    lines = [json.loads(line) for line in r.stderr.strip().splitlines()]
+    [archived] = [d for d in lines if d.get("event") == "archived"]
+    assert archived["from"] == "Ann" and archived["to"] == ["Ben", "Cy"] and archived["id"] in archived["msg"]
+    [discovered] = [d for d in lines if d.get("event") == "discovered"]
+    [identified] = [d for d in lines if d.get("event") == "identified"]     # relay send chose the id
+    assert identified["id"] == archived["id"] and identified["msg"].startswith(discovered["id"])
+    assert discovered["from"] == identified["from"] == "Ann"
+
+
+def test_json_log_lines_of_sheds_and_recoveries_carry_the_message_fields(cli):
+    """The shed warning (for a message delivered to others the only line about its shed) and
+    the recovery's 'registered again' lines carried the message id, sender and recipients only
+    in their text: a log pipeline selecting event == "shed" or one id found nothing."""
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    cli("init", "--agent", "Ann", "--agent", "Ben", "--agent", "Cy")
+    (cli.state / "relay.toml").write_text("pair_rate = 1\n")
+    cli("send", "--from", "Ann", "--to", "Ben", "one")
+    cli("send", "--from", "Ann", "--to", "Ben,Cy", "two")
+    orphan = cli.state / "spool/Cy/01ZZZZZZZZZZZZZZZZZZZZZZZ7--lost"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_text("TO: Ben\n\nfound in the spool")
+    r = CliRunner().invoke(main, ["--root", str(cli.root), "run", "--once", "--log-format", "json"])
+    lines = [json.loads(line) for line in r.stderr.strip().splitlines()]
+    [shed] = [d for d in lines if "shed for" in d["msg"] and d["level"] == "warning"]
+    assert shed["event"] == "shed" and shed["from"] == "Ann" and shed["to"] == ["Ben"] and shed["id"] in shed["msg"]
+    [found] = [d for d in lines if "registered again" in d["msg"]]
+    assert found["event"] == "recovered" and found["id"] == "01ZZZZZZZZZZZZZZZZZZZZZZZ7" and found["from"] == "Cy"
+
+
+@pytest.mark.timeout_s(60)
+def test_a_pipe_closed_early_ends_quietly(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    ids = IdGenerator()
+    with Ledger(cli.state / "ledger.sqlite") as led:       # more records than a pipe holds
+        led.add_archived([(ids.new(1e9 + i), "Ann", f"m{i}", '["Ben"]', "message", "s", "b", 1, "0" * 64,
+                           1e9 + i, f"archive/2001-09-09/Ann/m{i}") for i in range(1000)])
+    for verb in (["audit", "--json"], ["audit", "--jsonl"], ["tail", "-n", "2000"]):
+        p = subprocess.Popen([sys.executable, "-m", "relay", "--root", str(cli.root), *verb],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        p.stdout.read(100)
+        p.stdout.close()                                     # `| head -c 100`
+        err = p.stderr.read().decode()
+        p.wait(timeout=30)
+        # 141 (as if killed by SIGPIPE) when a write met the closed pipe; 0 when the interpreter's
+        # buffered writer took the last write whole. Never a traceback or an error line.
+        assert p.returncode in (0, 141) and err == "", (verb, p.returncode, err)

@@ -1,15 +1,21 @@
 """Configuration: durations and sizes, relay.toml, the environment and flags, where each value came
-from, and how a verb finds its project (discovery); the last tests on a file system laid out by hand
-with pyfakefs, where the machine's own would get in the way."""
+from (`relay config`), and how a verb finds its project (discovery), some of it on a file system laid
+out by hand with pyfakefs, where the machine's own would get in the way. Every duration flag takes the
+same forms (a bare number is seconds) and durations print with their unit; a misspelt key in
+relay.toml or an unknown RELAY_ variable is a warning to the verbs that only look (and an agent's),
+and stops the daemon and the sweep with its "did you mean"."""
+import json
 import os
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import error_line
 from pyfakefs.fake_filesystem import set_uid
 
 import relay
 from relay import config as config_mod
+from relay.cli import main
 from relay.errors import ConfigError
 
 
@@ -371,3 +377,118 @@ def test_init_never_overwrites_a_relay_toml(cli):
     cli("init", "--agent", "Ann")
     assert (cli.state / "relay.toml").read_text() == "retention = '1d'\n"
     assert [p.name for p in cli.state.iterdir() if p.name.startswith(".relay.toml")] == []
+
+
+# -- durations --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["status", "--max-pending-age", "600"], ["audit", "--since", "3600"], ["audit", "--until", "60.5"],
+    ["sweep", "--older-than", "3600"], ["report", "--since", "3600", "--html", "-"],
+    ["tail", "--follow", "--timeout", "0"], ["run", "--once", "--settle", "1", "--retention", "3600"],
+])
+def test_every_duration_flag_takes_a_bare_number_of_seconds(team, args):
+    r = team(*args, ok=False)
+    assert r.exit_code in (0, 3), r.output          # (status: no daemon runs)
+
+
+def test_a_bare_number_is_seconds_everywhere(team):
+    team("send", "--from", "Alice", "--to", "Bob", "hello")
+    team("run", "--once")
+    assert json.loads(team("audit", "--json", "--since", "3600").stdout)    # within the hour
+    assert not json.loads(team("audit", "--json", "--until", "3600").stdout)
+    r = team("sweep", "--older-than", "3600", "--dry-run")
+    assert "would delete 0 archived" in r.stdout and "older than 1h" in r.stdout
+
+
+def test_durations_print_with_their_unit(team):
+    r = team("sweep", "--dry-run")
+    assert "older than 7d " in r.stdout and "604800" not in r.stdout
+    r = team("sweep", "--older-than", "90m", "--dry-run")
+    assert "older than 1h30m " in r.stdout or "older than 90m " in r.stdout
+    r = team("inbox", "Bob", "--wait", "0.01", ok=False)
+    assert r.exit_code == 124 and "in 10ms" in r.stderr
+    r = team("inbox", "Bob", "--wait", "2ms", ok=False)
+    assert r.exit_code == 124 and "in 2ms" in r.stderr
+
+
+HINT = "did you mean retention?"
+
+
+@pytest.fixture
+def typo(team):
+    team("send", "--from", "Alice", "--to", "Bob", "--subject", "s", "hello")
+    team("run", "--once")
+    (team.state / "relay.toml").write_text('retension = "3d"\n')
+    return team
+
+
+@pytest.mark.parametrize("verb", [
+    ["config"], ["status", "--json"], ["audit"], ["agents"], ["queues"], ["verify"], ["doctor", "--quick"],
+    ["report", "--html", "-"], ["adopt", "Bob"], ["tail"], ["inbox", "Bob"], ["read", "--agent", "Bob", "X"],
+])
+def test_a_read_only_verb_warns_and_carries_on(typo, verb):
+    r = typo(*verb, ok=False)
+    assert "unknown configuration key 'retension'" in r.stderr and HINT in r.stderr, r.output
+    if verb[0] == "read":           # (the id is made up: the verb itself ran, and said so)
+        assert r.exit_code == 1 and "no message 'X'" in r.stderr
+    else:
+        assert r.exit_code == 0, r.output
+
+
+def test_show_warns_and_carries_on(typo):
+    r = typo("audit", "--json")
+    mid = json.loads(r.stdout)[0]["id"]
+    assert HINT in r.stderr         # (a process prints each warning once)
+    assert mid in typo("show", mid).stdout
+
+
+def test_relay_config_shows_the_bad_key_with_its_hint(typo):
+    r = typo("config")
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("retension"))
+    assert HINT in line and "ignored" in line
+    doc = json.loads(typo("config", "--json").stdout)
+    assert doc["values"]["retention"]["text"] == "7d"
+    assert [p["key"] for p in doc["problems"]] == ["retension"] and HINT in doc["problems"][0]["problem"]
+
+
+@pytest.mark.parametrize("verb", [["run", "--once"], ["sweep"]])
+def test_the_daemon_and_the_sweep_refuse_to_start_with_the_same_hint(typo, verb):
+    r = typo(*verb, ok=False)
+    assert r.exit_code == 1 and "unknown configuration key 'retension'" in r.stderr and HINT in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_relay_config_says_where_each_value_came_from(cli):
+    cli("init")
+    (cli.state / "relay.toml").write_text("retention = '2d'\n")
+    r = CliRunner().invoke(main, ["--root", str(cli.root), "config", "--json"], env={"RELAY_SETTLE": "1s"})
+    assert r.exit_code == 0, r.output
+    values = json.loads(r.stdout)["values"]
+    assert values["retention"]["text"] == "2d" and values["retention"]["from"].startswith("relay.toml (")
+    assert values["settle"] == {"value": 1.0, "text": "1s", "from": "env RELAY_SETTLE"}
+    assert values["root"]["from"] == "flag" and values["durability"] == {"value": "full", "text": "full",
+                                                                          "from": "default"}
+    text = cli("config").stdout
+    assert "retention" in text and "2d" in text and "(relay.toml (" in text and "(default)" in text
+
+
+def test_an_unknown_relay_variable_warns_once_and_stops_no_verb(cli):
+    runner = CliRunner()
+    env = {"RELAY_NOT_A_KEY_OF_RELAYS": "x"}
+    first = runner.invoke(main, ["--root", str(cli.root), "init", "--agent", "Ann"], env=env)
+    assert first.exit_code == 0 and "RELAY_NOT_A_KEY_OF_RELAYS is set in the environment" in first.stderr
+    again = runner.invoke(main, ["--root", str(cli.root), "config"], env=env)
+    assert again.exit_code == 0 and "RELAY_NOT_A_KEY_OF_RELAYS" not in again.stderr     # once per process
+
+
+def test_a_misspelt_key_stops_the_daemon_not_an_agents_send_or_inbox(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    (cli.state / "relay.toml").write_text("retension_typo = '7d'\n")
+    r = cli("run", "--once", ok=False)
+    assert r.exit_code == 1 and "unknown configuration key 'retension_typo'" in r.output
+    r = cli("send", "--from", "Ann", "--to", "Ben", "still goes")
+    assert (cli.state / f"outbox/Ann/msg-{r.stdout.strip().lower()}").is_file()
+    (cli.state / "relay.toml").write_text("retension_typo2 = '7d'\n")        # a new warning: printed
+    r = cli("inbox", "Ben")
+    assert "no new messages" in r.stdout and "unknown configuration key 'retension_typo2'" in r.stderr
+    assert cli("status", ok=False).exit_code == 3       # a read-only verb warns and carries on (issue 27)

@@ -1,5 +1,6 @@
 """The daemon's loop in-process: Relay.run() with the process's callbacks, the one deadline
-that run() and drain() share, and a reload applied by reconfigure()."""
+that run() and drain() share, and a reload applied by reconfigure(): what it can apply, what needs
+a restart, a changed federation kept as it runs and logged without its password."""
 import os
 import threading
 import time
@@ -208,3 +209,39 @@ def test_the_wakers_wait_is_an_events_wait():
         assert w.wait(0.05) is False and time.monotonic() - start >= 0.05
     finally:
         w.close()
+
+
+def test_a_reload_applies_what_it_can_and_names_what_needs_a_restart(project, clock):
+    relay = project.relay(agents=("Ann", "Ben"), rescan_interval="1h")
+    relay.step()
+    new = project.config(agents=["Ann", "Ben", "Dee"], rescan_interval="10s", settle="2s")
+    moved = type(new)(**{**{f: getattr(new, f) for f in new.__dataclass_fields__},
+                         "state_dir": project.root / "elsewhere"})
+    applied, restart = relay.reconfigure(moved)
+    assert applied == ["settle", "rescan_interval", "agents"] and restart == ["state_dir"]
+    assert relay.config.state_dir == project.state and relay.outbox.settle == 2.0
+    assert (project.state / "inbox/Dee/new").is_dir() and "Dee" in relay.known_agents()
+    assert relay.next_deadline(clock.now) <= clock.now + 10
+    assert not (project.root / "elsewhere").exists()
+
+
+def test_a_reload_that_changes_the_federation_keeps_the_running_one_and_logs_no_password(project, caplog):
+    """SIGHUP with a [federation] section added or changed: the log line naming what needs a
+    restart printed the new Federation whole, its URL's password with it, and said the daemon
+    ran "with" the new one, which the relay's config then held while the link kept the old."""
+    from relay.service import Daemon
+    project.relay().close()
+    project.relays.clear()
+    cfg = project.config(agents=["Ann", "Ben"])
+    new = project.config(agents=["Ann", "Ben"], federation={"url": "redis://bob:s3cret@redis.example:6379/0",
+                                                            "team": "t", "node": "n1"})
+    daemon = Daemon(cfg, load=lambda: new)
+    try:
+        with caplog.at_level("INFO", logger="relay"):
+            daemon.do_reload()
+    finally:
+        daemon.relay.close()
+    assert daemon.relay.config.federation is None and daemon.cfg.federation is None
+    assert "s3cret" not in caplog.text
+    assert "federation changed (url redis://bob:***@redis.example:6379/0, team t, node n1, running with none" \
+        in caplog.text

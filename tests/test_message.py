@@ -1,3 +1,7 @@
+"""A message file parsed (header and JSON forms, every refusal), its recipients resolved, and a
+message accepted; the daemon's unknown recipient with the same "did you mean" as the CLI's."""
+import json
+
 import orjson
 import pytest
 
@@ -199,3 +203,15 @@ def test_the_parsers_shortcuts_at_their_edges():
         parse(b" \t\r\n\x0b\x0c", "m", 1000)
     assert parse(b"TO:  Ben ,Ben,  \n\nx", "m", 1000).to == ("Ben",)
     assert parse(b"TO: Ben\n \t\nx", "m", 1000).body == "x"          # a blank line of spaces ends the headers
+
+
+# -- the daemon's unknown recipient ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["bob", "BOB", "Bobb"])
+def test_the_daemons_unknown_recipient_error_has_the_clis_did_you_mean(team, name):
+    cli_says = team("send", "--from", "Alice", "--to", name, "hello", ok=False).stderr
+    assert "did you mean Bob?" in cli_says
+    (team.state / "outbox/Alice/m").write_text(f"TO: {name}\n\nhello")
+    team("run", "--once")
+    failed = json.loads(team("audit", "--json", "--status", "failed").stdout)[0]
+    assert f"unknown recipient {name}; did you mean Bob?" in failed["error"]

@@ -1,5 +1,6 @@
-"""A message's content type and retry budget (CONTENT-TYPE:, MAX-RETRIES:), every unreadable
-column of a stored row named, and the migrations a ledger gets, logged."""
+"""A message's content type and retry budget (CONTENT-TYPE:, MAX-RETRIES:, in ASCII digits, past
+any budget held to the configured one), every unreadable column of a stored row named, and the
+migrations a ledger gets, logged."""
 import errno
 import json
 import logging
@@ -161,3 +162,20 @@ def test_read_names_the_type_only_when_it_is_not_plain_text(cli):
     out = cli("read", "--agent", "Ben", plain).output
     assert "type:" not in out
     assert json.loads(cli("read", "--agent", "Ben", plain, "--json").output)["content_type"] == "text/plain"
+
+
+@pytest.mark.parametrize("value, budget", [("10000000000", 3), ("99999999999999999999999", 3)])
+def test_a_max_retries_larger_than_any_budget_counts_as_the_configured_one(project, value, budget):
+    r = project.relay()
+    project.drop("Ann", "m", f"TO: Ben\nMAX-RETRIES: {value}\n\nhi\n")
+    r.drain()
+    assert len(project.inbox("Ben")) == 1
+
+
+@pytest.mark.parametrize("value", ["1_0", "\u0663"])
+def test_max_retries_is_written_in_ascii_digits(project, value):
+    r = project.relay()
+    project.drop("Ann", "m", f"TO: Ben\nMAX-RETRIES: {value}\n\nhi\n")
+    r.drain()
+    assert project.inbox("Ben") == []
+    assert len(list((project.state / "failed" / "Ann").glob("*.error.json"))) == 1

@@ -1,4 +1,6 @@
-"""retry, expire, verify, doctor, agents, tail through the CLI."""
+"""retry, expire, verify, doctor, agents, tail through the CLI; audit's row limit said, `relay
+status` as a health check, doctor running verify's checks, and the read-only verbs on a project
+no one may write."""
 import json
 import os
 import re
@@ -11,6 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from relay.cli import main
+from relay.files.layout import Layout
+from relay.files.lock import DaemonLock
 from relay.operator import doctor as operator
 
 
@@ -24,6 +28,7 @@ def cli(tmp_path):
             assert r.exit_code == 0, r.output
         assert "Traceback" not in r.output
         return r
+    run.root = tmp_path
     run.state = tmp_path / ".relay"
     run("init", "--agent", "Ann", "--agent", "Ben")
     return run
@@ -291,3 +296,111 @@ def test_tail_and_follow_with_a_deadline(relayed):
     later = [json.loads(line) for line in out.splitlines()]
     assert [(e["id"], e["event"]) for e in later] == [(failed, "expired")]
     assert later[0]["seq"] > first["seq"]
+
+
+def many(cli, n):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    for i in range(n):
+        cli("send", "--from", "Ann", "--to", "Ben", f"message {i} " + "x" * 200)
+    cli("run", "--once", "-q")
+
+
+def test_audit_says_when_it_stopped_at_its_limit(cli):
+    many(cli, 4)
+    r = cli("audit", "--limit", "3")
+    assert len(r.stdout.strip().splitlines()) == 4          # the header and 3 rows
+    assert "stopped at the limit of 3 message(s); more match" in r.stderr
+    r = cli("audit", "--limit", "4", "--json")
+    assert len(json.loads(r.stdout)) == 4 and "limit" not in r.stderr
+
+
+@pytest.fixture
+def held(cli):
+    Layout(cli.root, cli.state).create()
+    with DaemonLock(cli.state / "relay.lock") as lock:
+        yield lock
+
+
+def test_status_is_a_health_check(cli, held):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    r = cli("status", "--json")
+    assert json.loads(r.stdout)["health"] == {"ok": True, "exit": 0, "problems": []}
+    db = sqlite3.connect(cli.state / "ledger.sqlite", isolation_level=None)
+    db.execute("INSERT INTO messages (id, sender, name, status, discovered_at) VALUES "
+               "('01AAAAAAAAAAAAAAAAAAAAAAAA', 'Ann', 'm', 'pending', ?)", (time.time() - 3600,))
+    db.close()
+    r = cli("status", ok=False)
+    assert r.exit_code == 4 and "more than --max-pending-age 10m" in r.stdout
+    assert cli("status", "--max-pending-age", "2h").exit_code == 0
+    assert cli("status", "--max-pending-age", "0").exit_code == 0
+    held.release()
+    r = cli("status", "--json", ok=False)
+    assert r.exit_code == 0 and "no daemon is running" in json.loads(r.stdout)["health"]["problems"][0]
+    assert json.loads(r.stdout)["health"]["exit"] == 3 and cli("status", ok=False).exit_code == 3
+    assert cli("status", "--max-pending-age", "5", ok=False).exit_code == 3      # a bare number: seconds (issue 27)
+    assert cli("status", "--max-pending-age", "soon", ok=False).exit_code == 2
+
+
+def test_doctor_runs_verifys_archive_checks_unless_quick(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "x")
+    cli("run", "--once", "-q")
+    assert "verified 1 archived message(s)" in cli("doctor").stdout
+    [original] = [p for p in (cli.state / "archive").rglob("*") if p.is_file()]
+    original.write_text("TO: Ben\n\nforged")
+    verify = cli("verify", ok=False)
+    doctor = cli("doctor", ok=False)
+    assert verify.exit_code == doctor.exit_code == 1
+    [line] = [line for line in verify.stdout.splitlines() if "does not match its sha256" in line]
+    assert line in doctor.stdout.splitlines()
+    quick = cli("doctor", "--quick")
+    assert "verify's checks not run (--quick)" in quick.stdout and "no problems" in quick.stdout
+
+
+@pytest.fixture
+def read_only(cli):
+    """A project whose state directory and ledger no one may write, root included: the
+    immutable attribute (chattr +i), which root's permission checks do not pass over as they
+    pass over the mode bits. Undone at the end."""
+    import shutil
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "--subject", "plan", "the zebra plan")
+    cli("run", "--once", "-q")
+    cli("state", "set", "build", "green", "--as", "Ann")
+    held = [cli.state] + [p for p in cli.state.iterdir() if p.name.startswith("ledger.sqlite")]
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", *map(str, held)],
+                                                        capture_output=True).returncode:
+        subprocess.run(["chattr", "-i", *map(str, held)], capture_output=True)
+        pytest.skip("cannot make the project immutable here (chattr +i)")
+    try:
+        yield cli
+    finally:
+        subprocess.run(["chattr", "-i", *map(str, held)], check=True)
+
+
+def test_the_read_only_verbs_read_a_read_only_project(read_only):
+    cli = read_only
+    assert [d["subject"] for d in json.loads(cli("audit", "--json").stdout)] == ["plan"]
+    assert "zebra" in cli("search", "zebra").stdout
+    assert cli("state", "get", "build").stdout.strip().startswith("green")
+    [mid] = [d["id"] for d in json.loads(cli("audit", "--json").stdout)]
+    assert json.loads(cli("show", mid, "--json").stdout)["body"] == "the zebra plan"
+    assert "Ann" in cli("agents").stdout
+    r = cli("status", ok=False)
+    assert r.exit_code == 3                                           # no daemon runs: the health check's 3
+    assert f"ledger     read-only: {cli.state} cannot be written" in r.stdout
+    doc = json.loads(cli("status", "--json").stdout)
+    assert sum(doc["counts"].values()) == 1
+    assert doc["ledger"] == {"path": str(cli.state / "ledger.sqlite"), "writable": False,
+                             "unwritable": str(cli.state), "opened": "immutable"}
+    assert "WAL" not in cli("doctor", "--quick", ok=False).stdout      # the file's header says WAL
+    r = cli("send", "--from", "Ann", "--to", "Ben", "hi", ok=False)     # what writes says why it cannot
+    assert r.exit_code == 1 and f"{cli.state} cannot be written (a read-only project" in r.output
+
+
+def test_status_of_a_writable_project_says_its_ledger_is_writable(cli):
+    cli("init", "--agent", "Ann")
+    doc = json.loads(cli("status", "--json").stdout)
+    assert doc["ledger"] == {"path": str(cli.state / "ledger.sqlite"), "writable": True, "unwritable": None,
+                             "opened": "read-only"}
+    assert "ledger     " not in cli("status", ok=False).stdout

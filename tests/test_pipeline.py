@@ -1,9 +1,11 @@
-"""The pipeline driven by step()/drain() on a real directory with an injected clock."""
+"""The pipeline driven by step()/drain() on a real directory with an injected clock; each lifecycle
+event recorded at its own instant."""
 import errno
 import hashlib
 import json
 import os
 import stat
+import time
 
 import orjson
 import pytest
@@ -521,3 +523,30 @@ def test_a_very_long_file_name_is_fitted_in_the_archive(project):
     [archived] = project.files("archive")
     assert len(archived.name.encode()) <= 255 and archived.name.startswith(only_row(relay)["id"] + "--nnn")
     assert project.inbox("Ben")[0]["source"] == name
+
+
+class Ticking:
+    """An injected clock that moves one second each time it is read."""
+
+    def __init__(self, start):
+        self.now = start
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_each_lifecycle_event_keeps_its_own_instant(project):
+    from relay.core.daemon import Relay
+    clock = Ticking(time.time() + 10)
+    relay = Relay(project.config(agents=["Ann", "Ben", "Cy"]), clock=clock)
+    project.relays.append(relay)
+    project.drop("Ann", "m", "TO: Ben, Cy\n\nx")
+    relay.step()
+    [row] = relay.history.audit()
+    at = {e["event"]: e["at"] for e in relay.history.events(row["id"])}
+    assert at["discovered"] == at["claimed"] == row["discovered_at"]
+    assert at["discovered"] < at["delivered"] < at["archived"]
+    assert (row["delivered_at"], row["archived_at"]) == (at["delivered"], at["archived"])
+    assert {d["delivered_at"] for d in relay.history.deliveries(row["id"])} == {at["delivered"]}
+    assert operator.verify(relay.history, relay.layout) == (1, [])      # the chain covers those times

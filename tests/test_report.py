@@ -1,5 +1,6 @@
 """relay report: the page's numbers, the page rendered in a real headless browser, and its writing:
-never through a link, nothing lost when the disk fills or the directory turns read-only."""
+a default file without --html, never through a link, nothing lost when the disk fills or the
+directory turns read-only."""
 import os
 import re
 import shutil
@@ -225,3 +226,12 @@ def test_a_directory_made_read_only_while_the_page_is_written_leaves_the_old_pag
         replace_file("/out/report.html", rendered, fsync=fsync)
     assert explain(e.value).startswith("Permission denied")
     assert len(synced) == 1 and open("/out/report.html", "rb").read() == b"<!doctype html><p>yesterday's page</p>"
+
+
+# -- relay report's default file ------------------------------------------------------------------
+
+def test_report_writes_a_default_file_without_html(team):
+    r = team("report")
+    assert "wrote" in r.stdout
+    path = r.stdout.split("wrote", 1)[1].strip()
+    assert os.path.isfile(path) and "<html" in open(path).read().lower()

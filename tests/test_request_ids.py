@@ -1,4 +1,4 @@
-"""Issue 27, item 5: a request id repeated at once is recognised. The check sees what is still in
+"""A request id repeated at once is recognised. The check sees what is still in
 the outbox (the ledger records a send's request id with its id, before the file is written), and
 a message that repeats one reads as a duplicate in `relay show` and `relay audit`, not as
 delivered."""

@@ -1,6 +1,7 @@
 """Ids bound to their senders: an id `relay send` printed to one agent names that agent's message
 in every verb, whatever another agent copies into a file of its own; an id another message has
-already is refused without failing the message; request ids are each sender's own."""
+already is refused without failing the message; request ids are each sender's own; the event
+`identified` only for an id relay would not have chosen."""
 import errno
 import json
 import os
@@ -247,3 +248,16 @@ def test_a_stop_at_any_step_of_a_rekeying_batch_delivers_once_under_the_chosen_i
     assert [p for p in (project.state / "spool").rglob("*") if p.is_file()] == []
     assert operator.doctor(second.history, second.layout, None)[0] == []
     assert operator.verify(second.history, second.layout)[1] == []
+
+
+# -- identified -------------------------------------------------------------------------------------
+
+def test_identified_only_for_an_id_relay_would_not_have_chosen(team):
+    mid = team("send", "--from", "Alice", "--to", "Bob", "hello").stdout.strip()
+    chosen = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+    (team.state / "outbox/Alice/mine").write_text(f"ID: {chosen}\nTO: Bob\n\nmy own id")
+    team("run", "--once")
+    events = {e["event"] for e in json.loads(team("show", mid, "--json").stdout)["events"]}
+    assert "identified" not in events and {"discovered", "delivered", "archived"} <= events
+    events = json.loads(team("show", chosen, "--json").stdout)["events"]
+    assert [e["event"] for e in events].count("identified") == 1

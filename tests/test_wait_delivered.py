@@ -1,4 +1,4 @@
-"""Issue 27, item 1: `relay send --wait-delivered [DURATION]`, `Agent.send(..., wait_delivered=)`
+"""`relay send --wait-delivered [DURATION]`, `Agent.send(..., wait_delivered=)`
 and MCP `send(wait_delivered_s=)` block until every recipient has the message (exit 0), it failed
 (exit 1, the reason on stderr) or the time is up (exit 124). The relay is driven by drain() in
 this process, once the message is in the outbox."""
