@@ -143,6 +143,25 @@ def test_no_test_patches_a_private_name():
     assert not found, "a test patches a private name:\n" + "\n".join(found)
 
 
+# words that say when (or in which round) a test file was written, not what it tests
+WHEN_WRITTEN = re.compile(r"(smaller|typos|daily|review|seed|round\d*|issue\d*|item\d*|misc|new|extra|more|fixes|todo)")
+
+
+def test_no_test_file_is_named_for_when_it_was_written():
+    """A test lives in the file of the concern it tests (test_config.py, test_cli.py, ...): a file
+    named for when it was written (test_smaller.py, test_review_seed.py, test_issue27.py), or whose
+    docstring begins with the issue it came from, says nothing of what it holds."""
+    import ast
+    found = []
+    for p in sorted(TESTS.glob("test_*.py")):
+        found += [f"tests/{p.name}: named for when it was written ({word})"
+                  for word in p.stem.removeprefix("test_").split("_") if WHEN_WRITTEN.fullmatch(word)]
+        doc = ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) or ""
+        if re.match(r"(issue|round|item)\s*#?\d+", doc, re.I):
+            found.append(f"tests/{p.name}: its docstring begins {doc.split(':')[0]!r}, not with what it tests")
+    assert not found, "name a test file for the concern it tests:\n" + "\n".join(found)
+
+
 # watchdog's documented modules: its events, observers and their API, and the platform observers
 PUBLIC_WATCHDOG = {"watchdog", "watchdog.events", "watchdog.observers", "watchdog.observers.api",
                    "watchdog.observers.inotify", "watchdog.observers.polling", "watchdog.utils"}
