@@ -48,6 +48,29 @@ def test_body_size_is_a_shed_and_a_failure(project):
     assert [e["body"] for e in project.inbox("Ben")] == ["small"]
 
 
+@pytest.mark.parametrize("fmt", ["header", "json", "unread"])
+def test_a_message_shed_for_size_keeps_its_recipients_kind_subject_and_headers(project, fmt):
+    """Shed for its size (its body over max_body_bytes, or the file too large to read at all),
+    a message is still recorded as its sender wrote it: `Ann -> Ben, Cy` in audit, its kind,
+    subject and headers, the first bytes of its body; the bounce names its subject."""
+    relay = project.relay(max_body_bytes=100)
+    body = "x" * (300_000 if fmt == "unread" else 150)
+    if fmt == "json":
+        text = json.dumps({"to": ["Ben", "Cy"], "kind": "review", "subject": "the big diff", "body": body,
+                           "Ticket": "T-1"})
+    else:
+        text = f"TO: Ben, Cy\nKIND: review\nSUBJECT: the big diff\nTicket: T-1\n\n{body}"
+    project.drop("Ann", "big", text)
+    assert relay.drain().failed == 1
+    [row] = [r for r in relay.history.audit() if r["sender"] == "Ann"]
+    assert (row["sender"], json.loads(row["recipients"] or "null"), row["kind"], row["subject"]) == \
+        ("Ann", ["Ben", "Cy"], "review", "the big diff")
+    assert json.loads(row["headers"]) == {"Ticket": "T-1"} and row["body"].startswith("xxx")
+    assert len(row["body"].encode()) <= 1024 and row["status"] == "failed"
+    [bounce] = [e for e in project.inbox("Ann") if e["kind"] == "bounce"]
+    assert "the big diff" in bounce["subject"] + bounce["body"]
+
+
 def test_per_pair_rate_sheds_over_the_window_and_spares_other_recipients(project, clock):
     relay = project.relay(pair_rate=3, pair_window="60s")
     for i in range(3):

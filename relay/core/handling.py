@@ -5,12 +5,12 @@ archived, retried with backoff, deferred, or quarantined with a report."""
 import hashlib
 import logging
 
-from relay.core import flow, registry
+from relay.core import flow, oversize, registry
 from relay.core.loop import DRAIN_MIN_WAIT
 from relay.core.message import accept
 from relay.core.work import Outcome, backoff, fields
 from relay.config import SYSTEM
-from relay.errors import DurabilityError, MessageRefused, TransientError, UnknownRecipient
+from relay.errors import DurabilityError, MessageRefused, TooLarge, TransientError, UnknownRecipient
 
 CONVERGE = 2.0           # seconds after a message was found that the directory is read before its unknown name fails
 log = logging.getLogger("relay.core.daemon")     # the relay's loop logs as one
@@ -63,6 +63,8 @@ class Handling:
                 return
             return flow.refused(w, e, self.known_agents())
         except MessageRefused as e:
+            if isinstance(e, TooLarge) and e.parsed is None:    # what it says, for its record and bounce
+                e.parsed = oversize.said(w.data, w.name, self.config.max_body_bytes)
             return flow.refused(w, e, self.known_agents())
         finally:
             if w.peeked is None:    # read before custody: kept until it (Outbox.take)

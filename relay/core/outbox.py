@@ -18,7 +18,7 @@ import signal
 import stat
 import typing
 
-from relay.core import flow
+from relay.core import flow, oversize
 from relay.errors import TransientError
 from relay.files.fs import Unsafe, bad_name, shown, write_all
 from relay.files.layout import is_in_progress_name
@@ -404,14 +404,14 @@ class Outbox:
             limit = max_body_bytes + HEADER_ALLOWANCE
             if st.st_size > limit:
                 return too_large(w, max_body_bytes, st.st_size, f"the file is {st.st_size} bytes, over "
-                                 f"max_body_bytes ({max_body_bytes}) plus room for headers")
+                                 f"max_body_bytes ({max_body_bytes}) plus room for headers", fd)
             chunks, total = [], 0
             while chunk := os.read(fd, 1 << 20):
                 chunks.append(chunk)
                 total += len(chunk)
                 if total > limit:
                     return too_large(w, max_body_bytes, total, f"the file grew past {limit} bytes while relay "
-                                     "read it, over max_body_bytes plus room for headers")
+                                     "read it, over max_body_bytes plus room for headers", fd)
             if st.st_nlink > 1:
                 data = b"".join(chunks)
                 self._private_copy(w, data, stat.S_IMODE(st.st_mode) & ~0o022,
@@ -477,10 +477,16 @@ def as_read(st):
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def too_large(w, limit, observed, text):
-    """A file too large to read: shed (body_size) for its recipients, unread (`*`)."""
+def too_large(w, limit, observed, text, fd):
+    """A file too large to read: shed (body_size) for its recipients, unread (`*`); what its
+    first bytes say (its headers: core/oversize.py) is its record's."""
     w.shed = flow.body_size(limit, observed, text=text)
     w.refused = flow.summary(w.shed)
+    try:
+        w.message = oversize.said(os.pread(fd, oversize.MAX_HEADER_BYTES + oversize.BODY_KEPT, 0), w.name, limit,
+                                  whole=False)
+    except OSError:
+        pass
 
 
 def not_regular(st):
