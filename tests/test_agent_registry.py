@@ -148,6 +148,9 @@ def test_an_agent_spawns_and_releases_through_the_api_with_the_spawns_fields(pro
             ann.release_agent("Benn")
         with pytest.raises(relay.RelayError, match="cli must be text, not int"):
             ann.spawn("Dana", cli=5)
+        with pytest.raises(relay.RelayError, match=r"cwd '/' is outside the project root"):
+            ann.spawn("Erin", cwd="/")          # refused now, not failed later by relay
+        assert ann.spawn("Erin", cwd=str(project.root / "work")) and ann.spawn("Erin", cwd="work/erin")
     cli("run", "--once")
     with relay.Agent("Ben", root=project.root) as ben:
         dana = ben.project.registered("Dana")

@@ -159,6 +159,28 @@ def test_relay_audit_and_show_name_the_bounce(team):
     assert "bounced" in team("show", failed["id"]).stdout
 
 
+def test_a_reply_to_a_bounce_is_refused_system_reads_no_replies(team):
+    """Nothing is sent into System's inbox: --reply-to and Agent.reply say so and what to do;
+    naming the recipients (--to) answers them in the bounce's thread."""
+    import relay
+    from conftest import error_line
+    (team.state / "outbox/Alice/m").write_text("TO: Zed\nSUBJECT: plan\n\nlost")
+    team("run", "--once")
+    team("run", "--once")
+    [bounce] = [r for r in json.loads(team("audit", "--json").stdout) if r["kind"] == "bounce"]
+    refused = team("send", "--from", "Alice", "--reply-to", bounce["id"], "thanks", ok=False)
+    assert refused.exit_code == 1 and "System reads no replies" in error_line(refused)
+    assert "relay send --to NAME --thread" in error_line(refused) and "Traceback" not in refused.output
+    with relay.Agent("Alice", root=team.root) as alice:
+        with pytest.raises(relay.RelayError, match="reads no replies"):
+            alice.reply(bounce["id"], "thanks")
+    assert not list((team.state / "outbox" / "Alice").glob("*"))       # nothing written
+    team("send", "--from", "Alice", "--reply-to", bounce["id"], "--to", "Bob", "Zed was lost")
+    team("run", "--once")
+    [to_bob] = [r for r in json.loads(team("audit", "--json").stdout) if r["to"] == ["Bob"]]
+    assert to_bob["thread"] == bounce["thread"] and not list((team.state / "inbox" / "System" / "new").glob("*"))
+
+
 def test_a_load_shed_bounces_once_a_window_per_pair(project, clock):
     """An agent that answers every message, bounces too, would keep alive the loop pair_rate
     stops: a shed for pair_rate (or queue_limit) bounces once per sender, recipient and reason

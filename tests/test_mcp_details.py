@@ -93,11 +93,18 @@ def test_argument_errors_are_one_line_and_numbers_out_of_range_are_refused_or_cl
             args = {"thread": "t"} if tool == "thread" else {"query": "x"} if tool == "search" else {}
             text = await refused(bob, tool, **args, **{name: low - 1})
             assert text.startswith(f"{name} must be {low} to "), text
-        got = await bob.call("inbox", limit=10**9, recent=10**9, mark_read=False)
+        got = await bob.call("inbox", limit=10_000, recent=10_000, mark_read=False)
         assert len(got["messages"]) == 1
-        got = await bob.call("wait", timeout_s=10**9, limit=10**9)       # a message is there: at once
+        got = await bob.call("wait", timeout_s=10**9, limit=10_000)       # a message is there: at once
         assert len(got["messages"]) == 1 and not got["timed_out"]
-        assert (await bob.call("thread", thread="none", limit=10**9))["messages"] == []
+        assert (await bob.call("thread", thread="none", limit=10_000))["messages"] == []
+        # a whole number past any tool's bound (the schema's maximum, 10,000) is a mistake: refused
+        assert all(p.get("maximum", p.get("anyOf", [{}])[0].get("maximum")) == 10_000
+                   for t in tools.values() for p in t.input_schema["properties"].values()
+                   if "integer" in (p.get("type"), *(a.get("type") for a in p.get("anyOf", ()))))
+        for value in (10_001, 10**9, 1e30):
+            text = await refused(bob, "inbox", limit=value, mark_read=False)
+            assert text.startswith("limit: input should be less than or equal to 10000, not "), text
     run(team, tmp_path, scenario)
 
 
@@ -161,6 +168,9 @@ def test_spawn_and_release_agent_give_the_registry_their_fields(team, tmp_path):
         assert (await refused(bob, "spawn", name="System")).startswith("'System'")
         assert (await refused(bob, "spawn", name="bad name!")).startswith("invalid agent name 'bad name!'")
         assert await refused(bob, "release_agent", name="Zed") == "a release of 'Zed', which is no known agent"
+        for outside in ("/", "../elsewhere"):       # refused at once, as relay would refuse the spawn later
+            assert (await refused(bob, "spawn", name="Dana", cwd=outside)).startswith(
+                f"cwd {outside!r} is outside the project root"), outside
         assert await refused(bob, "spawn", name="Dana", colour="red") == (
             "colour: spawn takes no such argument (it takes name, task, cli, cwd, model, action, request_id, "
             "wait_delivered_s)")
@@ -174,4 +184,9 @@ def test_spawn_and_release_agent_give_the_registry_their_fields(team, tmp_path):
         [dana] = [a for a in (await bob.call("agents"))["agents"] if a["name"] == "Dana"]
         assert (dana["state"], dana["released_by"], dana["metadata"]["cli"]) == ("inactive", "Bob", "claude")
         assert [a["name"] for a in (await bob.call("agents", active=True))["agents"]] == ["Alice", "Bob", "Carol"]
+        (team.state / "outbox" / "Bob" / "lost").write_text("TO: Zed\n\nlost")     # bounces back to Bob
+        deliver(team, ("Alice", "Bob", "Carol", "Dana"))
+        deliver(team, ("Alice", "Bob", "Carol", "Dana"))
+        [bounce] = [m for m in (await bob.call("inbox"))["messages"] if m["kind"] == "bounce"]
+        assert "System reads no replies" in await refused(bob, "reply", id=bounce["id"], body="thanks")
     run(team, tmp_path, scenario)

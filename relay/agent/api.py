@@ -229,9 +229,16 @@ class Agent(Leases, AgentState, Registering):
         """Answer `message` (a Received or an id of a message this agent sent or received): to
         its sender (or `to`), in its thread (or `thread`), subject "Re: " and its subject (or
         `subject`). A reply to a message this agent sent goes to that message's recipients, as a
-        mail client's reply to a sent message does (to itself only when it alone was one)."""
+        mail client's reply to a sent message does (to itself only when it alone was one). A
+        message from System (a bounce, a notice) is not answered: System reads no replies
+        (RelayError, unless `to` names whom to send to)."""
         if not isinstance(message, Received):
             message = self.find(message)
+        if to is None and message.sender == SYSTEM:
+            thread = f" --thread {message.reply_thread}" if message.reply_thread else ""
+            raise RelayError(f"{message.id} is from {SYSTEM} (a bounce or a notice), and {SYSTEM} reads no replies: "
+                             "to answer the people it is about, write to them yourself (relay send --to NAME"
+                             f"{thread}; send(to=...) in MCP or Python)")
         if subject is None and message.subject:
             subject = message.subject if message.subject.lower().startswith("re:") else f"Re: {message.subject}"
         if not message.sender:

@@ -10,15 +10,20 @@ server advertises only what it serves.
   the enum says it. A list given as a JSON array in a string is still a list (some clients send
   them so), but text is text: the SDK would parse any argument not typed plain `str` as JSON
   first, and refuse a subject `{"plan": 1}` or a thread `[7]` as not text.
+- A whole number is at most MAX_INTEGER (10,000; the schema's `maximum`): a tool whose own
+  bound is lower takes more as its most, as it says, but 1e30 is a mistake, refused.
 - Resources and prompts are not advertised in the server's capabilities while it has none (the
   SDK advertises them whatever its lists hold); a client asking for them gets "method not found".
 """
 import inspect
 import json
+from typing import Annotated
 
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field, create_model
+
+MAX_INTEGER = 10_000        # the largest whole number any tool takes
 
 # The requests that serve resources and prompts, and so advertise them (the SDK's lowlevel Server
 # derives its capabilities from the handlers it has).
@@ -60,9 +65,13 @@ def strict(fn):
     tool = Tool.from_function(fn, description=inspect.cleandoc(fn.__doc__))
     loose = tool.fn_metadata.arg_model
 
-    class Arguments(loose):
+    class Closed(loose):
         model_config = ConfigDict(extra="forbid", strict=True, title=loose.__name__)
 
+    fields = Closed.model_fields
+    whole = [k for k, f in fields.items() if "integer" in _types(Closed.model_json_schema()["properties"][k])]
+    Arguments = create_model(loose.__name__, __base__=Closed, **{
+        k: (Annotated[fields[k].annotation, Field(le=MAX_INTEGER)], fields[k]) for k in whole})
     tool.parameters = Arguments.model_json_schema(by_alias=True)
     properties = tool.parameters.get("properties", {})
     old = tool.fn_metadata

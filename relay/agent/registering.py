@@ -18,6 +18,7 @@ from relay.config import SYSTEM
 from relay.agent.delivery import delivered
 from relay.core import registry
 from relay.errors import MessageRefused, RelayError
+from relay.files.layout import is_inside
 
 FIELDS = ("cli", "cwd", "model", "action")      # a spawn's metadata besides its task, as given
 
@@ -45,6 +46,10 @@ class Registering:
         if body is not None and not isinstance(body, str):
             raise RelayError(f"the body must be text, not {type(body).__name__}")
         control = {k: v.strip() for k, v in fields.items() if v is not None and v.strip()}
+        root = self.project.config.root
+        if "cwd" in control and not is_inside(root / control["cwd"], root):     # as relay would refuse it
+            raise RelayError(f"cwd {control['cwd']!r} is outside the project root {root}: a spawned agent works "
+                             "inside the project (name a directory of it, or leave cwd out)")
         try:
             registry.check(types.SimpleNamespace(kind=kind, control=control),
                            lambda refresh=False: self.project.agents(), self._archived)
