@@ -16,7 +16,7 @@ A1 (cross-node, 5 a second). The attacks, at the issue's rates:
              announced every 20 ms
   ackflood   n3 writes acknowledgements of made-up ids in bulk: entries of 8,192, 10 a second
   unknown    n3 writes an entry from a name nobody announced every 20 ms
-  shed       n3 sends 512 KiB messages to A2 (queue_limit 4, nobody reads) 10 a second, and
+  shed       n3 sends 512 KiB messages to A2 (queue_limit 64, nobody reads) 10 a second, and
              lists SYSTEM, writing from it every 100 ms
 
 Per phase: the honest daemon's CPU (% of a core, /proc), redis-server's, the local delivery p50
@@ -194,7 +194,7 @@ def setup(base, small):
             admin.execute_command(*shlex.split(line))
         urls[node] = f"redis://relay-{team}-{node}:pw-{node}@127.0.0.1:{server.port}/0"
     states = {"n1": fedkit.write_config(base / "n1", urls["n1"], team, "n1", ["A0", "A1", "A2"],
-                                        "queue_limit = 4\npair_rate = 0"),
+                                        "queue_limit = 64\npair_rate = 0"),
               "n2": fedkit.write_config(base / "n2", urls["n2"], team, "n2", ["B0"])}
     hostile = Hostile(urls["n3"], team)
     procs = {n: fedkit.start_daemon(base / n) for n in ("n1", "n2")}
