@@ -15,7 +15,7 @@ import stat
 import re
 from pathlib import Path
 
-from relay import config_file, names, wakeconfig
+from relay import config_file, metricsconfig, names, wakeconfig
 from relay.errors import ConfigError, NotInProject
 from relay.names import AGENT_NAME, AGENT_NAME_RULE, SYSTEM  # noqa: F401 - where the rest of relay takes them
 from relay.terminal import unsafe
@@ -204,6 +204,7 @@ _PARSERS = {
 }
 
 # Set by relay for an on_deliver hook (hooks.py), not configuration: a hook that runs relay
+    "metrics": metricsconfig.parse,     # [metrics] listen: relay run serves /metrics alone (web/scrape.py)
 # inherits them.
 HOOK_VARIABLES = frozenset({"RELAY_MESSAGE_ID", "RELAY_SENDER", "RELAY_RECIPIENT", "RELAY_ENVELOPE",
                             "RELAY_SUBJECT", "RELAY_THREAD", "RELAY_KIND", "RELAY_PRIORITY"})
@@ -241,6 +242,7 @@ class Config:
     source: str = dataclasses.field(default="defaults", compare=False)
     # (key, where its value came from) for root, state_dir and every key not at its default
     origins: tuple = dataclasses.field(default=(), compare=False)
+    metrics: object = None              # MetricsConfig, or None: relay run serves no /metrics
     warnings: tuple = dataclasses.field(default=(), compare=False)     # what was not taken, and why
     rejected: tuple = dataclasses.field(default=(), compare=False)     # (key, problem) of the keys not taken
 
@@ -488,7 +490,7 @@ def describe(cfg):
             value = None if value is None else {"url": value.shown_url, "team": value.team, "node": value.node}
             text = "(none: this machine only)" if value is None else \
                 f"url {value['url']}, team {value['team']}, node {value['node']}"
-        elif key == "wake":
+        elif key in ("wake", "metrics"):
             value = None if value is None else dataclasses.asdict(value)
             text = "(none)" if value is None else ", ".join(f"{k} {v}" for k, v in value.items() if v)
         else:

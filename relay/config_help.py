@@ -49,6 +49,12 @@ HELP = {
 ## [wake]
 ## tmux = "agents:{agent}"
 """,
+    "metrics": """\
+## relay run serves /metrics (Prometheus) on this address alone, without a token, for a scraper
+## (docs/operating.md, "Metrics"): a port alone means loopback, another host only as an IP address:
+## [metrics]
+## listen = "127.0.0.1:9108"
+""",
     "federation": """\
 ## teams across machines over Redis (docs/federation.md): a [federation] table at the end of
 ## this file (the URL, with its password, best in RELAY_FEDERATION_URL, which agents cannot read):
@@ -83,9 +89,10 @@ def template():
             config.describe(config.Config(root=Path("."), state_dir=Path(".relay")))}
     out = [HEAD]
     for key in config.KEYS:
-        if key not in ("federation", "wake"):
+        if key not in ("federation", "wake", "metrics"):
             out.append(f"## {HELP[key]}\n# {key} = {_value(key, *rows[key])}\n")
     out.append(HELP["wake"])
+    out.append(HELP["metrics"])
     out.append(HELP["federation"])
     return "\n".join(out)
 

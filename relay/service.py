@@ -77,6 +77,7 @@ class Daemon:
         if cfg.federation:
             from relay import federation
             federation.redis_module()        # no redis package: one line naming the extra, before anything starts
+        self.metrics = listener(cfg, clock) if cfg.metrics else None     # [metrics] listen: bound before the start
         self.relay = Relay(cfg, clock=clock)
         self.link = None
         # The ledger file the connection has just opened; `lock`: the DaemonLock held.
@@ -144,6 +145,8 @@ class Daemon:
             from relay.federation import Link
             self.link = Link(cfg, router=relay.router, on_directory=lambda: relay.hint("dir"), hooks=relay.hooks)
             self.link.start()
+        if self.metrics is not None:
+            self.metrics.start()
         notify("READY=1\nSTATUS=watching " + str(relay.layout.outbox))
         self.next_ping = time.monotonic()
         try:
@@ -151,6 +154,8 @@ class Daemon:
                       max_wait=self.ping_every, watch=self.watcher)
         finally:
             notify("STOPPING=1")
+            if self.metrics is not None:
+                self.metrics.stop()
             if self.link is not None:
                 self.link.close()
             self.watcher.stop()
@@ -202,6 +207,19 @@ class Daemon:
         if reason:
             log.error("%s", reason)
             raise StateLost(reason)
+
+
+def listener(cfg, clock):
+    """The /metrics listener of `[metrics] listen` (web/scrape.py), its address bound; ConfigError
+    when it cannot listen there, or saying how to install the web extra (prometheus-client)."""
+    try:
+        from relay.web import scrape
+    except ImportError as e:
+        if (e.name or "").split(".")[0] not in ("prometheus_client", "starlette", "jinja2", "markupsafe"):
+            raise
+        raise ConfigError("[metrics] listen needs the web extra (prometheus-client): pip install "
+                          "'agent-outbox-relay[web]' (from a checkout: pip install '.[web]')") from None
+    return scrape.Listener(cfg, clock)
 
 
 def serve(cfg, lock=None, load=None, on_config=None):

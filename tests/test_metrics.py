@@ -58,3 +58,64 @@ def test_metrics_match_the_ledger_after_a_known_run(known_run):
     assert got[("relay_envelope_latency_seconds_count", frozenset())] == len(latencies)
     assert got[("relay_envelope_latency_seconds_sum", frozenset())] == pytest.approx(sum(max(x, 0) for x in latencies))
     assert not any(name == "relay_federation_link_up" for name, _ in got)      # not federated
+
+
+def scrape(url):
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers.get("content-type"), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("content-type"), e.read().decode()
+
+
+def test_the_daemon_serves_metrics_alone_where_metrics_listen_says(known_run):
+    """[metrics] listen: `relay run` (its service object) serves /metrics on that address without a
+    token, read through a ledger connection of its own thread; the figures are the ledger's."""
+    from relay.service import Daemon
+    (known_run.state / "relay.toml").write_text('agents = ["Ann", "Ben", "Cy"]\n[metrics]\nlisten = "127.0.0.1:0"\n')
+    cfg = known_run.config()
+    assert (cfg.metrics.host, cfg.metrics.port) == ("127.0.0.1", 0)
+    daemon = Daemon(cfg, clock=known_run.clock)
+    try:
+        daemon.metrics.start()
+        known_run.drop("Ann", "late", "TO: Cy\n\none more")
+        daemon.relay.drain()
+        url = daemon.metrics.url
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+        status, kind, text = scrape(url)
+        assert scrape(url.replace("/metrics", "/"))[0] == 404
+        assert scrape(url.replace("/metrics", "/../etc/passwd"))[0] == 404
+    finally:
+        if daemon.metrics.thread is not None:
+            daemon.metrics.stop()
+        daemon.relay.close()
+    assert status == 200 and kind.startswith("text/plain")
+    got = samples(text)
+    with History(Ledger(known_run.state / "ledger.sqlite", readonly=True)) as history:
+        counts = history.counts()
+        delivered = sum(len(history.deliveries(r["id"])) for r in history.audit())
+    for state, n in counts.items():
+        assert got[("relay_messages", frozenset({("state", state)}))] == n
+    assert got[("relay_deliveries_total", frozenset())] == delivered == 8
+    assert got[("relay_queue_depth", frozenset({("agent", "Cy")}))] == 3
+
+
+@pytest.mark.parametrize("listen, words", [("0.0.0.0:9108", None), ("9108", None), ("[::1]:9108", None),
+                                            ("metrics.example:9108", "IP address or localhost"),
+                                            ("127.0.0.1", "names no port"), ("::1:9108", "in brackets"),
+                                            ("127.0.0.1:99999", "names no port")])
+def test_metrics_listen_takes_loopback_or_an_address_written_out(tmp_path, listen, words):
+    from relay import config as config_mod
+    from relay.errors import ConfigError
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay" / "relay.toml").write_text(f'[metrics]\nlisten = "{listen}"\n')
+    if words is None:
+        m = config_mod.load(tmp_path, env={}).metrics
+        assert m.port == 9108 and m.host == {"9108": "127.0.0.1", "[::1]:9108": "::1"}.get(listen, "0.0.0.0")
+        assert m.loopback == (listen != "0.0.0.0:9108")
+        assert config_mod.load(tmp_path, env={"RELAY_METRICS": "127.0.0.1:9200"}).metrics.port == 9200
+    else:
+        with pytest.raises(ConfigError, match=words):
+            config_mod.load(tmp_path, env={})

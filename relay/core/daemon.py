@@ -53,7 +53,7 @@ SCAN_BUDGET = 2048       # files registered per step
 FRESH_KEPT = 100_000     # ids registered and not yet claimed whose rows are trusted as read
 SWEEP_BATCH = retention.BATCH
 ORPHAN_INTERVAL = 3600.0  # seconds between two removals of orphaned inbox tmp/ files
-RESTART_KEYS = ("root", "state_dir", "federation")    # what a reload cannot change under a running relay
+RESTART_KEYS = ("root", "state_dir", "federation", "metrics")    # what a reload cannot change under a running relay
 
 
 def inline(fn, *args):
