@@ -132,7 +132,7 @@ def test_messages_filter_search_and_pages(team):
 
 @pytest.mark.parametrize("query, words", [("status=lost", "no status 'lost'"), ("since=yesterdayish", "since:"),
                                            ("from=../etc", "invalid agent name"), ("q=%22%22", "nothing to search"),
-                                           ("priority=high", "no priorities yet"), ("before=../../x", "not a message id")])
+                                           ("priority=soon", "no priority"), ("before=../../x", "not a message id")])
 def test_a_filter_it_cannot_read_is_refused_in_one_line(web, query, words):
     status, _, text = get(web, f"/messages?{query}")
     assert status == 400
@@ -238,3 +238,36 @@ def test_a_filter_matching_nothing_reads_an_index_not_every_message(tmp_path):
             work.append([_steps(history, kind="nothing"), _steps(history, since=4e9), _steps(history, until=1.0),
                          _steps(history, since=1.0, until=2.0)])
     assert all(big <= small + 2 for small, big in zip(*work)), work
+
+
+def test_receipts_acknowledgements_and_priority_in_the_pages(team):
+    """The Overview lists the acknowledgements overdue, a message shows each recipient's receipts,
+    a thread its acknowledgements in place, Messages filters by priority, /metrics counts
+    relay_acks_overdue: all from the ledger's receipts."""
+    import time
+    asked = team("send", "--from", "Alice", "--to", "Bob,Carol", "--priority", "high", "--ack-required",
+                 "--thread", "review", "--subject", "merge <b>it</b>?", "please").stdout.split()[0]
+    plain = team("send", "--from", "Alice", "--to", "Bob", "--subject", "fyi", "nothing asked").stdout.split()[0]
+    urgent = team("send", "--from", "Carol", "--to", "Bob", "--priority", "urgent", "now").stdout.split()[0]
+    team("run", "--once")
+    team("ack", asked, "--agent", "Bob", "--note", "merged <i>ok</i>")
+    team("run", "--once")
+    with server(team.root, clock=lambda: time.time() + 7200) as srv:     # past ack_overdue (30 minutes)
+        overview = get(srv, "/")[2]
+        acks = re.search(r'<section id="acks-overdue">(.*?)</section>', overview, re.S).group(1)
+        assert asked in acks and "Carol" in acks and "Bob" not in acks and "merge &lt;b&gt;it&lt;/b&gt;?" in acks
+        page = get(srv, f"/messages/{asked}")[2]
+        assert_inert(page)
+        rows = dict(re.findall(r'<tr data-recipient="(\w+)">(.*?)</tr>', page, re.S))
+        assert "acknowledged" in rows["Bob"] and "merged &lt;i&gt;ok&lt;/i&gt;" in rows["Bob"]
+        assert "acknowledged" not in rows["Carol"] and "overdue" in rows["Carol"]
+        assert re.search(r"<th>priority</th><td>high</td>", page) and "acknowledgement asked" in page
+        thread = get(srv, "/threads/review")[2]
+        assert "acknowledged by Bob" in thread and "merged &lt;i&gt;ok&lt;/i&gt;" in thread
+        assert ids(get(srv, "/messages?priority=high")[2]) == [asked]
+        assert ids(get(srv, "/messages?priority=urgent")[2]) == [urgent]
+        normal = ids(get(srv, "/messages?priority=normal")[2])
+        assert plain in normal and asked not in normal and urgent not in normal
+        assert get(srv, "/messages?priority=soon")[0] == 400
+        metrics = get(srv, "/metrics")[2]
+    assert re.search(r"(?m)^relay_acks_overdue 1\.0$", metrics)

@@ -19,10 +19,11 @@ class WebReads(Part):
     """See the module's docstring."""
 
     def messages(self, agent=None, sender=None, recipient=None, status=None, kind=None, thread=None,
-                 since=None, until=None, query=None, before=None, limit=PAGE):
+                 since=None, until=None, query=None, before=None, limit=PAGE, priority=None):
         """At most `limit` messages matching every filter given, newest first, older than the id
         `before` (the next page's cursor). `agent`: sent or received by it; `query`: the
-        full-text index (search.match; RelayError for a query it refuses)."""
+        full-text index (search.match; RelayError for a query it refuses); `priority`: what the
+        message asked for (receipts.py's asks: a message with no row there is `normal`)."""
         where, args = [], []
 
         def to(name):
@@ -47,6 +48,10 @@ class WebReads(Part):
             where.append("m.kind = ?"); args.append(kind)
         if thread:
             where.append("(m.thread = ? OR m.id = ?)"); args += [thread, thread]
+        if priority == "normal":
+            where.append("m.id NOT IN (SELECT message_id FROM asks WHERE priority != 'normal')")
+        elif priority:
+            where.append("m.id IN (SELECT message_id FROM asks WHERE priority = ?)"); args.append(priority)
         span = self._span(since, until)
         if since is not None:
             where.append(f"{span}m.discovered_at >= ?"); args.append(since)
@@ -86,6 +91,18 @@ class WebReads(Part):
             marks = ",".join("?" * len(chunk))
             for r in self.db.execute(f"SELECT * FROM bounces WHERE message_id IN ({marks}) ORDER BY at", chunk):
                 out.setdefault(r["message_id"], []).append(r)
+        return out
+
+    def acks_of(self, ids):
+        """{message id: [{recipient, acked_at, note, reply_id}]} of the acknowledgements given
+        for these messages, oldest first."""
+        out = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            marks = ",".join("?" * len(chunk))
+            for r in self.db.execute("SELECT message_id, recipient, acked_at, note, reply_id FROM receipts WHERE "
+                                     f"message_id IN ({marks}) AND acked_at IS NOT NULL ORDER BY acked_at", chunk):
+                out.setdefault(r["message_id"], []).append(dict(r))
         return out
 
     def recent_bounces(self, limit=50):

@@ -10,7 +10,7 @@ memory, so a restart loses nothing and two scrapes of one ledger agree).
     relay_queue_depth{agent}                 messages waiting for an agent (pending + unread)
     relay_queue_oldest_age_seconds{agent}    the oldest unread envelope's age
     relay_envelope_latency_seconds           sending (rename into the outbox) -> envelope written
-    relay_acks_overdue                       acknowledgements overdue (only once they are recorded)
+    relay_acks_overdue                       copies whose acknowledgement waits past ack_overdue
     relay_federation_unacknowledged{node}    rows published to a node, awaiting its acknowledgement
     relay_federation_link_up                 1 while the link to the server is up (federated only)
 """
@@ -22,7 +22,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from relay.ledger.web import LATENCY_BUCKETS
 from relay.operator import queues
-from relay.web import reads
 
 # A failure's reason, by the words it starts with (the first that matches); any other: "other".
 FAILURE_KINDS = (("unknown recipient", "unknown_recipient"), ("shed", "shed"), ("too large", "too_large"),
@@ -69,9 +68,8 @@ class LedgerCollector:
         yield CounterMetricFamily("relay_bounces", "Bounces owed to senders.", value=history.web.bounce_count())
         yield from self.queues(history, now)
         yield self.latency(history)
-        overdue = reads.overdue_acks(history, now)
-        if overdue is not None:
-            yield GaugeMetricFamily("relay_acks_overdue", "Acknowledgements overdue.", value=len(overdue))
+        yield GaugeMetricFamily("relay_acks_overdue", "Delivered copies whose acknowledgement, asked for, waits "
+                                "longer than ack_overdue.", value=history.receipts.overdue_count(now - self.cfg.ack_overdue))
         yield from self.federation(history)
 
     def queues(self, history, now):

@@ -11,6 +11,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from relay.errors import NotFound, RelayError
 from relay.guards import agent_name, moment
 from relay.ledger.ledger import STATUSES
+from relay.ledger.receipts import PRIORITIES
 from relay.ledger.web import PAGE
 from relay.web import reads
 
@@ -47,8 +48,8 @@ def filters(params):
             agent_name(given[k], k)
     if given["status"] and given["status"] not in (*STATUSES, "shed"):
         raise BadFilter(f"no status {given['status']!r}: one of {', '.join((*STATUSES, 'shed'))}")
-    if given["priority"]:
-        raise BadFilter("this ledger records no priorities yet: leave the priority filter empty")
+    if given["priority"] and given["priority"] not in PRIORITIES:
+        raise BadFilter(f"no priority {given['priority']!r}: one of {', '.join(PRIORITIES)}")
     times = {}
     for k in ("since", "until"):
         try:
@@ -57,7 +58,8 @@ def filters(params):
             raise BadFilter(f"{k}: {e.message}") from None
     args = {"agent": given["agent"] or None, "sender": given["from"] or None, "recipient": given["to"] or None,
             "status": given["status"] or None, "kind": given["kind"] or None, "thread": given["thread"] or None,
-            "since": times["since"], "until": times["until"], "query": given["q"] or None}
+            "since": times["since"], "until": times["until"], "query": given["q"] or None,
+            "priority": given["priority"] or None}
     return given, args
 
 
@@ -77,14 +79,14 @@ def messages(site, request):
     kept = [(k, v) for k, v in given.items() if v]
     older = f"/messages?{urlencode([*kept, ('before', rows[-1]['id'])])}" if more else None
     return page(site, request, "messages.html", rows=reads.message_list(rows, history), given=given,
-                statuses=(*STATUSES, "shed"), older=older,
+                statuses=(*STATUSES, "shed"), priorities=PRIORITIES, older=older,
                 first=f"/messages?{urlencode(kept)}" if before else None,
                 last_event=history.last_event())
 
 
 def message(site, request):
     try:
-        doc = reads.message(site.history(), site.layout, request.path_params["mid"])
+        doc = reads.message(site.history(), site.layout, request.path_params["mid"], site.cfg, site.clock())
     except NotFound as e:
         return refusal(site, request, 404, str(e))
     return page(site, request, "message.html", doc=doc, compose=site.compose is not None)

@@ -25,26 +25,40 @@ def recipients(row):
 
 def overview(history, layout, cfg, now):
     """The Overview: messages per state and per hour, queues per agent and per pair, failures
-    and bounces with their reasons and subjects, overdue acknowledgements (none until receipts
-    are recorded), the daemon's health and attested durability, the federation's nodes."""
+    and bounces with their reasons and subjects, overdue acknowledgements, the daemon's health
+    and attested durability, the federation's nodes."""
     pid = holder(layout.lock)
     att = health.attestation(history, pid)
     since = (int(now // 3600) - HOURS + 1) * 3600
     doc = {"counts": history.counts(), "hours": [(r["h"], r["n"]) for r in history.web.per_hour(since)],
            "queues": queues.project(history, layout, layout.agent_names(cfg.agents), now),
            "failures": history.web.recent_failures(20), "bounces": history.web.recent_bounces(20),
-           "shed_counts": history.web.shed_reasons(), "acks_overdue": overdue_acks(history, now),
+           "shed_counts": history.web.shed_reasons(), "acks_overdue": overdue_acks(history, cfg, now),
            "daemon": {"pid": pid, "durability": health.describe(att, pid), "attested": att},
            "last_event": history.last_event(), "federation": federation(history, cfg, now)}
     doc["total"] = sum(doc["counts"].values())
     doc["top_hour"] = max([n for _, n in doc["hours"]] or [1])
+    doc["now"], doc["ack_overdue"] = now, cfg.ack_overdue
     return doc
 
 
-def overdue_acks(history, now):
-    """The acknowledgements overdue, or None while this ledger records no acknowledgements (the
-    receipts and acknowledgements land here when the ledger holds them)."""
-    return None
+def overdue_acks(history, cfg, now, limit=200):
+    """The delivered copies whose acknowledgement, asked for, waits longer than ack_overdue
+    (relay overdue's list), oldest first: dicts with id, sender, recipient, subject, thread,
+    delivered_at, surfaced_at, read_at."""
+    return history.receipts.overdue(now - cfg.ack_overdue, limit=limit)
+
+
+def receipts(history, cfg, row, now):
+    """(priority, ack_required, {recipient: receipt}) of a message: each delivered copy's
+    surfaced, read and acknowledged times, its note and reply, and whether its acknowledgement,
+    asked for, is overdue."""
+    priority, ack = history.receipts.asks(row["id"])
+    out = {}
+    for r in history.receipts.of(row["id"]):
+        late = ack and r["acked_at"] is None and r["delivered_at"] <= now - cfg.ack_overdue
+        out[r["recipient"]] = {**r, "overdue": late}
+    return priority, ack, out
 
 
 def federation(history, cfg, now):
@@ -63,13 +77,15 @@ def federation(history, cfg, now):
 def message_list(rows, history):
     """The rows of a page of messages, for the table."""
     sheds = history.sheds_of([r["id"] for r in rows])
+    priorities = history.receipts.priorities([r["id"] for r in rows])
     return [{"id": r["id"], "from": f"{r['sender']}@{r['node']}" if r["node"] else r["sender"],
              "to": ", ".join(recipients(r)), "kind": r["kind"], "thread": r["thread"], "subject": r["subject"],
              "status": "duplicate" if r["duplicate_of"] else r["status"], "at": r["discovered_at"],
-             "error": r["error"], "shed": sorted(sheds.get(r["id"], {}))} for r in rows]
+             "error": r["error"], "shed": sorted(sheds.get(r["id"], {})),
+             "priority": priorities.get(r["id"], "normal")} for r in rows]
 
 
-def message(history, layout, mid):
+def message(history, layout, mid, cfg, now):
     """One message: every field, its deliveries, sheds, other nodes, events (a timeline), its
     bounces, and its original checked against its hash and the chain. NotFound for an id the
     ledger does not hold (the id is looked up, never used as a path)."""
@@ -84,7 +100,7 @@ def message(history, layout, mid):
            "sheds": [views.shed(s) for s in history.sheds(row["id"])],
            "remote": [{"node": o["node"], "state": views.remote_state(o)} for o in history.outbound(row["id"])],
            "bounces": history.web.bounces_of([row["id"]]).get(row["id"], []),
-           "receipts": None,    # each recipient's receipts, when the ledger records them
+           "receipts": receipts(history, cfg, row, now),
            "original": original(history, layout, row), "unreadable": [str(b) for b in bad]}
     return doc
 
@@ -147,15 +163,16 @@ def original(history, layout, row):
 
 def thread(history, tid, limit=1000):
     """A thread as a conversation, oldest first (from its first message), each message with its
-    bounces in place."""
+    bounces and acknowledgements in place."""
     rows = list(sift(history.audit(thread=tid, oldest_first=True, limit=limit), []))
     if not rows:
         raise NotFound(f"no thread {tid!r} in the ledger")
     bounces = history.web.bounces_of([r["id"] for r in rows])
+    acks = history.web.acks_of([r["id"] for r in rows])
     return [{"id": r["id"], "from": r["sender"], "to": ", ".join(recipients(r)), "subject": r["subject"],
              "body": views.value(r["body"]), "status": r["status"], "kind": r["kind"], "at": r["discovered_at"],
              "error": r["error"], "bounces": bounces.get(r["id"], []),
-             "acks": None} for r in rows]       # acknowledgements in place, when the ledger records them
+             "acks": acks.get(r["id"], [])} for r in rows]
 
 
 def agents(history, layout, cfg, now=None):
