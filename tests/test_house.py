@@ -191,3 +191,41 @@ def test_the_code_cites_the_contract_that_is_in_the_repository():
     sections = set(re.findall(r"^## (\d+)\. ", contract, re.M))
     cited = {m for p in PACKAGE.rglob("*.py") for m in re.findall(r"contract §(\d+)", p.read_text(encoding="utf-8"))}
     assert cited and cited <= sections, f"cited sections {sorted(cited - sections)} are not in docs/contract.md"
+
+
+def classes_in_the_package():
+    """(module path, class node) of every class in relay/."""
+    import ast
+    return [(p.relative_to(PACKAGE.parent), node) for p in sorted(PACKAGE.rglob("*.py"))
+            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if isinstance(node, ast.ClassDef)]
+
+
+def test_no_class_has_more_than_three_bases():
+    """A class built of many bases is a mixin soup: compose parts instead (ledger/part.py)."""
+    found = [f"{path}: {node.name} has {len(node.bases)} bases" for path, node in classes_in_the_package()
+             if len(node.bases) > 3]
+    assert not found, "\n".join(found)
+
+
+def test_the_ledger_and_history_are_composed_of_parts_not_mixins():
+    """Ledger and History derive from nothing but object: they hold their parts (ledger.messages,
+    ledger.state, history.remote, ...), each a Part (ledger/part.py) on the store's one
+    connection that says in its constructor what else it uses; no class of the ledger uses
+    attributes it never declares ("uses self.db, ...")."""
+    import ast
+    import inspect
+    from relay.ledger.history import History
+    from relay.ledger.ledger import Ledger
+    from relay.ledger.part import Part
+    for store in (Ledger, History):
+        assert store.__bases__ == (object,), f"{store.__name__} derives from {store.__bases__}"
+    built = inspect.getsource(Ledger._parts) + inspect.getsource(History.__init__)
+    parts = re.findall(r"self\.(\w+) = (\w+)\(self\b", built)
+    assert len(parts) >= 20, parts
+    modules = {n: m for p in (PACKAGE / "ledger").glob("*.py")
+               for n, m in [(p.stem, __import__(f"relay.ledger.{p.stem}", fromlist=["_"]))]}
+    kinds = {cls for m in modules.values() for name, cls in vars(m).items() if name in dict(parts).values()}
+    assert kinds and all(issubclass(cls, Part) for cls in kinds), [c for c in kinds if not issubclass(c, Part)]
+    mixed = [f"{path}: {node.name}" for path, node in classes_in_the_package()
+             if path.parent.name == "ledger" and "uses self." in (ast.get_docstring(node) or "")]
+    assert not mixed, "a class of the ledger that uses attributes it does not declare:\n" + "\n".join(mixed)

@@ -2,12 +2,13 @@
 sender is owed for a message that failed, or was shed for some of its recipients, or refused by
 another node, recorded once per (message, recipient set) in the very transaction that records the
 failure; and, once the bounce's file is in the spool, the bounce registered as a message of its
-own from System, in one transaction with its `emitted_at`. A mixin of Ledger (the writes) and of
-History (`bounces_due`)."""
+own from System, in one transaction with its `emitted_at`. The writes are `ledger.bounces`
+(BounceRecords), the reads `history.bounces` (BounceHistory)."""
 import orjson
 
 from relay.config import SYSTEM
 from relay.ids import IdGenerator
+from relay.ledger.part import Part
 
 KIND = "bounce"         # the kind of a bounce, and the name of its file in the spool and the archive
 REASON_CHARS = 4000     # a reason is cut to this many characters in a bounce
@@ -19,10 +20,10 @@ def _key(recipients):
     return orjson.dumps(sorted(dict.fromkeys(recipients))).decode()
 
 
-class BounceRecords:
-    """Ledger's writes (uses self.db, self.transaction, self._events)."""
+class BounceRecords(Part):
+    """The writes: what is owed (inside the caller's transaction), and what was emitted."""
 
-    def _owe(self, now, items):
+    def owe(self, now, items):
         """Inside a transaction: record the bounces owed. items: (message id, sender, recipients,
         reason). A sender that is System (a bounce, a ping) is owed none, nor a bounce of System's
         (an agent's file of kind bounce, refused, is owed one); a (message, recipient set) owed one
@@ -37,13 +38,13 @@ class BounceRecords:
             "AND m.sender IS 'System') "
             "ON CONFLICT DO NOTHING", rows).rowcount
 
-    def _owe_refused(self, now, mid, node):
+    def owe_refused(self, now, mid, node):
         """Inside a transaction: the bounce owed for a message another node refused (its
         outbound row to `node`, with the recipients and the reason recorded there)."""
         row = self.db.execute("SELECT m.sender, o.recipients, o.error FROM outbound o JOIN messages m ON m.id = "
                               "o.message_id WHERE o.message_id = ? AND o.node = ?", (mid, node)).fetchone()
         if row is not None:
-            self._owe(now, [(mid, row[0], orjson.loads(row[1]), f"refused by node {node}: {row[2]}")])
+            self.owe(now, [(mid, row[0], orjson.loads(row[1]), f"refused by node {node}: {row[2]}")])
 
     def bounced(self, now, emitted, skipped=()):
         """The bounces whose files are in the spool now, registered as messages from System
@@ -57,14 +58,14 @@ class BounceRecords:
                 "VALUES (?, ?, ?, 'pending', 1, ?, ?, ?, 0) ON CONFLICT DO NOTHING",
                 [(bid, SYSTEM, KIND, KIND, now, now) for bid, _, _ in emitted])
             self.db.executemany("UPDATE bounces SET emitted_at = ? WHERE id = ?", [(now, bid) for bid, _, _ in emitted])
-            self._events([(mid, now, "bounced", f"bounce {bid} to {sender}") for bid, mid, sender in emitted]
-                         + [(bid, now, "discovered", f"a bounce of {mid} to {sender}") for bid, mid, sender in emitted])
+            self.events([(mid, now, "bounced", f"bounce {bid} to {sender}") for bid, mid, sender in emitted]
+                        + [(bid, now, "discovered", f"a bounce of {mid} to {sender}") for bid, mid, sender in emitted])
 
 
-class BounceHistory:
-    """History's reads (uses self.db)."""
+class BounceHistory(Part):
+    """The reads."""
 
-    def bounces_due(self, limit, before=None):
+    def due(self, limit, before=None):
         """The bounces owed and not emitted yet (owed before `before`, when given), oldest first,
         with what the bounce says of the message (subject, thread) and whether a message row has
         the bounce's id already."""

@@ -1,18 +1,25 @@
-"""The ledger's reads for verify and doctor, a mixin of History: the hash chain and its checkpoint,
+"""The ledger's reads for verify and doctor (`history.checks`): the hash chain and its checkpoint,
 the envelopes and paths recorded, SQLite's own integrity check, the migrations applied and the
 connection's settings."""
-from relay.ledger.ledger import GENESIS, Status, chain_hash, checksum
+from relay.ledger.chain import GENESIS, chain_hash
+from relay.ledger.ledger import Status
 from relay.ledger.opening import IMMUTABLE, journal_mode_on_disk
+from relay.ledger.part import Part
 from relay.ledger.rows import BadRow
-from relay.ledger.schema import MIGRATIONS
+from relay.ledger.schema import MIGRATIONS, checksum
 
 
-class Checks:
-    """A mixin: see the module's docstring."""
+class Checks(Part):
+    """See the module's docstring. `ledger`: the Ledger whose connection the History reads (its
+    chain's head, how it was opened and its path)."""
+
+    def __init__(self, store, ledger):
+        super().__init__(store)
+        self.ledger = ledger
 
     def head(self):
         """(seq, hash) of the chain's last record, or of the last checkpoint when it is empty."""
-        return self.ledger.head()
+        return self.ledger.chain.head()
 
     def chain(self):
         """The hash chain from the last checkpoint, link by link: (link, row, gap, intact) where
@@ -25,7 +32,7 @@ class Checks:
         for link in self.db.execute("SELECT seq, message_id, hash FROM chain WHERE seq > ? ORDER BY seq", (seq,)):
             gap = (seq + 1, link["seq"] - 1) if link["seq"] != seq + 1 else None
             seq = link["seq"]
-            row = self.get(link["message_id"])
+            row = self.db.execute("SELECT * FROM messages WHERE id = ?", (link["message_id"],)).fetchone()
             try:
                 intact = row is not None and row["status"] == Status.ARCHIVED and chain_hash(prev, row) == link["hash"]
             except TypeError:       # a value no record of relay's holds (a blob): not what was chained

@@ -1,6 +1,6 @@
 """Records brought over from another system's ledger (`relay import agent-relay`; the operator's
-importer, operator/importer.py, decides what each becomes): the writes (Imports, mixed into
-Ledger) and the reads (ImportReads, mixed into History).
+importer, operator/importer.py, decides what each becomes): the writes (Imports,
+`ledger.imports`) and the reads (ImportReads, `history.imports`).
 
 Each record imported is a message row like relay's own, written in one transaction with its row
 in `imports` (source, its id there, its id here; migration 52) and its `imported` event naming
@@ -15,6 +15,7 @@ import re
 import orjson
 
 from relay.ledger.chain import chain_hash
+from relay.ledger.part import Part
 from relay.ledger.state import MAX_VALUE_BYTES
 from relay.ledger.sql import chunks
 
@@ -31,11 +32,15 @@ def _what(source, origin, source_id, status):
     return f"from {source} {origin}: {status} there, its id {source_id}"
 
 
-class Imports:
-    """Ledger's part for imports (uses self.db, self.transaction, self._events, self._index,
-    self.head)."""
+class Imports(Part):
+    """The imports' writes. `chain`: the ledger's hash chain (an archived record enters it);
+    `search`: its search index (what is imported is indexed)."""
 
-    def record_imports(self, items, source, origin, now, actor):
+    def __init__(self, store, chain, search):
+        super().__init__(store)
+        self.chain, self.search = chain, search
+
+    def record(self, items, source, origin, now, actor):
         """One transaction: each of `items` (dicts of COLUMNS, with `source_id` and
         `source_status`) recorded as a message with its `imports` row and events; an item with
         `duplicate_of` (the source id of a record of the same file) gets only its `imports` row
@@ -45,7 +50,7 @@ class Imports:
         columns = ", ".join(COLUMNS)
         insert = f"INSERT INTO messages ({columns}) VALUES ({', '.join(':' + c for c in COLUMNS)})"
         with self.transaction():
-            seq, prev = self.head()
+            seq, prev = self.chain.head()
             for it in items:
                 mid = it["id"]
                 claimed = self.db.execute(
@@ -73,11 +78,11 @@ class Imports:
                     events.append((mid, now, "archived", it.get("archive_path"), actor))
                 elif it["status"] == "failed":
                     events.append((mid, now, "failed", it.get("error"), actor))
-            self._events(events)
-            self._index(docs)
+            self.events(events)
+            self.search.index(docs)
         return done
 
-    def import_agents(self, agents, source, origin, now, actor):
+    def agents(self, agents, source, origin, now, actor):
         """agents: (name, first_seen, last_seen). Each added, or its first and last seen widened
         to cover these; the names changed, each with an `imported` event."""
         changed = []
@@ -90,11 +95,11 @@ class Imports:
                     "RETURNING name", (name, first, last)).fetchone()
                 if row is not None:
                     changed.append(name)
-            self._events([(None, now, "imported", f"agent {name} {_what(source, origin, name, 'known')}", actor)
-                          for name in changed])
+            self.events([(None, now, "imported", f"agent {name} {_what(source, origin, name, 'known')}", actor)
+                         for name in changed])
         return changed
 
-    def import_registry(self, agents, source, origin, now, actor):
+    def registry(self, agents, source, origin, now, actor):
         """agents: (name, state "active"/"inactive", metadata dict, created_at, last_seen_at) of
         another system's agent registry. Each name the registry has no row for gets one (a row
         relay wrote, by a spawn or release here, stays as it is): active with its metadata and
@@ -110,11 +115,11 @@ class Imports:
                      (last or created) if state == "inactive" else None, now)).fetchone()
                 if row is not None:
                     done.append(name)
-            self._events([(None, now, "imported", f"agent {name} ({state}) {_what(source, origin, name, state)}",
-                           actor) for name, state, *_ in agents if name in done])
+            self.events([(None, now, "imported", f"agent {name} ({state}) {_what(source, origin, name, state)}",
+                          actor) for name, state, *_ in agents if name in done])
         return done
 
-    def import_state(self, entries, source, origin, now, actor):
+    def state(self, entries, source, origin, now, actor):
         """entries: (key, value, updated_at) of another system's coordinator. Into team_state,
         when this ledger has it, each key this ledger has no row for (a key set or deleted here
         stays as it is here). Returns (keys imported, keys left out with why, why none could be:
@@ -144,13 +149,13 @@ class Imports:
                                             "updated_by": actor}).fetchone()
                 if row is not None:
                     done.append(key)
-            self._events([(None, now, "imported", f"team state key={key} {_what(source, origin, key, 'set')}", actor)
-                          for key in done])
+            self.events([(None, now, "imported", f"team state key={key} {_what(source, origin, key, 'set')}", actor)
+                         for key in done])
         return done, left, None
 
 
-class ImportReads:
-    """History's part for imports (uses self.db)."""
+class ImportReads(Part):
+    """The imports' reads."""
 
     def imported(self, source, source_ids):
         """{source id: message id} of those of `source_ids` imported from `source` already."""

@@ -1,9 +1,25 @@
-"""The SQLite ledger and every write to it: the connection and its settings, schema and
-migrations, discovery and claims, each batch's outcomes (and their search index, search.py),
-recovery, the hash chain, the retention sweep and its checkpoints, the flow control's shed records, operator changes (retry,
-expire, ping, archive-agent), the record of each operator command, the agent registry (registry.py),
-the team state's keys (state.py) and what was imported from another system (imports.py). The ids bound to their
-senders are settled in ledger_senders.py (mixed in). The read-only queries are in history.py.
+"""The SQLite ledger: one connection and its settings, the schema and its migrations, the
+transaction every write happens in, the sync of the write-ahead log, the attestation of the
+connection's settings and the event log; and the parts that write, each a Part (part.py) on this
+connection, built here and given explicitly the other parts it uses (huey's BaseSqlStorage,
+sqlite-utils' Database and its Tables):
+
+    ledger.messages      the pipeline: discovery and claims, each batch's outcomes, recovery (messages.py)
+    ledger.chain         the hash chain's head and records (chain.py)
+    ledger.senders       the agents declared as senders, the ids given and settled (senders.py)
+    ledger.sheds         what a message shed for every recipient keeps (shed_keep.py)
+    ledger.search        the full-text index (search.py)
+    ledger.bounces       the bounces owed and emitted (bounces.py)
+    ledger.registry      the agents seen, spawned and released (registry.py)
+    ledger.remote        the federation's rows, directory and link (remote.py)
+    ledger.operations    operators' changes, their commands, the retention sweep (operations.py)
+    ledger.reservations  file reservations (reservations.py)
+    ledger.state         the team state's keys (state.py)
+    ledger.imports       what was imported from another system (imports.py)
+    ledger.receipts      receipts, acknowledgements, priority (receipts.py)
+    ledger.hook_sessions what Claude Code hooks told each session (hook_sessions.py)
+
+The read-only queries are the History's (history.py), with parts of its own.
 
 The ledger knows rows and states, nothing about files. Every write happens in an explicit
 `BEGIN IMMEDIATE` transaction on the connection's own thread; one transaction covers a whole
@@ -18,15 +34,16 @@ import stat
 import orjson
 
 from relay.errors import LedgerError
-from relay.ledger.chain import GENESIS, chain_hash, link_hash  # noqa: F401  (the chain's, offered here too)
+from relay.ledger.chain import GENESIS, Chain, chain_hash, link_hash  # noqa: F401  (the chain's, offered here too)
 from relay.ledger.bounces import BounceRecords
 from relay.ledger.imports import Imports
 from relay.ledger.hook_sessions import HookSessions
+from relay.ledger.messages import Messages
 from relay.ledger.opening import READ_WRITE, cannot_open, connect_reader, unwritable
 from relay.ledger.operations import Operations
 from relay.ledger.receipts import Receipts
 from relay.ledger.senders import Senders
-from relay.ledger.shed_keep import ShedKeep, shed_whole
+from relay.ledger.shed_keep import ShedKeep
 from relay.files.sync import fdatasync
 from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION, checksum, migrate  # noqa: F401  (checksum offered here)
 from relay.ledger.registry import AgentRegistry
@@ -34,7 +51,6 @@ from relay.ledger.remote import FederationRecords
 from relay.ledger.reservations import Reservations
 from relay.ledger.search import SearchIndex
 from relay.ledger.state import StateWrites
-from relay.ledger.sql import chunks
 
 
 class Status(str, enum.Enum):
@@ -52,6 +68,30 @@ STATUSES = tuple(s.value for s in Status)
 
 ATTESTATIONS_KEPT = 100     # the newest attestations kept in the ledger
 
+FORWARD = {     # the old names of the parts' methods (temporary: see Ledger.__getattr__)
+    "declare": ("senders", "declare"), "reserve_id": ("senders", "reserve_id"),
+    "first_request": ("senders", "first_request"), "forget_sent_ids": ("senders", "forget_sent_ids"),
+    "identify": ("senders", "identify"), "published": ("remote", "published"),
+    "publish_failed": ("remote", "publish_failed"), "publish_now": ("remote", "publish_now"),
+    "acknowledged": ("remote", "acknowledged"), "republish": ("remote", "republish"),
+    "reroute": ("remote", "reroute"), "received": ("remote", "received"), "directory": ("remote", "directory"),
+    "directory_read": ("remote", "directory_read"), "directory_failed": ("remote", "directory_failed"),
+    "forget_received": ("remote", "forget_received"), "link_state": ("remote", "link_state"),
+    "requeue": ("operations", "requeue"), "expire": ("operations", "expire"),
+    "begin_command": ("operations", "begin_command"), "finish_command": ("operations", "finish_command"),
+    "ping": ("operations", "ping"), "archive_agent": ("operations", "archive_agent"),
+    "quarantined": ("operations", "quarantined"), "sweep": ("operations", "sweep"),
+    "add_archived": ("operations", "add_archived"), "reserve_paths": ("reservations", "reserve"),
+    "release_paths": ("reservations", "release"), "notice_delivered": ("reservations", "notice_delivered"),
+    "bounced": ("bounces", "bounced"), "state_set": ("state", "set"), "state_delete": ("state", "delete"),
+    "record_imports": ("imports", "record"), "import_agents": ("imports", "agents"),
+    "import_registry": ("imports", "registry"), "import_state": ("imports", "state"),
+    "register_and_claim": ("messages", "register_and_claim"), "refuse_found": ("messages", "refuse_found"),
+    "record": ("messages", "record"), "fail_unreadable": ("messages", "fail_unreadable"),
+    "archived_late": ("messages", "archived_late"), "reset": ("messages", "reset"),
+    "readopt": ("messages", "readopt"), "head": ("chain", "head"),
+}
+
 
 def _refuse_links(path):
     """The ledger and its -wal and -shm lie where agents can write: a link there would make
@@ -68,9 +108,9 @@ def _refuse_links(path):
                               "ledger file there (no daemon running), or remove the link")
 
 
-class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, BounceRecords, SearchIndex, AgentRegistry,
-             StateWrites, Imports):
-    """One connection to the ledger. Not shared between threads."""
+class Ledger:
+    """One connection to the ledger, and its parts (see the module's docstring). Not shared
+    between threads."""
 
     def __init__(self, path, durability="full", readonly=False, busy_timeout_ms=5000):
         self.path = str(path)
@@ -78,8 +118,6 @@ class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, Bou
         self.durability = durability
         self.busy_timeout_ms = busy_timeout_ms
         self.unsynced = False       # a commit made without a sync, not yet synced (transaction())
-        self.receipts = Receipts(self)      # receipts, acknowledgements, priority (receipts.py)
-        self.hook_sessions = HookSessions(self)     # what Claude Code hooks told each session (hook_sessions.py)
         _refuse_links(self.path)
         try:
             if readonly:        # opening.py: mode=ro, or immutable=1 where not even a -shm can be made
@@ -96,6 +134,7 @@ class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, Bou
                     raise LedgerError(f"{self.path}: could not switch the ledger to WAL (got {mode})")
                 self.set_durability(durability)
             self._migrate()
+            self._parts()
         except sqlite3.DatabaseError as e:
             if getattr(self, "db", None) is not None:
                 self.db.close()         # no file descriptor left open on a ledger refused
@@ -104,6 +143,32 @@ class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, Bou
                 raise LedgerError(f"cannot write the ledger {self.path}: {blocked} cannot be written (a read-only "
                                   "project: relay status, audit, search, show read it all the same)") from None
             raise LedgerError.opening(self.path, e) from None
+
+    def _parts(self):
+        """The parts, each given the others it uses."""
+        self.chain = Chain(self)
+        self.senders = Senders(self)
+        self.sheds = ShedKeep(self)
+        self.search = SearchIndex(self)
+        self.bounces = BounceRecords(self)
+        self.registry = AgentRegistry(self)
+        self.receipts = Receipts(self)
+        self.hook_sessions = HookSessions(self)
+        self.reservations = Reservations(self)
+        self.state = StateWrites(self)
+        self.operations = Operations(self, search=self.search)
+        self.imports = Imports(self, chain=self.chain, search=self.search)
+        self.remote = FederationRecords(self, chain=self.chain, search=self.search, bounces=self.bounces,
+                                        sheds=self.sheds, registry=self.registry)
+        self.messages = Messages(self, chain=self.chain, search=self.search, bounces=self.bounces, sheds=self.sheds,
+                                 remote=self.remote, registry=self.registry, receipts=self.receipts)
+
+    # Until every caller names the part, the old names lead to it; this goes when the call sites are rewritten.
+    def __getattr__(self, name):
+        if name in FORWARD:
+            part, method = FORWARD[name]
+            return getattr(getattr(self, part), method)
+        raise AttributeError(name)
 
     def close(self):
         self.db.close()
@@ -197,308 +262,3 @@ class Ledger(Senders, ShedKeep, FederationRecords, Operations, Reservations, Bou
         self.db.executemany("INSERT INTO events (message_id, at, event, detail, actor) "
                             "VALUES (?, ?, ?, ?, ?)",
                             [r if len(r) == 5 else (*r, "relay") for r in rows])
-
-    _events = events            # the mixins' name for it, until each is a Part (ledger/part.py)
-
-    # -- the pipeline ----------------------------------------------------------------------
-
-    def register_and_claim(self, found, now, limit, plan, synced=True):
-        """One transaction: insert newly found files as pending, claim up to `limit` due rows.
-
-        `found` is a list of (id, sender, name, sent_at). A file already registered at the same
-        outbox path (not yet in relay's custody) is skipped. Returns (registered ids, claimed
-        rows). The commit is durable before the caller moves any file the claim refers to: at
-        once, or with `synced` False (see transaction) by the caller's sync of the log.
-        """
-        db = self.db
-        registered = []
-        with self.transaction(synced):
-            if found:
-                cur = db.executemany(
-                    "INSERT INTO messages (id, sender, name, status, sent_at, discovered_at, next_attempt_at) "
-                    "VALUES (?, ?, ?, 'pending', ?, ?, 0) ON CONFLICT DO NOTHING",
-                    [(mid, sender, name, sent_at, now) for mid, sender, name, sent_at in found])
-                if cur.rowcount == len(found):
-                    registered = [(mid, sender, name) for mid, sender, name, _ in found]
-                else:   # some were registered already: find which rows are ours
-                    ours = set()
-                    ids = [f[0] for f in found]
-                    for chunk, marks in chunks(ids):
-                        ours.update(r[0] for r in db.execute(
-                            f"SELECT id FROM messages WHERE id IN ({marks})", chunk))
-                    registered = [(mid, sender, name) for mid, sender, name, _ in found if mid in ours]
-            events = [(mid, now, "discovered", f"outbox/{s}/{n}") for mid, s, n in registered]
-            if registered:
-                self._seen({s for _, s, _ in registered}, now)
-            claimed = self._claim(now, limit, plan, events) if limit else []
-            if events:
-                self._events(events)        # one statement for the discoveries and the claims
-        return registered, claimed
-
-    def refuse_found(self, mid, sender, name, now, reason, failed_path, bounce=False):
-        """A file refused before any claim (its name is unfit): recorded straight as failed
-        (with `bounce`, its sender owed a bounce)."""
-        with self.transaction():
-            self.db.execute("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, "
-                            "failed_path) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?)",
-                            (mid, sender, name, now, now, reason, failed_path))
-            self._events([(mid, now, "discovered", f"outbox/{sender}/{name}"), (mid, now, "failed", reason)])
-            return self._owe(now, [(mid, sender, [], reason)]) if bounce else 0
-
-    def _claim(self, now, limit, plan, events):
-        """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
-        the claim so that recovery finds a file moved there before the batch was recorded.
-        Their events are appended to `events`, for the caller to insert."""
-        # Read, then one UPDATE per row that claims it and records its archive path together
-        # (BEGIN IMMEDIATE holds the write lock: nothing changes the rows in between).
-        columns = ("id, sender, name, spooled, retries, attempts + 1 AS attempts, discovered_at, failing_since, "
-                   "spool_id, interrupted")
-        due = ("FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
-               "ORDER BY next_attempt_at, id LIMIT :limit")
-        rows = self.db.execute(f"SELECT {columns}, interrupted > 0 {due}", {"now": now, "limit": limit}).fetchall()
-        # A message that was being handled when relay stopped is claimed alone: if it is what
-        # stops relay, the next interruption (and the claim budget) is its own, not its batch's.
-        alone = next((r for r in rows if r[-1]), None)
-        if alone is not None:
-            rows = [alone]
-        claimed = []
-        keys = rows[0].keys()[:-1] if rows else ()     # one query: every row has the same columns
-        for r in sorted(rows, key=lambda r: r["id"]):
-            row = dict(zip(keys, r[:-1], strict=True))
-            try:
-                row["archive_path"] = plan(row["sender"], row["id"], row["name"])
-            except (TypeError, ValueError, AttributeError):
-                row["archive_path"] = None      # an unreadable row: reported by the caller
-            claimed.append(row)
-        self.db.executemany("UPDATE messages SET status = 'processing', claimed_at = ?, attempts = attempts + 1, "
-                            "archive_path = ? WHERE id = ?",
-                            [(now, r["archive_path"], r["id"]) for r in claimed])
-        events.extend((r["id"], now, "claimed", None) for r in claimed)
-        return claimed
-
-    def _seen(self, names, now):
-        self.db.executemany("INSERT INTO agents (name, first_seen, last_seen) VALUES (?, ?, ?) "
-                            "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen",
-                            [(n, now, now) for n in names])
-
-    def record(self, now, works, delivered=None, settled=None, bounces=(), registry=()):
-        """One transaction recording what a batch did: each work by its Outcome, and every
-        recipient's delivery that became durable in it, each at the instant it happened:
-        `delivered` (links into new/ made), `settled` (moves synced, retries decided), else `now`;
-        the `bounces` owed (core/bounces.owed) and the agent registry's changes (core/registry.py),
-        at `settled`. Returns how many bounces were recorded."""
-        events = []
-        delivered, settled = delivered or now, settled or now
-        with self.transaction():
-            kept = self._shed_kept(now, [(w.id, w.sender, w.message.body, w.message.subject,
-                                          orjson.dumps(w.message.headers).decode()) for w in works if shed_whole(w)])
-            self.receipts.asked([(w.id, w.message.priority, w.message.ack_required) for w in works
-                                 if w.got and getattr(w.message, "priority", None)])
-            deliveries = [(w.id, r, delivered, size, sha) for w in works for r, (size, sha) in w.got.items()]
-            if deliveries:
-                self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "
-                                    "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
-                events.extend((mid, delivered, "delivered", r) for mid, r, *_ in deliveries)
-                self._seen({d[1] for d in deliveries}, delivered)
-            sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed, now) for w in works for r, s in w.shed.items()]
-            if sheds:
-                # One record per (message, recipient); one released by `relay retry` and shed again is renewed.
-                self.db.executemany("INSERT INTO sheds (message_id, recipient, sender, reason, limit_value, observed, "
-                                    "at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET reason = excluded.reason, "
-                                    "limit_value = excluded.limit_value, observed = excluded.observed, at = excluded.at, "
-                                    "released_at = NULL WHERE released_at IS NOT NULL", sheds)
-                events.extend((w.id, now, "shed", f"{r}: {s}") for w in works for r, s in w.shed.items())
-            by_kind = {}
-            for w in works:
-                by_kind.setdefault(w.outcome, []).append(w)
-            for outcome, group in by_kind.items():
-                if outcome.value == "failed":
-                    self._record_failed((delivered, settled), group, events, kept)
-                else:
-                    getattr(self, f"_record_{outcome.value}")((delivered, settled), group, events)
-            self._queue_remote(now, [w for w in works if w.remote and not w.duplicate_of
-                                     and not (w.refused and w.outcome.value == "failed" and not w.got)], events)
-            self._register(settled, registry, events)
-            self._events(events)
-            self._index([(w.id, *(kept[w.id][1::-1] if w.id in kept else (w.message.subject, w.message.body)))
-                         for w in works if w.message is not None and not w.duplicate_of])
-            return self._owe(settled, bounces) if bounces else 0
-
-    @staticmethod
-    def _fields(w):
-        m = w.message
-        if m is None:
-            return dict.fromkeys(("kind", "thread", "subject", "body", "headers", "recipients", "content_type",
-                                  "max_retries"))
-        # a message refused before its recipients were resolved (one unknown): those it named, as written
-        to = w.recipients or list(dict.fromkeys(m.to))
-        return {"kind": m.kind, "thread": m.thread, "subject": m.subject, "body": m.body,
-                "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(to).decode(),
-                "content_type": m.content_type, "max_retries": m.max_retries}
-
-    def _record_archived(self, at, works, events):
-        """The common case, in bulk: delivered to everyone and archived; chained for verify.
-        `at`: (delivered, settled) instants of the batch, as for the other outcomes."""
-        delivered, archived = at
-        rows = []
-        seq, prev = self.head()     # read in this transaction: another connection (the federation's
-        links = []                  # receiver) may have chained records since
-        for w in works:
-            m, mid, rel = w.message, w.id, w.archive_rel
-            sent = None if w.duplicate_of else delivered        # a duplicate is delivered to no one
-            if m is None:
-                recipients = kind = thread = subject = body = headers = content_type = budget = None
-            else:       # as _fields(w), without its dict
-                recipients, kind, thread, subject, body = (orjson.dumps(w.recipients).decode(), m.kind, m.thread,
-                                                           m.subject, m.body)
-                headers = orjson.dumps(m.headers).decode()
-                content_type, budget = m.content_type, m.max_retries
-            rows.append((recipients, kind, thread, subject, body, headers, content_type, budget, w.size, w.sha256,
-                         w.sent_at, sent, archived, rel, mid))
-            events.append((mid, archived, "archived", rel, "relay"))
-            seq += 1
-            prev = link_hash(prev, mid, w.sender, recipients, w.discovered_at, sent, archived, w.sha256, rel)
-            links.append((seq, mid, prev))
-        self.db.executemany(
-            "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
-            "body = ?, headers = ?, content_type = ?, max_retries = ?, size = ?, sha256 = ?, sent_at = ?, "
-            "delivered_at = ?, archived_at = ?, "
-            "spooled = 0, error = NULL, archive_path = ?, next_attempt_at = 0, failing_since = NULL "
-            "WHERE id = ?", rows)
-        self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
-
-    def _record_delivered(self, at, works, events):
-        """Delivered to everyone, but the archive move failed: retried when History.delivered_due()
-        returns it."""
-        delivered, settled = at
-        for w in works:
-            self.db.execute(
-                "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
-                "thread = :thread, subject = :subject, body = :body, headers = :headers, size = :size, "
-                "content_type = :content_type, max_retries = :max_retries, "
-                "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
-                "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
-                {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at,
-                 "now": None if w.duplicate_of else delivered, "error": str(w.error), "archive_path": w.archive_rel,
-                 "at": w.next_attempt_at, "id": w.id})
-            events.append((w.id, settled, "archive-failed", str(w.error)))
-
-    def _record_retry(self, at, works, events):
-        """Back to pending after a transient failure (of the message, or of some recipients)."""
-        settled = at[1]
-        for w in works:
-            f = self._fields(w)
-            self.db.execute(
-                "UPDATE messages SET status = 'pending', retries = :retries, error = :error, "
-                "next_attempt_at = :at, spooled = :spooled, archive_path = NULL, "
-                "failing_since = coalesce(failing_since, :now), recipients = coalesce(:recipients, recipients), "
-                "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
-                "subject = coalesce(:subject, subject), body = coalesce(:body, body), "
-                "headers = coalesce(:headers, headers), size = coalesce(:size, size), "
-                "content_type = coalesce(:content_type, content_type), "
-                "max_retries = coalesce(:max_retries, max_retries), "
-                "sha256 = coalesce(:sha256, sha256), sent_at = coalesce(:sent_at, sent_at) WHERE id = :id",
-                {**f, "retries": w.retries + 1, "error": w.error_text, "at": w.next_attempt_at,
-                 "spooled": int(w.spooled), "now": settled, "size": w.size or None, "sha256": w.sha256,
-                 "sent_at": w.sent_at, "id": w.id})
-            events.append((w.id, settled, "retried", w.error_text))
-
-    def _record_defer(self, at, works, events):
-        settled = at[1]
-        self.db.executemany("UPDATE messages SET status = 'pending', next_attempt_at = ?, spooled = ?, "
-                            "archive_path = NULL WHERE id = ?",
-                            [(w.next_attempt_at, int(w.spooled), w.id) for w in works])
-        events.extend((w.id, settled, "deferred", w.error_text) for w in works)
-
-    def _record_failed(self, at, works, events, kept):
-        settled = at[1]
-        for w in works:
-            f = self._fields(w)
-            if w.id in kept:        # shed for every recipient: what audit needs (shed_keep.py)
-                f["body"], f["subject"], f["headers"] = kept[w.id]
-            self.db.execute(
-                "UPDATE messages SET status = 'failed', failed_at = :now, error = :error, "
-                "failed_path = :failed_path, spooled = 0, archive_path = NULL, "
-                "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
-                "subject = coalesce(:subject, subject), size = coalesce(:size, size), "
-                "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
-                "headers = coalesce(:headers, headers), sha256 = coalesce(:sha256, sha256), "
-                "content_type = coalesce(:content_type, content_type), "
-                "max_retries = coalesce(:max_retries, max_retries), "
-                "sent_at = coalesce(:sent_at, sent_at), retries = :retries WHERE id = :id",
-                {**f, "now": settled, "error": w.refused, "failed_path": w.failed_rel,
-                 "size": w.size or None, "sha256": w.sha256, "sent_at": w.sent_at,
-                 "retries": w.retries + (1 if w.error else 0), "id": w.id})
-            events.append((w.id, settled, "failed", w.refused))
-
-    def fail_unreadable(self, now, problems):
-        """Claimed rows this build cannot read: failed with the reason. problems: (id, reason)."""
-        with self.transaction():
-            self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, spooled = 0 "
-                                "WHERE id = ?", [(now, reason, mid) for mid, reason in problems])
-            self._events([(mid, now, "failed", reason) for mid, reason in problems])
-
-    def archived_late(self, now, done, retry):
-        """Archive moves retried after delivery. done: (id, archive_path); retry: (id, error,
-        next_attempt_at, retries)."""
-        with self.transaction():
-            for mid, rel in done:
-                self.db.execute("UPDATE messages SET status = 'archived', archived_at = ?, spooled = 0, "
-                                "error = NULL, archive_path = ? WHERE id = ?", (now, rel, mid))
-                self._events([(mid, now, "archived", rel)])
-                self._chain(mid)
-            self.db.executemany("UPDATE messages SET error = ?, next_attempt_at = ?, retries = ? WHERE id = ?",
-                                [(err, at, retries, mid) for mid, err, at, retries in retry])
-
-    # -- hash chain -------------------------------------------------------------------------
-
-    def head(self):
-        """(seq, hash) of the chain's last record, or of the last checkpoint when it is empty."""
-        row = self.db.execute("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
-        if row:
-            return row["seq"], row["hash"]
-        cp = self.db.execute("SELECT upto, head FROM checkpoints ORDER BY seq DESC LIMIT 1").fetchone()
-        return (cp["upto"], cp["head"]) if cp else (0, GENESIS)
-
-    def _chain(self, mid):
-        """Append one archived record to the chain (the bulk path does this in _record_archived)."""
-        seq, prev = self.head()
-        row = self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
-        h = chain_hash(prev, row)
-        self.db.execute("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", (seq + 1, mid, h))
-
-    # -- recovery ---------------------------------------------------------------------------
-
-    def reset(self, rows, now, stopped=(), interrupted=True, bounces=()):
-        """Crash recovery, one transaction. rows: (id, spooled) of processing rows back to pending;
-        each was being handled when relay stopped, which counts as an attempt (`retries`) and,
-        with `interrupted` (relay stopped, not a step of it failed), an interruption. stopped:
-        (id, reason, failed_path) of processing rows whose interruptions used up the claim
-        budget: failed (quarantined) instead, with the `bounces` their senders are owed."""
-        with self.transaction():
-            self.db.executemany("UPDATE messages SET status = 'pending', spooled = ?, archive_path = NULL, "
-                                "next_attempt_at = 0, retries = retries + 1, interrupted = interrupted + ? "
-                                "WHERE id = ? AND status = 'processing'",
-                                [(int(s), int(interrupted), mid) for mid, s in rows])
-            self._events([(mid, now, "recovered", "left processing by a stopped relay; back to pending")
-                          for mid, _ in rows])
-            self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, failed_path = ?, "
-                                "spooled = 0, archive_path = NULL, retries = retries + 1, "
-                                "interrupted = interrupted + 1 WHERE id = ? AND status = 'processing'",
-                                [(now, reason, rel, mid) for mid, reason, rel in stopped])
-            self._events([(mid, now, "failed", reason) for mid, reason, _ in stopped])
-            return self._owe(now, bounces) if bounces else 0
-
-    def readopt(self, found, now):
-        """Spooled files with no ledger record (id, sender, name): registered again as pending,
-        keeping their id so a recipient that already holds one is recognised."""
-        if not found:
-            return
-        with self.transaction():
-            self.db.executemany(
-                "INSERT OR IGNORE INTO messages (id, sender, name, status, spooled, discovered_at, attempts) "
-                "VALUES (?, ?, ?, 'pending', 1, ?, 1)", [(mid, s, n, now) for mid, s, n in found])
-            self._events([(mid, now, "recovered", "found in the spool with no ledger record; registered again")
-                          for mid, _, _ in found])
-
-    

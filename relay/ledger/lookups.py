@@ -1,12 +1,12 @@
-"""Two lookups for people, mixed into History: the messages one outbox path has carried (`relay
+"""Two lookups for people (`history.lookups`): the messages one outbox path has carried (`relay
 show --path`: names are reused, so several, newest first) and the operator commands recorded in
 the commands table (`relay commands`: newest first, or one by its id)."""
+from relay.ledger.part import Part
 from relay.ledger.parties import party
 
 
-class Lookups:
-    """History's part for the lookups (uses self.db). Rows are returned as stored: a reader
-    checks them (rows.py)."""
+class Lookups(Part):
+    """The lookups. Rows are returned as stored: a reader checks them (rows.py)."""
 
     def by_source(self, sender, name, visible_to=None):
         """The messages found at outbox/<sender>/<name>, newest first (by id: ids sort by time);

@@ -1,12 +1,19 @@
-"""The ledger's writes for operators and retention, a mixin of Ledger: a failed message put back
+"""The ledger's writes for operators and retention (`ledger.operations`): a failed message put back
 (requeue), a message expired, each operator command recorded (begun, finished), a ping, an agent
 archived or restored, a quarantine's path, the retention sweep and its checkpoint, and originals
 added to the archive by hand."""
 import orjson
 
+from relay.ledger.part import Part
 
-class Operations:
-    """A mixin: see the module's docstring."""
+
+class Operations(Part):
+    """See the module's docstring. `search`: the ledger's search index (the sweep takes its
+    messages out of it)."""
+
+    def __init__(self, store, search):
+        super().__init__(store)
+        self.search = search
 
     def requeue(self, ids, now, actor):
         """Failed messages back to pending (relay retry). The file is put back in the spool by the
@@ -23,7 +30,7 @@ class Operations:
                     done.append(mid)
                     self.db.execute("UPDATE sheds SET released_at = ? WHERE message_id = ? AND released_at IS NULL",
                                     (now, mid))
-            self._events([(mid, now, "retry", "put back to pending by an operator", actor) for mid in done])
+            self.events([(mid, now, "retry", "put back to pending by an operator", actor) for mid in done])
         return done
 
     def expire(self, mid, now, reason, actor):
@@ -38,8 +45,8 @@ class Operations:
                 return False
             dropped = self.db.execute("DELETE FROM outbound WHERE message_id = ? AND status = 'pending' RETURNING node",
                                       (mid,)).fetchall()
-            self._events([(mid, now, "expired", reason, actor)]
-                         + [(mid, now, "unqueued", f"for node {r[0]}: not published (expired)", actor) for r in dropped])
+            self.events([(mid, now, "expired", reason, actor)]
+                        + [(mid, now, "unqueued", f"for node {r[0]}: not published (expired)", actor) for r in dropped])
         return True
 
     def begin_command(self, cid, verb, arguments, actor, now):
@@ -64,7 +71,7 @@ class Operations:
         """A ping envelope `pid` is in the agent's inbox."""
         with self.transaction():
             self.db.execute("INSERT INTO pings (id, agent, sent_at, actor) VALUES (?, ?, ?, ?)", (pid, agent, now, actor))
-            self._events([(pid, now, "ping", f"inbox/{agent}/new/{pid}.json", actor)])
+            self.events([(pid, now, "ping", f"inbox/{agent}/new/{pid}.json", actor)])
 
     def archive_agent(self, name, now, actor, undo=False):
         """The agent is archived (with `undo`, restored). False when it already was (was not)."""
@@ -77,7 +84,7 @@ class Operations:
         with self.transaction():
             changed = self.db.execute(sql, {"name": name, "now": now, "actor": actor}).fetchone()
             if changed:
-                self._events([(None, now, "agent-restored" if undo else "agent-archived", name, actor)])
+                self.events([(None, now, "agent-restored" if undo else "agent-archived", name, actor)])
         return changed is not None
 
     def quarantined(self, mid, rel):
@@ -94,7 +101,7 @@ class Operations:
         if not ids:
             return
         with self.transaction():
-            self._unindex(ids)
+            self.search.unindex(ids)
             self.db.executemany("DELETE FROM events WHERE message_id = ?", [(i,) for i in ids])
             self.db.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in ids])
             self.db.executemany("DELETE FROM sent_ids WHERE id = ?", [(i,) for i in ids])
@@ -105,7 +112,7 @@ class Operations:
                                 (now, last["seq"], last["hash"], len(archived)))
             detail = orjson.dumps({"archived": len(archived), "failed": len(failed),
                                    "first": min(ids), "last": max(ids)}).decode()
-            self._events([(None, now, "swept", detail)])
+            self.events([(None, now, "swept", detail)])
 
     def add_archived(self, rows):
         """Archived records as they are, with their event (relay bench's long-running ledger).
@@ -117,4 +124,4 @@ class Operations:
                 "sha256, sent_at, discovered_at, claimed_at, delivered_at, archived_at, attempts, archive_path) "
                 "VALUES (?, ?, ?, 'archived', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
                 [(*r[:9], r[9], r[9], r[9], r[9], r[9], r[10]) for r in rows])
-            self._events([(r[0], r[9], "archived", None) for r in rows])
+            self.events([(r[0], r[9], "archived", None) for r in rows])

@@ -10,7 +10,12 @@ into another part, and nothing outside relay/ledger/ holds a statement.
                 self.events([(mid, now, "surfaced", agent) for mid in ids])
 
     ledger.receipts = Receipts(ledger)
+
+A part holds its store's connection, and the store itself only weakly: the store holds its parts,
+and a Ledger dropped without close() closes its connection at once, as a connection does, not at
+the next garbage collection; a part's reads go on working while its connection is open.
 """
+import weakref
 
 
 class Part:
@@ -19,11 +24,8 @@ class Part:
     actor]) rows, written inside the caller's transaction)."""
 
     def __init__(self, store):
-        self.store = store
-
-    @property
-    def db(self):
-        return self.store.db
+        self.store = weakref.proxy(store)
+        self.db = store.db
 
     def transaction(self, synced=True):
         return self.store.transaction(synced=synced)

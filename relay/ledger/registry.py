@@ -1,7 +1,8 @@
-"""The agent registry in the ledger (table agent_registry, migration 50): the writes
-(AgentRegistry, mixed into Ledger), made inside the transaction that records the batch holding
-the `spawn` or `release` message, and the reads (RegistryReads, mixed into History). What a
-spawn or release means, and what of a message goes into a row, core/registry.py decides.
+"""The agents in the ledger: the first and last time each name was seen (table agents), and the
+agent registry (table agent_registry, migration 50). The writes (AgentRegistry, `ledger.registry`)
+are made inside the transaction that records the batch holding the `spawn` or `release` message
+(or a delivery, for the agents seen); the reads (RegistryReads, `history.registry`). What a spawn
+or release means, and what of a message goes into a row, core/registry.py decides.
 
 A row per agent that a spawn or a release named: `state` active or inactive, `metadata` a JSON
 object (what the last spawn said of the agent), who spawned and released it, when, and by which
@@ -13,6 +14,7 @@ import collections
 
 import orjson
 
+from relay.ledger.part import Part
 from relay.ledger.sql import chunks
 
 # One change of the registry: `kind` "spawn" or "release", the agent's `name`, the sender `by`,
@@ -20,10 +22,16 @@ from relay.ledger.sql import chunks
 Change = collections.namedtuple("Change", "kind name by message_id metadata")
 
 
-class AgentRegistry:
-    """Ledger's writes (uses self.db), inside the transaction of record()."""
+class AgentRegistry(Part):
+    """The writes, inside the caller's transaction (a batch's record, one received)."""
 
-    def _register(self, at, changes, events):
+    def seen(self, names, now):
+        """These agents were seen now (a sender found, a recipient delivered to)."""
+        self.db.executemany("INSERT INTO agents (name, first_seen, last_seen) VALUES (?, ?, ?) "
+                            "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen",
+                            [(n, now, now) for n in names])
+
+    def apply(self, at, changes, events):
         """Apply `changes` (Change), in order, at `at`; their events are appended to `events`."""
         for c in changes:
             if c.kind == "spawn":
@@ -46,11 +54,11 @@ class AgentRegistry:
                                f"{c.name}: inactive" if changed else f"{c.name}: inactive already; nothing changed"))
 
 
-class RegistryReads:
-    """History's reads (uses self.db). Rows are returned as stored: the reader sifts them
-    (rows.sift(rows, bad, "agent_registry"))."""
+class RegistryReads(Part):
+    """The reads. Rows are returned as stored: the reader sifts them (rows.sift(rows, bad,
+    "agent_registry"))."""
 
-    def registry_rows(self, names=None):
+    def rows(self, names=None):
         """The registry's rows, by name (only those of `names`, when given)."""
         if names is None:
             return self.db.execute("SELECT * FROM agent_registry ORDER BY name").fetchall()

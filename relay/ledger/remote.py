@@ -1,16 +1,26 @@
 """The ledger's writes for the federation (relay/federation/): outbound rows (queued in a batch's
 own transaction, published, acknowledged end to end, published again or rerouted), messages
 received from other nodes with the ids that make a replay known, the team's directory and the
-state of the link. A mixin of Ledger: the same connection and transactions."""
+state of the link: `ledger.remote`, a part on the Ledger's connection and transactions."""
 import orjson
 
 from relay.ledger.chain import chain_hash
+from relay.ledger.part import Part
 
 ACK_CAP = 600.0             # seconds: the longest wait for an acknowledgement before publishing again
 
 
-class FederationRecords:
-    def _queue_remote(self, now, works, events):
+class FederationRecords(Part):
+    """The federation's writes. What else of the ledger they use, each given: `chain` (a message
+    received enters the hash chain), `search` (and the index), `bounces` (a sender owed a bounce
+    for a message another node refused), `sheds` (what a message shed for everyone keeps) and
+    `registry` (the agents seen)."""
+
+    def __init__(self, store, chain, search, bounces, sheds, registry):
+        super().__init__(store)
+        self.chain, self.search, self.bounces, self.sheds, self.registry = chain, search, bounces, sheds, registry
+
+    def queue(self, now, works, events):
         """Recipients on other nodes: one outbound row per (message, node), in the batch's own
         transaction; the link publishes it later. A message tried again is queued once."""
         first, again = [], []       # a first attempt has no row yet: inserted in bulk
@@ -40,8 +50,8 @@ class FederationRecords:
                 "ack_deadline = ? + min(?, ? * (1 << min(attempts, 10))), attempts = attempts + 1, error = NULL "
                 "WHERE message_id = ? AND node = ? AND status = 'pending'",
                 [(eid, now, now, ACK_CAP, ack_timeout, mid, node) for mid, node, eid in done])
-            self._events([(mid, now, "published", f"to node {node} as entry {eid}") for mid, node, eid in done
-                          if (mid, node) not in quiet])
+            self.events([(mid, now, "published", f"to node {node} as entry {eid}") for mid, node, eid in done
+                         if (mid, node) not in quiet])
 
     def publish_failed(self, now, failed, error):
         """Outbound rows not published (the server unreachable): tried again at their time.
@@ -50,8 +60,8 @@ class FederationRecords:
             self.db.executemany("UPDATE outbound SET attempts = attempts + 1, error = ?, next_attempt_at = ? "
                                 "WHERE message_id = ? AND node = ?",
                                 [(error, at, mid, node) for mid, node, _, at in failed])
-            self._events([(mid, now, "publish-failed", f"to node {node}: {error}; retrying")
-                          for mid, node, attempts, _ in failed if attempts == 0])
+            self.events([(mid, now, "publish-failed", f"to node {node}: {error}; retrying")
+                         for mid, node, attempts, _ in failed if attempts == 0])
 
     def publish_now(self, now):
         """The link is back: every outbound row waiting is due now."""
@@ -82,10 +92,10 @@ class FederationRecords:
                     continue
                 if row[0]:
                     entries.append(row[0])
-                self._events([(mid, now, "refused-by-node" if refusal else "acknowledged",
-                               f"by node {node}" + (f": {refusal}" if refusal else ""))])
+                self.events([(mid, now, "refused-by-node" if refusal else "acknowledged",
+                              f"by node {node}" + (f": {refusal}" if refusal else ""))])
                 if refusal and bounce:
-                    self._owe_refused(now, mid, node)
+                    self.bounces.owe_refused(now, mid, node)
         return entries
 
     def republish(self, now, rows, why, quiet=()):
@@ -106,10 +116,10 @@ class FederationRecords:
                 if (mid, node) in quiet:
                     hushed.setdefault(node, []).append(mid)
                 else:
-                    self._events([(mid, now, "republished", f"to node {node}: {why}")])
-            self._events([(mids[0], now, "republished", f"to node {node} with {len(mids) - 1} others whose events "
-                           f"are not kept one by one (over the bound a minute): {why}")
-                          for node, mids in hushed.items()])
+                    self.events([(mid, now, "republished", f"to node {node}: {why}")])
+            self.events([(mids[0], now, "republished", f"to node {node} with {len(mids) - 1} others whose events "
+                          f"are not kept one by one (over the bound a minute): {why}")
+                         for node, mids in hushed.items()])
         return entries
 
     def reroute(self, now, moves, bounce=True):
@@ -134,9 +144,9 @@ class FederationRecords:
                            f"{', '.join(orjson.loads(there[1]))}: not delivered to {listed}; send it again")
                     self.db.execute("UPDATE outbound SET status = 'refused', acked_at = ?, error = ? WHERE "
                                     "message_id = ? AND node = ?", (now, why, mid, old))
-                    self._events([(mid, now, "refused-by-node", why)])
+                    self.events([(mid, now, "refused-by-node", why)])
                     if bounce:
-                        self._owe_refused(now, mid, old)
+                        self.bounces.owe_refused(now, mid, old)
                     continue
                 if there is not None:
                     merged = sorted(set(orjson.loads(there[1])) | set(orjson.loads(names)))
@@ -148,7 +158,7 @@ class FederationRecords:
                                     "message_id = ? AND node = ?", (new, names, now, mid, old))
                 self.db.execute("DELETE FROM outbound WHERE message_id = ? AND node = ?", (mid, old))
                 entries.append((old, row[0]))
-                self._events([(mid, now, "rerouted", f"from node {old} to node {new}: {listed}")])
+                self.events([(mid, now, "rerouted", f"from node {old} to node {new}: {listed}")])
         return entries
 
     def received(self, now, items, refused, sheds=(), failed=()):
@@ -163,12 +173,12 @@ class FederationRecords:
         failed message shed for every recipient keeps what a local one does (shed_keep.py)."""
         with self.transaction():
             shed = {s[0] for s in sheds}
-            kept = self._shed_kept(now, [(m["id"], m["sender"], m["body"], m["subject"], m["headers"])
+            kept = self.sheds.kept(now, [(m["id"], m["sender"], m["body"], m["subject"], m["headers"])
                                          for m in failed if m["id"] in shed and not m["got"]])
             failed = [dict(m, **dict(zip(("body", "subject", "headers"), kept[m["id"]]))) if m["id"] in kept else m
                       for m in failed]
             events, links = [], []
-            seq, prev = self.head()
+            seq, prev = self.chain.head()
             rows = [{"remote_id": None, "content_type": None, **m, "recipients": orjson.dumps(m["recipients"]).decode(),
                      "now": now} for m in items]
             self.db.executemany(
@@ -210,15 +220,15 @@ class FederationRecords:
             self.db.executemany("INSERT OR IGNORE INTO sheds (message_id, recipient, sender, reason, limit_value, "
                                 "observed, at) VALUES (?, ?, ?, ?, ?, ?, ?)", [(*s, now) for s in sheds])
             events.extend((mid, now, "shed", f"{r}: {reason}") for mid, r, _, reason, _, _ in sheds)
-            self._events(events)
+            self.events(events)
             self.db.executemany("INSERT OR REPLACE INTO received_ids (node, id, sha256, at, local_id) "
                                 "VALUES (?, ?, ?, ?, ?)",
                                 [(m["node"], m.get("remote_id") or m["id"], m["sha256"], now, m["id"])
                                  for m in (*items, *failed)])
-            self._index([(m["id"], m["subject"], m["body"]) for m in (*items, *failed)])
+            self.search.index([(m["id"], m["subject"], m["body"]) for m in (*items, *failed)])
             got = {r for m in (*items, *failed) for r in m["got"]}
             if got:
-                self._seen(got, now)
+                self.registry.seen(got, now)
 
     def directory(self, now, node, agents, conflicts):
         """The team's directory as read from the server: agents of other nodes (name, node,

@@ -1,13 +1,15 @@
-"""The ledger's reads for the federation, a mixin of History: outbound rows due, waiting for an
+"""The ledger's reads for the federation (`history.remote`): outbound rows due, waiting for an
 acknowledgement or late, the ids received from other nodes, the directory as last resolved and
 the link's state."""
 import orjson
 
+from relay.ledger.part import Part
+
 CHUNK = 500         # ids per `IN (...)` query
 
 
-class RemoteHistory:
-    """A mixin: see the module's docstring."""
+class RemoteHistory(Part):
+    """See the module's docstring."""
 
     def outbound_due(self, now, limit, max_bytes=None):
         """Outbound rows to publish now, oldest due first: at most `limit`, and no more once
@@ -29,7 +31,7 @@ class RemoteHistory:
         """One message's outbound rows (relay show)."""
         return self.db.execute("SELECT * FROM outbound WHERE message_id = ? ORDER BY node", (mid,)).fetchall()
 
-    def remote_routes(self, ids):
+    def routes(self, ids):
         """{id: {recipient: node}} of the recipients on other nodes (relay audit)."""
         out = {}
         for i in range(0, len(ids), CHUNK):
@@ -150,7 +152,7 @@ class RemoteHistory:
                                     ).fetchall())
         return {"delivered": rows.get("archived", 0), "refused": rows.get("failed", 0)}
 
-    def remote_agents(self):
+    def agents(self):
         """{name: (node, node's last seen)} of the agents the directory puts on other nodes."""
         return {r[0]: (r[1], r[2]) for r in self.db.execute("SELECT name, node, last_seen FROM remote_agents")}
 

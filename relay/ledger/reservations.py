@@ -1,5 +1,5 @@
-"""File reservations in the ledger: the writes (Reservations, mixed into Ledger) and the reads
-(ReservationReads, mixed into History).
+"""File reservations in the ledger: the writes (Reservations, `ledger.reservations`) and the reads
+(ReservationReads, `history.reservations`).
 
 A request is decided in one `BEGIN IMMEDIATE` transaction: the leases that ended are removed
 (each an event dated when it ended), the leases held now are read, the overlap is decided
@@ -13,6 +13,7 @@ week after."""
 import datetime
 
 from relay.files.patterns import overlap
+from relay.ledger.part import Part
 
 NOTICES_KEPT = 7 * 86400.0      # a delivered notice is kept this long: one per lease and requester
 
@@ -29,10 +30,10 @@ def mode(exclusive):
     return "exclusive" if exclusive else "shared"
 
 
-class Reservations:
-    """Ledger's part for file reservations (uses self.db, self.transaction, self._events)."""
+class Reservations(Part):
+    """The reservations' writes."""
 
-    def reserve_paths(self, agent, patterns, now, expires_at, exclusive, reason, new_id, notice):
+    def reserve(self, agent, patterns, now, expires_at, exclusive, reason, new_id, notice):
         """Reserve every one of `patterns` ((pattern, scope) pairs: files/patterns.py) for
         `agent` until `expires_at`, or none.
         A pattern the agent holds already is renewed (its `since` kept; its reason kept unless a
@@ -66,13 +67,13 @@ class Reservations:
                 events.append((None, now, "renewed" if old else "reserved",
                                f"{p} ({mode(exclusive)}) until {utc(expires_at)}{why}", agent))
                 granted.append(row)
-            self._events(events)
+            self.events(events)
         return granted, [], []
 
     def _refused(self, agent, exclusive, conflicts, now, new_id, notice):
-        self._events([(None, now, "reservation-refused",
-                       f"{c['path']} ({mode(exclusive)}): held by {c['holder']} as {c['held']} "
-                       f"({mode(c['exclusive'])}) until {utc(c['expires_at'])}", agent) for c in conflicts])
+        self.events([(None, now, "reservation-refused",
+                      f"{c['path']} ({mode(exclusive)}): held by {c['holder']} as {c['held']} "
+                      f"({mode(c['exclusive'])}) until {utc(c['expires_at'])}", agent) for c in conflicts])
         told = []
         by_holder = {}
         for c in conflicts:
@@ -89,7 +90,7 @@ class Reservations:
             told.append(nid)
         return told
 
-    def release_paths(self, agent, patterns, now, everything=False):
+    def release(self, agent, patterns, now, everything=False):
         """Release the agent's reservations of `patterns` (normalised), or with `everything` all
         of them. Returns the patterns released; one the agent did not hold is left out."""
         with self.transaction():
@@ -101,15 +102,15 @@ class Reservations:
             else:
                 gone = [p for p in patterns if self.db.execute(
                     "DELETE FROM reservations WHERE agent = ? AND pattern = ? RETURNING pattern", (agent, p)).fetchone()]
-            self._events([(None, now, "released", p, agent) for p in gone])
+            self.events([(None, now, "released", p, agent) for p in gone])
         return gone
 
     def _lapse(self, now):
         ended = self.db.execute("DELETE FROM reservations WHERE expires_at <= ? RETURNING agent, pattern, exclusive, "
                                 "expires_at", (now,)).fetchall()
-        self._events([(None, r["expires_at"], "reservation-expired",
-                       f"{r['pattern']} ({mode(r['exclusive'])}) ended at {utc(r['expires_at'])}", r["agent"])
-                      for r in sorted(ended, key=lambda r: r["expires_at"])])
+        self.events([(None, r["expires_at"], "reservation-expired",
+                      f"{r['pattern']} ({mode(r['exclusive'])}) ended at {utc(r['expires_at'])}", r["agent"])
+                     for r in sorted(ended, key=lambda r: r["expires_at"])])
         self.db.execute("DELETE FROM reservation_notices WHERE delivered_at IS NOT NULL AND at < ?",
                         (now - NOTICES_KEPT,))
 
@@ -118,13 +119,16 @@ class Reservations:
         with self.transaction():
             if self.db.execute("UPDATE reservation_notices SET delivered_at = ? WHERE id = ? AND delivered_at IS NULL "
                                "RETURNING id", (now, nid)).fetchone():
-                self._events([(None, now, "reservation-notice", f"to {holder}: {where}", "relay")])
+                self.events([(None, now, "reservation-notice", f"to {holder}: {where}", "relay")])
 
 
-class ReservationReads:
-    """History's part for file reservations (uses self.db)."""
+class ReservationReads(Part):
+    """The reservations' reads."""
 
-    def reservations(self, now, agent=None):
+    def __call__(self, *args, **kwargs):     # the old history.reservations(...): goes when the call sites are rewritten
+        return self.held(*args, **kwargs)
+
+    def held(self, now, agent=None):
         """The leases held at `now` (of `agent`, or everyone's), by agent and pattern. A row
         whose end is no number is left out."""
         where = " AND agent = :agent" if agent is not None else ""

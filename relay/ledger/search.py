@@ -5,10 +5,10 @@
 (tokenizer unicode61, diacritics folded). What is indexed is bounded: the body capped, one row a
 message, each row removed with its message by the retention sweep.
 
-Writes (SearchIndex, a mixin of Ledger) happen in the transactions that record messages: a
-batch's record (Ledger.record), a batch received from another node (received), the sweep. Reads
-(SearchReads, a mixin of History): what an agent may see is its own inbox (the deliveries to it)
-and what it sent, newest first, with a snippet of the body.
+Writes (SearchIndex, `ledger.search`) happen in the transactions that record messages: a batch's
+record (`ledger.messages.record`), a batch received from another node (`ledger.remote.received`),
+an import, the sweep. Reads (SearchReads, `history.search`): what an agent may see is its own inbox
+(the deliveries to it) and what it sent, newest first, with a snippet of the body.
 
 A query is words, each of which must be there (any case, any order), `"a phrase"`, and `word*`
 for a prefix; nothing in it is FTS5 syntax (every term is quoted), so any text is a query. A
@@ -18,6 +18,7 @@ work for an AND of terms that match grows with the square of their number.
 import re
 
 from relay.errors import RelayError
+from relay.ledger.part import Part
 from relay.ledger.parties import party
 
 BODY_CHARS = 4096          # of a body, what is indexed (migration 30 backfills with the same cap)
@@ -53,10 +54,10 @@ def match(query):
     return " AND ".join(terms.values())
 
 
-class SearchIndex:
-    """A mixin of Ledger: the index's writes, inside the caller's transaction."""
+class SearchIndex(Part):
+    """The index's writes, inside the caller's transaction."""
 
-    def _index(self, docs):
+    def index(self, docs):
         """Index these messages, each once: docs are (id, subject, body)."""
         docs = [d for d in docs if d[1] or d[2]]
         if not docs:
@@ -67,7 +68,7 @@ class SearchIndex:
         self.db.execute("INSERT INTO search (rowid, subject, body) SELECT seq, subject, body FROM search_docs "
                         "WHERE seq > ?", (before,))
 
-    def _unindex(self, ids):
+    def unindex(self, ids):
         """Take these messages out of the index (the sweep)."""
         rows = [(i,) for i in ids]
         self.db.executemany("INSERT INTO search (search, rowid, subject, body) SELECT 'delete', seq, subject, body "
@@ -75,10 +76,13 @@ class SearchIndex:
         self.db.executemany("DELETE FROM search_docs WHERE message_id = ?", rows)
 
 
-class SearchReads:
-    """A mixin of History: the search."""
+class SearchReads(Part):
+    """The search."""
 
-    def search(self, query, agent=None, sender=None, thread=None, since=None, limit=20):
+    def __call__(self, *args, **kwargs):     # the old history.search(...): goes when the call sites are rewritten
+        return self.messages(*args, **kwargs)
+
+    def messages(self, query, agent=None, sender=None, thread=None, since=None, limit=20):
         """The messages matching `query`, newest first, at most `limit`: those `agent` may see
         (delivered to it, or sent by it; every message when None), sent by `sender`, of `thread`
         (a thread named by a message's id holds it), discovered at or after `since` (epoch
@@ -100,6 +104,6 @@ class SearchReads:
                f"WHERE {' AND '.join(where)} ORDER BY m.id DESC LIMIT ?")
         return [dict(r) for r in self.db.execute(sql, [*args, int(limit)])]
 
-    def search_size(self):
+    def size(self):
         """How many messages the index holds."""
         return self.db.execute("SELECT count(*) FROM search_docs").fetchone()[0]

@@ -1,4 +1,4 @@
-"""The ledger's writes about senders (mixed into Ledger, whose transactions they use): the agents
+"""The ledger's writes about senders (`ledger.senders`, a part on the Ledger's transactions): the agents
 declared as senders (`senders = "declared"`: relay init --agent, send --create, the API, adopt
 --create); the id `relay send` gave a sender, recorded before its file is written; the ids and
 request ids the messages of a batch name, settled before anything is delivered; their records
@@ -10,11 +10,13 @@ names it keeps the id relay gave it when found (event `id_refused`) and goes on 
 so does a file naming an id another sender's message has already. Only a sender's own reuse of an
 id is refused, as its own mistake. A request id repeats only the same sender's messages."""
 
+from relay.ledger.part import Part
+
 REFUSED = "this message keeps the id relay gave it"
 
 
-class Senders:
-    """Ledger's part for senders and their ids (uses self.db, self.transaction, self._events)."""
+class Senders(Part):
+    """The senders and their ids: see the module's docstring."""
 
     def declare(self, names, now, how):
         """These agents are senders (`how`: what declared them); one declared already stays as
@@ -79,8 +81,8 @@ class Senders:
                         "WHERE message_id = ? LIMIT 1", (mid, mid)).fetchone():
                     # Recipients hold it under its id already, here or queued for another node
                     # (its file gained an ID since): it keeps that id, or they would get it twice.
-                    self._events([(mid, now, "identified", f"keeps its id: delivered under it already; the id "
-                                                           f"in its file ({chosen}) is not taken")])
+                    self.events([(mid, now, "identified", f"keeps its id: delivered under it already; the id "
+                                                          f"in its file ({chosen}) is not taken")])
                 elif chosen and chosen != mid:
                     owner = db.execute("SELECT sender FROM sent_ids WHERE id = ?", (chosen,)).fetchone()
                     row = db.execute("SELECT sender FROM messages WHERE id = ? OR spool_id = ? LIMIT 1",
@@ -102,10 +104,10 @@ class Senders:
                         db.execute("UPDATE sheds SET message_id = ? WHERE message_id = ?", (chosen, mid))
                         db.execute("UPDATE bounces SET message_id = ? WHERE message_id = ?", (chosen, mid))
                         if owner is None:   # chosen by hand: relay send's own id is no news
-                            self._events([(chosen, now, "identified", f"the id its sender chose (found as {mid})")])
+                            self.events([(chosen, now, "identified", f"the id its sender chose (found as {mid})")])
                         new = chosen
                     if note:
-                        self._events([(mid, now, "id_refused", note)])
+                        self.events([(mid, now, "id_refused", note)])
                 if request and refusal is None:
                     row = db.execute("SELECT id FROM messages WHERE sender = ? AND request_id = ? AND id != ? "
                                      "AND duplicate_of IS NULL AND status != 'failed' ORDER BY discovered_at, id "
@@ -113,6 +115,6 @@ class Senders:
                     first = row[0] if row else None
                     db.execute("UPDATE messages SET request_id = ?, duplicate_of = ? WHERE id = ?", (request, first, new))
                     if first:
-                        self._events([(new, now, "duplicate", f"request id {request!r} was sent before as {first}")])
+                        self.events([(new, now, "duplicate", f"request id {request!r} was sent before as {first}")])
                 out[mid] = (new, path, first, refusal, note)
         return out

@@ -15,6 +15,8 @@ every delivered message does.
 """
 import orjson
 
+from relay.ledger.part import Part
+
 KEEP_BODY_BYTES = 1024
 KEEP_SUBJECT_CHARS = 1024
 KEEP_HEADER_BYTES = 4096
@@ -50,10 +52,10 @@ def headers_kept(headers):
     return orjson.dumps(kept).decode()
 
 
-class ShedKeep:
-    """A mixin of Ledger: inside the transaction that records a batch, before its shed records."""
+class ShedKeep(Part):
+    """`ledger.sheds`: inside the transaction that records a batch, before its shed records."""
 
-    def _shed_kept(self, now, shed):
+    def kept(self, now, shed):
         """For messages shed for every recipient, `shed`: (id, sender, body, subject, headers
         JSON) in order, {id: (body, subject, headers)} as their records keep them."""
         counted, out = {}, {}

@@ -1,5 +1,5 @@
 """Team state in the ledger: a coordinator's keys and values (table team_state, migration 51).
-The writes (StateWrites, mixed into Ledger) and the reads (StateReads, mixed into History).
+The writes (StateWrites, `ledger.state`) and the reads (StateReads, `history.state`).
 
 Each key has a version that goes up by one at every change. A write is decided in one
 `BEGIN IMMEDIATE` transaction: the key's row is read, the condition checked (`if_absent`: no
@@ -12,6 +12,7 @@ an event (message_id NULL, actor who made it): `state-set` and `state-deleted`, 
 import re
 
 from relay.errors import LedgerError
+from relay.ledger.part import Part
 from relay.times import is_time
 
 KEY_RULE = "[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}"
@@ -38,16 +39,16 @@ def unreadable_state(key, row):
     return None
 
 
-class StateWrites:
-    """Ledger's part for team state (uses self.db, self.transaction, self._events)."""
+class StateWrites(Part):
+    """The team state's writes."""
 
-    def state_set(self, key, value, now, actor, if_version=None, if_absent=False):
+    def set(self, key, value, now, actor, if_version=None, if_absent=False):
         """Set `key` to `value` (text) when the condition holds: with `if_absent`, the key has
         no value now; with `if_version`, its value now has that version. Returns (True, the
         row written) or (False, the row as it is: None when the key has no value); raises
         LedgerError for a row this build cannot read."""
         with self.transaction():
-            row, live = self._state_now(key)
+            row, live = self._now(key)
             if (if_absent and live is not None) or (
                     if_version is not None and (live is None or live["version"] != if_version)):
                 return False, live
@@ -58,24 +59,24 @@ class StateWrites:
                             "value = excluded.value, version = excluded.version, updated_at = excluded.updated_at, "
                             "updated_by = excluded.updated_by", new)
             detail = f"key={key} version={new['version']} bytes={len(value.encode('utf-8'))}"
-            self._events([(None, now, "state-set", detail, actor)])
+            self.events([(None, now, "state-set", detail, actor)])
         return True, new
 
-    def state_delete(self, key, now, actor, if_version=None):
+    def delete(self, key, now, actor, if_version=None):
         """Delete `key`'s value (with `if_version`, only when its value now has that version).
         Returns (True, the row deleted, as it was) or (False, the row as it is: None when the
         key has no value); raises LedgerError for a row this build cannot read."""
         with self.transaction():
-            _, live = self._state_now(key)
+            _, live = self._now(key)
             if live is None or (if_version is not None and live["version"] != if_version):
                 return False, live
             version = live["version"] + 1
             self.db.execute("UPDATE team_state SET value = NULL, version = ?, updated_at = ?, updated_by = ? "
                             "WHERE key = ?", (version, now, actor, key))
-            self._events([(None, now, "state-deleted", f"key={key} version={version}", actor)])
+            self.events([(None, now, "state-deleted", f"key={key} version={version}", actor)])
         return True, live
 
-    def _state_now(self, key):
+    def _now(self, key):
         """(the key's row or None, the same when it holds a value, else None)."""
         row = self.db.execute("SELECT * FROM team_state WHERE key = ?", (key,)).fetchone()
         bad = unreadable_state(key, row)
@@ -85,15 +86,18 @@ class StateWrites:
         return row, row if row is not None and row["value"] is not None else None
 
 
-class StateReads:
-    """History's part for team state (uses self.db). Rows are returned as stored: a reader
-    checks them (rows.py's "team_state" checks)."""
+class StateReads(Part):
+    """The team state's reads. Rows are returned as stored: a reader checks them (rows.py's
+    "team_state" checks)."""
 
-    def state(self, key):
+    def __call__(self, *args, **kwargs):     # the old history.state(...): goes when the call sites are rewritten
+        return self.get(*args, **kwargs)
+
+    def get(self, key):
         """The row of `key` when it holds a value, else None."""
         return self.db.execute("SELECT * FROM team_state WHERE key = ? AND value IS NOT NULL", (key,)).fetchone()
 
-    def state_entries(self, prefix=None):
+    def entries(self, prefix=None):
         """The keys that hold a value (those starting with `prefix`, when given), by key."""
         if prefix:
             return self.db.execute("SELECT * FROM team_state WHERE value IS NOT NULL AND substr(key, 1, ?) = ? "

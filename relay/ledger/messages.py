@@ -1,0 +1,302 @@
+"""The pipeline's writes (`ledger.messages`): discovery and claims, each batch's outcomes in one
+transaction (with their deliveries, sheds, search index, bounces owed, queued rows for other nodes
+and the agent registry's changes), the archive moves retried, a file refused before any claim, the
+rows a build cannot read, and crash recovery.
+
+Every write here is one `BEGIN IMMEDIATE` transaction of the Ledger's; one covers a whole batch."""
+import orjson
+
+from relay.ledger.chain import link_hash
+from relay.ledger.part import Part
+from relay.ledger.shed_keep import shed_whole
+from relay.ledger.sql import chunks
+
+
+class Messages(Part):
+    """The messages' lifecycle. What else of the ledger a batch's record writes, each given:
+    `chain` (the hash chain), `search` (the index), `bounces` (what a sender is owed), `sheds`
+    (what a message shed for everyone keeps), `remote` (rows queued for other nodes), `registry`
+    (the agents seen, spawned and released) and `receipts` (what a message asks of its
+    recipients)."""
+
+    def __init__(self, store, chain, search, bounces, sheds, remote, registry, receipts):
+        super().__init__(store)
+        self.chain, self.search, self.bounces, self.sheds = chain, search, bounces, sheds
+        self.remote, self.registry, self.receipts = remote, registry, receipts
+
+    def register_and_claim(self, found, now, limit, plan, synced=True):
+        """One transaction: insert newly found files as pending, claim up to `limit` due rows.
+
+        `found` is a list of (id, sender, name, sent_at). A file already registered at the same
+        outbox path (not yet in relay's custody) is skipped. Returns (registered ids, claimed
+        rows). The commit is durable before the caller moves any file the claim refers to: at
+        once, or with `synced` False (see transaction) by the caller's sync of the log.
+        """
+        db = self.db
+        registered = []
+        with self.transaction(synced):
+            if found:
+                cur = db.executemany(
+                    "INSERT INTO messages (id, sender, name, status, sent_at, discovered_at, next_attempt_at) "
+                    "VALUES (?, ?, ?, 'pending', ?, ?, 0) ON CONFLICT DO NOTHING",
+                    [(mid, sender, name, sent_at, now) for mid, sender, name, sent_at in found])
+                if cur.rowcount == len(found):
+                    registered = [(mid, sender, name) for mid, sender, name, _ in found]
+                else:   # some were registered already: find which rows are ours
+                    ours = set()
+                    ids = [f[0] for f in found]
+                    for chunk, marks in chunks(ids):
+                        ours.update(r[0] for r in db.execute(
+                            f"SELECT id FROM messages WHERE id IN ({marks})", chunk))
+                    registered = [(mid, sender, name) for mid, sender, name, _ in found if mid in ours]
+            events = [(mid, now, "discovered", f"outbox/{s}/{n}") for mid, s, n in registered]
+            if registered:
+                self.registry.seen({s for _, s, _ in registered}, now)
+            claimed = self._claim(now, limit, plan, events) if limit else []
+            if events:
+                self.events(events)        # one statement for the discoveries and the claims
+        return registered, claimed
+
+    def refuse_found(self, mid, sender, name, now, reason, failed_path, bounce=False):
+        """A file refused before any claim (its name is unfit): recorded straight as failed
+        (with `bounce`, its sender owed a bounce)."""
+        with self.transaction():
+            self.db.execute("INSERT INTO messages (id, sender, name, status, discovered_at, failed_at, error, "
+                            "failed_path) VALUES (?, ?, ?, 'failed', ?, ?, ?, ?)",
+                            (mid, sender, name, now, now, reason, failed_path))
+            self.events([(mid, now, "discovered", f"outbox/{sender}/{name}"), (mid, now, "failed", reason)])
+            return self.bounces.owe(now, [(mid, sender, [], reason)]) if bounce else 0
+
+    def _claim(self, now, limit, plan, events):
+        """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
+        the claim so that recovery finds a file moved there before the batch was recorded.
+        Their events are appended to `events`, for the caller to insert."""
+        # Read, then one UPDATE per row that claims it and records its archive path together
+        # (BEGIN IMMEDIATE holds the write lock: nothing changes the rows in between).
+        columns = ("id, sender, name, spooled, retries, attempts + 1 AS attempts, discovered_at, failing_since, "
+                   "spool_id, interrupted")
+        due = ("FROM messages WHERE status = 'pending' AND next_attempt_at <= :now "
+               "ORDER BY next_attempt_at, id LIMIT :limit")
+        rows = self.db.execute(f"SELECT {columns}, interrupted > 0 {due}", {"now": now, "limit": limit}).fetchall()
+        # A message that was being handled when relay stopped is claimed alone: if it is what
+        # stops relay, the next interruption (and the claim budget) is its own, not its batch's.
+        alone = next((r for r in rows if r[-1]), None)
+        if alone is not None:
+            rows = [alone]
+        claimed = []
+        keys = rows[0].keys()[:-1] if rows else ()     # one query: every row has the same columns
+        for r in sorted(rows, key=lambda r: r["id"]):
+            row = dict(zip(keys, r[:-1], strict=True))
+            try:
+                row["archive_path"] = plan(row["sender"], row["id"], row["name"])
+            except (TypeError, ValueError, AttributeError):
+                row["archive_path"] = None      # an unreadable row: reported by the caller
+            claimed.append(row)
+        self.db.executemany("UPDATE messages SET status = 'processing', claimed_at = ?, attempts = attempts + 1, "
+                            "archive_path = ? WHERE id = ?",
+                            [(now, r["archive_path"], r["id"]) for r in claimed])
+        events.extend((r["id"], now, "claimed", None) for r in claimed)
+        return claimed
+
+    def record(self, now, works, delivered=None, settled=None, bounces=(), registry=()):
+        """One transaction recording what a batch did: each work by its Outcome, and every
+        recipient's delivery that became durable in it, each at the instant it happened:
+        `delivered` (links into new/ made), `settled` (moves synced, retries decided), else `now`;
+        the `bounces` owed (core/bounces.owed) and the agent registry's changes (core/registry.py),
+        at `settled`. Returns how many bounces were recorded."""
+        events = []
+        delivered, settled = delivered or now, settled or now
+        with self.transaction():
+            kept = self.sheds.kept(now, [(w.id, w.sender, w.message.body, w.message.subject,
+                                         orjson.dumps(w.message.headers).decode()) for w in works if shed_whole(w)])
+            self.receipts.asked([(w.id, w.message.priority, w.message.ack_required) for w in works
+                                 if w.got and getattr(w.message, "priority", None)])
+            deliveries = [(w.id, r, delivered, size, sha) for w in works for r, (size, sha) in w.got.items()]
+            if deliveries:
+                self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "
+                                    "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
+                events.extend((mid, delivered, "delivered", r) for mid, r, *_ in deliveries)
+                self.registry.seen({d[1] for d in deliveries}, delivered)
+            sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed, now) for w in works for r, s in w.shed.items()]
+            if sheds:
+                # One record per (message, recipient); one released by `relay retry` and shed again is renewed.
+                self.db.executemany("INSERT INTO sheds (message_id, recipient, sender, reason, limit_value, observed, "
+                                    "at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET reason = excluded.reason, "
+                                    "limit_value = excluded.limit_value, observed = excluded.observed, at = excluded.at, "
+                                    "released_at = NULL WHERE released_at IS NOT NULL", sheds)
+                events.extend((w.id, now, "shed", f"{r}: {s}") for w in works for r, s in w.shed.items())
+            by_kind = {}
+            for w in works:
+                by_kind.setdefault(w.outcome, []).append(w)
+            for outcome, group in by_kind.items():
+                if outcome.value == "failed":
+                    self._record_failed((delivered, settled), group, events, kept)
+                else:
+                    getattr(self, f"_record_{outcome.value}")((delivered, settled), group, events)
+            self.remote.queue(now, [w for w in works if w.remote and not w.duplicate_of
+                                    and not (w.refused and w.outcome.value == "failed" and not w.got)], events)
+            self.registry.apply(settled, registry, events)
+            self.events(events)
+            self.search.index([(w.id, *(kept[w.id][1::-1] if w.id in kept else (w.message.subject, w.message.body)))
+                               for w in works if w.message is not None and not w.duplicate_of])
+            return self.bounces.owe(settled, bounces) if bounces else 0
+
+    @staticmethod
+    def _fields(w):
+        m = w.message
+        if m is None:
+            return dict.fromkeys(("kind", "thread", "subject", "body", "headers", "recipients", "content_type",
+                                  "max_retries"))
+        # a message refused before its recipients were resolved (one unknown): those it named, as written
+        to = w.recipients or list(dict.fromkeys(m.to))
+        return {"kind": m.kind, "thread": m.thread, "subject": m.subject, "body": m.body,
+                "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(to).decode(),
+                "content_type": m.content_type, "max_retries": m.max_retries}
+
+    def _record_archived(self, at, works, events):
+        """The common case, in bulk: delivered to everyone and archived; chained for verify.
+        `at`: (delivered, settled) instants of the batch, as for the other outcomes."""
+        delivered, archived = at
+        rows = []
+        seq, prev = self.chain.head()     # read in this transaction: another connection (the federation's
+        links = []                  # receiver) may have chained records since
+        for w in works:
+            m, mid, rel = w.message, w.id, w.archive_rel
+            sent = None if w.duplicate_of else delivered        # a duplicate is delivered to no one
+            if m is None:
+                recipients = kind = thread = subject = body = headers = content_type = budget = None
+            else:       # as _fields(w), without its dict
+                recipients, kind, thread, subject, body = (orjson.dumps(w.recipients).decode(), m.kind, m.thread,
+                                                           m.subject, m.body)
+                headers = orjson.dumps(m.headers).decode()
+                content_type, budget = m.content_type, m.max_retries
+            rows.append((recipients, kind, thread, subject, body, headers, content_type, budget, w.size, w.sha256,
+                         w.sent_at, sent, archived, rel, mid))
+            events.append((mid, archived, "archived", rel, "relay"))
+            seq += 1
+            prev = link_hash(prev, mid, w.sender, recipients, w.discovered_at, sent, archived, w.sha256, rel)
+            links.append((seq, mid, prev))
+        self.db.executemany(
+            "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
+            "body = ?, headers = ?, content_type = ?, max_retries = ?, size = ?, sha256 = ?, sent_at = ?, "
+            "delivered_at = ?, archived_at = ?, "
+            "spooled = 0, error = NULL, archive_path = ?, next_attempt_at = 0, failing_since = NULL "
+            "WHERE id = ?", rows)
+        self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
+
+    def _record_delivered(self, at, works, events):
+        """Delivered to everyone, but the archive move failed: retried when History.delivered_due()
+        returns it."""
+        delivered, settled = at
+        for w in works:
+            self.db.execute(
+                "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
+                "thread = :thread, subject = :subject, body = :body, headers = :headers, size = :size, "
+                "content_type = :content_type, max_retries = :max_retries, "
+                "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
+                "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
+                {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at,
+                 "now": None if w.duplicate_of else delivered, "error": str(w.error), "archive_path": w.archive_rel,
+                 "at": w.next_attempt_at, "id": w.id})
+            events.append((w.id, settled, "archive-failed", str(w.error)))
+
+    def _record_retry(self, at, works, events):
+        """Back to pending after a transient failure (of the message, or of some recipients)."""
+        settled = at[1]
+        for w in works:
+            f = self._fields(w)
+            self.db.execute(
+                "UPDATE messages SET status = 'pending', retries = :retries, error = :error, "
+                "next_attempt_at = :at, spooled = :spooled, archive_path = NULL, "
+                "failing_since = coalesce(failing_since, :now), recipients = coalesce(:recipients, recipients), "
+                "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
+                "subject = coalesce(:subject, subject), body = coalesce(:body, body), "
+                "headers = coalesce(:headers, headers), size = coalesce(:size, size), "
+                "content_type = coalesce(:content_type, content_type), "
+                "max_retries = coalesce(:max_retries, max_retries), "
+                "sha256 = coalesce(:sha256, sha256), sent_at = coalesce(:sent_at, sent_at) WHERE id = :id",
+                {**f, "retries": w.retries + 1, "error": w.error_text, "at": w.next_attempt_at,
+                 "spooled": int(w.spooled), "now": settled, "size": w.size or None, "sha256": w.sha256,
+                 "sent_at": w.sent_at, "id": w.id})
+            events.append((w.id, settled, "retried", w.error_text))
+
+    def _record_defer(self, at, works, events):
+        settled = at[1]
+        self.db.executemany("UPDATE messages SET status = 'pending', next_attempt_at = ?, spooled = ?, "
+                            "archive_path = NULL WHERE id = ?",
+                            [(w.next_attempt_at, int(w.spooled), w.id) for w in works])
+        events.extend((w.id, settled, "deferred", w.error_text) for w in works)
+
+    def _record_failed(self, at, works, events, kept):
+        settled = at[1]
+        for w in works:
+            f = self._fields(w)
+            if w.id in kept:        # shed for every recipient: what audit needs (shed_keep.py)
+                f["body"], f["subject"], f["headers"] = kept[w.id]
+            self.db.execute(
+                "UPDATE messages SET status = 'failed', failed_at = :now, error = :error, "
+                "failed_path = :failed_path, spooled = 0, archive_path = NULL, "
+                "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
+                "subject = coalesce(:subject, subject), size = coalesce(:size, size), "
+                "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
+                "headers = coalesce(:headers, headers), sha256 = coalesce(:sha256, sha256), "
+                "content_type = coalesce(:content_type, content_type), "
+                "max_retries = coalesce(:max_retries, max_retries), "
+                "sent_at = coalesce(:sent_at, sent_at), retries = :retries WHERE id = :id",
+                {**f, "now": settled, "error": w.refused, "failed_path": w.failed_rel,
+                 "size": w.size or None, "sha256": w.sha256, "sent_at": w.sent_at,
+                 "retries": w.retries + (1 if w.error else 0), "id": w.id})
+            events.append((w.id, settled, "failed", w.refused))
+
+    def fail_unreadable(self, now, problems):
+        """Claimed rows this build cannot read: failed with the reason. problems: (id, reason)."""
+        with self.transaction():
+            self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, spooled = 0 "
+                                "WHERE id = ?", [(now, reason, mid) for mid, reason in problems])
+            self.events([(mid, now, "failed", reason) for mid, reason in problems])
+
+    def archived_late(self, now, done, retry):
+        """Archive moves retried after delivery. done: (id, archive_path); retry: (id, error,
+        next_attempt_at, retries)."""
+        with self.transaction():
+            for mid, rel in done:
+                self.db.execute("UPDATE messages SET status = 'archived', archived_at = ?, spooled = 0, "
+                                "error = NULL, archive_path = ? WHERE id = ?", (now, rel, mid))
+                self.events([(mid, now, "archived", rel)])
+                self.chain.append(mid)
+            self.db.executemany("UPDATE messages SET error = ?, next_attempt_at = ?, retries = ? WHERE id = ?",
+                                [(err, at, retries, mid) for mid, err, at, retries in retry])
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def reset(self, rows, now, stopped=(), interrupted=True, bounces=()):
+        """Crash recovery, one transaction. rows: (id, spooled) of processing rows back to pending;
+        each was being handled when relay stopped, which counts as an attempt (`retries`) and,
+        with `interrupted` (relay stopped, not a step of it failed), an interruption. stopped:
+        (id, reason, failed_path) of processing rows whose interruptions used up the claim
+        budget: failed (quarantined) instead, with the `bounces` their senders are owed."""
+        with self.transaction():
+            self.db.executemany("UPDATE messages SET status = 'pending', spooled = ?, archive_path = NULL, "
+                                "next_attempt_at = 0, retries = retries + 1, interrupted = interrupted + ? "
+                                "WHERE id = ? AND status = 'processing'",
+                                [(int(s), int(interrupted), mid) for mid, s in rows])
+            self.events([(mid, now, "recovered", "left processing by a stopped relay; back to pending")
+                         for mid, _ in rows])
+            self.db.executemany("UPDATE messages SET status = 'failed', failed_at = ?, error = ?, failed_path = ?, "
+                                "spooled = 0, archive_path = NULL, retries = retries + 1, "
+                                "interrupted = interrupted + 1 WHERE id = ? AND status = 'processing'",
+                                [(now, reason, rel, mid) for mid, reason, rel in stopped])
+            self.events([(mid, now, "failed", reason) for mid, reason, _ in stopped])
+            return self.bounces.owe(now, bounces) if bounces else 0
+
+    def readopt(self, found, now):
+        """Spooled files with no ledger record (id, sender, name): registered again as pending,
+        keeping their id so a recipient that already holds one is recognised."""
+        if not found:
+            return
+        with self.transaction():
+            self.db.executemany(
+                "INSERT OR IGNORE INTO messages (id, sender, name, status, spooled, discovered_at, attempts) "
+                "VALUES (?, ?, ?, 'pending', 1, ?, 1)", [(mid, s, n, now) for mid, s, n in found])
+            self.events([(mid, now, "recovered", "found in the spool with no ledger record; registered again")
+                         for mid, _, _ in found])
