@@ -36,6 +36,16 @@ def test_send_to_an_archived_agent_is_refused_at_once_with_the_way_back(archived
     assert list((archived.state / "outbox" / "Alice").iterdir()) == []
 
 
+def test_init_of_an_archived_agent_says_it_stays_archived_and_how_to_restore_it(archived):
+    r = archived("init", "--agent", "Carol", "--agent", "Dan")
+    assert r.stdout.splitlines()[0] == f"initialised {archived.state} with agents Dan"     # not Carol
+    [note] = r.stderr.splitlines()
+    assert note.startswith("relay: Carol is archived (by ") and note.endswith(UNDO)
+    alone = archived("init", "--agent", "Carol")
+    assert alone.stdout.splitlines()[0] == f"initialised {archived.state}" and UNDO in alone.stderr
+    assert {d["agent"]: d["state"] for d in json.loads(archived("agents", "--json").output)}["Carol"] == "archived"
+
+
 def test_send_to_a_released_then_archived_agent_is_refused_without_the_released_warning(archived):
     archived("archive-agent", "--undo", "Carol")
     drop(archived, "Bob", "release", "NAME: Carol\n\n")

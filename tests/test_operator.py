@@ -403,4 +403,27 @@ def test_status_of_a_writable_project_says_its_ledger_is_writable(cli):
     doc = json.loads(cli("status", "--json").stdout)
     assert doc["ledger"] == {"path": str(cli.state / "ledger.sqlite"), "writable": True, "unwritable": None,
                              "opened": "read-only"}
+
+
+def test_read_where_the_inbox_cannot_be_written_prints_the_message_and_notes_it_stays_unread(cli):
+    """`relay read --agent Ben ID` in a project Ben's inbox cannot be written in (immutable, as a
+    read-only mount is): the message printed, exit 0, one line on stderr saying it stays unread."""
+    import shutil
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    cli("send", "--from", "Ann", "--to", "Ben", "--subject", "plan", "the zebra plan")
+    cli("run", "--once", "-q")
+    [mid] = [d["id"] for d in json.loads(cli("audit", "--json").stdout)]
+    held = [cli.state / "inbox" / "Ben" / "new", cli.state / "inbox" / "Ben" / "cur"]
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", *map(str, held)],
+                                                        capture_output=True).returncode:
+        subprocess.run(["chattr", "-i", *map(str, held)], capture_output=True)
+        pytest.skip("cannot make the inbox immutable here (chattr +i)")
+    try:
+        r = cli("read", "--agent", "Ben", mid)
+    finally:
+        subprocess.run(["chattr", "-i", *map(str, held)], check=True)
+    assert "the zebra plan" in r.stdout and "Traceback" not in r.output
+    [note] = r.stderr.splitlines()
+    assert note.startswith(f"relay: {mid} could not be marked read (") and note.endswith("it stays new")
+    assert [p.name for p in (cli.state / "inbox" / "Ben" / "new").iterdir()] == [f"{mid}.json"]
     assert "ledger     " not in cli("status", ok=False).stdout

@@ -10,6 +10,7 @@ from relay.cli.context import out_json, pass_ctx
 from relay.agent.delivery import wait_delivered
 from relay.config import AGENT_VARIABLE, default_agent, show_duration
 from relay.core.message import PRIORITIES
+from relay.errors import RelayError
 from relay.files.lock import holder
 from relay.guards import acting, agent_name, checked, handle_errors, moment, recipient_names, seconds, sender_name
 from relay.terminal import echo, echo_json
@@ -263,7 +264,14 @@ def _show(me, items, ack, as_json, jsonl, empty=None, single=False):
             echo(views.message_text(m, i + 1, len(items), state="cur" if m in shown else None))
     sys.stdout.flush()
     if shown:
-        me.ack(shown)
+        try:
+            me.ack(shown)
+        except (RelayError, OSError) as e:
+            if not single:
+                raise
+            # `relay read` of a project it cannot write (a read-only mount): it was read all the same
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            echo(f"relay: {shown[0].id} could not be marked read ({why}); it stays new", err=True)
 
 
 COMMANDS = [send, inbox, read, mark_read, search]

@@ -24,6 +24,7 @@ from relay.agent.api import declare
 from relay.agent.leases import Reservation
 from relay.files.layout import Layout
 from relay.ledger.ledger import STATUSES, Ledger
+from relay.ledger.history import History
 from relay.files.lock import DaemonLock, holder
 from relay.core.outbox import declared, undeclared_outboxes
 from relay.operator import views
@@ -52,7 +53,14 @@ def init(ctx, agents):
         raise RelayError("; ".join(problems))
     Ledger(layout.ledger, durability=cfg.durability).close()
     declare(layout, list(agents), "relay init", cfg.durability)
-    echo(f"initialised {layout.state}" + (f" with agents {', '.join(agents)}" if agents else ""))
+    with History(Ledger(layout.ledger, readonly=True)) as history:
+        archived = history.archived_agents()
+    ready = [a for a in agents if a not in archived]
+    echo(f"initialised {layout.state}" + (f" with agents {', '.join(ready)}" if ready else ""))
+    for name in (a for a in agents if a in archived):       # its outbox and inbox are there; nothing moves
+        at, by = archived[name]
+        echo(f"relay: {name} is archived (by {by} at {views.when(at)}): nothing is delivered to it or from it; "
+             f"restore it with: relay archive-agent --undo {name}", err=True)
     toml = config_help.write(cfg)
     if toml is not None:
         echo(f"wrote {toml}: every key commented out at its default (relay config shows what is in force)")
