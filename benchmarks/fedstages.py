@@ -8,7 +8,7 @@ wraps these steps (time.time_ns before and after each call, per message id):
 
     n1  (the file's mtime)  written and renamed into the outbox by the benchmark
         Ledger.register_and_claim   the step that found it: its register and claim
-        Relay._process      the claimed batch: parse, claim sync, custody, offer, ...
+        Pipeline.process    the claimed batch: parse, claim sync, custody, offer, ...
         Router.offer        the message handed to the link
         Publisher._xadd     its XADD (before, after): the publisher's round trip, or
         Wire.send           the XADD written by the loop itself (its reply read by the publisher)
@@ -48,7 +48,7 @@ def _ids(kind):
         return lambda a: [(f.get(b"id") or b"").decode() for _, _, f in a[1] if isinstance(f, dict)]
     return lambda a: [w.id for w in a[1]]
 TARGETS = [("relay.ledger.ledger", "Ledger", "register_and_claim", "register"),
-           ("relay.core.daemon", "Relay", "_process", "rows"), ("relay.core.routes", "Router", "offer", "offer"),
+           ("relay.core.pipeline", "Pipeline", "process", "rows"), ("relay.core.routes", "Router", "offer", "offer"),
            ("relay.federation.publisher", "Publisher", "_xadd", "xadd"), ("relay.federation.wire", "Wire", "send", "xadd"),
            ("relay.federation.receiver", "Incoming", "handle", "entries"), ("relay.core.inbox", "Inbox", "deliver", "works")]
 def _wrap(name, f, ids, kind):
@@ -84,7 +84,7 @@ if os.environ.get("RELAY_STAGES"):
     threading.Thread(target=_run, daemon=True).start()
 '''
 
-STAGES = [("n1", "written", 0), ("n1", "Ledger.register_and_claim", 0), ("n1", "Relay._process", 0), ("n1", "Router.offer", 0), ("n1", "XADD", 0),
+STAGES = [("n1", "written", 0), ("n1", "Ledger.register_and_claim", 0), ("n1", "Pipeline.process", 0), ("n1", "Router.offer", 0), ("n1", "XADD", 0),
           ("n1", "XADD", 1), ("n2", "Incoming.handle", 0), ("n2", "Inbox.deliver", 0),
           ("n2", "Inbox.deliver", 1)]
 NAMES = ["written to the step's register and claim", "register and claim (commit, unsynced)", "claim sync, custody, up to the offer", "hand-off to the XADD", "XADD (written, or round trip)",

@@ -71,10 +71,10 @@ def cmd_startup(args):
         relay = Relay(cfg)
         relay.recover()
         while True:             # the first full scan registers every waiting file
-            found = relay._gather(relay.clock())
+            found = relay.intake.gather(relay.clock())
             relay.ledger.register_and_claim(
                 [(relay.ids.new(relay.clock()), f.sender, f.name, f.sent_at) for f in found], relay.clock(), 0, None)
-            if relay._scan is None:
+            if relay.intake.scan is None:
                 break
         took = time.perf_counter() - t
         first = relay.step()

@@ -88,6 +88,28 @@ def test_one_deadline_for_the_loop_and_for_drain(project, clock):
     assert len(project.inbox("Ben")) == 1
 
 
+def test_the_relay_holds_its_loop_pipeline_and_schedule_as_parts(project, clock):
+    """Relay is none of its parts (no mixin base): it holds them, each built with what it uses;
+    the loop drives the relay through its public faces and the schedule it was given, and no
+    part reads another's private fields."""
+    import inspect
+    import re
+    from relay.core import intake, loop, pipeline, reading, schedule, settle
+    relay = project.relay(rescan_interval="30s")
+    assert type(relay).__bases__ == (object,)
+    assert isinstance(relay.loop, loop.Loop) and isinstance(relay.pipeline, pipeline.Pipeline)
+    assert isinstance(relay.schedule, schedule.Schedule) and relay.loop.schedule is relay.schedule
+    assert relay.pipeline.s.router is relay.reader.router is relay.router
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    assert relay.drain(now_fn=clock, wait=lambda s: None).archived == 1
+    assert relay.schedule.rescan_at == clock.now + 30        # the schedule the step kept
+    assert relay.next_deadline(clock.now) == relay.schedule.next_deadline(clock.now) <= clock.now + 30
+    reaching = [f"{m.__name__}: {hit}" for m in (intake, loop, pipeline, reading, schedule, settle)
+                for hit in re.findall(r"\b(?:self\.)?\w+\.(?:relay|s|schedule|intake|router|known)\._\w+",
+                                      inspect.getsource(m))]
+    assert not reaching, reaching
+
+
 def test_reconfigure_applies_a_reload(project):
     relay = project.relay()
     assert relay.history.pragmas()["synchronous"] == "FULL"

@@ -1,13 +1,17 @@
 """The loops that drive a Relay's steps (daemon.py): `drain()` for `relay run --once`, `run()` for
-the daemon, with the wait between steps, the handling of a step that failed, and the one deadline
-both share (`next_deadline()`). A base class of Relay: it uses the relay's step(), recover(),
-finish(), abandon(), hints, wake, outbox and history."""
+the daemon, with the wait between steps, the handling of a step that failed, and waking.
+
+A part the Relay holds (relay.loop), given what it drives: the relay's `step(now)`,
+`recover(now, stopped)`, `finish(counts)`, `abandon()` and `in_flight()`, its `config`, `clock`
+and `ledger.path`; the intake (whether hints or a rescan wait), the schedule (`next_deadline`,
+`waiting`; a drain writes its `held_wait` and `sweep_at`) and the wake it sleeps on."""
 import gc
 import logging
 import sqlite3
 import time
 
 from relay.errors import LedgerCorrupt, sqlite_cause
+from relay.core.schedule import MAX_HELD_WAIT
 from relay.core.work import Counts, backoff
 
 log = logging.getLogger(__name__)
@@ -20,7 +24,6 @@ MAX_IDLE = 3600.0        # the longest the daemon's loop waits when nothing is d
 CHECK_EVERY = 1.0        # while the loop waits, seconds between two calls of the process's check
 STEP_PAUSE = 1.0         # the wait after a failed step, doubled for each failure in a row
 MAX_STEP_PAUSE = 60.0    # and at most this
-MAX_HELD_WAIT = 10.0     # the longest wait before a file found held open for writing is looked at again
 GC_YOUNG = 20_000        # allocations between two collections of the youngest generation (Python's: 700)
 
 
@@ -38,6 +41,12 @@ def quiet_gc(young=GC_YOUNG):
 
 
 class Loop:
+    def __init__(self, relay, intake, schedule, wake):
+        self.relay, self.intake, self.schedule, self.wake = relay, intake, schedule, wake
+        self.left = []                          # what drain() gave up waiting for
+        self.step_pause = STEP_PAUSE            # the wait after a failed step of run(), doubled
+        self.failures = 0                       # steps of run() failed in a row
+
     def drain(self, wait=time.sleep, now_fn=None, patience=DRAIN_PATIENCE):
         """Recover, then step until every message present is delivered or failed (run --once).
 
@@ -46,22 +55,23 @@ class Loop:
         `self.left` as (path, why). Messages backing off after a transient error are left
         pending for the next run.
         """
-        now_fn = now_fn or self.clock
-        self.held_wait = horizon = max(self.config.settle, DRAIN_DUE)   # a file held open stays in sight
+        now_fn = now_fn or self.relay.clock
+        self.schedule.held_wait = horizon = max(self.relay.config.settle, DRAIN_DUE)   # a file held open stays in sight
         try:
             return self._drain(wait, now_fn, patience, horizon)
         finally:
-            self.held_wait = MAX_HELD_WAIT
+            self.schedule.held_wait = MAX_HELD_WAIT
 
     def _drain(self, wait, now_fn, patience, horizon):
         total = Counts()
+        relay = self.relay
         self.left = []
-        self.recover(now_fn())
-        self._next_sweep = 0.0
+        relay.recover(now_fn())
+        self.schedule.sweep_at = 0.0
         progress_at = last_wait = now_fn()
         frozen = 0
         while True:
-            counts = self.step(now_fn())
+            counts = relay.step(now_fn())
             total.add(counts)
             now = now_fn()
             # A claim that only deferred its message again (its file still held open) is no
@@ -69,17 +79,17 @@ class Loop:
             if counts.registered or counts.archived or counts.bounced or counts.swept or counts.delivered or counts.failed \
                     or counts.retried or counts.claimed > counts.deferred:
                 progress_at = now
-            if counts.busy or self.hints or self._scan is not None:
+            if counts.busy or self.intake.busy():
                 continue
-            deadline = self.next_deadline(now, horizon=horizon)
+            deadline = self.schedule.next_deadline(now, horizon=horizon)
             if deadline is None:
                 return total
             frozen = frozen + 1 if now <= last_wait else 0
             if now - progress_at >= patience or frozen > DRAIN_FROZEN:     # a clock that never moves: give up too
-                self.left = [(p, why) for p, why, _ in self.outbox.left(now, 0)] + self.history.waiting(now, DRAIN_DUE)
+                self.left = self.schedule.waiting(now, DRAIN_DUE)
                 return total
             last_wait = now
-            wait(max(0.0, min(deadline - now, max(self.config.settle, DRAIN_MIN_WAIT))))
+            wait(max(0.0, min(deadline - now, max(relay.config.settle, DRAIN_MIN_WAIT))))
 
     def run(self, stop, before=None, after=None, check=None, max_wait=None, watch=None):
         """The daemon's loop (relay run; recover() first): step whenever woken (the watcher's
@@ -90,15 +100,14 @@ class Loop:
         watcher this loop reads itself (watcher.Watcher: `fileno()`, None when it has no
         descriptor, and `pump(timeout)`, which hands its events' hints to this relay): its events
         are read at the top of each turn and wake the idle wait, with no thread between."""
+        relay = self.relay
         total = Counts()
-        self.watch = watch
         while True:
             # Cleared before the flags are read: a signal from here on leaves the event set,
             # and the idle wait below returns at once instead of sleeping past it.
             self.wake.clear()
             if stop.is_set():
-                self.watch = None
-                self.finish(total)
+                relay.finish(total)
                 return total
             if watch is not None:
                 watch.pump(0)       # what came since the last turn, in one read
@@ -108,10 +117,10 @@ class Loop:
             total.add(counts)
             if after is not None:
                 after(counts)
-            if self.hints or self._scan is not None or self._pending is not None:
+            if self.intake.busy() or relay.in_flight():
                 continue
-            now = self.clock()      # what the step left (a full claim, a sweep's next batch) is due now
-            wait = self.next_deadline(now) - now
+            now = relay.clock()     # what the step left (a full claim, a sweep's next batch) is due now
+            wait = self.schedule.next_deadline(now) - now
             if max_wait:
                 wait = min(wait, max_wait)
             self._idle(max(0.0, min(wait, MAX_IDLE)), stop, check, watch)
@@ -121,12 +130,12 @@ class Loop:
         busy_timeout, a full disk under the ledger) is logged and waited out (`step_pause`,
         backing off; a wake ends it), and what the step had claimed is recovered."""
         try:
-            counts = self.step()
+            counts = self.relay.step()
             self.failures = 0
             return counts
         except sqlite3.DatabaseError as e:
             if sqlite_cause(e) == "corrupt":      # no wait mends it: stop with what to do
-                raise LedgerCorrupt(self.ledger.path, e) from None
+                raise LedgerCorrupt(self.relay.ledger.path, e) from None
             return self._failed_step()
         except Exception:  # noqa: BLE001 - the daemon must outlive any one bad moment
             return self._failed_step()
@@ -138,8 +147,8 @@ class Loop:
         self.wake.wait(pause)
         self.failures += 1
         try:
-            self.abandon()
-            self.recover(stopped=False)     # relay did not stop: no claim budget is spent
+            self.relay.abandon()
+            self.relay.recover(stopped=False)     # relay did not stop: no claim budget is spent
         except Exception:  # noqa: BLE001
             log.exception("recovery after the failed step failed too; will try again")
         return Counts()
@@ -160,17 +169,3 @@ class Loop:
             fd = watch.fileno() if watch is not None else None
             if self.wake.poll(min(deadline, next_check) - now, () if fd is None else (fd,)):
                 watch.pump(0)       # its hints set the wake; events with no hint sleep on
-
-    def next_deadline(self, now, horizon=None):
-        """When the next step has work, or None: the next look at a file still settling, the
-        next pending message due and the scheduled work (rescan, sweep, orphans, archive
-        retries). With `horizon` (drain), only the messages present count, and a pending one
-        only when it is due within `horizon` seconds of `now`."""
-        deadlines = [d for d in (self.outbox.next_deadline(),) if d is not None]
-        due = self.history.next_due()
-        if due is not None and (horizon is None or due - now <= horizon):
-            deadlines.append(due)
-        if horizon is None:
-            deadlines += [self._next_rescan, self._next_sweep, self._next_orphans, self._next_archive_retry]
-            deadlines += [d for d in (self.reads.due(),) if d is not None]
-        return min(deadlines, default=None)

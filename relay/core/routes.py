@@ -6,15 +6,71 @@ The Router is also the loop's only contact with the link: `offer()` hands the li
 messages for other nodes as soon as they are parsed (the link may publish them at once, while
 the loop delivers and records locally; the outbound rows recorded by the batch's transaction
 stay the record, and a publish repeated after a crash is recognised by the receiver), and the
-`queued` event says a batch has recorded outbound rows."""
+`queued` event says a batch has recorded outbound rows.
+
+The pipeline (pipeline.py) meets the federation at one seam, the relay's `router`: a Router on a
+node of a team, Alone on a single machine (every recipient local, nothing handed over, an unknown
+name refused at once). Both answer `remote`, `route`, `wait_for`, `hand_over`, `recorded` and
+`abandoned`; KnownAgents asks `remote` for the names on other nodes."""
 import collections
 import threading
 
 import orjson
 
 from relay.config import SYSTEM
+from relay.errors import TransientError
 
 MAX_OFFERED = 16 << 20      # envelope bytes offered and not yet taken by the link, at most
+CONVERGE = 2.0              # seconds after a message was found that the directory is read before its unknown name fails
+
+
+class KnownAgents:
+    """The names a message may be addressed to: this node's agents (the layout's, and relay.toml's
+    `agents`) and those the router knows on other nodes, read once and kept until `forget()` (a
+    directory made or gone, a rescan, a reload). Called as `known(refresh=False)` (message.accept).
+    Uses layout.agent_names and router.remote; `local` is this node's agents as last read."""
+
+    def __init__(self, layout, config, router):
+        self.layout, self.config, self.router = layout, config, router
+        self.local = set()
+        self._known = None
+
+    def __call__(self, refresh=False):
+        if self._known is None or refresh:
+            self._known = self.local = self.layout.agent_names(self.config.agents)
+            remote = self.router.remote(self.local, refresh=True)
+            if remote:
+                self._known = self.local | set(remote)
+        return self._known
+
+    def forget(self):
+        """Read the names again when next asked."""
+        self._known = None
+
+
+class Alone:
+    """The router of a relay that is its team's only node: every recipient is local, nothing is
+    handed to a link, a name nobody knows is refused at once."""
+    linked = False
+    on_bounce = None
+
+    def remote(self, local, refresh=False):
+        return {}
+
+    def route(self, recipients, local):
+        return {}
+
+    def wait_for(self, error, since, now):
+        return None
+
+    def hand_over(self, works, ready, custody):
+        return ready
+
+    def recorded(self, works):
+        pass
+
+    def abandoned(self):
+        pass
 
 
 class Router:
@@ -62,6 +118,44 @@ class Router:
         """{recipient: node} of those of `recipients` who live on another node."""
         remote = self.remote(local)
         return {r: remote[r] for r in recipients if r in remote}
+
+    def wait_for(self, error, since, now):
+        """A recipient this node does not know (UnknownRecipient `error`) may be one the team is
+        still announcing: the message waits (a transient error, tried again within retry_period)
+        until the directory has been read whole CONVERGE seconds after the message was found
+        (`since`); only then does it fail ("did you mean"). Returns the TransientError it waits
+        with, or None: it fails now."""
+        read_at, why_not = self.directory_state()
+        if why_not is None and read_at is not None and read_at >= since + CONVERGE:
+            return None
+        self.ask()
+        why = f"the team's directory cannot be read: {why_not}" if why_not else "the team's directory is being read"
+        return TransientError(f"{error} ({why}; the message waits for the name)"[:800])
+
+    def hand_over(self, works, ready, custody):
+        """A batch's first tries, admitted and about to be delivered here: what they carry for
+        other nodes is taken into the spool first (`custody(works)`), then offered to the link.
+        A retry is published from its recorded row. Returns the works still ready."""
+        custody(works)
+        ready = [w for w in ready if not (w.refused or w.error)]
+        for w in ready:
+            named = set(w.recipients)
+            w.remote = {r: n for r, n in w.remote.items()
+                        if r in named and r not in w.shed and r not in w.shed_before}
+        self.offer([w for w in ready if w.remote and not w.thorough])
+        return ready
+
+    def recorded(self, works):
+        """A batch is recorded: the link publishes what it queued and was not offered, and the
+        publisher reads the replies to what the loop wrote to the server (an acknowledgement read
+        before this record waits for it: federation/publisher.py)."""
+        if any(w.remote and not w.offered for w in works):
+            self.queued.set()
+        self.replied()
+
+    def abandoned(self):
+        """A batch dropped unrecorded: what it wrote to the server was written all the same."""
+        self.replied()
 
     def offer(self, works):
         """Messages of this batch for other nodes, parsed and about to be delivered here: the
