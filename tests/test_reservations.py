@@ -297,3 +297,95 @@ def test_long_patterns_under_the_bound_are_reserved_and_compared_in_the_cli_and_
                 assert got["reservations"][0]["agent"] == "Carol"
     anyio.run(main)
     assert "Traceback" not in errlog.read_text()
+
+
+# -- the bounds of one request ---------------------------------------------------------------
+
+def _many_segments(base):
+    """A 1,024-character glob of 256 segments `*X*`, a different character in each: any two such
+    overlap, and deciding it fills a dynamic programme of 256 x 256 segments."""
+    return "/".join(f"*{chr(0x4E00 + base + i)}*" for i in range(256))[:1024]
+
+
+def test_overlaps_are_decided_outside_the_write_lock_so_other_writers_go_on(crew):
+    """A write through another connection, made while the request's overlaps are decided,
+    succeeds at once (busy timeout 50 ms): no lock is held while comparing."""
+    from relay.files.patterns import overlap
+    crew.agent("Bob").reserve(["src/*.py", "docs/**"], exclusive=True)
+    path = crew.root / ".relay" / "ledger.sqlite"
+    wrote = []
+
+    def overlaps_writing(a, b, a_scope, b_scope, work):
+        other = Ledger(path, busy_timeout_ms=50)
+        try:
+            wrote.append(other.state.set(f"k{len(wrote)}", "v", crew.clock.now, "Carol")[0])
+        finally:
+            other.close()
+        return overlap(a, b, a_scope, b_scope, work)
+
+    ledger = Ledger(path)
+    try:
+        got, conflicts, _ = ledger.reservations.reserve(
+            "Alice", [("src/app.py", "tree"), ("lib", "tree")], crew.clock.now, crew.clock.now + 60, True, None,
+            iter(f"r{i}" for i in range(99)).__next__, lambda holder, cs: ("s", "b", "{}"), overlaps=overlaps_writing)
+    finally:
+        ledger.close()
+    assert wrote == [True] * 4                      # two paths x two leases of Bob, each compared once
+    assert [c["held"] for c in conflicts] == ["src/*.py"] and got == []
+
+
+def test_a_lease_taken_while_a_request_is_decided_is_decided_too(crew):
+    """The leases changed between the decision and the write: the decision is made again."""
+    from relay.files.patterns import overlap
+    path = crew.root / ".relay" / "ledger.sqlite"
+    ids = iter(f"r{i}" for i in range(99)).__next__
+    raced = []
+
+    def overlaps_racing(a, b, a_scope, b_scope, work):
+        if not raced:                       # Carol takes src/ while Alice's request is decided
+            raced.append(crew.agent("Carol").reserve(["src"], exclusive=True))
+        return overlap(a, b, a_scope, b_scope, work)
+
+    crew.agent("Bob").reserve(["docs"], exclusive=True)
+    ledger = Ledger(path)
+    try:
+        got, conflicts, _ = ledger.reservations.reserve("Alice", [("src/app.py", "tree")], crew.clock.now,
+                                                        crew.clock.now + 60, True, None, ids,
+                                                        lambda holder, cs: ("s", "b", "{}"), overlaps=overlaps_racing)
+    finally:
+        ledger.close()
+    assert got == [] and [(c["holder"], c["held"]) for c in conflicts] == [("Carol", "src")]
+
+
+def test_the_work_of_one_request_is_bounded_and_counted(crew):
+    """Deciding 2 x 2 globs of 256 segments each would take 4 x 525,825 steps: refused at the
+    bound (MAX_WORK), naming it, with nothing written; a Work given counts the steps taken."""
+    from relay.files.patterns import MAX_WORK, TooMuchWork, Work
+    bob, alice = crew.agent("Bob"), crew.agent("Alice")
+    bob.reserve([_many_segments(0), _many_segments(300)], exclusive=True)
+    with pytest.raises(TooMuchWork, match=f"more than {MAX_WORK:,} steps") as refused:
+        alice.reserve([_many_segments(600), _many_segments(900)], exclusive=True)
+    assert "fewer or shorter paths" in str(refused.value)
+    assert not events(crew.root, "reservation-refused") and [r.agent for r in alice.reservations()] == ["Bob", "Bob"]
+    work = Work(limit=100_000)
+    ledger = Ledger(crew.root / ".relay" / "ledger.sqlite")
+    try:
+        with pytest.raises(TooMuchWork, match="100,000 steps"):
+            ledger.reservations.reserve("Alice", [(_many_segments(600), "glob")], crew.clock.now, crew.clock.now + 60,
+                                        True, None, iter(["r1"]).__next__, lambda holder, cs: ("s", "b", "{}"),
+                                        work=work)
+    finally:
+        ledger.close()
+    assert 100_000 < work.spent <= 100_000 + 64     # it stopped at the bound: one step past it at most
+
+
+def test_an_agent_holds_at_most_max_held_patterns(crew):
+    from relay.ledger.reservations import MAX_HELD
+    alice = crew.agent("Alice")
+    alice.reserve([f"a/{i}" for i in range(200)])
+    alice.reserve([f"b/{i}" for i in range(MAX_HELD - 200)])
+    with pytest.raises(RelayError, match=f"Alice would hold {MAX_HELD + 1} reservations; an agent holds at most "
+                                         f"{MAX_HELD}"):
+        alice.reserve(["c/0"])
+    assert len(alice.reservations(mine=True)) == MAX_HELD
+    assert alice.reserve(["a/0", "b/0"], reason="renewed")[0].reason == "renewed"      # renewing is not more

@@ -1,21 +1,26 @@
 """File reservations in the ledger: the writes (Reservations, `ledger.reservations`) and the reads
 (ReservationReads, `history.reservations`).
 
-A request is decided in one `BEGIN IMMEDIATE` transaction: the leases that ended are removed
-(each an event dated when it ended), the leases held now are read, the overlap is decided
-(files/patterns.py), and either every path asked for is written (reserved, or renewed by its
-holder) or none is and the refusal is recorded, with a notice for each holder that was not told
-of this requester during its lease yet. Two agents asking at once are served one after the
-other: of two overlapping exclusive requests exactly one is granted. A row exists while its
-lease is held; every change is an event (message_id NULL, actor the agent) that `relay tail`
-shows. A notice is kept until it is written into the holder's inbox (notice_delivered), and a
-week after."""
+A request is decided without holding the write lock: the leases held now are read and the
+overlap is decided (files/patterns.py, bounded by its Work); then in one `BEGIN IMMEDIATE`
+transaction the leases that ended are removed (each an event dated when it ended), the leases
+held are read again and, when they changed meanwhile, the decision is made again for what is
+new (at most ATTEMPTS times); then either every path asked for is written (reserved, or renewed
+by its holder) or none is and the refusal is recorded, with a notice for each holder that was
+not told of this requester during its lease yet. An agent holds at most MAX_HELD patterns. Two
+agents asking at once are served one after the other: of two overlapping exclusive requests
+exactly one is granted. A row exists while its lease is held; every change is an event
+(message_id NULL, actor the agent) that `relay tail` shows. A notice is kept until it is
+written into the holder's inbox (notice_delivered), and a week after."""
 import datetime
 
-from relay.files.patterns import overlap
+from relay.errors import RelayError
+from relay.files.patterns import Work, overlap
 from relay.ledger.part import Part
 
 NOTICES_KEPT = 7 * 86400.0      # a delivered notice is kept this long: one per lease and requester
+MAX_HELD = 256                  # patterns one agent may hold at once
+ATTEMPTS = 20                   # decisions made again when the leases changed while one was made
 
 
 def utc(ts):
@@ -30,45 +35,84 @@ def mode(exclusive):
     return "exclusive" if exclusive else "shared"
 
 
+def _conflicts(agent, patterns, held, exclusive, decided, meet):
+    """The leases of other agents in the way of `patterns`; `decided` keeps each pair's answer
+    (`meet(pattern, scope, row)`) for the next attempt."""
+    conflicts = []
+    for p, scope in patterns:
+        for r in held:
+            if r["agent"] == agent or not (exclusive or r["exclusive"]):
+                continue
+            key = (p, scope, r["pattern"], r["scope"])
+            if key not in decided:
+                decided[key] = meet(p, scope, r)
+            if decided[key]:
+                conflicts.append({"path": p, "holder": r["agent"], "held": r["pattern"],
+                                  "exclusive": bool(r["exclusive"]), "reason": r["reason"], "since": r["since"],
+                                  "expires_at": r["expires_at"]})
+    return conflicts
+
+
 class Reservations(Part):
     """The reservations' writes."""
 
-    def reserve(self, agent, patterns, now, expires_at, exclusive, reason, new_id, notice):
+    def reserve(self, agent, patterns, now, expires_at, exclusive, reason, new_id, notice, work=None,
+                overlaps=overlap):
         """Reserve every one of `patterns` ((pattern, scope) pairs: files/patterns.py) for
         `agent` until `expires_at`, or none.
         A pattern the agent holds already is renewed (its `since` kept; its reason kept unless a
         new one is given). `new_id()` gives a fresh id; `notice(holder, conflicts)` the
-        (subject, body, headers) of a notice to a holder. Returns (granted rows, conflicts,
-        ids of the notices recorded); a conflict is a dict: path, holder, held (its pattern),
-        exclusive, reason, since, expires_at."""
-        with self.transaction():
-            self._lapse(now)
-            held = [dict(r) for r in self.db.execute("SELECT * FROM reservations ORDER BY since, id")]
-            conflicts = [{"path": p, "holder": r["agent"], "held": r["pattern"], "exclusive": bool(r["exclusive"]),
-                          "reason": r["reason"], "since": r["since"], "expires_at": r["expires_at"]}
-                         for p, scope in patterns for r in held if r["agent"] != agent
-                         and (exclusive or r["exclusive"]) and overlap(p, r["pattern"], scope, r["scope"])]
-            if conflicts:
-                return [], conflicts, self._refused(agent, exclusive, conflicts, now, new_id, notice)
-            mine = {r["pattern"]: r for r in held if r["agent"] == agent}
-            granted, events = [], []
-            for p, scope in patterns:
-                old = mine.get(p)
-                row = {"id": old["id"] if old else new_id(), "agent": agent, "pattern": p, "scope": scope,
-                       "exclusive": int(exclusive),
-                       "reason": reason if reason is not None or old is None else old["reason"],
-                       "since": old["since"] if old else now, "renewed_at": now, "expires_at": expires_at}
-                self.db.execute("INSERT INTO reservations (id, agent, pattern, scope, exclusive, reason, since, "
-                                "renewed_at, expires_at) VALUES (:id, :agent, :pattern, :scope, :exclusive, :reason, "
-                                ":since, :renewed_at, :expires_at) ON CONFLICT (agent, pattern) DO UPDATE SET "
-                                "scope = excluded.scope, exclusive = excluded.exclusive, reason = excluded.reason, "
-                                "renewed_at = excluded.renewed_at, expires_at = excluded.expires_at", row)
-                why = f": {row['reason']}" if row["reason"] else ""
-                events.append((None, now, "renewed" if old else "reserved",
-                               f"{p} ({mode(exclusive)}) until {utc(expires_at)}{why}", agent))
-                granted.append(row)
-            self.events(events)
-        return granted, [], []
+        (subject, body, headers) of a notice to a holder. The overlaps are decided by
+        `overlaps(a, b, a_scope, b_scope, work)` outside the write lock, their steps counted in
+        `work` (a Work; past its limit TooMuchWork, nothing written). Returns (granted rows,
+        conflicts, ids of the notices recorded); a conflict is a dict: path, holder, held (its
+        pattern), exclusive, reason, since, expires_at. RelayError when the agent would hold
+        more than MAX_HELD patterns."""
+        work = Work() if work is None else work
+        decided = {}
+        for _ in range(ATTEMPTS):
+            held = self._live(now)
+            conflicts = _conflicts(agent, patterns, held, exclusive, decided,
+                                   lambda p, s, r: overlaps(p, r["pattern"], s, r["scope"], work))
+            with self.transaction():
+                self._lapse(now)
+                if self._live(now) != held:
+                    continue                    # changed meanwhile: decide what is new, again
+                if conflicts:
+                    return [], conflicts, self._refused(agent, exclusive, conflicts, now, new_id, notice)
+                return self._granted(agent, patterns, held, now, expires_at, exclusive, reason, new_id), [], []
+        raise RelayError(f"the reservations changed {ATTEMPTS} times while this request was decided; try again")
+
+    def _live(self, now):
+        """The leases held at `now` (the rows _lapse leaves), oldest first."""
+        return [dict(r) for r in self.db.execute("SELECT * FROM reservations WHERE expires_at IS NULL "
+                                                 "OR expires_at > ? ORDER BY since, id", (now,))]
+
+    def _granted(self, agent, patterns, held, now, expires_at, exclusive, reason, new_id):
+        """Every path of the request written (inside the transaction); the rows."""
+        mine = {r["pattern"]: r for r in held if r["agent"] == agent}
+        count = len(mine) + sum(1 for p, _ in patterns if p not in mine)
+        if count > MAX_HELD:
+            raise RelayError(f"{agent} would hold {count} reservations; an agent holds at most {MAX_HELD}: release "
+                             "some, or reserve a directory or a glob that covers them")
+        granted, events = [], []
+        for p, scope in patterns:
+            old = mine.get(p)
+            row = {"id": old["id"] if old else new_id(), "agent": agent, "pattern": p, "scope": scope,
+                   "exclusive": int(exclusive),
+                   "reason": reason if reason is not None or old is None else old["reason"],
+                   "since": old["since"] if old else now, "renewed_at": now, "expires_at": expires_at}
+            self.db.execute("INSERT INTO reservations (id, agent, pattern, scope, exclusive, reason, since, "
+                            "renewed_at, expires_at) VALUES (:id, :agent, :pattern, :scope, :exclusive, :reason, "
+                            ":since, :renewed_at, :expires_at) ON CONFLICT (agent, pattern) DO UPDATE SET "
+                            "scope = excluded.scope, exclusive = excluded.exclusive, reason = excluded.reason, "
+                            "renewed_at = excluded.renewed_at, expires_at = excluded.expires_at", row)
+            why = f": {row['reason']}" if row["reason"] else ""
+            events.append((None, now, "renewed" if old else "reserved",
+                           f"{p} ({mode(exclusive)}) until {utc(expires_at)}{why}", agent))
+            granted.append(row)
+        self.events(events)
+        return granted
 
     def _refused(self, agent, exclusive, conflicts, now, new_id, notice):
         self.events([(None, now, "reservation-refused",
