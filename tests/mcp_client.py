@@ -33,17 +33,18 @@ class Client:
 
 
 @contextlib.asynccontextmanager
-async def serve(root, agent, errlog):
+async def serve(root, agent, errlog, **session):
     """`relay mcp --agent AGENT --root ROOT` through the SDK's stdio client; its stderr goes to
-    the open file `errlog`."""
+    the open file `errlog`. `session`: the ClientSession's keywords (message_handler, client_info,
+    notification_bindings, ...)."""
     from mcp import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
     params = StdioServerParameters(command=sys.executable, cwd=str(root),
                                    args=["-m", "relay", "mcp", "--agent", agent, "--root", str(root)])
     async with stdio_client(params, errlog=errlog) as (read, write):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            yield Client(session)
+        async with ClientSession(read, write, **session) as client:
+            await client.initialize()
+            yield Client(client)
 
 
 def children():

@@ -142,14 +142,14 @@ def test_what_is_not_in_a_tools_schema_is_refused_in_the_schemas_words(team, tmp
     run(team, tmp_path, scenario)
 
 
-def test_tool_descriptions_are_dedented_and_no_empty_resources_or_prompts_are_advertised(team, tmp_path):
+def test_tool_descriptions_are_dedented_and_resources_but_no_empty_prompts_are_advertised(team, tmp_path):
     async def scenario(bob):
         for name, tool in (await bob.tools()).items():
             lines = tool.description.splitlines()
             assert len(lines) > 1 and not any(line[:1].isspace() for line in lines), (name, tool.description)
         capabilities = bob.session.server_capabilities
         assert capabilities.tools is not None
-        assert capabilities.resources is None and capabilities.prompts is None
+        assert capabilities.resources.subscribe is True and capabilities.prompts is None
     run(team, tmp_path, scenario)
 
 

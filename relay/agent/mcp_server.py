@@ -35,8 +35,10 @@ client no longer reads exits.
 A refusal (an unknown recipient with the closest match, a bad request id, an argument a tool
 does not take or of another type than its schema's (mcp_schema.py), a number below its range,
 ...) comes back as a tool error carrying relay's one-line message; the server goes on. Only this
-module, mcp_wire.py, mcp_handover.py (the hand-off) and mcp_schema.py (the tools held to their
-schemas) import `mcp`; cli/mcp.py loads them when `relay mcp` runs.
+module, mcp_wire.py, mcp_handover.py (the hand-off), mcp_schema.py (the tools held to their
+schemas) and mcp_push.py (the resources relay://inbox/NAME and relay://thread/ID, their
+subscriptions, notifications/resources/updated and Claude Code's channel events) import `mcp`;
+cli/mcp.py loads them when `relay mcp` runs.
 """
 import functools
 import logging
@@ -60,6 +62,7 @@ from relay.files.lock import holder
 from relay.agent.mcp_wire import serve as serve_stdio
 from relay.agent.mcp_schema import strict, takes, unadvertised
 from relay.agent.mcp_receipts import ReceiptTools
+from relay.agent.mcp_push import CHANNEL, Pusher
 from relay.agent.mcp_results import (Agents, Leases, MarkedRead, Message, Messages, Released, Results, Sent,
                                      Thread, ThreadMessage)
 
@@ -357,6 +360,8 @@ def build(agent, handover=None):
     tools = Tools(agent, handover)
     server = Server("relay", version=__version__, instructions=INSTRUCTIONS.format(me=agent.name),
                     log_level="WARNING", tools=[strict(getattr(tools, name)) for name in Tools.NAMES])
+    server.pusher = Pusher(agent.name, agent.project.config)
+    server.pusher.register(server)      # before unadvertised(): the resources are served
     unadvertised(server)
     return server
 
@@ -378,5 +383,11 @@ def serve(agent):
     # The SDK's Server under MCPServer, run on relay's transport (MCPServer.run_stdio_async
     # runs it on the SDK's, which cannot say whether a reply was written).
     lowlevel = server._lowlevel_server
-    run = functools.partial(lowlevel.run, initialization_options=lowlevel.create_initialization_options())
+    options = lowlevel.create_initialization_options(experimental_capabilities={CHANNEL: {}})
+
+    async def run(read_stream, write_stream):
+        async with anyio.create_task_group() as tg:     # the pushes (mcp_push.py) beside the server
+            tg.start_soon(server.pusher.run)
+            await lowlevel.run(read_stream, write_stream, initialization_options=options)
+            tg.cancel_scope.cancel()
     anyio.run(serve_stdio, run, handover)
