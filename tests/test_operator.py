@@ -363,7 +363,6 @@ def read_only(cli):
     immutable attribute (chattr +i), which root's permission checks do not pass over as they
     pass over the mode bits. Undone at the end."""
     import shutil
-    cli("init", "--agent", "Ann", "--agent", "Ben")
     cli("send", "--from", "Ann", "--to", "Ben", "--subject", "plan", "the zebra plan")
     cli("run", "--once", "-q")
     cli("state", "set", "build", "green", "--as", "Ann")
@@ -403,6 +402,7 @@ def test_status_of_a_writable_project_says_its_ledger_is_writable(cli):
     doc = json.loads(cli("status", "--json").stdout)
     assert doc["ledger"] == {"path": str(cli.state / "ledger.sqlite"), "writable": True, "unwritable": None,
                              "opened": "read-only"}
+    assert "ledger     " not in cli("status", ok=False).stdout
 
 
 def test_read_where_the_inbox_cannot_be_written_prints_the_message_and_notes_it_stays_unread(cli):
@@ -426,4 +426,3 @@ def test_read_where_the_inbox_cannot_be_written_prints_the_message_and_notes_it_
     [note] = r.stderr.splitlines()
     assert note.startswith(f"relay: {mid} could not be marked read (") and note.endswith("it stays new")
     assert [p.name for p in (cli.state / "inbox" / "Ben" / "new").iterdir()] == [f"{mid}.json"]
-    assert "ledger     " not in cli("status", ok=False).stdout
