@@ -358,11 +358,28 @@ def test_doctor_runs_verifys_archive_checks_unless_quick(cli):
 
 
 @pytest.fixture
-def read_only(cli):
+def read_only(tmp_path):
     """A project whose state directory and ledger no one may write, root included: the
     immutable attribute (chattr +i), which root's permission checks do not pass over as they
-    pass over the mode bits. Undone at the end."""
+    pass over the mode bits. Undone at the end. Each verb runs as a process of its own, as a
+    person reading someone else's project does (in this process, a ledger mapped by an earlier
+    verb and then made immutable is no project anyone reads)."""
     import shutil
+    import sys
+
+    class Ran:
+        def __init__(self, r):
+            self.exit_code, self.stdout, self.output = r.returncode, r.stdout, r.stdout + r.stderr
+
+    def cli(*args, ok=True):
+        r = Ran(subprocess.run([sys.executable, "-m", "relay", "--root", str(tmp_path), *args],
+                               capture_output=True, text=True, timeout=120))
+        if ok:
+            assert r.exit_code == 0, r.output
+        assert "Traceback" not in r.output
+        return r
+    cli.root, cli.state = tmp_path, tmp_path / ".relay"
+    cli("init", "--agent", "Ann", "--agent", "Ben")
     cli("send", "--from", "Ann", "--to", "Ben", "--subject", "plan", "the zebra plan")
     cli("run", "--once", "-q")
     cli("state", "set", "build", "green", "--as", "Ann")
