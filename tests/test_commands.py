@@ -221,7 +221,7 @@ def test_sheds_show_in_status_audit_show_report_and_agents(team, tmp_path):
     page = tmp_path / "r.html"
     cli("report", "--html", str(page))
     html = page.read_text()
-    assert "Shed by flow control" in html and "<td class='err'>per_pair_rate</td>" in html
+    assert "Shed by flow control" in html and '<td class="err">per_pair_rate</td>' in html
     agents = {r["agent"]: r for r in json.loads(cli("agents", "--json").output)}
     assert agents["Ann"]["shed_from"]["per_pair_rate"] == 1 and agents["Ben"]["shed_to"]["per_pair_rate"] == 1
 

@@ -444,7 +444,7 @@ def report(ctx, since, html_file):
     (written to .relay/report.html unless --html names another file)."""
     from relay.operator import report as report_mod
     with ctx.reader() as led:
-        data = led.figures(moment(since, "--since"))
+        data = report_mod.gather(led, moment(since, "--since"))
     skipped(list(data["unreadable"]))
     page = report_mod.render(data, title=f"relay report: {ctx.cfg.root.name}", now=time.time())
     if html_file == "-":

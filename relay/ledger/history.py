@@ -511,7 +511,7 @@ class History:
             f"SELECT CAST(discovered_at / 3600 AS INTEGER) AS h, count(*) AS n FROM messages m WHERE {known} "
             "GROUP BY h ORDER BY h", args).fetchall()
         data["failures"] = list(sift(db.execute(
-            f"SELECT id, sender, name, error, failed_at FROM messages m WHERE m.status = 'failed' AND {known} "
+            f"SELECT id, sender, name, subject, error, failed_at FROM messages m WHERE m.status = 'failed' AND {known} "
             "ORDER BY id DESC LIMIT 200", args), []))
         data["shed_counts"] = self.shed_counts(since)
         data["sheds"] = list(sift(db.execute(

@@ -12,6 +12,7 @@ import orjson
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import PlainTextResponse, StreamingResponse
 
+from relay.operator.views import headline
 from relay.web.render import inert
 
 POLL = 0.2              # seconds between two looks at the ledger's event log
@@ -50,7 +51,8 @@ class Hub:
         return self._doc(history, upto, events) if events else None
 
     def _doc(self, history, seq, events):
-        return clean({"seq": seq, "counts": history.counts(),
+        counts = history.counts()
+        return clean({"seq": seq, "counts": counts, "headline": headline(counts),
                       "events": [{"seq": e["seq"], "at": e["at"], "id": e["message_id"], "event": e["event"],
                                   "detail": e["detail"], "actor": e["actor"], "from": e["sender"]}
                                  for e in events]})

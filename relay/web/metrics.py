@@ -68,8 +68,9 @@ class LedgerCollector:
         yield CounterMetricFamily("relay_bounces", "Bounces owed to senders.", value=history.web.bounce_count())
         yield from self.queues(history, now)
         yield self.latency(history)
+        overdue = history.receipts.overdue_count(now - self.cfg.ack_overdue)
         yield GaugeMetricFamily("relay_acks_overdue", "Delivered copies whose acknowledgement, asked for, waits "
-                                "longer than ack_overdue.", value=history.receipts.overdue_count(now - self.cfg.ack_overdue))
+                                "longer than ack_overdue.", value=overdue)
         yield from self.federation(history)
 
     def queues(self, history, now):
@@ -95,10 +96,10 @@ class LedgerCollector:
             return
         waiting = GaugeMetricFamily("relay_federation_unacknowledged",
                                     "Rows published to a node, awaiting its acknowledgement.", labels=["node"])
-        for node, n in sorted(history.unacknowledged().items()):
+        for node, n in sorted(history.remote.unacknowledged().items()):
             waiting.add_metric([node], n)
         yield waiting
-        link = history.link()
+        link = history.remote.link()
         yield GaugeMetricFamily("relay_federation_link_up", "1 while the link to the federation server is up.",
                                 value=1 if link is not None and link["connected"] else 0)
 

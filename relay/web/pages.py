@@ -24,7 +24,7 @@ class BadFilter(RelayError):
 
 
 def page(site, request, template, status_code=200, **values):
-    body = site.env.get_template(template).render(site=site.info, path=request.url.path, **values)
+    body = site.env.get_template(template).render(site=site.info, path=request.url.path, linked=True, **values)
     return HTMLResponse(body, status_code=status_code)
 
 

@@ -37,6 +37,7 @@ def overview(history, layout, cfg, now):
            "daemon": {"pid": pid, "durability": health.describe(att, pid), "attested": att},
            "last_event": history.last_event(), "federation": federation(history, cfg, now)}
     doc["total"] = sum(doc["counts"].values())
+    doc["headline"] = views.headline(doc["counts"])      # as relay report and relay status count
     doc["top_hour"] = max([n for _, n in doc["hours"]] or [1])
     doc["now"], doc["ack_overdue"] = now, cfg.ack_overdue
     return doc
@@ -65,8 +66,8 @@ def federation(history, cfg, now):
     """Each node this one sends to: its unacknowledged rows and the oldest's age; the link."""
     if not cfg.federation:
         return None
-    link = history.link()
-    counts = history.outbound_counts()
+    link = history.remote.link()
+    counts = history.remote.outbound_counts()
     nodes = [{"node": node, "waiting": w["waiting"], "published": w["published"],
               "oldest_s": (now - w["oldest_at"]) if w["oldest_at"] else None}
              for node, w in counts["by_node"].items()]
@@ -98,7 +99,7 @@ def message(history, layout, mid, cfg, now):
            "deliveries": list(sift(history.deliveries(row["id"]), bad, "deliveries")),
            "events": list(sift(history.events(row["id"]), bad, "events")),
            "sheds": [views.shed(s) for s in history.sheds(row["id"])],
-           "remote": [{"node": o["node"], "state": views.remote_state(o)} for o in history.outbound(row["id"])],
+           "remote": [{"node": o["node"], "state": views.remote_state(o)} for o in history.remote.outbound(row["id"])],
            "bounces": history.web.bounces_of([row["id"]]).get(row["id"], []),
            "receipts": receipts(history, cfg, row, now),
            "original": original(history, layout, row), "unreadable": [str(b) for b in bad]}
@@ -183,7 +184,7 @@ def agents(history, layout, cfg, now=None):
     roster = registry.roster(history, local, bad)
     rows = doctor.agents_report(history, layout, set(roster), bad, now=now)
     held = {}
-    for r in history.reservations(now):
+    for r in history.reservations.held(now):
         held.setdefault(r["agent"], []).append(Reservation.of(r).as_dict(now))
     out = []
     for r in rows:
@@ -192,5 +193,5 @@ def agents(history, layout, cfg, now=None):
         out.append({**r, **reg, "state": state, "reservations": held.get(r["agent"], []),
                     "shed": sum(r["shed_to"].values()), "meta": views.registered({**r, **reg})})
     state = [{"key": s["key"], "value": s["value"], "version": s["version"], "at": s["updated_at"],
-              "by": s["updated_by"]} for s in history.state_entries()]
+              "by": s["updated_by"]} for s in history.state.entries()]
     return {"agents": out, "state": state, "reasons": REASONS}

@@ -1,96 +1,13 @@
-"""The pages' Jinja2 environment: autoescape on for every template, and every value printed made
-inert first: each control, bidi and other unsafe character shown as a visible escape
-(terminal.escaped), so an agent's subject cannot reorder or hide what a person reads."""
-import datetime
-
-import re
-from urllib.parse import quote
-
+"""The pages' Jinja2 environment: relay/web/templates in front of the templates relay report
+shares with them (relay/operator/templating.py: autoescape on, every value printed made inert,
+the filters)."""
 import jinja2
-from markupsafe import Markup, escape
 
-from relay.terminal import escaped
+from relay.operator.templating import age, css_word, hour_bars, inert, sheds, thread_href, utc  # noqa: F401
+from relay.operator.templating import environment as shared
 
 TEMPLATES = jinja2.PackageLoader("relay.web", "templates")
 
 
-def inert(value):
-    """What `{{ value }}` prints: text with its unsafe characters shown as escapes (newlines and
-    tabs kept); markup a template made itself (Markup) as it is."""
-    if value is None:
-        return ""
-    if isinstance(value, Markup):
-        return value
-    if isinstance(value, str):
-        return escaped(value, keep="\n\t")
-    return value
-
-
-def utc(ts, fmt="%Y-%m-%d %H:%M:%S"):
-    """An epoch time as UTC text; a value that is no number shown as it is."""
-    if ts is None or ts == "":
-        return ""
-    if not isinstance(ts, (int, float)):
-        return f"(unreadable: {ts!r:.60})"
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime(fmt)
-
-
-def age(seconds):
-    """90 -> '1m30s'."""
-    if seconds is None:
-        return ""
-    s = int(seconds)
-    for unit, size, sub, subsize in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
-        if s >= size:
-            return f"{s // size}{unit}{s % size // subsize:02d}{sub}"
-    return f"{s}s"
-
-
-def thread_href(tid):
-    """The address of a thread: /threads/ID with every character of the id quoted (a `/` too);
-    an id a browser would take for a dot segment (`.`, `..`) goes as a filter of /messages."""
-    tid = str(tid)
-    if tid.strip(".") == "":
-        return "/messages?thread=" + quote(tid, safe="")
-    return "/threads/" + quote(tid, safe="")
-
-
-def css_word(value):
-    return re.sub(r"[^a-z]", "", str(value).lower())[:20]
-
-
-def sheds(by_reason):
-    return ", ".join(f"{k} {v}" for k, v in (by_reason or {}).items() if v) or "-"
-
-
-def hour_bars(hours, top, width=720, height=120):
-    """Messages per hour as an SVG bar chart (attributes only: no inline style under the CSP)."""
-    if not hours:
-        return Markup('<p class="quiet" id="hours">No messages in the last 48 hours.</p>')
-    first, last = hours[0][0], hours[-1][0]
-    counts = dict(hours)
-    span = list(range(first, last + 1))
-    bar = max(4, min(40, width // max(1, len(span))))
-    parts = [f'<svg id="hours" xmlns="http://www.w3.org/2000/svg" width="{width + 40}" height="{height + 24}" '
-             'role="img" aria-label="messages per hour">',
-             f'<line x1="30" y1="{height}" x2="{width + 30}" y2="{height}" stroke="#718096"/>',
-             f'<text x="0" y="12" font-size="11">{int(top)}</text>']
-    for i, hour in enumerate(span):
-        n = counts.get(hour, 0)
-        h = round(n / (top or 1) * (height - 10))
-        x = 30 + i * bar
-        label = utc(hour * 3600, "%Y-%m-%d %H:00")
-        parts.append(f'<rect x="{x + 1}" y="{height - h}" width="{bar - 2}" height="{h}" fill="#2b6cb0">'
-                     f'<title>{escape(label)}: {n}</title></rect>')
-        if i % max(1, len(span) // 8) == 0:
-            parts.append(f'<text x="{x}" y="{height + 14}" font-size="10">{escape(label[11:16])}</text>')
-    parts.append("</svg>")
-    return Markup("".join(parts))
-
-
 def environment():
-    env = jinja2.Environment(loader=TEMPLATES, autoescape=True, finalize=inert,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(utc=utc, age=age, thread_href=thread_href, css_word=css_word, sheds=sheds,
-                       hour_bars=hour_bars)
-    return env
+    return shared(TEMPLATES)

@@ -46,6 +46,11 @@
       var el = document.getElementById("count-" + k);
       if (el) { el.textContent = String(doc.counts[k]); }
     });
+    Object.keys(doc.headline || {}).forEach(function (k) {
+      var card = document.getElementById("head-" + k);
+      var figure = card && card.querySelector("b");
+      if (figure) { figure.textContent = String(doc.headline[k]); }
+    });
     var all = document.getElementById("count-total");
     if (all) { all.textContent = String(total); }
     var list = document.getElementById("live-events");
