@@ -110,11 +110,32 @@ def test_the_relay_holds_its_loop_pipeline_and_schedule_as_parts(project, clock)
     assert not reaching, reaching
 
 
+def test_the_federation_meets_the_pipeline_at_one_seam(project, clock):
+    """One machine: the relay's router is Alone (every recipient local, a name nobody knows
+    refused at once), the same object the reader and the pipeline call; no part of core asks
+    whether there is a router."""
+    import pathlib
+    import re
+    import relay as package
+    from relay.core.routes import Alone
+    relay = project.relay()
+    assert isinstance(relay.router, Alone) and relay.reader.router is relay.router is relay.pipeline.s.router
+    core = pathlib.Path(package.__file__).parent / "core"
+    asks = [f"{p.name}:{n}" for p in sorted(core.glob("*.py"))
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if re.search(r"\brouter is (not )?None", line)]
+    assert not asks, asks
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    project.drop("Ann", "n", "TO: Nobody\n\nx")
+    counts = relay.drain(now_fn=clock, wait=lambda s: None)
+    assert (counts.archived, counts.failed) == (1, 1) and len(project.inbox("Ben")) == 1
+
+
 def test_reconfigure_applies_a_reload(project):
     relay = project.relay()
-    assert relay.history.pragmas()["synchronous"] == "FULL"
+    assert relay.history.checks.pragmas()["synchronous"] == "FULL"
     relay.reconfigure(project.config(agents=["Ann", "Ben", "Cy"], durability="normal", settle="2s"))
-    assert relay.history.pragmas()["synchronous"] == "NORMAL"
+    assert relay.history.checks.pragmas()["synchronous"] == "NORMAL"
     assert relay.outbox.settle == 2.0 and not relay.syncer.durable and relay.config.durability == "normal"
 
 

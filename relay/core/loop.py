@@ -11,8 +11,8 @@ import sqlite3
 import time
 
 from relay.errors import LedgerCorrupt, sqlite_cause
-from relay.core.schedule import MAX_HELD_WAIT
-from relay.core.work import Counts, backoff
+from relay.core.retries import MAX_HELD_WAIT, compute_backoff
+from relay.core.work import Counts
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class Loop:
 
     def _failed_step(self):
         """Log the failure (with its traceback: it was not foreseen), wait, recover."""
-        pause = backoff(self.step_pause, self.failures, MAX_STEP_PAUSE)
+        pause = compute_backoff(self.step_pause, self.failures, MAX_STEP_PAUSE)
         log.exception("the relay step failed; retrying in %.0fs", pause)
         self.wake.wait(pause)
         self.failures += 1

@@ -7,7 +7,8 @@ The Schedule holds times only; the relay's step does the work when a time comes 
 (`swept`, `orphans_removed`, `archive_retry_by`, ...). It reads outbox.next_deadline() and
 outbox.left(), history.next_due(), history.waiting() and reads.due(); it writes nothing of theirs."""
 
-MAX_HELD_WAIT = 10.0     # the longest wait before a file found held open for writing is looked at again
+from relay.core.retries import MAX_HELD_WAIT
+
 ORPHAN_INTERVAL = 3600.0  # seconds between two removals of orphaned inbox tmp/ files
 
 

@@ -1,5 +1,6 @@
-"""A claimed message's end in its batch: archived, retried with backoff, deferred, or quarantined
-with a report; then counted and logged (`report`).
+"""A claimed message's end in its batch: the retry policy (retries.py) decides, the Settler acts:
+archives the original, quarantines it with a report, or leaves it to be claimed again; then each
+work is counted and logged (`report`).
 
 The Settler uses the archive (store, quarantine, report files) and the schedule (an archive
 move that failed is tried again by `archive_retry_by`, a file held open waits at most
@@ -8,61 +9,63 @@ import logging
 
 from relay.config import SYSTEM
 from relay.core import flow
-from relay.core.work import Outcome, backoff, fields
+from relay.core.retries import Action, Facts, Retries
+from relay.core.work import Outcome, fields
 from relay.errors import DurabilityError, TransientError
 
-HELD_MIN = 0.05          # the shortest wait before a file held open for writing is looked at again
 log = logging.getLogger(__name__)
+
+
+def facts(w):
+    """What the retry policy decides from, of one work after its batch's delivery."""
+    return Facts(retries=w.retries, attempts=w.attempts, failing_since=w.failing_since,
+                 max_retries=getattr(w.message, "max_retries", None), refused=w.refused, error=w.error,
+                 missed=tuple(w.missed.items()), delivered=tuple(w.got), defer=w.defer, held=bool(w.path),
+                 complete=w.complete)
 
 
 class Settler:
     def __init__(self, config, archive, schedule):
-        self.config, self.archive, self.schedule = config, archive, schedule
+        self.archive, self.schedule = archive, schedule
+        self.config = config
+
+    @property
+    def config(self):
+        return self._config
+
+    @config.setter
+    def config(self, config):
+        self._config = config
+        self.retries = Retries.of(config)
 
     def settle(self, w, now):
-        """Decide the outcome of one work after delivery; archive or quarantine its file."""
-        durability = next((e for e in w.missed.values() if isinstance(e, DurabilityError)), None)
-        if w.refused or isinstance(w.error, DurabilityError) or durability:
-            if durability and not w.refused:
-                w.refused = f"{durability}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
+        """Act on the policy's decision for one work after delivery."""
+        decision = self.retries.decide(facts(w), now, self.schedule.held_wait)
+        action, w.error = decision.action, decision.error
+        if action is Action.REFUSE:
+            w.refused = decision.reason
             return self.quarantine(w, now)
         flow.report(self.archive, w, now)       # shed for some: the sender learns who, and why
-        if w.defer:
-            w.outcome = Outcome.DEFER
-            # Held open for writing (found by the lease on the spooled file): looked at again
-            # after the settle time, doubled at each claim that finds it still held, so that a
-            # writer that never lets go does not cost a claim and a commit every settle time.
-            w.next_attempt_at = now + backoff(max(self.config.settle, HELD_MIN), w.attempts - 1,
-                                              self.schedule.held_wait) if w.path else now
-            w.error = TransientError("still open for writing") if w.path else None
-            return
-        if w.error is None and w.complete:
-            try:
-                self.archive.store(w.path, w.archive_rel)
-                w.outcome = Outcome.ARCHIVED
-            except OSError as e:
-                w.outcome = Outcome.DELIVERED
-                w.error = TransientError(f"moving the original to {w.archive_rel}: {e.strerror or e}")
-                w.next_attempt_at = now + self.config.retry_backoff
-                self.schedule.archive_retry_by(w.next_attempt_at)
-            return
-        if w.error is None:
-            w.error = TransientError("; ".join(f"not delivered to {r}: {e}" for r, e in sorted(w.missed.items())))
-        since = w.failing_since if w.failing_since is not None else now
-        own = getattr(w.message, "max_retries", None)      # the sender's MAX-RETRIES, at most the configured
-        if own is not None:
-            if w.retries + 1 > min(own, self.config.max_retries):
-                w.refused = f"gave up after {w.retries + 1} attempts (MAX-RETRIES: {own}): {w.error}"
-                return self.quarantine(w, now)
-        elif w.retries + 1 > self.config.max_retries and now - since >= self.config.retry_period:
+        if action is Action.FAIL:
+            w.refused = decision.reason
             return self.quarantine(w, now)
-        w.outcome = Outcome.RETRY
-        w.next_attempt_at = now + backoff(self.config.retry_backoff, w.retries)
+        if action is Action.ARCHIVE:
+            return self._archive(w, now)
+        w.outcome = Outcome.DEFER if action is Action.DEFER else Outcome.RETRY
+        w.next_attempt_at = decision.next_attempt_at
+
+    def _archive(self, w, now):
+        try:
+            self.archive.store(w.path, w.archive_rel)
+            w.outcome = Outcome.ARCHIVED
+        except OSError as e:
+            w.outcome = Outcome.DELIVERED
+            w.error = TransientError(f"moving the original to {w.archive_rel}: {e.strerror or e}")
+            w.next_attempt_at = self.retries.archive_again(now)
+            self.schedule.archive_retry_by(w.next_attempt_at)
 
     def quarantine(self, w, now):
-        if w.refused is None:
-            w.refused = f"gave up after {w.retries + 1} attempts: {w.error}" \
-                if isinstance(w.error, TransientError) else str(w.error)
+        """Move the original into failed/ with a report of why (w.refused), who had it and the sheds."""
         delivered = sorted(set(w.got) | set(w.had))
         report = self.archive.report(w.id, w.sender, w.name, w.refused, now, w.retries + 1, delivered, flow.entries(w))
         try:

@@ -4,13 +4,7 @@ read: history.unreadable.)"""
 import dataclasses
 import enum
 
-
-MAX_BACKOFF = 300.0      # the longest wait between two attempts
-
-
-def backoff(base, retries, cap=MAX_BACKOFF):
-    """Seconds before the next attempt after `retries` failed ones: doubling, capped."""
-    return min(base * 2 ** min(retries, 30), cap)
+from relay.core.retries import MAX_BACKOFF, compute_backoff as backoff  # noqa: F401 - the name its users import
 
 
 class Outcome(str, enum.Enum):
