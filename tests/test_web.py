@@ -271,3 +271,66 @@ def test_receipts_acknowledgements_and_priority_in_the_pages(team):
         assert get(srv, "/messages?priority=soon")[0] == 400
         metrics = get(srv, "/metrics")[2]
     assert re.search(r"(?m)^relay_acks_overdue 1\.0$", metrics)
+
+
+def test_the_live_stream_carries_hostile_text_inertly(team):
+    """What agents wrote reaches the server-sent events as JSON strings on one data line each,
+    every control and bidi character shown as an escape (the page sets them as text)."""
+    import json
+    import urllib.request
+    with server(team.root) as srv:
+        after = re.search(r'data-after="(\d+)"', get(srv, "/messages")[2]).group(1)
+        req = urllib.request.Request(f"{srv.base}/events?after={after}",
+                                     headers={"Authorization": f"Bearer {srv.token}"})
+        with urllib.request.urlopen(req, timeout=20) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            for i, bad in enumerate(HOSTILE):
+                team("send", "--from", "Alice", "--to", "Bob", "--subject", bad, "--thread", f"t{i}{bad}", bad)
+            team("send", "--from", "Alice", "--to", "Bob", "--create", "--thread", "x", "--subject", "s", "y")
+            (team.state / "outbox" / "Alice" / "odd").write_text(
+                "TO: <script>alert(1)</script>\u202e\x1b[31m\nSUBJECT: \u2066x\x07\n\nbody")
+            team("run", "--once")
+            docs, raw = [], b""
+            while not any(e["event"] == "failed" for d in docs for e in d["events"]):
+                line = stream.readline()
+                assert line, "the stream ended"
+                raw += line
+                if line.startswith(b"data: "):
+                    docs.append(json.loads(line[6:]))
+    text = raw.decode("utf-8")
+    assert not [c for c in text if (c < " " and c != "\n") or "\x7f" <= c <= "\x9f"
+                or "\u202a" <= c <= "\u202e" or "\u2066" <= c <= "\u2069"]
+    failed = next(e for d in docs for e in d["events"] if e["event"] == "failed")
+    assert "<script>alert(1)</script>" in failed["detail"] and "\\u202e" in failed["detail"]
+    assert all(set(d) >= {"seq", "counts", "headline", "events"} for d in docs)
+
+
+def test_the_cli_prints_the_address_with_its_token_once_and_it_signs_in(team):
+    """`relay web` as a process: its first line on stdout is the address with the run's token;
+    that address signs in (a cookie, then the page), and the token is printed nowhere else."""
+    import os
+    import signal
+    import subprocess
+    import urllib.parse
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "--root", str(team.root), "web"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        first = proc.stdout.readline().decode()
+        m = re.fullmatch(r"relay web: (http://127\.0\.0\.1:(\d+))/\?token=([A-Za-z0-9_-]{32,})\n", first)
+        assert m, first
+        base, port, token = m.group(1), m.group(2), m.group(3)
+
+        class Srv:
+            pass
+        srv = Srv()
+        srv.base = base
+        status, headers, _ = get(srv, "/?" + urllib.parse.urlencode({"token": token}), token=None)
+        assert status == 303 and headers["location"] == "/"
+        cookie = headers["set-cookie"].split(";")[0]
+        assert cookie == f"relay_web_{port}={token}"
+        status, _, page = get(srv, "/", token=None, headers={"Cookie": cookie})
+        assert status == 200 and "Overview" in page
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert (first.encode() + out + err).decode().count(token) == 1
