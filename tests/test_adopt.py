@@ -87,12 +87,42 @@ def test_three_agents_read_one_short_block_that_says_how_each_knows_its_name(tea
     for agent in ("alice", "bob", "carol"):
         team("adopt", agent)
     text = (team.root / "AGENTS.md").read_text()
-    assert text.count("<!-- relay:begin") == 1 and len(text.splitlines()) <= 60, len(text.splitlines())
+    assert text.count("<!-- relay:begin") == 1 and len(text.splitlines()) <= 66, len(text.splitlines())
     for agent in ("alice", "bob", "carol"):
         assert f"- `{agent}`: `RELAY_AGENT={agent}`" in text
     assert 'You are the one `echo "$RELAY_AGENT"` names' in text
     assert f'{R} inbox "$RELAY_AGENT" --wait 600 --ack' in text and "relay.Agent()" in text
     assert "follow the one with your name" not in text
+
+
+def test_the_text_tells_the_agents_whole_day_in_about_60_lines():
+    one = adopt.block(["bob"], TEAM, root="/abs/project")
+    shared = adopt.block(["alice", "bob", "carol"], TEAM, root="/abs/project")
+    assert len(one.splitlines()) <= 60 and len(shared.splitlines()) <= 66, (len(one.splitlines()),
+                                                                          len(shared.splitlines()))
+    for text in (" ".join(one.split()), " ".join(shared.split())):
+        for told in (" reserve --agent ", " reservations ", "--exclusive", " guard install", "RELAY_AGENT=",
+                     "bounce", " ack ID ", "--ack-required", "--priority urgent", "--wait-read", "--wait-acked",
+                     " overdue ", " show ID ", " state list", "--if-absent", " hook install claude --agent ",
+                     "relay://inbox/"):
+            assert told in text, told
+    # who commits, said so that the guard knows it: by name in a file of one agent
+    assert "`RELAY_AGENT=bob git commit ...`" in one and "`git config relay.agent bob`" in one
+    assert "`RELAY_AGENT=<your name> git commit ...`" in shared
+
+
+def test_the_text_names_every_tool_the_mcp_server_serves(team):
+    pytest.importorskip("mcp")
+    import anyio
+
+    import relay
+    from relay.agent.mcp_server import build
+    with relay.Agent("bob", root=team.root) as bob:
+        served = {t.name for t in anyio.run(build(bob).list_tools)}
+    text = " ".join(adopt.block(["bob"], TEAM).split())
+    assert len(served) >= 16
+    for name in served:
+        assert f" {name}," in text or f" {name};" in text, name
 
 
 def test_blocks_an_earlier_version_wrote_are_taken_into_the_shared_one(team):

@@ -82,7 +82,8 @@ def test_every_command_of_the_adopt_text_works_as_written(daemon, shared, tmp_pa
         if " inbox " in line and "--recent" not in line:
             assert "please look at the parser" in out, line
     shell("\n".join(by_hand), root, env)                        # from the project's top directory
-    until(lambda: len(new_for(root, "alice")) == 3, "bob's two sends and the file by hand reach alice")
+    until(lambda: len(new_for(root, "alice")) == 5, "bob's three sends, his ack's note and the file by hand "
+                                                     "reach alice")
     with relay.Agent("carol", root=root) as carol:
         carol.send("bob", "the tests are green")
     until(lambda: len(new_for(root, "bob")) == 1, "carol's message reaches bob")
@@ -95,11 +96,17 @@ def test_every_command_of_the_adopt_text_works_as_written(daemon, shared, tmp_pa
     with relay.Agent("alice", root=root) as alice:
         got = [(m.sender, m.subject, m.body) for m in alice.inbox()]
     assert ("bob", "tests are green", "the body") in got and ("bob", "hi", "the body\n") in got
-    assert ("bob", "Re: review", "the answer") in got
+    assert ("bob", "Re: review", "the answer") in got and ("bob", "Re: review", "done") in got   # the ack's note
+    assert ("bob", None, "merge it?") in got
+    with relay.Agent("alice", root=root) as alice:
+        [urgent] = [m for m in alice.inbox() if m.body == "merge it?"]
+        assert (urgent.priority, urgent.ack_required) == ("urgent", True)
+        assert alice.receipts(mid)["recipients"][0]["acked_at"]   # bob's `ack ID`
     if shared:          # without RELAY_AGENT, the name put before each command, as the text says
-        out = shell(f"RELAY_AGENT=bob {commands[4].split('#')[0]}", sub, {k: v for k, v in env.items()
-                                                                       if k != "RELAY_AGENT"})
-        assert "please look at the parser" in out
+        [search] = [line for line in commands if " search " in line]
+        out = shell(f"RELAY_AGENT=bob {search.split('#')[0]}", sub, {k: v for k, v in env.items()
+                                                                    if k != "RELAY_AGENT"})
+        assert "tests are green" in out
     # the MCP line: what `claude mcp add` would start, started the same way, answers as bob
     [server] = mcp
     assert server.startswith("claude mcp add relay-")
@@ -115,3 +122,40 @@ def test_every_command_of_the_adopt_text_works_as_written(daemon, shared, tmp_pa
                     await session.initialize()
                     return (await session.call_tool("agents", {})).structured_content["me"]
     assert anyio.run(ask) == "bob"
+
+
+def git(line, cwd, env, ok=True):
+    done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode == 0) == ok, f"{line}\n{done.stdout}{done.stderr}"
+    return done.stdout + done.stderr
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_an_agent_following_the_text_commits_its_reserved_files_through_the_guard(cli):
+    root = cli.root
+    env = {"PATH": BARE_PATH, "HOME": str(root), "LANG": "C.UTF-8", "GIT_CONFIG_NOSYSTEM": "1"}
+    git("git init -q -b main && git config user.email a@example.com && git config user.name A", root, env)
+    cli("init", "--agent", "alice", "--agent", "bob")
+    cli("guard", "install")
+    cli("adopt", "bob")
+    text = (root / "AGENTS.md").read_text()
+    [reserve] = [line for line in code_blocks(text)[0] if " reserve " in line]
+    git(reserve, root, env)                                     # src/parser, exclusively, as the text does
+    (root / "src" / "parser").mkdir(parents=True)
+    (root / "src" / "parser" / "lexer.py").write_text("tokens = []\n")
+    git("git add src", root, env)
+    # a commit that does not say who commits: the guard takes bob's own lease for another's
+    assert "who commits" in git("git commit -qm lexer", root, env, ok=False)
+    flat = " ".join(text.split())
+    [commit] = re.findall(r"commit as `(RELAY_AGENT=bob git commit) \.\.\.`", flat)
+    git(f"{commit} -qm lexer", root, env)                     # as the text says: committed
+    # the other way it names, once for a clone only bob commits in
+    [config] = re.findall(r"`(git config relay\.agent bob)`", flat)
+    (root / "src" / "parser" / "lexer.py").write_text("tokens = [1]\n")
+    git(f"{config} && git commit -qam 'lexer, again'", root, env)
+    assert git("git rev-list --count HEAD", root, env).strip() == "2"
+    # and alice, named, is refused bob's files
+    (root / "src" / "parser" / "lexer.py").write_text("tokens = [2]\n")
+    out = git("RELAY_AGENT=alice git commit -qam 'not hers'", root, env, ok=False)
+    assert "src/parser/lexer.py" in out and "bob" in out
+

@@ -12,40 +12,50 @@ virtual environment: relay's console script by its absolute path (or `PYTHON -m 
 the system's default PATH finds this installation's script itself.
 """
 import os
+import re
 import shlex
 import shutil
 import sys
+import textwrap
 from pathlib import Path
+
+from relay.agent.mcp_names import TOOLS
 
 PLACEHOLDER = "YOUR_NAME"           # the snippet's agent name: valid, and plainly to be replaced
 PLACEHOLDER_TO = "OTHER_NAME"       # an example recipient where no other agent is known
 MAX_LISTED = 40                     # other agents named in a block; `relay agents` has them all
 ENV_ME = '"$RELAY_AGENT"'           # the agent in the commands of a file several agents read
+LINE = 100                          # the width the generated paragraphs are wrapped to
 
 TEMPLATE = """\
 ## relay: messages between the agents of this project
 
 {{identity}}
 
-relay carries messages between agents as files and keeps a ledger of them; they move while
-`relay run` is going. Every command works anywhere in the project:
+relay carries the agents' messages as files, with a ledger, while `relay run` goes. Anywhere in the project:
 
-    {{R}} inbox {{me}}                    # your new messages, whole; marks nothing read
+    {{R}} inbox {{me}}                    # your new messages, whole, urgent first; marks nothing read
     {{R}} inbox {{me}} --wait 600 --ack   # waits for one (exit 124: none came), marks read what it printed
-    {{R}} mark-read --agent {{me}} ID     # marks a message read by its id, once you dealt with it
-    {{R}} read ID --agent {{me}}          # one message again, read or not (then marked read)
-    {{R}} inbox {{me}} --recent 5         # the 5 newest you read already: nothing taken is lost
+    {{R}} mark-read --agent {{me}} ID     # marks a message read by its id (read ID --agent {{me}}: see it again)
+    {{R}} ack ID --agent {{me}} --note "done"   # acknowledge one that asks it (ACK: required); the note goes back
     {{R}} send --from {{me}} --to {{to}} --subject "tests are green" "the body"   # prints its id
     {{R}} send --from {{me}} --reply-to ID "the answer"   # to ID's sender, in its thread
+    {{R}} send --from {{me}} --to {{to}} --priority urgent --ack-required "merge it?"   # urgent first; asks an ack
+    {{R}} show ID                         # per recipient: delivered, surfaced, read, acknowledged; or why it failed
+    {{R}} overdue --agent {{me}}          # your sends whose acknowledgement is overdue (30m)
     {{R}} search "tests green" --agent {{me}}   # your messages holding these words, newest first
-    {{R}} audit --thread ID               # a conversation, from its first message
-    {{R}} show ID                         # delivered to whom and when, or failed and why
-    {{R}} audit --from {{me}} --status failed   # your sends that failed: fix the cause, send again
-    {{R}} status                          # is relay running?
+    {{R}} reserve --agent {{me}} src/parser --for 1h --exclusive --reason "lexer"   # before editing shared files
+    {{R}} reservations                    # who holds which files until when; release --agent {{me}} --all
+    {{R}} state list                      # team state; take a key: state set KEY VALUE --if-absent --as {{me}}
 
-`--to` takes NAME[,NAME...] or `*` (everyone else); an unknown name is refused at once with the
-closest one. A body of `-` is read from standard input. Retrying a send after a timeout? Give both
-tries the same `--request-id R`: it is delivered once.
+`--to` takes NAME[,NAME...] or `*` (everyone else); an unknown name is refused with the closest one.
+`-` as the body reads standard input; a retry with the same `--request-id R` is delivered once.
+`--wait-read 5m` or `--wait-acked 30m` on a send blocks until every recipient read or acknowledged
+it (exit 0; 1 failed, saying why; 124 time out). A send that fails comes back as a bounce from
+`System`, "Undelivered: <subject>", saying why: fix the cause and send again; never answer it
+(`{{R}} audit --from {{me}} --status failed` lists your sends that failed).
+
+{{guard}}
 
 Without relay's command: from the project's top directory (the one holding `.relay/`), write the
 file under a hidden name, then rename it into your outbox under a name used once:
@@ -59,16 +69,14 @@ From Python, with the interpreter that has relay ({{PY}}):
     me = relay.Agent({{me_py}})
     for m in me.wait(timeout=600):      # [] on timeout; me.inbox() returns at once, marking nothing
         me.reply(m, "done")             # to m.sender, in m's thread
-        me.mark_read([m.id])
-    me.send("{{to}}", "the body", subject="hi")
+        me.mark_read([m.id])            # or me.ack_message(m.id, note="done")
+    me.send("{{to}}", "the body", subject="hi")   # me.receipts(id), me.reserve([...]), me.state_set(...)
 
-Through MCP, once relay's server is registered for you (`pip install 'agent-outbox-relay[mcp]'`, from a
-checkout of relay `pip install '.[mcp]'`):
+Through MCP (`pip install 'agent-outbox-relay[mcp]'`; from a checkout of relay `pip install '.[mcp]'`):
 
     claude mcp add relay-{{me}} -- {{R}} mcp --agent {{me}} --root {{root}}
 
-Its tools: send, reply, inbox, wait, read, mark_read, search, agents, thread; each one's
-description says whether it marks messages read.
+{{tools}}
 """
 
 SNIPPET_PREFACE = """\
@@ -125,13 +133,37 @@ def render(adopted, known=(), relay=None, python=None, root=None):
                'You are the one `echo "$RELAY_AGENT"` names; the commands below act as that agent.',
                "If it prints nothing, put `RELAY_AGENT=<your name>` before each command."])
     to = next(iter(others or []), PLACEHOLDER_TO if len(adopted) == 1 else adopted[0])
+    if len(adopted) == 1:
+        commit = (f"commit as `RELAY_AGENT={me} git commit ...` (or once, in a clone only you commit in, "
+                  f"`git config relay.agent {me}`).")
+        inbox = f"relay://inbox/{me}"
+    else:
+        commit = ("commit with your RELAY_AGENT set, as for every command (`RELAY_AGENT=<your name> git "
+                  "commit ...`).")
+        inbox = "relay://inbox/<your name>"
+    guard = wrap(
+        f"Reservations are advisory; the git guard (`{relay} guard install`) refuses a commit of files another agent "
+        f"reserved exclusively. It must know who commits: {commit} Unnamed, every exclusive reservation counts as "
+        f"another's, yours too. In Claude Code, `{relay} hook install claude --agent {me}` brings new mail into "
+        "your session unasked (at its start, with each prompt and tool call) and holds a stop while mail waits "
+        "unseen.")
+    tools = wrap(f"Its tools: {', '.join(TOOLS)}; each one's description says what it does and whether "
+                          f"it marks messages read. Subscribe to {inbox} to hear of new mail.")
     values = {"identity": identity, "R": relay, "PY": python, "me": me, "me_py": me_py, "to": to,
+              "guard": guard, "tools": tools,
               "root": shlex.quote(str(root)) if root is not None else "/abs/path/to/project"}
     text = TEMPLATE
     for key, value in values.items():
         text = text.replace("{{" + key + "}}", value)
     assert "{{" not in text, "a placeholder of the template was left unfilled"
     return text
+
+
+def wrap(text):
+    """`text` filled to LINE columns, never breaking a `code span` (a command is copied whole)."""
+    spans = re.split(r"(`[^`]*`)", text)
+    kept = "".join(p.replace(" ", "\0") if p.startswith("`") else p for p in spans)
+    return textwrap.fill(kept, LINE, break_long_words=False, break_on_hyphens=False).replace("\0", " ")
 
 
 def snippet():

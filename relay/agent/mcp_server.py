@@ -63,6 +63,7 @@ from relay.agent.mcp_wire import serve as serve_stdio
 from relay.agent.mcp_schema import strict, takes, unadvertised
 from relay.agent.mcp_receipts import ReceiptTools
 from relay.agent.mcp_push import CHANNEL, Pusher
+from relay.agent.mcp_names import TOOLS
 from relay.agent.mcp_results import (Agents, Leases, MarkedRead, Message, Messages, Released, Results, Sent,
                                      Thread, ThreadMessage)
 
@@ -122,8 +123,7 @@ class Tools(ReceiptTools):
     description, its parameters the tool's), on the agent's name and configuration, the
     Handover and the limiter of blocking waits."""
 
-    NAMES = ("send", "reply", "inbox", "wait", "read", "mark_read", "agents", "spawn", "release_agent", "thread",
-             "search", "reserve", "release", "reservations", "receipts", "acknowledge")
+    NAMES = TOOLS           # mcp_names.py: the adopt text lists the same
 
     def __init__(self, agent, handover):
         self.name, self.config = agent.name, agent.project.config
