@@ -7,7 +7,7 @@ The daemons are started with a `sitecustomize` of this script's own on their PYT
 wraps these steps (time.time_ns before and after each call, per message id):
 
     n1  (the file's mtime)  written and renamed into the outbox by the benchmark
-        Ledger.register_and_claim   the step that found it: its register and claim
+        Messages.register_and_claim the step that found it: its register and claim
         Pipeline.process    the claimed batch: parse, claim sync, custody, offer, ...
         Router.offer        the message handed to the link
         Publisher._xadd     its XADD (before, after): the publisher's round trip, or
@@ -47,7 +47,7 @@ def _ids(kind):
     if kind == "entries":
         return lambda a: [(f.get(b"id") or b"").decode() for _, _, f in a[1] if isinstance(f, dict)]
     return lambda a: [w.id for w in a[1]]
-TARGETS = [("relay.ledger.ledger", "Ledger", "register_and_claim", "register"),
+TARGETS = [("relay.ledger.messages", "Messages", "register_and_claim", "register"),
            ("relay.core.pipeline", "Pipeline", "process", "rows"), ("relay.core.routes", "Router", "offer", "offer"),
            ("relay.federation.publisher", "Publisher", "_xadd", "xadd"), ("relay.federation.wire", "Wire", "send", "xadd"),
            ("relay.federation.receiver", "Incoming", "handle", "entries"), ("relay.core.inbox", "Inbox", "deliver", "works")]
@@ -84,7 +84,7 @@ if os.environ.get("RELAY_STAGES"):
     threading.Thread(target=_run, daemon=True).start()
 '''
 
-STAGES = [("n1", "written", 0), ("n1", "Ledger.register_and_claim", 0), ("n1", "Pipeline.process", 0), ("n1", "Router.offer", 0), ("n1", "XADD", 0),
+STAGES = [("n1", "written", 0), ("n1", "Messages.register_and_claim", 0), ("n1", "Pipeline.process", 0), ("n1", "Router.offer", 0), ("n1", "XADD", 0),
           ("n1", "XADD", 1), ("n2", "Incoming.handle", 0), ("n2", "Inbox.deliver", 0),
           ("n2", "Inbox.deliver", 1)]
 NAMES = ["written to the step's register and claim", "register and claim (commit, unsynced)", "claim sync, custody, up to the offer", "hand-off to the XADD", "XADD (written, or round trip)",

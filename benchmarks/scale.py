@@ -72,7 +72,7 @@ def cmd_startup(args):
         relay.recover()
         while True:             # the first full scan registers every waiting file
             found = relay.intake.gather(relay.clock())
-            relay.ledger.register_and_claim(
+            relay.ledger.messages.register_and_claim(
                 [(relay.ids.new(relay.clock()), f.sender, f.name, f.sent_at) for f in found], relay.clock(), 0, None)
             if relay.intake.scan is None:
                 break

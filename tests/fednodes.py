@@ -63,7 +63,7 @@ class Node:
 
     def outbound(self, mid):
         """{node: outbound row} of one message sent from this node."""
-        return {o["node"]: o for o in self.relay.history.outbound(mid)}
+        return {o["node"]: o for o in self.relay.history.remote.outbound(mid)}
 
     def held(self, agent):
         return held(self.state, agent)

@@ -316,8 +316,8 @@ def test_a_ledger_from_before_the_registry_gets_it_when_opened(project, cli):
     assert r.exit_code == 1 and "start `relay run` once" in r.stderr
     with Ledger(path) as led:          # a writer migrates it
         history = History(led)
-        assert [(v, n, ok) for v, n, ok in history.migrations() if v == 50] == [(50, "agent registry", True)]
-        assert history.registry_rows() == [] and history.get(mid)["status"] == "archived"
+        assert [(v, n, ok) for v, n, ok in history.checks.migrations() if v == 50] == [(50, "agent registry", True)]
+        assert history.registry.rows() == [] and history.get(mid)["status"] == "archived"
     rows = {a["agent"]: a for a in json.loads(cli("agents", "--json").stdout)}
     assert {k: rows["Ben"][k] for k in NEVER_SPAWNED} == NEVER_SPAWNED and rows["Ann"]["sent"] == 1
     (project.state / "outbox" / "Ann" / "spawn").write_text("NAME: Ben\nCLI: claude\n\nnow registered")

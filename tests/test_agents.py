@@ -169,9 +169,9 @@ def test_a_crash_around_the_id_change_delivers_once(project, crash_at):
     def crash(*a, **k):
         raise KeyboardInterrupt("power cut")
     if crash_at == "identify":
-        first.ledger.identify = crash
+        first.ledger.senders.identify = crash
     else:
-        first.ledger.record = crash
+        first.ledger.messages.record = crash
     project.drop("Ann", "m", f"ID: {mid}\nTO: Ben, Cy\n\nonce")
     with pytest.raises(KeyboardInterrupt):
         first.drain()

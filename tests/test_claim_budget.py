@@ -17,7 +17,7 @@ class Killed(BaseException):
 def die_before_recording(relay):
     def record(*args, **kwargs):
         raise Killed()
-    relay.ledger.record = record
+    relay.ledger.messages.record = record
 
 
 def crash_mid_batch(project, **config):
@@ -74,7 +74,7 @@ def test_rows_left_processing_right_after_the_claim(project, clock):
         relay = project.relay(max_retries=2)
         relay.recover()
         found = [(relay.ids.new(clock.now), f.sender, f.name, f.sent_at) for f in relay.outbox.scan_all(clock.now)]
-        relay.ledger.register_and_claim(found, clock.now, 10, lambda s, i, name: f"archive/d/{s}/{i}--{name}")
+        relay.ledger.messages.register_and_claim(found, clock.now, 10, lambda s, i, name: f"archive/d/{s}/{i}--{name}")
         relay.close()
         project.relays.remove(relay)
     relay = project.relay(max_retries=2)
@@ -123,7 +123,7 @@ def test_killed_while_recovery_quarantines_it(project):
 
     def reset(*args, **kwargs):
         raise Killed()
-    relay.ledger.reset = reset
+    relay.ledger.messages.reset = reset
     with pytest.raises(Killed):
         relay.recover()
     assert (project.state / f"failed/Ann/{r['id']}--m").exists()
@@ -149,13 +149,13 @@ def test_the_claim_budget_quarantines_the_message_that_stops_relay_not_its_batch
     project.drop("Ann", "poison", "TO: Ben\n\nthe one that kills relay")
     for run in range(6):
         relay = project.relay(max_retries="3")
-        real = relay.ledger.record
+        real = relay.ledger.messages.record
 
         def record(now, works, *args, real=real, **kwargs):
             if any(w.name == "poison" for w in works):
                 raise Killed()
             return real(now, works, *args, **kwargs)
-        relay.ledger.record = record
+        relay.ledger.messages.record = record
         try:
             relay.drain()
         except Killed:
@@ -180,7 +180,7 @@ def test_a_step_that_fails_on_the_ledger_does_not_spend_the_claim_budget(project
     relay.step_pause = 0.0
     relay.recover()
     project.drop("Ann", "m", "TO: Ben\n\nx")
-    real = relay.ledger.record
+    real = relay.ledger.messages.record
     fails = {"left": 4}
 
     def record(*args, **kwargs):
@@ -188,7 +188,7 @@ def test_a_step_that_fails_on_the_ledger_does_not_spend_the_claim_budget(project
             fails["left"] -= 1
             raise sqlite3.OperationalError("database is locked")
         return real(*args, **kwargs)
-    relay.ledger.record = record
+    relay.ledger.messages.record = record
     for _ in range(4):
         relay.hint("rescan")
         relay.guarded_step()

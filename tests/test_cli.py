@@ -434,7 +434,7 @@ def test_a_pipe_closed_early_ends_quietly(cli):
     cli("init", "--agent", "Ann", "--agent", "Ben")
     ids = IdGenerator()
     with Ledger(cli.state / "ledger.sqlite") as led:       # more records than a pipe holds
-        led.add_archived([(ids.new(1e9 + i), "Ann", f"m{i}", '["Ben"]', "message", "s", "b", 1, "0" * 64,
+        led.operations.add_archived([(ids.new(1e9 + i), "Ann", f"m{i}", '["Ben"]', "message", "s", "b", 1, "0" * 64,
                            1e9 + i, f"archive/2001-09-09/Ann/m{i}") for i in range(1000)])
     for verb in (["audit", "--json"], ["audit", "--jsonl"], ["tail", "-n", "2000"]):
         p = subprocess.Popen([sys.executable, "-m", "relay", "--root", str(cli.root), *verb],

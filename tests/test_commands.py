@@ -182,7 +182,7 @@ def test_archive_agent_twice_its_undo_and_the_pipeline(team):
 def test_a_command_whose_first_run_never_finished_runs_again(team):
     cli = team
     with Ledger(cli.state / "ledger.sqlite") as led:
-        assert led.begin_command("k-1", "ping", '{"agent":"Ben"}', "operator:x", 1.0) is None
+        assert led.operations.begin_command("k-1", "ping", '{"agent":"Ben"}', "operator:x", 1.0) is None
     out = cli("ping", "Ben", "--command-id", "k-1").output
     assert out.startswith("pinged Ben") and "existing" not in out
     assert "existing" in cli("ping", "Ben", "--command-id", "k-1").output

@@ -395,14 +395,14 @@ def test_a_file_opened_for_writing_just_after_custody_is_deferred(project, clock
 
 def before_claim(relay, act):
     """Run `act()` once, after the step's scan has read the files it found, before their claim."""
-    real = relay.ledger.register_and_claim
+    real = relay.ledger.messages.register_and_claim
 
     def claim(*a, **k):
-        relay.ledger.register_and_claim = real
+        relay.ledger.messages.register_and_claim = real
         act()
         return real(*a, **k)
 
-    relay.ledger.register_and_claim = claim
+    relay.ledger.messages.register_and_claim = claim
 
 
 def test_read_by_the_scan_then_deleted_before_the_claim_is_delivered_as_read(project):
@@ -448,13 +448,13 @@ def test_a_file_over_the_read_ahead_bound_is_read_at_its_claim(project):
     relay = project.relay()
     body = "x" * (READ_AHEAD_FILE + 10)
     project.drop("Ann", "big", f"TO: Ben\n\n{body}")
-    real = relay.ledger.register_and_claim
+    real = relay.ledger.messages.register_and_claim
 
     def claim(*a, **k):
         assert relay.outbox.read_ahead == {}
         return real(*a, **k)
 
-    relay.ledger.register_and_claim = claim
+    relay.ledger.messages.register_and_claim = claim
     relay.step()
     assert bodies(project) == [body]
 

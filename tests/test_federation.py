@@ -127,7 +127,7 @@ def test_direct_messages_both_ways_and_the_thread_on_both_sides(redis_server, te
     # The streams hold nothing acknowledged; verify chains what was received too.
     r = client(redis_server.url)
     assert r.xlen(n1.stream("n2")) == 0 and r.xlen(n2.stream("n1")) == 0
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 2
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 2
     for node in (n1, n2):
         assert "ok" in cli("--root", str(node.root), "verify").output
 
@@ -271,7 +271,7 @@ def test_a_name_on_two_nodes_stays_local_on_each_and_goes_to_the_node_that_claim
     # n1 claimed Bob before it announced him (claims.py): the conflict is n2's, whose Bob is local
     # only; n2's list is not taken for a name n1 claimed.
     assert n1.link.conflicts == [] and n2.link.conflicts == [("Bob", "n1")]
-    assert n3.link.conflicts == [] and n3.relay.history.remote_agents()["Bob"][0] == "n1"
+    assert n3.link.conflicts == [] and n3.relay.history.remote.agents()["Bob"][0] == "n1"
     status = cli("--root", str(n2.root), "status", ok=False).output
     assert "CONFLICT" in status and "agent Bob is also listed by node n1" in status, status
     assert orjson.loads(cli("--root", str(n2.root), "status", "--json", ok=False).output)["federation"]["conflicts"] == [
@@ -279,7 +279,7 @@ def test_a_name_on_two_nodes_stays_local_on_each_and_goes_to_the_node_that_claim
     # A node that hears of Bob only now, from two live nodes, routes him to the one that claimed him.
     n4 = nodes(redis_server.url, team, "n4", ["Eli"])
     assert n4.link.heartbeat()
-    assert n4.link.conflicts == [] and n4.relay.history.remote_agents()["Bob"][0] == "n1"
+    assert n4.link.conflicts == [] and n4.relay.history.remote.agents()["Bob"][0] == "n1"
     # What a node's key holds is input: odd names, lists and times planted in keys (each by the
     # node whose key it is) are left out, and no node's claim takes a name another one holds.
     r = client(redis_server.url)
@@ -291,15 +291,15 @@ def test_a_name_on_two_nodes_stays_local_on_each_and_goes_to_the_node_that_claim
                                      "timeout": "12"})     # a forged last seen: n7 looks alive, nothing more
     r.hset(keys.prefix + "node:bad node", mapping={"agents": orjson.dumps(["Eve"]), "v": "1", "seen": "1"})
     assert n2.link.heartbeat()
-    remote = n2.relay.history.remote_agents()
+    remote = n2.relay.history.remote.agents()
     assert {a: n for a, (n, _) in remote.items()} == {"Ann": "n1", "Dee": "n3", "Eli": "n4", "Zed": "n9", "Gus": "n7"}
     assert remote["Zed"][1] is None and remote["Ann"][1] > 0
     assert n2.link.conflicts == [("Bob", "n1")]
     r.delete(keys.node("n9"), keys.node("n8"), keys.node("n7"), keys.prefix + "node:bad node")
-    assert n2.link.heartbeat() and n2.relay.history.remote_agents()["Zed"][0] == "n9"     # lost keys keep names
+    assert n2.link.heartbeat() and n2.relay.history.remote.agents()["Zed"][0] == "n9"     # lost keys keep names
     r.hset(keys.node("n9"), mapping=RETIRED)             # an operator retires n9 (relay federation retire)
     r.hset(keys.node("n7"), mapping=RETIRED)
-    assert n2.link.heartbeat() and "Zed" not in n2.relay.history.remote_agents()
+    assert n2.link.heartbeat() and "Zed" not in n2.relay.history.remote.agents()
     # The node that had Bob first keeps him for the others that knew it; each Bob stays local.
     assert n1.link.heartbeat()
     exchange(n1, n2, n3, rounds=1)
@@ -324,13 +324,13 @@ def test_a_node_is_alive_for_its_own_twelve_heartbeats_and_being_gone_gives_no_n
     r.hset(n1.key(), "seen", str(now - 15))             # n1's last beat, 15 s ago: alive, by its own timeout
     assert n3.link.heartbeat()
     assert n3.link.alive == {"n1": True, "n2": True}
-    assert n3.link.conflicts == [] and n3.relay.history.remote_agents()["Bob"][0] == "n1"   # n1 claimed Bob first
+    assert n3.link.conflicts == [] and n3.relay.history.remote.agents()["Bob"][0] == "n1"   # n1 claimed Bob first
     r.hset(n1.key(), "seen", str(now - 121))            # past n1's 12 beats: gone
     assert n3.link.heartbeat()
     assert n3.link.alive == {"n1": False, "n2": True}
     # Gone is not retired: its names are not given to the other node that lists them (its last
     # seen is its own to write, and n2's as much).
-    assert n3.link.conflicts == [] and n3.relay.history.remote_agents()["Bob"][0] == "n1"
+    assert n3.link.conflicts == [] and n3.relay.history.remote.agents()["Bob"][0] == "n1"
 
 
 @needs_server
@@ -346,7 +346,7 @@ def test_a_directory_the_server_lost_keeps_routing_to_the_nodes_it_knew_until_th
     for key in r.keys(f"relay:{{{team}}}:*"):
         r.delete(key)                               # the server's data gone
     assert n1.link.heartbeat()                      # n1 announces itself first
-    assert {a: n for a, (n, _) in n1.relay.history.remote_agents().items()} == {"Bob": "n2", "Cy": "n2"}
+    assert {a: n for a, (n, _) in n1.relay.history.remote.agents().items()} == {"Bob": "n2", "Cy": "n2"}
     n1.drop("Ann", "m", "TO: Al, Bob\n\nafter the server lost its data")
     counts, _ = n1.send()
     assert counts.failed == 0 and [e["body"] for e in n1.held("Al")] == ["after the server lost its data"]
@@ -359,7 +359,7 @@ def test_a_directory_the_server_lost_keeps_routing_to_the_nodes_it_knew_until_th
     # A name its live node gave up (in its own key) is forgotten at once.
     r.hset(n2.key(), mapping={"agents": orjson.dumps(["Cy"]), "v": "without Bob"})
     assert n1.link.heartbeat()
-    assert "Bob" not in n1.relay.history.remote_agents() and "Cy" in n1.relay.history.remote_agents()
+    assert "Bob" not in n1.relay.history.remote.agents() and "Cy" in n1.relay.history.remote.agents()
 
 
 @needs_server
@@ -470,7 +470,7 @@ def knows(root, name):
         return False
     try:
         with History(Ledger(path, readonly=True)) as h:
-            return name in h.remote_agents()
+            return name in h.remote.agents()
     except Exception:   # noqa: BLE001 - not migrated yet: the daemon is starting
         return False
 

@@ -117,8 +117,8 @@ def test_a_squatting_node_cannot_make_a_new_agent_unreachable(server, team, node
         n1.link.publish()
         n2.link.publish()
     assert bodies(n1, "Dan") == ["welcome, Dan"]
-    assert n2.relay.history.remote_agents()["Dan"][0] == "n1"
-    assert "DAN" not in n2.relay.history.remote_agents()
+    assert n2.relay.history.remote.agents()["Dan"][0] == "n1"
+    assert "DAN" not in n2.relay.history.remote.agents()
     assert n2.link.conflicts == [] and n1.link.conflicts == []     # the squat is no conflict anywhere
     assert refusals(n2) == [] and refusals(n1) == []
     # Dan's own messages are still accepted after n2's look.
@@ -145,7 +145,7 @@ def test_a_node_cannot_overwrite_or_delete_another_nodes_claim(server, team, nod
     squat.poll()
     n2 = nodes(server, team, "n2", ["Bob"])
     n2.link.heartbeat()
-    assert n2.relay.history.remote_agents()["Ann"][0] == "n1"
+    assert n2.relay.history.remote.agents()["Ann"][0] == "n1"
 
 
 def test_an_operator_grants_and_frees_a_name(server, team, nodes, cli, clock):
@@ -158,14 +158,14 @@ def test_an_operator_grants_and_frees_a_name(server, team, nodes, cli, clock):
     n1.link.look()
     squat.poll()
     n2.link.heartbeat()
-    assert "Zed" not in n2.relay.history.remote_agents()    # n3 holds the claim: n1's list is not taken for it
+    assert "Zed" not in n2.relay.history.remote.agents()    # n3 holds the claim: n1's list is not taken for it
     assert n1.link.conflicts == [("Zed", "n3")]             # said on the node whose agent it is
     line = cli("federation", "claim-grant", "Zed", "n1", "--team", team).output.strip()
     admin(server).execute_command(*shlex.split(line))
     clock.advance(10)
     n1.link.heartbeat()
     n2.link.heartbeat()
-    assert n2.relay.history.remote_agents()["Zed"][0] == "n1" and n1.link.conflicts == []
+    assert n2.relay.history.remote.agents()["Zed"][0] == "n1" and n1.link.conflicts == []
     n2.drop("Bob", "m", "TO: Zed\n\nyours now")
     exchange(n1, n2)
     assert bodies(n1, "Zed") == ["yours now"]

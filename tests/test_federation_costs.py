@@ -155,7 +155,7 @@ def test_made_up_acknowledgements_in_bulk_cost_one_lookup_a_batch_and_touch_no_r
         clock.advance(0.1)
         n1.link.publish()
     n1.link.ledger.db.set_trace_callback(None)
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 1
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 1
     assert sum(s.lstrip().upper().startswith("UPDATE OUTBOUND") for s in statements) == 1
     assert not n1.link.publisher.early_acks.get("n3")
     cursor = n1.link.publisher.cursors.get("n3", "0-0")

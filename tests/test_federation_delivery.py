@@ -88,7 +88,7 @@ def test_the_server_restarted_mid_stream_loses_nothing_and_duplicates_nothing(tm
     exchange(n1, n2, rounds=3)
     bodies = sorted(e["body"] for e in n2.held("Bob"))
     assert bodies == sorted([f"before {i}" for i in range(5)] + [f"during {i}" for i in range(5)])
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 10
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 10
     assert client(server.url).xlen(n1.stream("n2")) == 0
     server.stop()
 
@@ -113,7 +113,7 @@ def test_what_a_server_restarted_without_its_data_lost_is_published_again_and_th
         n2.receive()
         n1.link.publish()
         assert sorted(e["body"] for e in n2.held("Bob")) == ["after the flush", "before the flush"]
-        assert n1.relay.history.outbound_counts()["acknowledged"] == 2 and n1.link.check() == 0
+        assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 2 and n1.link.check() == 0
         assert client(server.url).xlen(n1.stream("n2")) == 0
     finally:
         server.stop()
@@ -145,7 +145,7 @@ def test_a_new_server_has_every_message_not_yet_acknowledged_published_again_and
         n2.receive()
         n1.link.publish()
         assert sorted(e["body"] for e in n2.held("Bob")) == ["delivered, its acknowledgement lost", "never read"]
-        assert n1.relay.history.outbound_counts()["acknowledged"] == 2
+        assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 2
         assert client(second.url).xlen(n1.stream("n2")) == 0
     finally:
         second.stop()
@@ -191,7 +191,7 @@ def test_a_stream_trimmed_by_someone_else_is_published_again_and_the_receiver_re
     n2.receive()
     n1.link.publish()
     assert sorted(e["body"] for e in n2.held("Bob")) == ["after the trim", "published, then trimmed"]
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 2 and r.xlen(n1.stream("n2")) == 0
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 2 and r.xlen(n1.stream("n2")) == 0
 
 
 def test_a_stream_key_of_the_wrong_type_holds_only_its_own_node(redis_server, team, nodes):
@@ -309,7 +309,7 @@ def test_a_publish_repeated_and_entries_read_by_a_receiver_that_died_deliver_onc
     first = entries[0][1][b"id"].decode()
     assert sorted(n2.acks(r, "n1")) == sorted([(first, None), (first, None), (doc["id"], None)])    # the repeat too
     n1.link.publish()
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 2
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 2
     assert r.xlen(stream) == 0                          # the repeat's entry too
     assert n2.receive() == 0
 
@@ -338,7 +338,7 @@ def test_a_message_published_from_the_offer_before_its_batch_was_recorded_arrive
 
     def killed(now, works, *times):
         raise RuntimeError("killed before the batch's transaction")
-    n1.relay.ledger.record = killed
+    n1.relay.ledger.messages.record = killed
     with pytest.raises(RuntimeError):
         n1.send()
     assert n1.link.publisher.publish_offered(n1.clock.now) == 1     # already in n2's stream
@@ -465,7 +465,7 @@ def test_an_acknowledgement_read_before_its_batch_is_recorded_settles_the_row_on
     n2 = nodes(redis_server.url, team, "n2", ["Bob"])
     exchange(n1, n2, rounds=1)
     r = client(redis_server.url)
-    record = n1.relay.ledger.record
+    record = n1.relay.ledger.messages.record
     read_early = []
 
     def acknowledged_first(*a, **k):
@@ -473,10 +473,10 @@ def test_an_acknowledgement_read_before_its_batch_is_recorded_settles_the_row_on
         n1.link.publish()                   # a turn of the publisher's (its ACKS_EVERY timer)
         return record(*a, **k)
 
-    n1.relay.ledger.record = acknowledged_first
+    n1.relay.ledger.messages.record = acknowledged_first
     n1.drop("Ann", "m", "TO: Bob\n\nacknowledged before the record")
     n1.relay.step()
-    n1.relay.ledger.record = record
+    n1.relay.ledger.messages.record = record
     assert read_early == [1]
     [mid] = [row["id"] for row in n1.relay.history.audit() if row["name"] == "m"]
     assert r.xlen(n1.stream("n2")) == 1     # kept while its row waits
@@ -498,10 +498,10 @@ def test_an_acknowledgement_read_before_its_batch_is_recorded_settles_the_row_on
         publisher.read_acks(n1.clock.now, {"n2"})
         return record(*a, **k)
 
-    n1.relay.ledger.record = acks_first
+    n1.relay.ledger.messages.record = acks_first
     n1.drop("Ann", "m2", "TO: Bob\n\nacknowledged while pending")
     n1.relay.step(n1.clock.advance(1))
-    n1.relay.ledger.record = record
+    n1.relay.ledger.messages.record = record
     [mid2] = [row["id"] for row in n1.relay.history.audit() if row["name"] == "m2"]
     [(eid, _)] = r.xrange(n1.stream("n2"))
     assert n1.outbound(mid2)["n2"]["status"] == "pending"
@@ -533,17 +533,17 @@ def test_acknowledgements_of_ids_never_sent_are_held_within_a_bound_per_node_and
     for i in range(0, len(made_up), 100):
         r.xadd(n2.keys.acks("n2", "n1"), {"acks": orjson.dumps(made_up[i:i + 100])})
     publisher = n1.link.publisher
-    record = n1.relay.ledger.record
+    record = n1.relay.ledger.messages.record
 
     def acknowledged_first(*a, **k):        # n3's genuine acknowledgement, read before the record
         n3.receive()
         n1.link.publish()
         return record(*a, **k)
 
-    n1.relay.ledger.record = acknowledged_first
+    n1.relay.ledger.messages.record = acknowledged_first
     n1.drop("Ann", "m", "TO: Cid\n\nacknowledged early, beside a flood")
     n1.relay.step()
-    n1.relay.ledger.record = record
+    n1.relay.ledger.messages.record = record
     held = publisher.early_acks
     # Ids n1 never had in flight to n2 are dropped at once (one lookup a batch), never held; the
     # entry one names is deleted with the batch's XDEL.
@@ -684,7 +684,7 @@ def test_an_entry_written_to_an_inbox_before_a_crash_is_not_delivered_again_afte
 
     def killed(*args):
         raise RuntimeError("killed before the ledger's record")
-    n2.link.incoming.ledger.received = killed
+    n2.link.incoming.ledger.remote.received = killed
     with pytest.raises(RuntimeError):
         n2.receive()                            # in Bob's new/, neither recorded nor acknowledged
     [path] = (n2.state / "inbox/Bob/new").iterdir()
@@ -695,7 +695,7 @@ def test_an_entry_written_to_an_inbox_before_a_crash_is_not_delivered_again_afte
     n2.receive()
     n1.link.publish()
     assert [e["body"] for e in n2.held("Bob")] == ["once"]
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 1
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 1
     assert client(redis_server.url).xlen(n1.stream("n2")) == 0
 
 
@@ -715,14 +715,14 @@ def test_a_crash_between_the_ledger_record_and_the_acknowledgement_delivers_once
     n2.receive()
     assert n2.relay.history.counts()["archived"] == 1
     n1.link.publish()
-    assert n1.relay.history.outbound_counts()["published"] == 1     # not acknowledged
+    assert n1.relay.history.remote.outbound_counts()["published"] == 1     # not acknowledged
     n2.close()
     n2 = nodes(redis_server.url, team, "n2", ["Bob"])
     n2.link.heartbeat()
     n2.receive()
     n1.link.publish()
     assert [e["body"] for e in n2.held("Bob")] == ["once"]
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 1
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 1
     assert client(redis_server.url).xlen(n1.stream("n2")) == 0
 
 
@@ -825,7 +825,7 @@ def test_an_entry_over_the_receivers_bound_is_refused_to_its_sender_once(redis_s
     n1.send()
     n2.receive()
     n1.link.publish()
-    [row] = n1.relay.history.outbound(n1.relay.history.audit().fetchone()["id"])
+    [row] = n1.relay.history.remote.outbound(n1.relay.history.audit().fetchone()["id"])
     assert row["status"] == "refused" and "bytes" in row["error"]
 
 
@@ -941,14 +941,14 @@ def test_a_link_planted_in_an_inbox_holds_the_entry_until_fixed_or_retry_period_
     n1.send()
     assert n2.receive() == 1
     n1.link.publish()
-    assert list(outside.iterdir()) == [] and n1.relay.history.outbound_counts()["published"] == 1
+    assert list(outside.iterdir()) == [] and n1.relay.history.remote.outbound_counts()["published"] == 1
     new.unlink()
     new.mkdir()                                         # fixed: the next try delivers it, once
     n2.clock.advance(5)
     n2.receive()
     n1.link.publish()
     assert [e["body"] for e in n2.held("Bob")] == ["first"]
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 1 and r.xlen(n1.stream("n2")) == 0
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 1 and r.xlen(n1.stream("n2")) == 0
     (n2.state / "inbox/Bob/new").rename(n2.state / "inbox/Bob/new.real")
     new.symlink_to(outside)
     n1.drop("Ann", "m2", "TO: Bob\n\nsecond")
@@ -1019,7 +1019,7 @@ def test_an_entry_that_keeps_failing_does_not_hold_back_the_entries_behind_it(
     assert n2.receive() == 1
     n1.link.publish()
     assert [e["body"] for e in n2.held("Cy")] == ["behind it, delivered at once"]
-    counts = n1.relay.history.outbound_counts()
+    counts = n1.relay.history.remote.outbound_counts()
     assert (counts["published"], counts["acknowledged"]) == (1, 1)
     n1.drop("Ann", "m3", "TO: Cy\n\nread once")
     n1.send()
@@ -1030,7 +1030,7 @@ def test_an_entry_that_keeps_failing_does_not_hold_back_the_entries_behind_it(
     assert n2.receive() == 1                            # read on its own: the cursor stays past m3,
     n1.link.publish()                                   # which is not read again
     assert [e["body"] for e in n2.held("Bob")] == ["held"] and not n2.link.incoming.retry
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 3
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 3
     assert list(outside.iterdir()) == []
 
 
@@ -1065,7 +1065,7 @@ def test_messages_for_other_nodes_are_offered_only_to_a_link_and_within_a_bound(
         for i in range(3):
             n1.drop("Ann", f"m{i}", f"TO: Bob\n\n{i}")
         alone.drain(now_fn=clock, wait=lambda s: None)
-        assert len(alone.router.offered) == 0 and len(alone.router.history.outbound_due(clock.now, 10)) == 3
+        assert len(alone.router.offered) == 0 and len(alone.router.history.remote.outbound_due(clock.now, 10)) == 3
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])   # a link beside the loop takes offers, up to a bound
     big = "x" * 1_000_000
     for i in range(20):
@@ -1124,14 +1124,14 @@ def test_a_row_for_a_node_that_no_longer_holds_its_recipient_is_rerouted_to_the_
         assert renamed.link.heartbeat()
         assert renamed.link.conflicts == [("Ann", "n1")]     # its old entry still lists Ann
         n2.link.heartbeat()
-        assert n2.relay.history.remote_agents()["Ann"][0] == "n1"   # no claim moves a name its node lists
+        assert n2.relay.history.remote.agents()["Ann"][0] == "n1"   # no claim moves a name its node lists
         seconds, _ = r.time()
         r.hset(n1.key(), "seen", str(seconds - 60))         # n1 not seen for longer than its timeout ...
         n2.link.heartbeat()
         r.hset(n1.key(), mapping=RETIRED)                   # ... and retired by an operator: gone for good
         assert renamed.link.heartbeat() and renamed.link.conflicts == []
         n2.link.heartbeat()
-        assert n2.relay.history.remote_agents()["Ann"][0] == "laptop"
+        assert n2.relay.history.remote.agents()["Ann"][0] == "laptop"
         n2.link.check()                                     # rerouted
         assert set(n2.outbound(mid)) == {"laptop"}
         assert any(e["event"] == "rerouted" for e in n2.relay.history.events(mid))
@@ -1162,7 +1162,7 @@ def test_a_new_nodes_first_messages_after_a_retire_are_delivered_before_the_rece
     n3 = nodes(redis_server.url, team, "n3", ["Bob"])
     assert n3.link.heartbeat() and n3.link.conflicts == [("Bob", "n2")]
     n1.link.look()
-    assert n1.relay.history.remote_agents()["Bob"][0] == "n2"
+    assert n1.relay.history.remote.agents()["Bob"][0] == "n2"
     n3.drop("Bob", "early", "TO: Ann\n\nwhile n2 still lists Bob")
     n3.send()
     n1.receive()
@@ -1208,7 +1208,7 @@ def test_a_row_not_yet_published_for_a_node_gone_for_good_is_rerouted_too(redis_
     n3 = nodes(redis_server.url, team, "n3", ["Ann"])
     assert n3.link.heartbeat()
     n2.link.heartbeat()
-    assert n2.relay.history.remote_agents()["Ann"][0] == "n3"
+    assert n2.relay.history.remote.agents()["Ann"][0] == "n3"
     n2.link.check()
     assert set(n2.outbound(mid)) == {"n3"}
     n2.link.publish()
@@ -1228,7 +1228,7 @@ def test_a_row_for_a_live_node_that_dropped_its_recipient_is_rerouted_to_the_nod
     (n1.state / "outbox/Ann").mkdir(parents=True)       # Ann, an agent of n1 by her directories
     n2 = nodes(redis_server.url, team, "n2", ["Bob"])
     exchange(n1, n2, rounds=1)
-    assert n2.relay.history.remote_agents()["Ann"][0] == "n1"
+    assert n2.relay.history.remote.agents()["Ann"][0] == "n1"
     n2.drop("Bob", "m", "TO: Ann\n\nfollows Ann")
     n2.send()                                           # published to n1, not read yet
     shutil.rmtree(n1.state / "inbox/Ann")
@@ -1242,7 +1242,7 @@ def test_a_row_for_a_live_node_that_dropped_its_recipient_is_rerouted_to_the_nod
     client(redis_server.url).execute_command(*shlex.split(line))    # the admin moves the name
     n2.clock.advance(10)                                # the claims are read again (claims.REFRESH)
     n2.link.heartbeat()
-    assert n2.relay.history.remote_agents()["Ann"][0] == "n3" and n2.link.alive["n1"]
+    assert n2.relay.history.remote.agents()["Ann"][0] == "n3" and n2.link.alive["n1"]
     n2.link.check()
     exchange(n1, n2, n3)
     mid = n2.relay.history.audit().fetchone()["id"]
@@ -1335,7 +1335,7 @@ def test_a_recipient_moved_to_a_node_that_already_has_the_message_is_refused_wit
     r.hset(n1.key(), mapping=RETIRED)
     n3.link.heartbeat()
     n2.link.heartbeat()
-    assert n2.relay.history.remote_agents()["Ann"][0] == "n3"
+    assert n2.relay.history.remote.agents()["Ann"][0] == "n3"
     n2.link.check()
     mid = n2.relay.history.audit().fetchone()["id"]
     # n3 knows this message by its id (Dee has it): it cannot be sent there again for Ann. The row
@@ -1355,7 +1355,7 @@ def test_a_remote_recipient_shed_by_an_earlier_attempt_is_not_published_when_the
     n1 = nodes(redis_server.url, team, "n1", ["Ann", "Al"])
     n2 = nodes(redis_server.url, team, "n2", ["Bob"])
     # Bob was an agent of n1, archived there, and now lives on n2: n1 still sheds him.
-    n1.relay.ledger.archive_agent("Bob", n1.clock.now, "operator:test")
+    n1.relay.ledger.operations.archive_agent("Bob", n1.clock.now, "operator:test")
     exchange(n1, n2, rounds=1)
     switch = failing_create(n1.relay, PermissionError(13, "Permission denied"), lambda rel: rel.startswith("inbox/Al/"))
     n1.drop("Ann", "m", "TO: Al, Bob\n\nfor Al only")
@@ -1374,7 +1374,7 @@ def test_the_receiving_node_applies_its_own_shedding_limits_to_incoming_messages
     n1 = nodes(redis_server.url, team, "n1", ["Ann", "Al", "Ed"])
     n2 = nodes(redis_server.url, team, "n2", ["Bob", "Cy", "Dee"],
                extra='pair_rate = 2\npair_window = "1h"\nqueue_limit = 3')
-    n2.relay.ledger.archive_agent("Dee", n2.clock.now, "operator:test")
+    n2.relay.ledger.operations.archive_agent("Dee", n2.clock.now, "operator:test")
     exchange(n1, n2, rounds=1)
     for i in range(3):                              # an echo loop across nodes is stopped too
         n1.drop("Ann", f"b{i}", f"TO: Bob\n\nto Bob {i}")
@@ -1401,7 +1401,7 @@ def test_the_receiving_node_applies_its_own_shedding_limits_to_incoming_messages
     assert [e["body"] for e in n2.held("Cy")] == ["not for an archived agent", "to Cy 0", "to Cy 1"]
     [last] = [r for r in n2.relay.history.audit() if r["body"] == "to Cy 2"]
     assert [s["reason"] for s in n2.relay.history.sheds(last["id"])] == ["queue_limit"]
-    assert n1.relay.history.outbound_counts()["published"] == 0
+    assert n1.relay.history.remote.outbound_counts()["published"] == 0
     assert "queue_limit" in cli("--root", str(n2.root), "status", ok=False).output
 
 

@@ -172,7 +172,7 @@ def test_a_cluster_of_three_masters_with_urls_at_nodes_that_do_not_hold_the_team
         assert sorted(e["body"] for e in n2.held("Bob")) == [f"through the cluster {i}" for i in range(3)]
         assert [e["body"] for e in n1.held("Ann")] == ["and back"]
         assert n1.link.check() == 0 and n1.link.check() == 0        # the slot's master: one run id, no resend
-        counts = n1.link.history.outbound_counts()
+        counts = n1.link.history.remote.outbound_counts()
         assert counts["acknowledged"] == 3 and counts["published"] == 0
     finally:
         cluster.stop()
@@ -236,7 +236,7 @@ def test_a_node_on_its_acl_user_follows_ask_while_the_teams_slot_migrates(tmp_pa
         exchange(n1, n2, rounds=3)
         assert sorted(e["body"] for e in n2.held("Bob")) == ["before the migration", "while the slot migrates"]
         assert [e["body"] for e in n1.held("Ann")] == ["and back, while it migrates"]
-        assert n1.link.history.outbound_counts()["acknowledged"] == 2
+        assert n1.link.history.remote.outbound_counts()["acknowledged"] == 2
         src.close()
         dst.close()
     finally:

@@ -161,7 +161,7 @@ def test_a_reserved_name_in_any_case_in_a_nodes_list_is_not_taken_nor_its_mail_d
     evil.hset(keys.node("n3"), mapping={"agents": orjson.dumps(["Eve", name]).decode(), "v": "with-reserved"})
     exchange(n2, n3, rounds=1)
     assert directory(n2.config) == {"Eve": "n3"}
-    assert name not in n2.relay.history.remote_agents() and name not in n2.relay.known_agents(refresh=True)
+    assert name not in n2.relay.history.remote.agents() and name not in n2.relay.known_agents(refresh=True)
     mid = n2.relay.ids.new(clock())
     evil.xadd(keys.messages("n3", "n2"), {"v": "2", "id": mid, "to": '["Bob"]',
                                           "env": envelope(mid, name, ["Bob"], body="your mail failed", kind="bounce")})
@@ -314,7 +314,7 @@ def test_one_nodes_acknowledgements_in_bulk_take_none_of_anothers_turn(server, t
     n2.link.incoming.acknowledge()
     evil.xadd(keys.acks("n0", "n1"), {"acks": orjson.dumps([[ids.new(clock())] for _ in range(ACKS_PER_CALL)])})
     n1.link.publisher.read_acks(clock(), {"n0", "n2"})
-    assert n1.relay.history.outbound_counts()["acknowledged"] == 1
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 1
 
 
 def test_a_replay_after_the_retention_sweep_is_not_delivered_again(server, team, nodes, clock, cli):
@@ -330,7 +330,7 @@ def test_a_replay_after_the_retention_sweep_is_not_delivered_again(server, team,
     assert n2.relay.history.get(entry["id"]) is None                  # the message's row is swept ...
     # ... and n1 (or anyone with n1's credentials) adds the very same entry again.
     keys = Keys(team)
-    row = n1.link.history.outbound(entry["id"])[0]
+    row = n1.link.history.remote.outbound(entry["id"])[0]
     as_node(server, team, "n1").xadd(keys.messages("n1", "n2"),
                                      {"v": "2", "id": entry["id"], "to": '["Bob"]', "env": row["envelope"]})
     for sub in ("new", "cur"):                                         # Bob read and deleted it meanwhile
@@ -417,7 +417,7 @@ def test_a_node_that_copies_another_nodes_id_cannot_replace_or_remove_its_messag
     assert sorted(got) == ["FORGED: wire money to n1", "the real one"]
     assert got["the real one"]["from"] == "Eve" and got["FORGED: wire money to n1"]["from"] == "Ann"
     assert got["the real one"]["id"] != got["FORGED: wire money to n1"]["id"]
-    rows = n3.link.history.outbound(copy["id"])
+    rows = n3.link.history.remote.outbound(copy["id"])
     assert {r["node"]: r["status"] for r in rows} == {"n1": "acknowledged", "n2": "acknowledged"}
 
 
@@ -463,7 +463,7 @@ def test_keys_of_another_type_in_one_nodes_name_stop_no_other_node(server, team,
     for _ in range(3):
         exchange(n2, n3, rounds=1)
     assert bodies(n2, "Bob") == ["still delivered"]
-    assert n3.link.history.outbound_counts()["acknowledged"] == 1
+    assert n3.link.history.remote.outbound_counts()["acknowledged"] == 1
     assert n2.link.directory.error is None and n3.link.directory.error is None
 
 

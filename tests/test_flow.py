@@ -381,7 +381,7 @@ def test_a_stale_report_from_a_cut_attempt_is_removed(project, clock):
 def test_a_broadcast_when_everyone_else_is_archived_fails_at_once(project):
     relay = project.relay()
     for name in ("Ben", "Cy"):
-        relay.ledger.archive_agent(name, 1.0, "operator:test")
+        relay.ledger.operations.archive_agent(name, 1.0, "operator:test")
     project.drop("Ann", "all", "TO: *\n\nanyone?")
     relay.drain()
     row = relay.history.get(named(relay)["all"])
@@ -392,7 +392,7 @@ def test_an_archived_agent_is_left_out_of_a_broadcast_but_shed_when_also_named(p
     """'*' means the agents that are still there: an archived one is left out, silently. Named
     beside it, it is a recipient the sender chose: shed (recipient_archived), and told."""
     relay = project.relay(agents=("Ann", "Ben", "Cy", "Dee"))
-    relay.ledger.archive_agent("Cy", 1.0, "operator:test")
+    relay.ledger.operations.archive_agent("Cy", 1.0, "operator:test")
     project.drop("Ann", "all", "TO: *\n\neveryone")
     project.drop("Ann", "named", "TO: *, Cy\n\neveryone and Cy")
     relay.drain()
@@ -412,7 +412,7 @@ def test_an_operator_retry_passes_the_limits_but_never_an_archive(project, clock
     project.drop("Ann", "b", "TO: Ben\n\nb")
     relay.drain()
     [b] = ids(relay, "failed")
-    relay.ledger.archive_agent("Ben", clock.now, "operator:test")
+    relay.ledger.operations.archive_agent("Ben", clock.now, "operator:test")
     operator.retry(relay.ledger, relay.layout, [b], now=clock.now)
     relay.step(clock.advance(1))
     assert relay.history.get(b)["status"] == "failed"
@@ -511,7 +511,7 @@ def test_a_looping_sender_of_large_shed_messages_grows_the_ledger_by_a_bounded_a
 
 def test_messages_from_another_node_shed_for_every_recipient_keep_what_a_local_one_does(tmp_path):
     """The receiver of a federation records a message it sheds for every recipient with
-    Ledger.received: the same bound as a local shed."""
+    ledger.remote.received: the same bound as a local shed."""
     from relay.ledger.history import History
     from relay.ledger.ledger import Ledger
     from relay.ledger.shed_keep import KEEP_BODY_BYTES, SHED_BODIES
@@ -525,8 +525,8 @@ def test_messages_from_another_node_shed_for_every_recipient_keep_what_a_local_o
     failed = [item(i) for i in range(40)]
     sheds = [(m["id"], "Ben", "Ann", "per_pair_rate", 1, 2) for m in failed]
     with Ledger(tmp_path / "ledger.sqlite") as led:
-        led.received(now, [], [], sheds[:30], failed[:30])
-        led.received(now + 1, [], [], sheds[30:], failed[30:])
+        led.remote.received(now, [], [], sheds[:30], failed[:30])
+        led.remote.received(now + 1, [], [], sheds[30:], failed[30:])
         rows = [History(led).get(m["id"]) for m in failed]
     assert [r["subject"] for r in rows] == [f"loop {i}" for i in range(40)]
     assert [r["body"] for r in rows] == [body[:KEEP_BODY_BYTES]] * SHED_BODIES + [None] * (40 - SHED_BODIES)

@@ -430,6 +430,6 @@ def test_a_ledger_damaged_under_a_running_daemon_stops_it_with_what_to_do(projec
     def damaged(*a, **k):
         raise sqlite3.DatabaseError("database disk image is malformed")
 
-    relay.ledger.record = damaged
+    relay.ledger.messages.record = damaged
     with pytest.raises(LedgerCorrupt, match="is damaged .* the archive and inboxes are intact"):
         relay.guarded_step()

@@ -308,7 +308,7 @@ def test_a_hook_fires_only_once_the_delivery_is_recorded(project):
     def crashed(*a, **k):
         raise sqlite3.OperationalError("disk I/O error")
 
-    relay.ledger.record = crashed
+    relay.ledger.messages.record = crashed
     with pytest.raises(sqlite3.OperationalError):
         relay.step()
     assert relay.hooks.pending == 0 and len(project.inbox("Ben")) == 1

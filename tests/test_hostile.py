@@ -194,7 +194,7 @@ def test_daemon_step_outlives_a_ledger_locked_too_long(project, monkeypatch):
     relay = project.relay(agents=("Ann", "Ben"))
     relay.step_pause = 0.0
     project.drop("Ann", "m", "TO: Ben\n\nx")
-    real = relay.ledger.record
+    real = relay.ledger.messages.record
     calls = {"n": 0}
 
     def locked(*a, **k):
@@ -203,7 +203,7 @@ def test_daemon_step_outlives_a_ledger_locked_too_long(project, monkeypatch):
             raise sqlite3.OperationalError("database is locked")
         return real(*a, **k)
 
-    monkeypatch.setattr(relay.ledger, "record", locked)
+    monkeypatch.setattr(relay.ledger.messages, "record", locked)
     assert relay.guarded_step().archived == 0
     assert relay.history.counts()["processing"] == 0        # recovered
     relay.hint("rescan")

@@ -135,7 +135,7 @@ PRIVATE_PATCHES = [re.compile(r"""\bsetattr\([^,]+,\s*["']_"""),        # monkey
 
 def test_no_test_patches_a_private_name():
     """Tests change behaviour through the seams that exist (relay.fs, relay.syncer.fsync,
-    Relay(fsync=..., sync_mode=...), relay.ledger.record, conftest.failing_create), never
+    Relay(fsync=..., sync_mode=...), relay.ledger.messages.record, conftest.failing_create), never
     through a private name."""
     tests = [p for p in sorted(TESTS.glob("*.py")) if p.name != "test_house.py"]     # not its own patterns
     found = [f"tests/{p.name}:{n}: {line.strip()}" for p in tests for n, line in lines(p)

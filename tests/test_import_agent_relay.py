@@ -19,6 +19,7 @@ from relay.errors import RelayError
 from relay.files.layout import Layout
 from relay.ledger import agent_relay
 from relay.ledger.ledger import Ledger
+from relay.ledger.imports import Imports
 from relay.operator.importer import import_agent_relay, message_id
 
 COUNTS = agent_relay_ledger.COUNTS
@@ -253,7 +254,7 @@ def test_an_import_interrupted_before_its_records_delivers_nothing_twice(fresh, 
     records everything and sends nothing twice."""
     def stop(*args, **kwargs):
         raise Interrupted()
-    monkeypatch.setattr(Ledger, "record_imports", stop)
+    monkeypatch.setattr(Imports, "record", stop)
     layout = Layout(fresh.root, fresh.state)
     with Ledger(layout.ledger) as led, pytest.raises(Interrupted):
         import_agent_relay(led, layout, old.root, now=time.time())

@@ -239,7 +239,7 @@ def test_crash_between_inbox_link_and_ledger_update_redelivers_once(project, clo
     def die(*a, **k):
         raise Crash()
 
-    monkeypatch.setattr(relay.ledger, "record", die)
+    monkeypatch.setattr(relay.ledger.messages, "record", die)
     with pytest.raises(Crash):
         relay.step()
     assert len(project.inbox("Ben")) == 1
@@ -258,7 +258,7 @@ def test_crash_between_inbox_link_and_ledger_update_redelivers_once(project, clo
 def test_redelivery_skips_a_recipient_that_already_took_it(project, monkeypatch):
     relay = project.relay()
     project.drop("Ann", "m", "TO: Ben\n\nx")
-    monkeypatch.setattr(relay.ledger, "record", lambda *a, **k: (_ for _ in ()).throw(Crash()))
+    monkeypatch.setattr(relay.ledger.messages, "record", lambda *a, **k: (_ for _ in ()).throw(Crash()))
     with pytest.raises(Crash):
         relay.step()
     [new] = (project.state / "inbox/Ben/new").iterdir()
@@ -274,14 +274,14 @@ def test_vanished_before_claim_fails_with_reason(project, monkeypatch):
     relay = project.relay()
     path = project.drop("Ann", "m", "TO: Ben\n\nx")
     path.chmod(0o664)       # writable by its group: not read before custody (Outbox.peek)
-    real = relay.ledger.register_and_claim
+    real = relay.ledger.messages.register_and_claim
 
     def claim_then_vanish(*a, **k):
         out = real(*a, **k)
         path.unlink()
         return out
 
-    monkeypatch.setattr(relay.ledger, "register_and_claim", claim_then_vanish)
+    monkeypatch.setattr(relay.ledger.messages, "register_and_claim", claim_then_vanish)
     relay.step()
     row = only_row(relay)
     assert row["status"] == "failed" and "disappeared before relay could read it" in row["error"]
@@ -291,10 +291,10 @@ def test_a_row_already_processing_is_never_claimed_again(project):
     relay = project.relay()
     project.drop("Ann", "m", "TO: Ben\n\nx")
     now = project.clock.now
-    _, claimed = relay.ledger.register_and_claim([], now, 10, lambda *a: "archive/x")
+    _, claimed = relay.ledger.messages.register_and_claim([], now, 10, lambda *a: "archive/x")
     assert claimed == []
-    relay.ledger.register_and_claim([(relay.ids.new(now), "Ann", "m", now)], now, 10, lambda s, i, n: f"archive/d/{s}/{i}--{n}")
-    _, again = relay.ledger.register_and_claim([], now + 1, 10, lambda s, i, n: f"archive/d/{s}/{i}--{n}")
+    relay.ledger.messages.register_and_claim([(relay.ids.new(now), "Ann", "m", now)], now, 10, lambda s, i, n: f"archive/d/{s}/{i}--{n}")
+    _, again = relay.ledger.messages.register_and_claim([], now + 1, 10, lambda s, i, n: f"archive/d/{s}/{i}--{n}")
     assert again == []                               # the first claim is still processing
 
 
@@ -347,7 +347,7 @@ def test_a_row_whose_file_the_sweep_cannot_remove_stays_with_its_file(project, c
         project.drop(sender, "m", "TO: Ann, Ben, Cy\n\nx")
         project.drop(sender, "f", "TO: Nobody\n\nx")
     relay.drain()
-    chained = [row["id"] for _, row, _, _ in relay.history.chain()]
+    chained = [row["id"] for _, row, _, _ in relay.history.checks.chain()]
     rows = {r["id"]: r for r in relay.history.audit()}
     stuck = rows[chained[1]]                    # one archived message from each sender
     dirs = [stuck["archive_path"].rsplit("/", 1)[0], f"failed/{stuck['sender']}"]
@@ -473,7 +473,7 @@ def test_claim_is_durable_before_custody(project, mode):
     assert order[claim + 1] == "PRAGMA synchronous = FULL"
     assert claim < order.index("fsync ledger.sqlite-wal") < order.index("rename outbox/Ann/m")
     assert order.count("PRAGMA synchronous = NORMAL") == 1       # T2 (the record) is synced itself
-    assert relay.history.pragmas()["synchronous"] == "FULL"
+    assert relay.history.checks.pragmas()["synchronous"] == "FULL"
 
 
 def test_an_envelope_sync_failing_after_the_claims_log_synced_fails_its_message(project):

@@ -26,7 +26,7 @@ def crash_before_record(project, text="TO: Ben, Cy\n\npower"):
     """A batch that delivered and archived, cut before its ledger record."""
     relay = project.relay()
     project.drop("Ann", "m", text)
-    relay.ledger.record = die
+    relay.ledger.messages.record = die
     with pytest.raises(Crash):
         relay.step()
     [row] = relay.history.audit()
@@ -105,7 +105,7 @@ def test_a_spooled_file_whose_row_says_outbox_is_delivered_once(project):
     relay = project.relay()
     path = project.drop("Ann", "m", "TO: Ben, Cy\n\npower")
     mid = relay.ids.new(relay.clock())
-    relay.ledger.register_and_claim([(mid, "Ann", "m", 0.0)], relay.clock(), 0, None)
+    relay.ledger.messages.register_and_claim([(mid, "Ann", "m", 0.0)], relay.clock(), 0, None)
     spool = project.state / "spool/Ann"
     spool.mkdir(parents=True, exist_ok=True)
     path.rename(spool / f"{mid}--m")
@@ -190,8 +190,8 @@ def test_file_mode_syncs_each_envelope_and_directory_before_the_record(project):
     relay = project.relay(sync_mode="file")
     synced = []
     relay.syncer.fsync = recording_fsync(synced)
-    real = relay.ledger.record
-    relay.ledger.record = lambda *a, **k: (synced.append("RECORD"), real(*a, **k))[1]
+    real = relay.ledger.messages.record
+    relay.ledger.messages.record = lambda *a, **k: (synced.append("RECORD"), real(*a, **k))[1]
     project.drop("Ann", "m", "TO: Ben, Cy\n\nx")
     relay.step()
     [row] = relay.history.audit()
@@ -229,8 +229,8 @@ def test_a_deferred_message_is_durable_in_the_spool_before_the_record_says_so(pr
     relay = project.relay(sync_mode="file")
     synced = []
     relay.syncer.fsync = recording_fsync(synced)
-    real_record, real_rename = relay.ledger.record, relay.fs.rename
-    relay.ledger.record = lambda *a, **k: (synced.append("RECORD"), real_record(*a, **k))[1]
+    real_record, real_rename = relay.ledger.messages.record, relay.fs.rename
+    relay.ledger.messages.record = lambda *a, **k: (synced.append("RECORD"), real_record(*a, **k))[1]
     held = []
 
     def rename(src, dst, **k):
@@ -263,8 +263,8 @@ def test_a_late_archive_move_syncs_both_directories_before_the_record(project, c
     relay.archive.store = real_store
     synced = []
     relay.syncer.fsync = recording_fsync(synced)
-    real = relay.ledger.archived_late
-    relay.ledger.archived_late = lambda *a, **k: (synced.append("RECORD"), real(*a, **k))[1]
+    real = relay.ledger.messages.archived_late
+    relay.ledger.messages.archived_late = lambda *a, **k: (synced.append("RECORD"), real(*a, **k))[1]
     relay.step(clock.advance(60))
     [row] = relay.history.audit()
     assert row["status"] == "archived"
@@ -396,8 +396,8 @@ def test_recovery_syncs_its_moves_before_the_ledger_resets_the_row(project):
     relay = project.relay(sync_mode="file")
     synced = []
     relay.syncer.fsync = recording_fsync(synced)
-    real = relay.ledger.reset
-    relay.ledger.reset = lambda *a, **k: (synced.append("RESET"), real(*a, **k))[1]
+    real = relay.ledger.messages.reset
+    relay.ledger.messages.reset = lambda *a, **k: (synced.append("RESET"), real(*a, **k))[1]
     assert relay.recover() == 1
     state = str(project.state.resolve())
     before = [p[len(state) + 1:] for p in synced[:synced.index("RESET")] if p.startswith(state)]

@@ -100,7 +100,7 @@ def test_reservations_are_durable_in_the_ledger(crew):
     crew.agent("Alice").reserve(["src"], exclusive=True, reason="r")
     with Project(crew.root) as fresh:
         with fresh.history() as h:
-            rows = h.reservations(crew.clock.now)
+            rows = h.reservations.held(crew.clock.now)
     assert [(r["agent"], r["pattern"], r["exclusive"], r["reason"]) for r in rows] == [("Alice", "src", 1, "r")]
 
 

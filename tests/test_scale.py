@@ -7,7 +7,7 @@ TABLES = ("messages", "events", "deliveries", "agents")
 def full_scans(relay, sql):
     """The plan's steps that read a whole table, under its name or an alias (`SCAN m`)."""
     scans = []
-    for step in relay.history.explain(sql):
+    for step in relay.history.checks.explain(sql):
         m = re.match(r"SCAN (\w+)", step)
         if m and (m[1] in TABLES or any(re.search(rf"\b{t}\s+(AS\s+)?{m[1]}\b", sql, re.I) for t in TABLES)):
             scans.append(step)
@@ -32,5 +32,5 @@ def test_loop_statements_use_indexes(project, clock):
         if not re.match(r"\s*(SELECT|UPDATE|DELETE|INSERT)", sql, re.I) or "sqlite_master" in sql:
             continue
         checked += 1
-        assert not full_scans(relay, sql), f"full scan in the loop: {sql}\n{relay.history.explain(sql)}"
+        assert not full_scans(relay, sql), f"full scan in the loop: {sql}\n{relay.history.checks.explain(sql)}"
     assert checked >= 8

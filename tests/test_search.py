@@ -96,20 +96,20 @@ def test_the_index_is_written_with_the_batch_capped_and_swept_with_its_messages(
         near, long_ = alice.send("Bob", "haystack then pin"), alice.send("Bob", far, subject="long one")
         mid = alice.send("Bob", "sent, not yet relayed: pin")
         with Ledger(project.state / "ledger.sqlite", readonly=True) as led:
-            assert History(led).search("pin") == []                     # in the outbox: not in the ledger yet
+            assert History(led).search.messages("pin") == []                     # in the outbox: not in the ledger yet
         r = project.relay(agents=("Alice", "Bob"))
         r.drain()
         with Ledger(project.state / "ledger.sqlite", readonly=True) as led:
             history = History(led)
-            assert ids(history.search("pin")) == [mid, near]
-            assert history.search("needle") == [] and ids(history.search("long")) == [long_]
-            assert history.search_size() == 3
+            assert ids(history.search.messages("pin")) == [mid, near]
+            assert history.search.messages("needle") == [] and ids(history.search.messages("long")) == [long_]
+            assert history.search.size() == 3
         # the retention sweep takes the index rows with their messages
         project.clock.advance(8 * 86400)
         assert r.sweep_all().archived == 3
         with Ledger(project.state / "ledger.sqlite", readonly=True) as led:
             history = History(led)
-            assert history.search("pin") == [] and history.search_size() == 0
+            assert history.search.messages("pin") == [] and history.search.size() == 0
 
 
 def test_a_message_received_from_another_node_is_indexed(tmp_path):
@@ -119,10 +119,10 @@ def test_a_message_received_from_another_node_is_indexed(tmp_path):
             "body": "a remote haystack", "headers": "{}", "sha256": "0" * 64, "sent_at": now,
             "got": {"Bob": (10, "1" * 64)}}
     with Ledger(tmp_path / "ledger.sqlite") as led:
-        led.received(now, [item], [])
-        found = History(led).search("haystack", agent="Bob")
+        led.remote.received(now, [item], [])
+        found = History(led).search.messages("haystack", agent="Bob")
         assert ids(found) == [item["id"]] and found[0]["sender"] == "Ann"
-        assert History(led).search("haystack", agent="Carol") == []
+        assert History(led).search.messages("haystack", agent="Carol") == []
 
 
 def test_a_ledger_from_before_the_index_is_indexed_when_it_is_migrated(cli, project):
@@ -135,7 +135,7 @@ def test_a_ledger_from_before_the_index_is_indexed_when_it_is_migrated(cli, proj
     db.executescript("DROP TABLE search; DROP TABLE search_docs; DELETE FROM schema_migrations WHERE version = 30;")
     db.close()
     with Ledger(path) as led:
-        assert ids(History(led).search("kites", agent="Bob")) == [mid]
+        assert ids(History(led).search.messages("kites", agent="Bob")) == [mid]
 
 
 def test_mcp_search_is_the_callers_view(mail, tmp_path):

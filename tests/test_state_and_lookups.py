@@ -44,7 +44,7 @@ def drop(cli, sender, name, text):
 
 def test_the_ledger_has_migration_51_team_state(team):
     with History(Ledger(ledger_path(team), readonly=True)) as h:
-        assert (51, "team state", True) in [(v, n, ok) for v, n, ok in h.migrations()]
+        assert (51, "team state", True) in [(v, n, ok) for v, n, ok in h.checks.migrations()]
 
 
 def test_set_get_list_delete_with_versions_and_events(crew):
@@ -147,7 +147,7 @@ def test_two_ledger_connections_racing_one_compare_and_set(team, clock):
     def take(ledger, who):
         for key in keys:
             start.wait(timeout=10)
-            results[key].append((who, *ledger.state_set(key, who, clock(), who, if_absent=True)))
+            results[key].append((who, *ledger.state.set(key, who, clock(), who, if_absent=True)))
 
     threads = [threading.Thread(target=take, args=(led, name)) for led, name in zip(ledgers, ("Alice", "Bob"))]
     try:
@@ -164,21 +164,21 @@ def test_two_ledger_connections_racing_one_compare_and_set(team, clock):
         assert len(won) == 1 and len(lost) == 1, (key, outcomes)
         assert lost[0][1]["updated_by"] == won[0][0] and lost[0][1]["version"] == 1
     with History(Ledger(ledger_path(team), readonly=True)) as h:
-        assert {r["key"]: r["updated_by"] for r in h.state_entries()} == {k: w for k, outs in results.items()
+        assert {r["key"]: r["updated_by"] for r in h.state.entries()} == {k: w for k, outs in results.items()
                                                                           for w, done, _ in outs if done}
     assert len(state_events(team)) == len(keys)       # one event per key taken, none for a refusal
 
 
 def test_a_version_race_lets_exactly_one_writer_through(team, clock):
     with Ledger(ledger_path(team)) as led:
-        led.state_set("plan", "v1", clock(), "Alice")
+        led.state.set("plan", "v1", clock(), "Alice")
     ledgers = [Ledger(ledger_path(team)), Ledger(ledger_path(team))]
     start = threading.Barrier(2)
     out = []
 
     def write(ledger, who):
         start.wait(timeout=10)
-        out.append((who, ledger.state_set("plan", who, clock(), who, if_version=1)[0]))
+        out.append((who, ledger.state.set("plan", who, clock(), who, if_version=1)[0]))
 
     threads = [threading.Thread(target=write, args=(led, who)) for led, who in zip(ledgers, ("Bob", "Carol"))]
     for t in threads:
@@ -190,7 +190,7 @@ def test_a_version_race_lets_exactly_one_writer_through(team, clock):
     assert sorted(done for _, done in out) == [False, True]
     winner = next(who for who, done in out if done)
     with History(Ledger(ledger_path(team), readonly=True)) as h:
-        row = h.state("plan")
+        row = h.state.get("plan")
     assert (row["value"], row["version"]) == (winner, 2)
 
 
@@ -371,7 +371,7 @@ def test_commands_with_none_recorded_and_an_unfinished_one(team):
     assert "no operator commands recorded" in team("commands").output
     assert json.loads(team("commands", "--json").output) == []
     with Ledger(ledger_path(team)) as led:      # a command killed before it finished: begun, no result
-        led.begin_command("killed-1", "expire", '{"id":"01AAAAAAAAAAAAAAAAAAAAAAAA"}', "operator:x", 1.0e9)
+        led.operations.begin_command("killed-1", "expire", '{"id":"01AAAAAAAAAAAAAAAAAAAAAAAA"}', "operator:x", 1.0e9)
     assert re.search(r"killed-1\s+expire\s+operator:x\s+unfinished", team("commands").output)
     doc = json.loads(team("commands", "killed-1", "--json").output)
     assert doc["result"] is None and doc["at"] == "2001-09-09T01:46:40.000000Z"

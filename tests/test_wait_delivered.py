@@ -31,7 +31,7 @@ def relay_once_written(project, agent="Alice", agents=("Alice", "Bob", "Carol"),
         until(lambda: any(p.name.startswith("msg-") for p in box.iterdir()), "the message is written")
         if archive is not None:
             with Ledger(project.state / "ledger.sqlite") as ledger:
-                ledger.archive_agent(archive, time.time(), "operator:test")
+                ledger.operations.archive_agent(archive, time.time(), "operator:test")
         done["total"] = deliver(project, agents)
     t = threading.Thread(target=run)
     t.start()

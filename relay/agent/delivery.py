@@ -42,7 +42,7 @@ def standing(history, mid):
     shed = [s for s in history.sheds(row["id"]) if s["released_at"] is None]
     if shed:
         return Delivery(mid, False, "; ".join(f"shed for {s['recipient']} ({s['reason']})" for s in shed))
-    remote = history.outbound(row["id"])
+    remote = history.remote.outbound(row["id"])
     refused = [o for o in remote if o["status"] == "refused"]
     if refused:
         return Delivery(mid, False, "; ".join(f"refused by node {o['node']} for {', '.join(orjson.loads(o['recipients']))}"

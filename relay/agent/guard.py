@@ -244,6 +244,6 @@ def conflicts(ledger_path, agent, paths, now):
     if not Path(ledger_path).exists():
         return []
     with History(Ledger(ledger_path, readonly=True)) as history:
-        rows = [r for r in history.reservations(now) if r["exclusive"] and r["agent"] != agent]
+        rows = [r for r in history.reservations.held(now) if r["exclusive"] and r["agent"] != agent]
     return [(p, r) for p in paths for r in rows if covers(r["pattern"], p, r["scope"])]
 

@@ -141,7 +141,7 @@ class Leases:
             raise RelayError(f"a reason is one line of at most {MAX_REASON} characters, without control characters")
         now = self.project.clock()
         with self.project.writing() as ledger:
-            granted, conflicts, _ = ledger.reserve_paths(
+            granted, conflicts, _ = ledger.reservations.reserve(
                 self.name, patterns, now, now + seconds, bool(exclusive), reason or None, functools.partial(_ids.new, now),
                 functools.partial(notice, self.name, bool(exclusive), now))
             self._tell(ledger, now)
@@ -155,7 +155,7 @@ class Leases:
         patterns = None if paths is None else self.normalised(paths, base)
         now = self.project.clock()
         with self.project.writing() as ledger:
-            gone = ledger.release_paths(self.name, patterns or (), now, everything=patterns is None)
+            gone = ledger.reservations.release(self.name, patterns or (), now, everything=patterns is None)
             self._tell(ledger, now)
         return gone
 
@@ -165,7 +165,7 @@ class Leases:
         if history is None:
             return []
         with history:
-            rows = history.reservations(self.project.clock(), agent=self.name if mine else None)
+            rows = history.reservations.held(self.project.clock(), agent=self.name if mine else None)
         return [Reservation.of(r) for r in rows]
 
     def normalised(self, paths, base=None):
@@ -185,7 +185,7 @@ class Leases:
         """Write the notices not yet in their holders' inboxes (this request's, and any an
         earlier process could not write). One that cannot be written now stays due."""
         reader = History(ledger)        # the writer's own connection: not closed here
-        due = reader.notices_due()
+        due = reader.reservations.notices_due()
         if not due:
             return
         archived = reader.archived_agents()
@@ -200,4 +200,4 @@ class Leases:
                 except (RelayError, OSError, ValueError) as e:
                     log.warning("notice %s to %s not written yet: %s", n["id"], n["holder"], e)
                     continue
-            ledger.notice_delivered(n["id"], n["holder"], now, where)
+            ledger.reservations.notice_delivered(n["id"], n["holder"], now, where)

@@ -131,7 +131,7 @@ class Project(TeamState):
             history = self.history()
             if history is not None:
                 with history:
-                    names |= {n for n, (node, _) in history.remote_agents().items()
+                    names |= {n for n, (node, _) in history.remote.agents().items()
                               if node != self.config.federation.node}
         return sorted(names)
 
@@ -202,13 +202,13 @@ class Project(TeamState):
             yield self._writer
 
     def reserve(self, mid, sender, request_id=None):
-        """Record in the ledger that `relay send` gives `mid` to `sender` (ledger_senders.py): a file
+        """Record in the ledger that `relay send` gives `mid` to `sender` (ledger/senders.py): a file
         of another outbox that copies it cannot have it. With a request id the sender used on a
         message that did not fail (read by relay or still in the outbox), nothing is recorded and
         that message's id is returned (None otherwise)."""
         try:
             with self.writing() as ledger:
-                return ledger.reserve_id(mid, sender, time.time(), request_id)
+                return ledger.senders.reserve_id(mid, sender, time.time(), request_id)
         except sqlite3.Error as e:
             raise RelayError(f"cannot record the message's id in the ledger ({e}); nothing was sent") from None
 
@@ -252,7 +252,7 @@ class Project(TeamState):
         if history is None:
             return []
         with history:
-            rows = history.search(query, agent=agent, sender=sender, thread=thread, since=since, limit=limit)
+            rows = history.search.messages(query, agent=agent, sender=sender, thread=thread, since=since, limit=limit)
         return [{"id": r["id"], "from": r["sender"], "to": _recipients(r), "kind": r["kind"], "thread": r["thread"],
                  "subject": r["subject"], "snippet": r["snippet"], "sent_at": _when(r["sent_at"]),
                  "status": r["status"]} for r in rows]
@@ -302,7 +302,7 @@ def declare(layout, names, how, durability="full"):
         return
     try:
         with Ledger(layout.ledger, durability=durability) as ledger:
-            ledger.declare(names, time.time(), how)
+            ledger.senders.declare(names, time.time(), how)
     except sqlite3.Error as e:
         raise RelayError(f"cannot record the agents {', '.join(names)} in the ledger ({e})") from None
     wake(layout.lock)

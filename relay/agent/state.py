@@ -96,7 +96,7 @@ class TeamState:
         if history is None:
             return None
         with history:
-            row = history.state(key)
+            row = history.state.get(key)
         if row is None:
             return None
         bad = BadRow.of(row, "team_state")
@@ -111,7 +111,7 @@ class TeamState:
         if history is None:
             return []
         with history:
-            rows = history.state_entries(prefix)
+            rows = history.state.entries(prefix)
         out = []
         for row in rows:
             bad = BadRow.of(row, "team_state")
@@ -133,7 +133,7 @@ class TeamState:
         if if_absent and if_version is not None:
             raise RelayError("give if_absent or if_version, not both")
         with self.writing() as ledger:
-            done, row = ledger.state_set(key, value, self.clock(), actor, if_version=if_version,
+            done, row = ledger.state.set(key, value, self.clock(), actor, if_version=if_version,
                                          if_absent=bool(if_absent))
         if done:
             return StateEntry.of(row)
@@ -154,7 +154,7 @@ class TeamState:
         check_version(if_version)
         check_actor(actor)
         with self.writing() as ledger:
-            done, row = ledger.state_delete(key, self.clock(), actor, if_version=if_version)
+            done, row = ledger.state.delete(key, self.clock(), actor, if_version=if_version)
         if done:
             return StateEntry.of(row)
         if row is None:

@@ -236,7 +236,7 @@ def preload_ledger(ledger, rows, chunk=50_000):
     done = 0
     while done < rows:
         n = min(chunk, rows - done)
-        ledger.add_archived((f"00000000{done + i:018d}", f"agent{(done + i) % 20:03d}", f"old{done + i}",
+        ledger.operations.add_archived((f"00000000{done + i:018d}", f"agent{(done + i) % 20:03d}", f"old{done + i}",
                              '["agent001"]', "message", "s", "b", 10, "h", now, f"archive/x/old{done + i}")
                             for i in range(n))
         done += n

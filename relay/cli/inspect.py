@@ -97,7 +97,7 @@ def audit(ctx, sender, recipient, status, kind, thread, since, until, grep, limi
             if not rows:
                 echo("no messages match")
             else:
-                echo(views.table(rows, remote=led.remote_routes([r["id"] for r in rows])))
+                echo(views.table(rows, remote=led.remote.routes([r["id"] for r in rows])))
         skipped(bad)
 
 
@@ -185,7 +185,7 @@ def _story(led, layout, row, as_json):
         held = box.holder(d["recipient"], row["id"])
         paths[d["recipient"]] = str(held) if held else None
     body = views.value(row["body"])
-    remote = led.outbound(row["id"])
+    remote = led.remote.outbound(row["id"])
     if not as_json:
         return views.show(row, deliveries, events, paths, body, remote, sheds)
     return {**views.record(row), "body": body, "headers": views.headers(row),
@@ -211,7 +211,7 @@ def _show_path(ctx, source, limit, as_json, agent=None):
         limit = PATH_LIMIT
     with ctx.reader() as led:
         bad, stories, more = [], [], False
-        for row in led.by_source(sender, name, visible_to=agent):
+        for row in led.lookups.by_source(sender, name, visible_to=agent):
             if limit and len(stories) == limit:
                 more = True
                 break
@@ -257,7 +257,7 @@ def verify(ctx, as_json):
     from relay.operator import doctor as operator
     with ctx.reader() as led:
         checked, problems = operator.verify(led, ctx.layout)
-        seq, head = led.head()
+        seq, head = led.checks.head()
     if not isinstance(seq, int) or not isinstance(head, str):     # a checkpoint row this build cannot read
         problems.append(f"ledger chain head {seq!r}:{head!r}: this relay cannot read it")
         seq, head = -1, str(head)
@@ -294,9 +294,9 @@ def doctor(ctx, quick, as_json):
     with ctx.reader() as led:
         problems, facts = operator.doctor(led, ctx.layout, pid, configured=ctx.cfg.durability, quick=quick,
                                           declared=declared(ctx.cfg, led))
-        migrations = led.migrations()
+        migrations = led.checks.migrations()
         if ctx.cfg.federation:
-            problems += federation_problems(ctx.cfg.federation, led.link())
+            problems += federation_problems(ctx.cfg.federation, led.remote.link())
     verified = ("verify's checks not run (--quick): archive files and envelopes not re-hashed, hash chain "
                 "not walked; run `relay verify`") if quick else f"verified {facts['verified']} archived message(s)"
     if not as_json:
@@ -329,7 +329,7 @@ def agents(ctx, name, active, as_json):
         if ctx.cfg.federation:      # agents of other nodes: their node and when it was last seen
             rows = [{**r, "node": ctx.cfg.federation.node} for r in rows] + operator.remote_agents_report(led, local)
         held = {}                   # this node's file reservations (they are not shared with other nodes)
-        for r in led.reservations(now):
+        for r in led.reservations.held(now):
             held.setdefault(r["agent"], []).append(Reservation.of(r).as_dict(now))
         rows = [{**r, "reservations": held.get(r["agent"], []),
                  **(roster.get(r["agent"]) or registry.Registered(r["agent"])).fields()} for r in rows]

@@ -84,7 +84,7 @@ def commands(ctx, command_id, verb, limit, as_json):
     if command_id is not None:
         check_id(command_id)
         with ctx.reader() as led:
-            row = one_row(led.command(command_id), "commands",
+            row = one_row(led.lookups.command(command_id), "commands",
                           f"no operator command with id {command_id!r} in the ledger (relay commands lists them)")
         doc = command_doc(row)
         if as_json:
@@ -96,7 +96,7 @@ def commands(ctx, command_id, verb, limit, as_json):
         limit = TABLE_LIMIT
     bad, docs, more = [], [], False
     with ctx.reader() as led:
-        for row in sift(led.recent_commands(verb), bad, "commands"):
+        for row in sift(led.lookups.recent_commands(verb), bad, "commands"):
             if limit and len(docs) == limit:
                 more = True
                 break

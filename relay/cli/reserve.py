@@ -107,7 +107,7 @@ def reservations(ctx, agent, as_json):
     """The file reservations held now: path, agent, exclusive or shared, until when, reason."""
     now = time.time()
     with ctx.reader() as led:
-        held = [Reservation.of(r) for r in led.reservations(now, agent=agent)]
+        held = [Reservation.of(r) for r in led.reservations.held(now, agent=agent)]
     if as_json:
         out_json([r.as_dict(now) for r in held])
         return

@@ -125,7 +125,7 @@ def run(ctx, once, durability, settle, retention, patience, log_format, log_leve
             if link is not None:
                 with link:
                     published, received = link.once()
-                    waiting = link.history.outbound_counts()["pending"]
+                    waiting = link.history.remote.outbound_counts()["pending"]
                 echo(f"federation: published {published}, received {received}"
                            + (f", {waiting} waiting for the server" if waiting else ""))
             if left:
@@ -176,7 +176,7 @@ def status(ctx, max_pending_age, as_json):
         with ctx.reader() as led:
             opened = led.ledger.access         # read-only, or immutable in a project no one here may write
             counts = led.counts()
-            held = led.reservations(now)
+            held = led.reservations.held(now)
             sheds.update(led.shed_counts())
             overdue = led.receipts.overdue_count(now - cfg.ack_overdue)     # acknowledgements waiting too long
             first = led.oldest_pending()

@@ -51,7 +51,7 @@ def state_get(ctx, key, as_json):
     the key has no value."""
     check_key(key)
     with ctx.reader() as led:
-        row = led.state(key)
+        row = led.state.get(key)
     row = one_row(row, "team_state", f"state key {key!r} has no value (relay state list shows the keys that have one)")
     entry = StateEntry.of(row)
     if as_json:
@@ -118,7 +118,7 @@ def state_list(ctx, prefix, as_json):
     """Every key that has a value, by key: version, when and by whom it was set, its value."""
     bad = []
     with ctx.reader() as led:
-        entries = [StateEntry.of(r) for r in sift(led.state_entries(prefix), bad, "team_state")]
+        entries = [StateEntry.of(r) for r in sift(led.state.entries(prefix), bad, "team_state")]
     for b in bad:
         echo(f"relay: {b}", err=True)
     if as_json:

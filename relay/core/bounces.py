@@ -99,7 +99,7 @@ def hint(reason, mid):
 
 
 def document(b, limit):
-    """The bounce's file (JSON, contract §2) for a row of History.bounces_due, its body cut
+    """The bounce's file (JSON, contract §2) for a row of history.bounces.due(), its body cut
     to `limit` bytes (max_body_bytes)."""
     mid, reason = b["message_id"], b["reason"]
     try:
@@ -163,7 +163,7 @@ class Bounces:
         if not self.due:
             return 0
         bad = []
-        rows = list(sift(self.history.bounces_due(limit, self.before), bad, "bounces"))
+        rows = list(sift(self.history.bounces.due(limit, self.before), bad, "bounces"))
         for b in bad:
             log.error("%s; no bounce is sent for it", b)
         self.due = len(rows) + len(bad) >= limit
@@ -182,5 +182,5 @@ class Bounces:
             log.info("%s: bounce %s to %s", b["message_id"], b["id"], b["sender"],
                      **fields("bounced", b["message_id"], b["sender"]))
         if done or bad:
-            self.ledger.bounced(now, done, skipped=[b.key for b in bad])
+            self.ledger.bounces.bounced(now, done, skipped=[b.key for b in bad])
         return len(done)

@@ -32,7 +32,7 @@ def attest(ledger, history, config, mode, event, now):
     host and relay version, `mode` ("daemon" or "once"), `event` ("start" or "reload") and the
     configured durability. Returns what was recorded."""
     facts = {"pid": os.getpid(), "host": socket.gethostname(), "version": __version__, "mode": mode,
-             "event": event, "durability": config.durability, **history.pragmas()}
+             "event": event, "durability": config.durability, **history.checks.pragmas()}
     ledger.attest(now, facts)
     log.info("attested the ledger's settings at %s: journal_mode=%s synchronous=%s busy_timeout=%sms "
              "foreign_keys=%s", event, facts["journal_mode"], facts["synchronous"], facts["busy_timeout_ms"],

@@ -1,5 +1,5 @@
 """Ids chosen by senders and request ids, settled for a batch after its files are read and
-before anything is delivered (the rule is ledger_senders.py's): a sender-chosen id becomes the
+before anything is delivered (the rule is ledger/senders.py's): a sender-chosen id becomes the
 message id when it is the sender's to have and unused; one given to another sender by relay
 send, or held by another message, is not taken (the message keeps relay's id, event
 `id_refused`); a sender's reuse of its own id is refused with the reason. A message whose
@@ -42,7 +42,7 @@ def identify(ledger, layout, works, now):
                 held[w.id] = holder
     items = [(w.id, w.sender, w.name, w.message.id, None if w.refused else w.message.request_id, held.get(w.id))
              for w in todo]
-    verdicts = ledger.identify(now, items, lambda sender, mid, name: layout.archive_rel(day, sender, mid, name))
+    verdicts = ledger.senders.identify(now, items, lambda sender, mid, name: layout.archive_rel(day, sender, mid, name))
     for w in todo:
         new, path, first, refusal, note = verdicts[w.id]
         if refusal:

@@ -101,7 +101,7 @@ class Pipeline:
         # limits) follow the order the files were written, not the order a directory lists them.
         plain.sort(key=lambda f: (f.sent_at, f.sender, f.name))
         day = day_of(now)
-        registered, claimed = s.ledger.register_and_claim(
+        registered, claimed = s.ledger.messages.register_and_claim(
             [(s.ids.new(now), f.sender, f.name, f.sent_at) for f in plain], now, self.batch,
             lambda sender, mid, name: s.layout.archive_rel(day, sender, mid, name), synced=False)
         counts.registered, counts.claimed = len(registered), len(claimed)
@@ -128,7 +128,7 @@ class Pipeline:
         except (OSError, DurabilityError) as e:
             log.error("outbox/%s/%s: %s; cannot quarantine it: %s", f.sender, name, f.bad, e)
             return
-        s.ledger.refuse_found(mid, f.sender, name, now, reason, rel,
+        s.ledger.messages.refuse_found(mid, f.sender, name, now, reason, rel,
                               bounce=self.config.bounces and f.sender not in self.archived)
         counts.failed += 1
         log.error("%s from %s failed: %s", mid, f.sender, reason, **fields("failed", mid, f.sender))
@@ -247,7 +247,7 @@ class Pipeline:
                               **fields("failed", w))
         owed = s.bounces.owed(works, self.archived, now)
         settled = self.phase()
-        if s.ledger.record(now, works, delivered, settled, owed, registry.changes(works, settled)):
+        if s.ledger.messages.record(now, works, delivered, settled, owed, registry.changes(works, settled)):
             s.bounces.due = True
         s.flow.commit(works, now, self.config)
         for listener in s.listeners:    # durable now: hooks queued, wakes typed, reads watched

@@ -64,7 +64,7 @@ class Recovery:
             except DurabilityError as e:
                 retry += [(mid, str(e), now + MAX_BACKOFF, 0) for mid, _ in done]
                 done = []
-            self.ledger.archived_late(now, done, retry)
+            self.ledger.messages.archived_late(now, done, retry)
         return len(done)
 
     def readable(self, rows, now, need=(), fresh=frozenset()):
@@ -90,7 +90,7 @@ class Recovery:
         problems = [(b.key, f"{b}; the row was failed") for b in bad]
         for mid, reason in problems:
             log.error("%s", reason, **fields("failed", mid))
-        self.ledger.fail_unreadable(now, problems)
+        self.ledger.messages.fail_unreadable(now, problems)
 
     def recover(self, now, budget=3, stopped=True, bounce=True):
         """Put back in the flow what a stopped relay left; returns the number of messages
@@ -129,8 +129,8 @@ class Recovery:
             self.syncer.flush("recovery moves")
             owed = [of_row(rows[mid], set(self.history.delivered_to([mid]).get(mid, {})), reason)
                     for mid, reason, _ in stopped_rows] if bounce else []
-            self.ledger.reset(reset, now, stopped_rows, interrupted=stopped, bounces=owed)
-            self.ledger.readopt(orphans, now)
+            self.ledger.messages.reset(reset, now, stopped_rows, interrupted=stopped, bounces=owed)
+            self.ledger.messages.readopt(orphans, now)
         for mid, reason, _ in stopped_rows:
             log.error("%s failed: %s", mid, reason, **fields("failed", mid))
         self.remove_orphans(now)

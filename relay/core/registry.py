@@ -7,7 +7,7 @@ it (SPEC section 2's control kinds; the rows are the ledger's, ledger/registry.p
   again, its metadata replaced. An agent that had no directory gets its outbox and inbox.
 - A `release` marks the agent its NAME names inactive; its metadata stays.
 - Both are recorded in the transaction that records the control message as delivered
-  (Ledger.record, on the loop thread): the registry never says what the ledger does not.
+  (ledger.messages.record, on the loop thread): the registry never says what the ledger does not.
 - Refused, like any message relay cannot deliver (quarantined with the reason, its sender
   bounced): a spawn or release with no NAME, a NAME that is no agent name or a reserved one
   (System, Broadcast, `*`, in any case: names.py); a release of an agent relay does not know;
@@ -143,7 +143,7 @@ def roster(history, names, bad=None):
     """{name: Registered} of the agents `names` and of every agent the registry has, sorted by
     name. A registry row this build cannot read is appended to `bad` (a BadRow) and its agent
     shown as one never spawned."""
-    rows = {r["name"]: Registered.of(r) for r in sift(history.registry_rows(), [] if bad is None else bad,
+    rows = {r["name"]: Registered.of(r) for r in sift(history.registry.rows(), [] if bad is None else bad,
                                                         "agent_registry")}
     archived = history.archived_agents()
     out = {n: rows.get(n) or Registered(n) for n in sorted(set(names) | set(rows))}
@@ -165,5 +165,5 @@ def archived_refusal(name, archived, sender=False, outcome="nothing was sent"):
 
 def released(history, names):
     """The Registered of each of `names` that a release made inactive, by name."""
-    return [Registered.of(r) for r in sift(history.registry_rows(names), [], "agent_registry")
+    return [Registered.of(r) for r in sift(history.registry.rows(names), [], "agent_registry")
             if r["state"] == INACTIVE]

@@ -41,8 +41,8 @@ def sweep_before(ledger, archive, now, cutoff, dry_run=False, limit=BATCH):
     result.archived, result.failed = len(archived), len(failed)
     result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
     result.more = len(archived) == limit or len(failed) == limit
-    if not dry_run and ledger.forget_sent_ids(cutoff, limit) == limit:
-        result.more = True      # ids relay send gave whose file never came (ledger_senders.py)
+    if not dry_run and ledger.senders.forget_sent_ids(cutoff, limit) == limit:
+        result.more = True      # ids relay send gave whose file never came (ledger/senders.py)
     if dry_run or not result.ids:
         return result
     # A row goes only with its file: one that cannot be removed (a link planted in its path)
@@ -60,7 +60,7 @@ def sweep_before(ledger, archive, now, cutoff, dry_run=False, limit=BATCH):
     result.archived, result.failed = len(archived), len(failed)
     result.ids = [r["id"] for r in archived] + [r["id"] for r in failed]
     result.more = result.more and not kept
-    ledger.sweep(now, archived, failed)
+    ledger.operations.sweep(now, archived, failed)
     log.info("retention sweep removed %d archived and %d failed messages older than %ss",
              len(archived), len(failed), int(now - cutoff))
     return result

@@ -102,7 +102,7 @@ class Router:
 
     def directory_state(self):
         """(when the team's directory was last read whole, why it cannot be read now or None)."""
-        link = self.history.link()
+        link = self.history.remote.link()
         if link is None:
             return None, "not read yet"
         return link["directory_at"], link["directory_error"]
@@ -110,7 +110,7 @@ class Router:
     def remote(self, local, refresh=False):
         """{name: node} of the agents on other nodes (not local ones)."""
         if self._remote is None or refresh:
-            self._remote = {name: node for name, (node, _) in self.history.remote_agents().items()
+            self._remote = {name: node for name, (node, _) in self.history.remote.agents().items()
                             if node != self.node}
         return {n: node for n, node in self._remote.items() if n not in local and n != SYSTEM}
 

@@ -37,7 +37,7 @@ class AckGate:
         ids the others name, to delete; the message ids of the others)."""
         if not acks:
             return [], [], []
-        states = self.history.outbound_states(node, [mid for mid, _, _ in acks])
+        states = self.history.remote.outbound_states(node, [mid for mid, _, _ in acks])
         inflight, out, named, dropped = None, [], [], []
         for a in acks:
             status = states.get(a[0])

@@ -190,18 +190,18 @@ class Directory:
             if self.error != why:
                 log.error("federation: cannot read the team's directory: %s; messages to names this node does "
                           "not know wait", why)
-                self.ledger.directory_failed(now, self.node, why)
+                self.ledger.remote.directory_failed(now, self.node, why)
             self.error = why
             raise
         if self.error is not None:
             log.info("federation: the team's directory is read again")
         self.error = None
         self.read_at = now
-        self.ledger.directory_read(now)
+        self.ledger.remote.directory_read(now)
         return changed
 
     def _look(self, now, local):
-        names = self.nodes() | {n for n, _ in self.history.remote_agents().values()}
+        names = self.nodes() | {n for n, _ in self.history.remote.agents().values()}
         names.discard(self.node)
         names = sorted(names)
         secs, micros = self._time()
@@ -290,7 +290,7 @@ class Directory:
 
     def resolve(self, now, local):
         """Decide each name's node (the rules in this module's docstring) and record it."""
-        previous = self.history.remote_agents()        # name -> (node, last seen)
+        previous = self.history.remote.agents()        # name -> (node, last seen)
         claims = {}
         for n, e in self.entries.items():
             for name in e.agents:
@@ -334,5 +334,5 @@ class Directory:
                 log.error("federation: agent %s is also listed by node %s (%s); %s", name, other, where,
                           "it stays local here" if name in local else "messages to it wait until one of them drops it")
             self.conflicts = conflicts
-        self.ledger.directory(now, self.node, rows, [list(c) for c in conflicts])
+        self.ledger.remote.directory(now, self.node, rows, [list(c) for c in conflicts])
         self.routes = routes

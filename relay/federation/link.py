@@ -130,9 +130,9 @@ class Link:
             return                      # connected, but writes are refused: said by down, not flipped
         if self.connected is not True and not self.duplicate:
             log.info("federation: connected to %s as node %s of team %s", self.fed.shown_url, self.node, self.fed.team)
-            self.ledger.link_state(now, self.node, True)
+            self.ledger.remote.link_state(now, self.node, True)
             if self.connected is False:
-                self.ledger.publish_now(now)    # what waited for the server goes now
+                self.ledger.remote.publish_now(now)    # what waited for the server goes now
             self.down.clear()
             self.back.set()
             self.connected = True
@@ -141,7 +141,7 @@ class Link:
         why = reason(error) if not isinstance(error, str) else error
         self.down.report(why)
         if self.connected is not False:
-            self.ledger.link_state(now, self.node, False, why)
+            self.ledger.remote.link_state(now, self.node, False, why)
             self.connected = False
 
     # -- the directory ----------------------------------------------------------------------
@@ -163,7 +163,7 @@ class Link:
             written = None
         if written is False:
             self.incoming.paused = self.duplicate
-            self.ledger.link_state(now, self.node, False, self.duplicate)
+            self.ledger.remote.link_state(now, self.node, False, self.duplicate)
             self.connected = False
             return False
         self.incoming.paused = None
@@ -186,7 +186,7 @@ class Link:
             self._probe_writes(now)
         try:
             changed = self.directory.look(now, set(local))
-            self.nodes = set(self.directory.entries) | {n for n, _ in self.history.remote_agents().values()}
+            self.nodes = set(self.directory.entries) | {n for n, _ in self.history.remote.agents().values()}
             # A node an operator retired is gone for good, whatever its last heartbeat says: what
             # waits for it goes to the node that lists its agents now, without waiting for its timeout.
             self.alive = {n: e.alive(self.directory.server_now, self.directory.timeout) and e.version != RETIRED["v"]
@@ -208,7 +208,7 @@ class Link:
             return
         if written:
             self.publisher.refusing = False
-            self.ledger.publish_now(now)
+            self.ledger.remote.publish_now(now)
             self.queued.set()
 
     # -- publishing -------------------------------------------------------------------------
@@ -231,7 +231,7 @@ class Link:
             return done
         self.next_acks = now + ACKS_EVERY
         try:
-            self.publisher.read_acks(now, self.nodes | set(self.history.waiting_nodes()))
+            self.publisher.read_acks(now, self.nodes | set(self.history.remote.waiting_nodes()))
             if self.publisher.moved:        # refused by a node whose agents they are no longer
                 self.publisher.reroute(now, self.directory.routes, self.alive)
         except self.errors as e:
@@ -257,7 +257,7 @@ class Link:
         if now >= self.next_sweep:
             from relay.federation.receiver import REPLAY_WINDOW
             self.next_sweep = now + REPLAY_SWEEP
-            self.ledger.forget_received(now - REPLAY_WINDOW)
+            self.ledger.remote.forget_received(now - REPLAY_WINDOW)
         return again
 
     # -- the threads ------------------------------------------------------------------------
@@ -311,8 +311,8 @@ class Link:
                 self.check(now)
             while self.publish(self.clock(), force=False) >= BATCH:
                 pass
-            due = self.history.next_outbound_due()
-            waiting = self.publisher.early or self.history.unacknowledged()     # published, not acknowledged
+            due = self.history.remote.next_outbound_due()
+            waiting = self.publisher.early or self.history.remote.unacknowledged()     # published, not acknowledged
             wake = min(self.next_heartbeat, self.next_look, due if due is not None else float("inf"),
                        self.next_acks if waiting else float("inf"))
             self.queued.wait(max(0.0, min(wake - self.clock(), MAX_WAIT)))
@@ -385,15 +385,15 @@ def probe(config, history, timeout=1.0):
     import orjson
     from relay.federation.keys import Keys
     fed = config.federation
-    link = history.link()
-    out = history.outbound_counts()
+    link = history.remote.link()
+    out = history.remote.outbound_counts()
     doc = {"node": fed.node, "team": fed.team, "url": fed.shown_url, "ack_warn": fed.ack_timeout,
            "link": {"connected": bool(link["connected"]) if link else None,
                     "since": link["since"] if link else None, "error": link["error"] if link else None},
            "directory": {"read_at": link["directory_at"] if link else None,
                          "error": link["directory_error"] if link else None},
            "conflicts": orjson.loads(link["conflicts"]) if link and link["conflicts"] else [],
-           "outbound": out, "received": history.received_counts(),
+           "outbound": out, "received": history.remote.received_counts(),
            "server": {"reachable": False, "error": None, "incoming": None, "asked": fed.url is not None}}
     if fed.url is None:
         return doc              # an agent's shell: the daemon's link above says how the server is
@@ -407,7 +407,7 @@ def probe(config, history, timeout=1.0):
     try:
         client.ping()
         doc["server"]["reachable"] = True
-        nodes = sorted({n for n, _ in history.remote_agents().values()})
+        nodes = sorted({n for n, _ in history.remote.agents().values()})
         pipe = client.pipeline(transaction=False)
         for n in nodes:
             pipe.xlen(keys.messages(n, fed.node))

@@ -52,7 +52,7 @@ class Losses:
         _, interval, last = self.pace.get(node, (0.0, 0.0, None))
         interval = SCAN_BASE if last is None or now - last > SCAN_CAP + interval else min(SCAN_CAP, 2 * interval)
         self.pace[node] = (now + interval, interval, now)
-        rows = self.history.published_entries(node)        # (message id, entry id, envelope bytes) by entry
+        rows = self.history.remote.published_entries(node)        # (message id, entry id, envelope bytes) by entry
         rows = [r for r in rows if r[1]]
         if not rows:
             return []

@@ -120,7 +120,7 @@ class Publisher:
                 pass
         except self.errors as e:
             error = e
-        rows = self.history.outbound_due(now, BATCH, self.config.batch_bytes // HELD)
+        rows = self.history.remote.outbound_due(now, BATCH, self.config.batch_bytes // HELD)
         if not rows:
             return 0, error
         early, rest = [], []
@@ -142,12 +142,12 @@ class Publisher:
             if error is None and any(r["attempts"] == 0 for r in failed):
                 log.error("federation: %s not published to node %s: %s; retrying", len(failed),
                           ", ".join(sorted({r["node"] for r in failed})), why)
-            self.ledger.publish_failed(now, [(r["message_id"], r["node"], r["attempts"],
+            self.ledger.remote.publish_failed(now, [(r["message_id"], r["node"], r["attempts"],
                                               now + backoff(RETRY_BASE, r["attempts"], RETRY_CAP)) for r in failed], why)
         done = [(r["message_id"], r["node"], eid) for r, eid in early + list(zip(rest, ids, strict=True))
                 if not isinstance(eid, Exception)]
         if done:
-            self.ledger.published(now, done, self.fed.ack_timeout, quiet=self.hushed)
+            self.ledger.remote.published(now, done, self.fed.ack_timeout, quiet=self.hushed)
             self.hushed.difference_update((mid, node) for mid, node, _ in done)
             for mid, node, eid in done:
                 log.info("%s published to node %s as entry %s", mid, node, eid)
@@ -206,7 +206,7 @@ class Publisher:
                     # The entries acknowledged are deleted, the row's own and the one the receiver
                     # names (an earlier publish of it, or one left by a crash after the record).
                     missed, named = [], {mid: e for mid, e, _ in here if e}
-                    gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in here],
+                    gone = self.ledger.remote.acknowledged(now, node, [(mid, refusal) for mid, _, refusal in here],
                                                     bounce=self.config.bounces, missed=missed, entries=named)
                     held = self._hold(now, node, missed, named)
                     for mid, _, _ in acks:      # settled before the publisher marked it published
@@ -265,7 +265,7 @@ class Publisher:
         Returns the message ids kept (their entries are not deleted yet)."""
         if not missed:
             return set()
-        recorded = self.history.outbound_recorded([(mid, node) for mid, _ in missed[-EARLY_ACKS_HELD:]])
+        recorded = self.history.remote.outbound_recorded([(mid, node) for mid, _ in missed[-EARLY_ACKS_HELD:]])
         kept = self.early_acks.setdefault(node, {})
         for mid, refusal in missed[-EARLY_ACKS_HELD:]:
             if (mid, node) not in recorded and mid not in kept:
@@ -283,10 +283,10 @@ class Publisher:
         settled = 0
         deletions = {}
         for node, kept in list(self.early_acks.items()):
-            recorded = self.history.outbound_recorded([(mid, node) for mid in kept])
+            recorded = self.history.remote.outbound_recorded([(mid, node) for mid in kept])
             acks = [(mid, *kept[mid][:2]) for mid, _ in sorted(recorded)]
             if acks:
-                gone = self.ledger.acknowledged(now, node, [(mid, refusal) for mid, refusal, _ in acks],
+                gone = self.ledger.remote.acknowledged(now, node, [(mid, refusal) for mid, refusal, _ in acks],
                                                 bounce=self.config.bounces,
                                                 entries={mid: eid for mid, _, eid in acks if eid})
                 for mid, _, _ in acks:
@@ -352,7 +352,7 @@ class Publisher:
         run_id = info.get("run_id")
         again = []
         if not self.swept:      # what a deletion cut before this run's start left
-            for node, ids in self.history.settled_entries(SWEEP_WINDOW, SWEEP_HELD).items():
+            for node, ids in self.history.remote.settled_entries(SWEEP_WINDOW, SWEEP_HELD).items():
                 self.undeleted.setdefault(node, {}).update(dict.fromkeys(ids))
         self.deleted()          # ConnectionError: nothing is concluded from lengths this time
         self.swept = True
@@ -360,10 +360,10 @@ class Publisher:
         if self.new_server:
             log.warning("federation: the server is another one now (run id %s, was %s: a restart or a failover); "
                         "every message not yet acknowledged is published again", run_id, self.run_id)
-            again += [(r["message_id"], r["node"]) for n in self.history.unacknowledged()
-                      for r in self.history.waiting_for(n, 100_000)]
+            again += [(r["message_id"], r["node"]) for n in self.history.remote.unacknowledged()
+                      for r in self.history.remote.waiting_for(n, 100_000)]
         self.run_id = run_id
-        waiting = self.history.unacknowledged()
+        waiting = self.history.remote.unacknowledged()
         if waiting and not again:
             pipe = self.client.pipeline(transaction=False)
             nodes = sorted(waiting)
@@ -381,7 +381,7 @@ class Publisher:
                     again += lost
         if again:
             self._again(now, again, "the server lost it")
-        late = [(r["message_id"], r["node"]) for r in self.history.overdue(now, BATCH) if alive.get(r["node"])]
+        late = [(r["message_id"], r["node"]) for r in self.history.remote.overdue(now, BATCH) if alive.get(r["node"])]
         if late:
             log.warning("federation: %d messages not acknowledged by their node in time; published again", len(late))
             self._again(now, late, "no acknowledgement by its deadline")
@@ -392,7 +392,7 @@ class Publisher:
         to it waits longer than ack_timeout: stopped, frozen, cut off from the server), and once
         again when it acknowledges again."""
         from relay.core.health import unanswered
-        waiting = self.history.unacknowledged_since()
+        waiting = self.history.remote.unacknowledged_since()
         for node, (count, since) in sorted(waiting.items()):
             said = unanswered(node, {"published": count, "unacked_since": since, "waiting": count}, now,
                               self.fed.ack_timeout)
@@ -416,7 +416,7 @@ class Publisher:
         if len(self.hushed) > 1_000_000:
             self.hushed = quiet
         by_node = {}
-        for node, eid in self.ledger.republish(now, rows, why, quiet=quiet):
+        for node, eid in self.ledger.remote.republish(now, rows, why, quiet=quiet):
             if eid:
                 by_node.setdefault(node, set()).add(eid)
         self._delete(by_node)
@@ -425,17 +425,17 @@ class Publisher:
         """Rows waiting for a node that no longer holds their recipients, while another does: the
         rows of a node that is gone, and those a live node refused as not its agents'."""
         moves = []
-        for node in self.history.waiting_nodes():
+        for node in self.history.remote.waiting_nodes():
             if alive.get(node):
                 continue
-            for r in self.history.waiting_for(node, BATCH, pending=True):
+            for r in self.history.remote.waiting_for(node, BATCH, pending=True):
                 names = orjson.loads(r["recipients"])
                 new = {routes.get(n) for n in names}
                 if len(new) == 1 and None not in new and node not in new:
                     moves.append((r["message_id"], node, new.pop(), r["recipients"]))
         refused, left = {}, {}
         for (mid, node), (refusal, since, eid) in list(self.moved.items()):
-            rows = [r for r in self.history.outbound(mid)
+            rows = [r for r in self.history.remote.outbound(mid)
                     if r["node"] == node and r["status"] in ("pending", "published")]
             new = {routes.get(n) for n in orjson.loads(rows[0]["recipients"])} if rows else set()
             if rows and len(new) == 1 and None not in new and node not in new:
@@ -448,12 +448,12 @@ class Publisher:
                 left.setdefault(node, set()).add(eid)       # settled since: the entry it named goes
             del self.moved[(mid, node)]
         for node, items in refused.items():     # no other node holds them: refused, as the node said
-            left.setdefault(node, set()).update(self.ledger.acknowledged(now, node, items, bounce=self.config.bounces))
+            left.setdefault(node, set()).update(self.ledger.remote.acknowledged(now, node, items, bounce=self.config.bounces))
         self._delete(left)
         if refused and self.router is not None:
             self.router.bounced()
         if moves:
-            gone = self.ledger.reroute(now, moves, bounce=self.config.bounces)
+            gone = self.ledger.remote.reroute(now, moves, bounce=self.config.bounces)
             if self.router is not None:
                 self.router.bounced()
             log.warning("federation: %d messages for agents now on other nodes are sent there", len(moves))

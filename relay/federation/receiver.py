@@ -280,7 +280,7 @@ class Incoming:
         works, refused, seen, repeats = [], [], {}, []      # seen: (node, id) -> sha256 of the original, in this read
         named = [(node, _text(f.get(b"id"))) for node, _, f in entries if isinstance(f, dict)]
         ids = [i for _, i in named]
-        before = self.history.received_before([(n, i) for n, i in named if i and valid_id(i)])
+        before = self.history.remote.received_before([(n, i) for n, i in named if i and valid_id(i)])
         known = set(ids) - self.history.unknown([i for i in ids if i])     # ids this ledger holds already
         used = set()                # ids the messages of this read keep here
         # An entry read for the first time since this node started reading its stream (or since
@@ -342,7 +342,7 @@ class Incoming:
         failed = [dict(item, got=w.got, error=why) for w, item, why in gave_up + shed]
         sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed) for w, _, *_ in done + shed for r, s in w.shed.items()]
         if done or refused or failed:
-            self.ledger.received(now, [dict(item, got=w.got) for w, item in done], refused, sheds, failed)
+            self.ledger.remote.received(now, [dict(item, got=w.got) for w, item in done], refused, sheds, failed)
             self.flow.commit([w for w, _ in done], now, self.config)
             if self.hooks is not None:
                 self.hooks.delivered([w for w, _ in done] + [w for w, _, _ in gave_up])

@@ -39,6 +39,7 @@ from relay.ledger.registry import RegistryReads
 from relay.ledger.imports import ImportReads
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
+from relay.ledger.forward import HISTORY
 from relay.ledger.lookups import Lookups
 from relay.ledger.parties import hidden, party
 from relay.ledger.receipts import Receipts
@@ -77,30 +78,6 @@ NEW_TABLES = ("sheds", "pings", "archived_agents", "commands", "attestations", "
               "agent_registry", "team_state")
 
 
-FORWARD = {     # the old names of the parts' methods (temporary: see History.__getattr__)
-    "outbound_due": ("remote", "outbound_due"), "next_outbound_due": ("remote", "next_outbound_due"),
-    "outbound": ("remote", "outbound"), "outbound_counts": ("remote", "outbound_counts"),
-    "unacknowledged": ("remote", "unacknowledged"), "unacknowledged_since": ("remote", "unacknowledged_since"),
-    "overdue": ("remote", "overdue"), "waiting_for": ("remote", "waiting_for"),
-    "settled_entries": ("remote", "settled_entries"), "outbound_states": ("remote", "outbound_states"),
-    "published_entries": ("remote", "published_entries"), "waiting_nodes": ("remote", "waiting_nodes"),
-    "received_before": ("remote", "received_before"), "outbound_recorded": ("remote", "outbound_recorded"),
-    "received_counts": ("remote", "received_counts"), "link": ("remote", "link"),
-    "remote_routes": ("remote", "routes"), "remote_agents": ("remote", "agents"), "head": ("checks", "head"),
-    "chain": ("checks", "chain"), "checkpoint": ("checks", "checkpoint"), "links_upto": ("checks", "links_upto"),
-    "unchained": ("checks", "unchained"), "recorded_envelopes": ("checks", "recorded_envelopes"),
-    "integrity_check": ("checks", "integrity_check"), "migrations": ("checks", "migrations"),
-    "journal_mode": ("checks", "journal_mode"), "pragmas": ("checks", "pragmas"), "archived": ("checks", "archived"),
-    "quarantined": ("checks", "quarantined"), "recorded_paths": ("checks", "recorded_paths"),
-    "active_ids": ("checks", "active_ids"), "explain": ("checks", "explain"),
-    "reservations": ("reservations", "held"), "notices_due": ("reservations", "notices_due"),
-    "bounces_due": ("bounces", "due"), "search": ("search", "messages"), "search_size": ("search", "size"),
-    "registry_rows": ("registry", "rows"), "state": ("state", "get"), "state_entries": ("state", "entries"),
-    "by_source": ("lookups", "by_source"), "command": ("lookups", "command"),
-    "recent_commands": ("lookups", "recent_commands"), "imported": ("imports", "imported"),
-    "has_table": ("imports", "has_table"),
-}
-
 # A message with an outbound row still waiting to be published (a row `m` of messages).
 UNPUBLISHED = "EXISTS (SELECT 1 FROM outbound o WHERE o.message_id = m.id AND o.status IN ('pending', 'published'))"
 
@@ -125,8 +102,8 @@ class History:
 
     # Until every caller names the part, the old names lead to it; this goes when the call sites are rewritten.
     def __getattr__(self, name):
-        if name in FORWARD:
-            part, method = FORWARD[name]
+        if name in HISTORY:
+            part, method = HISTORY[name]
             return getattr(getattr(self, part), method)
         raise AttributeError(name)
 
@@ -177,7 +154,7 @@ class History:
         raise NotFound(hidden(mid, visible_to) if visible_to else f"no message with id {mid!r} in the ledger")
 
     def declared_agents(self):
-        """The names of the agents declared as senders (ledger_senders.py)."""
+        """The names of the agents declared as senders (senders.py)."""
         return {r[0] for r in self.db.execute("SELECT name FROM declared_agents") if isinstance(r[0], str)}
 
     def id_owner(self, mid):

@@ -37,6 +37,7 @@ from relay.errors import LedgerError
 from relay.ledger.chain import GENESIS, Chain, chain_hash, link_hash  # noqa: F401  (the chain's, offered here too)
 from relay.ledger.bounces import BounceRecords
 from relay.ledger.imports import Imports
+from relay.ledger.forward import LEDGER
 from relay.ledger.hook_sessions import HookSessions
 from relay.ledger.messages import Messages
 from relay.ledger.opening import READ_WRITE, cannot_open, connect_reader, unwritable
@@ -67,30 +68,6 @@ class Status(str, enum.Enum):
 STATUSES = tuple(s.value for s in Status)
 
 ATTESTATIONS_KEPT = 100     # the newest attestations kept in the ledger
-
-FORWARD = {     # the old names of the parts' methods (temporary: see Ledger.__getattr__)
-    "declare": ("senders", "declare"), "reserve_id": ("senders", "reserve_id"),
-    "first_request": ("senders", "first_request"), "forget_sent_ids": ("senders", "forget_sent_ids"),
-    "identify": ("senders", "identify"), "published": ("remote", "published"),
-    "publish_failed": ("remote", "publish_failed"), "publish_now": ("remote", "publish_now"),
-    "acknowledged": ("remote", "acknowledged"), "republish": ("remote", "republish"),
-    "reroute": ("remote", "reroute"), "received": ("remote", "received"), "directory": ("remote", "directory"),
-    "directory_read": ("remote", "directory_read"), "directory_failed": ("remote", "directory_failed"),
-    "forget_received": ("remote", "forget_received"), "link_state": ("remote", "link_state"),
-    "requeue": ("operations", "requeue"), "expire": ("operations", "expire"),
-    "begin_command": ("operations", "begin_command"), "finish_command": ("operations", "finish_command"),
-    "ping": ("operations", "ping"), "archive_agent": ("operations", "archive_agent"),
-    "quarantined": ("operations", "quarantined"), "sweep": ("operations", "sweep"),
-    "add_archived": ("operations", "add_archived"), "reserve_paths": ("reservations", "reserve"),
-    "release_paths": ("reservations", "release"), "notice_delivered": ("reservations", "notice_delivered"),
-    "bounced": ("bounces", "bounced"), "state_set": ("state", "set"), "state_delete": ("state", "delete"),
-    "record_imports": ("imports", "record"), "import_agents": ("imports", "agents"),
-    "import_registry": ("imports", "registry"), "import_state": ("imports", "state"),
-    "register_and_claim": ("messages", "register_and_claim"), "refuse_found": ("messages", "refuse_found"),
-    "record": ("messages", "record"), "fail_unreadable": ("messages", "fail_unreadable"),
-    "archived_late": ("messages", "archived_late"), "reset": ("messages", "reset"),
-    "readopt": ("messages", "readopt"), "head": ("chain", "head"),
-}
 
 
 def _refuse_links(path):
@@ -165,8 +142,8 @@ class Ledger:
 
     # Until every caller names the part, the old names lead to it; this goes when the call sites are rewritten.
     def __getattr__(self, name):
-        if name in FORWARD:
-            part, method = FORWARD[name]
+        if name in LEDGER:
+            part, method = LEDGER[name]
             return getattr(getattr(self, part), method)
         raise AttributeError(name)
 

@@ -185,7 +185,7 @@ class Messages(Part):
         self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
 
     def _record_delivered(self, at, works, events):
-        """Delivered to everyone, but the archive move failed: retried when History.delivered_due()
+        """Delivered to everyone, but the archive move failed: retried when history.delivered_due()
         returns it."""
         delivered, settled = at
         for w in works:

@@ -61,7 +61,7 @@ def run(ledger, verb, arguments, command_id, action, actor, now=None, lock=None,
 
 def _run(ledger, verb, args, command_id, action, actor, now):
     if command_id is not None:
-        first = ledger.begin_command(command_id, verb, args, actor, now)
+        first = ledger.operations.begin_command(command_id, verb, args, actor, now)
         bad = BadRow.of(first, "commands") if first is not None else None
         if bad is not None:
             raise RelayError(f"{bad}: command id {command_id!r} cannot be checked; give this command a new id")
@@ -77,7 +77,7 @@ def _run(ledger, verb, args, command_id, action, actor, now):
     except RelayError as e:
         result = Result(errors=[str(e)], code=1)
     result.id = cid
-    ledger.finish_command(cid, verb, args, actor, now, result.to_json())
+    ledger.operations.finish_command(cid, verb, args, actor, now, result.to_json())
     return result
 
 

@@ -68,7 +68,7 @@ def retry(ledger, layout, ids, now=None):
         if src:
             layout.fs.unlink_quietly(f"{src}.error.json")
         archive.syncer.flush("the retried message's move back to the spool")
-        for done in ledger.requeue([row["id"]], now, actor()):
+        for done in ledger.operations.requeue([row["id"]], now, actor()):
             was = " (an operator had expired it)" if row["expired_at"] is not None else ""
             result.lines.append(f"{done}: back to pending{was}")
     result.code = 1 if result.errors else 0
@@ -108,7 +108,7 @@ def expire(ledger, layout, mid, now=None):
         raise RelayError(f"{row['id']} is {row['status']}: only pending or failed messages can be expired")
     who = actor()
     reason = f"expired by {who}: will not be delivered"
-    if not ledger.expire(row["id"], now, reason, who):
+    if not ledger.operations.expire(row["id"], now, reason, who):
         if history.get(row["id"])["expired_at"] is not None:
             return Result([f"{row['id']}: expired already; nothing changed"])
         raise RelayError(f"{row['id']} was claimed for delivery meanwhile; try again")
@@ -132,7 +132,7 @@ def _quarantine(ledger, layout, row, reason, now, src):
         rel = row["failed_path"]
         archive.write_report(rel, report)
     archive.syncer.flush("expired message")
-    ledger.quarantined(row["id"], rel)
+    ledger.operations.quarantined(row["id"], rel)
 
 
 def _sha256(fs, rel):
@@ -153,7 +153,7 @@ def envelopes(history, layout):
     One the agent has deleted is no problem."""
     fs = layout.fs
     problems, index = [], {}
-    for d in sift(history.recorded_envelopes(), [], "deliveries"):      # bad rows: named by bad_rows()
+    for d in sift(history.checks.recorded_envelopes(), [], "deliveries"):      # bad rows: named by bad_rows()
         r, mid = d["recipient"], d["message_id"]
         if r not in index:
             index[r] = {}
@@ -194,10 +194,10 @@ def checkpoint(history):
     """What is wrong with the chain's last checkpoint, which says where verify starts: one with
     chain records at or before it (a sweep leaves none) hides them from verify. (One this build
     cannot read is a row like the others: the chain is then walked from its start.)"""
-    cp = history.checkpoint()
+    cp = history.checks.checkpoint()
     if cp is None or BadRow.of(cp, "checkpoints") is not None:      # one unreadable is named with the others
         return []
-    hidden = history.links_upto(cp["upto"])
+    hidden = history.checks.links_upto(cp["upto"])
     if hidden:
         return [f"{hidden} hash chain record(s) lie at or before the last checkpoint (position {cp['upto']}), "
                 "which a retention sweep leaves none of: the checkpoint hides them from verify (it was not "
@@ -212,7 +212,7 @@ def verify(history, layout, rows=True):
     problems = unreadable(history)[1] if rows else []
     problems += checkpoint(history)
     checked = 0
-    for link, row, gap, intact in history.chain():
+    for link, row, gap, intact in history.checks.chain():
         if gap:
             problems.append(f"chain records {gap[0]}..{gap[1]} are missing: archived records "
                             f"were removed from the ledger (before {link['message_id']})")
@@ -234,7 +234,7 @@ def verify(history, layout, rows=True):
                 continue
             if digest != row["sha256"]:
                 problems.append(f"{row['id']}: archive file {row['archive_path']} does not match its sha256")
-    for mid in history.unchained():
+    for mid in history.checks.unchained():
         problems.append(f"{mid}: archived record is not in the hash chain (inserted?)")
     problems += envelopes(history, layout)
     return checked, problems
@@ -253,12 +253,12 @@ def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False
     att = health.attestation(history, daemon_pid)
     facts["durability"] = att
     out += health.problems(att, configured, daemon_pid)
-    result = history.integrity_check()
+    result = history.checks.integrity_check()
     if result != ["ok"]:
         found = [r for r in result if not r.startswith("***")] or result
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         out.append(str(LedgerCorrupt(layout.ledger, f"integrity check: {found[0]}{more}")))
-    if history.journal_mode().lower() != "wal":
+    if history.checks.journal_mode().lower() != "wal":
         out.append("the ledger is not in WAL mode; start `relay run` once to set it")
     if daemon_pid is None:
         n = history.counts()[Status.PROCESSING]
@@ -266,16 +266,16 @@ def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False
             out.append(f"{n} message(s) left processing by a stopped relay; `relay run` recovers them")
     if quick:       # only that each archived file is there: verify's checks (hashes, chain) are not run
         facts["verified"] = None
-        for row in sift(history.archived(), []):
+        for row in sift(history.checks.archived(), []):
             if row["archive_path"] and not layout.fs.exists(row["archive_path"]):
                 out.append(f"{row['id']}: archived file {row['archive_path']} is missing; `relay verify` for detail")
     else:           # verify's checks: the chain, every archived file re-hashed, the envelopes
         facts["verified"], found = verify(history, layout, rows=False)
         out += found
-    for row in sift(history.quarantined(), []):
+    for row in sift(history.checks.quarantined(), []):
         if not layout.fs.exists(row["failed_path"]):
             out.append(f"{row['id']}: quarantined file {row['failed_path']} is missing; `relay expire` or ignore")
-    known = history.recorded_paths()
+    known = history.checks.recorded_paths()
     reports = {}            # flow control's reports: known while their message's sheds are recorded
     for base in ("archive", "failed"):
         for rel in layout.fs.walk_files(base):
@@ -289,7 +289,7 @@ def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False
     shed = history.sheds_of(sorted(set(reports.values())))
     out += [f"{shown(rel)}: a file no ledger record knows; move it away or delete it"
             for rel, mid in sorted(reports.items()) if mid not in shed]
-    active = history.active_ids()
+    active = history.checks.active_ids()
     for _, mid, _, rel in layout.spooled():
         if mid not in active:
             out.append(f"{rel}: a spooled file with no pending message; "
@@ -344,7 +344,7 @@ def remote_agents_report(history, local):
     """The agents the team's directory puts on other nodes (a name also local stays local):
     their node, when that node was last seen, the messages received here from them."""
     rows = []
-    for name, (node, seen) in sorted(history.remote_agents().items()):
+    for name, (node, seen) in sorted(history.remote.agents().items()):
         if name in local:
             continue
         sent, _, err = history.agent_figures(name)

@@ -41,7 +41,7 @@ def ping(ledger, layout, agent, actor, configured=(), now=None, durability="full
     work = Work(id=pid, sender=SYSTEM, name="ping", archive_rel=None, retries=0, thorough=False,
                 recipients=[agent], envelope=data, envelope_sha256=hashlib.sha256(data).hexdigest())
     put(layout, work, "ping", durability)
-    ledger.ping(pid, agent, now, actor)
+    ledger.operations.ping(pid, agent, now, actor)
     return Result([f"pinged {agent}: inbox/{agent}/new/{pid}.json; `relay queues` or `relay agents` shows "
                    "when it is read"])
 
@@ -76,7 +76,7 @@ def archive_agent(ledger, layout, name, actor, configured=(), now=None, undo=Fal
         raise RelayError(f"{SYSTEM} is relay's own inbox and cannot be archived")
     archived = History(ledger).archived_agents()
     if undo:
-        if not ledger.archive_agent(name, now, actor, undo=True):
+        if not ledger.operations.archive_agent(name, now, actor, undo=True):
             return Result([f"{name}: not archived; nothing changed"])
         return Result([f"{name}: restored; relay accepts its messages and delivers to it again. What was "
                        f"quarantined while it was archived stays in failed/{name}/ (`relay retry ID`)"])
@@ -85,7 +85,7 @@ def archive_agent(ledger, layout, name, actor, configured=(), now=None, undo=Fal
                        "nothing changed"])
     if not _known(layout, configured, name):
         raise NotFound(f"no agent {name!r} (no outbox or inbox directory, not in config `agents`)")
-    ledger.archive_agent(name, now, actor)
+    ledger.operations.archive_agent(name, now, actor)
     return Result([f"{name}: archived; relay accepts nothing from it and delivers nothing to it (senders get the "
                    f"reason). What waits in outbox/{name}/ is quarantined by the daemon now, or by the next "
                    f"`relay run`. Its inbox and history stay. `relay archive-agent --undo {name}` restores it"])
