@@ -120,6 +120,9 @@ def _agents(value):
             raise ValueError(f"{name!r} is not a valid agent name ({AGENT_NAME_RULE})")
         if names.reserved(name):
             raise ValueError(names.why_reserved(name))
+    twins = names.twins(value)      # `Ann` and `ann`: one directory on a file system that folds case
+    if twins is not None:
+        raise ValueError(twins)
     return tuple(value)
 
 

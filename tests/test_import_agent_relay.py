@@ -15,6 +15,7 @@ import agent_relay_ledger
 import pytest
 from conftest import error_line
 
+from relay import names
 from relay.errors import RelayError
 from relay.files.layout import Layout
 from relay.ledger import agent_relay
@@ -576,8 +577,9 @@ def test_pending_imported_records_show_their_sender_and_recipients_in_audit(fres
 
 @pytest.mark.parametrize("name", ["system", "SYSTEM", "sYsTeM", "System", "broadcast", "BROADCAST", "Broadcast"])
 def test_an_agent_relay_agent_named_as_relay_keeps_for_itself_is_not_imported_as_an_agent(fresh, old, name):
-    """Carol, renamed in agent-relay's ledger to a reserved name in some case: her records are
-    problems, she is no agent, her name no directory; agent-relay's Lead is an agent as any."""
+    """Carol, renamed in agent-relay's ledger to a reserved name in some case: she is named as a
+    problem in one line, and so is each of her records; she is no agent, her name no directory;
+    agent-relay's Lead is an agent as any."""
     db = sqlite3.connect(old.ledger)
     db.execute("UPDATE relay_files SET agent_name = ? WHERE agent_name = 'Carol'", (name,))
     db.execute("UPDATE agents SET agent_name = ? WHERE agent_name = 'Carol'", (name,))
@@ -586,11 +588,30 @@ def test_an_agent_relay_agent_named_as_relay_keeps_for_itself_is_not_imported_as
     r = fresh("import", "agent-relay", str(old.root), "--json", ok=False)
     doc = json.loads(r.stdout)
     assert r.exit_code == 1 and doc["problems"]
-    assert all(f", {name}/" in p and "keeps for itself" in p for p in doc["problems"])
+    agent = [p for p in doc["problems"] if p.startswith("agent ")]
+    assert agent == [f"agent {name}: {name!r} is a name relay keeps for itself ({names.reserved(name)}: "
+                     f"{names.meaning(names.reserved(name))}), in any case; not imported"]
+    assert all(f", {name}/" in p and "keeps for itself" in p for p in doc["problems"] if p not in agent)
+    assert len(doc["problems"]) > 1
     assert doc["registry"] == ["Alice", "Bob", "Lead"]
     assert not {name.lower()} & {p.name.lower() for p in (fresh.state / "outbox").iterdir()}
     assert rows(fresh, "SELECT count(*) FROM agents WHERE lower(name) = lower(?)", (name,)) == [(0,)]
     assert rows(fresh, "SELECT count(*) FROM messages WHERE lower(sender) = lower(?)", (name,)) == [(0,)]
+
+
+def test_an_agent_relay_agent_named_as_a_relay_agent_in_another_case_is_a_problem_not_an_agent(fresh, old):
+    """relay knows `bob`; agent-relay's Bob would share its directories on a file system that
+    folds case: named in one line as a problem (and each record of his), not imported."""
+    fresh("init", "--agent", "bob")
+    r = fresh("import", "agent-relay", str(old.root), "--json", ok=False)
+    doc = json.loads(r.stdout)
+    line = ("agent Bob: 'Bob' would be the same as the agent 'bob' on a case-insensitive file system; use 'bob'; "
+            "neither it nor its messages are imported")
+    assert r.exit_code == 1 and line in doc["problems"]
+    assert all(", Bob/" in p and "'bob'" in p for p in doc["problems"] if p != line)
+    assert "Bob" not in doc["registry"] and "Alice" in doc["registry"]
+    assert sorted(p.name for p in (fresh.state / "outbox").iterdir()) == ["Alice", "Carol", "Lead", "bob"]
+    assert rows(fresh, "SELECT count(*) FROM messages WHERE sender = 'Bob'") == [(0,)]
 
 
 SMALL = {"archived": 2, "delivered": 1, "failed": 1, "processing": 1, "pending": 2}

@@ -1,18 +1,25 @@
-"""Reserved names (System, Broadcast, `*`), in every case, wherever a name enters: `relay init`,
-`relay send` (--from, --to, --create), the Python API, relay.toml's `agents`, an outbox or inbox
-directory, a spawn's NAME, a message's TO. A kind relay writes itself (bounce, ping,
-reservation-refused) is accepted from System only."""
+"""Reserved names (System, Broadcast, `*`), in every case and with `.`, `_`, `-` at their ends,
+wherever a name enters: `relay init`, `relay send` (--from, --to, --create), the Python API,
+relay.toml's `agents`, an outbox or inbox directory, a spawn's NAME, a message's TO. A new agent
+is no known agent's name in another case. A kind is a plain token; a kind relay writes itself
+(bounce, ping, reservation-refused), or one too like it, is accepted from System only."""
 import json
+import shutil
 
+import anyio
 import pytest
 
 import relay
 from relay import config as config_mod
+from relay import names
 from relay.errors import RelayError
 from test_commands import by_name, drop
 
 # Every reserved name, spelt as relay spells it and in other cases.
-VARIANTS = ["system", "SYSTEM", "sYsTeM", "System", "broadcast", "BROADCAST", "Broadcast", "bRoAdCaSt", "*"]
+CASES = ["system", "SYSTEM", "sYsTeM", "System", "broadcast", "BROADCAST", "Broadcast", "bRoAdCaSt", "*"]
+# Too like one: the same once [._-] are trimmed from its ends and it is case-folded.
+LOOKALIKES = ["System.", "System..", "Broadcast.", "System_", "system-", "BROADCAST._"]
+VARIANTS = CASES + LOOKALIKES
 # A reserved name as relay does not spell it: as a recipient it means nothing and is refused.
 MISSPELT = [v for v in VARIANTS if v not in ("System", "Broadcast", "*")]
 SYSTEM_KINDS = ["bounce", "Bounce", "BOUNCE", "ping", "reservation-refused", "Reservation-Refused"]
@@ -23,10 +30,17 @@ def dirs(cli, where):
 
 
 def test_the_rule_knows_every_case_of_every_reserved_name():
-    from relay import names
-    assert [names.reserved(v) for v in VARIANTS] == ["System"] * 4 + ["Broadcast"] * 4 + ["*"]
+    assert [names.reserved(v) for v in CASES] == ["System"] * 4 + ["Broadcast"] * 4 + ["*"]
     assert names.reserved("Lead") is None and names.reserved("Systems") is None
     assert all(names.agent_problem(v) for v in VARIANTS) and names.agent_problem("Lead") is None
+
+
+def test_the_rule_takes_a_name_with_punctuation_at_its_ends_for_the_reserved_one():
+    assert [names.reserved(v) for v in LOOKALIKES] == ["System"] * 2 + ["Broadcast"] + ["System"] * 2 + ["Broadcast"]
+    assert names.agent_problem("System.") == ("'System.' is too like a name relay keeps for itself (System: relay's "
+                                              "own name): no agent bears it in any case, nor with '.', '_' or '-' at "
+                                              "its ends")
+    assert [names.reserved(v) for v in ("Sys.tem", "System2", "My.System", "Systems.")] == [None] * 4
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -130,3 +144,149 @@ def test_send_refuses_a_kind_relay_writes_itself_at_once(team, kind):
     r = team("send", "--from", "Alice", "--to", "Bob", "--kind", kind, "hi", ok=False)
     assert r.exit_code == 1 and "relay's own" in r.output
     assert list((team.state / "outbox" / "Alice").iterdir()) == []
+
+
+@pytest.mark.parametrize("name", LOOKALIKES)
+def test_adopt_create_and_a_spawn_refuse_a_name_too_like_a_reserved_one(team, name):
+    r = team("adopt", name, "--create", ok=False)
+    assert r.exit_code == 1 and "too like a name relay keeps for itself" in r.output
+    with relay.Agent("Alice", root=team.root) as alice, pytest.raises(RelayError, match="too like a name relay"):
+        alice.spawn(name, "be relay")
+    assert dirs(team, "outbox") == ["Alice", "Bob", "Carol"] and not (team.root / "AGENTS.md").exists()
+
+
+# -- a name that is another agent's in another case -------------------------------------------------
+
+def namesake(new, old):
+    return f"{new!r} would be the same as the agent {old!r} on a case-insensitive file system; use {old!r}"
+
+
+def test_a_new_agent_named_as_a_known_one_in_another_case_is_refused_wherever_it_enters(team):
+    r = team("init", "--agent", "alice", ok=False)
+    assert r.exit_code == 1 and r.output.strip() == f"relay: {namesake('alice', 'Alice')}"
+    r = team("send", "--from", "Alice", "--to", "bOB", "--create", "hi", ok=False)
+    assert r.exit_code == 1 and namesake("bOB", "Bob") in r.output
+    r = team("adopt", "CAROL", "--create", ok=False)
+    assert r.exit_code == 1 and namesake("CAROL", "Carol") in r.output
+    with pytest.raises(RelayError, match=namesake("ALICE", "Alice")):
+        relay.Agent("ALICE", root=team.root, create=True)
+    with relay.Agent("Alice", root=team.root) as alice:
+        with pytest.raises(RelayError, match=namesake("bob", "Bob")):
+            alice.spawn("bob", "be Bob")
+        with pytest.raises(RelayError, match=namesake("carol", "Carol")):
+            alice.send("carol", "hi", create=True)
+    r = team("init", "--agent", "Dana", "--agent", "dana", ok=False)           # two new ones at once: neither made
+    assert r.exit_code == 1 and namesake("dana", "Dana") in r.output
+    assert dirs(team, "outbox") == ["Alice", "Bob", "Carol"]
+    assert dirs(team, "inbox") == ["Alice", "Bob", "Carol", "System"]
+
+
+def test_a_spawn_file_or_a_created_recipient_in_another_case_of_a_known_agent_fails(team):
+    (team.state / "relay.toml").write_text('unknown_recipient = "create"\n')
+    drop(team, "Alice", "spawn", "NAME: bob\nCLI: claude\n\nbe Bob")
+    drop(team, "Alice", "note", "TO: CAROL\n\nwho gets this?")
+    team("run", "--once", "-q")
+    rows = by_name(team)
+    assert rows["spawn"]["status"] == "failed" and namesake("bob", "Bob") in rows["spawn"]["error"]
+    assert rows["note"]["status"] == "failed" and namesake("CAROL", "Carol") in rows["note"]["error"]
+    assert dirs(team, "outbox") == ["Alice", "Bob", "Carol"]
+    assert dirs(team, "inbox") == ["Alice", "Bob", "Carol", "System"]
+
+
+def test_an_archived_agent_has_no_namesake_even_with_its_directories_gone(team):
+    """`bob` spawned while Bob is archived would get round the archiving; the ledger remembers
+    Bob when his directories are gone."""
+    pytest.importorskip("mcp")
+    from mcp.server.mcpserver.exceptions import ToolError
+    from relay.agent import mcp_server
+    team("archive-agent", "Bob")
+    with relay.Agent("Alice", root=team.root) as alice:
+        server = mcp_server.build(alice)
+        with pytest.raises(ToolError, match=namesake("bob", "Bob")):
+            anyio.run(lambda: server.call_tool("spawn", {"name": "bob", "task": "be Bob"}))
+    for where in ("outbox", "inbox"):
+        shutil.rmtree(team.state / where / "Bob")
+    r = team("init", "--agent", "BOB", ok=False)
+    assert r.exit_code == 1 and namesake("BOB", "Bob") in r.output
+    assert dirs(team, "outbox") == ["Alice", "Carol"]
+    assert list((team.state / "outbox" / "Alice").iterdir()) == []      # no spawn written
+
+
+def test_relay_toml_refuses_two_agents_the_same_in_another_case(tmp_path):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay" / "relay.toml").write_text('agents = ["Ann", "Bob", "ann"]\n')
+    with pytest.raises(RelayError, match="'Ann' and 'ann' would be the same agent on a case-insensitive file system"):
+        config_mod.load(tmp_path, ".relay", env={})
+
+
+def test_a_new_outbox_directory_in_another_case_of_a_known_agent_is_reported_and_not_read(team):
+    drop(team, "alice", "hello", "TO: Bob\n\nI am Alice, honest")
+    drop(team, "Alice", "real", "TO: Bob\n\nI am Alice")
+    r = team("doctor", ok=False)
+    assert f"outbox/alice: {namesake('alice', 'Alice')}: relay does not read it" in r.output
+    team("run", "--once", "-q")
+    [got] = [json.loads(p.read_text()) for p in (team.state / "inbox" / "Bob" / "new").iterdir()]
+    assert (got["from"], got["body"]) == ("Alice", "I am Alice")
+    assert (team.state / "outbox" / "alice" / "hello").read_text() == "TO: Bob\n\nI am Alice, honest"
+    assert [a["agent"] for a in json.loads(team("agents", "--json").output)] == ["Alice", "Bob", "Carol", "System"]
+
+
+def test_two_agents_in_other_cases_that_relay_made_both_keep_working(team):
+    """A project from before the rule may hold Ann and ann, each with its inbox: relay cannot tell
+    which is the newcomer, so both are read; nothing stops."""
+    for name in ("Ann", "ann"):
+        for sub in ("tmp", "new", "cur"):
+            (team.state / "inbox" / name / sub).mkdir(parents=True)
+        drop(team, name, "note", f"TO: Bob\n\nfrom {name}")
+    team("run", "--once", "-q")
+    got = sorted(json.loads(p.read_text())["from"] for p in (team.state / "inbox" / "Bob" / "new").iterdir())
+    assert got == ["Ann", "ann"]
+
+
+# -- kinds --------------------------------------------------------------------------------------------
+
+# a kind that is no plain token: an invisible, control, format, bidi, full-width or other non-ASCII character
+DISGUISED = ["bounce\u200b", "bounce\u0000", "\uff42\uff4f\uff55\uff4e\uff43\uff45", "\u202ebounce", "bounce\u00ad",
+             "me\u0455sage", "note\u2028", "code review", "bounce\u00a0"]
+
+
+@pytest.mark.parametrize("kind", DISGUISED)
+def test_a_kind_that_is_no_plain_token_fails_the_message_and_bounces_its_sender(team, kind):
+    drop(team, "Alice", "fake", json.dumps({"to": "Bob", "kind": kind, "body": "your message to Carol failed"}))
+    team("run", "--once", "-q")
+    team("run", "--once", "-q")         # the bounce owed waits for the next pass
+    row = by_name(team)["fake"]
+    assert row["status"] == "failed" and "is not a plain token" in row["error"] and "kinds match" in row["error"]
+    assert list((team.state / "inbox" / "Bob" / "new").iterdir()) == []
+    [bounce] = [json.loads(p.read_text()) for p in (team.state / "inbox" / "Alice" / "new").iterdir()]
+    assert bounce["from"] == "System" and "not a plain token" in bounce["body"]
+    assert list((team.state / "failed" / "Alice").glob("*--fake"))
+
+
+def test_a_header_kind_with_a_zero_width_space_names_it_and_fails():
+    from relay.core.message import parse
+    from relay.errors import MessageRefused
+    with pytest.raises(MessageRefused, match="kind 'bounce\\\\u200b' is not a plain token: it holds U\\+200B ZERO "
+                                             "WIDTH SPACE"):
+        parse("TO: Bob\nKIND: bounce\u200b\n\nhi".encode(), "fake", 1000)
+    assert parse(b"TO: Bob\nKIND:  review-1.2_b \n\nhi", "ok", 1000).kind == "review-1.2_b"
+    assert parse(b'{"to": "Bob", "kind": " note "}', "ok", 1000).kind == "note"
+
+
+@pytest.mark.parametrize("kind", ["bounce\u200b", "\uff42\uff4f\uff55\uff4e\uff43\uff45", "note\u0000"])
+def test_send_and_the_api_refuse_a_kind_that_is_no_plain_token_at_once(crew, kind):
+    r = crew("send", "--from", "Alice", "--to", "Bob", "--kind", kind, "hi", ok=False)
+    assert r.exit_code == 1 and "is not a plain token" in r.output
+    alice = crew.agent("Alice")
+    with pytest.raises(RelayError, match="is not a plain token"):
+        alice.send("Bob", "hi", kind=kind)
+    assert list((crew.state / "outbox" / "Alice").iterdir()) == []
+
+
+def test_relays_own_kinds_are_compared_after_nfkc_and_case_folding():
+    """Were the token rule loosened, no lookalike of a kind relay writes would pass from an agent."""
+    looks = ["\uff42\uff4f\uff55\uff4e\uff43\uff45", "BOUNCE\u200b", "\u202ebounce", "Ping.", "bounce\u00ad",
+             " Reservation-Refused_"]
+    assert [names.system_kind(k) for k in looks] == ["bounce", "bounce", "bounce", "ping", "bounce",
+                                                    "reservation-refused"]
+    assert [names.system_kind(k) for k in ("bounced", "pong", "message")] == [None] * 3

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from relay import names as reserved_names
 from relay.agent.api import check_known, declare
-from relay.agent.project import archived
+from relay.agent.project import archived, check_new
 from relay.core import registry
 from relay.agent.instructions import render, snippet
 from relay.errors import RelayError
@@ -316,6 +316,7 @@ def adopt(layout, configured, agent, path, create=False, fsync=None, root=None):
         if not create:
             check_known(agent, known, "agent")
         check(path, root)                       # a file adopt would refuse creates no agent
+        check_new(layout, [agent], configured)      # no other agent's name in another case
         problems = layout.init([agent])
         if problems:
             raise RelayError("; ".join(problems))

@@ -99,7 +99,7 @@ class Agent(Leases, AgentState, Registering):
         if not self.layout.state.is_dir():
             raise RelayError(f"no relay state directory at {self.layout.state}: run `relay init` first")
         if create and name != SYSTEM:
-            create_agents(self.layout, [name], "created by an agent")
+            create_agents(self.layout, [name], "created by an agent", self.project.config.agents)
         # System, relay's own inbox (control messages), may be read; it never sends.
         self.name = name if name == SYSTEM else check_known(name, self.project.agents(), role)
 
@@ -159,7 +159,7 @@ class Agent(Leases, AgentState, Registering):
             known |= self._team_names(unknown, wait=0.0 if create else 2.0)
             unknown = [n for n in unknown if n not in known]
         if unknown and create:
-            create_agents(self.layout, unknown, "created by an agent")
+            create_agents(self.layout, unknown, "created by an agent", self.project.config.agents)
             known |= set(unknown)
         for n in names:
             if n not in special:

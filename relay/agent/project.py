@@ -285,9 +285,26 @@ def archived(layout):
         return history.archived_agents()
 
 
-def create_agents(layout, names, how):
+def check_new(layout, names, configured=()):
+    """InvalidName when one of `names`, agents about to be made, is a name relay keeps for itself,
+    or would be another agent's in another case (`ann` beside `Ann`: registry.everyone, whether
+    it has directories, is declared, in the ledger or archived; or another of `names`)."""
     for name in names:
         reserved_names.agent(name)
+    if layout.ledger.exists():
+        with History(Ledger(layout.ledger, readonly=True)) as history:
+            existing = registry.everyone(layout, configured, history)
+    else:
+        existing = registry.everyone(layout, configured)
+    names = list(names)
+    for i, name in enumerate(names):
+        problem = reserved_names.namesake_problem(name, existing | set(names[:i]))
+        if problem is not None:
+            raise InvalidName(problem)
+
+
+def create_agents(layout, names, how, configured=()):
+    check_new(layout, names, configured)
     problems = layout.init(names)
     if problems:
         raise RelayError("; ".join(problems))

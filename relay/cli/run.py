@@ -21,6 +21,7 @@ from relay.guards import checked, duration, handle_errors, sender_name, setting
 from relay.core.inbox import Inbox
 from relay.files.fs import shown
 from relay.agent.api import declare
+from relay.agent.project import check_new
 from relay.agent.leases import Reservation
 from relay.files.layout import Layout
 from relay.ledger.ledger import STATUSES, Ledger
@@ -48,6 +49,8 @@ def init(ctx, agents):
     ctx.new_project = True
     cfg = ctx.cfg
     layout = Layout(cfg.root, cfg.state_dir)
+    if layout.state.is_dir():       # no agent's name in another case, known to the ledger or not
+        check_new(layout, agents, cfg.agents)
     problems = layout.init(agents)
     if problems:
         raise RelayError("; ".join(problems))

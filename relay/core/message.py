@@ -226,7 +226,10 @@ def parse(data, filename, max_body_bytes):
     if size > max_body_bytes:
         raise TooLarge(f"the body is {size} bytes, over max_body_bytes ({max_body_bytes})", max_body_bytes, size,
                        names)
-    kind = fields.get("kind") or None
+    kind = (fields.get("kind") or "").strip(" ") or None
+    problem = reserved_names.kind_token_problem(kind)      # a plain token, nothing hidden in it
+    if problem is not None:
+        raise MessageRefused(problem)
     if kind is None:
         kind = "message" if has_to and names else _kind_from_name(filename)
     if kind is None:
@@ -361,6 +364,10 @@ def resolve(message, sender, known, create_unknown=False):
         hint = f"; did you mean {near}?" if near else ""
         raise UnknownRecipient(f"unknown recipient {shown}{hint}; known agents: {listed or '(none)'}", unknown)
     recipients = out + unknown if len(message.to) == 1 and not broadcast else list(dict.fromkeys(out + unknown))
+    for i, name in enumerate(unknown):      # an inbox made for `ann` beside `Ann` would be Ann's on some file systems
+        problem = reserved_names.namesake_problem(name, set(known) | set(unknown[:i]))
+        if problem is not None:
+            raise MessageRefused(f"invalid recipient: {problem}")
     if not recipients:
         raise MessageRefused("broadcast with no other agent to receive it")
     return recipients, unknown

@@ -11,7 +11,8 @@ it (SPEC section 2's control kinds; the rows are the ledger's, ledger/registry.p
 - Refused, like any message relay cannot deliver (quarantined with the reason, its sender
   bounced): a spawn or release with no NAME, a NAME that is no agent name or a reserved one
   (System, Broadcast, `*`, in any case: names.py); a release of an agent relay does not know;
-  a spawn of an agent an operator archived.
+  a spawn of an agent an operator archived, or of a new agent named as a known or archived one
+  in another case (`bob` beside `Bob`: names.namesake).
 - An agent no spawn or release named (it has an outbox or inbox, or is in config `agents`) is
   active, with empty metadata.
 - A message to a released agent is delivered as any other; the sender is told when it sends
@@ -67,10 +68,28 @@ def check(message, known, archived):
             hint = f"; did you mean {near}?" if near else ""
             raise _refused(message, f"a release of {name!r}, which is no known agent{hint}")
         return None
-    if name in archived():
+    gone = archived()
+    if name in gone:
         raise _refused(message, f"agent {name} is archived by an operator: relay delivers nothing to it, so it is "
                                 f"not spawned (`relay archive-agent --undo {name}` restores it)")
-    return None if name in names else name
+    if name in names:
+        return None
+    why = reserved_names.namesake_problem(name, set(names) | set(gone))     # `bob` beside `Bob`, even archived
+    if why is not None:
+        raise _refused(message, f"{why} (NAME of a spawn message)")
+    return name
+
+
+def everyone(layout, configured=(), history=None):
+    """Every agent name relay knows by any account, what a new agent's name may not be in another
+    case (names.namesake): a directory in outbox/ or inbox/, config `agents`, and in the ledger
+    (`history`, when given) a declared agent, a sender or recipient it saw, a registry row, an
+    archived agent."""
+    found = layout.listed() | set(configured)
+    if history is not None:
+        found |= history.declared_agents() | set(history.archived_agents())
+        found |= {r["name"] for r in history.agents()} | {r["name"] for r in history.registry.rows()}
+    return {n for n in found if isinstance(n, str)}
 
 
 def metadata(message, sender, mid, at):

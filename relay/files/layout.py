@@ -107,6 +107,14 @@ class Layout:
         self.create()
         problems = [f"{names.why_reserved(a)}: no outbox or inbox is made for it" for a in agents if names.reserved(a)]
         agents = [a for a in agents if not names.reserved(a)]
+        there, kept = self.listed(), []
+        for a in agents:      # no agent in another case: a case-folding file system would share its directories
+            problem = names.namesake_problem(a, there | set(kept))
+            if problem is None:
+                kept.append(a)
+            else:
+                problems.append(f"{problem}: no outbox or inbox is made for it")
+        agents = kept
         for rel in ["outbox", "inbox", "archive", "failed", "spool"] + [f"outbox/{a}" for a in agents] + [
                 f"inbox/{a}/{sub}" for a in (SYSTEM, *agents) for sub in ("tmp", "new", "cur")]:
             try:
@@ -132,10 +140,47 @@ class Layout:
             if problem == "not a directory":
                 continue
             out.append((entry.name, f"outbox/{entry.name}", problem))
-        return out
+        return self._namesakes(out)
+
+    def _namesakes(self, out):
+        """outbox_dirs() with each lookalike outbox refused: of directories whose names are the same
+        once case-folded (`Ann`, `ann`), those relay knows (an inbox directory of that spelling)
+        keep working; another beside one of them is not read, its files left where they are. When
+        none or all of them have an inbox, relay cannot tell which is the agent: all are read."""
+        valid = [name for name, _, problem in out if problem is None]
+        if len({names.fold(n) for n in valid}) == len(valid):      # the common case: no two alike
+            return out
+        groups = {}
+        for name in valid:
+            groups.setdefault(names.fold(name), []).append(name)
+        groups = [g for g in groups.values() if len(g) > 1]
+        try:
+            inboxes = {e.name for e in self.fs.scandir("inbox") if e.is_dir(follow_symlinks=False)}
+        except OSError:
+            return out
+        refused = {}
+        for group in groups:
+            known = [n for n in group if n in inboxes]
+            if known and len(known) < len(group):
+                refused.update((n, known[0]) for n in group if n not in inboxes)
+        return [(name, rel, problem if name not in refused else
+                 f"{names.namesake_problem(name, {refused[name]})}: relay does not read it (its files stay where "
+                 f"they are; move them into outbox/{refused[name]})") for name, rel, problem in out]
+
+    def listed(self):
+        """The names of the directories in outbox/ and inbox/ that could be agents' (valid names, no
+        links), whatever relay makes of them: what a new agent's name is compared with."""
+        found = set()
+        for where in ("outbox", "inbox"):
+            try:
+                found |= {e.name for e in self.fs.scandir(where) if valid_agent(e.name)
+                          and e.is_dir(follow_symlinks=False)}
+            except (OSError, Unsafe):
+                pass
+        return found
 
     def agent_names(self, configured=()):
-        """Known agents: an outbox or inbox directory, or listed in config (SPEC section 2).
+        """Known agents: an outbox or inbox directory, or listed in config (contract §2).
         A symbolic link is no agent directory. The names the directories give are kept while
         neither directory changed (the same inode, modification and change times; a listing
         taken within racy() seconds of a change is not kept, as a change in the same tick of the

@@ -42,7 +42,8 @@ from pathlib import PurePosixPath
 import orjson
 
 from relay.times import END
-from relay.names import agent_problem
+from relay.core import registry
+from relay.names import agent_problem, fold, namesake_problem
 from relay.core.archive import Archive, day_of
 from relay.core.message import parse
 from relay.errors import RelayError
@@ -218,6 +219,8 @@ class Importer:
         sender, name, status = r["agent_name"], r["message_type"], r["status"]
         if agent_problem(sender) is not None:     # no name relay keeps for itself (names.py), in any case
             return self._problem(r, f"its agent name is not one relay takes ({agent_problem(sender)}); not imported")
+        if sender in self.namesakes:        # another agent's name in another case
+            return self._problem(r, f"{self.namesakes[sender]}; not imported")
         if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name
                 or bad_name(name) is not None):
             return self._problem(r, "its file name is not one relay takes; not imported")
@@ -418,9 +421,25 @@ class Importer:
         """{name: (first seen, last seen)} of agent-relay's agents and of the senders of its records
         (names relay takes only)."""
         seen = {}
+        self.namesakes = {}         # name -> why: another agent's name in another case ('ann' beside 'Ann')
+        listed = {a["agent_name"] for a in agents}
+        existing = registry.everyone(self.layout, (), self.history)
+        spelt = {}          # case-folded -> the first agent of that name
+        for name in sorted(existing):
+            spelt.setdefault(fold(name), name)
+        for name in sorted(listed | {r["agent_name"] for r in rows}, key=str):
+            if agent_problem(name) is not None:     # System, Broadcast in any case: named here (and each record)
+                if name in listed:
+                    self.summary.problems.append(f"agent {shown(str(name))}: {agent_problem(name)}; not imported")
+                continue
+            other = None if name in existing else spelt.setdefault(fold(name), name)
+            if other is not None and other != name:
+                self.namesakes[name] = namesake_problem(name, {other})
+                self.summary.problems.append(f"agent {shown(name)}: {self.namesakes[name]}; neither it nor its "
+                                             "messages are imported")
 
         def widen(name, first, last):
-            if agent_problem(name) is not None or first is None:
+            if agent_problem(name) is not None or first is None or name in self.namesakes:
                 return
             f, la = seen.get(name, (first, last or first))
             seen[name] = (min(f, first), max(la, last or first))
@@ -443,7 +462,7 @@ class Importer:
         entries = []
         for a in agents:
             name, status = a["agent_name"], a["status"]
-            if agent_problem(name) is not None:
+            if agent_problem(name) is not None or name in self.namesakes:
                 continue
             try:
                 metadata = orjson.loads(a["metadata"]) if isinstance(a["metadata"], (str, bytes)) else None
