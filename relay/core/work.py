@@ -54,55 +54,95 @@ class Shed:
         return f"{self.reason}: {self.text}" if self.text else self.reason
 
 
-@dataclasses.dataclass(eq=False)
-class Work:
-    """One claimed message on its way through a batch."""
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A claimed row's facts, as the claim read them: they do not change while its batch runs."""
     id: str
     sender: str
     name: str
-    archive_rel: str
-    retries: int
-    thorough: bool                  # an earlier attempt may have delivered to some recipients
+    archive_rel: str = None         # the archive path the claim recorded
+    retries: int = 0                # failed attempts before this one
     attempts: int = 1               # claims of this message, this one included
-    spooled: bool = False
+    spooled: bool = False           # its file was in the spool already
     discovered_at: float = None
     failing_since: float = None
     spool_id: str = None            # the id its spool file is named by, when a sender chose another
-    request_id: str = None
-    duplicate_of: str = None        # the id of the message this one repeats (same request id)
-    path: str = None                # relative path of the file now (spool, or outbox when not regular)
-    refused: str = None             # permanent reason: quarantined
-    error: Exception = None         # transient or durability error of the message as a whole
-    defer: bool = False
-    peeked: tuple = None            # (dev, inode, size, mtime ns, ctime ns, mode) of the file read before custody
-    data: bytes = b""
-    size: int = 0
-    sha256: str = None
-    sent_at: float = None
-    written: float = None           # when flow control counts it written: sent_at, no later than relay's clock
-    message: object = None
-    recipients: list = ()
-    envelope: bytes = b""
-    envelope_sha256: str = None
-    had: dict = dataclasses.field(default_factory=dict)        # recipient -> (size, sha256) already recorded
-    got: dict = dataclasses.field(default_factory=dict)        # recipient -> (size, sha256) delivered now
-    missed: dict = dataclasses.field(default_factory=dict)     # recipient -> error
-    remote: dict = dataclasses.field(default_factory=dict)     # recipient on another node -> node (queued)
-    offered: bool = False           # handed to the link for every node at once (routes.Router.offer)
-    shed: dict = dataclasses.field(default_factory=dict)       # recipient -> Shed, decided in this batch
-    shed_before: dict = dataclasses.field(default_factory=dict)  # recipient -> reason recorded by an earlier attempt
-    archived: bool = False
-    failed_rel: str = None
-    next_attempt_at: float = 0.0
-    outcome: Outcome = None
+
+    @classmethod
+    def of(cls, row):
+        """The Claim of a row the ledger's claim returned."""
+        return cls(row["id"], row["sender"], row["name"], row["archive_path"], row["retries"], row["attempts"],
+                   bool(row["spooled"]), row["discovered_at"], row["failing_since"], row["spool_id"])
+
+
+# What the pipeline learns about a message on its way, with each one's value before it learns it
+# (a callable: a new one for each work). The message itself, once parsed, is a frozen Message.
+LEARNED = {
+    "request_id": None,
+    "duplicate_of": None,           # the id of the message this one repeats (same request id)
+    "path": None,                   # relative path of the file now (spool, or outbox when not regular)
+    "refused": None,                # permanent reason: quarantined
+    "error": None,                  # transient or durability error of the message as a whole
+    "defer": False,
+    "peeked": None,                 # (dev, inode, size, mtime ns, ctime ns, mode) of the file read before custody
+    "data": b"",
+    "size": 0,
+    "sha256": None,
+    "sent_at": None,
+    "written": None,                # when flow control counts it written: sent_at, no later than relay's clock
+    "message": None,                # the parsed message (message.Message, frozen), or what a refusal kept of it
+    "recipients": (),
+    "envelope": b"",
+    "envelope_sha256": None,
+    "had": dict,                    # recipient -> (size, sha256) already recorded
+    "got": dict,                    # recipient -> (size, sha256) delivered now
+    "missed": dict,                 # recipient -> error
+    "remote": dict,                 # recipient on another node -> node (queued)
+    "offered": False,               # handed to the link for every node at once (routes.Router.offer)
+    "shed": dict,                   # recipient -> Shed, decided in this batch
+    "shed_before": dict,            # recipient -> reason recorded by an earlier attempt
+    "failed_rel": None,
+    "next_attempt_at": 0.0,
+    "outcome": None,                # Outcome
+}
+
+
+class Work:
+    """One message on its way through a batch: its `claim` (frozen: the row's facts) and what the
+    pipeline learns about it (LEARNED). The claim's sender, name, retries, attempts and times are
+    read through it and cannot be changed; the id, archive path and spool id start as the
+    claim's and change when the sender's chosen id is taken (identity.py)."""
+    __slots__ = ("claim", "id", "archive_rel", "spool_id", "spooled", "thorough", *LEARNED)
+
+    def __init__(self, id, sender, name, archive_rel=None, retries=0, thorough=False, attempts=1,
+                 spooled=False, discovered_at=None, failing_since=None, spool_id=None, claim=None, **learned):
+        claim = claim or Claim(id, sender, name, archive_rel, retries, attempts, spooled, discovered_at,
+                               failing_since, spool_id)
+        self.claim = claim
+        self.id, self.archive_rel, self.spool_id, self.spooled = claim.id, claim.archive_rel, claim.spool_id, claim.spooled
+        self.thorough = thorough            # an earlier attempt may have delivered to some recipients
+        for key, value in LEARNED.items():
+            setattr(self, key, value() if callable(value) else value)
+        for key, value in learned.items():
+            if key not in LEARNED:
+                raise TypeError(f"Work has no {key!r}")
+            setattr(self, key, value)
 
     @classmethod
     def claimed(cls, row):
         """The Work of a row the ledger's claim returned."""
-        return cls(id=row["id"], sender=row["sender"], name=row["name"], archive_rel=row["archive_path"],
-                   retries=row["retries"], thorough=row["attempts"] > 1, attempts=row["attempts"], spooled=bool(row["spooled"]),
-                   discovered_at=row["discovered_at"], failing_since=row["failing_since"],
-                   spool_id=row["spool_id"])
+        claim = Claim.of(row)
+        return cls(claim.id, claim.sender, claim.name, thorough=claim.attempts > 1, claim=claim)
+
+    sender = property(lambda self: self.claim.sender)
+    name = property(lambda self: self.claim.name)
+    retries = property(lambda self: self.claim.retries)
+    attempts = property(lambda self: self.claim.attempts)
+    discovered_at = property(lambda self: self.claim.discovered_at)
+    failing_since = property(lambda self: self.claim.failing_since)
+
+    def __repr__(self):
+        return f"Work({self.id!r}, {self.sender!r}, {self.name!r}, outcome={self.outcome})"
 
     @property
     def error_text(self):
