@@ -65,3 +65,25 @@ def test_sustained_load_benchmark_at_a_tiny_size(tmp_path):
     assert out["backlog"] == 1000 and out["once"]["per_s"] > 0 and out["naive_durable"]["cpu_s_per_1000"] > 0
     assert any(line.startswith("scenario") and "p99 ms" in line for line in lines)
     assert not list(tmp_path.iterdir()), "the benchmark left files behind"
+
+
+def test_the_wake_benchmark_at_a_tiny_size(tmp_path):
+    """benchmarks/wake.py end to end, for a second at 10 msg/s: the daemon as a process, the
+    hook, an SDK client subscribed to relay mcp, a private tmux server when there is one. Every
+    message is seen by each way of telling, and every figure is there; none is judged: this
+    proves the benchmark works, not how fast relay is."""
+    import shutil
+    spec = importlib.util.spec_from_file_location("wake", Path(__file__).parent.parent / "benchmarks" / "wake.py")
+    wake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wake)
+    out = wake.run(rate=10, seconds=1, where=tmp_path)
+    assert out["sent"] == 20 and "errors" not in out, out
+    keys = ["delivered", "mcp_updated", "mcp_channel", "hook"] + (["tmux"] if shutil.which("tmux") else [])
+    for key in keys:
+        r = out[key]
+        assert r["n"] == 10 and r["missed"] == 0 and 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"], (key, r)
+    if shutil.which("tmux"):
+        assert out["tmux"]["in_pane"] is True
+    else:
+        assert out["tmux"].startswith("skipped: ")
+    assert not list(tmp_path.iterdir()), "the benchmark left files behind"
