@@ -334,3 +334,23 @@ def test_the_cli_prints_the_address_with_its_token_once_and_it_signs_in(team):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     assert (first.encode() + out + err).decode().count(token) == 1
+
+
+@pytest.mark.soak
+def test_web_load_short_soak(tmp_path):
+    """A short run of benchmarks/web_load.py: live streams held open and pages hammered (huge
+    query strings, path traversal, no token and wrong ones) while the daemon delivers: no harm,
+    every message delivered in every phase, every stream served to the end."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("web_load",
+                                                  Path(__file__).parent.parent / "benchmarks" / "web_load.py")
+    web_load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(web_load)
+    out = web_load.run(tmp_path, clients=100, seconds=2.0, rate=20.0, workers=4, rows=500, limit=300.0)
+    assert out["harm"] == {}, out
+    for name in ("quiet", "hammered", "quiet_again"):
+        assert out[name]["delivered"] == out[name]["offered"] == 40, out
+    assert out["streams"]["opened"] == out["streams"]["open_at_end"] == 100, out
+    assert out["streams"]["updates"] > 0
+    assert {"page", "traversal", "huge_query", "no_token", "wrong_token"} <= set(out["requests"]), out

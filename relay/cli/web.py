@@ -1,6 +1,7 @@
 """`relay web`: the team and its archive in a browser, and /metrics. The server is in relay/web/,
 which needs the `web` extra; no other verb imports it."""
 import importlib
+import os
 
 import click
 
@@ -11,6 +12,7 @@ from relay.terminal import echo
 
 INSTALL = ("relay web needs the web extra (starlette, uvicorn, jinja2, prometheus-client), which is not "
            "installed: pip install 'agent-outbox-relay[web]' (from a checkout: pip install '.[web]')")
+NICE = 10       # relay web's CPU priority below the daemon's: a web view under load slows itself, not delivery
 WEB_PACKAGES = ("starlette", "uvicorn", "jinja2", "markupsafe", "prometheus_client", "anyio", "h11", "click")
 
 
@@ -50,6 +52,10 @@ def web(ctx, host, port, compose, overseer):
     echo(f"relay web: {run.url}")
     echo("(read-only; " if not compose else f"(compose on, sending as {overseer}; ", nl=False)
     echo("open the address above: the token in it is needed by every page and by /metrics; Ctrl-C stops)")
+    try:
+        os.nice(NICE)
+    except OSError:         # not allowed here: served at the priority it has
+        pass
     run.run()
 
 
