@@ -204,10 +204,10 @@ _PARSERS = {
     "ack_overdue": _positive_duration,
     "federation": _table,       # checked whole in load(), with the root: fedconfig.parse
     "wake": wakeconfig.parse,   # [wake]: relay wakes agents through tmux (core/wake.py)
+    "metrics": metricsconfig.parse,     # [metrics] listen: relay run serves /metrics alone (web/scrape.py)
 }
 
 # Set by relay for an on_deliver hook (hooks.py), not configuration: a hook that runs relay
-    "metrics": metricsconfig.parse,     # [metrics] listen: relay run serves /metrics alone (web/scrape.py)
 # inherits them.
 HOOK_VARIABLES = frozenset({"RELAY_MESSAGE_ID", "RELAY_SENDER", "RELAY_RECIPIENT", "RELAY_ENVELOPE",
                             "RELAY_SUBJECT", "RELAY_THREAD", "RELAY_KIND", "RELAY_PRIORITY"})
@@ -242,10 +242,10 @@ class Config:
     ack_overdue: float = 1800.0         # an acknowledgement asked for is overdue after this (relay overdue)
     federation: object = None           # fedconfig.Federation, or None: this machine only
     wake: object = None                 # WakeConfig, or None: relay wakes no agent itself
+    metrics: object = None              # MetricsConfig, or None: relay run serves no /metrics
     source: str = dataclasses.field(default="defaults", compare=False)
     # (key, where its value came from) for root, state_dir and every key not at its default
     origins: tuple = dataclasses.field(default=(), compare=False)
-    metrics: object = None              # MetricsConfig, or None: relay run serves no /metrics
     warnings: tuple = dataclasses.field(default=(), compare=False)     # what was not taken, and why
     rejected: tuple = dataclasses.field(default=(), compare=False)     # (key, problem) of the keys not taken
 
