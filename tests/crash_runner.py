@@ -61,7 +61,7 @@ def main(root, boundary, phase="deliver"):
     relay = Relay(cfg, sync_mode=os.environ.get("CRASH_SYNC_MODE", "file"))
     flush = lambda what: (lambda w, **k: w == what)  # noqa: E731
     points = {
-        "registered-claimed": lambda: after(relay.ledger, "register_and_claim", when=lambda f, *a, **k: bool(f)),
+        "registered-claimed": lambda: after(relay.ledger.messages, "register_and_claim", when=lambda f, *a, **k: bool(f)),
         "custody": lambda: after(relay.fs, "rename", when=lambda src, dst, **k: src.startswith("outbox/")),
         "tmp-write-1": lambda: after(relay.fs, "create", when=lambda rel, *a, **k: rel.startswith("inbox/")),
         "tmp-write-2": lambda: after(relay.fs, "create", nth=2, when=lambda rel, *a, **k: rel.startswith("inbox/")),
@@ -71,13 +71,13 @@ def main(root, boundary, phase="deliver"):
         "archive-move-1": lambda: after(relay.archive, "store"),
         "quarantine": lambda: after(relay.archive, "quarantine"),
         "batch-synced": lambda: after_synced(relay.syncer, "inbox new/, archive and outbox directories"),
-        "before-commit": lambda: before(relay.ledger, "record"),
-        "after-commit": lambda: after(relay.ledger, "record"),
+        "before-commit": lambda: before(relay.ledger.messages, "record"),
+        "after-commit": lambda: after(relay.ledger.messages, "record"),
         # the bad message's bounce to Cy: its file written into the spool, then registered
         "bounce-spooled": lambda: after(relay.fs, "put", when=lambda rel, *a, **k: rel.startswith("spool/System/")),
-        "bounce-registered": lambda: after(relay.ledger, "bounced"),
-        "sweep-files": lambda: before(relay.ledger, "sweep"),
-        "sweep-commit": lambda: after(relay.ledger, "sweep"),
+        "bounce-registered": lambda: after(relay.ledger.bounces, "bounced"),
+        "sweep-files": lambda: before(relay.ledger.operations, "sweep"),
+        "sweep-commit": lambda: after(relay.ledger.operations, "sweep"),
     }
     points[boundary]()
     if phase == "sweep":

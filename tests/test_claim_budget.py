@@ -151,10 +151,10 @@ def test_the_claim_budget_quarantines_the_message_that_stops_relay_not_its_batch
         relay = project.relay(max_retries="3")
         real = relay.ledger.messages.record
 
-        def record(now, works, *args, real=real, **kwargs):
-            if any(w.name == "poison" for w in works):
+        def record(now, outcomes, *args, real=real, **kwargs):
+            if any(o.message is not None and o.message.body == "the one that kills relay" for o in outcomes):
                 raise Killed()
-            return real(now, works, *args, **kwargs)
+            return real(now, outcomes, *args, **kwargs)
         relay.ledger.messages.record = record
         try:
             relay.drain()

@@ -70,7 +70,7 @@ def test_a_quarantine_cut_short_leaves_no_report_of_a_failure_that_did_not_stand
     drop_at(project, "Ann", "m1", "TO: Ben\n\none", clock.now)
     assert relay.drain().archived == 1
     drop_at(project, "Ann", "m2", "TO: Ben\n\ntwo", clock.now)
-    killed_at(relay.ledger, "record")
+    killed_at(relay.ledger.messages, "record")
     with pytest.raises(Killed):
         relay.drain()
     assert len(project.files("failed")) == 2            # the file and its report, not yet recorded

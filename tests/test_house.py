@@ -39,6 +39,18 @@ def test_no_module_reaches_into_the_ledger():
     assert not found, "a private part of the ledger used outside it:\n" + "\n".join(found)
 
 
+def test_the_ledger_imports_nothing_from_core_and_records_its_own_outcome_records():
+    """relay/ledger/ knows rows and its own records (ledger/outcome.py's OutcomeRecord, which the
+    pipeline builds at the boundary), not the pipeline's working object (core/work.py's Work)."""
+    ledger = sorted((PACKAGE / "ledger").rglob("*.py"))
+    imported = [f"{p.relative_to(PACKAGE.parent)}: relay.{m}" for p in ledger for m in relay_imports(p)
+                if m == "core" or m.startswith("core.")]
+    assert not imported, "the ledger imports core:\n" + "\n".join(imported)
+    worked = [f"{p.relative_to(PACKAGE.parent)}:{n}: {line.strip()}" for p in ledger for n, line in lines(p)
+              if re.search(r"core[/.]work\b|\bw\.(got|outcome|missed|shed)\b", line)]
+    assert not worked, "the ledger reads the pipeline's Work:\n" + "\n".join(worked)
+
+
 # Each package's layer: a module imports only from its own layer or lower ones (configuration
 # and errors at the bottom, used by all), at the top of the module or inside a function.
 LAYERS = {"": 0, "files": 1, "ledger": 2, "core": 3, "agent": 4, "operator": 4, "federation": 4, "service": 5,

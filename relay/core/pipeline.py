@@ -23,7 +23,7 @@ from relay.core import registry
 from relay.core.archive import day_of
 from relay.core.identity import identify
 from relay.core.settle import report
-from relay.core.work import Counts, Outcome, Work, fields
+from relay.core.work import Counts, Outcome, Work, fields, recorded
 from relay.errors import DurabilityError, TransientError
 from relay.files.fs import shown
 from relay.files.layout import fit
@@ -247,7 +247,8 @@ class Pipeline:
                               **fields("failed", w))
         owed = s.bounces.owed(works, self.archived, now)
         settled = self.phase()
-        if s.ledger.messages.record(now, works, delivered, settled, owed, registry.changes(works, settled)):
+        if s.ledger.messages.record(now, [recorded(w) for w in works], delivered, settled, owed,
+                                     registry.changes(works, settled)):
             s.bounces.due = True
         s.flow.commit(works, now, self.config)
         for listener in s.listeners:    # durable now: hooks queued, wakes typed, reads watched

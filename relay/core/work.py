@@ -4,6 +4,7 @@ read: history.unreadable.)"""
 import dataclasses
 import enum
 
+from relay.ledger.outcome import OutcomeRecord, Said, ShedFor
 from relay.core.retries import MAX_BACKOFF, compute_backoff as backoff  # noqa: F401 - the name its users import
 
 
@@ -158,6 +159,20 @@ class Work:
         return bool(self.recipients) and not self.missed and all(
             r in self.got or r in self.had or r in self.remote or r in self.shed or r in self.shed_before
             for r in self.recipients)
+
+
+def recorded(w):
+    """The ledger's record of a work's outcome (ledger/outcome.py), built at the boundary: the
+    ledger records it, never the work itself."""
+    m = w.message
+    said = None if m is None else Said(m.kind, m.thread, m.subject, m.body, m.headers, tuple(m.to), m.content_type,
+                                       m.max_retries, m.priority, m.ack_required)
+    return OutcomeRecord(
+        w.id, w.sender, w.outcome.value, said, tuple(w.recipients), w.discovered_at, w.retries, w.size, w.sha256,
+        w.sent_at, w.archive_rel, w.failed_rel, w.spooled, w.next_attempt_at, w.error_text, w.refused,
+        bool(w.duplicate_of), tuple((r, size, sha) for r, (size, sha) in w.got.items()), tuple(w.had),
+        tuple(ShedFor(r, s.reason, s.limit, s.observed, str(s)) for r, s in w.shed.items()), tuple(w.shed_before),
+        tuple(w.remote.items()), w.envelope, w.thorough)
 
 
 def fields(event, mid, sender=None, recipients=None):

@@ -8,7 +8,6 @@ import orjson
 
 from relay.ledger.chain import link_hash
 from relay.ledger.part import Part
-from relay.ledger.shed_keep import shed_whole
 from relay.ledger.sql import chunks
 
 
@@ -98,83 +97,84 @@ class Messages(Part):
         events.extend((r["id"], now, "claimed", None) for r in claimed)
         return claimed
 
-    def record(self, now, works, delivered=None, settled=None, bounces=(), registry=()):
-        """One transaction recording what a batch did: each work by its Outcome, and every
-        recipient's delivery that became durable in it, each at the instant it happened:
-        `delivered` (links into new/ made), `settled` (moves synced, retries decided), else `now`;
-        the `bounces` owed (core/bounces.owed) and the agent registry's changes (core/registry.py),
-        at `settled`. Returns how many bounces were recorded."""
+    def record(self, now, outcomes, delivered=None, settled=None, bounces=(), registry=()):
+        """One transaction recording what a batch did: each message's OutcomeRecord (outcome.py)
+        by its status, and every recipient's delivery that became durable in it, each at the
+        instant it happened: `delivered` (links into new/ made), `settled` (moves synced,
+        retries decided), else `now`; the `bounces` owed (core/bounces.owed) and the agent
+        registry's changes (core/registry.py), at `settled`. Returns how many bounces were recorded."""
         events = []
         delivered, settled = delivered or now, settled or now
         with self.transaction():
-            kept = self.sheds.kept(now, [(w.id, w.sender, w.message.body, w.message.subject,
-                                         orjson.dumps(w.message.headers).decode()) for w in works if shed_whole(w)])
-            self.receipts.asked([(w.id, w.message.priority, w.message.ack_required) for w in works
-                                 if w.got and getattr(w.message, "priority", None)])
-            deliveries = [(w.id, r, delivered, size, sha) for w in works for r, (size, sha) in w.got.items()]
+            kept = self.sheds.kept(now, [(o.id, o.sender, o.message.body, o.message.subject,
+                                          orjson.dumps(o.message.headers).decode()) for o in outcomes if o.shed_whole])
+            self.receipts.asked([(o.id, o.message.priority, o.message.ack_required) for o in outcomes
+                                 if o.delivered and o.message is not None and o.message.priority])
+            deliveries = [(o.id, r, delivered, size, sha) for o in outcomes for r, size, sha in o.delivered]
             if deliveries:
                 self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "
                                     "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
                 events.extend((mid, delivered, "delivered", r) for mid, r, *_ in deliveries)
                 self.registry.seen({d[1] for d in deliveries}, delivered)
-            sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed, now) for w in works for r, s in w.shed.items()]
+            sheds = [(o.id, s.recipient, o.sender, s.reason, s.limit, s.observed, now) for o in outcomes for s in o.sheds]
             if sheds:
                 # One record per (message, recipient); one released by `relay retry` and shed again is renewed.
                 self.db.executemany("INSERT INTO sheds (message_id, recipient, sender, reason, limit_value, observed, "
                                     "at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET reason = excluded.reason, "
                                     "limit_value = excluded.limit_value, observed = excluded.observed, at = excluded.at, "
                                     "released_at = NULL WHERE released_at IS NOT NULL", sheds)
-                events.extend((w.id, now, "shed", f"{r}: {s}") for w in works for r, s in w.shed.items())
-            by_kind = {}
-            for w in works:
-                by_kind.setdefault(w.outcome, []).append(w)
-            for outcome, group in by_kind.items():
-                if outcome.value == "failed":
-                    self._record_failed((delivered, settled), group, events, kept)
+                events.extend((o.id, now, "shed", f"{s.recipient}: {s}") for o in outcomes for s in o.sheds)
+            by_status = {}
+            for o in outcomes:
+                by_status.setdefault(o.status, []).append(o)
+            at = (delivered, settled)
+            for status, group in by_status.items():
+                if status == "failed":
+                    self._record_failed(at, group, events, kept)
                 else:
-                    getattr(self, f"_record_{outcome.value}")((delivered, settled), group, events)
-            self.remote.queue(now, [w for w in works if w.remote and not w.duplicate_of
-                                    and not (w.refused and w.outcome.value == "failed" and not w.got)], events)
+                    self.RECORD[status](self, at, group, events)
+            self.remote.queue(now, [o for o in outcomes if o.queued], events)
             self.registry.apply(settled, registry, events)
             self.events(events)
-            self.search.index([(w.id, *(kept[w.id][1::-1] if w.id in kept else (w.message.subject, w.message.body)))
-                               for w in works if w.message is not None and not w.duplicate_of])
+            self.search.index([(o.id, *(kept[o.id][1::-1] if o.id in kept else (o.message.subject, o.message.body)))
+                               for o in outcomes if o.message is not None and not o.duplicate])
             return self.bounces.owe(settled, bounces) if bounces else 0
 
     @staticmethod
-    def _fields(w):
-        m = w.message
+    def _fields(o):
+        """The message's columns of a record: what it said, and whom it was for."""
+        m = o.message
         if m is None:
             return dict.fromkeys(("kind", "thread", "subject", "body", "headers", "recipients", "content_type",
                                   "max_retries"))
         # a message refused before its recipients were resolved (one unknown): those it named, as written
-        to = w.recipients or list(dict.fromkeys(m.to))
+        to = o.recipients or list(dict.fromkeys(m.to))
         return {"kind": m.kind, "thread": m.thread, "subject": m.subject, "body": m.body,
                 "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(to).decode(),
                 "content_type": m.content_type, "max_retries": m.max_retries}
 
-    def _record_archived(self, at, works, events):
+    def _record_archived(self, at, outcomes, events):
         """The common case, in bulk: delivered to everyone and archived; chained for verify.
         `at`: (delivered, settled) instants of the batch, as for the other outcomes."""
         delivered, archived = at
         rows = []
         seq, prev = self.chain.head()     # read in this transaction: another connection (the federation's
         links = []                  # receiver) may have chained records since
-        for w in works:
-            m, mid, rel = w.message, w.id, w.archive_rel
-            sent = None if w.duplicate_of else delivered        # a duplicate is delivered to no one
+        for o in outcomes:
+            m, mid, rel = o.message, o.id, o.archive_rel
+            sent = None if o.duplicate else delivered       # a duplicate is delivered to no one
             if m is None:
                 recipients = kind = thread = subject = body = headers = content_type = budget = None
-            else:       # as _fields(w), without its dict
-                recipients, kind, thread, subject, body = (orjson.dumps(w.recipients).decode(), m.kind, m.thread,
-                                                           m.subject, m.body)
+            else:       # as _fields(o), without its dict
+                recipients, kind, thread, subject, body = (orjson.dumps(list(o.recipients)).decode(), m.kind,
+                                                           m.thread, m.subject, m.body)
                 headers = orjson.dumps(m.headers).decode()
                 content_type, budget = m.content_type, m.max_retries
-            rows.append((recipients, kind, thread, subject, body, headers, content_type, budget, w.size, w.sha256,
-                         w.sent_at, sent, archived, rel, mid))
+            rows.append((recipients, kind, thread, subject, body, headers, content_type, budget, o.size, o.sha256,
+                         o.sent_at, sent, archived, rel, mid))
             events.append((mid, archived, "archived", rel, "relay"))
             seq += 1
-            prev = link_hash(prev, mid, w.sender, recipients, w.discovered_at, sent, archived, w.sha256, rel)
+            prev = link_hash(prev, mid, o.sender, recipients, o.discovered_at, sent, archived, o.sha256, rel)
             links.append((seq, mid, prev))
         self.db.executemany(
             "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
@@ -184,27 +184,27 @@ class Messages(Part):
             "WHERE id = ?", rows)
         self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
 
-    def _record_delivered(self, at, works, events):
+    def _record_delivered(self, at, outcomes, events):
         """Delivered to everyone, but the archive move failed: retried when history.delivered_due()
         returns it."""
         delivered, settled = at
-        for w in works:
+        for o in outcomes:
             self.db.execute(
                 "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
                 "thread = :thread, subject = :subject, body = :body, headers = :headers, size = :size, "
                 "content_type = :content_type, max_retries = :max_retries, "
                 "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
                 "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
-                {**self._fields(w), "size": w.size, "sha256": w.sha256, "sent_at": w.sent_at,
-                 "now": None if w.duplicate_of else delivered, "error": str(w.error), "archive_path": w.archive_rel,
-                 "at": w.next_attempt_at, "id": w.id})
-            events.append((w.id, settled, "archive-failed", str(w.error)))
+                {**self._fields(o), "size": o.size, "sha256": o.sha256, "sent_at": o.sent_at,
+                 "now": None if o.duplicate else delivered, "error": o.error, "archive_path": o.archive_rel,
+                 "at": o.next_attempt_at, "id": o.id})
+            events.append((o.id, settled, "archive-failed", o.error))
 
-    def _record_retry(self, at, works, events):
+    def _record_retry(self, at, outcomes, events):
         """Back to pending after a transient failure (of the message, or of some recipients)."""
         settled = at[1]
-        for w in works:
-            f = self._fields(w)
+        for o in outcomes:
+            f = self._fields(o)
             self.db.execute(
                 "UPDATE messages SET status = 'pending', retries = :retries, error = :error, "
                 "next_attempt_at = :at, spooled = :spooled, archive_path = NULL, "
@@ -215,24 +215,27 @@ class Messages(Part):
                 "content_type = coalesce(:content_type, content_type), "
                 "max_retries = coalesce(:max_retries, max_retries), "
                 "sha256 = coalesce(:sha256, sha256), sent_at = coalesce(:sent_at, sent_at) WHERE id = :id",
-                {**f, "retries": w.retries + 1, "error": w.error_text, "at": w.next_attempt_at,
-                 "spooled": int(w.spooled), "now": settled, "size": w.size or None, "sha256": w.sha256,
-                 "sent_at": w.sent_at, "id": w.id})
-            events.append((w.id, settled, "retried", w.error_text))
+                {**f, "retries": o.retries + 1, "error": o.error, "at": o.next_attempt_at,
+                 "spooled": int(o.spooled), "now": settled, "size": o.size or None, "sha256": o.sha256,
+                 "sent_at": o.sent_at, "id": o.id})
+            events.append((o.id, settled, "retried", o.error))
 
-    def _record_defer(self, at, works, events):
+    def _record_defer(self, at, outcomes, events):
         settled = at[1]
         self.db.executemany("UPDATE messages SET status = 'pending', next_attempt_at = ?, spooled = ?, "
                             "archive_path = NULL WHERE id = ?",
-                            [(w.next_attempt_at, int(w.spooled), w.id) for w in works])
-        events.extend((w.id, settled, "deferred", w.error_text) for w in works)
+                            [(o.next_attempt_at, int(o.spooled), o.id) for o in outcomes])
+        events.extend((o.id, settled, "deferred", o.error) for o in outcomes)
 
-    def _record_failed(self, at, works, events, kept):
+    RECORD = {"archived": _record_archived, "delivered": _record_delivered, "retry": _record_retry,
+              "defer": _record_defer}
+
+    def _record_failed(self, at, outcomes, events, kept):
         settled = at[1]
-        for w in works:
-            f = self._fields(w)
-            if w.id in kept:        # shed for every recipient: what audit needs (shed_keep.py)
-                f["body"], f["subject"], f["headers"] = kept[w.id]
+        for o in outcomes:
+            f = self._fields(o)
+            if o.id in kept:        # shed for every recipient: what audit needs (shed_keep.py)
+                f["body"], f["subject"], f["headers"] = kept[o.id]
             self.db.execute(
                 "UPDATE messages SET status = 'failed', failed_at = :now, error = :error, "
                 "failed_path = :failed_path, spooled = 0, archive_path = NULL, "
@@ -243,10 +246,10 @@ class Messages(Part):
                 "content_type = coalesce(:content_type, content_type), "
                 "max_retries = coalesce(:max_retries, max_retries), "
                 "sent_at = coalesce(:sent_at, sent_at), retries = :retries WHERE id = :id",
-                {**f, "now": settled, "error": w.refused, "failed_path": w.failed_rel,
-                 "size": w.size or None, "sha256": w.sha256, "sent_at": w.sent_at,
-                 "retries": w.retries + (1 if w.error else 0), "id": w.id})
-            events.append((w.id, settled, "failed", w.refused))
+                {**f, "now": settled, "error": o.refused, "failed_path": o.failed_rel,
+                 "size": o.size or None, "sha256": o.sha256, "sent_at": o.sent_at,
+                 "retries": o.retries + (1 if o.error is not None else 0), "id": o.id})
+            events.append((o.id, settled, "failed", o.refused))
 
     def fail_unreadable(self, now, problems):
         """Claimed rows this build cannot read: failed with the reason. problems: (id, reason)."""

@@ -20,17 +20,18 @@ class FederationRecords(Part):
         super().__init__(store)
         self.chain, self.search, self.bounces, self.sheds, self.registry = chain, search, bounces, sheds, registry
 
-    def queue(self, now, works, events):
-        """Recipients on other nodes: one outbound row per (message, node), in the batch's own
-        transaction; the link publishes it later. A message tried again is queued once."""
+    def queue(self, now, outcomes, events):
+        """Recipients on other nodes (of each OutcomeRecord, outcome.py): one outbound row per
+        (message, node), in the batch's own transaction; the link publishes it later. A message
+        tried again is queued once."""
         first, again = [], []       # a first attempt has no row yet: inserted in bulk
-        for w in works:
+        for o in outcomes:
             by_node = {}
-            for r, node in w.remote.items():
+            for r, node in o.remote:
                 by_node.setdefault(node, []).append(r)
             for node, names in sorted(by_node.items()):
-                row = (w.id, node, orjson.dumps(sorted(names)).decode(), w.envelope, now)
-                (again if w.thorough else first).append(row)
+                row = (o.id, node, orjson.dumps(sorted(names)).decode(), o.envelope, now)
+                (again if o.thorough else first).append(row)
         sql = ("INSERT INTO outbound (message_id, node, recipients, envelope, status, queued_at) "
                "VALUES (?, ?, ?, ?, 'pending', ?) ON CONFLICT DO NOTHING")
         if first:

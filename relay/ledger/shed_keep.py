@@ -68,9 +68,3 @@ class ShedKeep(Part):
             counted[sender] += 1
             out[mid] = (kept, subject[:KEEP_SUBJECT_CHARS] if subject else subject, headers_kept(headers))
         return out
-
-
-def shed_whole(w):
-    """Whether a batch's work (core/work.py) failed because it was shed for every recipient."""
-    return (w.message is not None and w.outcome is not None and w.outcome.value == "failed"
-            and bool(w.shed or w.shed_before) and not w.got and not w.had)
