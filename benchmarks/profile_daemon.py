@@ -97,7 +97,7 @@ def instrument(counters):
     Either watcher is counted: relay's own inotify reader (watcher.hints_of, Relay.hint_many)
     or watchdog's observer (its inotify thread, emitter and the handler, Relay.hint)."""
     from relay.core import daemon as daemon_mod
-    from relay.ledger import ledger
+    from relay.ledger import ledger, messages, senders
     from relay.core import outbox
     from relay.files import sync
     from relay.core import watcher
@@ -169,8 +169,9 @@ def instrument(counters):
     count_calls(daemon_mod.Relay, "guarded_step", counters, "loop turns")
     count_calls(daemon_mod.Relay, "finish", counters, "group commits finished", timed=True)
     count_calls(ledger.Ledger, "transaction", counters, "ledger transactions")
-    for name in ("register_and_claim", "record", "identify"):
-        count_calls(ledger.Ledger, name, counters, f"ledger.{name}", timed=True)
+    for part, name in ((messages.Messages, "register_and_claim"), (messages.Messages, "record"),
+                       (senders.Senders, "identify")):
+        count_calls(part, name, counters, f"ledger.{name}", timed=True)
     count_calls(sync.Syncer, "flush", counters, "syncer flushes", timed=True)
     count_calls(sync.Syncer, "flush_later", counters, "syncer flushes overlapped (group commit)")
 

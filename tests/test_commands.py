@@ -284,7 +284,7 @@ def test_a_retry_killed_after_its_move_finishes_when_run_again(project):
     (project.state / "inbox/Nobody/new").mkdir(parents=True)
     (project.state / "inbox/Nobody/tmp").mkdir()
     (project.state / "inbox/Nobody/cur").mkdir()
-    killed_at(relay.ledger, "requeue")
+    killed_at(relay.ledger.operations, "requeue")
     with pytest.raises(Killed):
         retry(relay.ledger, relay.layout, [row["id"]])
     result = retry(relay.ledger, relay.layout, [row["id"]])

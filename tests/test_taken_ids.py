@@ -230,8 +230,8 @@ def test_a_stop_at_any_step_of_a_rekeying_batch_delivers_once_under_the_chosen_i
         setattr(obj, name, op)
     for name in ("rename", "link", "create", "unlink"):
         stopping(first.fs, name)
-    for name in ("register_and_claim", "identify", "record"):
-        stopping(first.ledger, name)
+    for part, name in (("messages", "register_and_claim"), ("senders", "identify"), ("messages", "record")):
+        stopping(getattr(first.ledger, part), name)
     with pytest.raises(_Stop):
         first.drain()
     first.close()

@@ -39,7 +39,6 @@ from relay.ledger.registry import RegistryReads
 from relay.ledger.imports import ImportReads
 from relay.ledger.remote_history import RemoteHistory
 from relay.ledger.reservations import ReservationReads
-from relay.ledger.forward import HISTORY
 from relay.ledger.lookups import Lookups
 from relay.ledger.parties import hidden, party
 from relay.ledger.receipts import Receipts
@@ -99,13 +98,6 @@ class History:
         self.imports = ImportReads(self)
         self.web = WebReads(self)       # the web view's and /metrics' reads (web.py)
         self.receipts = Receipts(self)      # receipts, acknowledgements, priority (receipts.py): reads
-
-    # Until every caller names the part, the old names lead to it; this goes when the call sites are rewritten.
-    def __getattr__(self, name):
-        if name in HISTORY:
-            part, method = HISTORY[name]
-            return getattr(getattr(self, part), method)
-        raise AttributeError(name)
 
     def close(self):
         self.ledger.close()

@@ -37,7 +37,6 @@ from relay.errors import LedgerError
 from relay.ledger.chain import GENESIS, Chain, chain_hash, link_hash  # noqa: F401  (the chain's, offered here too)
 from relay.ledger.bounces import BounceRecords
 from relay.ledger.imports import Imports
-from relay.ledger.forward import LEDGER
 from relay.ledger.hook_sessions import HookSessions
 from relay.ledger.messages import Messages
 from relay.ledger.opening import READ_WRITE, cannot_open, connect_reader, unwritable
@@ -139,13 +138,6 @@ class Ledger:
                                         sheds=self.sheds, registry=self.registry)
         self.messages = Messages(self, chain=self.chain, search=self.search, bounces=self.bounces, sheds=self.sheds,
                                  remote=self.remote, registry=self.registry, receipts=self.receipts)
-
-    # Until every caller names the part, the old names lead to it; this goes when the call sites are rewritten.
-    def __getattr__(self, name):
-        if name in LEDGER:
-            part, method = LEDGER[name]
-            return getattr(getattr(self, part), method)
-        raise AttributeError(name)
 
     def close(self):
         self.db.close()

@@ -1,7 +1,9 @@
 """The shape of a part of the ledger (huey's BaseSqlStorage, sqlite-utils' Table): a small class
 with an explicit interface that holds its own statements and shares its store's one connection
-and one transaction. A store is a Ledger (writes) or a History (reads); a part never reaches
-into another part, and nothing outside relay/ledger/ holds a statement.
+and one transaction. A store is a Ledger (writes) or a History (reads), built of its parts; a part
+that uses another is given it in its constructor (`Imports(ledger, chain=ledger.chain,
+search=ledger.search)`) and says so in its docstring, never reaching for an attribute it was not
+given; nothing outside relay/ledger/ holds a statement.
 
     class Receipts(Part):
         def surfaced(self, ids, agent, now):

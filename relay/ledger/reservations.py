@@ -169,9 +169,6 @@ class Reservations(Part):
 class ReservationReads(Part):
     """The reservations' reads."""
 
-    def __call__(self, *args, **kwargs):     # the old history.reservations(...): goes when the call sites are rewritten
-        return self.held(*args, **kwargs)
-
     def held(self, now, agent=None):
         """The leases held at `now` (of `agent`, or everyone's), by agent and pattern. A row
         whose end is no number is left out."""

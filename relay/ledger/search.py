@@ -79,9 +79,6 @@ class SearchIndex(Part):
 class SearchReads(Part):
     """The search."""
 
-    def __call__(self, *args, **kwargs):     # the old history.search(...): goes when the call sites are rewritten
-        return self.messages(*args, **kwargs)
-
     def messages(self, query, agent=None, sender=None, thread=None, since=None, limit=20):
         """The messages matching `query`, newest first, at most `limit`: those `agent` may see
         (delivered to it, or sent by it; every message when None), sent by `sender`, of `thread`

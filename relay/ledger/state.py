@@ -90,9 +90,6 @@ class StateReads(Part):
     """The team state's reads. Rows are returned as stored: a reader checks them (rows.py's
     "team_state" checks)."""
 
-    def __call__(self, *args, **kwargs):     # the old history.state(...): goes when the call sites are rewritten
-        return self.get(*args, **kwargs)
-
     def get(self, key):
         """The row of `key` when it holds a value, else None."""
         return self.db.execute("SELECT * FROM team_state WHERE key = ? AND value IS NOT NULL", (key,)).fetchone()
