@@ -102,13 +102,13 @@ def on_the_way(r):
     return rel if rel is not None and own(rel, r) else None
 
 
-def seconds(ms):
 def file_key(r):
     """(outbox/<agent>/<name>, short sha256, size) of the file a record names, or None."""
     rel, short = on_the_way(r), r["content_hash"]
     return (rel, short.lower(), r["file_size"]) if rel and isinstance(short, str) and short else None
 
 
+def seconds(ms):
     """A time of agent-relay's (milliseconds since 1970) in seconds; None when it is none a
     clock gives (not a number, before 1970, after the year 9999, infinity, NaN)."""
     if not isinstance(ms, (int, float)) or isinstance(ms, bool) or not 0 <= ms < LAST_MS:
@@ -181,8 +181,7 @@ class Importer:
     # -- messages ---------------------------------------------------------------------------
 
     def _messages(self, rows):
-        done = self.history.imported(SOURCE, [r["file_id"] for r in rows])
-        # outbox/<agent>/<name> -> (file id, message id) of the first record still on its way of
+        done = self.history.imports.imported(SOURCE, [r["file_id"] for r in rows])
         # (outbox/<agent>/<name>, hash, size) -> file id of the first record delivered of that file
         self.delivered = {}
         for r in rows:
@@ -193,6 +192,7 @@ class Importer:
         for r in rows:      # (a record on the way of a delivered file is that file still)
             if not (r["status"] in ON_THE_WAY and file_key(r) in self.delivered):
                 owner[r["source_path"]] = r["file_id"]
+        # outbox/<agent>/<name> -> (file id, message id) of the first record still on its way of
         # that file: one outbox file is one message, whatever else agent-relay recorded of it
         self.holder = {}
         for r in rows:
@@ -207,8 +207,8 @@ class Importer:
                 item = self._plan(r, owner)
                 if item is not None:
                     items.append(item)
-            self._write(items)
                     self.became.setdefault(r["file_id"], item["id"])
+            self._write(items)
 
     def _problem(self, r, what):
         self.summary.problems.append(f"{shown(str(r['file_id']))} ({r['status']}, "
@@ -235,15 +235,15 @@ class Importer:
             return self._archived(r, item, owner)
         if status == "failed":
             return self._failed(r, item, owner)
-        rel = on_the_way(r)
-        first = self.holder.setdefault(rel, (r["file_id"], mid)) if rel else (r["file_id"], mid)
-        if first[0] != r["file_id"]:        # a second record of a file already imported: its duplicate
         if (twin := self.delivered.get(file_key(r))) is not None:       # a file delivered there already
             if twin not in self.became:
                 return self._problem(r, f"the outbox file agent-relay's {shown(twin)} delivered, which is not "
                                         "imported (its own problem says why); not imported, never delivered twice")
             return {"id": self.became[twin], "duplicate_of": twin, "source_id": r["file_id"], "source_status": status,
                     "status": None, "files": []}
+        rel = on_the_way(r)
+        first = self.holder.setdefault(rel, (r["file_id"], mid)) if rel else (r["file_id"], mid)
+        if first[0] != r["file_id"]:        # a second record of a file already imported: its duplicate
             return {"id": first[1], "duplicate_of": first[0], "source_id": r["file_id"], "source_status": status,
                     "status": None, "files": []}
         return self._pending(r, item)
@@ -365,7 +365,7 @@ class Importer:
                 if final is not None:
                     staged.append((rel, final))
         self._sync_dirs()
-        self.ledger.record_imports(items, SOURCE, self.origin, self.now, self.actor)
+        self.ledger.imports.record(items, SOURCE, self.origin, self.now, self.actor)
         for rel, final in staged:
             self.layout.fs.rename(rel, final)
             self._changed(final)
@@ -453,7 +453,7 @@ class Importer:
         if self.dry_run:
             self.summary.agents = sorted(seen)
             return
-        self.summary.agents = self.ledger.import_agents(sorted((n, f, la) for n, (f, la) in seen.items()),
+        self.summary.agents = self.ledger.imports.agents(sorted((n, f, la) for n, (f, la) in seen.items()),
                                                         SOURCE, self.origin, self.now, self.actor)
 
     def _registry(self, agents):
@@ -476,17 +476,17 @@ class Importer:
         if self.dry_run:
             self.summary.registry = [e[0] for e in entries]
             return
-        self.summary.registry = self.ledger.import_registry(entries, SOURCE, self.origin, self.now, self.actor)
+        self.summary.registry = self.ledger.imports.registry(entries, SOURCE, self.origin, self.now, self.actor)
 
     def _state(self, entries):
         entries = [(e["key"], e["value"], seconds(e["updated_at"]) or self.now) for e in entries]
         if self.dry_run:
-            if self.history.has_table("team_state"):
+            if self.history.imports.has_table("team_state"):
                 self.summary.state = [e[0] for e in entries]
             else:
                 self.summary.state_note = NO_STATE
             return
-        done, left, why = self.ledger.import_state(entries, SOURCE, self.origin, self.now, self.actor)
+        done, left, why = self.ledger.imports.state(entries, SOURCE, self.origin, self.now, self.actor)
         self.summary.state, self.summary.state_note = done, why
         if why is None:
             self.summary.state_skipped = len(entries) - len(done) - len(left)
