@@ -83,6 +83,76 @@ def test_one_message_walks_every_step_for_two_recipients_one_read_by_a_plain_mai
     assert events.count("surfaced") == 1 and events.count("read") == 2 and events.count("acked") == 2
 
 
+# -- the daemon's noticing of reads (core/reads.py) ---------------------------------------------
+
+
+def _read_at(trio, mid, name):
+    return steps(trio.agent("Alice").receipts(mid), name)["read_at"]
+
+
+@pytest.mark.parametrize("fault", ["link", "file", "gone"])
+def test_a_failed_look_at_new_records_no_read_and_the_ids_stay_watched(trio, fault):
+    alice = trio.agent("Alice")
+    sent = [alice.send("Bob", f"m{i}") for i in range(3)]
+    trio.relay.drain()
+    new = trio.state / "inbox" / "Bob" / "new"
+    real = new.with_name("new.real")
+    os.rename(new, real)
+    if fault == "link":
+        os.symlink("new.real", new)
+    elif fault == "file":
+        new.write_text("not a directory")
+    trio.relay.step(trio.clock.advance(2))
+    trio.relay.step(trio.clock.advance(2))
+    assert [_read_at(trio, mid, "Bob") for mid in sent] == [None, None, None]
+    new.unlink(missing_ok=True)
+    os.rename(real, new)
+    trio.relay.step(trio.clock.advance(2))
+    assert [_read_at(trio, mid, "Bob") for mid in sent] == [None, None, None]
+    os.rename(new / f"{sent[1]}.json", new.with_name("cur") / f"{sent[1]}.json:2,S")
+    trio.relay.step(trio.clock.advance(2))          # still watched: the read is noticed once it happens
+    assert [_read_at(trio, mid, "Bob") is not None for mid in sent] == [False, True, False]
+
+
+def test_noticing_reads_costs_the_watched_ids_not_what_else_is_planted_in_new(trio):
+    alice = trio.agent("Alice")
+    bob_mid, carol_mid = alice.send("Bob", "real"), alice.send("Carol", "real")
+    trio.relay.drain()
+    new = trio.state / "inbox" / "Bob" / "new"
+    for i in range(300):
+        (new / f"zz{i:07d}.json").write_bytes(b"")
+    reads = trio.relay.reads
+    reads.looked = 0
+    trio.relay.step(trio.clock.advance(2))
+    assert reads.looked == 2            # one name each for Bob's and Carol's one watched envelope
+    box = trio.state / "inbox" / "Carol"
+    os.rename(box / "new" / f"{carol_mid}.json", box / "cur" / f"{carol_mid}.json:2,S")
+    trio.relay.step(trio.clock.advance(2))
+    assert _read_at(trio, carol_mid, "Carol") is not None and _read_at(trio, bob_mid, "Bob") is None
+
+
+def test_noticing_reads_is_bounded_per_look_and_goes_round_the_recipients(trio):
+    alice = trio.agent("Alice")
+    bobs = [alice.send("Bob", f"b{i}") for i in range(6)]
+    carol_mid = alice.send("Carol", "c")
+    trio.relay.drain()
+    for name, mid in (("Carol", carol_mid), ("Bob", bobs[5])):
+        box = trio.state / "inbox" / name
+        os.rename(box / "new" / f"{mid}.json", box / "cur" / f"{mid}.json:2,S")
+    reads = trio.relay.reads
+    reads.budget = 3
+    looks = []
+    for _ in range(3):
+        reads.looked = 0
+        trio.relay.step(trio.clock.advance(2))
+        looks.append(reads.looked)
+        if len(looks) == 1:             # Bob's six do not keep Carol waiting
+            assert _read_at(trio, carol_mid, "Carol") is not None
+    assert looks == [3, 3, 3]
+    assert _read_at(trio, bobs[5], "Bob") is not None       # Bob's ids taken in turn, three a look
+    assert [_read_at(trio, mid, "Bob") for mid in bobs[:5]] == [None] * 5
+
+
 def test_inboxes_put_urgent_first_then_high_normal_low_oldest_first_within(trio):
     alice, bob = trio.agent("Alice"), trio.agent("Bob")
     sent = [alice.send("Bob", f"m{i}", priority=p) for i, p in
