@@ -5,6 +5,7 @@ mail waits, never twice for the same mail, stop_hook_active honoured, failing op
 settings that install them (relay hook install / uninstall claude)."""
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 
 from relay import config as config_mod
 from relay.agent import claude_hooks, claude_settings
+from relay.agent.api import Agent
+from relay.agent.project import Project
 from relay.core.daemon import Relay
 
 FIXTURES = Path(__file__).parent / "fixtures" / "claude_hooks"
@@ -190,6 +193,54 @@ def test_the_hook_run_by_claude_code_finds_the_project_from_the_event_s_cwd(mail
     run = subprocess.run(relay, input=json.dumps(event("Stop", mail.root, session="late")), env=env,
                          cwd=elsewhere, capture_output=True, text=True, timeout=60)
     assert json.loads(run.stdout)["decision"] == "block" and mid in run.stdout
+
+
+def test_junk_in_new_is_not_mail_and_costs_the_hooks_nothing(mail):
+    mid = mail.send("Alice", "Bob", "real", subject="real")
+    new = mail.state / "inbox" / "Bob" / "new"
+    for i in range(300):
+        (new / f"zz{i:07d}.json").write_bytes(b"")
+    assert "You have 1 unread message." in context(hook(mail, "SessionStart", session="one"), "SessionStart")
+    reason = hook(mail, "Stop", session="two")["reason"]
+    assert "Bob has 1 message waiting" in reason and mid in reason
+    with Agent("Bob", project=Project(mail.root)) as me:
+        session = claude_hooks.Session(me, "three", mail.clock())
+        assert mid in session.stop(False)
+    assert session.looked == 2          # its one envelope: looked up, then read; the junk never
+
+
+def test_the_hooks_look_at_the_newest_unread_the_ledger_has_at_most(mail, monkeypatch):
+    sent = [mail.send("Alice", "Bob", f"m{i}", subject=f"s{i}") for i in range(4)]
+    monkeypatch.setattr(claude_hooks, "UNREAD", 2)
+    with Agent("Bob", project=Project(mail.root)) as me:
+        session = claude_hooks.Session(me, "s", mail.clock())
+        assert session.unread() == sent[2:]
+    assert session.looked == 2
+
+
+@pytest.mark.parametrize("length, answered", [(256, True), (257, False), (20_000_000, False)])
+def test_a_session_id_over_256_characters_fails_open_and_records_nothing(mail, length, answered):
+    mail.send("Alice", "Bob", "one", subject="one")
+    result = mail("hook", "claude", "--agent", "Bob",
+                  input=json.dumps(event("UserPromptSubmit", mail.root, session="s" * length)))
+    assert result.exit_code == 0 and (result.stdout != "") == answered
+    if not answered:
+        assert len(result.stderr.splitlines()) == 1 and "session_id" in result.stderr
+        with sqlite3.connect(mail.state / "ledger.sqlite") as db:
+            assert db.execute("SELECT count(*) FROM hook_marks").fetchone()[0] == 0
+
+
+def test_the_project_is_found_where_the_event_s_cwd_really_points(mail, tmp_path_factory):
+    mail.send("Alice", "Bob", "one", subject="one")
+    (mail.root / "src").mkdir()
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "link").symlink_to(mail.root / "src")
+    env = {"RELAY_AGENT": "Bob"}
+    out, err = claude_hooks.run(json.dumps(event("UserPromptSubmit", elsewhere / "link")), env=env)
+    assert err == "" and "one" in out
+    outside = f"{mail.root}/src/../../{elsewhere.name}"      # textually under the project, really not
+    out, err = claude_hooks.run(json.dumps(event("UserPromptSubmit", outside, session="x")), env=env)
+    assert out == "" and len(err.splitlines()) == 1 and "not in a relay project" in err
 
 
 # -- the settings -------------------------------------------------------------------------------

@@ -2,8 +2,14 @@
 Claude Code learns of its mail without being asked to look (docs/agents.md, "Claude Code hooks").
 
 Claude Code runs the command with one event's JSON on stdin and reads JSON back on stdout (exit
-0). The agent is `--agent` or RELAY_AGENT; the project is found from the event's `cwd` (else
-CLAUDE_PROJECT_DIR, else the current directory), as every verb finds it.
+0). The agent is `--agent` or RELAY_AGENT; the project is found from where the event's `cwd`
+really points (os.path.realpath: links and '..' resolved; else CLAUDE_PROJECT_DIR, else the
+current directory), as every verb finds it; a cwd in no relay project fails open.
+
+The agent's mail is what the ledger records delivered to it and not read (the newest UNREAD
+copies), each looked up by name in its new/: new/ is never listed, so whatever else is put there
+is no message and costs nothing. A session_id (or a subagent's agent_id) longer than SESSION_MAX
+characters is refused (failing open): Claude Code's are UUIDs, and the ledger keeps it per message.
 
 - SessionStart: who the agent is, its team, its unread mail (count and newest subjects) and the
   commands to read and answer, as `additionalContext`.
@@ -22,6 +28,7 @@ and one line goes to the state directory's hooks.log (stderr where there is none
 import datetime
 import logging
 import os
+import stat
 import time
 import traceback
 
@@ -43,6 +50,8 @@ EVENTS = CONTEXT_EVENTS + STOP_EVENTS
 BODY_BUDGET = 4096      # characters of message bodies in one context, in all
 HEADLINES = 20          # messages named by id and subject in one context or one block, at most
 OPENED = 200            # envelopes one hook reads at most (the rest are counted by name only)
+UNREAD = 200            # the newest unread copies the ledger gives, the only names looked up in new/
+SESSION_MAX = 256       # characters of a session_id (and of an agent_id) relay keeps
 SUBJECT_MAX = 200
 LOG_NAME = "hooks.log"
 LOG_MAX = 1 << 20       # hooks.log is started again past this size (the old one kept as hooks.log.1)
@@ -64,10 +73,10 @@ def event_of(text):
 
 
 def where(event, env):
-    """The directory the project is found from."""
+    """The directory the project is found from: where the event's cwd really points."""
     for value in (event.get("cwd"), env.get("CLAUDE_PROJECT_DIR")):
-        if isinstance(value, str) and value:
-            return value
+        if isinstance(value, str) and value and "\0" not in value:
+            return os.path.realpath(value)
     return os.getcwd()
 
 
@@ -77,6 +86,10 @@ def session_key(event):
     session = event.get("session_id")
     session = session if isinstance(session, str) and session else "unknown"
     sub = event.get("agent_id")
+    for field, value in (("session_id", session), ("agent_id", sub)):
+        if isinstance(value, str) and len(value) > SESSION_MAX:
+            raise BadEvent(f"the event's {field} is {len(value)} characters, more than {SESSION_MAX}; relay keeps "
+                           "no session by so long a name")
     return f"{session}/{sub}" if isinstance(sub, str) and sub else session
 
 
@@ -91,8 +104,9 @@ def answer(event, agent=None, env=None, now=None):
     if not agent:
         raise RelayError(f"no agent named: give `relay hook claude --agent NAME` or set {config_mod.AGENT_VARIABLE}")
     now = time.time() if now is None else now
+    key = session_key(event)
     with Agent(agent, project=Project(env=env, cwd=where(event, env))) as me:
-        session = Session(me, session_key(event), now)
+        session = Session(me, key, now)
         if name == "SessionStart":
             text = session.start()
         elif name in CONTEXT_EVENTS:
@@ -114,17 +128,34 @@ class Session:
         # deals with it); what the subagent is given is its own.
         self.keys = [key, key.split("/")[0]] if "/" in key else [key]
         self.relay = command()
+        self.looked = 0         # names looked up in new/ (counted, for tests and benchmarks)
+        self.more = False       # the ledger had UNREAD unread copies or more
 
     # -- the mail ---------------------------------------------------------------------------
 
     def unread(self):
-        """The ids of the agent's new/ (not read), oldest first; no envelope is opened."""
-        return [n[:-len(".json")] for n in self.me.inbox_.names(self.me.name, "new") if n.endswith(".json")]
+        """The ids of the agent's unread mail, oldest first: the newest UNREAD copies the ledger
+        records delivered and not read whose envelope is in new/ (each looked up by its name,
+        none opened, new/ never listed)."""
+        with self.me.project.writing() as ledger:
+            ids = ledger.receipts.unread_of(self.me.name, UNREAD)
+        self.more = len(ids) >= UNREAD
+        fs, box = self.me.inbox_.fs, f"inbox/{self.me.name}/new"
+        out = []
+        for mid in ids:
+            self.looked += 1
+            try:
+                if stat.S_ISREG(fs.lstat(f"{box}/{mid}.json").st_mode):
+                    out.append(mid)
+            except OSError:
+                continue
+        return out
 
     def opened(self, ids):
         """The envelopes (Received) of these ids that are still in new/, at most OPENED."""
         out = []
         for mid in ids[:OPENED]:
+            self.looked += 1
             found = self.me.inbox_.entry(self.me.name, "new", f"{mid}.json")
             if found is not None:
                 out.append(received(*found))
@@ -158,7 +189,8 @@ class Session:
         lines = [f"You are {me.name}, an agent of the relay project at {me.project.config.root}: relay carries "
                  "messages between this project's agents.",
                  "Your team (the other active agents): " + (", ".join(team) if team else "none yet") + ".",
-                 f"You have {len(ids) or 'no'} unread message{'s' if len(ids) != 1 else ''}."]
+                 f"You have {len(ids) or 'no'}{' or more' if self.more else ''} unread "
+                 f"message{'s' if len(ids) != 1 else ''}."]
         news = self.news(ids)
         if news:
             lines.append(news)

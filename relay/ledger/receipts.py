@@ -131,6 +131,17 @@ class Receipts(Part):
             "LEFT JOIN receipts r ON r.message_id = d.message_id AND r.recipient = d.recipient "
             "WHERE a.ack_required = 1 AND r.acked_at IS NULL AND d.delivered_at <= ?", (cutoff,)).fetchone()[0]
 
+    def unread_of(self, agent, limit=200, window=10000):
+        """The ids of the newest `limit` copies delivered to `agent` with no read recorded, among
+        its newest `window` deliveries, oldest first: what its new/ may hold (the caller looks
+        each up). Bounded whatever the inbox or the ledger holds."""
+        rows = self.db.execute(
+            "SELECT d.message_id FROM (SELECT message_id, recipient FROM deliveries WHERE recipient = ? "
+            "ORDER BY message_id DESC LIMIT ?) d LEFT JOIN receipts r "
+            "ON r.message_id = d.message_id AND r.recipient = d.recipient "
+            "WHERE r.read_at IS NULL ORDER BY d.message_id DESC LIMIT ?", (agent, window, limit))
+        return [r[0] for r in rows][::-1]
+
     def unread_since(self, lowest, limit=10000):
         """(message id, recipient) of delivered copies with no read recorded, of messages whose id
         is `lowest` or later (ids sort by time), oldest first: what a Maildir client may have
