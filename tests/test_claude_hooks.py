@@ -270,11 +270,51 @@ def test_install_merges_with_the_hooks_there_and_uninstall_takes_out_exactly_rel
     text = path.read_text()
     assert "up to date" in team("hook", "install", "claude", "--agent", "Bob").output
     assert path.read_text() == text
-    assert "updated" in team("hook", "install", "claude", "--agent", "Carol").output
-    assert path.read_text() == text.replace("--agent Bob", "--agent Carol")
-    assert "took 5 relay hooks out" in team("hook", "uninstall", "claude").output
+    assert "installed" in team("hook", "install", "claude", "--agent", "Carol").output
+    assert path.read_text().count("--agent Bob") == path.read_text().count("--agent Carol") == 5
+    assert "took 10 relay hooks out" in team("hook", "uninstall", "claude").output
     assert settings(team) == THEIRS
     assert "no relay hook" in team("hook", "uninstall", "claude").output
+
+
+@pytest.mark.parametrize("link", [".claude", ".claude/settings.local.json"])
+def test_install_and_uninstall_refuse_a_link_on_the_way_to_the_settings(team, tmp_path_factory, link):
+    from conftest import error_line
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    kept = json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x hook claude"}]}]}})
+    (elsewhere / "settings.local.json").write_text(kept)
+    if link == ".claude":
+        (team.root / ".claude").symlink_to(elsewhere)
+    else:
+        (team.root / ".claude").mkdir()
+        (team.root / link).symlink_to(elsewhere / "settings.local.json")
+    for args in (("install", "claude", "--agent", "Bob"), ("uninstall", "claude")):
+        result = team("hook", *args, ok=False)
+        assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1
+        assert error_line(result).startswith(f"{team.root / link} is a symbolic link")
+        assert sorted(p.name for p in elsewhere.iterdir()) == ["settings.local.json"]
+        assert (elsewhere / "settings.local.json").read_text() == kept
+
+
+def test_install_for_one_agent_keeps_every_other_agent_s_and_install_s_hook(team):
+    path = team.root / claude_settings.LOCAL
+    path.parent.mkdir()
+    other = {"type": "command", "command": "/other/venv/bin/relay hook claude --agent Bob", "timeout": 30}
+    path.write_text(json.dumps({"hooks": {"Stop": [{"hooks": [other]}]}}))
+
+    def commands(event="Stop"):
+        return [h["command"] for g in settings(team)["hooks"].get(event, []) for h in g["hooks"]]
+    team("hook", "install", "claude", "--agent", "Bob")
+    team("hook", "install", "claude", "--agent", "Carol")
+    stop = commands()
+    assert stop[0] == other["command"] and len(stop) == 3
+    assert stop[1].endswith(" hook claude --agent Bob") and stop[2].endswith(" hook claude --agent Carol")
+    assert "up to date" in team("hook", "install", "claude", "--agent", "Bob").output
+    assert "took 5 relay hooks for Bob out" in team("hook", "uninstall", "claude", "--agent", "Bob").output
+    assert commands() == [other["command"], stop[2]] and len(commands("SessionStart")) == 1
+    assert "no relay hook for Bob" in team("hook", "uninstall", "claude", "--agent", "Bob").output
+    assert "took 6 relay hooks out" in team("hook", "uninstall", "claude").output
+    assert settings(team) == {}
 
 
 def test_install_shared_writes_the_committed_settings_and_may_leave_the_agent_to_the_session(team):

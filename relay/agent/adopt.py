@@ -173,7 +173,7 @@ def open_parent(path, root=None):
     except FileNotFoundError:
         raise RelayError(f"no directory {parent} to write {path.name} in") from None
     except Unsafe:
-        link = _link(Path(parent if root is None else root), rel)
+        link = first_link(Path(parent if root is None else root), rel)
         if link is None:
             raise RelayError(f"{parent} is not a directory to write {path.name} in") from None
         raise RelayError(f"{link} is a symbolic link; relay adopt never writes through one (agents can plant "
@@ -183,7 +183,7 @@ def open_parent(path, root=None):
             top.close()
 
 
-def _link(root, rel):
+def first_link(root, rel):
     """The first symbolic link on the way from `root` down `rel` (what made the walk stop), if any."""
     parts = rel.split("/") if rel else []
     for i in range(1, len(parts) + 1):

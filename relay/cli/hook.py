@@ -73,14 +73,18 @@ def install(ctx, client, agent, shared):
 
 @hook.command("uninstall")
 @click.argument("client", type=CLIENTS)
+@click.option("--agent", help="Take out only the hooks `relay hook install claude --agent NAME` writes (this "
+                              "relay's, for that agent); without it, every relay hook of the file.")
 @click.option("--shared", is_flag=True, help=f"From {claude_settings.SHARED} instead of {claude_settings.LOCAL}.")
 @pass_ctx
 @handle_errors
-def uninstall(ctx, client, shared):
-    """Take relay's hooks out of the project's Claude Code settings, and nothing else."""
-    path, removed = claude_settings.uninstall(ctx.cfg.root, shared)
-    echo(f"took {removed} relay hook{'s' if removed != 1 else ''} out of {path}" if removed
-         else f"no relay hook in {path}")
+def uninstall(ctx, client, agent, shared):
+    """Take relay's hooks out of the project's Claude Code settings, and nothing else: with
+    --agent, only those an install for that agent writes; without it, every relay hook."""
+    path, removed = claude_settings.uninstall(ctx.cfg.root, shared, agent)
+    whose = f" for {agent}" if agent else ""
+    echo(f"took {removed} relay hook{'s' if removed != 1 else ''}{whose} out of {path}" if removed
+         else f"no relay hook{whose} in {path}")
 
 
 COMMANDS = [hook]
