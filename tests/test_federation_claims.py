@@ -127,6 +127,45 @@ def test_a_squatting_node_cannot_make_a_new_agent_unreachable(server, team, node
     assert bodies(n2, "Bob") == ["Dan here", "still Dan"]
 
 
+def test_a_squatter_claiming_every_sender_it_reads_in_a_stream_cannot_take_a_new_agents_name(server, team, nodes):
+    """A new agent writes to the squatter's agent before its node has announced it: the squatter
+    reads its stream from n1 and claims every sender it sees there. The message is held until
+    the sender's name is claimed (and announced), so the squatter never reads a name before its
+    claim exists: Zed stays n1's, reachable from n2, and the squatter gets the message."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    squat = Squatter(server, team, ["n1", "n2"])
+    squat.poll()
+    exchange(n1, n2, rounds=1)
+    seen = []
+
+    def claim_senders():
+        for _, fields in squat.r.xrange(Keys(team).messages("n1", "n3")):
+            sender = orjson.loads(fields[b"env"])["from"]
+            seen.append(sender)
+            squat.r.setnx(claim_key(team, sender), "n3")
+    new_agent(n1, "Zed")
+    n1.drop("Zed", "first", "TO: Eve\n\nZed's first word")
+    n1.send()                               # before any look of n1's since Zed came
+    claim_senders()
+    for _ in range(3):                      # the publisher's turns, as its thread takes them
+        n1.link.publish()
+        claim_senders()
+        n1.link.look()
+        claim_senders()
+        n1.clock.advance(0.5)
+    n1.link.publish()
+    claim_senders()
+    assert "Zed" in seen                    # it was published, and the squatter read it
+    assert admin(server).get(claim_key(team, "Zed")) == b"n1"
+    n2.link.look()
+    assert n2.link.directory.routes.get("Zed") == "n1"
+    n2.drop("Bob", "hi", "TO: Zed\n\nhello Zed")
+    n2.send()
+    n1.receive()
+    assert bodies(n1, "Zed") == ["hello Zed"]
+
+
 def test_a_node_cannot_overwrite_or_delete_another_nodes_claim(server, team, nodes):
     import redis
     n1 = nodes(server, team, "n1", ["Ann"])

@@ -129,6 +129,108 @@ def test_a_receiver_deleting_its_whole_stream_again_and_again_costs_a_bounded_re
     assert events(n1, "republished") <= 2 * EVENTS + 10
 
 
+def test_a_receiver_deleting_one_entry_a_second_costs_a_bounded_read_a_look_whatever_the_backlog(
+        server, team, nodes, clock):
+    """n2 never acknowledges 3,000 messages and deletes the oldest entry of its stream every
+    second: n1 looks through its stream a window at a time (at most WINDOW entries a look), never
+    the whole backlog at a look, and still publishes again each entry deleted."""
+    from relay.federation.losses import WINDOW
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    sent(n1, 3000)
+    published_all(n1)
+    evil, stream = as_node(server, team, "n2"), Keys(team).messages("n1", "n2")
+    assert evil.xlen(stream) == 3000
+    [(_, fields)] = evil.xrange(stream, count=1)
+    entry = sum(len(k) + len(v) for k, v in fields.items()) + 64        # one entry's reply, about
+    out = lambda: admin(server).info("stats")["total_net_output_bytes"]  # noqa: E731
+    before, deleted = out(), []
+    for second in range(10):
+        [(eid, _)] = evil.xrange(stream, count=1)
+        evil.xdel(stream, eid)
+        deleted.append(eid)
+        clock.advance(1)
+        n1.link.check()
+        published_all(n1)
+    assert out() - before <= 10 * WINDOW * entry + (256 << 10)
+    for _ in range(3000 // WINDOW + 2):     # the deletions stopped: the sweep goes on to its end
+        clock.advance(1)
+        n1.link.check()
+        published_all(n1)
+    assert evil.xlen(stream) == 3000
+    assert events(n1, "republished", "%the server lost it") == 10
+
+
+def published_all(node):
+    while node.link.publish():
+        pass
+
+
+def republished(node):
+    return node.relay.history.db.execute("SELECT coalesce(sum(attempts) - count(*), 0) FROM outbound").fetchone()[0]
+
+
+def test_a_node_that_never_acknowledges_has_its_late_rows_published_again_ever_more_rarely(server, team, nodes, clock):
+    """n2 announces itself (alive) and never reads nor acknowledges 1,500 messages n1 sent it:
+    past their deadline n1 publishes them again in rounds of at most ROUND rows of that node and
+    at most PER_MINUTE a minute, further and further apart while n2 stays silent; never its
+    whole backlog every few seconds."""
+    from relay.federation.late import PER_MINUTE, ROUND
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    sent(n1, 1500)
+    published_all(n1)
+    assert n1.relay.history.remote.unacknowledged() == {"n2": 1500}
+    per_second = []
+    for second in range(420):
+        clock.advance(1)
+        n2.link.heartbeat()                 # alive, and silent
+        before = republished(n1)
+        n1.link.look()
+        n1.link.check()
+        published_all(n1)
+        per_second.append(republished(n1) - before)
+    assert max(per_second) <= ROUND
+    assert max(sum(per_second[i:i + 60]) for i in range(len(per_second) - 60)) <= PER_MINUTE
+    assert sum(per_second[300:]) <= ROUND               # the sixth minute on: one round at most
+    assert sum(per_second) >= PER_MINUTE                # and they do go again
+
+
+def test_a_silent_nodes_backlog_costs_the_publishers_turn_nothing_in_proportion(server, team, nodes, clock):
+    """The publisher's turn (publish what is due, read the acknowledgements, decide when to
+    wake) costs the same SQLite work whether a node leaves 100 or 2,100 messages unacknowledged:
+    a silent node's backlog is never walked on every message's way (counted in SQLite VM steps)."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+
+    def turn_cost():
+        steps = [0]
+
+        def count():
+            steps[0] += 1
+        clock.advance(1)
+        n1.link.ledger.db.set_progress_handler(count, 10)
+        try:
+            n1.link.publish()
+            n1.link.wake(clock())
+        finally:
+            n1.link.ledger.db.set_progress_handler(None, 10)
+        return steps[0]
+
+    sent(n1, 100)
+    published_all(n1)
+    small = turn_cost()
+    for k in range(2000):
+        n1.drop("Ann", f"more{k}", "TO: Bob\n\nmore")
+    n1.send()
+    published_all(n1)
+    assert n1.relay.history.remote.unacknowledged() == {"n2": 2100}
+    assert turn_cost() <= 1.5 * small + 50
+
+
 # -- 3. the acknowledgement flood ------------------------------------------------------------
 
 def test_made_up_acknowledgements_in_bulk_cost_one_lookup_a_batch_and_touch_no_row(server, team, nodes, clock):

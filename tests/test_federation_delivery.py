@@ -1067,6 +1067,7 @@ def test_messages_for_other_nodes_are_offered_only_to_a_link_and_within_a_bound(
         alone.drain(now_fn=clock, wait=lambda s: None)
         assert len(alone.router.offered) == 0 and len(alone.router.history.remote.outbound_due(clock.now, 10)) == 3
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])   # a link beside the loop takes offers, up to a bound
+    n1.link.heartbeat()                                 # (of senders it announced: its first act)
     big = "x" * 1_000_000
     for i in range(20):
         n1.drop("Ann", f"b{i}", f"TO: Bob\n\n{big}")

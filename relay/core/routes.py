@@ -89,6 +89,10 @@ class Router:
         self._remote = None
         self.asked = threading.Event()      # the loop met a name it does not know: read the directory now
         self.on_bounce = None               # the loop's: a bounce was recorded (a node refused a message)
+        # The case-folded senders whose messages may be offered (the link's: announced, their
+        # names claimed, none of their rows held); None: every sender. The others' are
+        # published from their rows once announced (federation/speakers.py).
+        self.announced = None
 
     def bounced(self):
         """The link recorded a bounce owed (core/bounces.py): the loop emits it at once."""
@@ -162,6 +166,8 @@ class Router:
         link may publish them now. Never blocks; offers nothing with no link to take it, and
         nothing past MAX_OFFERED bytes not yet taken (a link that cannot reach the server):
         their outbound rows are the record, published from the ledger."""
+        if self.announced is not None:
+            works = [w for w in works if w.sender.casefold() in self.announced]
         if not self.linked or not works:
             return
         # Written by the loop only behind nothing queued: one sender's messages keep their order.

@@ -69,6 +69,7 @@ class Link:
                                    self.ledger, self.history, router, self.redis)
         if router is not None:
             router.wire = self.publisher.wire   # the loop writes its offers itself while the link is well
+            router.announced = frozenset()      # ... of the senders announced (speakers.py)
         self.incoming = Incoming(config, connect(self.fed, limit=limit, budget=max(limit, config.batch_bytes // 4)),
                                  clock=clock, hooks=self.hooks, nodes=self.known_nodes, routes=self.routes,
                                  on_name=self.look_soon)
@@ -168,6 +169,10 @@ class Link:
             return False
         self.incoming.paused = None
         self.local = local if written else self.local
+        if written:
+            self.publisher.speakers.release(now, local)     # their names claimed: their messages may go
+            if self.router is not None:
+                self.router.announced = self.publisher.speakers.free()
         looked = self.look(now, local)
         if written and looked:
             self._up(self.clock())       # when it worked, not when the attempt began
@@ -219,7 +224,12 @@ class Link:
         published."""
         now = self.clock() if now is None else now
         done, error = self.publisher.publish(now)
+        speakers = self.publisher.speakers
+        if speakers.unheard:            # a sender not announced yet: announced (and claimed) at once
+            speakers.unheard = False
+            self.look_soon()
         if self.router is not None:     # a loop beside the link writes its offers itself while it is well
+            self.router.announced = speakers.free()
             self.publisher.wire.ready(error is None and not self.publisher.refusing and not self.duplicate
                                       and self.connected is True)
         if error is not None:
@@ -248,6 +258,7 @@ class Link:
         try:
             again = self.publisher.check(now, self.alive)
         except self.errors as e:
+
             self._down(now, e)
             return 0
         if self.publisher.new_server:
@@ -311,11 +322,16 @@ class Link:
                 self.check(now)
             while self.publish(self.clock(), force=False) >= BATCH:
                 pass
-            due = self.history.remote.next_outbound_due()
-            waiting = self.publisher.early or self.history.remote.unacknowledged()     # published, not acknowledged
-            wake = min(self.next_heartbeat, self.next_look, due if due is not None else float("inf"),
-                       self.next_acks if waiting else float("inf"))
-            self.queued.wait(max(0.0, min(wake - self.clock(), MAX_WAIT)))
+            self.queued.wait(self.wake(self.clock()))
+
+    def wake(self, now):
+        """Seconds the publisher's thread may sleep (at most MAX_WAIT): until its next heartbeat,
+        look, publish due, or read of acknowledgements while something waits for one."""
+        due = self.history.remote.next_outbound_due()
+        waiting = self.publisher.early or self.history.remote.any_unacknowledged()  # published, not acknowledged
+        wake = min(self.next_heartbeat, self.next_look, due if due is not None else float("inf"),
+                   self.next_acks if waiting else float("inf"))
+        return max(0.0, min(wake - now, MAX_WAIT))
 
     def _serve_in(self):
         while not self.stopping.is_set():

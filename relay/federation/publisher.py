@@ -23,9 +23,11 @@ import orjson
 from relay.core.work import backoff
 from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip, server_errors, sized
 from relay.federation.keys import Keys
+from relay.federation.late import Late
 from relay.federation.losses import Losses
 from relay.federation.ackgate import ACKS_PER_SECOND, AckGate  # noqa: F401 - the bound, here too
 from relay.files.layout import valid_id
+from relay.federation.speakers import Speakers
 from relay.federation.wire import Wire
 
 log = logging.getLogger(__name__)
@@ -80,7 +82,9 @@ class Publisher:
         self.skipping = Skipping("acknowledgement")
         self.wire = Wire(client, self.keys, self.node)     # offers the loop writes itself
         self.losses = Losses(client, self.keys, self.node, history)   # what the server lost, found
+        self.late = Late(history)           # what is past its deadline, published again by node
         self.hushed = set()                 # (message id, node) published again past the events' bound
+        self.speakers = Speakers(self.ledger)   # rows held until their sender's name is claimed and announced
 
     def _xadd(self, entries):
         """XADD each (message id, node, recipients JSON, envelope) in one pipeline; the entry id
@@ -127,6 +131,7 @@ class Publisher:
         for r in rows:
             hit = self.early.pop((r["message_id"], r["node"]), None)
             (rest.append(r) if hit is None else early.append((r, hit[0])))
+        rest = self.speakers.only(now, rest)
         try:
             ids = self._xadd([(r["message_id"], r["node"], r["recipients"], r["envelope"]) for r in rest]) \
                 if rest else []
@@ -215,6 +220,8 @@ class Publisher:
                     if self.router is not None and any(refusal for _, _, refusal in here):
                         self.router.bounced()       # the sender's bounce, emitted by the loop now
                     settled += len(gone)
+                    if gone:
+                        self.late.answered(node)
                     deletions.setdefault(node, []).extend(set(gone) | {e for mid, e, _ in here if e and mid not in held})
                 if last is not None:    # moved once what it passes is recorded
                     streams[key] = self.cursors[node] = last
@@ -295,6 +302,8 @@ class Publisher:
                 if self.router is not None and any(refusal for _, refusal, _ in acks):
                     self.router.bounced()
                 settled += len(gone)
+                if gone:
+                    self.late.answered(node)
                 deletions[node] = set(gone) | {eid for _, _, eid in acks if eid}
             for mid, (_, eid, at) in list(kept.items()):
                 if now - at >= EARLY_ACKS_KEPT:
@@ -373,7 +382,7 @@ class Publisher:
                 if length - len(self.undeleted.get(n, ())) >= waiting[n]:   # those the server refused to delete
                     self.losses.calm(n, now)
                 elif self.losses.due(n, now):      # only what is missing goes again (losses.py)
-                    lost = self.losses.missing(n, now)
+                    lost = self.losses.missing(n, now, gone=length == 0)
                     if lost:
                         log.warning("federation: the stream to node %s holds %d entries where %d wait for its "
                                     "acknowledgement: %d are missing (the server lost them, or the node deleted "
@@ -381,7 +390,7 @@ class Publisher:
                     again += lost
         if again:
             self._again(now, again, "the server lost it")
-        late = [(r["message_id"], r["node"]) for r in self.history.remote.overdue(now, BATCH) if alive.get(r["node"])]
+        late = self.late.due(now, alive)    # by node, in rounds that thin out while a node is silent (late.py)
         if late:
             log.warning("federation: %d messages not acknowledged by their node in time; published again", len(late))
             self._again(now, late, "no acknowledgement by its deadline")

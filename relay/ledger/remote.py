@@ -64,6 +64,13 @@ class FederationRecords(Part):
             self.events([(mid, now, "publish-failed", f"to node {node}: {error}; retrying")
                          for mid, node, attempts, _ in failed if attempts == 0])
 
+    def hold(self, rows, until):
+        """Outbound rows not to be published before `until` (their sender's name not announced
+        yet, publisher.py): no attempt counted, no event. rows: (message_id, node)."""
+        with self.transaction():
+            self.db.executemany("UPDATE outbound SET next_attempt_at = ? WHERE message_id = ? AND node = ? AND "
+                                "status = 'pending'", [(until, mid, node) for mid, node in rows])
+
     def publish_now(self, now):
         """The link is back: every outbound row waiting is due now."""
         with self.transaction():

@@ -4,8 +4,8 @@ the link's state."""
 import orjson
 
 from relay.ledger.part import Part
+from relay.ledger.sql import chunks
 
-CHUNK = 500         # ids per `IN (...)` query
 
 
 class RemoteHistory(Part):
@@ -15,8 +15,9 @@ class RemoteHistory(Part):
         """Outbound rows to publish now, oldest due first: at most `limit`, and no more once
         their envelopes reach `max_bytes` (one at least)."""
         rows, held = [], 0
-        for row in self.db.execute("SELECT message_id, node, recipients, envelope, attempts FROM outbound WHERE "
-                                   "status = 'pending' AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
+        for row in self.db.execute("SELECT o.message_id, o.node, o.recipients, o.envelope, o.attempts, o.queued_at, "
+                                   "m.sender FROM outbound o LEFT JOIN messages m ON m.id = o.message_id WHERE "
+                                   "o.status = 'pending' AND o.next_attempt_at <= ? ORDER BY o.next_attempt_at LIMIT ?",
                                    (now, limit)):
             rows.append(row)
             held += len(row["envelope"])
@@ -34,10 +35,9 @@ class RemoteHistory(Part):
     def routes(self, ids):
         """{id: {recipient: node}} of the recipients on other nodes (relay audit)."""
         out = {}
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i:i + CHUNK]
+        for chunk, marks in chunks(ids):
             for r in self.db.execute("SELECT message_id, node, recipients FROM outbound WHERE message_id "
-                                     f"IN ({','.join('?' * len(chunk))})", chunk):
+                                     f"IN ({marks})", chunk):
                 out.setdefault(r[0], {}).update(dict.fromkeys(orjson.loads(r[2]), r[1]))
         return out
 
@@ -58,22 +58,43 @@ class RemoteHistory(Part):
         return doc
 
     def unacknowledged(self, node=None):
-        """{node: count} of rows published and not yet acknowledged."""
-        sql = "SELECT node, count(*) FROM outbound WHERE status = 'published'"
-        args = ()
-        if node is not None:
-            sql, args = sql + " AND node = ?", (node,)
-        return dict(self.db.execute(sql + " GROUP BY node", args).fetchall())
+        """{node: count} of rows published and not yet acknowledged (counted by node on its
+        index; the nodes found by seeks, waiting_nodes())."""
+        nodes = [node] if node is not None else self.waiting_nodes()
+        out = {}
+        for n in nodes:
+            count = self.db.execute("SELECT count(*) FROM outbound WHERE node = ? AND status = 'published'",
+                                    (n,)).fetchone()[0]
+            if count:
+                out[n] = count
+        return out
+
+    def any_unacknowledged(self):
+        """Whether a row published waits for its acknowledgement (one seek)."""
+        return self.db.execute("SELECT 1 FROM outbound WHERE status = 'published' LIMIT 1").fetchone() is not None
+
     def unacknowledged_since(self):
         """{node: (rows published and not yet acknowledged, being published again included; when
-        the oldest of them was queued)}."""
-        return {r[0]: (r[1], r[2]) for r in self.db.execute(
-            "SELECT node, count(*), min(queued_at) FROM outbound WHERE status IN ('pending', 'published') AND "
-            "published_at IS NOT NULL GROUP BY node")}
+        the oldest of them was queued)}: by node, its oldest found by a seek."""
+        out = {}
+        for node in self.waiting_nodes():
+            published, oldest = self.db.execute(
+                "SELECT count(*), (SELECT min(queued_at) FROM outbound WHERE node = ?1 AND status = 'published') "
+                "FROM outbound WHERE node = ?1 AND status = 'published'", (node,)).fetchone()
+            again, first = self.db.execute(
+                "SELECT count(*), min(queued_at) FROM outbound WHERE node = ? AND status = 'pending' AND "
+                "published_at IS NOT NULL", (node,)).fetchone()
+            if published or again:
+                out[node] = (published + again, min(t for t in (oldest, first) if t is not None))
+        return out
 
-
-    def overdue(self, now, limit):
-        """(message_id, node, entry_id, recipients) of published rows whose acknowledgement is late."""
+    def overdue(self, now, limit, node=None):
+        """(message_id, node, entry_id, recipients) of published rows whose acknowledgement is
+        late, the latest deadline last; with `node`, that node's only (by its index)."""
+        if node is not None:
+            return self.db.execute("SELECT message_id, node, entry_id, recipients FROM outbound WHERE node = ? AND "
+                                   "status = 'published' AND ack_deadline <= ? ORDER BY ack_deadline LIMIT ?",
+                                   (node, now, limit)).fetchall()
         return self.db.execute("SELECT message_id, node, entry_id, recipients FROM outbound WHERE status = 'published' "
                                "AND ack_deadline <= ? ORDER BY ack_deadline LIMIT ?", (now, limit)).fetchall()
 
@@ -115,9 +136,12 @@ class RemoteHistory(Part):
                                "status = 'published'", (node,)).fetchall()
 
     def waiting_nodes(self):
-        """The nodes that have rows waiting (to be published or acknowledged)."""
-        return [r[0] for r in self.db.execute("SELECT DISTINCT node FROM outbound WHERE status IN ('pending', "
-                                              "'published')")]
+        """The nodes that have rows waiting (to be published or acknowledged): one seek per node
+        ever sent to, never a walk of the rows (a node may leave thousands unacknowledged)."""
+        return [r[0] for r in self.db.execute(
+            "WITH RECURSIVE n(node) AS (SELECT min(node) FROM outbound UNION ALL SELECT (SELECT min(node) FROM "
+            "outbound WHERE node > n.node) FROM n WHERE n.node IS NOT NULL) SELECT node FROM n WHERE node IS NOT NULL "
+            "AND EXISTS (SELECT 1 FROM outbound o WHERE o.node = n.node AND o.status IN ('pending', 'published'))")]
 
     def received_before(self, pairs):
         """{(node, id): (sha256, local id, why it failed or None)} of the (node, id) pairs
@@ -128,22 +152,20 @@ class RemoteHistory(Part):
             by_node.setdefault(node, []).append(mid)
         out = {}
         for node, ids in by_node.items():
-            for i in range(0, len(ids), CHUNK):
-                chunk = ids[i:i + CHUNK]
+            for chunk, marks in chunks(ids):
                 out.update({(node, r[0]): (r[1], r[2], r[3]) for r in self.db.execute(
                     "SELECT r.id, r.sha256, r.local_id, CASE WHEN m.status = 'failed' THEN coalesce(m.error, 'failed') "
                     "END FROM received_ids r LEFT JOIN messages m ON m.id = r.local_id WHERE r.node = ? AND r.id IN "
-                    f"({','.join('?' * len(chunk))})", [node, *chunk])})
+                    f"({marks})", [node, *chunk])})
         return out
 
     def outbound_recorded(self, pairs):
         """Of (message id, node) pairs, those with an outbound row (recorded, whatever its status)."""
         ids = sorted({mid for mid, _ in pairs})
         found = set()
-        for i in range(0, len(ids), CHUNK):
-            chunk = ids[i:i + CHUNK]
+        for chunk, marks in chunks(ids):
             found.update((r[0], r[1]) for r in self.db.execute(
-                f"SELECT message_id, node FROM outbound WHERE message_id IN ({','.join('?' * len(chunk))})", chunk))
+                f"SELECT message_id, node FROM outbound WHERE message_id IN ({marks})", chunk))
         return found & set(pairs)
 
     def received_counts(self):

@@ -396,6 +396,14 @@ CREATE INDEX IF NOT EXISTS hook_marks_at ON hook_marks(at)
 CREATE INDEX IF NOT EXISTS messages_kind ON messages(kind, id);
 CREATE INDEX IF NOT EXISTS messages_discovered_at ON messages(discovered_at)
 """),
+    # Federation: what waits for a node's acknowledgement is read by node, never walked whole
+    # (remote_history.py): its oldest by queued time, its late rows by deadline. A node that
+    # leaves thousands unacknowledged costs each look a few index seeks, not a walk of them.
+    (58, "outbound rows by node, age and deadline", """
+DROP INDEX IF EXISTS outbound_node;
+CREATE INDEX IF NOT EXISTS outbound_node_queued ON outbound(node, status, queued_at);
+CREATE INDEX IF NOT EXISTS outbound_node_deadline ON outbound(node, status, ack_deadline)
+"""),
 ]
 # Written in order of their numbers (tests/test_schema.py holds it); applied by number, each
 # once: a ledger that lacks one gets it at its next start.
