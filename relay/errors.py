@@ -91,7 +91,7 @@ class TooLarge(MessageRefused):
 
 class UnknownRecipient(MessageRefused):
     """A message naming recipients no known agent has (`names`). With a federation, a name the
-    team may still announce waits instead (daemon.py)."""
+    team may still announce waits instead (routes.py: Router.wait_for)."""
 
     def __init__(self, reason, names=()):
         super().__init__(reason)

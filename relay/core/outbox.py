@@ -344,7 +344,7 @@ class Outbox:
 
     def peek(self, w, max_body_bytes):
         """Read a claimed message where its sender left it, before custody, so that its
-        envelopes are written and synced together with the claim (daemon.py). Only a plain
+        envelopes are written and synced together with the claim (pipeline.py). Only a plain
         case: a regular file with one link, not writable by group or other, within the limit;
         read for it by a scan's check already (read_ahead) or now. Returns whether it was read;
         anything else is left to take() and read(), which say what is wrong. take() checks

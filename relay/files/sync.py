@@ -224,7 +224,7 @@ class Syncer:
     def flush_later(self, what, submit=None):
         """Start making durable everything noted so far on another thread (`submit(fn, *args)`,
         an executor's submit: a seam; by default one thread of the syncer's own), and return a callable that waits for it and raises its
-        DurabilityError: the group commit of daemon.py overlaps this sync with the next batch's
+        DurabilityError: the group commit of core/pipeline.py overlaps this sync with the next batch's
         reading. What is noted after this call belongs to the next flush. Directories are
         opened here, on the caller's thread (the confined file system is not shared)."""
         if not self.durable:
