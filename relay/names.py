@@ -27,7 +27,7 @@ import unicodedata
 
 from relay.errors import InvalidName
 
-AGENT_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"     # agent names (SPEC section 1), as people read it
+AGENT_NAME_RULE = "[A-Za-z0-9][A-Za-z0-9._-]{0,63}"     # agent names (contract §1), as people read it
 AGENT_NAME = re.compile(AGENT_NAME_RULE + r"\Z")
 SYSTEM = "System"
 BROADCAST = ("*", "Broadcast")          # every known agent but the sender, as a recipient

@@ -29,7 +29,7 @@ from relay.agent.state import TeamState
 
 @dataclasses.dataclass(frozen=True)
 class Received:
-    """One message in an agent's inbox (its envelope, SPEC section 3)."""
+    """One message in an agent's inbox (its envelope, contract §3)."""
     id: str
     sender: str
     to: list
@@ -122,7 +122,7 @@ class Project(TeamState):
         self.close()
 
     def agents(self, active=False):
-        """The known agents, sorted (SPEC section 2), with a federation's agents of other nodes;
+        """The known agents, sorted (contract §2), with a federation's agents of other nodes;
         with `active`, only those the agent registry has active (registry())."""
         if active:
             return [r.name for r in self.registry() if r.active]

@@ -24,8 +24,8 @@ from relay.agent.api import declare
 from relay.agent.project import check_new
 from relay.agent.leases import Reservation
 from relay.files.layout import Layout
-from relay.ledger.ledger import STATUSES, Ledger
 from relay.ledger.history import History
+from relay.ledger.ledger import STATUSES, Ledger
 from relay.files.lock import DaemonLock, holder
 from relay.core.outbox import declared, undeclared_outboxes
 from relay.operator import views

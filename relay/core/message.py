@@ -1,4 +1,4 @@
-"""Message files (SPEC section 2): header and JSON formats, validation, recipient resolution,
+"""Message files (contract §2): header and JSON formats, validation, recipient resolution,
 the CWD policy, the inbox envelope.
 
 accept() turns a file's bytes into what relay delivers (the Message, its recipients, the
@@ -19,6 +19,7 @@ from relay.config import AGENT_NAME, AGENT_NAME_RULE, SYSTEM
 from relay.names import BROADCAST  # noqa: F401 - '*' and its alias Broadcast, where the pipeline takes them
 from relay.errors import MessageRefused, TooLarge, UnknownRecipient
 from relay.ids import ALPHABET
+from relay.times import END, FIRST
 from relay.files.layout import is_inside, valid_id
 
 CONTROL_KINDS = ("spawn", "release", "continuity")
@@ -65,7 +66,7 @@ _iso_seconds = {}        # epoch second -> "YYYY-MM-DDTHH:MM:SS", the last few f
 MAX_ISO_SECONDS = 64
 
 
-MIN_TS, MAX_TS = -62135596800.0, 253402300799.0     # 0001-01-01 .. 9999-12-31T23:59:59
+MIN_TS, MAX_TS = float(FIRST), float(END - 1)     # 0001-01-01 .. 9999-12-31T23:59:59 (relay/times.py)
 
 
 def iso(ts):
@@ -363,11 +364,11 @@ def resolve(message, sender, known, create_unknown=False):
         near = closest(unknown[0], agents) if len(agents) <= 10_000 else None
         hint = f"; did you mean {near}?" if near else ""
         raise UnknownRecipient(f"unknown recipient {shown}{hint}; known agents: {listed or '(none)'}", unknown)
-    recipients = out + unknown if len(message.to) == 1 and not broadcast else list(dict.fromkeys(out + unknown))
     for i, name in enumerate(unknown):      # an inbox made for `ann` beside `Ann` would be Ann's on some file systems
         problem = reserved_names.namesake_problem(name, set(known) | set(unknown[:i]))
         if problem is not None:
             raise MessageRefused(f"invalid recipient: {problem}")
+    recipients = out + unknown if len(message.to) == 1 and not broadcast else list(dict.fromkeys(out + unknown))
     if not recipients:
         raise MessageRefused("broadcast with no other agent to receive it")
     return recipients, unknown

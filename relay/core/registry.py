@@ -1,5 +1,5 @@
 """The agent registry: which agents are active, and what the `spawn` that started each said of
-it (SPEC section 2's control kinds; the rows are the ledger's, ledger/registry.py).
+it (contract §2's control kinds; the rows are the ledger's, ledger/registry.py).
 
 - A `spawn` message registers the agent its NAME names: active, with its metadata (CLI, CWD,
   MODEL and ACTION as given, the task: a TASK key, else the body, at most TASK_CHARS characters;

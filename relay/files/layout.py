@@ -1,4 +1,4 @@
-"""The state directory's layout (SPEC section 1): where each thing lives, and which entries relay
+"""The state directory's layout (contract §1): where each thing lives, and which entries relay
 serves."""
 import errno
 import logging
@@ -18,7 +18,7 @@ IGNORED_SUFFIXES = (".tmp", ".part", ".pending", ".swp", "~")
 
 
 def is_in_progress_name(name):
-    """Names an agent uses while it still writes: ignored by relay (SPEC section 1)."""
+    """Names an agent uses while it still writes: ignored by relay (contract §1)."""
     return name.startswith(".") or name.endswith(IGNORED_SUFFIXES)
 
 

@@ -96,8 +96,8 @@ class History:
         self.state = StateReads(self)
         self.lookups = Lookups(self)
         self.imports = ImportReads(self)
-        self.web = WebReads(self)       # the web view's and /metrics' reads (web.py)
         self.receipts = Receipts(self)      # receipts, acknowledgements, priority (receipts.py): reads
+        self.web = WebReads(self)       # the web view's and /metrics' reads (web.py)
 
     def close(self):
         self.ledger.close()
