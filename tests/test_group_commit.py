@@ -1,6 +1,14 @@
 """Group commit (daemon.py finish()): a batch's last sync runs while the next batch is claimed
 and read; the batch is recorded only after that sync, and before the next batch is
-admitted or written into an inbox. Driven step by step, the sync held by a seam (`submit`)."""
+admitted or written into an inbox. Driven step by step, the sync held by a seam (`submit`).
+And a batch's claim and record are each a fixed number of statements, however many messages
+the batch holds."""
+import errno
+import os
+
+import pytest
+from conftest import failing_create
+
 from relay.core.daemon import Relay
 from relay.errors import DurabilityError
 
@@ -155,3 +163,61 @@ def test_a_recovery_while_a_batch_is_in_flight_records_it_first(project):
     assert sorted(e["body"] for e in project.inbox("Ben")) == [f"body {i}" for i in range(4)]
     assert relay.history.counts()["archived"] == 4
     assert all(r["retries"] == 0 for r in relay.history.audit())
+
+
+def statements_by_transaction(relay, step):
+    """The ledger's statements while `step` runs, counted with the connection's trace
+    callback: [the count inside each write transaction (BEGIN IMMEDIATE ... COMMIT)], and the
+    count outside any. Each row an executemany writes is a statement of its own here, as
+    SQLite runs it; the statements SQLite's FTS5 index runs inside one of relay's (traced
+    with a leading "--", one per row it indexes) are the index's, not relay's, and not
+    counted."""
+    seen = []
+    relay.ledger.db.set_trace_callback(seen.append)
+    try:
+        step()
+    finally:
+        relay.ledger.db.set_trace_callback(None)
+    inside, outside, current = [], 0, None
+    for sql in seen:
+        if sql.startswith("--"):
+            continue
+        if sql == "BEGIN IMMEDIATE":
+            current = 0
+        elif sql in ("COMMIT", "ROLLBACK"):
+            inside.append(current)
+            current = None
+        elif current is None:
+            outside += 1
+        else:
+            current += 1
+    return inside, outside
+
+
+def batch_of(project, relay, n, first, text):
+    for i in range(n):
+        sender = ("Ann", "Ben")[i % 2]
+        written = project.clock() - 60         # settled, as a file written a minute before
+        os.utime(project.drop(sender, f"m{first + i}", text(i)), (written, written))
+    relay.hint("rescan")
+    return statements_by_transaction(relay, relay.step)
+
+
+@pytest.mark.parametrize("outcome, text", [
+    ("archived", lambda i: f"TO: {('Ben', 'Cy')[i % 2]}\nSUBJECT: s{i}\n\nbody {i}"),
+    ("failed", lambda i: f"TO: Nobody{i % 3}\nSUBJECT: s{i}\n\nbody {i}"),       # an unknown recipient
+    ("retry", lambda i: f"TO: Cy\nSUBJECT: s{i}\n\nbody {i}"),                  # Cy's inbox refuses it
+])
+def test_a_batch_is_claimed_and_recorded_in_as_many_statements_for_10_messages_as_for_100(project, outcome, text):
+    """One statement per table and state for a whole batch (its rows in one statement), not one
+    per message: the claim's and the record's transactions, and the reads around them, run as
+    many statements for a batch of 100 messages as for a batch of 10."""
+    relay = relay_with(project, Held(), batch=256, bounces=False)     # a failure's bounce: test_bounces.py
+    if outcome == "retry":
+        failing_create(relay, OSError(errno.ENOSPC, "No space left on device"), when=lambda rel: rel.startswith("inbox/Cy/"))
+    batch_of(project, relay, 1, 0, text)          # the first step's own work (recovery, the first looks)
+    small = batch_of(project, relay, 10, 100, text)
+    large = batch_of(project, relay, 100, 200, text)
+    assert relay.history.counts()[outcome if outcome != "retry" else "pending"] >= 111
+    assert len(small[0]) == 2, small             # the claim, then the record
+    assert small == large, f"10 messages: {small}, 100 messages: {large} (statements per transaction, outside)"

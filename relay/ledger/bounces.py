@@ -9,6 +9,7 @@ import orjson
 from relay.config import SYSTEM
 from relay.ids import IdGenerator
 from relay.ledger.part import Part
+from relay.ledger.sql import chunks, insert_rows, with_rows
 
 KIND = "bounce"         # the kind of a bounce, and the name of its file in the spool and the archive
 REASON_CHARS = 4000     # a reason is cut to this many characters in a bounce
@@ -32,11 +33,11 @@ class BounceRecords(Part):
                 for mid, sender, recipients, reason in items if sender != SYSTEM]
         if not rows:
             return 0
-        return self.db.executemany(
-            "INSERT INTO bounces (message_id, recipients, id, sender, reason, at) SELECT ?, ?, ?, ?, ?, ? "
-            "WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = ?1 AND m.kind IS 'bounce' "
-            "AND m.sender IS 'System') "
-            "ON CONFLICT DO NOTHING", rows).rowcount
+        return with_rows(
+            self.db, "message_id, recipients, id, sender, reason, at", rows,
+            "INSERT INTO bounces (message_id, recipients, id, sender, reason, at) SELECT * FROM v "
+            "WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.id = v.message_id AND m.kind IS 'bounce' "
+            "AND m.sender IS 'System') ON CONFLICT DO NOTHING")
 
     def owe_refused(self, now, mid, node):
         """Inside a transaction: the bounce owed for a message another node refused (its
@@ -52,12 +53,11 @@ class BounceRecords(Part):
         emitted, in one transaction. emitted: (bounce id, message id, sender); skipped: ids of
         bounce rows this build cannot read, marked emitted with no message."""
         with self.transaction():
-            self.db.executemany("UPDATE bounces SET emitted_at = ? WHERE id = ?", [(now, bid) for bid in skipped])
-            self.db.executemany(
-                "INSERT INTO messages (id, sender, name, status, spooled, kind, sent_at, discovered_at, next_attempt_at) "
-                "VALUES (?, ?, ?, 'pending', 1, ?, ?, ?, 0) ON CONFLICT DO NOTHING",
-                [(bid, SYSTEM, KIND, KIND, now, now) for bid, _, _ in emitted])
-            self.db.executemany("UPDATE bounces SET emitted_at = ? WHERE id = ?", [(now, bid) for bid, _, _ in emitted])
+            insert_rows(self.db, "INSERT INTO messages (id, sender, name, status, spooled, kind, sent_at, discovered_at, "
+                                 "next_attempt_at)", [(bid, SYSTEM, KIND, KIND, now, now) for bid, _, _ in emitted],
+                        "ON CONFLICT DO NOTHING", row="(?, ?, ?, 'pending', 1, ?, ?, ?, 0)")
+            for chunk, marks in chunks([*skipped, *(bid for bid, _, _ in emitted)]):
+                self.db.execute(f"UPDATE bounces SET emitted_at = ? WHERE id IN ({marks})", [now, *chunk])
             self.events([(mid, now, "bounced", f"bounce {bid} to {sender}") for bid, mid, sender in emitted]
                         + [(bid, now, "discovered", f"a bounce of {mid} to {sender}") for bid, mid, sender in emitted])
 

@@ -1,12 +1,13 @@
 """The ledger's hash chain: each archived message's record hashed with the hash before it, so that
 an altered, removed or inserted record shows (relay verify); a retention sweep leaves a
 checkpoint. The one definition the writes (messages.py, remote.py, imports.py) and the reads
-share, and the part that reads the chain's head and appends one record to it (`ledger.chain`)."""
+share, and the part that reads the chain's head and appends records to it (`ledger.chain`)."""
 import hashlib
 
 import orjson
 
 from relay.ledger.part import Part
+from relay.ledger.sql import chunks, insert_rows
 
 GENESIS = "0" * 64
 
@@ -34,8 +35,15 @@ class Chain(Part):
         cp = self.db.execute("SELECT upto, head FROM checkpoints ORDER BY seq DESC LIMIT 1").fetchone()
         return (cp["upto"], cp["head"]) if cp else (0, GENESIS)
 
-    def append(self, mid):
-        """Append the archived record `mid` to the chain (a batch's record chains its own in bulk)."""
+    def extend(self, ids):
+        """Append the archived records `ids` to the chain, in order (a batch's record chains its
+        own as it writes them)."""
         seq, prev = self.head()
-        row = self.db.execute("SELECT * FROM messages WHERE id = ?", (mid,)).fetchone()
-        self.db.execute("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", (seq + 1, mid, chain_hash(prev, row)))
+        rows = {}
+        for chunk, marks in chunks(ids):
+            rows.update((r["id"], r) for r in self.db.execute(f"SELECT * FROM messages WHERE id IN ({marks})", chunk))
+        links = []
+        for mid in ids:
+            seq, prev = seq + 1, chain_hash(prev, rows[mid])
+            links.append((seq, mid, prev))
+        insert_rows(self.db, "INSERT INTO chain (seq, message_id, hash)", links)

@@ -44,6 +44,7 @@ from relay.ledger.operations import Operations
 from relay.ledger.receipts import Receipts
 from relay.ledger.senders import Senders
 from relay.ledger.shed_keep import ShedKeep
+from relay.ledger.sql import insert_rows
 from relay.files.sync import fdatasync
 from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION, checksum, migrate  # noqa: F401  (checksum offered here)
 from relay.ledger.registry import AgentRegistry
@@ -227,7 +228,7 @@ class Ledger:
             self.unsynced = False
 
     def events(self, rows):
-        """Inside a transaction: append lifecycle events; rows: (message_id, at, event, detail[, actor])."""
-        self.db.executemany("INSERT INTO events (message_id, at, event, detail, actor) "
-                            "VALUES (?, ?, ?, ?, ?)",
-                            [r if len(r) == 5 else (*r, "relay") for r in rows])
+        """Inside a transaction: append lifecycle events, in one statement; rows: (message_id, at,
+        event, detail[, actor])."""
+        insert_rows(self.db, "INSERT INTO events (message_id, at, event, detail, actor)",
+                    [r if len(r) == 5 else (*r, "relay") for r in rows])

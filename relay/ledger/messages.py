@@ -3,12 +3,21 @@ transaction (with their deliveries, sheds, search index, bounces owed, queued ro
 and the agent registry's changes), the archive moves retried, a file refused before any claim, the
 rows a build cannot read, and crash recovery.
 
-Every write here is one `BEGIN IMMEDIATE` transaction of the Ledger's; one covers a whole batch."""
+Every write here is one `BEGIN IMMEDIATE` transaction of the Ledger's; one covers a whole batch,
+and writes each table's rows of the batch in one statement (one UPDATE per outcome), not one per
+message (sql.py: insert_rows, with_rows)."""
 import orjson
 
 from relay.ledger.chain import link_hash
 from relay.ledger.part import Part
-from relay.ledger.sql import chunks
+from relay.ledger.sql import chunks, insert_rows, with_rows
+
+# What a message said, as its row keeps it (Messages._said gives them in this order); a record
+# that read nothing of it (None) keeps what the row holds (KEEP_SAID).
+SAID_COLUMNS = ("kind", "thread", "subject", "body", "headers", "recipients", "content_type", "max_retries")
+SAID = ", ".join(SAID_COLUMNS)
+KEEP_SAID = ", ".join(f"{c} = coalesce(v.{c}, messages.{c})" for c in SAID_COLUMNS) + \
+    ", size = coalesce(v.size, messages.size), sha256 = coalesce(v.sha256, messages.sha256)"
 
 
 class Messages(Part):
@@ -35,11 +44,11 @@ class Messages(Part):
         registered = []
         with self.transaction(synced):
             if found:
-                cur = db.executemany(
-                    "INSERT INTO messages (id, sender, name, status, sent_at, discovered_at, next_attempt_at) "
-                    "VALUES (?, ?, ?, 'pending', ?, ?, 0) ON CONFLICT DO NOTHING",
-                    [(mid, sender, name, sent_at, now) for mid, sender, name, sent_at in found])
-                if cur.rowcount == len(found):
+                added = insert_rows(
+                    db, "INSERT INTO messages (id, sender, name, status, sent_at, discovered_at, next_attempt_at)",
+                    [(mid, sender, name, sent_at, now) for mid, sender, name, sent_at in found],
+                    "ON CONFLICT DO NOTHING", row="(?, ?, ?, 'pending', ?, ?, 0)")
+                if added == len(found):
                     registered = [(mid, sender, name) for mid, sender, name, _ in found]
                 else:   # some were registered already: find which rows are ours
                     ours = set()
@@ -70,7 +79,7 @@ class Messages(Part):
         """Claim due rows; `plan(sender, id, name)` gives each its archive path, recorded with
         the claim so that recovery finds a file moved there before the batch was recorded.
         Their events are appended to `events`, for the caller to insert."""
-        # Read, then one UPDATE per row that claims it and records its archive path together
+        # Read, then one UPDATE that claims the rows and records each one's archive path together
         # (BEGIN IMMEDIATE holds the write lock: nothing changes the rows in between).
         columns = ("id, sender, name, spooled, retries, attempts + 1 AS attempts, discovered_at, failing_since, "
                    "spool_id, interrupted")
@@ -91,9 +100,9 @@ class Messages(Part):
             except (TypeError, ValueError, AttributeError):
                 row["archive_path"] = None      # an unreadable row: reported by the caller
             claimed.append(row)
-        self.db.executemany("UPDATE messages SET status = 'processing', claimed_at = ?, attempts = attempts + 1, "
-                            "archive_path = ? WHERE id = ?",
-                            [(now, r["archive_path"], r["id"]) for r in claimed])
+        with_rows(self.db, "id, archive_path", [(r["id"], r["archive_path"]) for r in claimed],
+                  "UPDATE messages SET status = 'processing', claimed_at = ?, attempts = attempts + 1, "
+                  "archive_path = v.archive_path FROM v WHERE messages.id = v.id", (now,))
         events.extend((r["id"], now, "claimed", None) for r in claimed)
         return claimed
 
@@ -112,17 +121,17 @@ class Messages(Part):
                                  if o.delivered and o.message is not None and o.message.priority])
             deliveries = [(o.id, r, delivered, size, sha) for o in outcomes for r, size, sha in o.delivered]
             if deliveries:
-                self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, "
-                                    "size, sha256) VALUES (?, ?, ?, ?, ?)", deliveries)
+                insert_rows(self.db, "INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, "
+                                     "sha256)", deliveries)
                 events.extend((mid, delivered, "delivered", r) for mid, r, *_ in deliveries)
                 self.registry.seen({d[1] for d in deliveries}, delivered)
             sheds = [(o.id, s.recipient, o.sender, s.reason, s.limit, s.observed, now) for o in outcomes for s in o.sheds]
             if sheds:
                 # One record per (message, recipient); one released by `relay retry` and shed again is renewed.
-                self.db.executemany("INSERT INTO sheds (message_id, recipient, sender, reason, limit_value, observed, "
-                                    "at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET reason = excluded.reason, "
-                                    "limit_value = excluded.limit_value, observed = excluded.observed, at = excluded.at, "
-                                    "released_at = NULL WHERE released_at IS NOT NULL", sheds)
+                insert_rows(self.db, "INSERT INTO sheds (message_id, recipient, sender, reason, limit_value, observed, "
+                                     "at)", sheds, "ON CONFLICT DO UPDATE SET reason = excluded.reason, "
+                                     "limit_value = excluded.limit_value, observed = excluded.observed, at = excluded.at, "
+                                     "released_at = NULL WHERE released_at IS NOT NULL")
                 events.extend((o.id, now, "shed", f"{s.recipient}: {s}") for o in outcomes for s in o.sheds)
             by_status = {}
             for o in outcomes:
@@ -141,17 +150,15 @@ class Messages(Part):
             return self.bounces.owe(settled, bounces) if bounces else 0
 
     @staticmethod
-    def _fields(o):
-        """The message's columns of a record: what it said, and whom it was for."""
+    def _said(o):
+        """The message's columns of a record (SAID, in order): what it said, and whom it was for."""
         m = o.message
         if m is None:
-            return dict.fromkeys(("kind", "thread", "subject", "body", "headers", "recipients", "content_type",
-                                  "max_retries"))
+            return (None,) * len(SAID_COLUMNS)
         # a message refused before its recipients were resolved (one unknown): those it named, as written
         to = o.recipients or list(dict.fromkeys(m.to))
-        return {"kind": m.kind, "thread": m.thread, "subject": m.subject, "body": m.body,
-                "headers": orjson.dumps(m.headers).decode(), "recipients": orjson.dumps(to).decode(),
-                "content_type": m.content_type, "max_retries": m.max_retries}
+        return (m.kind, m.thread, m.subject, m.body, orjson.dumps(m.headers).decode(), orjson.dumps(to).decode(),
+                m.content_type, m.max_retries)
 
     def _record_archived(self, at, outcomes, events):
         """The common case, in bulk: delivered to everyone and archived; chained for verify.
@@ -165,7 +172,7 @@ class Messages(Part):
             sent = None if o.duplicate else delivered       # a duplicate is delivered to no one
             if m is None:
                 recipients = kind = thread = subject = body = headers = content_type = budget = None
-            else:       # as _fields(o), without its dict
+            else:       # as _said(o), with the recipients resolved
                 recipients, kind, thread, subject, body = (orjson.dumps(list(o.recipients)).decode(), m.kind,
                                                            m.thread, m.subject, m.body)
                 headers = orjson.dumps(m.headers).decode()
@@ -176,55 +183,48 @@ class Messages(Part):
             seq += 1
             prev = link_hash(prev, mid, o.sender, recipients, o.discovered_at, sent, archived, o.sha256, rel)
             links.append((seq, mid, prev))
-        self.db.executemany(
-            "UPDATE messages SET status = 'archived', recipients = ?, kind = ?, thread = ?, subject = ?, "
-            "body = ?, headers = ?, content_type = ?, max_retries = ?, size = ?, sha256 = ?, sent_at = ?, "
-            "delivered_at = ?, archived_at = ?, "
-            "spooled = 0, error = NULL, archive_path = ?, next_attempt_at = 0, failing_since = NULL "
-            "WHERE id = ?", rows)
-        self.db.executemany("INSERT INTO chain (seq, message_id, hash) VALUES (?, ?, ?)", links)
+        with_rows(self.db, "recipients, kind, thread, subject, body, headers, content_type, max_retries, size, sha256, "
+                           "sent_at, delivered_at, archived_at, archive_path, id", rows,
+                  "UPDATE messages SET status = 'archived', recipients = v.recipients, kind = v.kind, thread = v.thread, "
+                  "subject = v.subject, body = v.body, headers = v.headers, content_type = v.content_type, "
+                  "max_retries = v.max_retries, size = v.size, sha256 = v.sha256, sent_at = v.sent_at, "
+                  "delivered_at = v.delivered_at, archived_at = v.archived_at, spooled = 0, error = NULL, "
+                  "archive_path = v.archive_path, next_attempt_at = 0, failing_since = NULL "
+                  "FROM v WHERE messages.id = v.id")
+        insert_rows(self.db, "INSERT INTO chain (seq, message_id, hash)", links)
 
     def _record_delivered(self, at, outcomes, events):
         """Delivered to everyone, but the archive move failed: retried when history.delivered_due()
         returns it."""
         delivered, settled = at
-        for o in outcomes:
-            self.db.execute(
-                "UPDATE messages SET status = 'delivered', recipients = :recipients, kind = :kind, "
-                "thread = :thread, subject = :subject, body = :body, headers = :headers, size = :size, "
-                "content_type = :content_type, max_retries = :max_retries, "
-                "sha256 = :sha256, sent_at = :sent_at, delivered_at = :now, spooled = 1, error = :error, "
-                "archive_path = :archive_path, next_attempt_at = :at, failing_since = NULL WHERE id = :id",
-                {**self._fields(o), "size": o.size, "sha256": o.sha256, "sent_at": o.sent_at,
-                 "now": None if o.duplicate else delivered, "error": o.error, "archive_path": o.archive_rel,
-                 "at": o.next_attempt_at, "id": o.id})
-            events.append((o.id, settled, "archive-failed", o.error))
+        with_rows(self.db, f"id, {SAID}, size, sha256, sent_at, delivered_at, error, archive_path, next_attempt_at",
+                  [(o.id, *self._said(o), o.size, o.sha256, o.sent_at, None if o.duplicate else delivered, o.error,
+                    o.archive_rel, o.next_attempt_at) for o in outcomes],
+                  "UPDATE messages SET status = 'delivered', recipients = v.recipients, kind = v.kind, "
+                  "thread = v.thread, subject = v.subject, body = v.body, headers = v.headers, size = v.size, "
+                  "content_type = v.content_type, max_retries = v.max_retries, sha256 = v.sha256, "
+                  "sent_at = v.sent_at, delivered_at = v.delivered_at, spooled = 1, error = v.error, "
+                  "archive_path = v.archive_path, next_attempt_at = v.next_attempt_at, failing_since = NULL "
+                  "FROM v WHERE messages.id = v.id")
+        events.extend((o.id, settled, "archive-failed", o.error) for o in outcomes)
 
     def _record_retry(self, at, outcomes, events):
         """Back to pending after a transient failure (of the message, or of some recipients)."""
         settled = at[1]
-        for o in outcomes:
-            f = self._fields(o)
-            self.db.execute(
-                "UPDATE messages SET status = 'pending', retries = :retries, error = :error, "
-                "next_attempt_at = :at, spooled = :spooled, archive_path = NULL, "
-                "failing_since = coalesce(failing_since, :now), recipients = coalesce(:recipients, recipients), "
-                "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
-                "subject = coalesce(:subject, subject), body = coalesce(:body, body), "
-                "headers = coalesce(:headers, headers), size = coalesce(:size, size), "
-                "content_type = coalesce(:content_type, content_type), "
-                "max_retries = coalesce(:max_retries, max_retries), "
-                "sha256 = coalesce(:sha256, sha256), sent_at = coalesce(:sent_at, sent_at) WHERE id = :id",
-                {**f, "retries": o.retries + 1, "error": o.error, "at": o.next_attempt_at,
-                 "spooled": int(o.spooled), "now": settled, "size": o.size or None, "sha256": o.sha256,
-                 "sent_at": o.sent_at, "id": o.id})
-            events.append((o.id, settled, "retried", o.error))
+        with_rows(self.db, f"id, {SAID}, size, sha256, sent_at, retries, error, next_attempt_at, spooled",
+                  [(o.id, *self._said(o), o.size or None, o.sha256, o.sent_at, o.retries + 1, o.error,
+                    o.next_attempt_at, int(o.spooled)) for o in outcomes],
+                  "UPDATE messages SET status = 'pending', retries = v.retries, error = v.error, "
+                  "next_attempt_at = v.next_attempt_at, spooled = v.spooled, archive_path = NULL, "
+                  f"failing_since = coalesce(messages.failing_since, ?), {KEEP_SAID}, "
+                  "sent_at = coalesce(v.sent_at, messages.sent_at) FROM v WHERE messages.id = v.id", (settled,))
+        events.extend((o.id, settled, "retried", o.error) for o in outcomes)
 
     def _record_defer(self, at, outcomes, events):
         settled = at[1]
-        self.db.executemany("UPDATE messages SET status = 'pending', next_attempt_at = ?, spooled = ?, "
-                            "archive_path = NULL WHERE id = ?",
-                            [(o.next_attempt_at, int(o.spooled), o.id) for o in outcomes])
+        with_rows(self.db, "id, next_attempt_at, spooled", [(o.id, o.next_attempt_at, int(o.spooled)) for o in outcomes],
+                  "UPDATE messages SET status = 'pending', next_attempt_at = v.next_attempt_at, spooled = v.spooled, "
+                  "archive_path = NULL FROM v WHERE messages.id = v.id")
         events.extend((o.id, settled, "deferred", o.error) for o in outcomes)
 
     RECORD = {"archived": _record_archived, "delivered": _record_delivered, "retry": _record_retry,
@@ -232,24 +232,18 @@ class Messages(Part):
 
     def _record_failed(self, at, outcomes, events, kept):
         settled = at[1]
+        rows = []
         for o in outcomes:
-            f = self._fields(o)
+            said = self._said(o)
             if o.id in kept:        # shed for every recipient: what audit needs (shed_keep.py)
-                f["body"], f["subject"], f["headers"] = kept[o.id]
-            self.db.execute(
-                "UPDATE messages SET status = 'failed', failed_at = :now, error = :error, "
-                "failed_path = :failed_path, spooled = 0, archive_path = NULL, "
-                "kind = coalesce(:kind, kind), thread = coalesce(:thread, thread), "
-                "subject = coalesce(:subject, subject), size = coalesce(:size, size), "
-                "recipients = coalesce(:recipients, recipients), body = coalesce(:body, body), "
-                "headers = coalesce(:headers, headers), sha256 = coalesce(:sha256, sha256), "
-                "content_type = coalesce(:content_type, content_type), "
-                "max_retries = coalesce(:max_retries, max_retries), "
-                "sent_at = coalesce(:sent_at, sent_at), retries = :retries WHERE id = :id",
-                {**f, "now": settled, "error": o.refused, "failed_path": o.failed_rel,
-                 "size": o.size or None, "sha256": o.sha256, "sent_at": o.sent_at,
-                 "retries": o.retries + (1 if o.error is not None else 0), "id": o.id})
-            events.append((o.id, settled, "failed", o.refused))
+                said = (*said[:2], kept[o.id][1], kept[o.id][0], kept[o.id][2], *said[5:])
+            rows.append((o.id, *said, o.size or None, o.sha256, o.sent_at,
+                         o.retries + (1 if o.error is not None else 0), o.refused, o.failed_rel))
+        with_rows(self.db, f"id, {SAID}, size, sha256, sent_at, retries, error, failed_path", rows,
+                  "UPDATE messages SET status = 'failed', failed_at = ?, error = v.error, failed_path = v.failed_path, "
+                  f"spooled = 0, archive_path = NULL, {KEEP_SAID}, sent_at = coalesce(v.sent_at, messages.sent_at), "
+                  "retries = v.retries FROM v WHERE messages.id = v.id", (settled,))
+        events.extend((o.id, settled, "failed", o.refused) for o in outcomes)
 
     def fail_unreadable(self, now, problems):
         """Claimed rows this build cannot read: failed with the reason. problems: (id, reason)."""
@@ -262,13 +256,15 @@ class Messages(Part):
         """Archive moves retried after delivery. done: (id, archive_path); retry: (id, error,
         next_attempt_at, retries)."""
         with self.transaction():
-            for mid, rel in done:
-                self.db.execute("UPDATE messages SET status = 'archived', archived_at = ?, spooled = 0, "
-                                "error = NULL, archive_path = ? WHERE id = ?", (now, rel, mid))
-                self.events([(mid, now, "archived", rel)])
-                self.chain.append(mid)
-            self.db.executemany("UPDATE messages SET error = ?, next_attempt_at = ?, retries = ? WHERE id = ?",
-                                [(err, at, retries, mid) for mid, err, at, retries in retry])
+            with_rows(self.db, "id, archive_path", done,
+                      "UPDATE messages SET status = 'archived', archived_at = ?, spooled = 0, error = NULL, "
+                      "archive_path = v.archive_path FROM v WHERE messages.id = v.id", (now,))
+            self.events([(mid, now, "archived", rel) for mid, rel in done])
+            if done:
+                self.chain.extend([mid for mid, _ in done])
+            with_rows(self.db, "id, error, next_attempt_at, retries", retry,
+                      "UPDATE messages SET error = v.error, next_attempt_at = v.next_attempt_at, retries = v.retries "
+                      "FROM v WHERE messages.id = v.id")
 
     # -- recovery ---------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ messages that ask for either (a message with no row is `normal` and asks nothing
     history.receipts.of(mid)                            # a store that reads (History)
 """
 from relay.ledger.part import Part
-from relay.ledger.sql import chunks
+from relay.ledger.sql import chunks, insert_rows
 
 PRIORITIES = ("urgent", "high", "normal", "low")     # most urgent first
 STEPS = ("surfaced", "read", "acked")
@@ -35,8 +35,7 @@ class Receipts(Part):
         ack_required) of the messages that ask for something (not `normal`, or acknowledgements)."""
         rows = [(mid, p, int(bool(a))) for mid, p, a in rows if p != "normal" or a]
         if rows:
-            self.db.executemany("INSERT OR IGNORE INTO asks (message_id, priority, ack_required) VALUES (?, ?, ?)",
-                                rows)
+            insert_rows(self.db, "INSERT OR IGNORE INTO asks (message_id, priority, ack_required)", rows)
 
     def step(self, step, pairs, now, detail=None):
         """Record `step` ("surfaced", "read", "acked") of each (message id, recipient[, at])

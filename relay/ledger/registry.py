@@ -15,7 +15,7 @@ import collections
 import orjson
 
 from relay.ledger.part import Part
-from relay.ledger.sql import chunks
+from relay.ledger.sql import chunks, insert_rows
 
 # One change of the registry: `kind` "spawn" or "release", the agent's `name`, the sender `by`,
 # the control message's id `message_id`, and (a spawn's) `metadata`, a dict.
@@ -27,9 +27,8 @@ class AgentRegistry(Part):
 
     def seen(self, names, now):
         """These agents were seen now (a sender found, a recipient delivered to)."""
-        self.db.executemany("INSERT INTO agents (name, first_seen, last_seen) VALUES (?, ?, ?) "
-                            "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen",
-                            [(n, now, now) for n in names])
+        insert_rows(self.db, "INSERT INTO agents (name, first_seen, last_seen)", [(n, now, now) for n in names],
+                    "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen")
 
     def apply(self, at, changes, events):
         """Apply `changes` (Change), in order, at `at`; their events are appended to `events`."""

@@ -20,6 +20,7 @@ import re
 from relay.errors import RelayError
 from relay.ledger.part import Part
 from relay.ledger.parties import party
+from relay.ledger.sql import insert_rows
 
 BODY_CHARS = 4096          # of a body, what is indexed (migration 30 backfills with the same cap)
 SNIPPET_TOKENS = 16        # words in a snippet
@@ -63,8 +64,8 @@ class SearchIndex(Part):
         if not docs:
             return
         before = self.db.execute("SELECT coalesce(max(seq), 0) FROM search_docs").fetchone()[0]
-        self.db.executemany("INSERT INTO search_docs (message_id, subject, body) VALUES (?, ?, substr(?, 1, ?)) "
-                            "ON CONFLICT (message_id) DO NOTHING", [(*d, BODY_CHARS) for d in docs])
+        insert_rows(self.db, "INSERT INTO search_docs (message_id, subject, body)", docs,
+                    "ON CONFLICT (message_id) DO NOTHING", row=f"(?, ?, substr(?, 1, {BODY_CHARS}))")
         self.db.execute("INSERT INTO search (rowid, subject, body) SELECT seq, subject, body FROM search_docs "
                         "WHERE seq > ?", (before,))
 
