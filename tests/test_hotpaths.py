@@ -220,19 +220,26 @@ def test_control_fields_found_whether_or_not_a_file_has_any():
 
 
 def test_envelope_bytes_are_as_before():
-    """An envelope's keys in their order, control fields last, times from iso()."""
+    """An envelope's keys in their order, priority and ack_required after content_type, control
+    fields last, times from iso()."""
     m = message.parse(b"TO: Bob\nSUBJECT: hi\nX-Prio: high\n\nhello\n", "m1", 100)
     got = message.envelope("01KAAAAAAAAAAAAAAAAAAAAAAA", "Ann", ["Bob"], m, 1_700_000_000.25, 1_700_000_001.0000004,
                            "m1", "ab" * 32)
     assert got == (b'{"id":"01KAAAAAAAAAAAAAAAAAAAAAAA","from":"Ann","to":["Bob"],"kind":"message","thread":null,'
                    b'"subject":"hi","body":"hello\\n","headers":{"X-Prio":"high"},'
                    b'"sent_at":"2023-11-14T22:13:20.250000Z","relayed_at":"2023-11-14T22:13:21.000000Z",'
-                   b'"source":"m1","sha256":"' + b"ab" * 32 + b'","content_type":"text/plain"}')
+                   b'"source":"m1","sha256":"' + b"ab" * 32 + b'","content_type":"text/plain",'
+                   b'"priority":"normal","ack_required":false}')
+    u = message.parse(b"TO: Bob\nPRIORITY: URGENT\nACK: required\n\nnow\n", "m2", 100)
+    got = message.envelope("01KAAAAAAAAAAAAAAAAAAAAAAC", "Ann", ["Bob"], u, 0.0, 0.5, "m2", "ef" * 32)
+    assert got.endswith(b'"headers":{},"sent_at":"1970-01-01T00:00:00.000000Z",'
+                        b'"relayed_at":"1970-01-01T00:00:00.500000Z","source":"m2","sha256":"' + b"ef" * 32
+                        + b'","content_type":"text/plain","priority":"urgent","ack_required":true}')
     c = message.parse(b'{"kind": "spawn", "name": "Zed", "cli": "claude", "body": "go"}', "spawn.json", 100)
     got = message.envelope("01KAAAAAAAAAAAAAAAAAAAAAAB", "Ann", ["System"], c, 0.0, 0.5, "spawn.json", "cd" * 32)
     assert got.endswith(b'"sent_at":"1970-01-01T00:00:00.000000Z","relayed_at":"1970-01-01T00:00:00.500000Z",'
-                        b'"source":"spawn.json","sha256":"' + b"cd" * 32 + b'","content_type":"text/plain","name":"Zed",'
-                        b'"cli":"claude"}')
+                        b'"source":"spawn.json","sha256":"' + b"cd" * 32 + b'","content_type":"text/plain",'
+                        b'"priority":"normal","ack_required":false,"name":"Zed","cli":"claude"}')
 
 
 def test_the_agent_names_kept_between_changes_are_the_names_a_fresh_listing_gives(tmp_path):
