@@ -207,7 +207,7 @@ def setup(base, small):
 def phase(seconds, procs, server, probe):
     """CPU of the daemon and redis-server, and the local p50, over `seconds`."""
     pid = procs["n1"].pid
-    start = {b for b in probe.sent}
+    start = set(probe.sent)     # (copied at once: the probe's thread adds to it meanwhile)
     c0, r0, t0 = cpu_seconds(pid), cpu_seconds(server.proc.pid), time.monotonic()
     time.sleep(seconds)
     c1, r1, t1 = cpu_seconds(pid), cpu_seconds(server.proc.pid), time.monotonic()

@@ -265,6 +265,58 @@ def test_made_up_acknowledgements_in_bulk_cost_one_lookup_a_batch_and_touch_no_r
     assert len(read) * 8192 <= 2 * ACKS_PER_SECOND         # 1 s: one second's share (and one entry over it)
 
 
+def test_acknowledgement_entries_too_large_together_are_read_one_at_a_time_within_the_share(server, team, nodes,
+                                                                                             clock):
+    """n3 writes 40 entries of 8,192 made-up acknowledgements each (about 14 MB, over what one
+    read takes): n1 reads them an entry at a time and no further than n3's share of the second,
+    not the whole backlog again at every call; n2's genuine acknowledgement settles meanwhile."""
+    from relay.ids import IdGenerator
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n1, n2, n3, rounds=1)
+    evil, ids = as_node(server, team, "n3"), IdGenerator()
+    entry = orjson.dumps([[ids.new(clock()), f"{i}-1", None] for i in range(8192)])
+    for _ in range(40):
+        evil.xadd(Keys(team).acks("n3", "n1"), {"acks": entry})
+    n1.drop("Ann", "m", "TO: Bob\n\nacknowledged beside a flood")
+    n1.send()
+    n2.receive()
+    out = lambda: admin(server).info("stats")["total_net_output_bytes"]  # noqa: E731
+    before = out()
+    for _ in range(10):
+        clock.advance(0.1)
+        n1.link.publish()
+    assert n1.relay.history.remote.outbound_counts()["acknowledged"] == 1
+    assert out() - before <= 3 * len(entry) + (256 << 10)
+
+
+def test_a_node_whose_acknowledgements_are_made_up_has_its_share_shrink_and_an_honest_one_keeps_it(
+        server, team, nodes, clock):
+    """n3 keeps 40 entries of 8,192 made-up acknowledgements in its stream: each batch found
+    made up halves its share (down to FLOOR a second), so ten seconds read a few of its entries,
+    not one a second; n2's acknowledgements, all genuine, are each read at the next call."""
+    from relay.federation.ackgate import ACKS_PER_SECOND
+    from relay.ids import IdGenerator
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    exchange(n1, n2, n3, rounds=1)
+    evil, ids, acks = as_node(server, team, "n3"), IdGenerator(), Keys(team).acks("n3", "n1")
+    for _ in range(40):
+        evil.xadd(acks, {"acks": orjson.dumps([[ids.new(clock()), f"{i}-1", None] for i in range(8192)])})
+    for second in range(10):
+        n1.drop("Ann", f"m{second}", f"TO: Bob\n\nnumber {second}")
+        n1.send()
+        n2.receive()
+        for _ in range(10):
+            clock.advance(0.1)
+            n1.link.publish()
+        assert n1.relay.history.remote.outbound_counts()["acknowledged"] == second + 1
+    read = len(admin(server).xrange(acks, "-", n1.link.publisher.cursors["n3"]))
+    assert read * 8192 <= 4 * 8192 < 10 * ACKS_PER_SECOND
+
+
 # -- 2. the keyspace flood -------------------------------------------------------------------
 
 def test_keys_a_node_stores_under_its_own_prefix_cost_no_other_node_a_walk_of_them(server, team, nodes, clock):

@@ -21,7 +21,8 @@ import re
 import orjson
 
 from relay.core.work import backoff
-from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip, server_errors, sized
+from relay.federation.ackread import ACK_BYTES, ACK_READ, AckReads, node_of  # noqa: F401 - the bounds, here too
+from relay.federation.client import Skipping, reason, round_trip, server_errors
 from relay.federation.keys import Keys
 from relay.federation.late import Late
 from relay.federation.losses import Losses
@@ -36,14 +37,11 @@ BATCH = 256                 # outbound rows per XADD pipeline
 RETRY_BASE = 0.5            # seconds before a failed publish is tried again, doubled each time ...
 RETRY_CAP = 30.0            # ... at most this (and at once when the link comes back)
 HELD = 4                    # bytes held in memory per byte of an envelope published (row, pipeline)
-ACK_BYTES = 1 << 20         # the largest acknowledgement entry read (a node's are a few KB)
-ACK_READ = 64               # acknowledgement entries per read and stream ...
-ACK_ROUNDS = 8              # ... and reads per call ...
+ACK_ROUNDS = 8              # reads of acknowledgements per call (ACK_READ entries a stream each, ackread.py) ...
 ACKS_PER_CALL = 8192        # ... and acknowledgements settled per call and node: one writing made-up ones
                             # in bulk holds the ledger's write lock no longer than these take (~50 ms),
                             # and takes none of another node's
 MOVED_WAIT = 10.0           # seconds a "none of ... is an agent of node" refusal waits for another node to hold them
-OVERSIZE_SAID = 60.0        # seconds between two log lines of one node's entries too large to read
 EARLY_ACKS_KEPT = 60.0      # seconds an acknowledgement waits for its row to be recorded (milliseconds, as a rule) ...
 EARLY_ACKS_HELD = 1024      # ... and how many of one node's wait at most (one acknowledging ids never sent fills its own)
 UNDELETED_HELD = 100_000    # entries of one node whose deletion is not known done, kept to be deleted again, at most
@@ -70,7 +68,7 @@ class Publisher:
         self.early = {}                     # (message id, node) -> (entry id, when) published from an offer
         self.early_acks = {}                # node -> {message id: (refusal, entry id, when)}: rows not recorded yet
         self.cursors = {}                   # node -> last acknowledgement entry read from it
-        self.oversize_said = {}             # node -> when its entries too large to read may be said again
+        self.reads = AckReads(acks_client)  # the acknowledgement streams read, each within its share
         self.gate = AckGate(history)        # each node's share of acknowledgements, and the lookup of them
         self.run_id = None                  # the server's, to know a restart or failover
         self.new_server = False             # the last check found another run id
@@ -175,22 +173,18 @@ class Publisher:
             if not streams:
                 break
             try:
-                reply = self.acks_client.xread(streams, count=ACK_READ)
+                reply = self.reads.read(streams, budget, now)       # each within its share (ackread.py)
             except self.redis.ResponseError as e:
                 if not self.skipping.found(self.acks_client, streams, now, e):
                     raise
                 streams = self.skipping.usable(self.acks_client, streams, now)
                 continue
-            except self.errors:
-                raise
-            except ReplyTooLarge:       # the reply over its budget, or one entry over ACK_BYTES
-                reply = self._apart(streams, now)
             if not reply:
                 break
             deletions = {}
             for key, entries in reply:
                 key = key.decode() if isinstance(key, bytes) else key
-                node = key.split(":from:", 1)[1].split(":ack:", 1)[0]
+                node = node_of(key)
                 acks, last = [], None
                 for eid, fields in entries:
                     if budget[key] <= 0:
@@ -238,29 +232,6 @@ class Publisher:
         for mid in dropped:
             self.early.pop((mid, node), None)
         return out, named
-
-    def _apart(self, streams, now):
-        """A read of the acknowledgement streams whose reply was too large: each stream read on
-        its own, and one whose entries are too large together read entry by entry, each over
-        ACK_BYTES passed by its size alone (said once a minute per node). Every stream moves
-        on: no node's entries keep the others' from being read."""
-        reply = []
-        for key, cursor in streams.items():
-            try:
-                got = self.acks_client.xread({key: cursor}, count=ACK_READ)
-                reply += got or []
-                continue
-            except ReplyTooLarge:       # one by one, then
-                pass
-            entries = sized(self.acks_client, key, cursor, ACK_READ)
-            big = [eid for eid, fields in entries if "oversize" in fields]
-            node = key.split(":from:", 1)[1].split(":ack:", 1)[0]
-            if big and now >= self.oversize_said.get(node, 0.0):
-                self.oversize_said[node] = now + OVERSIZE_SAID
-                log.error("federation: node %s wrote acknowledgement entries too large to be any (%s and others over "
-                          "%d bytes); passed unread", node, big[0], ACK_BYTES)
-            reply.append((key, entries))
-        return reply
 
     def _hold(self, now, node, missed, entries):
         """Acknowledgements that settled no row (`missed`: (message id, refusal)): those whose
