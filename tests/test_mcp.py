@@ -50,8 +50,10 @@ def test_tools_send_read_and_thread_through_a_real_relay(team, tmp_path):
         tools = await bob.tools()
         assert set(tools) == TOOLS
         assert all(t.description for t in tools.values())
-        assert set(tools["send"].input_schema["properties"]) == {"to", "body", "subject", "thread", "request_id", "kind",
-                                                                 "wait_delivered_s"}
+        send_schema = tools["send"].input_schema
+        assert set(send_schema["properties"]) == {"to", "body", "subject", "thread", "request_id", "kind",
+                                                  "wait_delivered_s", "priority", "ack_required"}
+        assert send_schema["properties"]["ack_required"]["type"] == "boolean"
         never_spawned = {"state": "active", "metadata": {}, "spawned_at": None, "spawned_by": None,
                          "released_at": None, "released_by": None}
         assert await bob.call("agents") == {"me": "Bob", "agents": [{"name": "Alice", "me": False, **never_spawned},
@@ -64,6 +66,7 @@ def test_tools_send_read_and_thread_through_a_real_relay(team, tmp_path):
             "id": first, "from": "Alice", "to": ["Bob"], "thread": "T-1", "subject": "review",
             "body": "please review the parser\nline two"}
         assert m["sent_at"] and m["relayed_at"]
+        assert (m["priority"], m["ack_required"]) == ("normal", False)
         assert (await bob.call("inbox"))["messages"] == []          # returned once
         # marked read once the reply holding it is written: just after the client could read it
         cur = team.state / "inbox" / "Bob" / "cur"
