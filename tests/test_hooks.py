@@ -132,13 +132,18 @@ def test_c1_controls_and_bidi_overrides_arrive_as_spaces_in_every_variable(proje
     relay = project.relay(on_deliver=[sys.executable, "-c", DUMP, str(out)])
     nasty = "\x9b\x9d\x9c\x85\x80\x9f\u202e\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061c\u2028\u2029\x7f\x1b"
     project.drop("Ann", "m.json", json.dumps({"to": "Ben", "subject": "a" + nasty + "b", "thread": "t" + nasty,
-                                              "kind": "k" + nasty, "body": "x"}))
-    assert relay.step().archived == 1 and relay.hooks.join(30)
+                                              "kind": "k.v-1_x", "body": "x"}))
+    # a kind is a plain token: the same characters in a kind fail that message, and no hook runs for it
+    project.drop("Ann", "k.json", json.dumps({"to": "Ben", "subject": "s", "kind": "k" + nasty, "body": "x"}))
+    counts = relay.step()
+    assert (counts.archived, counts.failed) == (1, 1) and relay.hooks.join(30)
+    [refused] = relay.history.audit(status="failed")
+    assert refused["name"] == "k.json" and "is not a plain token: it holds U+009B" in refused["error"]
     [doc] = [json.loads(p.read_text()) for p in out.iterdir()]
     env = {k: v for k, v in doc["env"].items() if k.startswith("RELAY_")}
     blank = " " * len(nasty)
     assert (env["RELAY_SUBJECT"], env["RELAY_THREAD"], env["RELAY_KIND"]) == ("a" + blank + "b", "t" + blank,
-                                                                              "k" + blank)
+                                                                              "k.v-1_x")
     for name, value in env.items():
         assert not [c for c in value if c < " " or "\x7f" <= c <= "\x9f" or c in nasty], name
 
