@@ -52,6 +52,7 @@ def test_send_takes_a_list_or_a_string_of_names_and_a_kind_and_reply_builds_the_
             assert got[sent["list"]].kind == "continuity"
             assert got[sent["json"]].kind == "message"
             question = alice.send("Bob", "what time?", subject="lunch")
+            private = alice.send("Carol", "not for Bob")
         deliver(team, ("Alice", "Bob", "Carol"))
         answer = await bob.call("reply", id=question, body="noon")
         again = await bob.call("reply", id=question[:12], body="noon", request_id="r1")
@@ -64,7 +65,9 @@ def test_send_takes_a_list_or_a_string_of_names_and_a_kind_and_reply_builds_the_
         assert listed["me"] == "Bob" and [(a["name"], a["me"], a["state"]) for a in listed["agents"]] == [
             ("Alice", False, "active"), ("Bob", True, "active"), ("Carol", False, "active")]
         assert (await refused(bob, "reply", id="01KC3000000000000000000000", body="x")) == (
-            "no message with id '01KC3000000000000000000000' in the ledger")
+            "no message '01KC3000000000000000000000' that Bob sent or received")
+        # a message Bob was no party to is refused in the same words as one that is not there
+        assert (await refused(bob, "reply", id=private, body="x")) == f"no message {private!r} that Bob sent or received"
     run(team, tmp_path, scenario)
 
 
