@@ -93,3 +93,27 @@ def test_a_directory_not_swapped_keeps_its_descriptor_across_steps(tmp_path):
         assert fs.dir("a/b") == first and fs.dir("a") == fs._dirs["a"]
     finally:
         fs.close()
+
+
+def test_a_closed_state_directory_refuses_rather_than_walk_from_a_reused_descriptor(tmp_path):
+    """close() left the closed descriptor's number as the walk's top: once the number was reused
+    (another state directory opened), the closed one opened and cached directories beneath what
+    that number named now, descriptors nothing closed again."""
+    (tmp_path / "one" / "a").mkdir(parents=True)
+    (tmp_path / "two" / "a").mkdir(parents=True)
+    old = StateDir(tmp_path / "one")
+    old.close()
+    new = StateDir(tmp_path / "two")             # the lowest free number: the one just closed
+    try:
+        open_before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(OSError) as e:
+            old.dir("a")
+        assert e.value.errno == errno.EBADF and str(tmp_path / "one") in str(e.value)
+        with pytest.raises(OSError):
+            old.create("a/file")
+        assert not (tmp_path / "two" / "a" / "file").exists() and not (tmp_path / "one" / "a" / "file").exists()
+        assert len(os.listdir("/proc/self/fd")) == open_before
+        old.close()                                 # closing again is harmless
+        assert new.dir("a") > 0
+    finally:
+        new.close()

@@ -93,9 +93,8 @@ class Agent(Leases, AgentState, Registering):
         self.repeated = False       # the last send's request id was used before: nothing was sent
         self.released = []          # the recipients the last send named that a release made inactive (Registered)
         self.marked = []            # the ids the last mark_read() marked read (the others were read already)
-        self.steps = AgentReceipts(self)    # receipts, acknowledgements (receipts.py)
         self.layout = self.project.layout
-        self.inbox_ = Inbox(self.layout, Syncer("normal", self.layout.fs))
+        self._inbox = None          # the Inbox on the layout's current file system (inbox_)
         if not self.layout.state.is_dir():
             raise RelayError(f"no relay state directory at {self.layout.state}: run `relay init` first")
         if create and name != SYSTEM:
@@ -105,6 +104,21 @@ class Agent(Leases, AgentState, Registering):
 
     def __repr__(self):
         return f"Agent({self.name!r}, root={str(self.project.config.root)!r})"
+
+    @property
+    def steps(self):
+        """Receipts and acknowledgements (receipts.py), made per use: an Agent holds no object
+        that holds it back, so one dropped without close() frees its descriptors at once."""
+        return AgentReceipts(self)
+
+    @property
+    def inbox_(self):
+        """The inbox on the state directory's descriptors as they are now: after close() they
+        are opened again, and the Inbox follows them (never the closed ones)."""
+        fs = self.layout.fs
+        if self._inbox is None or self._inbox.fs is not fs:
+            self._inbox = Inbox(self.layout, Syncer("normal", fs))
+        return self._inbox
 
     def _team_names(self, wanted, wait=2.0, every=0.25):
         """The names of the team's other nodes, as the server has them now. A name not there yet

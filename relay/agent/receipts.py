@@ -23,6 +23,7 @@ from relay.agent.delivery import FIRST_PAUSE, MAX_PAUSE, standing
 from relay.config import show_duration
 from relay.core.message import PRIORITIES, iso
 from relay.errors import DeliveryTimeout, NotDelivered, NotFound, RelayError
+from relay.files.layout import valid_id
 
 log = logging.getLogger(__name__)
 
@@ -193,13 +194,15 @@ class AgentReceipts:
 
     def ranked(self, names):
         """The names of new/'s envelopes ("<id>.json"), urgent first, by the priorities the ledger
-        recorded (as they are when it has none to tell)."""
+        recorded (as they are when it has none to tell). Only names that are an id and ".json"
+        are asked about: another name (not UTF-8, planted) is no message the ledger knows."""
+        ids = [n[:-5] for n in names if n.endswith(".json") and valid_id(n[:-5])]
         try:
-            history = self.project.history() if self.layout.ledger.exists() else None
+            history = self.project.history() if ids and self.layout.ledger.exists() else None
             if history is None:
                 return names
             with history:
-                found = history.receipts.priorities(n.split(".")[0] for n in names if n.endswith(".json"))
+                found = history.receipts.priorities(ids)
         except (sqlite3.Error, RelayError) as e:
             log.warning("could not read the priorities of %s's messages: %s", self.name, e)
             return names

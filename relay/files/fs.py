@@ -101,10 +101,12 @@ class StateDir:
         self.on_dir_created = on_dir_created
 
     def close(self):
+        """Close every descriptor. A closed StateDir walks from nothing (dir() refuses, EBADF):
+        never from the closed descriptor's number, which the next open may reuse."""
+        fd, self.fd = self.fd, None
         self.forget()
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if fd is not None:
+            os.close(fd)
 
     def __del__(self):
         # Descriptors are plain ints: one dropped without close() stays open for the life of
@@ -122,15 +124,15 @@ class StateDir:
                     os.close(fd)
                 except OSError:
                     pass
-        self._dirs = {"": self.fd}
+        self._dirs = {} if self.fd is None else {"": self.fd}
         self._ids = {}
-        self._fresh = {""}
+        self._fresh = set(self._dirs)
 
     def recheck(self, top=None):
         """Have every cached directory (or `top` and those under it) looked up again by name
         before it is next used."""
         if top is None:
-            self._fresh = {""}
+            self._fresh = set(self._dirs) & {""}
         else:
             under = top + "/"
             self._fresh = {k for k in self._fresh if k != top and not k.startswith(under)}
@@ -166,6 +168,8 @@ class StateDir:
         missing components are made (each creation noted for the syncer)."""
         if rel in self._fresh:
             return self._dirs[rel]
+        if self.fd is None:
+            raise OSError(errno.EBADF, "the state directory was closed", self.path)
         parts = split(rel)
         i = len(parts)
         while i > 0 and "/".join(parts[:i]) not in self._fresh:
