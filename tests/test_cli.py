@@ -29,13 +29,19 @@ def drop(cli, sender, name, text):
 
 
 def test_every_verb_has_help_and_is_in_the_docs_command_table():
-    table = (Path(__file__).parent.parent / "docs" / "operating.md").read_text()
+    """Every verb has help, a row of its own in docs/operating.md's table, and is named in the
+    first column of the contract's command table (§5)."""
+    docs = Path(__file__).parent.parent / "docs"
+    table = (docs / "operating.md").read_text()
+    contract = (docs / "contract.md").read_text().split("## 5. Command line", 1)[1].split("\n## ", 1)[0]
+    verbs = " ".join(row.split(" | ")[0] for row in contract.splitlines() if row.startswith("| `relay "))
     runner = CliRunner()
     for name, cmd in main.commands.items():
         assert cmd.help, f"relay {name} has no help text"
         result = runner.invoke(main, [name, "--help"])
         assert result.exit_code == 0 and "Usage" in result.output
         assert re.search(rf"^\| `relay {name}\b", table, flags=re.M), f"relay {name} is not in docs/operating.md's table"
+        assert re.search(rf"`relay {name}\b", verbs), f"relay {name} is not in docs/contract.md's table (§5)"
 
 
 def test_init_is_idempotent(cli):
