@@ -302,6 +302,7 @@ def test_show_path_lists_every_message_a_reused_name_carried_newest_first(team):
     text = team("show", "--path", "outbox/Alice/msg").output
     assert text.startswith("3 message(s) from outbox/Alice/msg, newest first")
     assert text.index(ids[2]) < text.index(ids[1]) < text.index(ids[0]) and "body 1" in text
+    assert all(team("show", mid).output.strip() in text for mid in ids)    # receipts too, as relay show ID
     # the same path from the project root, or absolute
     for path in (".relay/outbox/Alice/msg", str(team.state / "outbox/Alice/msg")):
         assert [d["id"] for d in json.loads(team("show", "--path", path, "--json").output)] == ids[::-1]

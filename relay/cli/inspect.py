@@ -159,15 +159,24 @@ def show(ctx, message_id, source, limit, agent, as_json):
         problem = BadRow.of(row)
         if problem is not None:     # shown as it is stored, each unreadable value marked
             skipped([problem])
-        story = _story(led, layout, row, as_json)
-        sender = agent is None or row["sender"] == agent     # receipts: for the sender and operators
+        story = _told(led, layout, row, as_json, agent)
         if as_json:
-            out_json(story | (receipts_json(led, row) if sender else {}))
+            out_json(story)
         else:
-            echo(story.replace("\nevents:", "\n".join(["", *receipts_text(led, row), "events:"]), 1)
-                 if sender else story)
+            echo(story)
     finally:
         led.close()
+
+
+def _told(led, layout, row, as_json, agent):
+    """A message as `relay show` tells it (by id or --path alike): its story, with its receipts
+    for its sender and for an operator (`agent` None)."""
+    story = _story(led, layout, row, as_json)
+    if agent is not None and row["sender"] != agent:
+        return story
+    if as_json:
+        return story | receipts_json(led, row)
+    return story.replace("\nevents:", "\n".join(["", *receipts_text(led, row), "events:"]), 1)
 
 
 def _story(led, layout, row, as_json):
@@ -218,7 +227,7 @@ def _show_path(ctx, source, limit, as_json, agent=None):
             problem = BadRow.of(row)
             if problem is not None:     # shown as it is stored, each unreadable value marked
                 bad.append(problem)
-            stories.append(_story(led, layout, row, as_json))
+            stories.append(_told(led, layout, row, as_json, agent))
         skipped(bad)
     if not stories:
         there = agent in (None, sender) and layout.fs.exists(rel)
