@@ -18,6 +18,10 @@ A1 (cross-node, 5 a second). The attacks, at the issue's rates:
   unknown    n3 writes an entry from a name nobody announced every 20 ms
   shed       n3 sends 512 KiB messages to A2 (queue_limit 64, nobody reads) 10 a second, and
              lists SYSTEM, writing from it every 100 ms
+  squat      n3 polls the directory every 100 ms and lists (and claims, SETNX) every name n1 or n2
+             lists, and a case variant of each, and claims every sender it reads in its stream
+             from n1; meanwhile a new agent appears on n1 and writes to Eve at once, and B0 writes
+             to it: the seconds until B0's message reaches it (`reach`, within REACH)
 
 Per phase: the honest daemon's CPU (% of a core, /proc), redis-server's, the local delivery p50
 (ms); per attack the ratios. At the end: local and cross-node messages lost or duplicated (each
@@ -27,6 +31,7 @@ any was lost or duplicated or a budget (25% / 25% / 1.5x) was exceeded.
 import argparse
 import importlib.util
 import json
+import multiprocessing
 import os
 import shlex
 import signal
@@ -42,8 +47,9 @@ _spec = importlib.util.spec_from_file_location("fedkit", Path(__file__).parent /
 fedkit = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fedkit)
 
-ATTACKS = ("republish", "keyspace", "ackflood", "unknown", "shed")
+ATTACKS = ("republish", "keyspace", "ackflood", "unknown", "shed", "squat")
 BUDGET = {"daemon": 25.0, "redis": 25.0, "p50": 1.5}
+REACH = 10.0                # seconds a new agent takes at most to be reached from n2 while n3 squats
 
 
 def cpu_seconds(pid):
@@ -128,6 +134,7 @@ class Hostile:
         self.r = redis.Redis.from_url(url)
         self.keys = Keys(team)
         self.n = 0
+        self.read_after = "-"       # the squatter's cursor in n1's stream to n3
         self.announce(["Eve"])
 
     def announce(self, agents):
@@ -157,8 +164,28 @@ class Hostile:
         if name == "shed":
             self.announce(["Eve", "SYSTEM"])
 
+    def squat(self):
+        """List and claim every name n1 and n2 list, and every sender of n1's stream to n3."""
+        names = set()
+        for node in ("n1", "n2"):
+            try:
+                names.update(json.loads(self.r.hget(self.keys.node(node), "agents") or b"[]"))
+            except ValueError:
+                pass
+        for eid, fields in self.r.xrange(self.keys.messages("n1", "n3"), self.read_after, count=1000):
+            self.read_after = "(" + eid.decode()
+            try:
+                names.add(json.loads(fields[b"env"])["from"])
+            except (KeyError, ValueError, TypeError):
+                pass
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.setnx(f"{self.keys.prefix}claim:{name.casefold()}", "n3")
+        pipe.execute(raise_on_error=False)
+        self.announce(sorted(names | {n.upper() for n in names} | {"Eve"}))
+
     def attack(self, name, stop, small):
-        period = {"republish": 1.0, "keyspace": 0.02, "unknown": 0.02, "ackflood": 0.1, "shed": 0.1}[name]
+        period = {"republish": 1.0, "keyspace": 0.02, "unknown": 0.02, "ackflood": 0.1, "shed": 0.1, "squat": 0.1}[name]
         from relay.ids import IdGenerator
         ids, beat = IdGenerator(), 0
         while not stop.wait(period):
@@ -175,11 +202,31 @@ class Hostile:
             elif name == "shed":
                 self.entry("Eve", "A2", body="y" * (512 << 10))
                 self.entry("SYSTEM", "A1", body="stop", kind="ping")
+            elif name == "squat":
+                self.squat()
         if name == "keyspace":
             for i in range(0, 20_000 if small else 1_000_000, 10_000):
                 self.r.delete(*[f"{self.keys.prefix}from:n3:junk:{j}" for j in range(i, i + 10_000)])
-        if name == "shed":
+        if name in ("shed", "squat"):
             self.announce(["Eve"])
+
+
+def reach(states, out, timeout=60.0):
+    """A new agent on n1 (Neo) writes to Eve at once, and B0 on n2 writes to it: the seconds from
+    its directories' making until B0's message is in its inbox, in out["reach"] (None: not within
+    `timeout`), and who holds its claim."""
+    began = time.monotonic()
+    for sub in ("tmp", "new", "cur"):
+        (states["n1"] / "inbox" / "Neo" / sub).mkdir(parents=True, exist_ok=True)
+    fedkit.drop(states["n1"], "Neo", "neo-first", "TO: Eve\n\nNeo here")
+    fedkit.drop(states["n2"], "B0", "to-neo", "TO: Neo\n\nwelcome, Neo")
+    box = states["n1"] / "inbox" / "Neo" / "new"
+    while time.monotonic() - began < timeout:
+        if any(not p.name.startswith(".") for p in box.iterdir()):
+            out["reach"] = time.monotonic() - began
+            return
+        time.sleep(0.05)
+    out["reach"] = None
 
 
 def setup(base, small):
@@ -229,6 +276,7 @@ def run(seconds=10.0, only=None, small=False, echo=print, base=None):
     cross = Probe(states["n2"], "B0", "A1", 5, "cross")
     reader = Reader(states["n1"], "A1")
     results = {}
+    forked = multiprocessing.get_context("fork")
     try:
         backlog = 200 if small else 8000
         for k in range(backlog):    # what waits for n3 (it never acknowledges)
@@ -240,15 +288,26 @@ def run(seconds=10.0, only=None, small=False, echo=print, base=None):
         for name in attacks:
             hostile.prepare(name, small)
             quiet = phase(seconds, procs, server, local)
-            stop = threading.Event()
+            # The attacker is a process of its own: its work must not take this one's interpreter
+            # from the probes that time the local deliveries.
+            stop = forked.Event()
             events0 = query(states["n1"], "SELECT count(*) FROM events")[0][0]
             size0 = (states["n1"] / "ledger.sqlite").stat().st_size
-            attacker = threading.Thread(target=hostile.attack, args=(name, stop, small), daemon=True)
+            attacker = forked.Process(target=hostile.attack, args=(name, stop, small), daemon=True)
             attacker.start()
+            reached = {}
+            if name == "squat":
+                probe = threading.Thread(target=reach, args=(states, reached), daemon=True)
+                probe.start()
             loud = phase(seconds, procs, server, local)
+            if name == "squat":
+                probe.join()
+                reached["claim"] = (admin.get(f"{hostile.keys.prefix}claim:neo") or b"").decode()
             stop.set()
             attacker.join(timeout=120)
-            row = {"without": {k: quiet[k] for k in ("daemon", "redis")}, "with": {k: loud[k] for k in ("daemon", "redis")}}
+            if attacker.is_alive():
+                attacker.terminate()
+            row = {**reached, "without": {k: quiet[k] for k in ("daemon", "redis")}, "with": {k: loud[k] for k in ("daemon", "redis")}}
             row["without"]["p50"], row["with"]["p50"] = p50(quiet["bodies"], local, reader), p50(loud["bodies"], local, reader)
             row["events"] = query(states["n1"], "SELECT count(*) FROM events")[0][0] - events0
             row["ledger_bytes"] = (states["n1"] / "ledger.sqlite").stat().st_size - size0
@@ -293,7 +352,9 @@ def line(name, row):
     shown = lambda v: f"{v:.1f}" if v is not None else "-"      # noqa: E731
     return (f"{name:10} daemon {o['daemon']:5.1f}% -> {w['daemon']:5.1f}%   redis {o['redis']:5.1f}% -> "
             f"{w['redis']:5.1f}%   local p50 {shown(o['p50'])} -> {shown(w['p50'])} ms ({ratio})   "
-            f"n1 events +{row['events']}, ledger +{row['ledger_bytes'] >> 10} KiB")
+            f"n1 events +{row['events']}, ledger +{row['ledger_bytes'] >> 10} KiB"
+            + (f"   new agent reached in {shown(row['reach'])} s, its claim {row['claim'] or '-'}'s"
+               if "reach" in row else ""))
 
 
 def within(results):
@@ -306,6 +367,8 @@ def within(results):
             bad.append(f"{name}: CPU over budget")
         if w["p50"] and o["p50"] and w["p50"] > BUDGET["p50"] * o["p50"]:
             bad.append(f"{name}: local p50 over {BUDGET['p50']}x")
+        if "reach" in row and (row["reach"] is None or row["reach"] > REACH or row["claim"] != "n1"):
+            bad.append(f"{name}: a new agent not reached within {REACH:g} s, or its name not its node's")
     return bad
 
 

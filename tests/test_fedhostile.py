@@ -21,3 +21,4 @@ def test_each_hostile_attack_briefly_loses_and_duplicates_nothing(tmp_path):
     assert set(result) == {*fedhostile.ATTACKS, "_"}
     assert result["_"]["sent"] > 0
     assert (result["_"]["lost"], result["_"]["duplicated"], result["_"]["system_delivered"]) == (0, 0, 0), result
+    assert result["squat"]["reach"] is not None and result["squat"]["claim"] == "n1", result["squat"]
