@@ -6,9 +6,11 @@ different side of relay, with a real `relay run` daemon delivering for the proje
 - cy through MCP: a real `relay mcp --agent cy` process driven by the official SDK's client.
 
 ann asks bob for a review and bob replies in the thread; bob writes to dee, whom the operator
-has just archived: the send is accepted, fails in the daemon, and bob gets the bounce; ann sends
+has just archived: the send is refused at once, and a file bob writes into his outbox by hand
+is taken, fails in the daemon, and bob gets the bounce; ann sends
 cy a note with `--wait-delivered 30` (exit 0); cy finds it with `search` by a word of its body,
-reads ann and bob's thread from its first message (as ann does with `relay audit --thread`),
+sees nothing of ann and bob's thread (no party to it) while bob reads it from its first message
+(as ann does with `relay audit --thread`),
 takes its inbox, "loses" the result and gets the message back with `read(id)` and
 `inbox(recent=1)`; bob reserves src/parser/ exclusively, ann's overlapping exclusive request is
 refused naming bob (exit 1), and bob is told. Every wait has a deadline; nothing sleeps a fixed
@@ -152,18 +154,30 @@ def test_three_agents_day_shell_python_and_mcp_with_a_running_daemon(tmp_path):
             assert (back["id"], back["from"], back["thread"], back["subject"], back["state"]) == (
                 answer, "bob", asked, "Re: parser review", "cur")   # the thread is the first message's id
 
-            # 2. a send accepted, then failed in the daemon: its sender gets the bounce
-            say("\n-- 2. bob writes to dee, archived meanwhile: accepted, fails later, bob gets the bounce")
+            # 2. a send to an archived agent is refused at once; a file written by hand is taken,
+            # fails in the daemon, and its sender gets the bounce
+            say("\n-- 2. bob writes to dee, archived meanwhile: refused at once; by hand, fails later, bob gets the bounce")
             out = operator("archive-agent", "dee").stdout
             result(*out.strip().splitlines())
             assert "dee: archived" in out
+            outbox = root / ".relay" / "outbox" / "bob"
+            before = sorted(outbox.iterdir())
             say(f"{'bob':8} >>> bob.send('dee', 'can you take the docs?', subject='docs')")
-            lost = bob.send("dee", "can you take the docs?", subject="docs")     # accepted: an id, no error
-            result(f"{lost} (accepted)")
+            with pytest.raises(relay.InvalidName) as refusal:
+                bob.send("dee", "can you take the docs?", subject="docs")
+            result(f"refused: {refusal.value}")
+            assert str(refusal.value).startswith("agent dee is archived since ") and str(refusal.value).endswith(
+                "relay delivers nothing to it, so nothing was sent (an operator restores it: "
+                "`relay archive-agent --undo dee`)")
+            assert sorted(outbox.iterdir()) == before                          # nothing was written
+            say(f"{'bob':8} $ printf 'TO: dee\\nSUBJECT: docs\\n\\ncan you take the docs?\\n' > .relay/outbox/bob/docs")
+            (outbox / ".docs.tmp").write_text("TO: dee\nSUBJECT: docs\n\ncan you take the docs?\n")
+            os.rename(outbox / ".docs.tmp", outbox / "docs")
             say(f"{'bob':8} >>> bob.wait(timeout={DEADLINE}, ack=True)")
             [b] = bob.wait(timeout=DEADLINE, ack=True)
             result(brief(b), *b.body.splitlines()[:3],
                    f"headers: bounce_of={b.headers['bounce_of']}, failed_recipients={b.headers['failed_recipients']}")
+            [lost] = [d["id"] for d in json.loads(operator("show", "--path", "outbox/bob/docs", "--json").stdout)]
             assert (b.sender, b.to, b.kind, b.subject, b.thread) == ("System", ["bob"], "bounce", "Undelivered: docs", lost)
             assert b.headers["bounce_of"] == lost and b.headers["failed_recipients"] == ["dee"]
             assert "recipient_archived" in b.headers["reason"] and lost in b.body and "dee" in b.body
@@ -186,13 +200,18 @@ def test_three_agents_day_shell_python_and_mcp_with_a_running_daemon(tmp_path):
             assert [(r["id"], r["from"], r["subject"]) for r in found] == [(note, "ann", "lexer merged")]
             assert "**tokenizer**" in found[0]["snippet"]
 
-            # 5. the thread read from its first message: ann's question first, then bob's reply
-            say("\n-- 5. a thread named by its first message's id starts with that message")
+            # 5. the thread read from its first message: ann's question first, then bob's reply; cy,
+            # no party to it, sees nothing of it, as of a thread that is not there
+            say("\n-- 5. a thread named by its first message's id starts with that message; only its parties see it")
             thread = await mcp(cy, "thread", thread=asked)
-            result(*(f"{t['id']} {t['from']} -> {','.join(t['to'])}: {t['subject']!r} ({t['status']})"
-                     for t in thread["messages"]))
-            assert [(t["id"], t["from"], t["subject"]) for t in thread["messages"]] == [
-                (asked, "ann", "parser review"), (answer, "bob", "Re: parser review")] and thread["more"] == 0
+            result(f"cy: messages {thread['messages']}, more {thread['more']}")
+            assert thread == await mcp(cy, "thread", thread="no-such-thread") | {"thread": asked}
+            assert thread["messages"] == [] and thread["more"] == 0
+            say(f"{'bob':8} >>> bob.thread({asked!r})")
+            mine = bob.thread(asked)
+            result(*(f"{t['id']} {t['from']}: {t['subject']!r} ({t['status']})" for t in mine))
+            assert [(t["id"], t["from"], t["subject"]) for t in mine] == [
+                (asked, "ann", "parser review"), (answer, "bob", "Re: parser review")]
             rows = json.loads(ann("audit", "--thread", asked, "--json").stdout)
             result(*(f"{r['id']} {r['from']} -> {','.join(r['to'])} {r['status']}" for r in rows))
             assert [r["id"] for r in rows] == [asked, answer]
