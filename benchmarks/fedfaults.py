@@ -296,11 +296,16 @@ def acl_lines(team, passwords, cwd):
     return lines
 
 
-def apply_acls(server, lines):
+def apply_acls(server, lines, replica=False):
+    """The lines on `server`; on a replica only the ACL lines (users are not replicated, the
+    registry's SADD is, and a replica refuses writes)."""
     admin = server.admin()
     try:
         for line in lines:
-            admin.execute_command(*shlex.split(line))
+            words = shlex.split(line)
+            if replica and words[0].upper() != "ACL":
+                continue
+            admin.execute_command(*words)
         admin.execute_command("ACL", "SAVE")
     finally:
         admin.close()
@@ -363,7 +368,7 @@ class Team:
                                                                 "--masterauth", ADMIN]).start()
             self.servers = [self.server, self.replica]
             for s in self.servers:
-                apply_acls(s, lines)
+                apply_acls(s, lines, replica=s is self.replica)
             r = self.replica.admin()
             wait_for("the replica's first sync", lambda: r.info("replication")["master_link_status"] == "up", 30)
             r.close()
