@@ -42,7 +42,7 @@ def hostile(tmp_path_factory):
     box = state / "outbox" / "Ann"
     (box / "json-msg").write_text(json.dumps({
         "to": "Bob", "subject": HOSTILE, "thread": "t" + HOSTILE, "body": "line one\n" + HOSTILE + "\nlast",
-        "x-" + HOSTILE: HOSTILE, "kind": "message"}))
+        "x-" + HOSTILE: HOSTILE, "kind": "message", "ack_required": True}))
     (box / "header-msg").write_text(f"TO: Bob\nSUBJECT: {HOSTILE}\nTHREAD: plain\nX-EVIL: {HOSTILE}\n\n{HOSTILE}")
     (box / "spawn").write_text(json.dumps({"name": "Cy" + HOSTILE, "cli": HOSTILE, "cwd": HOSTILE,
                                            "model": HOSTILE}))
@@ -59,8 +59,9 @@ def hostile(tmp_path_factory):
     return root, ids, run, first
 
 
-def invocations(ids):
-    """Each verb's runs, human output first: {verb: [args, ...]}; a verb with --json runs with it too."""
+def invocations(ids, bobs=()):
+    """Each verb's runs, human output first: {verb: [args, ...]}; a verb with --json runs with it
+    too. `bobs`: the ids of the messages in Bob's inbox."""
     first = ids[0]
     return {
         "init": [["--agent", "Ann"]],
@@ -70,6 +71,9 @@ def invocations(ids):
         "inbox": [["Bob"], ["Bob", "--all"], ["Bob", "--json"], ["Bob", "--jsonl"], ["Bob", "--all", "--ack"]],
         "read": [[i] for i in ids] + [[first, "--json"]],
         "mark-read": [["--agent", "Bob", *ids]],
+        # (RELAY_ACK_OVERDUE=1ms: the hostile message asking for an acknowledgement is listed overdue)
+        "overdue": [[], ["--json"], ["--agent", "Ann"], ["--agent", "Ann", "--json"]],
+        "ack": [[i, "--agent", "Bob", "--note", "n" + HOSTILE] for i in ids] + [[i, "--agent", "Bob", "--json"] for i in bobs],
         "search": [["line"], ["last", "--agent", "Bob"], ["line", "--json"], ["t" + HOSTILE], [HOSTILE, "--agent", "Bob"]],
         "status": [[], ["--json"]],
         "audit": [[], ["--thread", "t" + HOSTILE], ["--grep", "end"], ["--status", "failed"], ["--json"],
@@ -108,13 +112,17 @@ NOT_RUN = {
     "demo": "runs over a copy of examples/outboxes in a project of its own, never this one",
     "bench": "measures a temporary project of its own, never this one",
     "mcp": "speaks JSON-RPC on stdio to an MCP client program, not to a terminal",
+    "web": "serves HTTP until stopped, to a browser, not to a terminal (test_web holds its pages' escaping)",
 }
 
 
 def test_every_verb_prints_no_raw_escape_control_or_bidi_character(hostile, monkeypatch):
     root, ids, run, first = hostile
     monkeypatch.chdir(root)
-    table = invocations(ids)
+    monkeypatch.setenv("RELAY_ACK_OVERDUE", "1ms")
+    bobs = [d["id"] for d in json.loads(run("inbox", "Bob", "--all", "--json").stdout) if d["id"] in ids]
+    assert bobs
+    table = invocations(ids, bobs)
     assert set(main.commands) == set(table) | set(NOT_RUN), "a verb to run here on the hostile project"
     leaks = [f"relay run --once (the first, with its log): {stream} has {raw(text)}"
              for stream, text in (("stdout", first.stdout), ("stderr", first.stderr)) if raw(text)]
