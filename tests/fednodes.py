@@ -146,3 +146,35 @@ def entry(env, to=("Bob",), **fields):
     doc = {"v": "2", "id": mid, "to": orjson.dumps(list(to)), "env": env}
     doc.update(fields)
     return {k: v for k, v in doc.items() if v is not None}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A Redis server of the module's own, for tests that put each node on its ACL user."""
+    if REDIS_SERVER is None:
+        pytest.skip(MISSING)
+    s = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield s
+    s.stop()
+
+
+def admin(server):
+    import redis
+    return redis.Redis.from_url(server.url)
+
+
+def user_url(server, team, node):
+    """The node's own ACL user, made from the lines `relay federation acl` prints."""
+    import shlex
+
+    from relay.federation.keys import acl, registration
+    password = f"pw-{node}-{team}"
+    for line in (acl(team, node, password), registration(team, node)):
+        admin(server).execute_command(*shlex.split(line))
+    return f"redis://relay-{team}-{node}:{password}@127.0.0.1:{server.port}/0"
+
+
+def as_node(server, team, node):
+    """A raw client with `node`'s credentials: what a hostile node can do by hand."""
+    import redis
+    return redis.Redis.from_url(user_url(server, team, node))

@@ -7,40 +7,11 @@ import shlex
 import orjson
 import pytest
 
-from fednodes import MISSING, REDIS_SERVER, Node, RedisServer, exchange, team  # noqa: F401 - fixtures
+from fednodes import (MISSING, REDIS_SERVER, Node, RedisServer, admin, as_node, exchange, server,  # noqa: F401 - fixtures
+                      team, user_url)
 from relay.federation.keys import Keys, acl, registration
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=MISSING)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    if REDIS_SERVER is None:
-        pytest.skip(MISSING)
-    s = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield s
-    s.stop()
-
-
-
-
-def admin(server):
-    import redis
-    return redis.Redis.from_url(server.url)
-
-
-def user_url(server, team, node):
-    """The node's own ACL user, made from the line `relay federation acl` prints."""
-    password = f"pw-{node}-{team}"
-    admin(server).execute_command(*shlex.split(acl(team, node, password)))
-    admin(server).execute_command(*shlex.split(registration(team, node)))
-    return f"redis://relay-{team}-{node}:{password}@127.0.0.1:{server.port}/0"
-
-
-def as_node(server, team, node):
-    """A raw client with `node`'s credentials: what a hostile node can do by hand."""
-    import redis
-    return redis.Redis.from_url(user_url(server, team, node))
 
 
 @pytest.fixture
