@@ -23,7 +23,7 @@ from relay.ledger.history import BadRow, sift
 from relay.core.inbox import Inbox
 from relay.ledger.ledger import STATUSES
 from relay.files.lock import holder
-from relay.core.outbox import declared
+from relay.core.senders import declared
 from relay.terminal import echo, echo_json, escaped
 
 TABLE_LIMIT = 50        # messages in audit's table unless --limit says otherwise

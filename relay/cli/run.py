@@ -27,7 +27,7 @@ from relay.files.layout import Layout
 from relay.ledger.history import History
 from relay.ledger.ledger import STATUSES, Ledger
 from relay.files.lock import DaemonLock, holder
-from relay.core.outbox import declared, undeclared_outboxes
+from relay.core.senders import declared, undeclared_outboxes
 from relay.operator import views
 from relay.operator.gitignore import keep_out_of_git
 from relay.terminal import echo

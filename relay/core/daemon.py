@@ -30,7 +30,8 @@ from relay.core.inbox import Inbox
 from relay.files.layout import Layout
 from relay.ledger.ledger import Ledger
 from relay.core.loop import DRAIN_PATIENCE, Loop
-from relay.core.outbox import Outbox, declared, ignore_lease_breaks
+from relay.core.outbox import Outbox, ignore_lease_breaks
+from relay.core.senders import declared
 from relay.core.pipeline import Pipeline, Stages
 from relay.core.reading import Reader
 from relay.core.reads import Reads
@@ -99,7 +100,7 @@ class Relay:
         ignore_lease_breaks()
 
     def _senders(self, config):
-        """Whose outboxes are read: every agent's, or only the declared ones (outbox.Declared)."""
+        """Whose outboxes are read: every agent's, or only the declared ones (senders.Declared)."""
         self.outbox.declared = declared(config, self.history)
 
     def close(self):

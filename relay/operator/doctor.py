@@ -17,7 +17,7 @@ from relay.ledger.history import BadRow, History, sift
 from relay.core.inbox import ORPHAN_AGE, Inbox
 from relay.files.layout import is_in_progress_name
 from relay.ledger.ledger import Status
-from relay.core.outbox import undeclared, undeclared_outboxes
+from relay.core.senders import undeclared, undeclared_outboxes
 from relay.operator.roster import ping_state
 from relay.files.sync import Syncer
 from relay.operator.views import when_or_raw
@@ -244,7 +244,7 @@ def doctor(history, layout, daemon_pid, now=None, configured="full", quick=False
     """Problems, each one line with what to do about it; and the facts found on the way:
     `unreadable` (rows this build cannot read), `durability` (the attested settings),
     `verified` (archived messages re-hashed, None with `quick`: verify's checks not run).
-    `declared` (an outbox.Declared, with senders = "declared"): outboxes of agents not declared
+    `declared` (a senders.Declared, with senders = "declared"): outboxes of agents not declared
     are problems too."""
     now = time.time() if now is None else now
     facts = {}
