@@ -11,13 +11,14 @@ where each value came from; `describe()` lays it out for `relay config`.
 import dataclasses
 import difflib
 import os
-import stat
 import re
 from pathlib import Path
 
 from relay import config_file, metricsconfig, names, wakeconfig
-from relay.errors import ConfigError, NotInProject
+from relay.errors import ConfigError
 from relay.names import AGENT_NAME, AGENT_NAME_RULE, SYSTEM  # noqa: F401 - where the rest of relay takes them
+from relay.statedir import (absolute, check_state, discover, linked, resolve_dirs,  # noqa: F401 - as config.<name>
+                            state_link, state_parts)
 from relay.terminal import unsafe
 
 AGENT_VARIABLE = "RELAY_AGENT"      # the agent an agent's verbs, the Python API and MCP act as by default
@@ -286,103 +287,6 @@ def _clean(values, where, warnings=None, rejected=None):
     return out
 
 
-def absolute(path):
-    """`path` made absolute, as named (a link in it kept); one that holds '..' as the kernel takes
-    it: '..' after a symbolic link is the parent of the link's target, which no lexical
-    normalisation gives (a unit or a hook would otherwise name another directory than relay uses)."""
-    path = Path(path).absolute()
-    return Path(os.path.realpath(path)) if ".." in path.parts else path
-
-
-def resolve_dirs(root=None, state_dir=None, env=None):
-    """The project root and state directory from flags, then env, then defaults."""
-    env = os.environ if env is None else env
-    root = absolute(root or env.get("RELAY_ROOT") or os.getcwd())
-    state = state_dir or env.get("RELAY_STATE_DIR") or None
-    return root, (root / state if state else None)
-
-
-def discover(root=None, state_dir=None, env=None, cwd=None, uid=None):
-    """The project root as every verb finds it, like git: `root` (a flag) or RELAY_ROOT when
-    given, else the current directory or its nearest parent holding the state directory
-    (`.relay/`, or the name given by `state_dir` / RELAY_STATE_DIR). NotInProject when none.
-
-    A state directory found so must belong to the user relay runs as (`uid`, default the
-    effective uid), as git asks of a `.git` it finds: one another user put in a shared parent
-    (/tmp, a team directory) would otherwise receive this user's messages and configure this
-    user's relay. NotInProject names it; `--root` uses it on purpose."""
-    env = os.environ if env is None else env
-    uid = os.geteuid() if uid is None else uid
-    given = root or env.get("RELAY_ROOT")
-    if given:
-        return absolute(given)
-    name = state_dir or env.get("RELAY_STATE_DIR") or ".relay"
-    start = Path(cwd or os.getcwd()).absolute()
-    if Path(name).is_absolute():
-        return start
-    for place in (start, *start.parents):
-        if (place / name).is_dir():
-            owners = {os.lstat(place / name).st_uid, os.stat(place / name).st_uid}
-            if owners != {uid}:
-                other = min(owners - {uid})
-                e = NotInProject(f"{place / name} belongs to another user (uid {other}), so relay does not take it "
-                                 f"for your project; run relay init here for one of your own, or give --root "
-                                 f"{place} to use it on purpose")
-                e.foreign = place
-                raise e
-            return place
-    raise NotInProject(f"not in a relay project (no {name.rstrip('/')}/ here or above); run relay init")
-
-
-def state_parts(root, state):
-    """The components of the state directory's path below the project root, when it lies there
-    (named relative to the root, or absolute under it) and holds no '..'; else None: a place
-    elsewhere (an operator's --state-dir or RELAY_STATE_DIR) is taken as it is named."""
-    root, state = Path(root), Path(state)
-    n = len(root.parts)
-    if state.parts[:n] != root.parts or ".." in state.parts[n:]:
-        return None
-    return state.parts[n:]
-
-
-def state_link(root, state):
-    """The first symbolic link on the way from the project root down to the state directory
-    (the state directory itself included), or None. Components not made yet end the look:
-    Layout.create makes them without following a link."""
-    here = Path(root)
-    for part in state_parts(root, state) or ():
-        here = here / part
-        try:
-            if stat.S_ISLNK(os.lstat(here).st_mode):
-                return here
-        except FileNotFoundError:
-            return None
-        except OSError:
-            return None         # (not a directory, no permission: making or opening it says so)
-    return None
-
-
-def linked(state, link, origin):
-    """The refusal of a state directory reached through a link: agents can write in the project
-    and plant one, and relay would then keep its ledger and deliver mail outside the project."""
-    return ConfigError(f"the state directory {state} ({origin}) is reached through the symbolic link {link}; "
-                       "relay never follows a link to its state directory inside the project (an agent can "
-                       "plant one): remove the link, or name the place it points to with --state-dir or "
-                       "RELAY_STATE_DIR (a place outside the project is yours to name)")
-
-
-def check_state(root, state, origin):
-    link = state_link(root, state)
-    if link is not None:
-        raise linked(state, link, origin)
-    parts = state_parts(root, state)
-    if parts is not None and (not [p for p in parts if p != "."] or
-                              (len(parts) > 1 and parts[0] == ".relay")):
-        raise ConfigError(f"the state directory {state} ({origin}) is the project root itself, or lies inside "
-                          "the default state directory .relay/ (where agents write: outboxes and inboxes); "
-                          "name a directory of its own")
-
-
 def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     """Build the Config. `overrides` are flag values (None means not given). With `strict`
     off, an unknown key or a bad value in relay.toml or the environment is a warning in
@@ -393,42 +297,74 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
     root, state = resolve_dirs(root, state_dir, env)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"the project root {root} is not a directory")
-    warnings = [] if not strict else None
-    rejected = []
-    notes = []
-    sources = []
-    values = {}
-    # The state dir named in relay.toml only counts when flags and env named none:
-    # the file is looked for in the default state dir then.
+    got = _Gathered(origins, warnings=[] if not strict else None)
+    state = _read_file(got, root, state)
+    fed_env = _read_env(got, env)
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if flags:
+        found = _clean(flags, "command-line flags")
+        got.values.update(found)
+        got.origins.update({k: "flag" for k in found})
+        got.sources.append("flags")
+    got.values.pop("state_dir", None)
+    _federation(got, root, fed_env)
+    state = (state or root / ".relay").absolute()
+    return Config(root=root, state_dir=state, source=" + ".join(dict.fromkeys(got.sources)) or "defaults",
+                  origins=tuple(sorted(got.origins.items())), warnings=tuple(got.notes + (got.warnings or [])),
+                  rejected=tuple(got.rejected), **got.values)
+
+
+@dataclasses.dataclass
+class _Gathered:
+    """What load() gathers on its way through relay.toml, the environment and the flags: the
+    values, where each came from, the sources read, the notes, and (not strict) the warnings
+    and the (key, problem) of each value rejected."""
+    origins: dict
+    warnings: list = None
+    rejected: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
+    sources: list = dataclasses.field(default_factory=list)
+    values: dict = dataclasses.field(default_factory=dict)
+
+
+def _read_file(got, root, state):
+    """relay.toml's values into `got`; the state directory (None: the default), which the file
+    names only when flags and env named none: the file is looked for in the default one then."""
     candidate = state or root / ".relay"
     check_state(root, candidate, {"flag": "--state-dir", "env RELAY_STATE_DIR": "RELAY_STATE_DIR"}.get(
-        origins["state_dir"], "the default .relay"))
+        got.origins["state_dir"], "the default .relay"))
     toml_path = candidate / "relay.toml"
     try:
         data = config_file.read(toml_path)
     except config_file.TomlSlip as e:
-        if warnings is None:
+        if got.warnings is None:
             raise
         if re.search(r"(?m)^\s*[\"']?state_dir\b", e.text):       # where relay is must be right, always
             raise ConfigError(f"{e}; the file names state_dir, which no verb guesses: correct it first") from None
-        warnings.append(f"{e}; relay.toml is read as if it were not there (every key at what else gives it)")
-        rejected.append(("relay.toml", str(e)))
-        data = None
-    if data is not None:
-        found = _clean(data, str(toml_path), warnings, rejected)
-        values.update(found)
-        origins.update({k: f"relay.toml ({toml_path})" for k in found if k != "state_dir" or state is None})
-        sources.append(str(toml_path))
-        if state is None and "state_dir" in values:
-            where = Path(values["state_dir"])
-            # relay.toml lies where agents can write: from there the state directory may only
-            # move to another place inside the project.
-            if where.is_absolute() or ".." in where.parts:
-                raise ConfigError(f"bad value for 'state_dir' in {toml_path}: {values['state_dir']!r} must be a "
-                                  "relative path inside the project root (use --state-dir or "
-                                  "RELAY_STATE_DIR for any other place)")
-            state = root / where
-            check_state(root, state, f"state_dir in {toml_path}")
+        got.warnings.append(f"{e}; relay.toml is read as if it were not there (every key at what else gives it)")
+        got.rejected.append(("relay.toml", str(e)))
+        return state
+    if data is None:
+        return state
+    found = _clean(data, str(toml_path), got.warnings, got.rejected)
+    got.values.update(found)
+    got.origins.update({k: f"relay.toml ({toml_path})" for k in found if k != "state_dir" or state is None})
+    got.sources.append(str(toml_path))
+    if state is None and "state_dir" in got.values:
+        where = Path(got.values["state_dir"])
+        # relay.toml lies where agents can write: from there the state directory may only
+        # move to another place inside the project.
+        if where.is_absolute() or ".." in where.parts:
+            raise ConfigError(f"bad value for 'state_dir' in {toml_path}: {got.values['state_dir']!r} must be a "
+                              "relative path inside the project root (use --state-dir or "
+                              "RELAY_STATE_DIR for any other place)")
+        state = root / where
+        check_state(root, state, f"state_dir in {toml_path}")
+    return state
+
+
+def _read_env(got, env):
+    """The RELAY_<KEY> variables' values into `got`; returns the RELAY_FEDERATION_<KEY> ones."""
     from relay import fedconfig
     env_values, fed_env = {}, {}
     for name, value in env.items():
@@ -440,38 +376,34 @@ def load(root=None, state_dir=None, env=None, overrides=None, strict=True):
         elif key in _PARSERS and key not in ("state_dir", "federation"):
             env_values[key] = value
         else:
-            notes.append(f"{name} is set in the environment but names no relay configuration key; it is ignored "
-                         "(`relay config` lists the keys, each as RELAY_<KEY>)")
+            got.notes.append(f"{name} is set in the environment but names no relay configuration key; it is ignored "
+                             "(`relay config` lists the keys, each as RELAY_<KEY>)")
     if env_values:
-        found = _clean(env_values, "environment (RELAY_<KEY>)", warnings, rejected)
-        values.update(found)
-        origins.update({k: f"env RELAY_{k.upper()}" for k in found})
-        sources.append("environment")
-    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
-    if flags:
-        found = _clean(flags, "command-line flags")
-        values.update(found)
-        origins.update({k: "flag" for k in found})
-        sources.append("flags")
-    values.pop("state_dir", None)
-    fed = values.pop("federation", None)
+        found = _clean(env_values, "environment (RELAY_<KEY>)", got.warnings, got.rejected)
+        got.values.update(found)
+        got.origins.update({k: f"env RELAY_{k.upper()}" for k in found})
+        got.sources.append("environment")
+    return fed_env
+
+
+def _federation(got, root, fed_env):
+    """The federation table (relay.toml, flags) with the RELAY_FEDERATION_<KEY>s over it, parsed."""
+    from relay import fedconfig
+    fed = got.values.pop("federation", None)
     if fed_env:
-        sources.append("environment")
+        got.sources.append("environment")
         fed = {**(fed or {}), **fed_env}
-    if fed is not None:
-        try:
-            values["federation"] = fedconfig.parse(fed, root, parse_duration)
-            notes.extend(fedconfig.warnings(values["federation"]))
-        except ValueError as e:
-            error = ConfigError(f"bad value for 'federation' in {' + '.join(dict.fromkeys(sources))}: {e}")
-            if warnings is None:
-                raise error from None
-            warnings.append(f"{error}; ignored")        # (not strict: this machine only, then)
-            rejected.append(("federation", str(error)))
-    state = (state or root / ".relay").absolute()
-    return Config(root=root, state_dir=state, source=" + ".join(dict.fromkeys(sources)) or "defaults",
-                  origins=tuple(sorted(origins.items())), warnings=tuple(notes + (warnings or [])),
-                  rejected=tuple(rejected), **values)
+    if fed is None:
+        return
+    try:
+        got.values["federation"] = fedconfig.parse(fed, root, parse_duration)
+        got.notes.extend(fedconfig.warnings(got.values["federation"]))
+    except ValueError as e:
+        error = ConfigError(f"bad value for 'federation' in {' + '.join(dict.fromkeys(got.sources))}: {e}")
+        if got.warnings is None:
+            raise error from None
+        got.warnings.append(f"{error}; ignored")        # (not strict: this machine only, then)
+        got.rejected.append(("federation", str(error)))
 
 
 def describe(cfg):
