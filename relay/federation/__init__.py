@@ -6,6 +6,7 @@
 - routes.py: the loop's view of the directory (which recipients live on other nodes)
 - publisher.py: messages for other nodes published, acknowledged end to end, published again
 - receiver.py: the streams addressed to this node read, checked, delivered and acknowledged
+- sendercheck.py: who may send through a node's stream (the receiver's check of each sender)
 - link.py: the publisher, the receiver and the directory run together (threads, or run --once)
 
 Nothing here imports `redis` until a link is made: without a `[federation]` section relay is the

@@ -1,5 +1,5 @@
 """What one node's directory entry lists now, for the receiver's check of a sender the directory,
-as last read, gives to another node (receiver.Incoming._moved): the entry's version is read at
+as last read, gives to another node (sendercheck.SenderCheck.moved): the entry's version is read at
 most once a batch, its list only when that version changed. A node sending names it does not
 hold thus costs a small read a batch, never every node's lists. A sender's claim (claims.py) is
 read here too: once a batch, for every sender of the batch at the first one asked."""

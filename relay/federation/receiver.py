@@ -36,6 +36,7 @@ from relay.federation.entries import _sender_of, _text, read_entry, renamed
 from relay.federation.keys import Keys
 from relay.federation.teamlists import TeamLists
 from relay.federation.listed import Listed
+from relay.federation.sendercheck import UNANNOUNCED, SenderCheck
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,6 @@ RETRY_CAP = 1.0             # ... at most this while the server answers
 REPLAY_WINDOW = 30 * 86400.0    # received ids are kept this long; an entry with an older id is refused
 REFUSALS = 100             # refused entries of one node recorded one by one in a minute, at most
 ACK_KEEP = 10_000           # acknowledgement entries kept in this node's stream to a sender (each holds a batch's)
-UNANNOUNCED = "(its node has not announced it)"
 REPEAT = "repeat"           # the verdict on a message received before
 
 
@@ -68,8 +68,6 @@ class Incoming:
         self.nodes = nodes or (lambda: [])
         self.routes = routes or (lambda: ({}, set()))
         self.on_name = on_name or (lambda: None)
-        self._team_folded = None    # the names routed or ambiguous, case folded (this batch's)
-        self._local_folded = {}     # folded name -> this node's agent (this batch's)
         import redis
         self.redis = redis
         self.errors = server_errors()
@@ -93,6 +91,7 @@ class Incoming:
         self.refusals = {}          # node -> (minute's start, refusals recorded, refusals not recorded)
         self.team = TeamLists(client, self.keys, self.fed.max_agents_per_node, self.nodes, clock, self.on_name)
         self.listed = Listed(client, self.keys, self.fed.max_agents_per_node)     # what a node's entry lists now
+        self.senders = SenderCheck(self.node, self.routes, self.listed, self.team)    # who may send through a stream
 
     def close(self):
         try:
@@ -272,11 +271,18 @@ class Incoming:
         if not entries:
             return 0
         self.layout.fs.recheck()    # each directory looked up again by name: one may have been swapped since
-        self._team_folded = None
-        self.listed.batch(entries)
-        self.team.batch()
         local = self.layout.agent_names(self.config.agents)
-        self._local_folded = {name.casefold(): name for name in local}
+        self.senders.batch(entries, local)
+        works, refused, repeats = self._sort(entries, now, again, local)
+        for node, mid, eid, failed in repeats:
+            self._ack(node, mid, failed, eid)
+        self._record(works, refused, now)
+        return len(entries)
+
+    def _sort(self, entries, now, again, local):
+        """The batch's entries checked, each one to deliver (work, item), refused (a failed row's
+        values, acknowledged already), or a repeat (node, id, entry id, its first refusal) to
+        acknowledge again; an entry whose sender its node has not announced yet waits."""
         works, refused, seen, repeats = [], [], {}, []      # seen: (node, id) -> sha256 of the original, in this read
         named = [(node, _text(f.get(b"id"))) for node, _, f in entries if isinstance(f, dict)]
         ids = [i for _, i in named]
@@ -290,28 +296,10 @@ class Incoming:
         for node, eid, fields in entries:
             if not again:
                 self.cursors[node] = eid
-            try:
-                w, item = read_entry(node, eid, fields, local, self.config)
-                why = self._sender(w.sender, node, local)
-                since = self.retry.get((node, eid), (now,))[0]
-                if why and why.endswith(UNANNOUNCED) and self.team.waits(since):
-                    self.retry[(node, eid)] = (since, self.team.next_read)    # the next read of the lists decides
-                    continue
-                if why:
-                    raise MessageRefused(why)
-                if now - id_time(w.id) > REPLAY_WINDOW and (node, w.id) not in before:
-                    raise MessageRefused(f"message id {w.id} is older than the replay window "
-                                         f"({REPLAY_WINDOW / 86400:.0f} days); refused")
-            except Exception as e:  # noqa: BLE001 - whatever an entry holds, it is refused, never fatal
-                if not isinstance(e, MessageRefused):
-                    e = MessageRefused(f"unreadable entry ({type(e).__name__}: {str(e)[:200]})")
-                mid = _text(fields.get(b"id")) if isinstance(fields, dict) else None
-                sender = _sender_of(fields)
-                if self._recorded(node, now):
-                    refused.append((self.ids.new(now), sender or "?", f"entry {eid}", node, eid, str(e)))
-                    log.error("federation: entry %s from node %s refused: %s", eid, node, e)
-                self._ack(node, mid, str(e), eid)
+            read = self._checked(node, eid, fields, local, now, before, refused)
+            if read is None:
                 continue
+            w, item = read
             w.thorough = node in fresh
             verdict = self._verdict(w, node, before.get((node, w.id)), seen)
             if verdict is None and (w.id in known or w.id in used or self._held_here(w, now)):
@@ -335,8 +323,39 @@ class Incoming:
             seen[(node, item.get("remote_id") or w.id)] = w.sha256
             used.add(w.id)
             works.append((w, item))
-        for node, mid, eid, failed in repeats:
-            self._ack(node, mid, failed, eid)
+        return works, refused, repeats
+
+    def _checked(self, node, eid, fields, local, now, before, refused):
+        """The entry read (read_entry) as (work, item) when its sender may speak through `node`'s
+        stream and its id is within the replay window; None when it waits for the next read of
+        the team's lists, or is refused (a failed row's values appended to `refused`, acknowledged)."""
+        try:
+            w, item = read_entry(node, eid, fields, local, self.config)
+            why = self.senders.why_not(w.sender, node, local)
+            since = self.retry.get((node, eid), (now,))[0]
+            if why and why.endswith(UNANNOUNCED) and self.team.waits(since):
+                self.retry[(node, eid)] = (since, self.team.next_read)    # the next read of the lists decides
+                return None
+            if why:
+                raise MessageRefused(why)
+            if now - id_time(w.id) > REPLAY_WINDOW and (node, w.id) not in before:
+                raise MessageRefused(f"message id {w.id} is older than the replay window "
+                                     f"({REPLAY_WINDOW / 86400:.0f} days); refused")
+            return w, item
+        except Exception as e:  # noqa: BLE001 - whatever an entry holds, it is refused, never fatal
+            if not isinstance(e, MessageRefused):
+                e = MessageRefused(f"unreadable entry ({type(e).__name__}: {str(e)[:200]})")
+            mid = _text(fields.get(b"id")) if isinstance(fields, dict) else None
+            sender = _sender_of(fields)
+            if self._recorded(node, now):
+                refused.append((self.ids.new(now), sender or "?", f"entry {eid}", node, eid, str(e)))
+                log.error("federation: entry %s from node %s refused: %s", eid, node, e)
+            self._ack(node, mid, str(e), eid)
+            return None
+
+    def _record(self, works, refused, now):
+        """This node's limits, the deliveries, then one ledger transaction for what was delivered,
+        refused or given up, and the acknowledgements of each."""
         works, shed = self._admit(works, now)
         done, gave_up = self._deliver(works, now)
         failed = [dict(item, got=w.got, error=why) for w, item, why in gave_up + shed]
@@ -354,7 +373,6 @@ class Incoming:
             self._ack(item["node"], item.get("remote_id") or w.id, None, item["entry_id"])
         for m in failed:
             self._ack(m["node"], m.get("remote_id") or m["id"], m["error"], m["entry_id"])
-        return len(entries)
 
     def _recorded(self, node, now):
         """Whether a refusal of this node's entry is recorded (a failed row, a log line): at most
@@ -372,68 +390,11 @@ class Incoming:
         self.refusals[node] = (start, count, quiet + 1)
         return False
 
-    def _holds(self, agent, node):
-        """Whether the directory gives `agent` to `node`: True, False, or None (not known). A
-        name this node has not resolved yet (announced since its last read) is looked up in every
-        node's entry, now: it is `node`'s only when no other node lists it and it differs only by
-        case from no name the team has (a name claimed twice, or a case variant, is no one's)."""
-        routes, ambiguous = self.routes()
-        if routes.get(agent) != node and (claimed := self.listed.claimed(agent, node)) is not None:
-            return claimed          # a name's claim outranks every list (claims.py)
-        if agent in routes and routes[agent] != node:
-            return self._moved(agent, node, routes[agent])
-        if agent in routes:
-            return True
-        if agent in ambiguous:
-            return False
-        folded = agent.casefold()
-        if self._team_folded is None:
-            self._team_folded = {name.casefold() for name in (*routes, *ambiguous)}
-        if folded in self._team_folded:
-            return False
-        lists = self._team_lists(node)
-        holders = {n for n, names in lists.items() if folded in names}
-        if not holders:
-            return None
-        return holders == {node} and agent in lists[node][folded]
-
-    def _moved(self, agent, node, holder):
-        """A sender the directory, as last read, gives to another node (`holder`): `node`'s all
-        the same when `holder` lists it no more (it dropped the name, or an operator retired its
-        entry since that read) and `node` alone lists it now, as the next look will decide. So
-        the new holder's first messages after a retire are not refused for the moment before
-        this node's next look. A name its holder still lists is never another node's."""
-        folded = agent.casefold()
-        if self.listed.lists(holder, folded):
-            return False
-        lists = self._team_lists(node, force=True)
-        holders = {n for n, names in lists.items() if folded in names}
-        return holders == {node} and agent in lists[node][folded]
-
-    def _team_lists(self, node, force=False):
-        """{node: {folded name: names}} of every node's entry, read at most once a second (teamlists.py)."""
-        return self.team.lists(node, force)
-
     def _ack(self, node, mid, refusal, eid):
         self.retry.pop((node, eid), None)
         self.handled.setdefault(node, []).append(eid)
         if mid and valid_id(mid):
             self.acks.setdefault(node, []).append([mid, eid, refusal[:500] if refusal else None])
-
-    def _sender(self, sender, node, local):
-        """Why `sender` cannot speak through `node`'s stream, or None when it can."""
-        if sender in local:
-            return f"the sender {sender} is an agent of this node ({self.node}); node {node} cannot speak for it"
-        mine = self._local_folded.get(sender.casefold())
-        if mine is not None:
-            return f"the sender {sender} differs only by case from {mine}, an agent of this node ({self.node})"
-        holds = self._holds(sender, node)
-        if holds is False:
-            return (f"the sender {sender} is not an agent of node {node} in the team's directory (another node's, "
-                    "claimed by more than one, or a case variant of a name the team has)")
-        if holds is None:
-            return f"the sender {sender} is not in the team's directory {UNANNOUNCED}"
-        return None
 
     def _verdict(self, w, node, before, seen):
         """REPEAT for a message this node received before from the same node (the same id and
