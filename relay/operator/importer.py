@@ -37,105 +37,32 @@ import contextlib
 import hashlib
 import os
 import stat
-from pathlib import PurePosixPath
 
 import orjson
 
-from relay.times import END
 from relay.core import registry
 from relay.names import agent_problem, fold, namesake_problem
 from relay.core.archive import Archive, day_of
-from relay.core.message import parse
 from relay.errors import RelayError
 from relay.files.fs import StateDir, bad_name, default_fsync, shown
 from relay.files.layout import is_in_progress_name
 from relay.files.lock import exclusive
-from relay.ids import id_text
 from relay.ledger.agent_relay import AgentRelayLedger
 from relay.ledger.history import History
 from relay.ledger.imports import NO_STATE
 from relay.operator.agent_relay_places import locate
+from relay.operator.agent_relay_records import (MAX_FILE, fields, file_key, message_id,  # noqa: F401
+                                                mismatch, on_the_way, own, seconds, tail, what)
 from relay.operator.doctor import actor
 from relay.operator.import_summary import BECOMES, SOURCE, Summary
 
 ON_THE_WAY = ("pending", "processing")     # statuses whose file agent-relay still had to deliver
 BATCH = 500                 # records written (files, then one transaction) at a time
-MAX_FILE = 64 << 20         # the largest file read from agent-relay's directory
 MAX_SHOWN = 20              # unknown outbox files named one by one
 STAGED = ".import"          # an archive copy's hidden name ends so until its record is durable
-LAST_MS = END * 1000        # 10000-01-01 (relay/times.py): agent-relay's times are Date.now()
 WAIT_S = 600                # how long an import waits for another one (or an operator command) to end
 BUSY = (f"another relay import or operator command has held this project for {WAIT_S} s; run the import "
         "again once it is done")
-
-
-def message_id(file_id, discovered_ms):
-    """The id a record of agent-relay gets here: its time, and 80 bits of its file id's hash."""
-    ms = min(max(int(discovered_ms), 0), (1 << 48) - 1)
-    return id_text(ms, int.from_bytes(hashlib.sha256(f"{SOURCE}:{file_id}".encode()).digest()[:10], "big"))
-
-
-def tail(recorded, top, depth):
-    """The path agent-relay recorded (absolute, where its directory was then) relative to its
-    directory: `top` and the `depth` names after it; None when it is not of that shape."""
-    if not isinstance(recorded, str):
-        return None
-    parts = PurePosixPath(recorded).parts
-    if len(parts) <= depth or parts[-depth - 1] != top or any(p in (".", "..") for p in parts[-depth:]):
-        return None
-    return "/".join((top, *parts[-depth:]))
-
-
-def own(rel, r):
-    """Whether `rel` (from tail()) is the record's own file: agent-relay keeps it at
-    `outbox/<agent>/<name>` and archives it as `archive/<agent>/<day>/<file_id>-<name>`. A
-    record naming another agent's file would deliver that agent's words as its own."""
-    parts = rel.split("/")
-    if parts[1] != r["agent_name"]:
-        return False
-    return parts[-1] == (r["message_type"] if parts[0] == "outbox" else f"{r['file_id']}-{r['message_type']}")
-
-
-def on_the_way(r):
-    """`outbox/<agent>/<name>` of a record's own file (see own()), or None."""
-    rel = tail(r["source_path"], "outbox", 2)
-    return rel if rel is not None and own(rel, r) else None
-
-
-def file_key(r):
-    """(outbox/<agent>/<name>, short sha256, size) of the file a record names, or None."""
-    rel, short = on_the_way(r), r["content_hash"]
-    return (rel, short.lower(), r["file_size"]) if rel and isinstance(short, str) and short else None
-
-
-def seconds(ms):
-    """A time of agent-relay's (milliseconds since 1970) in seconds; None when it is none a
-    clock gives (not a number, before 1970, after the year 9999, infinity, NaN)."""
-    if not isinstance(ms, (int, float)) or isinstance(ms, bool) or not 0 <= ms < LAST_MS:
-        return None
-    return ms / 1000.0
-
-
-def mismatch(data, row):
-    """Why `data` is not the file agent-relay recorded (its short sha256, its size), or None."""
-    short = row["content_hash"]
-    if isinstance(short, str) and short and hashlib.sha256(data).hexdigest()[:len(short)] != short.lower():
-        return "does not match the sha256 agent-relay recorded"
-    size = row["file_size"]
-    if isinstance(size, int) and size > 0 and size != len(data):
-        return f"is {len(data)} bytes, agent-relay recorded {size}"
-    return None
-
-
-def fields(data, name):
-    """What relay's ledger keeps of a message (recipients, kind, thread, subject, body, headers),
-    read from its bytes; nothing when relay cannot read them as a message."""
-    try:
-        m = parse(data, name, MAX_FILE)
-    except RelayError:
-        return {}
-    return {"recipients": orjson.dumps(list(m.to)).decode(), "kind": m.kind, "thread": m.thread,
-            "subject": m.subject, "body": m.body, "headers": orjson.dumps(m.headers).decode()}
 
 
 class Importer:
@@ -317,7 +244,7 @@ class Importer:
             return item
         rel = self.layout.failed_rel(item["sender"], item["id"], item["name"])
         report = Archive.report(item["id"], item["sender"], item["name"], error, failed, item["attempts"])
-        report["imported"] = _what(self.origin, r["file_id"])
+        report["imported"] = what(self.origin, r["file_id"])
         item.update(fields(data, item["name"]), size=len(data), sha256=hashlib.sha256(data).hexdigest(),
                     sent_at=mtime, failed_path=rel)
         item["files"] += [(rel, data, None),
@@ -492,10 +419,6 @@ class Importer:
             self.summary.state_skipped = len(entries) - len(done) - len(left)
             self.summary.notices += [f"orchestrator state key {shown(str(k))}: {reason}; not imported"
                                      for k, reason in left]
-
-
-def _what(origin, file_id):
-    return f"from agent-relay {origin}, its id {file_id}"
 
 
 def import_agent_relay(ledger, layout, path, now, durability="full", dry_run=False, accept_missing=False, env=None):
