@@ -63,6 +63,32 @@ def read_entry(node, eid, fields, local, config):
     """(Work, item) of a well-formed entry for this node's agents, sent by `node` (the stream's);
     MessageRefused saying what is wrong otherwise. Nothing in the entry is trusted: every field
     is checked, and the envelope the inboxes get is made again from the checked fields."""
+    mid, doc, to_here = _parsed(fields, config)
+    sender, body, sha = _checked(doc, to_here, config)
+    mine = [r for r in dict.fromkeys(to_here) if r in local and r != SYSTEM]
+    if not mine:
+        raise MessageRefused(f"none of {', '.join(to_here[:10])} is an agent of node {config.federation.node}")
+    others = [r for r in to_here if r not in mine]
+    try:
+        kind_of_content = content_type(doc.get("content_type"))
+    except MessageRefused as e:
+        raise MessageRefused(f"the envelope's {e}") from None
+    envelope, data = _envelope(doc, node, kind_of_content)
+    w = Work(id=mid, sender=sender, name=source_name(doc.get("source")), archive_rel=None, retries=0,
+             thorough=True, sha256=sha, recipients=mine, envelope=data, sent_at=_when(doc.get("sent_at")),
+             envelope_sha256=hashlib.sha256(data).hexdigest(),
+             message=Remote(envelope["to"], doc.get("kind"),
+                            doc.get("thread"), doc.get("subject")))
+    item = {"id": mid, "sender": sender, "name": w.name, "node": node, "entry_id": eid, "recipients": mine,
+            "kind": doc.get("kind"), "thread": doc.get("thread"), "subject": doc.get("subject"), "body": body,
+            "headers": orjson.dumps(doc.get("headers") or {}).decode(), "sha256": sha, "content_type": kind_of_content,
+            "sent_at": _when(doc.get("sent_at")),
+            "note": f"not agents of this node: {', '.join(others[:10])}" if others else None}
+    return w, item
+
+
+def _parsed(fields, config):
+    """(message id, envelope, recipients here) of an entry's fields, each as its reader needs it."""
     if not isinstance(fields, dict):
         raise MessageRefused("the entry has no fields")
     fields = {(k.decode("utf-8", "replace") if isinstance(k, bytes) else k): v for k, v in fields.items()}
@@ -84,6 +110,12 @@ def read_entry(node, eid, fields, local, config):
         raise MessageRefused(f"the envelope or its recipients are not JSON: {e}") from None
     if not isinstance(doc, dict) or doc.get("id") != mid:
         raise MessageRefused("the envelope is not an object with the entry's message id")
+    return mid, doc, to_here
+
+
+def _checked(doc, to_here, config):
+    """(sender, body, sha256 of the original) of an envelope whose every field is as a relay
+    writes it; MessageRefused saying which is not."""
     sender = doc.get("from")
     if not isinstance(sender, str) or not valid_agent(sender):
         raise MessageRefused(f"the sender {shown(str(sender))[:70]!r} is not an agent name")
@@ -111,14 +143,11 @@ def read_entry(node, eid, fields, local, config):
         raise MessageRefused("'headers' or 'to' has the wrong type")
     if doc.get("cwd") is not None and not is_inside(config.root / doc["cwd"], config.root):
         raise MessageRefused(f"CWD {doc['cwd'][:100]!r} is outside this node's project root")
-    mine = [r for r in dict.fromkeys(to_here) if r in local and r != SYSTEM]
-    if not mine:
-        raise MessageRefused(f"none of {', '.join(to_here[:10])} is an agent of node {config.federation.node}")
-    others = [r for r in to_here if r not in mine]
-    try:
-        kind_of_content = content_type(doc.get("content_type"))
-    except MessageRefused as e:
-        raise MessageRefused(f"the envelope's {e}") from None
+    return sender, body, sha
+
+
+def _envelope(doc, node, kind_of_content):
+    """The envelope the inboxes get, made again from the checked fields, and its bytes."""
     envelope = {k: doc.get(k) for k in ("id", "from", "to", "kind", "thread", "subject", "body", "headers",
                                          "sent_at", "relayed_at", "source", "sha256")}
     envelope["content_type"] = kind_of_content
@@ -129,20 +158,9 @@ def read_entry(node, eid, fields, local, config):
     envelope.update({k: doc[k] for k in CONTROL_KEYS if doc.get(k) is not None})
     envelope["node"] = node
     try:
-        data = orjson.dumps(envelope)
+        return envelope, orjson.dumps(envelope)
     except TypeError as e:
         raise MessageRefused(f"the envelope cannot be written again: {e}") from None
-    w = Work(id=mid, sender=sender, name=source_name(doc.get("source")), archive_rel=None, retries=0,
-             thorough=True, sha256=sha, recipients=mine, envelope=data, sent_at=_when(doc.get("sent_at")),
-             envelope_sha256=hashlib.sha256(data).hexdigest(),
-             message=Remote(envelope["to"], doc.get("kind"),
-                            doc.get("thread"), doc.get("subject")))
-    item = {"id": mid, "sender": sender, "name": w.name, "node": node, "entry_id": eid, "recipients": mine,
-            "kind": doc.get("kind"), "thread": doc.get("thread"), "subject": doc.get("subject"), "body": body,
-            "headers": orjson.dumps(doc.get("headers") or {}).decode(), "sha256": sha, "content_type": kind_of_content,
-            "sent_at": _when(doc.get("sent_at")),
-            "note": f"not agents of this node: {', '.join(others[:10])}" if others else None}
-    return w, item
 
 
 def renamed(w, item, mid):
