@@ -214,6 +214,15 @@ def status(ctx, max_pending_age, as_json):
     if as_json:
         out_json(doc)
         return
+    _echo_status(doc, cfg, att, held, with_ledger)
+    sys.exit(code)
+
+
+def _echo_status(doc, cfg, att, held, with_ledger):
+    """relay status's lines, from its JSON document (and the reservations held, the attestation)."""
+    pid, unknown, counts, sheds = doc["daemon"]["pid"], doc["unreadable"]["count"], doc["counts"], doc["sheds"]
+    oldest, overdue, undeclared = doc["oldest_pending_age_s"], doc["acks_overdue"], doc["undeclared"]
+    federation, problems = doc.get("federation"), doc["health"]["problems"]
     echo(f"root       {doc['root']}\nstate dir  {doc['state_dir']}")
     echo(f"daemon     {'running, pid ' + str(pid) if pid else 'not running'}")
     echo("messages   {delivered} delivered, {on_the_way} on the way, {failed} failed".format(**doc["messages"])
@@ -240,7 +249,6 @@ def status(ctx, max_pending_age, as_json):
     if not with_ledger:
         echo("no ledger yet: run `relay init` or `relay run`")
     echo("health     " + ("ok" if not problems else "; ".join(problems)))
-    sys.exit(code)
 
 
 @click.command()
