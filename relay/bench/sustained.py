@@ -151,30 +151,10 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         out = {"scenario": label, "agents": agents, "producers": producers,
                "offered_per_s": rate, "seconds": seconds, "cap_per_agent": cap}
         if idle_seconds:
-            time.sleep(0.5)
-            c0 = cpu_seconds(daemon.pid)
-            time.sleep(idle_seconds)
-            out["idle_cpu_percent"] = round((cpu_seconds(daemon.pid) - c0) / idle_seconds * 100, 3)
+            out["idle_cpu_percent"] = _idle_cpu(daemon, idle_seconds)
         arrivals = Arrivals([state / "inbox" / n / "new" for n in names])
-        ctx = multiprocessing.get_context("spawn")
-        ready, go, start = ctx.Barrier(producers + 1), ctx.Event(), ctx.Value("d", 0.0)
-        done, release = ctx.Semaphore(0), ctx.Event()
-        body = b"x" * body_size
-        files = [root / f"producer-{k}.marshal" for k in range(producers)]
-        for k in range(producers):
-            own = range(k, agents, producers)
-            boxes = [(str(state / "outbox" / names[a]), names[(a + 1) % agents]) for a in own]
-            share, offset = (rate / producers, k / rate) if rate else (None, 0.0)
-            p = ctx.Process(target=produce, name=f"producer-{k}", daemon=True,
-                            args=(k, boxes, share, offset, seconds, cap, body, str(files[k]), ready, go, start,
-                                  done, release))
-            p.start()
-            procs.append(p)
-        try:
-            ready.wait(READY_TIMEOUT)
-        except threading.BrokenBarrierError:
-            raise BenchError("the producers did not all start in time: "
-                               + ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if not p.is_alive())) from None
+        files, (go, start, done, release) = _start_producers(procs, root, names, producers, rate, seconds, cap,
+                                                             body_size)
         cpu0, sys0 = cpu_seconds(daemon.pid), system_seconds(daemon.pid)
         start.value = t0 = time.time() + 0.05
         go.set()
@@ -182,28 +162,9 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         if rate is None:        # full speed: the window is the producing time
             cpu1, sys1, t1 = cpu_seconds(daemon.pid), system_seconds(daemon.pid), time.time()
         _wait_for_figures(done, procs)
-        sent = {}
-        written = producer_cpu = held = 0
-        first = last = None
-        for k, f in enumerate(files):
-            with open(f, "rb") as fh:
-                pnames, ptimes, pcpu, pheld = marshal.load(fh)
-            own = range(k, agents, producers)
-            senders = [names[a] for a in own]
-            for i, (n, t) in enumerate(zip(pnames, ptimes)):
-                sent[(senders[i % len(senders)], n)] = t
-            written += len(pnames)
-            producer_cpu += pcpu
-            held += pheld
-            if ptimes:
-                first = ptimes[0] if first is None else min(first, ptimes[0])
-                last = ptimes[-1] if last is None else max(last, ptimes[-1])
+        sent, written, producer_cpu, held, first, last = _produced(files, names, agents, producers)
         if rate is not None:    # a fixed rate: every message is waited for
-            deadline = time.time() + settle
-            while len(arrivals.seen) < written and time.time() < deadline:
-                if daemon.proc.poll() is not None:
-                    raise BenchError(f"the daemon exited ({daemon.proc.returncode}) during the run: {daemon.tail()}")
-                time.sleep(0.05)
+            _settle(daemon, arrivals, written, settle)
             cpu1, sys1 = cpu_seconds(daemon.pid), system_seconds(daemon.pid)
             t1 = max(arrivals.seen.values(), default=time.time())
         release.set()
@@ -213,35 +174,11 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
                 raise BenchError(f"{p.name} failed (exit {p.exitcode}); see its traceback above")
         out["peak_rss_mb"] = peak_rss_mb(daemon.pid)
         if idle_seconds and rate is not None:
-            time.sleep(0.5)
-            c0 = cpu_seconds(daemon.pid)
-            time.sleep(idle_seconds)
-            out["idle_cpu_after_percent"] = round((cpu_seconds(daemon.pid) - c0) / idle_seconds * 100, 3)
+            out["idle_cpu_after_percent"] = _idle_cpu(daemon, idle_seconds)
         arrivals.close()
         seen, overflows, arrivals = arrivals.seen, arrivals.overflows, None
         out["daemon_exit"] = daemon.stop()
-        lat, lag, seen_lag, when = [], [], [], []
-        delivered = 0
-        for n in names:
-            new = state / "inbox" / n / "new"
-            for entry in os.scandir(new):
-                t = seen.get(os.fsencode(entry.name))
-                if t is None or t > t1:
-                    continue
-                env = orjson.loads(Path(entry.path).read_bytes())
-                t_sent = sent.get((env["from"], env["source"]))
-                if t_sent is None:
-                    continue
-                delivered += 1
-                lat.append((t - t_sent) * 1000)
-                when.append((round((t - t_sent) * 1000, 2), round(t_sent - t0, 3), env["from"]))
-                lag.append((t - _epoch(env["relayed_at"])) * 1000)
-                # The link's unlink of tmp/ follows at once and sets the inode's ctime: the kernel's
-                # (coarse, a clock tick) time of the arrival, against which inotify's is checked.
-                seen_lag.append((t - entry.stat(follow_symlinks=False).st_ctime_ns / 1e9) * 1000)
-        lat.sort()
-        lag.sort()
-        seen_lag.sort()
+        delivered, lat, lag, seen_lag, when = _arrived(state, names, seen, sent, t0, t1)
         window = t1 - t0
         out.update({
             "written": written,
@@ -273,6 +210,99 @@ def scenario(base, label, agents=20, producers=None, rate=None, seconds=5.0, cap
         if daemon is not None:
             daemon.stop()
         bench.discard(root)
+
+
+def _start_producers(procs, root, names, producers, rate, seconds, cap, body_size):
+    """The producer processes started (each appended to `procs`) and ready: the files their
+    figures go to, and (go, start, done, release), what the run drives them with."""
+    agents, state = len(names), root / ".relay"
+    ctx = multiprocessing.get_context("spawn")
+    ready, go, start = ctx.Barrier(producers + 1), ctx.Event(), ctx.Value("d", 0.0)
+    done, release = ctx.Semaphore(0), ctx.Event()
+    files = [root / f"producer-{k}.marshal" for k in range(producers)]
+    for k in range(producers):
+        own = range(k, agents, producers)
+        boxes = [(str(state / "outbox" / names[a]), names[(a + 1) % agents]) for a in own]
+        share, offset = (rate / producers, k / rate) if rate else (None, 0.0)
+        p = ctx.Process(target=produce, name=f"producer-{k}", daemon=True,
+                        args=(k, boxes, share, offset, seconds, cap, b"x" * body_size, str(files[k]), ready, go,
+                              start, done, release))
+        p.start()
+        procs.append(p)
+    try:
+        ready.wait(READY_TIMEOUT)
+    except threading.BrokenBarrierError:
+        raise BenchError("the producers did not all start in time: "
+                           + ", ".join(f"{p.name} exit {p.exitcode}" for p in procs if not p.is_alive())) from None
+    return files, (go, start, done, release)
+
+
+def _settle(daemon, arrivals, written, settle):
+    """Wait (at most `settle` seconds) for every message written to arrive."""
+    deadline = time.time() + settle
+    while len(arrivals.seen) < written and time.time() < deadline:
+        if daemon.proc.poll() is not None:
+            raise BenchError(f"the daemon exited ({daemon.proc.returncode}) during the run: {daemon.tail()}")
+        time.sleep(0.05)
+
+
+def _idle_cpu(daemon, idle_seconds):
+    """The daemon's CPU (percent of one core) while nothing is sent for `idle_seconds`."""
+    time.sleep(0.5)
+    c0 = cpu_seconds(daemon.pid)
+    time.sleep(idle_seconds)
+    return round((cpu_seconds(daemon.pid) - c0) / idle_seconds * 100, 3)
+
+
+def _produced(files, names, agents, producers):
+    """What the producers wrote, from their figures' files: {(sender, name): time written},
+    the count, their CPU seconds, their seconds held back by the cap, the first and last time."""
+    sent = {}
+    written = producer_cpu = held = 0
+    first = last = None
+    for k, f in enumerate(files):
+        with open(f, "rb") as fh:
+            pnames, ptimes, pcpu, pheld = marshal.load(fh)
+        own = range(k, agents, producers)
+        senders = [names[a] for a in own]
+        for i, (n, t) in enumerate(zip(pnames, ptimes)):
+            sent[(senders[i % len(senders)], n)] = t
+        written += len(pnames)
+        producer_cpu += pcpu
+        held += pheld
+        if ptimes:
+            first = ptimes[0] if first is None else min(first, ptimes[0])
+            last = ptimes[-1] if last is None else max(last, ptimes[-1])
+    return sent, written, producer_cpu, held, first, last
+
+
+def _arrived(state, names, seen, sent, t0, t1):
+    """The deliveries seen by t1 of messages the producers wrote: their count, latencies (ms,
+    sorted), lags behind relayed_at and behind the kernel's ctime (ms, sorted), and (latency,
+    sent at from the run's start, sender) of each."""
+    lat, lag, seen_lag, when = [], [], [], []
+    delivered = 0
+    for n in names:
+        new = state / "inbox" / n / "new"
+        for entry in os.scandir(new):
+            t = seen.get(os.fsencode(entry.name))
+            if t is None or t > t1:
+                continue
+            env = orjson.loads(Path(entry.path).read_bytes())
+            t_sent = sent.get((env["from"], env["source"]))
+            if t_sent is None:
+                continue
+            delivered += 1
+            lat.append((t - t_sent) * 1000)
+            when.append((round((t - t_sent) * 1000, 2), round(t_sent - t0, 3), env["from"]))
+            lag.append((t - _epoch(env["relayed_at"])) * 1000)
+            # The link's unlink of tmp/ follows at once and sets the inode's ctime: the kernel's
+            # (coarse, a clock tick) time of the arrival, against which inotify's is checked.
+            seen_lag.append((t - entry.stat(follow_symlinks=False).st_ctime_ns / 1e9) * 1000)
+    lat.sort()
+    lag.sort()
+    seen_lag.sort()
+    return delivered, lat, lag, seen_lag, when
 
 
 def pressure():
