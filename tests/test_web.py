@@ -208,6 +208,35 @@ def test_compose_sends_as_the_overseer_with_csrf_and_same_origin_only(team):
     assert '"from":"Human"' in inbox[0].read_text().replace(" ", "")
 
 
+def test_compose_refuses_an_origin_that_merely_ends_with_this_host(team):
+    from urllib.parse import urlencode
+    team("init", "--agent", "Human")
+    with server(team.root, compose="Human") as srv:
+        host = srv.base.split("://", 1)[1]
+        kinds = {"Content-Type": "application/x-www-form-urlencoded"}
+        for origin in (f"http://evil{host}", f"https://evil.{host}", f"ftp://{host}", f"http://{host}.evil"):
+            token = _csrf(get(srv, "/compose")[2])
+            form = urlencode({"to": "Bob", "body": "forged", "csrf": token}).encode()
+            assert get(srv, "/compose", data=form, headers={**kinds, "Origin": origin})[0] == 403, origin
+    team("run", "--once")
+    new = team.state / "inbox" / "Bob" / "new"
+    assert not new.exists() or not list(new.iterdir())
+
+
+def test_a_thread_id_holding_a_slash_is_linked_with_the_slash_quoted(team):
+    for tid in ("x/y", "a/../b"):
+        team("send", "--from", "Alice", "--to", "Bob", "--thread", tid, f"in {tid}")
+    team("run", "--once")
+    with server(team.root) as srv:
+        listing = get(srv, "/messages")[2]
+        pages = [listing] + [get(srv, f"/messages/{m}")[2] for m in ids(listing)]
+        hrefs = [h for text in pages for h in re.findall(r'href="(/threads/[^"?]+)', text)]
+        assert {"/threads/x%2Fy", "/threads/a%2F..%2Fb"} <= set(hrefs)
+        assert all(h.count("/") == 2 for h in hrefs), hrefs
+        status, _, text = get(srv, "/threads/a%2F..%2Fb")
+        assert status == 200 and "in a/../b" in text
+
+
 def _steps(history, **filters):
     """SQLite's virtual-machine steps (in hundreds) to answer one page of Messages."""
     steps = [0]
