@@ -392,3 +392,18 @@ def test_a_node_speaking_as_system_in_any_case_is_refused(server, team, nodes, c
     why = [r[0] for r in n2.relay.history.db.execute("SELECT error FROM messages WHERE node = 'n3' AND "
                                                      "status = 'failed'")]
     assert len(why) == 3 and all("reserved" in w or "relay's own" in w or "keeps for itself" in w for w in why), why
+
+
+def test_per_row_events_of_publishing_again_refill_a_minute_after_the_minute_began_though_calls_keep_coming():
+    """Losses.quiet() counts EVENTS per node from the start of a minute: rows published again
+    every 10 s use them up, and once 60 s have passed since that minute began they are all there
+    again (a minute's start is not moved on by each call)."""
+    from relay.federation.losses import EVENTS, Losses
+    losses = Losses(client=None, keys=None, node="n1", history=None)
+    hushed = {t: losses.quiet("n2", float(t), EVENTS // 4) for t in range(0, 130, 10)}
+    assert [hushed[t] for t in (0, 10, 20, 30)] == [0, 0, 0, 0]                 # EVENTS used up by 30 s
+    assert [hushed[t] for t in (40, 50)] == [EVENTS // 4] * 2                     # past them: no event of their own
+    assert hushed[60] == 0                                                         # a new minute: events again
+    assert [hushed[t] for t in (70, 80, 90, 100, 110)] == [0, 0, 0, EVENTS // 4, EVENTS // 4]
+    assert hushed[120] == 0
+    assert losses.quiet("n3", 120.0, EVENTS + 5) == 5                              # each node its own quota
