@@ -391,6 +391,30 @@ def test_a_record_on_the_way_of_a_file_delivered_there_is_its_duplicate_never_de
         {"already_imported": 2}
 
 
+def test_a_record_on_the_way_listed_before_the_delivered_record_of_its_file_is_still_its_duplicate(
+        fresh, project, tmp_path):
+    """The record on the way of a delivered file comes first in agent-relay's row order (a
+    ledger whose row ids do not follow the watcher's order): it is still the delivered one's
+    duplicate, not a problem, and nothing goes out again."""
+    made = agent_relay_ledger.make(tmp_path / "old", counts=dict.fromkeys(COUNTS, 0))
+    d = agent_relay_ledger.Driver(made.root, int(time.time() * 1000))
+    first = d.register("Alice", "dup3", agent_relay_ledger.message("Bob", 3))
+    d.claim(first)
+    d.delivered(first)
+    second = d.rediscover(first)
+    d.db.execute("UPDATE relay_files SET id = -id WHERE file_id = ?", (second,))     # listed first
+    d.close()
+    doc = json.loads(fresh("import", "agent-relay", str(made.root), "--json").stdout)
+    assert doc["ok"] and not doc["problems"], doc["problems"]
+    assert doc["imported"]["delivered"] == 1 and doc["imported"]["pending"] == 1 and doc["duplicates"] == 1
+    imported = dict(rows(fresh, "SELECT source_id, message_id FROM imports"))
+    assert imported[first] == imported[second]
+    assert rows(fresh, "SELECT status, count(*) FROM messages GROUP BY status") == [("archived", 1)]
+    r = project.relay(agents=agent_relay_ledger.AGENTS)
+    r.drain()
+    assert envelopes(fresh) == {}
+
+
 # -- what the file is, before it is copied ----------------------------------------------------
 
 def sparse(path, head=b""):
