@@ -4,6 +4,7 @@ looks: a send to it or from it is refused at once, with the reason and the opera
 API's and MCP's agents() show it archived, never active; `relay adopt` names only live agents;
 what it drops in its outbox anyway is quarantined with the reason, never delivered."""
 import json
+import sqlite3
 
 import anyio
 import pytest
@@ -125,3 +126,29 @@ def test_mcp_refuses_sends_to_and_from_an_archived_agent_and_lists_it_archived(a
     assert "Traceback" not in (tmp_path / "server.err").read_text()
     assert list((archived.state / "outbox" / "Carol").iterdir()) == []
     assert list((archived.state / "outbox" / "Alice").iterdir()) == []
+
+
+
+
+def test_a_file_of_unfit_name_in_an_archived_agents_outbox_is_quarantined_and_bounces_to_nobody(project, cli):
+    """A running relay whose batch has seen Carol archived quarantines the file and owes Carol
+    no bounce; Alice, alive, is owed hers."""
+    r = project.relay(agents=("Alice", "Bob", "Carol"))
+    r.drain()
+    cli("archive-agent", "Carol")
+    project.drop("Alice", "msg", "TO: Bob\n\na batch after the archiving")
+    r.drain()
+    for sender in ("Carol", "Alice"):
+        project.drop(sender, "bad\x07name", "a file no message can be named after")
+    r.drain()
+    r.drain()
+    db = sqlite3.connect(f"file:{project.state / 'ledger.sqlite'}?mode=ro", uri=True)
+    try:
+        failed = dict(db.execute("SELECT sender, count(*) FROM messages WHERE status = 'failed' GROUP BY sender"))
+        owed = dict(db.execute("SELECT sender, count(*) FROM bounces GROUP BY sender"))
+    finally:
+        db.close()
+    assert failed == {"Alice": 1, "Carol": 1}
+    assert owed == {"Alice": 1}
+    assert len(list((project.state / "inbox" / "Bob" / "new").iterdir())) == 1
+    assert list((project.state / "outbox" / "Carol").iterdir()) == []
