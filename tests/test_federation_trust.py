@@ -332,6 +332,45 @@ def test_an_oversized_entry_is_refused_from_its_size_and_holds_back_nothing(serv
     assert any("over what this node reads" in w for w in refusals(n2))
 
 
+def test_an_entry_of_a_hundred_thousand_empty_fields_is_refused_from_its_count_unread(server, team, nodes, clock):
+    """Empty fields are nearly free on the wire (the byte bound passes 7 MB of them) but each
+    costs a parsed object: the count the entry announces refuses it before one field is read."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    keys = Keys(team)
+    wide = n1.relay.ids.new(clock())
+    fields = {"v": "2", "id": wide, "to": '["Bob"]', "env": envelope(wide, "Ann", ["Bob"])}
+    fields.update((f"f{i}", "") for i in range(100_000))
+    as_node(server, team, "n1").xadd(keys.messages("n1", "n2"), fields)
+    n1.drop("Ann", "m", "TO: Bob\n\nbehind the wide one")
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["behind the wide one"]
+    assert any("an entry of 100004 fields announced, over the 16" in w for w in refusals(n2)), refusals(n2)
+
+
+def test_the_guarded_client_counts_an_entrys_fields_before_reading_one_and_no_other_pair(server, team):
+    import redis
+    from relay.federation.client import ENTRY_FIELDS, ReplyTooLarge, _guarded_parser
+    plain = admin(server)
+    guarded = redis.Redis.from_url(server.url, protocol=2, parser_class=_guarded_parser(1 << 20, 1 << 22))
+    keys = [f"{team}:{k}" for k in ("fit", "wide", "pairs", "list", "empties")]
+    plain.xadd("fit", {f"f{i}": "" for i in range(ENTRY_FIELDS)})
+    plain.xadd("wide", {f"f{i}": "" for i in range(ENTRY_FIELDS + 1)})
+    plain.hset("pairs", mapping={"1-1": "x"})              # a pair of an id-like name and a value
+    plain.rpush("list", "1-1", "2-2")                       # ... and of two id-like strings
+    assert len(guarded.xrange("fit")[0][1]) == ENTRY_FIELDS
+    assert guarded.hgetall("pairs") == {b"1-1": b"x"} and guarded.lrange("list", 0, -1) == [b"1-1", b"2-2"]
+    with pytest.raises(ReplyTooLarge) as e:
+        guarded.xread({"fit": "0", "wide": "0"})
+    assert e.value.what == "fields" and e.value.size == ENTRY_FIELDS + 1
+    # Empty bulks count their wire bytes against the budget.
+    plain.rpush("empties", *[""] * 2000)
+    small = redis.Redis.from_url(server.url, protocol=2, parser_class=_guarded_parser(1 << 20, 8000))
+    with pytest.raises(ReplyTooLarge):
+        small.lrange("empties", 0, -1)
+
+
 def test_a_source_with_path_characters_is_shown_escaped_and_audited(server, team, nodes, clock, cli):
     n1 = nodes(server, team, "n1", ["Ann"])
     n2 = nodes(server, team, "n2", ["Bob"])
@@ -454,19 +493,56 @@ def test_huge_fields_in_a_nodes_own_entry_are_never_read_whole(server, team, nod
     assert bodies(n2, "Bob") == ["unbothered"]
 
 
-def test_a_flood_of_bad_entries_is_recorded_a_hundred_a_minute(server, team, nodes, clock):
+def test_a_flood_of_bad_entries_is_recorded_a_hundred_a_minute_and_then_read_once_a_second(
+        server, team, nodes, clock):
+    """Past REFUSALS refusals in a minute, the flooding node's stream is read at most once in
+    HOLD seconds: the rest of its flood waits unread, another node's message does not."""
+    from relay.federation.receiver import BATCH, HOLD, REFUSALS
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Cy"])
+    exchange(n1, n2, n3, rounds=1)
+    evil, stream = as_node(server, team, "n1"), Keys(team).messages("n1", "n2")
+    for _ in range(2000):
+        evil.xadd(stream, {"v": "1"})
+    while n2.receive():
+        pass
+    assert len(refusals(n2)) == REFUSALS
+
+    def read():
+        cursor = n2.link.incoming.cursors["n1"]
+        return len(admin(server).xrange(stream, "-", cursor))
+    first = read()
+    assert REFUSALS < first <= REFUSALS + 2 * BATCH     # the read that passed the bound, and no more
+    n1.drop("Ann", "m", "TO: Bob\n\nbehind the flood")
+    n3.drop("Cy", "m", "TO: Bob\n\nbeside the flood")
+    exchange(n1, n2, n3)
+    assert bodies(n2, "Bob") == ["beside the flood"] and read() == first
+    clock.advance(HOLD)
+    n2.receive()
+    assert first < read() <= first + BATCH
+    for _ in range(2000 // BATCH + 1):
+        clock.advance(HOLD)
+        exchange(n1, n2, n3)
+    assert bodies(n2, "Bob") == ["behind the flood", "beside the flood"]
+    assert len(refusals(n2)) == REFUSALS       # the same minute: none more recorded one by one
+
+
+def test_a_receiver_whose_only_stream_is_held_back_rests_instead_of_spinning(server, team, nodes, clock):
+    from relay.federation.receiver import HOLD, REFUSALS
     n1 = nodes(server, team, "n1", ["Ann"])
     n2 = nodes(server, team, "n2", ["Bob"])
     exchange(n1, n2, rounds=1)
-    evil = as_node(server, team, "n1")
-    for _ in range(300):
-        evil.xadd(Keys(team).messages("n1", "n2"), {"v": "1"})
+    for _ in range(REFUSALS + 1):
+        as_node(server, team, "n1").xadd(Keys(team).messages("n1", "n2"), {"v": "1"})
     while n2.receive():
         pass
-    assert len(refusals(n2)) == 100
-    n1.drop("Ann", "m", "TO: Bob\n\nbehind the flood")
-    exchange(n1, n2)
-    assert bodies(n2, "Bob") == ["behind the flood"]
+    assert n2.link.incoming.rest == HOLD      # the serving thread waits this long
+    clock.advance(HOLD / 2)
+    assert n2.receive() == 0 and n2.link.incoming.rest == pytest.approx(HOLD / 2)
+    clock.advance(HOLD / 2)
+    n2.receive()
+    assert n2.link.incoming.rest == 0.0
 
 
 def test_an_envelopes_recipients_reach_the_inbox_as_names_alone(server, team, nodes, clock):

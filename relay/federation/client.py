@@ -11,6 +11,7 @@ kept within its memory bound by whatever another node puts in its stream.
 `redis` is imported here only when a `[federation]` section exists.
 """
 import logging
+import re
 import urllib.parse
 
 from relay.errors import FederationError
@@ -56,13 +57,19 @@ def reason(error):
 
 
 class ReplyTooLarge(Exception):
-    """A reply announced a bulk string over the client's limit, or more bytes in all than its
-    budget: the connection is dropped unread. `size` is what was announced."""
+    """A reply announced a bulk string over the client's limit, more bytes in all than its
+    budget, or an entry of more fields than an entry has: the connection is dropped unread.
+    `size` is what was announced (bytes, or fields for `what` "fields")."""
 
-    def __init__(self, size, limit, seen=()):
-        super().__init__(f"a reply of {size} bytes announced, over the limit of {limit}")
+    def __init__(self, size, limit, seen=(), what="bytes"):
+        if what == "fields":
+            text = f"an entry of {size} fields announced, over the {limit} a relay entry may have"
+        else:
+            text = f"a reply of {size} bytes announced, over the limit of {limit}"
+        super().__init__(text)
         self.size = size
         self.limit = limit
+        self.what = what
         self.seen = list(seen)      # the small bulk strings read before (an entry's id, its first fields)
 
 
@@ -89,23 +96,40 @@ def each(client, names, command):
         return results
 
 
+# A stream entry as the server sends it: a pair of its id ("<ms>-<seq>") and its fields.
+ENTRY_ID = re.compile(rb"[0-9]{1,20}-[0-9]{1,20}\Z")
+ENTRY_FIELDS = 16       # fields of one entry at most (relay writes 4: v, id, to, env)
+
+
 def _guarded_parser(limit, budget):
     from redis._parsers import _RESP2Parser
 
     class Guarded(_RESP2Parser):
+        """Every bulk's header, and every array's, is peeked at before the parent reads what it
+        announces: the bytes counted are the wire's (headers included, so a million empty fields
+        count), and an entry's fields are counted before one is read."""
+
         def read_response(self, disable_decoding=False, **kwargs):
             self.read = 0
             self.seen = []
+            self.fields_next = False
             return super().read_response(disable_decoding=disable_decoding, **kwargs)
 
         def _read_response(self, disable_decoding=False, **kwargs):
-            # The bulk's header is peeked at before the parent reads its bytes.
             start = self._buffer.get_pos()
             line = self._buffer.readline(**kwargs)
             self._buffer.rewind(start)
-            if line[:1] == b"$" and line != b"$-1":
+            self.read += len(line) + 2
+            fields, self.fields_next = self.fields_next, False
+            if line[:1] == b"*" and line != b"*-1":
+                count = int(line[1:])
+                if fields and count > 2 * ENTRY_FIELDS:       # a name and a value each
+                    raise ReplyTooLarge(count // 2, ENTRY_FIELDS, self.seen, what="fields")
+                if count == 2:
+                    return self._pair(disable_decoding, kwargs)
+            elif line[:1] == b"$" and line != b"$-1":
                 size = int(line[1:])
-                self.read += size
+                self.read += size + 2
                 if size > limit:
                     raise ReplyTooLarge(size, limit, self.seen)
                 if self.read > budget:
@@ -114,7 +138,19 @@ def _guarded_parser(limit, budget):
                 if len(self.seen) < 16 and size <= 256:
                     self.seen.append(value)
                 return value
+            if self.read > budget:
+                raise ReplyTooLarge(self.read, budget, self.seen)
             return super()._read_response(disable_decoding=disable_decoding, **kwargs)
+
+        def _pair(self, disable_decoding, kwargs):
+            """A two-element array, read here so that an entry's fields (the array after an id)
+            are known as such before their count is trusted."""
+            self._buffer.readline(**kwargs)
+            first = self._read_response(disable_decoding=disable_decoding, **kwargs)
+            raw = first.encode() if isinstance(first, str) else first
+            self.fields_next = isinstance(raw, bytes) and ENTRY_ID.match(raw) is not None
+            second = self._read_response(disable_decoding=disable_decoding, **kwargs)
+            return [first, second]
     return Guarded
 
 
@@ -160,8 +196,8 @@ def round_trip(client, commands):
 
 def sized(client, key, after, count):
     """Up to `count` entries of a stream after `after`, one by one through a guarded client: each
-    (entry id, fields), or (entry id, {"oversize": bytes, b"id": its message id or b""}) for one
-    over the client's bound, whose content is never read past the size its bulk announced."""
+    (entry id, fields), or (entry id, {"oversize": bytes, "why": ..., b"id": its message id or b""})
+    for one over the client's bound, whose content is never read past the size its bulk announced."""
     out = []
     for _ in range(count):
         start = "(" + after if after not in ("0", "0-0") else "-"
@@ -173,7 +209,7 @@ def sized(client, key, after, count):
                 raise
             eid, fields = seen[0], seen[1:]
             mid = next((fields[i + 1] for i in range(0, len(fields) - 1, 2) if fields[i] == "id"), "")
-            out.append((eid, {"oversize": e.size, b"id": mid.encode()}))
+            out.append((eid, {"oversize": e.size, "why": str(e), b"id": mid.encode()}))
             after = eid
             continue
         if not got:

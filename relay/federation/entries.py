@@ -94,6 +94,8 @@ def _parsed(fields, config):
     fields = {(k.decode("utf-8", "replace") if isinstance(k, bytes) else k): v for k, v in fields.items()}
     limit = entry_limit(config)
     if "oversize" in fields:
+        if str(fields.get("why", "")).startswith("an entry of"):
+            raise MessageRefused(f"the entry is not read: {fields['why']}")
         raise MessageRefused(f"the entry is {fields['oversize']} bytes, over what this node reads ({limit} bytes)")
     if _text(fields.get("v")) != "2":
         raise MessageRefused(f"not a relay entry of version 2 (v={shown(str(_text(fields.get('v'))))[:20]})")

@@ -339,8 +339,11 @@ class Link:
                 self.back.wait(MAX_WAIT)     # until a heartbeat says the node name is this relay's
                 self.back.clear()
                 continue
-            if not self.incoming.step(self.clock(), block_ms=int(MAX_WAIT * 1000)) and self.incoming.failures:
-                self.back.wait(self.incoming.pause())     # at most a second while the server answers
+            if not self.incoming.step(self.clock(), block_ms=int(MAX_WAIT * 1000)) and \
+                    (self.incoming.failures or self.incoming.rest):
+                # At most a second while the server answers, or until a stream held back (a node's
+                # refusals, a key not a stream) may be read again.
+                self.back.wait(self.incoming.pause() if self.incoming.failures else self.incoming.rest)
                 self.back.clear()
 
     def once(self, now=None):

@@ -46,7 +46,8 @@ HELD = 4                    # bytes held in memory per byte of an entry read (pa
 RETRY_BASE = 0.5            # seconds before an entry not yet delivered is tried again, doubled ...
 RETRY_CAP = 1.0             # ... at most this while the server answers
 REPLAY_WINDOW = 30 * 86400.0    # received ids are kept this long; an entry with an older id is refused
-REFUSALS = 100             # refused entries of one node recorded one by one in a minute, at most
+REFUSALS = 100             # refused entries of one node recorded one by one in a minute, at most;
+HOLD = 1.0                  # ... past that, its stream is read at most once in this many seconds
 ACK_KEEP = 10_000           # acknowledgement entries kept in this node's stream to a sender (each holds a batch's)
 REPEAT = "repeat"           # the verdict on a message received before
 
@@ -89,6 +90,8 @@ class Incoming:
         self.last_error = None
         self.skipping = Skipping("message")
         self.refusals = {}          # node -> (minute's start, refusals recorded, refusals not recorded)
+        self.held = {}              # node -> when its stream is read again (its refusals passed REFUSALS)
+        self.rest = 0.0             # seconds until a stream may be read, when the last step could read none
         self.team = TeamLists(client, self.keys, self.fed.max_agents_per_node, self.nodes, clock, self.on_name)
         self.listed = Listed(client, self.keys, self.fed.max_agents_per_node)     # what a node's entry lists now
         self.senders = SenderCheck(self.node, self.routes, self.listed, self.team)    # who may send through a stream
@@ -121,10 +124,14 @@ class Incoming:
         handled = 0
         try:
             handled += self._retry(now)
-            streams = {self.keys.messages(n, self.node): self.cursors.get(n, "0-0")
-                       for n in sorted(self.nodes()) if n != self.node}
+            team = {self.keys.messages(n, self.node): n for n in sorted(self.nodes()) if n != self.node}
+            streams = {key: self.cursors.get(n, "0-0") for key, n in team.items() if self.held.get(n, 0.0) <= now}
             streams = self.skipping.usable(self.client, streams, now)
+            self.rest = 0.0
             if not streams:
+                ready = [max(self.held.get(n, 0.0), self.skipping.until.get(key, (0.0, None))[0])
+                         for key, n in team.items()]
+                self.rest = min(max(0.0, min(ready, default=now) - now), HOLD)
                 return handled
             epoch = self.epoch
             try:
@@ -212,7 +219,7 @@ class Incoming:
             try:
                 got = self.client.xrange(self.keys.messages(node, self.node), eid, eid)
             except ReplyTooLarge as e:
-                got = [(eid, {"oversize": e.size, b"id": b""})]
+                got = [(eid, {"oversize": e.size, "why": str(e), b"id": b""})]
             if not got:             # gone: its sender deleted or republished it
                 self.retry.pop((node, eid), None)
                 continue
@@ -376,8 +383,10 @@ class Incoming:
 
     def _recorded(self, node, now):
         """Whether a refusal of this node's entry is recorded (a failed row, a log line): at most
-        REFUSALS a minute per node; past that they are counted, and said once a minute. The
-        refusal is acknowledged back either way."""
+        REFUSALS a minute per node; past that they are counted, said once a minute, and the node's
+        stream is read at most once in HOLD seconds for the rest of the minute (a node writing
+        entries only to have them refused costs this node a bounded share). The refusal is
+        acknowledged back either way."""
         start, count, quiet = self.refusals.get(node, (now, 0, 0))
         if now - start >= 60:
             if quiet:
@@ -388,6 +397,7 @@ class Incoming:
             self.refusals[node] = (start, count + 1, quiet)
             return True
         self.refusals[node] = (start, count, quiet + 1)
+        self.held[node] = now + HOLD
         return False
 
     def _ack(self, node, mid, refusal, eid):
