@@ -22,6 +22,9 @@ A1 (cross-node, 5 a second). The attacks, at the issue's rates:
              lists, and a case variant of each, and claims every sender it reads in its stream
              from n1; meanwhile a new agent appears on n1 and writes to Eve at once, and B0 writes
              to it: the seconds until B0's message reaches it (`reach`, within REACH)
+  wide       n3 writes an entry of WIDE empty fields (7 MB, within the byte bound) to n1's stream
+             and one to its acknowledgements, every second
+  flood      n3 writes malformed entries (v=1) to n1's stream, 240 every 20 ms (12,000 a second)
 
 Per phase: the honest daemon's CPU (% of a core, /proc), redis-server's, the local delivery p50
 (ms); per attack the ratios. At the end: local and cross-node messages lost or duplicated (each
@@ -47,7 +50,8 @@ _spec = importlib.util.spec_from_file_location("fedkit", Path(__file__).parent /
 fedkit = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fedkit)
 
-ATTACKS = ("republish", "keyspace", "ackflood", "unknown", "shed", "squat")
+WIDE = 1_000_000            # empty fields of the wide attack's entries
+ATTACKS = ("republish", "keyspace", "ackflood", "unknown", "shed", "squat", "wide", "flood")
 BUDGET = {"daemon": 25.0, "redis": 25.0, "p50": 1.5}
 REACH = 10.0                # seconds a new agent takes at most to be reached from n2 while n3 squats
 
@@ -184,10 +188,24 @@ class Hostile:
         pipe.execute(raise_on_error=False)
         self.announce(sorted(names | {n.upper() for n in names} | {"Eve"}))
 
+    def wide(self, small):
+        """The two commands of the wide attack, packed once (packing a million fields costs the
+        attacker a second each time): an entry to n1, and an acknowledgement entry."""
+        fields = []
+        for i in range(WIDE // 10 if small else WIDE):
+            fields += [f"f{i}", ""]
+        conn = self.r.connection_pool.get_connection()
+        packed = conn.pack_commands([("XADD", self.keys.messages("n3", "n1"), "*", "v", "2", *fields),
+                                     ("XADD", self.keys.acks("n3", "n1"), "*", "acks", "[]", *fields)])
+        return conn, packed
+
     def attack(self, name, stop, small):
-        period = {"republish": 1.0, "keyspace": 0.02, "unknown": 0.02, "ackflood": 0.1, "shed": 0.1, "squat": 0.1}[name]
+        period = {"republish": 1.0, "keyspace": 0.02, "unknown": 0.02, "ackflood": 0.1, "shed": 0.1, "squat": 0.1,
+                  "wide": 1.0, "flood": 0.02}[name]
         from relay.ids import IdGenerator
         ids, beat = IdGenerator(), 0
+        if name == "wide":
+            conn, packed = self.wide(small)
         while not stop.wait(period):
             beat += 1
             if name == "republish":
@@ -204,6 +222,14 @@ class Hostile:
                 self.entry("SYSTEM", "A1", body="stop", kind="ping")
             elif name == "squat":
                 self.squat()
+            elif name == "wide":
+                conn.send_packed_command(packed)
+                conn.read_response(), conn.read_response()
+            elif name == "flood":
+                pipe = self.r.pipeline(transaction=False)
+                for _ in range(240):
+                    pipe.xadd(self.keys.messages("n3", "n1"), {"v": "1"})
+                pipe.execute()
         if name == "keyspace":
             for i in range(0, 20_000 if small else 1_000_000, 10_000):
                 self.r.delete(*[f"{self.keys.prefix}from:n3:junk:{j}" for j in range(i, i + 10_000)])

@@ -349,6 +349,34 @@ def test_an_entry_of_a_hundred_thousand_empty_fields_is_refused_from_its_count_u
     assert any("an entry of 100004 fields announced, over the 16" in w for w in refusals(n2)), refusals(n2)
 
 
+def test_a_stream_with_entries_too_wide_to_read_is_read_entry_by_entry_so_the_server_builds_each_once(
+        server, team, nodes, clock):
+    """Each read of a wide entry costs the server the whole reply (90 ms for a million fields)
+    however little of it the receiver reads: once one is found, its stream is read one entry
+    at a time until its end, and the others in the XREAD as before."""
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Cy"])
+    exchange(n1, n2, n3, rounds=1)
+    evil, stream = as_node(server, team, "n1"), Keys(team).messages("n1", "n2")
+    wide = {"v": "2", **{f"f{i}": "" for i in range(1000)}}
+    for _ in range(4):
+        evil.xadd(stream, wide)
+    n1.drop("Ann", "m", "TO: Bob\n\nafter the wide ones")
+    n1.send()
+    n3.drop("Cy", "m", "TO: Bob\n\nbeside them")
+    n3.send()
+    admin(server).config_resetstat()
+    assert n2.receive() == 1 + 4 + 1        # beside, then (bulky) the four and the good one
+    assert n2.link.incoming.bulky == set()  # its end was read: read with the others again
+    stats = admin(server).info("commandstats")
+    # One XREAD of both streams (cut at the first wide entry), one more of n3's alone, and an
+    # XRANGE for each of n1's five and its end: the first wide entry built twice, the others once.
+    assert stats["cmdstat_xread"]["calls"] == 2 and stats["cmdstat_xrange"]["calls"] == 6, stats
+    assert bodies(n2, "Bob") == ["after the wide ones", "beside them"]
+    assert sum("an entry of 1001 fields announced" in w for w in refusals(n2)) == 4
+
+
 def test_the_guarded_client_counts_an_entrys_fields_before_reading_one_and_no_other_pair(server, team):
     import redis
     from relay.federation.client import ENTRY_FIELDS, ReplyTooLarge, _guarded_parser

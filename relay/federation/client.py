@@ -61,7 +61,7 @@ class ReplyTooLarge(Exception):
     budget, or an entry of more fields than an entry has: the connection is dropped unread.
     `size` is what was announced (bytes, or fields for `what` "fields")."""
 
-    def __init__(self, size, limit, seen=(), what="bytes"):
+    def __init__(self, size, limit, seen=(), what="bytes", key=None):
         if what == "fields":
             text = f"an entry of {size} fields announced, over the {limit} a relay entry may have"
         else:
@@ -71,6 +71,7 @@ class ReplyTooLarge(Exception):
         self.limit = limit
         self.what = what
         self.seen = list(seen)      # the small bulk strings read before (an entry's id, its first fields)
+        self.key = key              # the stream whose entries were being read (a read of several), or None
 
 
 def each(client, names, command):
@@ -112,6 +113,7 @@ def _guarded_parser(limit, budget):
         def read_response(self, disable_decoding=False, **kwargs):
             self.read = 0
             self.seen = []
+            self.key = None
             self.fields_next = False
             return super().read_response(disable_decoding=disable_decoding, **kwargs)
 
@@ -124,31 +126,34 @@ def _guarded_parser(limit, budget):
             if line[:1] == b"*" and line != b"*-1":
                 count = int(line[1:])
                 if fields and count > 2 * ENTRY_FIELDS:       # a name and a value each
-                    raise ReplyTooLarge(count // 2, ENTRY_FIELDS, self.seen, what="fields")
-                if count == 2:
+                    raise ReplyTooLarge(count // 2, ENTRY_FIELDS, self.seen, what="fields", key=self.key)
+                if count == 2 and not fields:
                     return self._pair(disable_decoding, kwargs)
             elif line[:1] == b"$" and line != b"$-1":
                 size = int(line[1:])
                 self.read += size + 2
                 if size > limit:
-                    raise ReplyTooLarge(size, limit, self.seen)
+                    raise ReplyTooLarge(size, limit, self.seen, key=self.key)
                 if self.read > budget:
-                    raise ReplyTooLarge(self.read, budget, self.seen)
+                    raise ReplyTooLarge(self.read, budget, self.seen, key=self.key)
                 value = super()._read_response(disable_decoding=disable_decoding, **kwargs)
                 if len(self.seen) < 16 and size <= 256:
                     self.seen.append(value)
                 return value
             if self.read > budget:
-                raise ReplyTooLarge(self.read, budget, self.seen)
+                raise ReplyTooLarge(self.read, budget, self.seen, key=self.key)
             return super()._read_response(disable_decoding=disable_decoding, **kwargs)
 
         def _pair(self, disable_decoding, kwargs):
             """A two-element array, read here so that an entry's fields (the array after an id)
-            are known as such before their count is trusted."""
+            are known as such before their count is trusted, and a stream's name (before its
+            entries, in a read of several) is known when one is too large."""
             self._buffer.readline(**kwargs)
             first = self._read_response(disable_decoding=disable_decoding, **kwargs)
             raw = first.encode() if isinstance(first, str) else first
             self.fields_next = isinstance(raw, bytes) and ENTRY_ID.match(raw) is not None
+            if isinstance(raw, bytes) and not self.fields_next:
+                self.key = raw.decode("utf-8", "replace")
             second = self._read_response(disable_decoding=disable_decoding, **kwargs)
             return [first, second]
     return Guarded

@@ -91,6 +91,7 @@ class Incoming:
         self.skipping = Skipping("message")
         self.refusals = {}          # node -> (minute's start, refusals recorded, refusals not recorded)
         self.held = {}              # node -> when its stream is read again (its refusals passed REFUSALS)
+        self.bulky = set()          # streams read entry by entry (one held an entry too large to read)
         self.rest = 0.0             # seconds until a stream may be read, when the last step could read none
         self.team = TeamLists(client, self.keys, self.fed.max_agents_per_node, self.nodes, clock, self.on_name)
         self.listed = Listed(client, self.keys, self.fed.max_agents_per_node)     # what a node's entry lists now
@@ -164,11 +165,24 @@ class Incoming:
         self.failures += 1
 
     def _read(self, streams, block_ms):
-        """[(node, entry id, fields)] read after the cursors, in one round trip with the
-        acknowledgements of what was handled before (the server syncs its log once for both); an
-        entry over the size bound is refused from its size (the server counts it) and its cursor
-        moved past it. A refused acknowledgement never stops the read: reading is what frees a
-        server out of memory."""
+        """[(node, entry id, fields)] read after the cursors: the bulky streams (one found with an
+        entry too large to read) entry by entry, the others in one XREAD (_batch)."""
+        bulky = {key: cursor for key, cursor in streams.items() if key in self.bulky}
+        plain = {key: cursor for key, cursor in streams.items() if key not in self.bulky}
+        out = self._one_by_one(bulky)
+        if plain:
+            out += self._batch(plain, None if out else block_ms)
+        else:
+            self.acknowledge()      # (with a read of the others otherwise)
+        return out
+
+    def _batch(self, streams, block_ms):
+        """The entries after the cursors, in one round trip with the acknowledgements of what
+        was handled before (the server syncs its log once for both). A reply with an entry over
+        a bound (its size, its fields) makes that entry's stream bulky: it is read entry by
+        entry until a read reaches its end, so the server builds each such entry once, and each
+        is refused from what its reply announced. A refused acknowledgement never stops the
+        read: reading is what frees a server out of memory."""
         commands, nodes = self._acks()
         read = ["XREAD", "COUNT", self.count]
         if block_ms is not None:
@@ -176,8 +190,12 @@ class Incoming:
         commands.append((*read, "STREAMS", *streams, *streams.values()))
         try:
             results = round_trip(self.client, commands)
-        except ReplyTooLarge:
-            return self._read_sized(streams)
+        except ReplyTooLarge as e:
+            if e.key not in streams:
+                return self._read_sized(streams)
+            self.bulky.add(e.key)
+            rest = {key: cursor for key, cursor in streams.items() if key != e.key}
+            return self._one_by_one({e.key: streams[e.key]}) + (self._batch(rest, None) if rest else [])
         try:
             self._acked(nodes, results[:-1])
         except self.errors as e:
@@ -199,9 +217,22 @@ class Incoming:
         key = key.decode() if isinstance(key, bytes) else key
         return key[len(self.keys.prefix + "from:"):].split(":to:", 1)[0]
 
+    def _one_by_one(self, streams):
+        """The next FIRST_READ entries of each bulky stream, one by one; a stream whose end is
+        read is read with the others again."""
+        out = []
+        for key, cursor in streams.items():
+            got = sized(self.client, key, cursor, FIRST_READ)
+            if len(got) < FIRST_READ:
+                self.bulky.discard(key)
+            node = self._node_of(key)
+            out.extend((node, eid, fields) for eid, fields in got)
+        return out
+
     def _read_sized(self, streams):
-        """After a reply too large to read: each stream's next entries one by one, those within
-        the bound read, the others refused from the size their reply announced."""
+        """After a reply too large to read whose stream is not known: each stream's next entries
+        one by one, those within the bound read, the others refused from the size their reply
+        announced."""
         self.count = 1
         out = []
         for key, cursor in streams.items():
