@@ -1,6 +1,6 @@
 """Where the project and its state directory are: the root as every verb finds it (like git),
 the state directory below it, and the refusal of one reached through a symbolic link or lying
-where agents write. config.py takes these names from here (config.discover, ...)."""
+where agents write. config/__init__.py takes these names from here (config.discover, ...)."""
 import os
 import stat
 from pathlib import Path

@@ -506,7 +506,7 @@ def test_two_daemons_both_ways_and_a_node_killed_with_sigkill_mid_stream(redis_s
 
 
 def test_a_url_s_parameters_are_checked_by_name_and_no_password_shows(tmp_path):
-    from relay.fedconfig import redact
+    from relay.config.federation import redact
     state = write_config(tmp_path, "redis://h/0", "acme", "n1", ["Ann"])
     for url, why in [("redis://h/0?foo=1", "unknown parameter 'foo'"),
                      ("redis://:p%40ss@h/0?ssl_password=s3cret", "ssl_password needs TLS"),

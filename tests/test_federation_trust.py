@@ -525,7 +525,8 @@ def test_a_flood_of_bad_entries_is_recorded_a_hundred_a_minute_and_then_read_onc
         server, team, nodes, clock):
     """Past REFUSALS refusals in a minute, the flooding node's stream is read at most once in
     HOLD seconds: the rest of its flood waits unread, another node's message does not."""
-    from relay.federation.receiver import BATCH, HOLD, REFUSALS
+    from relay.federation.receiver import BATCH
+    from relay.federation.refusals import HOLD, REFUSALS
     n1 = nodes(server, team, "n1", ["Ann"])
     n2 = nodes(server, team, "n2", ["Bob"])
     n3 = nodes(server, team, "n3", ["Cy"])
@@ -557,7 +558,7 @@ def test_a_flood_of_bad_entries_is_recorded_a_hundred_a_minute_and_then_read_onc
 
 
 def test_a_receiver_whose_only_stream_is_held_back_rests_instead_of_spinning(server, team, nodes, clock):
-    from relay.federation.receiver import HOLD, REFUSALS
+    from relay.federation.refusals import HOLD, REFUSALS
     n1 = nodes(server, team, "n1", ["Ann"])
     n2 = nodes(server, team, "n2", ["Bob"])
     exchange(n1, n2, rounds=1)

@@ -521,7 +521,7 @@ def test_messages_from_another_node_shed_for_every_recipient_keep_what_a_local_o
         return {"id": f"01KC30000000000000000{i:05d}", "sender": "Ann", "name": f"m{i}", "node": "n2",
                 "entry_id": f"{i}-0", "recipients": ["Ben"], "kind": "message", "thread": None,
                 "subject": f"loop {i}", "body": body, "headers": '{"X-Loop": "1"}', "sha256": "0" * 64,
-                "sent_at": now, "got": {}, "error": "shed for Ben (per_pair_rate)"}
+                "sent_at": now, "delivered": {}, "error": "shed for Ben (per_pair_rate)"}
     failed = [item(i) for i in range(40)]
     sheds = [(m["id"], "Ben", "Ann", "per_pair_rate", 1, 2) for m in failed]
     with Ledger(tmp_path / "ledger.sqlite") as led:

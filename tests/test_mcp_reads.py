@@ -10,7 +10,7 @@ import pytest
 
 import relay
 import relay.files.fs
-from relay.guards import EXIT_PIPE
+from relay.arguments import EXIT_PIPE
 from mcp_client import deliver, team, until, watching  # noqa: F401 - team: a fixture
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fdinfo"), reason="tells a waiter by /proc fdinfo")

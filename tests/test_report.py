@@ -15,7 +15,7 @@ from pyfakefs.fake_filesystem import set_uid
 
 from relay.cli import main
 from relay.files.fs import replace_file
-from relay.guards import explain
+from relay.arguments import explain
 from relay.operator import report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

@@ -22,8 +22,8 @@ def test_delivered_everywhere_is_archived():
 
 def test_a_recipient_missed_is_retried_after_a_doubling_backoff_with_who_missed_it():
     missed = (("Ben", TransientError("disk full")), ("Ann", TransientError("busy")))
-    first = POLICY.decide(Facts(missed=missed), NOW)
-    third = POLICY.decide(Facts(missed=missed, retries=2), NOW)
+    first = POLICY.decide(Facts(failed_for=missed), NOW)
+    third = POLICY.decide(Facts(failed_for=missed, retries=2), NOW)
     assert (first.action, first.next_attempt_at, third.next_attempt_at) == (Action.RETRY, NOW + 2.0, NOW + 8.0)
     assert str(first.error) == "not delivered to Ann: busy; not delivered to Ben: disk full"
 
@@ -48,9 +48,9 @@ def test_the_senders_max_retries_counts_attempts_alone_and_never_exceeds_the_con
 @pytest.mark.parametrize("facts, reason", [
     (Facts(refused="not a message", complete=True), "not a message"),
     (Facts(error=DurabilityError("fsync failed")), "fsync failed"),
-    (Facts(missed=(("Ben", DurabilityError("fsync failed")),), delivered=("Cy", "Ann")),
+    (Facts(failed_for=(("Ben", DurabilityError("fsync failed")),), delivered=("Cy", "Ann")),
      "fsync failed; delivered to Ann, Cy"),
-    (Facts(missed=(("Ben", DurabilityError("fsync failed")),)), "fsync failed; delivered to nobody"),
+    (Facts(failed_for=(("Ben", DurabilityError("fsync failed")),)), "fsync failed; delivered to nobody"),
 ])
 def test_a_refusal_or_a_durability_error_is_refused_at_once_whatever_its_attempts(facts, reason):
     d = POLICY.decide(facts, NOW)

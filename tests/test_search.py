@@ -117,7 +117,7 @@ def test_a_message_received_from_another_node_is_indexed(tmp_path):
     item = {"id": "01KC3000000000000000000001", "sender": "Ann", "name": "msg", "node": "n2", "entry_id": "1-0",
             "recipients": ["Bob"], "kind": "message", "thread": None, "subject": "from afar",
             "body": "a remote haystack", "headers": "{}", "sha256": "0" * 64, "sent_at": now,
-            "got": {"Bob": (10, "1" * 64)}}
+            "delivered": {"Bob": (10, "1" * 64)}}
     with Ledger(tmp_path / "ledger.sqlite") as led:
         led.remote.received(now, [item], [])
         found = History(led).search.messages("haystack", agent="Bob")

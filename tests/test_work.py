@@ -14,7 +14,7 @@ ROW = {"id": "01KC3000000000000000000001", "sender": "Ann", "name": "m", "archiv
 
 def test_a_claimed_works_row_facts_cannot_be_changed_by_a_stage():
     w = Work.claimed(ROW)
-    assert w.claim == Claim.of(ROW) and (w.sender, w.retries, w.attempts, w.thorough) == ("Ann", 2, 3, True)
+    assert w.claim == Claim.of(ROW) and (w.sender, w.retries, w.attempts, w.earlier_attempt) == ("Ann", 2, 3, True)
     for fact in ("sender", "name", "retries", "attempts", "discovered_at", "failing_since"):
         with pytest.raises(AttributeError):
             setattr(w, fact, None)

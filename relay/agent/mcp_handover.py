@@ -13,7 +13,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from relay.agent.api import Agent, Project
 from relay.errors import RelayError
-from relay.guards import explain
+from relay.arguments import explain
 from relay.files.fs import shown
 
 log = logging.getLogger(__name__)

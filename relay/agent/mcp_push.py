@@ -39,7 +39,7 @@ from relay.agent.api import Received, Stop, by_priority
 from relay.agent.mail import NewMail
 from relay.agent.mcp_handover import fresh, message
 from relay.errors import RelayError
-from relay.guards import explain
+from relay.arguments import explain
 
 log = logging.getLogger(__name__)
 

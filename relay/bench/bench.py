@@ -252,7 +252,7 @@ class Floor:
     ENVELOPE = b'{"id":"01KAAAAAAAAAAAAAAAAAAAAAAA","from":"a","to":["b"],"body":"' + b"x" * 200 + b'"}'
 
     def __init__(self, base):
-        from relay.ledger.probe import CommitProbe
+        from relay.bench.commitprobe import CommitProbe
         self.dir = d = Path(tempfile.mkdtemp(dir=base, prefix="floor-"))
         try:
             for sub in ("tmp", "new", "out", "archive"):

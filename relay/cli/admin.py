@@ -6,7 +6,7 @@ import click
 from relay import config as config_mod
 from relay.operator import units, views
 from relay.cli.context import out_json, pass_ctx
-from relay.guards import handle_errors
+from relay.arguments import handle_errors
 from relay.terminal import echo
 
 
@@ -57,7 +57,7 @@ def federation():
 
 def _team(ctx, node, team):
     """The team (--team, else the [federation] section's), both names checked."""
-    from relay.fedconfig import NAME, NAME_RULE
+    from relay.config.federation import NAME, NAME_RULE
     if team is None:
         fed = ctx.cfg.federation if ctx.cfg is not None else None
         if fed is None:

@@ -6,7 +6,7 @@ from relay.agent import adopt as adopt_mod, claude_settings
 from relay.agent.instructions import command
 from relay.cli.context import pass_ctx
 from relay.errors import RelayError
-from relay.guards import acting, handle_errors, sender_name
+from relay.arguments import acting, handle_errors, sender_name
 from relay.terminal import echo
 
 

@@ -12,7 +12,7 @@ from relay.config import AGENT_VARIABLE, default_agent, show_duration
 from relay.core.message import PRIORITIES
 from relay.errors import RelayError
 from relay.files.lock import holder
-from relay.guards import acting, agent_name, checked, handle_errors, moment, recipient_names, seconds, sender_name
+from relay.arguments import acting, agent_name, checked, handle_errors, moment, recipient_names, seconds, sender_name
 from relay.terminal import echo, echo_json
 
 EXIT_TIMEOUT = 124      # relay inbox --wait: the time ran out with no new message (as timeout(1))

@@ -178,7 +178,7 @@ def said(error):
 
 class Group(click.Group):
     """relay's click group: an error line (a ClickException, relay's own turned into one by
-    guards.handle_errors, or click's usage errors, the group's own options' too) goes out
+    arguments.handle_errors, or click's usage errors, the group's own options' too) goes out
     through the terminal's gate, on one line, starting `relay: ` (Said)."""
 
     def make_context(self, *args, **kwargs):

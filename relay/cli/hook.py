@@ -9,7 +9,7 @@ import click
 from relay.agent import claude_hooks, claude_settings
 from relay.agent.project import Project, check_known
 from relay.cli.context import pass_ctx
-from relay.guards import acting, handle_errors, sender_name
+from relay.arguments import acting, handle_errors, sender_name
 from relay.terminal import echo
 
 CLIENTS = click.Choice(["claude"])

@@ -8,7 +8,7 @@ import click
 
 from relay.cli.context import out_json, pass_ctx
 from relay.files.lock import wake
-from relay.guards import handle_errors
+from relay.arguments import handle_errors
 from relay.operator.importer import import_agent_relay
 from relay.terminal import echo
 

@@ -15,7 +15,7 @@ from relay.operator import views
 from relay.cli.context import out_json, pass_ctx, verdict
 from relay.cli.lookups import outbox_source
 from relay.cli.receipts import receipts_json, receipts_text
-from relay.guards import acting, agent_name, checked, duration, handle_errors, moment
+from relay.arguments import acting, agent_name, checked, duration, handle_errors, moment
 from relay.agent.project import Project, check_known
 from relay.errors import NotFound, RelayError
 from relay.files.fs import replace_file
@@ -279,7 +279,7 @@ def verify(ctx, as_json):
 def federation_problems(fed, link):
     """What doctor says of the federation: a directory that cannot be read (and why), a link
     down, a URL that switches TLS verification off."""
-    from relay.fedconfig import warnings
+    from relay.config.federation import warnings
     out = [views.plain(w) for w in warnings(fed)]
     if link is not None and link["directory_error"]:
         out.append(f"federation: the team's directory cannot be read: {views.plain(link['directory_error'])}; "

@@ -8,7 +8,7 @@ import orjson
 
 from relay.cli.context import one_row, out_json, pass_ctx
 from relay.config import AGENT_NAME, AGENT_NAME_RULE
-from relay.guards import handle_errors
+from relay.arguments import handle_errors
 from relay.ledger.history import sift
 from relay.operator import views
 from relay.operator.commands import check_id

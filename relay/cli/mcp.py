@@ -9,7 +9,7 @@ from relay.agent.api import Agent, Project
 from relay.cli.agent import EXIT_INTERRUPTED
 from relay.cli.context import pass_ctx
 from relay.errors import RelayError, UnknownAgent
-from relay.guards import acting, handle_errors, sender_name
+from relay.arguments import acting, handle_errors, sender_name
 
 INSTALL = ("relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install 'agent-outbox-relay[mcp]' "
            "(from a checkout of relay: pip install '.[mcp]')")

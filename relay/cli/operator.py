@@ -7,7 +7,7 @@ import click
 
 from relay.operator import commands, doctor as operator, roster
 from relay.cli.context import out_json, pass_ctx
-from relay.guards import agent_name, checked, handle_errors
+from relay.arguments import agent_name, checked, handle_errors
 from relay.files.lock import wake
 from relay.terminal import echo
 

@@ -11,7 +11,7 @@ from relay.cli.context import out_json, pass_ctx
 from relay.config import default_agent, show_duration
 from relay.core.message import iso
 from relay.files.lock import holder
-from relay.guards import acting, agent_name, handle_errors
+from relay.arguments import acting, agent_name, handle_errors
 from relay.operator import views
 from relay.terminal import echo
 

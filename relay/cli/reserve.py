@@ -12,7 +12,7 @@ from relay.agent.api import Agent, Project
 from relay.agent.leases import MAX_TTL, Reservation, left
 from relay.cli.context import out_json, pass_ctx
 from relay.errors import LedgerError, RelayError
-from relay.guards import checked, duration, handle_errors, sender_name
+from relay.arguments import checked, duration, handle_errors, sender_name
 from relay.ledger.reservations import utc
 from relay.terminal import echo
 

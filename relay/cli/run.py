@@ -11,13 +11,14 @@ from pathlib import Path
 
 import click
 
-from relay import config as config_mod, config_help
+from relay import config as config_mod
+from relay.config import template as config_template
 from relay.core import health
 from relay.core.daemon import Relay
 from relay.core.loop import DRAIN_PATIENCE, GC_YOUNG, quiet_gc
 from relay.errors import FederationError, RelayError
 from relay.core.flow import REASONS
-from relay.guards import checked, duration, handle_errors, sender_name, setting
+from relay.arguments import checked, duration, handle_errors, sender_name, setting
 from relay.core.inbox import Inbox
 from relay.files.fs import shown
 from relay.agent.api import declare
@@ -64,7 +65,7 @@ def init(ctx, agents):
         at, by = archived[name]
         echo(f"relay: {name} is archived (by {by} at {views.when(at)}): nothing is delivered to it or from it; "
              f"restore it with: relay archive-agent --undo {name}", err=True)
-    toml = config_help.write(cfg)
+    toml = config_template.write(cfg)
     if toml is not None:
         echo(f"wrote {toml}: every key commented out at its default (relay config shows what is in force)")
     done, problem = keep_out_of_git(cfg.root, cfg.state_dir)

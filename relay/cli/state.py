@@ -8,7 +8,7 @@ import click
 from relay.agent.api import Agent, Project
 from relay.agent.state import StateEntry, check_key
 from relay.cli.context import one_row, out_json, pass_ctx
-from relay.guards import acting, handle_errors, sender_name
+from relay.arguments import acting, handle_errors, sender_name
 from relay.ledger.history import sift
 from relay.ledger.reservations import utc
 from relay.operator import views

@@ -7,7 +7,7 @@ import click
 
 from relay.cli.context import pass_ctx
 from relay.errors import RelayError
-from relay.guards import agent_name, checked, handle_errors
+from relay.arguments import agent_name, checked, handle_errors
 from relay.terminal import echo
 
 INSTALL = ("relay web needs the web extra (starlette, uvicorn, jinja2, prometheus-client), which is not "

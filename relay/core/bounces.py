@@ -57,7 +57,7 @@ def owed(works, archived=frozenset(), quiet=None):
         if w.sender == SYSTEM or w.duplicate_of or w.sender in archived:
             continue
         if w.outcome is Outcome.FAILED:
-            held = set(w.got) | set(w.had) | set(w.remote)
+            held = set(w.delivered_now) | set(w.delivered_before) | set(w.remote)
             whom = [r for r in w.recipients if r not in held] or sorted(w.shed) or (
                 [n for n in w.message.to if n not in BROADCAST] if w.message is not None else [])
             if quiet is not None and w.shed and whom and all(quiet(w.sender, r, _reason(w, r)) for r in whom):
@@ -65,7 +65,7 @@ def owed(works, archived=frozenset(), quiet=None):
             out.append((w.id, w.sender, whom, w.refused))
         elif w.outcome in (Outcome.ARCHIVED, Outcome.DELIVERED) and (w.shed or w.shed_before):
             sheds = {**w.shed_before, **w.shed}
-            whom = sorted(r for r in sheds if r not in w.got and r not in w.had)
+            whom = sorted(r for r in sheds if r not in w.delivered_now and r not in w.delivered_before)
             if quiet is not None and whom and all(quiet(w.sender, r, _reason(w, r)) for r in whom):
                 continue
             if whom:

@@ -11,8 +11,8 @@ Relay composes its parts and is none of them:
     router     the federation's one seam: a Router on a node of a team, Alone on one machine
                (routes.py)
 
-and the rooms under them: recovery.py, message.py, retention.py, flow.py, bounces.py and the
-file and ledger rooms. `step()`, `drain()` and `run()` are its public faces; service.py supplies
+and the modules they use: recovery.py, message.py, retention.py, flow.py, bounces.py, the
+files/ package and the ledger's parts. `step()`, `drain()` and `run()` are its public faces; service.py supplies
 what only a process has around run().
 """
 import dataclasses
@@ -30,7 +30,7 @@ from relay.core.inbox import Inbox
 from relay.files.layout import Layout
 from relay.ledger.ledger import Ledger
 from relay.core.loop import DRAIN_PATIENCE, Loop
-from relay.core.outbox import Outbox, ignore_lease_breaks
+from relay.core.outbox import Outbox, ignore_sigio
 from relay.core.senders import declared
 from relay.core.pipeline import Pipeline, Stages
 from relay.core.reading import Reader
@@ -97,7 +97,7 @@ class Relay:
             clock, batch, submit)
         self.loop = Loop(self, self.intake, self.schedule, self._wake)
         self._senders(config)
-        ignore_lease_breaks()
+        ignore_sigio()
 
     def _senders(self, config):
         """Whose outboxes are read: every agent's, or only the declared ones (senders.Declared)."""

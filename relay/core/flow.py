@@ -96,12 +96,12 @@ def report(archive, w, now):
     cut short, on a message now shed for nobody, is removed. A report that cannot be written (a
     link planted in failed/) is logged; the ledger's records stand."""
     if not w.shed:
-        if w.thorough and w.complete and not w.shed_before:
+        if w.earlier_attempt and w.complete and not w.shed_before:
             archive.fs.unlink_quietly(archive.layout.failed_rel(w.sender, w.id, w.name) + SHED_REPORT)
         return
     rel = archive.layout.failed_rel(w.sender, w.id, w.name)
     doc = archive.report(w.id, w.sender, w.name, summary(w.shed, everyone=False), now, w.retries + 1,
-                         sorted(set(w.got) | set(w.had)), entries(w))
+                         sorted(set(w.delivered_now) | set(w.delivered_before)), entries(w))
     doc["what_to_do"] = WHAT_TO_DO
     try:
         archive.write_report(rel, doc, SHED_REPORT)
@@ -186,7 +186,7 @@ class FlowControl:
                     w.refused = "broadcast with no other agent to receive it (the others are archived)"
                     continue
             for r in w.recipients:
-                if r in w.had:
+                if r in w.delivered_before:
                     continue
                 reason, released = before.get(r, (None, False))
                 if reason and not released:
@@ -195,7 +195,7 @@ class FlowControl:
                 # A bounce (relay's own, from System) is not subject to the limits, as a ping is not.
                 shed = self._check(w.sender, r, now, config, archived, adds, listed, w.written,
                                    limits=not released and w.sender != SYSTEM, queue=r not in w.remote)
-                if shed is not None and w.thorough and self.inbox.held(r, w):
+                if shed is not None and w.earlier_attempt and self.inbox.held(r, w):
                     shed = None         # delivered by an attempt a crash cut short: it has it
                 if shed is None:
                     adds[r] += 1
@@ -282,7 +282,7 @@ class FlowControl:
         messages were written) and the counts kept."""
         window = config.pair_rate and config.pair_window
         for w in works:
-            for r in w.got:
+            for r in w.delivered_now:
                 kept = self.unread.get(r)
                 if kept is not None:
                     kept.count += 1

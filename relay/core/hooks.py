@@ -131,7 +131,7 @@ class Hooks:
         try:
             for w in works:
                 m = w.message
-                for r in w.got:
+                for r in w.delivered_now:
                     if r == SYSTEM and not self.system:
                         continue
                     d = Delivery(w.id, w.sender, r, os.path.join(inbox, r, "new", f"{w.id}.json"),

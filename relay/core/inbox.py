@@ -65,22 +65,22 @@ class Inbox:
         for w in works:
             name = f"{w.id}.json"
             for r in w.recipients:
-                if r in w.had or r in w.remote or r in w.shed or r in w.shed_before:   # remote: queued for another node
+                if r in w.delivered_before or r in w.remote or r in w.shed or r in w.shed_before:   # remote: queued for another node
                     continue
                 try:
                     tmp, new = f"inbox/{r}/tmp/{name}", f"inbox/{r}/new/{name}"
-                    if w.thorough:
+                    if w.earlier_attempt:
                         held = self.held(r, w)
                         if held is not None:
-                            w.got[r] = held
+                            w.delivered_now[r] = held
                             fs.unlink_quietly(tmp)      # a crash between link and unlink
                             continue
                     self._write(tmp, w.envelope, r)
                     staged.append((w, r, tmp, new))
                 except OSError as e:
-                    w.missed[r] = transient(e, f"writing the envelope for {r}")
+                    w.failed_for[r] = transient(e, f"writing the envelope for {r}")
                 except DurabilityError as e:
-                    w.missed[r] = e
+                    w.failed_for[r] = e
         try:       # the envelopes' content; in "fs" mode the directories wait for the links' flush
             self.syncer.flush("inbox tmp files", dirs=False)
         except DurabilityError as e:
@@ -89,7 +89,7 @@ class Inbox:
                     fs.unlink_quietly(tmp)
                 raise
             for w, r, tmp, _ in staged:
-                w.missed[r] = e
+                w.failed_for[r] = e
                 fs.unlink_quietly(tmp)
             return []
         if custody is not None:
@@ -108,18 +108,18 @@ class Inbox:
                 self.syncer.dir_changed(f"inbox/{r}/new")
                 linked.append((w, r))
             except OSError as e:
-                w.missed[r] = transient(e, f"linking {w.id}.json into inbox/{r}/new")
+                w.failed_for[r] = transient(e, f"linking {w.id}.json into inbox/{r}/new")
                 fs.unlink_quietly(tmp)
         for w, r in linked:
-            w.got[r] = (len(w.envelope), w.envelope_sha256)
+            w.delivered_now[r] = (len(w.envelope), w.envelope_sha256)
         return linked
 
     @staticmethod
     def unlink(linked, error):
         """The flush after the links failed: those deliveries are not durable."""
         for w, r in linked:
-            w.got.pop(r, None)
-            w.missed[r] = error
+            w.delivered_now.pop(r, None)
+            w.failed_for[r] = error
 
     def _write(self, rel, data, recipient):
         try:

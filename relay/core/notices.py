@@ -21,7 +21,7 @@ def deliver(layout, nid, recipient, kind, subject, body, headers, at, now, durab
                       control={}, format="json")
     sha = hashlib.sha256("\0".join((nid, subject, body)).encode("utf-8")).hexdigest()    # the same notice, the same hash
     data = envelope(nid, SYSTEM, [recipient], message, at, now, kind, sha)
-    work = Work(id=nid, sender=SYSTEM, name=kind, archive_rel=None, retries=0, thorough=True, recipients=[recipient],
+    work = Work(id=nid, sender=SYSTEM, name=kind, archive_rel=None, retries=0, earlier_attempt=True, recipients=[recipient],
                 envelope=data, envelope_sha256=hashlib.sha256(data).hexdigest(), sha256=sha)
     put(layout, work, "notice", durability)
     return f"inbox/{recipient}/new/{nid}.json"
@@ -41,5 +41,5 @@ def put(layout, work, what, durability="full"):
     finally:
         syncer.close()
     [recipient] = work.recipients
-    if recipient not in work.got:
-        raise RelayError(f"could not put a {what} in inbox/{recipient}: {work.missed.get(recipient)}")
+    if recipient not in work.delivered_now:
+        raise RelayError(f"could not put a {what} in inbox/{recipient}: {work.failed_for.get(recipient)}")

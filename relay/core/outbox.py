@@ -47,8 +47,9 @@ class Found(typing.NamedTuple):
     bad: str = None             # why the name itself is refused
 
 
-def ignore_lease_breaks():
-    """A lease break is signalled with SIGIO, whose default action ends the process."""
+def ignore_sigio():
+    """The kernel tells the end of a file lease (OpenWriters) with SIGIO, whose default action
+    ends the process."""
     if hasattr(signal, "SIGIO"):
         try:
             signal.signal(signal.SIGIO, signal.SIG_IGN)
@@ -56,8 +57,10 @@ def ignore_lease_breaks():
             pass
 
 
-class Leases:
-    """Asks the kernel whether any process holds a file open for writing."""
+class OpenWriters:
+    """Asks the kernel whether any process holds a file open for writing, by taking a read
+    lease on it (fcntl F_SETLEASE: refused while a writer holds it open). The kernel's file
+    lease only; agents' path reservations (agent/leases.py) are another thing."""
 
     def __init__(self, enabled=True):
         self.supported = enabled and F_SETLEASE is not None
@@ -82,12 +85,12 @@ class Leases:
 class Outbox:
     """Finds complete message files in outbox/<agent>/ directories and takes custody of them."""
 
-    def __init__(self, layout, settle, syncer, leases=None):
+    def __init__(self, layout, settle, syncer, open_writers=None):
         self.layout = layout
         self.fs = layout.fs
         self.settle = settle
         self.syncer = syncer
-        self.leases = leases or Leases()
+        self.open_writers = open_writers or OpenWriters()
         self.waiting = {}        # (sender, name) -> (time to look again, why, waiting since)
         self.seen = {}           # (sender, name) -> ((size, mtime_ns, ino), first seen) for future mtimes
         self.reported = set()    # bad directories already logged
@@ -188,7 +191,7 @@ class Outbox:
         except OSError:
             return False
         try:
-            if self.leases.writers(fd):
+            if self.open_writers.writers(fd):
                 return True
             st = os.fstat(fd)
             if plain(st) and self.read_ahead.wants((sender, name), st.st_size):
@@ -224,7 +227,7 @@ class Outbox:
         w.refused / w.error."""
         spool = self.layout.spool_rel(w.sender, w.spool_id or w.id, w.name)
         fs = self.fs
-        if (w.thorough or w.spooled) and fs.exists(spool):    # taken by an earlier attempt
+        if (w.earlier_attempt or w.spooled) and fs.exists(spool):    # taken by an earlier attempt
             w.path = spool
             return
         if w.spooled:       # moved aside, or its directory swapped: looked for again later
@@ -311,7 +314,7 @@ class Outbox:
             if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != w.peeked[:4]:
                 w.error = TransientError(f"outbox/{w.sender}/{w.name} was replaced while relay took it; "
                                          "relay reads it again")
-            elif self.leases.writers(fd):
+            elif self.open_writers.writers(fd):
                 w.defer = True
             elif hashlib.sha256(os.pread(fd, st.st_size + 1, 0)).hexdigest() != w.sha256:
                 # No writer now (a lease is held until the close): the bytes spooled are what
@@ -384,7 +387,7 @@ class Outbox:
             if not stat.S_ISREG(st.st_mode):
                 w.refused = not_regular(st)
                 return
-            if self.leases.writers(fd):
+            if self.open_writers.writers(fd):
                 w.defer = True
                 return
             limit = max_body_bytes + HEADER_ALLOWANCE
@@ -469,4 +472,4 @@ def not_regular(st):
     return f"{what}: relay only relays regular files and never opens these; write the message as a plain file"
 
 
-__all__ = ["Found", "Leases", "Outbox", "Unsafe", "ignore_lease_breaks", "not_regular"]
+__all__ = ["Found", "OpenWriters", "Outbox", "Unsafe", "ignore_sigio", "not_regular"]

@@ -11,7 +11,7 @@ after the ledger syncs its log on its own. Group commit: the last sync of a batc
 moves) runs on a thread while the next step claims and reads its batch; `finish()` then records
 the batch (T2) before the next one's request ids are settled, or it is admitted or delivered.
 
-The Pipeline is given its parts (`Stages`: the file rooms, the ledger, flow control, bounces,
+The Pipeline is given its parts (`Stages`: the file modules, the ledger, flow control, bounces,
 the reader and settler, the router, and who hears of a delivery) and the relay's clock. It
 writes the ledger (claims, records), the files (through the outbox, inbox and archive) and
 `bounces.due`; it reads the intake only to ask whether more is ready (group commit)."""
@@ -92,6 +92,8 @@ class Pipeline:
         a batch of what is due (T1, unsynced). Returns the claimed rows."""
         s = self.s
         plain = []
+        if any(f.bad for f in found):
+            self.archived = s.history.archived_agents()     # archived since the last batch: no bounce
         for f in found:
             if f.bad:
                 self.refuse_name(f, now, counts)
@@ -175,11 +177,11 @@ class Pipeline:
         readable = s.recovery.readable(rows, now, need=("archive_path",), fresh=fresh)
         counts.failed += len(rows) - len(readable)
         works = [Work.claimed(row) for row in readable]
-        thorough = [w.id for w in works if w.thorough]
-        had, shed = s.history.delivered_to(thorough), s.history.sheds_of(thorough)
+        earlier_attempt = [w.id for w in works if w.earlier_attempt]
+        had, shed = s.history.delivered_to(earlier_attempt), s.history.sheds_of(earlier_attempt)
         budget = self.config.batch_bytes
         for w in works:
-            w.had = had.get(w.id, {})
+            w.delivered_before = had.get(w.id, {})
             if budget <= 0:
                 w.defer = True      # left for the next batch: this one holds enough bytes
                 continue
@@ -241,7 +243,7 @@ class Pipeline:
                 if w.outcome in (Outcome.ARCHIVED, Outcome.DELIVERED, Outcome.RETRY):
                     if w.outcome is Outcome.ARCHIVED:
                         w.path = w.archive_rel
-                    w.outcome, w.refused = Outcome.FAILED, f"{e}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
+                    w.outcome, w.refused = Outcome.FAILED, f"{e}; delivered to {', '.join(sorted(w.delivered_now)) or 'nobody'}"
                     w.failed_rel = None
                     log.error("%s: %s; the original stays at %s", w.id, e, w.path,
                               **fields("failed", w))

@@ -25,7 +25,7 @@ class Reader:
     def peek(self, w, now):
         """Read and parse a message before custody where its file allows (Outbox.peek): its
         envelopes are then synced with the claim, one sync for both. False: not read."""
-        if w.thorough or w.spooled:
+        if w.earlier_attempt or w.spooled:
             return False
         try:
             if not self.outbox.peek(w, self.config.max_body_bytes):

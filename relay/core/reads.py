@@ -60,7 +60,7 @@ class Reads:
     def delivered(self, works):
         """A batch's recorded deliveries: their envelopes are in new/ now."""
         for w in works:
-            for r in w.got:
+            for r in w.delivered_now:
                 self.watch(r, w.id)
 
     def seed(self, now):

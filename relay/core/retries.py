@@ -46,7 +46,7 @@ class Facts:
     max_retries: int = None         # the sender's MAX-RETRIES
     refused: str = None             # why it will not be delivered as it is
     error: Exception = None         # the transient or durability error of the message as a whole
-    missed: tuple = ()              # (recipient, error) of each recipient not delivered to
+    failed_for: tuple = ()          # (recipient, error) of each recipient not delivered to
     delivered: tuple = ()           # the recipients delivered to in this batch
     defer: bool = False             # not handled in this batch
     held: bool = False              # deferred because its file is held open for writing
@@ -74,7 +74,7 @@ class Retries:
 
     def decide(self, facts, now, held_wait=MAX_HELD_WAIT):
         """The Decision for `facts` at `now`; a file held open waits at most `held_wait`."""
-        durability = next((e for _, e in facts.missed if isinstance(e, DurabilityError)), None)
+        durability = next((e for _, e in facts.failed_for if isinstance(e, DurabilityError)), None)
         if facts.refused or durability or isinstance(facts.error, DurabilityError):
             reason = facts.refused or (f"{durability}; delivered to {', '.join(sorted(facts.delivered)) or 'nobody'}"
                                        if durability else self._gave_up(facts, facts.error))
@@ -88,7 +88,7 @@ class Retries:
             return Decision(Action.DEFER, now + wait, error=TransientError("still open for writing"))
         if facts.error is None and facts.complete:
             return Decision(Action.ARCHIVE)
-        error = facts.error or TransientError("; ".join(f"not delivered to {r}: {e}" for r, e in sorted(facts.missed)))
+        error = facts.error or TransientError("; ".join(f"not delivered to {r}: {e}" for r, e in sorted(facts.failed_for)))
         attempt = facts.retries + 1
         own = facts.max_retries             # the sender's MAX-RETRIES, at most the configured
         if own is not None:

@@ -146,7 +146,7 @@ class Router:
             named = set(w.recipients)
             w.remote = {r: n for r, n in w.remote.items()
                         if r in named and r not in w.shed and r not in w.shed_before}
-        self.offer([w for w in ready if w.remote and not w.thorough])
+        self.offer([w for w in ready if w.remote and not w.earlier_attempt])
         return ready
 
     def recorded(self, works):

@@ -20,7 +20,7 @@ def facts(w):
     """What the retry policy decides from, of one work after its batch's delivery."""
     return Facts(retries=w.retries, attempts=w.attempts, failing_since=w.failing_since,
                  max_retries=getattr(w.message, "max_retries", None), refused=w.refused, error=w.error,
-                 missed=tuple(w.missed.items()), delivered=tuple(w.got), defer=w.defer, held=bool(w.path),
+                 failed_for=tuple(w.failed_for.items()), delivered=tuple(w.delivered_now), defer=w.defer, held=bool(w.path),
                  complete=w.complete)
 
 
@@ -66,7 +66,7 @@ class Settler:
 
     def quarantine(self, w, now):
         """Move the original into failed/ with a report of why (w.refused), who had it and the sheds."""
-        delivered = sorted(set(w.got) | set(w.had))
+        delivered = sorted(set(w.delivered_now) | set(w.delivered_before))
         report = self.archive.report(w.id, w.sender, w.name, w.refused, now, w.retries + 1, delivered, flow.entries(w))
         try:
             w.failed_rel = self.archive.quarantine(w.path, w.sender, w.id, w.name, report)
@@ -108,7 +108,7 @@ def report(w, now, counts):
         counts.retried += 1
         log.warning("%s from %s: %s; attempt %d failed, next in %.1fs%s", w.id, w.sender, w.error,
                     w.retries + 1, w.next_attempt_at - now,
-                    f" (delivered to {', '.join(sorted(w.got))})" if w.got else "",
+                    f" (delivered to {', '.join(sorted(w.delivered_now))})" if w.delivered_now else "",
                     **fields("retried", w))
 
 

@@ -68,7 +68,7 @@ class Wake:
         newest = {}
         try:
             for w in works:
-                for r in w.got:
+                for r in w.delivered_now:
                     if r != SYSTEM:
                         count = newest[r][0] + 1 if r in newest else 1
                         newest[r] = (count, w)

@@ -1,4 +1,4 @@
-"""The values a batch passes between rooms: what a step did, one claimed message on its way, and
+"""The values a batch passes between stages: what a step did, one claimed message on its way, and
 the fields a log line about a message carries. (Whether a claimed row is one this build can
 read: history.unreadable.)"""
 import dataclasses
@@ -95,9 +95,9 @@ LEARNED = {
     "recipients": (),
     "envelope": b"",
     "envelope_sha256": None,
-    "had": dict,                    # recipient -> (size, sha256) already recorded
-    "got": dict,                    # recipient -> (size, sha256) delivered now
-    "missed": dict,                 # recipient -> error
+    "delivered_before": dict,                    # recipient -> (size, sha256) already recorded
+    "delivered_now": dict,                    # recipient -> (size, sha256) delivered now
+    "failed_for": dict,                 # recipient -> error
     "remote": dict,                 # recipient on another node -> node (queued)
     "offered": False,               # handed to the link for every node at once (routes.Router.offer)
     "shed": dict,                   # recipient -> Shed, decided in this batch
@@ -113,15 +113,15 @@ class Work:
     pipeline learns about it (LEARNED). The claim's sender, name, retries, attempts and times are
     read through it and cannot be changed; the id, archive path and spool id start as the
     claim's and change when the sender's chosen id is taken (identity.py)."""
-    __slots__ = ("claim", "id", "archive_rel", "spool_id", "spooled", "thorough", *LEARNED)
+    __slots__ = ("claim", "id", "archive_rel", "spool_id", "spooled", "earlier_attempt", *LEARNED)
 
-    def __init__(self, id, sender, name, archive_rel=None, retries=0, thorough=False, attempts=1,
+    def __init__(self, id, sender, name, archive_rel=None, retries=0, earlier_attempt=False, attempts=1,
                  spooled=False, discovered_at=None, failing_since=None, spool_id=None, claim=None, **learned):
         claim = claim or Claim(id, sender, name, archive_rel, retries, attempts, spooled, discovered_at,
                                failing_since, spool_id)
         self.claim = claim
         self.id, self.archive_rel, self.spool_id, self.spooled = claim.id, claim.archive_rel, claim.spool_id, claim.spooled
-        self.thorough = thorough            # an earlier attempt may have delivered to some recipients
+        self.earlier_attempt = earlier_attempt            # an earlier attempt may have delivered to some recipients
         for key, value in LEARNED.items():
             setattr(self, key, value() if callable(value) else value)
         for key, value in learned.items():
@@ -133,7 +133,7 @@ class Work:
     def claimed(cls, row):
         """The Work of a row the ledger's claim returned."""
         claim = Claim.of(row)
-        return cls(claim.id, claim.sender, claim.name, thorough=claim.attempts > 1, claim=claim)
+        return cls(claim.id, claim.sender, claim.name, earlier_attempt=claim.attempts > 1, claim=claim)
 
     sender = property(lambda self: self.claim.sender)
     name = property(lambda self: self.claim.name)
@@ -155,9 +155,9 @@ class Work:
         node, has it queued for the link in this batch's transaction; or it repeats a message sent
         before and is not delivered again."""
         if self.duplicate_of is not None:
-            return not self.missed
-        return bool(self.recipients) and not self.missed and all(
-            r in self.got or r in self.had or r in self.remote or r in self.shed or r in self.shed_before
+            return not self.failed_for
+        return bool(self.recipients) and not self.failed_for and all(
+            r in self.delivered_now or r in self.delivered_before or r in self.remote or r in self.shed or r in self.shed_before
             for r in self.recipients)
 
 
@@ -170,9 +170,9 @@ def recorded(w):
     return OutcomeRecord(
         w.id, w.sender, w.outcome.value, said, tuple(w.recipients), w.discovered_at, w.retries, w.size, w.sha256,
         w.sent_at, w.archive_rel, w.failed_rel, w.spooled, w.next_attempt_at, w.error_text, w.refused,
-        bool(w.duplicate_of), tuple((r, size, sha) for r, (size, sha) in w.got.items()), tuple(w.had),
+        bool(w.duplicate_of), tuple((r, size, sha) for r, (size, sha) in w.delivered_now.items()), tuple(w.delivered_before),
         tuple(ShedFor(r, s.reason, s.limit, s.observed, str(s)) for r, s in w.shed.items()), tuple(w.shed_before),
-        tuple(w.remote.items()), w.envelope, w.thorough)
+        tuple(w.remote.items()), w.envelope, w.earlier_attempt)
 
 
 def fields(event, mid, sender=None, recipients=None):

@@ -75,7 +75,7 @@ def read_entry(node, eid, fields, local, config):
         raise MessageRefused(f"the envelope's {e}") from None
     envelope, data = _envelope(doc, node, kind_of_content)
     w = Work(id=mid, sender=sender, name=source_name(doc.get("source")), archive_rel=None, retries=0,
-             thorough=True, sha256=sha, recipients=mine, envelope=data, sent_at=_when(doc.get("sent_at")),
+             earlier_attempt=True, sha256=sha, recipients=mine, envelope=data, sent_at=_when(doc.get("sent_at")),
              envelope_sha256=hashlib.sha256(data).hexdigest(),
              message=Remote(envelope["to"], doc.get("kind"),
                             doc.get("thread"), doc.get("subject")))

@@ -36,6 +36,7 @@ from relay.federation.entries import _sender_of, _text, read_entry, renamed
 from relay.federation.keys import Keys
 from relay.federation.teamlists import TeamLists
 from relay.federation.listed import Listed
+from relay.federation.refusals import HOLD, Refusals
 from relay.federation.sendercheck import UNANNOUNCED, SenderCheck
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,6 @@ HELD = 4                    # bytes held in memory per byte of an entry read (pa
 RETRY_BASE = 0.5            # seconds before an entry not yet delivered is tried again, doubled ...
 RETRY_CAP = 1.0             # ... at most this while the server answers
 REPLAY_WINDOW = 30 * 86400.0    # received ids are kept this long; an entry with an older id is refused
-REFUSALS = 100             # refused entries of one node recorded one by one in a minute, at most;
-HOLD = 1.0                  # ... past that, its stream is read at most once in this many seconds
 ACK_KEEP = 10_000           # acknowledgement entries kept in this node's stream to a sender (each holds a batch's)
 REPEAT = "repeat"           # the verdict on a message received before
 
@@ -89,8 +88,7 @@ class Incoming:
         self.handled = {}           # node -> entry ids those acknowledgements are for
         self.last_error = None
         self.skipping = Skipping("message")
-        self.refusals = {}          # node -> (minute's start, refusals recorded, refusals not recorded)
-        self.held = {}              # node -> when its stream is read again (its refusals passed REFUSALS)
+        self.refusals = Refusals()  # how many of each node's entries were refused, and whose stream waits
         self.bulky = set()          # streams read entry by entry (one held an entry too large to read)
         self.rest = 0.0             # seconds until a stream may be read, when the last step could read none
         self.team = TeamLists(client, self.keys, self.fed.max_agents_per_node, self.nodes, clock, self.on_name)
@@ -126,11 +124,11 @@ class Incoming:
         try:
             handled += self._retry(now)
             team = {self.keys.messages(n, self.node): n for n in sorted(self.nodes()) if n != self.node}
-            streams = {key: self.cursors.get(n, "0-0") for key, n in team.items() if self.held.get(n, 0.0) <= now}
+            streams = {key: self.cursors.get(n, "0-0") for key, n in team.items() if self.refusals.readable(n, now)}
             streams = self.skipping.usable(self.client, streams, now)
             self.rest = 0.0
             if not streams:
-                ready = [max(self.held.get(n, 0.0), self.skipping.until.get(key, (0.0, None))[0])
+                ready = [max(self.refusals.held.get(n, 0.0), self.skipping.until.get(key, (0.0, None))[0])
                          for key, n in team.items()]
                 self.rest = min(max(0.0, min(ready, default=now) - now), HOLD)
                 return handled
@@ -338,7 +336,7 @@ class Incoming:
             if read is None:
                 continue
             w, item = read
-            w.thorough = node in fresh
+            w.earlier_attempt = node in fresh
             verdict = self._verdict(w, node, before.get((node, w.id)), seen)
             if verdict is None and (w.id in known or w.id in used or self._held_here(w, now)):
                 # Its id names another message here (a local one, another node's, one a recipient
@@ -353,7 +351,7 @@ class Incoming:
                 repeats.append((node, w.id, eid, failed))
                 continue
             if verdict is not None:
-                if self._recorded(node, now):
+                if self.refusals.recorded(node, now):
                     refused.append((self.ids.new(now), item["sender"], item["name"], node, eid, verdict))
                     log.error("federation: entry %s from node %s refused: %s", eid, node, verdict)
                 self._ack(node, w.id, verdict, eid)
@@ -385,7 +383,7 @@ class Incoming:
                 e = MessageRefused(f"unreadable entry ({type(e).__name__}: {str(e)[:200]})")
             mid = _text(fields.get(b"id")) if isinstance(fields, dict) else None
             sender = _sender_of(fields)
-            if self._recorded(node, now):
+            if self.refusals.recorded(node, now):
                 refused.append((self.ids.new(now), sender or "?", f"entry {eid}", node, eid, str(e)))
                 log.error("federation: entry %s from node %s refused: %s", eid, node, e)
             self._ack(node, mid, str(e), eid)
@@ -396,40 +394,21 @@ class Incoming:
         refused or given up, and the acknowledgements of each."""
         works, shed = self._admit(works, now)
         done, gave_up = self._deliver(works, now)
-        failed = [dict(item, got=w.got, error=why) for w, item, why in gave_up + shed]
+        failed = [dict(item, delivered=w.delivered_now, error=why) for w, item, why in gave_up + shed]
         sheds = [(w.id, r, w.sender, s.reason, s.limit, s.observed) for w, _, *_ in done + shed for r, s in w.shed.items()]
         if done or refused or failed:
-            self.ledger.remote.received(now, [dict(item, got=w.got) for w, item in done], refused, sheds, failed)
+            self.ledger.remote.received(now, [dict(item, delivered=w.delivered_now) for w, item in done], refused, sheds, failed)
             self.flow.commit([w for w, _ in done], now, self.config)
             if self.hooks is not None:
                 self.hooks.delivered([w for w, _ in done] + [w for w, _, _ in gave_up])
             for w, item in done:
                 log.info("%s received from %s on node %s (entry %s), delivered to %s", w.id, item["sender"],
-                         item["node"], item["entry_id"], ",".join(sorted(w.got)))
+                         item["node"], item["entry_id"], ",".join(sorted(w.delivered_now)))
                 flow.logged(w)
         for w, item in done:
             self._ack(item["node"], item.get("remote_id") or w.id, None, item["entry_id"])
         for m in failed:
             self._ack(m["node"], m.get("remote_id") or m["id"], m["error"], m["entry_id"])
-
-    def _recorded(self, node, now):
-        """Whether a refusal of this node's entry is recorded (a failed row, a log line): at most
-        REFUSALS a minute per node; past that they are counted, said once a minute, and the node's
-        stream is read at most once in HOLD seconds for the rest of the minute (a node writing
-        entries only to have them refused costs this node a bounded share). The refusal is
-        acknowledged back either way."""
-        start, count, quiet = self.refusals.get(node, (now, 0, 0))
-        if now - start >= 60:
-            if quiet:
-                log.error("federation: node %s sent %d more entries refused in the last minute (not recorded one "
-                          "by one)", node, quiet)
-            start, count, quiet = now, 0, 0
-        if count < REFUSALS:
-            self.refusals[node] = (start, count + 1, quiet)
-            return True
-        self.refusals[node] = (start, count, quiet + 1)
-        self.held[node] = now + HOLD
-        return False
 
     def _ack(self, node, mid, refusal, eid):
         self.retry.pop((node, eid), None)
@@ -456,11 +435,11 @@ class Incoming:
         """Whether a recipient holds an envelope of another message under w's id (one this
         node's ledger no longer lists: swept, so older than retention): never replaced. An id
         younger than that names no message the ledger forgot; it is looked for only when the
-        entry may have been written here before (thorough)."""
+        entry may have been written here before (earlier_attempt)."""
         retention = self.config.retention
-        if not w.thorough and (not retention or now - id_time(w.id) < retention - 60):
+        if not w.earlier_attempt and (not retention or now - id_time(w.id) < retention - 60):
             return False
-        return any(self.inbox.taken(r, w.id, w.sha256, partial_is_ours=w.thorough) for r in w.recipients)
+        return any(self.inbox.taken(r, w.id, w.sha256, partial_is_ours=w.earlier_attempt) for r in w.recipients)
 
     def _admit(self, works, now):
         """This node's own shedding limits (flow.py: queue_limit, per_pair_rate, an archived
@@ -495,10 +474,10 @@ class Incoming:
                 done.append((w, item))
                 continue
             since, _ = self.retry.get(key, (now, None))
-            missed = "; ".join(f"not delivered to {r}: {e}" for r, e in sorted(w.missed.items()))
-            fsync_failed = any(isinstance(e, DurabilityError) for e in w.missed.values())
+            missed = "; ".join(f"not delivered to {r}: {e}" for r, e in sorted(w.failed_for.items()))
+            fsync_failed = any(isinstance(e, DurabilityError) for e in w.failed_for.values())
             if now - since >= self.config.retry_period or fsync_failed:
-                why = f"gave up after {now - since:.0f}s: {missed}; delivered to {', '.join(sorted(w.got)) or 'nobody'}"
+                why = f"gave up after {now - since:.0f}s: {missed}; delivered to {', '.join(sorted(w.delivered_now)) or 'nobody'}"
                 gave_up.append((w, item, why))
                 log.error("%s from node %s: %s", w.id, item["node"], why)
             else:

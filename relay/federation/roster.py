@@ -12,7 +12,7 @@ server holds, and such a node is found within a few looks on a small server.
 """
 import logging
 
-from relay.fedconfig import NAME
+from relay.config.federation import NAME
 
 log = logging.getLogger(__name__)
 

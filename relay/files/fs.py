@@ -95,7 +95,7 @@ class StateDir:
         self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._dirs = {"": self.fd}
         self._ids = {}              # relative path -> (st_dev, st_ino) of its cached descriptor
-        self._fresh = {""}          # cached paths looked up since the last recheck()
+        self._looked_up = {""}          # cached paths looked up since the last recheck()
         # Called with the relative path of a directory whose entries changed because relay
         # created a sub-directory in it (the syncer makes that change durable).
         self.on_dir_created = on_dir_created
@@ -126,16 +126,16 @@ class StateDir:
                     pass
         self._dirs = {} if self.fd is None else {"": self.fd}
         self._ids = {}
-        self._fresh = set(self._dirs)
+        self._looked_up = set(self._dirs)
 
     def recheck(self, top=None):
         """Have every cached directory (or `top` and those under it) looked up again by name
         before it is next used."""
         if top is None:
-            self._fresh = set(self._dirs) & {""}
+            self._looked_up = set(self._dirs) & {""}
         else:
             under = top + "/"
-            self._fresh = {k for k in self._fresh if k != top and not k.startswith(under)}
+            self._looked_up = {k for k in self._looked_up if k != top and not k.startswith(under)}
 
     def _drop(self, rel):
         """Close the cached descriptor of `rel` and of everything cached under it."""
@@ -146,7 +146,7 @@ class StateDir:
             except OSError:
                 pass
             self._ids.pop(key, None)
-            self._fresh.discard(key)
+            self._looked_up.discard(key)
 
     def _trim(self):
         """Keep the cache bounded; called before an operation, never in the middle of one."""
@@ -166,13 +166,13 @@ class StateDir:
     def dir(self, rel, create=False):
         """A descriptor of the directory at `rel` (cached; do not close it). With `create`,
         missing components are made (each creation noted for the syncer)."""
-        if rel in self._fresh:
+        if rel in self._looked_up:
             return self._dirs[rel]
         if self.fd is None:
             raise OSError(errno.EBADF, "the state directory was closed", self.path)
         parts = split(rel)
         i = len(parts)
-        while i > 0 and "/".join(parts[:i]) not in self._fresh:
+        while i > 0 and "/".join(parts[:i]) not in self._looked_up:
             i -= 1
         fd = self._dirs["/".join(parts[:i])]
         for j in range(i, len(parts)):
@@ -185,7 +185,7 @@ class StateDir:
                 except OSError:
                     same = False
                 if same:
-                    self._fresh.add(here)
+                    self._looked_up.add(here)
                     fd = kept
                     continue
                 self._drop(here)
@@ -213,7 +213,7 @@ class StateDir:
                 raise
             self._dirs[here] = child
             self._ids[here] = (st.st_dev, st.st_ino)
-            self._fresh.add(here)
+            self._looked_up.add(here)
             fd = child
         return fd
 
@@ -225,7 +225,7 @@ class StateDir:
         d, _, name = rel.rpartition("/")
         if not name or name in (".", "..") or "\0" in name:
             split(rel)              # raises with the reason
-        return (self._dirs[d] if d in self._fresh else self.dir(d, create=create)), name
+        return (self._dirs[d] if d in self._looked_up else self.dir(d, create=create)), name
 
     def makedirs(self, rel):
         self._trim()

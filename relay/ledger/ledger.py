@@ -26,7 +26,6 @@ The ledger knows rows and states, nothing about files. Every write happens in an
 batch.
 """
 import contextlib
-import enum
 import os
 import sqlite3
 import stat
@@ -46,7 +45,7 @@ from relay.ledger.senders import Senders
 from relay.ledger.shed_keep import ShedKeep
 from relay.ledger.sql import insert_rows
 from relay.files.sync import fdatasync
-from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION, checksum, migrate  # noqa: F401  (checksum offered here)
+from relay.ledger.schema import MIGRATIONS, SCHEMA_VERSION, STATUSES, Status, checksum, migrate  # noqa: F401  (offered here)
 from relay.ledger.registry import AgentRegistry
 from relay.ledger.remote import FederationRecords
 from relay.ledger.reservations import Reservations
@@ -54,18 +53,6 @@ from relay.ledger.search import SearchIndex
 from relay.ledger.state import StateWrites
 
 
-class Status(str, enum.Enum):
-    PENDING = "pending"
-    PROCESSING = "processing"
-    DELIVERED = "delivered"
-    ARCHIVED = "archived"
-    FAILED = "failed"
-
-    def __str__(self):
-        return self.value
-
-
-STATUSES = tuple(s.value for s in Status)
 
 ATTESTATIONS_KEPT = 100     # the newest attestations kept in the ledger
 

@@ -57,12 +57,12 @@ class OutcomeRecord:
     refused: str = None             # why it failed
     duplicate: bool = False         # repeats a message sent before (same request id): delivered to no one
     delivered: tuple = ()           # (recipient, size, sha256) of each copy written in this batch
-    had: tuple = ()                 # recipients an earlier attempt delivered to
+    delivered_before: tuple = ()    # recipients an earlier attempt delivered to
     sheds: tuple = ()               # ShedFor of this batch
     shed_before: tuple = ()         # recipients an earlier attempt shed
     remote: tuple = ()              # (recipient, node) of the recipients on other nodes, queued
     envelope: bytes = b""           # what is queued for them
-    thorough: bool = False          # an earlier attempt may have queued them already
+    earlier_attempt: bool = False   # an earlier attempt may have queued them already
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -72,7 +72,7 @@ class OutcomeRecord:
     def shed_whole(self):
         """Failed because it was shed for every recipient (shed_keep.py keeps what audit needs)."""
         return (self.message is not None and self.status == "failed" and bool(self.sheds or self.shed_before)
-                and not self.delivered and not self.had)
+                and not self.delivered and not self.delivered_before)
 
     @property
     def queued(self):

@@ -31,7 +31,7 @@ class FederationRecords(Part):
                 by_node.setdefault(node, []).append(r)
             for node, names in sorted(by_node.items()):
                 row = (o.id, node, orjson.dumps(sorted(names)).decode(), o.envelope, now)
-                (again if o.thorough else first).append(row)
+                (again if o.earlier_attempt else first).append(row)
         sql = ("INSERT INTO outbound (message_id, node, recipients, envelope, status, queued_at) "
                "VALUES (?, ?, ?, ?, 'pending', ?) ON CONFLICT DO NOTHING")
         if first:
@@ -182,7 +182,7 @@ class FederationRecords(Part):
         with self.transaction():
             shed = {s[0] for s in sheds}
             kept = self.sheds.kept(now, [(m["id"], m["sender"], m["body"], m["subject"], m["headers"])
-                                         for m in failed if m["id"] in shed and not m["got"]])
+                                         for m in failed if m["id"] in shed and not m["delivered"]])
             failed = [dict(m, **dict(zip(("body", "subject", "headers"), kept[m["id"]]))) if m["id"] in kept else m
                       for m in failed]
             events, links = [], []
@@ -205,13 +205,13 @@ class FederationRecords(Part):
                   "now": now} for m in failed])
             self.db.executemany("INSERT OR IGNORE INTO deliveries (message_id, recipient, delivered_at, size, sha256) "
                                 "VALUES (?, ?, ?, ?, ?)",
-                                [(m["id"], r, now, *got) for m in (*items, *failed) for r, got in m["got"].items()])
+                                [(m["id"], r, now, *got) for m in (*items, *failed) for r, got in m["delivered"].items()])
             for m in (*items, *failed):
                 events.append((m["id"], now, "received", f"from node {m['node']} as entry {m['entry_id']}"
                                + (f"; {m['note']}" if m.get("note") else "")
                                + (f"; its id there, {m['remote_id']}, names another message here"
                                   if m.get("remote_id") else "")))
-                events.extend((m["id"], now, "delivered", r) for r in sorted(m["got"]))
+                events.extend((m["id"], now, "delivered", r) for r in sorted(m["delivered"]))
             events.extend((m["id"], now, "failed", m["error"]) for m in failed)
             for m, row in zip(items, rows, strict=True):
                 seq += 1
@@ -234,7 +234,7 @@ class FederationRecords(Part):
                                 [(m["node"], m.get("remote_id") or m["id"], m["sha256"], now, m["id"])
                                  for m in (*items, *failed)])
             self.search.index([(m["id"], m["subject"], m["body"]) for m in (*items, *failed)])
-            got = {r for m in (*items, *failed) for r in m["got"]}
+            got = {r for m in (*items, *failed) for r in m["delivered"]}
             if got:
                 self.registry.seen(got, now)
 

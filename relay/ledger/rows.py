@@ -14,11 +14,10 @@ import orjson
 
 from relay.config import AGENT_NAME
 from relay.ledger.schema import AGENT_STATES, REASONS
-from relay.ledger.state import CHECKS as STATE_CHECKS
 from relay.files.fs import Unsafe, split
 from relay.ids import ALPHABET
 from relay.times import END, FIRST, is_time
-from relay.ledger.ledger import STATUSES
+from relay.ledger.schema import STATUSES
 
 _ID = re.compile(f"[{ALPHABET}]{{26}}\\Z")       # layout.valid_id, as one regular expression
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
@@ -106,9 +105,12 @@ _OPTIONAL = {
 }
 
 
+STATE_KEY_RULE = "[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}"     # a team state key (state.py)
+STATE_KEY = re.compile(STATE_KEY_RULE + r"\Z")
+
 CHECKS = {
     "messages": {
-        # "?": the sender of an entry another node sent that could not be read (incoming.py)
+        # "?": the sender of an entry another node sent that could not be read (federation/receiver.py)
         "id": _id, "sender": lambda v: v == "?" or isinstance(v, str) and AGENT_NAME.match(v) is not None, "name": _file_name, "status": lambda v: v in STATUSES,
         "spooled": lambda v: v in (0, 1), "recipients": _maybe(_json(list)), "kind": _maybe(_text),
         "thread": _maybe(_text), "subject": _maybe(_text), "body": _maybe(_text), "headers": _maybe(_json(dict)),
@@ -155,7 +157,13 @@ CHECKS = {
         "synchronous": _one_of("OFF", "NORMAL", "FULL", "EXTRA", "?"), "busy_timeout_ms": _count,
         "foreign_keys": lambda v: v in (0, 1),
     },
-    "team_state": STATE_CHECKS,
+    "team_state": {
+        "key": lambda v: isinstance(v, str) and STATE_KEY.match(v) is not None,
+        "value": lambda v: v is None or isinstance(v, str),
+        "version": lambda v: isinstance(v, int) and v >= 0,
+        "updated_at": is_time,
+        "updated_by": lambda v: isinstance(v, str),
+    },
 }
 KEYS = {"messages": "id", "events": "seq", "deliveries": "message_id", "agents": "name", "sheds": "message_id",
         "commands": "id", "pings": "id", "archived_agents": "name", "attestations": "seq", "checkpoints": "seq",

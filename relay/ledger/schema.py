@@ -1,11 +1,27 @@
 """The ledger's schema: its migrations in order. A migration once released never changes (its
 checksum is recorded in the ledger and checked at open); a change of schema is a new one."""
+import enum
 import hashlib
 import logging
 import sqlite3
 import time
 
 from relay.errors import SchemaError
+
+
+# A message's status in the messages table (contract §3: its state machine).
+class Status(str, enum.Enum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    DELIVERED = "delivered"
+    ARCHIVED = "archived"
+    FAILED = "failed"
+
+    def __str__(self):
+        return self.value
+
+
+STATUSES = tuple(s.value for s in Status)
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +152,7 @@ UPDATE messages SET expired_at = failed_at WHERE status = 'failed' AND EXISTS (
     SELECT 1 FROM events e WHERE e.message_id = messages.id AND e.event = 'expired' AND e.seq > coalesce(
         (SELECT max(r.seq) FROM events r WHERE r.message_id = messages.id AND r.event = 'retry'), 0));
 """),
-    # Ids bound to their senders (ledger_senders.py): the id relay send gave each sender.
+    # Ids bound to their senders (ledger/senders.py): the id relay send gave each sender.
     (5, "attested durability; interrupted attempts", """
 CREATE TABLE attestations (
     seq             INTEGER PRIMARY KEY,
@@ -154,7 +170,7 @@ CREATE TABLE attestations (
 );
 ALTER TABLE messages ADD COLUMN interrupted INTEGER NOT NULL DEFAULT 0;
 """),
-    # Federation (relay/federation.py). A message received from another node is a row like any
+    # Federation (relay/federation/). A message received from another node is a row like any
     # other, with the node it came from and its stream entry id; one sent to agents of other
     # nodes has one outbound row per node (its own state, retries, the entry id once published).
     (6, "federation over Redis Streams", """
@@ -257,7 +273,7 @@ CREATE TABLE bounces (
 ) WITHOUT ROWID;
 CREATE INDEX bounces_due ON bounces(at) WHERE emitted_at IS NULL
 """),
-    # The agents declared as senders (senders = "declared"; ledger_senders.py).
+    # The agents declared as senders (senders = "declared"; ledger/senders.py).
     (30, "full-text search", """
 CREATE TABLE search_docs (
     seq        INTEGER PRIMARY KEY,

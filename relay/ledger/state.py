@@ -9,34 +9,20 @@ key keeps its row with no value and its version one up, so a version is never gi
 compare-and-set made on an old version fails even after a delete and a new set). Every change is
 an event (message_id NULL, actor who made it): `state-set` and `state-deleted`, detail
 `key=K version=N`, which `relay tail` shows."""
-import re
-
 from relay.errors import LedgerError
 from relay.ledger.part import Part
-from relay.times import is_time
+from relay.ledger.rows import STATE_KEY as KEY, STATE_KEY_RULE as KEY_RULE, BadRow  # noqa: F401 - state.KEY
 
-KEY_RULE = "[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}"
-KEY = re.compile(KEY_RULE + r"\Z")
 MAX_VALUE_BYTES = 64 * 1024         # a value's size in UTF-8, at most
 
 
-# What a stored row must hold for this build to read it (rows.py's checks of the table).
-CHECKS = {
-    "key": lambda v: isinstance(v, str) and KEY.match(v) is not None,
-    "value": lambda v: v is None or isinstance(v, str),
-    "version": lambda v: isinstance(v, int) and v >= 0,
-    "updated_at": is_time,
-    "updated_by": lambda v: isinstance(v, str),
-}
-
-
 def unreadable_state(key, row):
-    """LedgerError naming the first column of the row of `key` this build cannot read, or None."""
-    for column, ok in CHECKS.items():
-        if row is not None and not ok(row[column]):
-            return LedgerError(f"ledger team_state row {key!r}: column {column} holds {row[column]!r:.60}, which "
-                               "this relay cannot read; nothing changed")
-    return None
+    """LedgerError naming every column of the row of `key` this build cannot read (rows.py's
+    BadRow, as every reader names them), or None."""
+    problem = BadRow.of(row, "team_state") if row is not None else None
+    if problem is None:
+        return None
+    return LedgerError(str(problem).removesuffix("; skipped") + "; nothing changed")
 
 
 class StateWrites(Part):

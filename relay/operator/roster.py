@@ -38,7 +38,7 @@ def ping(ledger, layout, agent, actor, configured=(), now=None, durability="full
     message = Message(to=(agent,), kind="ping", thread=None, subject="ping from relay",
                       body=PING_BODY.format(agent=agent), headers={}, control={}, format="json")
     data = envelope(pid, SYSTEM, [agent], message, now, now, "ping", None)
-    work = Work(id=pid, sender=SYSTEM, name="ping", archive_rel=None, retries=0, thorough=False,
+    work = Work(id=pid, sender=SYSTEM, name="ping", archive_rel=None, retries=0, earlier_attempt=False,
                 recipients=[agent], envelope=data, envelope_sha256=hashlib.sha256(data).hexdigest())
     put(layout, work, "ping", durability)
     ledger.operations.ping(pid, agent, now, actor)

@@ -9,7 +9,7 @@ import click
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
 from relay.errors import NotFound, RelayError
-from relay.guards import agent_name, moment
+from relay.arguments import agent_name, moment
 from relay.ledger.ledger import STATUSES
 from relay.ledger.receipts import PRIORITIES
 from relay.ledger.web import PAGE

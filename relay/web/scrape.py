@@ -1,4 +1,4 @@
-"""`[metrics] listen` (metricsconfig.py): the daemon serves /metrics alone, for a scraper, off
+"""`[metrics] listen` (config/metrics.py): the daemon serves /metrics alone, for a scraper, off
 the delivery path. One thread answers one request at a time with a small http.server; each
 scrape reads the ledger through a read-only connection of that thread (web/metrics.py's
 collector), so a scrape takes no lock the loop waits for and a slow scraper delays only other

@@ -1,6 +1,6 @@
 """The [metrics] table of relay.toml: `listen = "127.0.0.1:9108"` makes `relay run` serve
 /metrics (the Prometheus text format) on that address alone, for a scraper (web/scrape.py).
-Read here, at the bottom with the rest of the configuration; config.py takes it.
+Read here, at the bottom with the rest of the configuration; config/__init__.py takes it.
 
 The endpoint asks for no token (a scraper holds none), so where it listens is the operator's
 word: a port alone (`9108`, `:9108`) means loopback; a loopback address is taken as written; a

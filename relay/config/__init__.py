@@ -7,6 +7,10 @@ starts with `RELAY_` but names no key is not configuration: it becomes a warning
 `Config.warnings`, like (when `strict` is off: every verb but the daemon's and the sweep's) an
 unknown key or a bad value in relay.toml, which then counts as not given (`Config.rejected`). `Config.origins` says
 where each value came from; `describe()` lays it out for `relay config`.
+
+The package: this module (the keys, their defaults and their loading); tomlfile.py (relay.toml as
+a file: read safely, written whole); template.py (the commented file `relay init` writes); and one
+module for each table of its own: federation.py, wake.py, metrics.py.
 """
 import dataclasses
 import difflib
@@ -14,7 +18,8 @@ import os
 import re
 from pathlib import Path
 
-from relay import config_file, metricsconfig, names, wakeconfig
+from relay import names
+from relay.config import metrics as metrics_section, tomlfile, wake as wake_section
 from relay.errors import ConfigError
 from relay.names import AGENT_NAME, AGENT_NAME_RULE, SYSTEM  # noqa: F401 - where the rest of relay takes them
 from relay.statedir import (absolute, check_state, discover, linked, resolve_dirs,  # noqa: F401 - as config.<name>
@@ -203,9 +208,9 @@ _PARSERS = {
     "on_deliver_system": _bool,
     "bounces": _bool,
     "ack_overdue": _positive_duration,
-    "federation": _table,       # checked whole in load(), with the root: fedconfig.parse
-    "wake": wakeconfig.parse,   # [wake]: relay wakes agents through tmux (core/wake.py)
-    "metrics": metricsconfig.parse,     # [metrics] listen: relay run serves /metrics alone (web/scrape.py)
+    "federation": _table,       # checked whole in load(), with the root: federation_section.parse
+    "wake": wake_section.parse,   # [wake]: relay wakes agents through tmux (core/wake.py)
+    "metrics": metrics_section.parse,     # [metrics] listen: relay run serves /metrics alone (web/scrape.py)
 }
 
 # Set by relay for an on_deliver hook (hooks.py), not configuration: a hook that runs relay
@@ -241,7 +246,7 @@ class Config:
     on_deliver_system: bool = False     # also for envelopes delivered to System's inbox
     bounces: bool = True                # a sender hears of a message that failed (core/bounces.py)
     ack_overdue: float = 1800.0         # an acknowledgement asked for is overdue after this (relay overdue)
-    federation: object = None           # fedconfig.Federation, or None: this machine only
+    federation: object = None           # federation_section.Federation, or None: this machine only
     wake: object = None                 # WakeConfig, or None: relay wakes no agent itself
     metrics: object = None              # MetricsConfig, or None: relay run serves no /metrics
     source: str = dataclasses.field(default="defaults", compare=False)
@@ -335,8 +340,8 @@ def _read_file(got, root, state):
         got.origins["state_dir"], "the default .relay"))
     toml_path = candidate / "relay.toml"
     try:
-        data = config_file.read(toml_path)
-    except config_file.TomlSlip as e:
+        data = tomlfile.read(toml_path)
+    except tomlfile.TomlSlip as e:
         if got.warnings is None:
             raise
         if re.search(r"(?m)^\s*[\"']?state_dir\b", e.text):       # where relay is must be right, always
@@ -365,13 +370,13 @@ def _read_file(got, root, state):
 
 def _read_env(got, env):
     """The RELAY_<KEY> variables' values into `got`; returns the RELAY_FEDERATION_<KEY> ones."""
-    from relay import fedconfig
+    from relay.config import federation as federation_section
     env_values, fed_env = {}, {}
     for name, value in env.items():
         if not name.startswith("RELAY_") or name in NOT_KEYS or name in HOOK_VARIABLES:
             continue
         key = name[len("RELAY_"):].lower()
-        if key.startswith("federation_") and key[len("federation_"):] in fedconfig.KEYS:
+        if key.startswith("federation_") and key[len("federation_"):] in federation_section.KEYS:
             fed_env[key[len("federation_"):]] = value
         elif key in _PARSERS and key not in ("state_dir", "federation"):
             env_values[key] = value
@@ -388,7 +393,7 @@ def _read_env(got, env):
 
 def _federation(got, root, fed_env):
     """The federation table (relay.toml, flags) with the RELAY_FEDERATION_<KEY>s over it, parsed."""
-    from relay import fedconfig
+    from relay.config import federation as federation_section
     fed = got.values.pop("federation", None)
     if fed_env:
         got.sources.append("environment")
@@ -396,8 +401,8 @@ def _federation(got, root, fed_env):
     if fed is None:
         return
     try:
-        got.values["federation"] = fedconfig.parse(fed, root, parse_duration)
-        got.notes.extend(fedconfig.warnings(got.values["federation"]))
+        got.values["federation"] = federation_section.parse(fed, root, parse_duration)
+        got.notes.extend(federation_section.warnings(got.values["federation"]))
     except ValueError as e:
         error = ConfigError(f"bad value for 'federation' in {' + '.join(dict.fromkeys(got.sources))}: {e}")
         if got.warnings is None:

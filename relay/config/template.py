@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from relay import config
-from relay.config_file import write_new
+from relay.config.tomlfile import write_new
 
 HEAD = """\
 # relay.toml: relay's configuration for this project (docs/operating.md, "Configuration").
@@ -84,7 +84,7 @@ def template():
     """The text of a new relay.toml."""
     missing = [k for k in config.KEYS if k not in HELP]
     if missing:
-        raise KeyError(f"no help for the configuration keys {missing} (config_help.HELP)")
+        raise KeyError(f"no help for the configuration keys {missing} (config/template.py's HELP)")
     rows = {key: (value, text) for key, value, text, _ in
             config.describe(config.Config(root=Path("."), state_dir=Path(".relay")))}
     out = [HEAD]

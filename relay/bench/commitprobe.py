@@ -1,5 +1,7 @@
 """A probe of what one commit costs on a disk: a ledger of its own (WAL, synchronous FULL, as
-relay's), one small row per commit. relay bench's floor runs it beside an envelope's fsync."""
+relay's), one small row per commit. relay bench's floor runs it beside an envelope's fsync. Its
+database is its own, never the ledger: the one module outside relay/ledger/ that holds SQL
+(tests/test_house.py names it)."""
 import sqlite3
 
 

@@ -1,5 +1,5 @@
 """The [wake] table of relay.toml (core/wake.py): relay types a notice line into each agent's
-tmux pane. Read here, at the bottom with the rest of the configuration; config.py takes it."""
+tmux pane. Read here, at the bottom with the rest of the configuration; config/__init__.py takes it."""
 import dataclasses
 
 from relay.terminal import unsafe

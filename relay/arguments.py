@@ -1,6 +1,7 @@
-"""The CLI's edge: agent names are checked before a verb touches anything, a verb's failure
-becomes one line on stderr (exit 1), and the duration and date flags are read (exit 2 for a bad
-one): every duration flag takes `90s`, `15m`, `12h`, `7d`, `250ms` or a bare number of seconds."""
+"""What a user passes, checked at the edge (the CLI's verbs, and the MCP server and web pages
+that share their checks): agent names are checked before a verb touches anything, a verb's
+failure becomes one line on stderr (exit 1), and the duration and date flags are read (exit 2 for
+a bad one): every duration flag takes `90s`, `15m`, `12h`, `7d`, `250ms` or a bare number of seconds."""
 import datetime
 import errno
 import functools
