@@ -177,7 +177,8 @@ def test_an_operator_grants_and_frees_a_name(server, team, nodes, cli, clock):
     n1.link.look()
     squat.poll()
     n2.link.heartbeat()
-    assert "Zed" not in n2.relay.history.remote.agents()    # n3 holds the claim: n1's list is not taken for it
+    # n3 holds the claim: n1's list is not taken for it (n3, listing Zed and ZED, has both)
+    assert n2.relay.history.remote.agents()["Zed"][0] == "n3"
     assert n1.link.conflicts == [("Zed", "n3")]             # said on the node whose agent it is
     line = cli("federation", "claim-grant", "Zed", "n1", "--team", team).output.strip()
     admin(server).execute_command(*shlex.split(line))
@@ -219,3 +220,84 @@ def test_a_retire_frees_the_retired_nodes_claims(server, team, nodes, cli):
     n1.link.heartbeat()
     exchange(n1, n4)
     assert bodies(n1, "Ann") == ["Bob on n4"]
+
+
+def test_a_node_listing_case_variants_of_its_own_names_fails_no_other_nodes_health_nor_floods_their_logs(
+        server, team, nodes, clock, caplog):
+    """n3 lists Zed and ZED (and claims zed): both reach n3, which asked for both; no honest
+    node's `relay status` fails for it, nor for a variant of n1's Ann (n1's claim keeps it). Two
+    nodes listing thousands of the same unclaimed names at each read are their own conflicts:
+    a note on an honest node, and a bounded number of log lines."""
+    import logging
+
+    from relay.core import health
+    from relay.federation.directory import CONFLICTS_SAID
+    from relay.federation.link import probe
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    keys = Keys(team)
+    evil = {n: as_node(server, team, n) for n in ("n3", "n4")}
+
+    def listing(lists, claim=True):
+        for node, names in lists.items():
+            listed = orjson.dumps(names)
+            if claim:
+                evil[node].setnx(claim_key(team, "zed"), node)
+            seconds, _ = evil[node].time()
+            evil[node].hset(keys.node(node), mapping={"agents": listed, "v": hashlib.sha256(listed).hexdigest()[:16],
+                                                      "seen": str(seconds), "timeout": "60", "owner": f"{node}-host"})
+        clock.advance(31)           # past the wait of a list that changes often (directory.Churn)
+        for n in (n1, n2):
+            n.link.heartbeat()
+        return [health.federation(probe(n.config, n.link.history), True, clock.now, 600) for n in (n1, n2)]
+
+    (c1, _), (c2, _) = listing({"n3": ["Eve", "Zed", "ZED"]})
+    assert (c1, c2) == (health.EXIT_OK, health.EXIT_OK)
+    routed = n2.relay.history.remote.agents()
+    assert {k: v[0] for k, v in routed.items() if k in ("Zed", "ZED")} == {"Zed": "n3", "ZED": "n3"}
+    (c1, said1), (c2, said2) = listing({"n3": ["Eve", "Zed", "ZED", "ANN"]})
+    assert (c1, said1, c2, said2) == (health.EXIT_OK, [], health.EXIT_OK, [])
+    assert n2.relay.history.remote.agents()["Ann"][0] == "n1" and "ANN" not in n2.relay.history.remote.agents()
+    caplog.set_level(logging.ERROR, logger="relay.federation.directory")
+    caplog.clear()
+    for i in range(3):      # 2,000 new names in conflict at each read
+        names = [f"Q{i}x{j}" for j in range(2000)]
+        (c1, _), (c2, said2) = listing({"n3": names, "n4": names}, claim=False)
+        assert (c1, c2) == (health.EXIT_OK, health.EXIT_OK) and "listed by more than one node" in said2[0]
+    lines = [r for r in caplog.records if r.name == "relay.federation.directory"]
+    # Each of the three reads on each of the two nodes: at most CONFLICTS_SAID lines and one more.
+    assert 0 < len(lines) <= 3 * 2 * (CONFLICTS_SAID + 1), len(lines)
+
+
+def test_a_node_rewriting_its_list_every_second_is_read_ever_more_rarely_and_an_honest_change_at_once(
+        server, team, nodes, clock):
+    """n3 lists 400 new names (claimed) at every look: its list is read at 1, 2, 4 ... up to 30 s
+    apart, not at each look; n1's new agent, after a quiet while, is read at the next look."""
+    from relay.federation.directory import CHURN_MAX
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    evil, keys = as_node(server, team, "n3"), Keys(team)
+    reads = []
+    for second in range(70):
+        names = [f"N{second}x{j}" for j in range(400)]
+        pipe = evil.pipeline(transaction=False)
+        for name in names:
+            pipe.setnx(claim_key(team, name), "n3")
+        listed = orjson.dumps(names)
+        seconds, _ = evil.time()
+        pipe.hset(keys.node("n3"), mapping={"agents": listed, "v": hashlib.sha256(listed).hexdigest()[:16],
+                                           "seen": str(seconds), "timeout": "60", "owner": "n3-host"})
+        pipe.execute()
+        clock.advance(1)
+        n2.link.look()
+        if any(name in n2.link.directory.entries["n3"].agents for name in names):
+            reads.append(second)
+    gaps = [b - a for a, b in zip(reads, reads[1:])]
+    assert reads == [0, 1, 2, 4, 8, 16, 32, 62] and max(gaps) == CHURN_MAX, reads
+    new_agent(n1, "Neo")
+    n1.link.heartbeat()
+    clock.advance(1)
+    n2.link.look()
+    assert n2.relay.history.remote.agents()["Neo"][0] == "n1"

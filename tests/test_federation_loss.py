@@ -197,7 +197,7 @@ def test_a_directory_that_cannot_be_read_makes_names_wait_and_says_why(tmp_path,
     try:
         user, password = f"relay-{team}-n1", "pw"
         admin(server.url).execute_command(*shlex.split(acl(team, "n1", password)))
-        admin(server.url).execute_command("ACL", "SETUSER", user, "-scan")      # an incomplete ACL
+        admin(server.url).execute_command("ACL", "SETUSER", user, "clearselectors")      # an incomplete ACL
         n1 = nodes(f"redis://{user}:{password}@127.0.0.1:{server.port}/0", team, "n1", ["Ann"])
         n1.link.heartbeat()
         n1.drop("Ann", "m", "TO: Bob\n\nwaits")

@@ -155,6 +155,7 @@ def test_a_cluster_of_three_masters_with_urls_at_nodes_that_do_not_hold_the_team
                                      text=True, check=True).stdout
                 assert out.strip() == "OK", out
             urls[node] = f"relay-{team}-{node}:{urllib.parse.quote(password, safe='')}@127.0.0.1"
+            register(cluster, team, node)
         for server in cluster.servers:
             subprocess.run(["redis-cli", "-p", str(server.port), "ACL", "SETUSER", "bare", "on", ">pw", "~*",
                             "+@all", "-cluster|slots", "-cluster|shards"], check=True, capture_output=True)
@@ -176,6 +177,19 @@ def test_a_cluster_of_three_masters_with_urls_at_nodes_that_do_not_hold_the_team
         assert counts["acknowledged"] == 3 and counts["published"] == 0
     finally:
         cluster.stop()
+
+
+def register(cluster, team, node):
+    """The registration line `relay federation acl` prints, run on the master of the team's slot."""
+    import shlex
+
+    from redis.cluster import RedisCluster
+    from relay.federation.keys import registration
+    rc = RedisCluster(host="127.0.0.1", port=cluster.servers[0].port)
+    try:
+        rc.execute_command(*shlex.split(registration(team, node)))
+    finally:
+        rc.close()
 
 
 def _cluster_or_skip(directory):
@@ -213,6 +227,7 @@ def test_a_node_on_its_acl_user_follows_ask_while_the_teams_slot_migrates(tmp_pa
                                      text=True, check=True).stdout
                 assert out.strip() == "OK", out
             urls[node] = f"redis+cluster://relay-{team}-{node}:pw-{node}@127.0.0.1:{source}/0"
+            register(cluster, team, node)
         n1 = nodes(urls["n1"], team, "n1", ["Ann"])
         n2 = nodes(urls["n2"], team, "n2", ["Bob"])
         exchange(n1, n2, rounds=1)

@@ -59,6 +59,7 @@ def test_a_node_writes_only_its_own_keys(server, team, nodes):
                  ("DEL", keys.node("n1")),
                  ("EVAL", "return redis.call('DEL', KEYS[1])", 1, keys.node("n1")),
                  ("FLUSHALL",), ("CONFIG", "SET", "maxmemory", "1"), ("KEYS", "*"),
+                 ("SCAN", "0", "COUNT", "50000000"),                         # one call walks the keyspace
                  ("EVAL", "while true do end", 0), ("EVAL_RO", "while true do end", 0),   # hold the server
                  ("SCRIPT", "LOAD", "return 1"), ("FUNCTION", "LIST"),
                  ("SET", "relay:{%s}:anything" % team, "x")]
@@ -397,6 +398,29 @@ def test_the_guarded_client_counts_an_entrys_fields_before_reading_one_and_no_ot
     small = redis.Redis.from_url(server.url, protocol=2, parser_class=_guarded_parser(1 << 20, 8000))
     with pytest.raises(ReplyTooLarge):
         small.lrange("empties", 0, -1)
+
+
+def test_an_envelopes_headers_and_subject_are_bounded_as_a_local_messages_headers(server, team, nodes, clock):
+    """The body is bounded by max_body_bytes; the rest of an envelope (headers, subject, thread,
+    source) by what a local message's headers may take, not by the entry's whole bound."""
+    from relay.core.message import MAX_HEADER_BYTES
+    n1 = nodes(server, team, "n1", ["Ann"])
+    n2 = nodes(server, team, "n2", ["Bob"])
+    exchange(n1, n2, rounds=1)
+    keys, evil = Keys(team), as_node(server, team, "n1")
+    sent = {}
+    for name, extra in (("fits", {"headers": {"x-pad": "h" * (MAX_HEADER_BYTES - 1024)}}),
+                        ("headers", {"headers": {"x-pad": "h" * (MAX_HEADER_BYTES + 1)}}),
+                        ("subject", {"subject": "s" * (MAX_HEADER_BYTES + 1)}),
+                        ("spread", {"thread": "t" * (MAX_HEADER_BYTES // 2), "source": "s" * (MAX_HEADER_BYTES // 2)})):
+        mid = n1.relay.ids.new(clock())
+        sent[mid] = name
+        evil.xadd(keys.messages("n1", "n2"), {"v": "2", "id": mid, "to": '["Bob"]',
+                                               "env": envelope(mid, "Ann", ["Bob"], body=name, **extra)})
+    exchange(n1, n2)
+    assert bodies(n2, "Bob") == ["fits"]
+    over = [w for w in refusals(n2) if "besides its body, over the 262144 a message's headers may take" in w]
+    assert len(over) == 3, refusals(n2)
 
 
 def test_a_source_with_path_characters_is_shown_escaped_and_audited(server, team, nodes, clock, cli):

@@ -121,7 +121,8 @@ def federation(doc, running, now, max_age):
     """(exit code, problems) of the federation part of `relay status` (federation.probe's
     document): EXIT_STALE when a message for another node waits for its acknowledgement (or to
     be published) longer than `max_age`, EXIT_FEDERATION when the running daemon's link is down,
-    the team's directory cannot be read or a name is claimed twice; while no daemon runs, only
+    the team's directory cannot be read or one of this node's names is claimed by another node
+    too (other nodes' names claimed twice are said, not counted); while no daemon runs, only
     the ages count (its link's last state is no longer news)."""
     out, code = [], EXIT_OK
     if running:
@@ -132,6 +133,10 @@ def federation(doc, running, now, max_age):
             out.append(f"federation: the team's directory cannot be read ({directory['error']})")
         out += [f"federation: agent {name} is claimed by node {other} too" for name, other in doc["conflicts"]]
         code = EXIT_FEDERATION if out else code
+        # Other nodes' names listed twice are theirs to mend: said, never this node's failure.
+        if doc.get("others_conflicts"):
+            out.append(f"federation: {len(doc['others_conflicts'])} name(s) of other nodes are listed by more than "
+                       "one node (relay status shows them); not this node's to mend")
     for node, w in doc["outbound"]["by_node"].items():
         said = unanswered(node, w, now, doc.get("ack_warn")) if running else None
         if said:        # (while no daemon runs, nothing reads the acknowledgements that came)

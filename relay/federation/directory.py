@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 LOOK = 1.0                  # seconds between two reads of the team's directory
 TIMEOUT_BEATS = 12          # a node not seen for this many of its heartbeats is gone
 NAME_BYTES = 70             # what one name costs in a node's list, at most (JSON)
+CHURN_MIN = 1.0             # seconds a node's list changed again soon after a read waits, at first ...
+CHURN_MAX = 30.0            # ... doubled at each such change, up to this
+CONFLICTS_SAID = 20         # names newly in conflict logged one by one at a read, at most
+CONFLICTS_KEPT = 100        # other nodes' names in conflict recorded for relay status, at most
 
 
 
@@ -105,6 +109,26 @@ def listed_names(listed, limit):
     return tuple(dict.fromkeys(good[:limit])), wrong
 
 
+class Churn:
+    """When a node's list, changed, is read again. A list that changes again within twice the
+    wait after its last read waits twice as long before the next (1 s up to CHURN_MAX); one
+    that stays the same that long is read at its next change at once. An honest node adding an
+    agent now and then is read at each look; a node rewriting its list every second (thousands
+    of new names, each to be resolved and claimed by every node) is read twice a minute."""
+
+    def __init__(self):
+        self.last = {}              # node -> (when its changed list was read, the wait after it)
+
+    def due(self, node, now):
+        at, wait = self.last.get(node, (float("-inf"), 0.0))
+        return now >= at + wait
+
+    def read(self, node, now):
+        at, wait = self.last.get(node, (float("-inf"), 0.0))
+        soon = now - at <= 2 * max(wait, CHURN_MIN)
+        self.last[node] = (now, min(CHURN_MAX, max(CHURN_MIN, 2 * wait)) if soon else 0.0)
+
+
 class Directory:
     """This node's side of the directory; used by the link's publisher thread only."""
 
@@ -125,6 +149,7 @@ class Directory:
         self.timeout = fed.heartbeat * TIMEOUT_BEATS
         self.entries = {}           # node -> Entry, as last read
         self.roster = Roster(client, self.keys, self.node)     # which nodes the team has
+        self.churn = Churn()        # when each node's changed list may be read again
         self.claims = Claims(self.reader, self.keys, self.node)     # who holds each name (claims.py)
         self.announced = None       # the version of this node's list last written
         self.duplicate = None       # why this relay may not act as its node (another holds the name)
@@ -219,6 +244,8 @@ class Directory:
             old = self.entries.get(n)
             if old is not None and old.version == e.version:
                 e.agents = old.agents
+            elif old is not None and not self.churn.due(n, now):
+                e.version, e.agents = old.version, old.agents      # changed again too soon: read later
             else:
                 stale.append(n)
             entries[n] = e
@@ -226,6 +253,7 @@ class Directory:
             for n, listed in zip(stale, self._each(stale, lambda pipe, n: pipe.hget(self.keys.node(n), "agents")),
                                  strict=True):
                 entries[n].agents = self._agents(n, listed)
+                self.churn.read(n, now)
         before = (self.routes, self.conflicts)
         claimed = self.claims.refresh(now, entries, local, force=bool(stale) or self.read_at is None)
         if claimed or stale or set(entries) != set(self.entries) \
@@ -321,6 +349,8 @@ class Directory:
         for names in folded.values():
             if len(names) > 1:
                 remote = names - set(local)
+                if remote == names and len({routes[n] for n in remote}) == 1:
+                    continue        # one node lists them all: each reaches that node, as it asks
                 settled = [n for n in remote if not names & set(local) and previous.get(n, (None,))[0] == routes[n]]
                 keep = settled[0] if len(settled) == 1 else None
                 for name in remote - {keep}:
@@ -329,10 +359,18 @@ class Directory:
         rows = sorted((name, node, seen.get(node, previous.get(name, (None, None))[1])) for name, node in routes.items())
         conflicts = sorted(set(conflicts))
         if conflicts != self.conflicts:
-            for name, other in conflicts:
+            new = [c for c in conflicts if c not in set(self.conflicts)]
+            for name, other in new[:CONFLICTS_SAID]:
                 where = "this node's own agent" if name in local else "claimed by more than one node, or a name that differs only by case"
                 log.error("federation: agent %s is also listed by node %s (%s); %s", name, other, where,
                           "it stays local here" if name in local else "messages to it wait until one of them drops it")
+            if len(new) > CONFLICTS_SAID:
+                log.error("federation: %d more names are newly listed by more than one node (relay status shows "
+                          "some of them)", len(new) - CONFLICTS_SAID)
             self.conflicts = conflicts
-        self.ledger.remote.directory(now, self.node, rows, [list(c) for c in conflicts])
+        # Recorded for relay status: this node's own names in conflict (its health), and some of
+        # the others' (what other nodes list is no fault of this node's).
+        own = [[name, other, True] for name, other in conflicts if name in local]
+        others = [[name, other, False] for name, other in conflicts if name not in local][:CONFLICTS_KEPT]
+        self.ledger.remote.directory(now, self.node, rows, own + others)
         self.routes = routes

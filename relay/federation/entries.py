@@ -11,7 +11,7 @@ from relay.config import SYSTEM
 from relay.errors import MessageRefused
 from relay.files.fs import shown
 from relay.files.layout import fit, is_inside, valid_agent, valid_id
-from relay.core.message import CONTROL_KEYS, MAX_RECIPIENTS, content_type
+from relay.core.message import CONTROL_KEYS, MAX_HEADER_BYTES, MAX_RECIPIENTS, content_type
 from relay.core.work import Work
 
 HEX64 = re.compile(r"[0-9a-f]{64}\Z")
@@ -143,6 +143,10 @@ def _checked(doc, to_here, config):
             raise MessageRefused(f"'{key}' is not text")
     if not isinstance(doc.get("headers", {}), dict) or not isinstance(doc.get("to", []), list):
         raise MessageRefused("'headers' or 'to' has the wrong type")
+    rest = len(orjson.dumps({k: v for k, v in doc.items() if k != "body"}))
+    if rest > MAX_HEADER_BYTES:
+        raise MessageRefused(f"the envelope holds {rest} bytes besides its body, over the {MAX_HEADER_BYTES} "
+                             "a message's headers may take")
     if doc.get("cwd") is not None and not is_inside(config.root / doc["cwd"], config.root):
         raise MessageRefused(f"CWD {doc['cwd'][:100]!r} is outside this node's project root")
     return sender, body, sha

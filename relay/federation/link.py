@@ -411,9 +411,12 @@ def probe(config, history, timeout=1.0):
                     "since": link["since"] if link else None, "error": link["error"] if link else None},
            "directory": {"read_at": link["directory_at"] if link else None,
                          "error": link["directory_error"] if link else None},
-           "conflicts": orjson.loads(link["conflicts"]) if link and link["conflicts"] else [],
+           "conflicts": [], "others_conflicts": [],
            "outbound": out, "received": history.remote.received_counts(),
            "server": {"reachable": False, "error": None, "incoming": None, "asked": fed.url is not None}}
+    for name, other, *own in orjson.loads(link["conflicts"]) if link and link["conflicts"] else []:
+        # [name, other node, whether the name is this node's own] (before: [name, other], its own)
+        doc["conflicts" if not own or own[0] else "others_conflicts"].append([name, other])
     if fed.url is None:
         return doc              # an agent's shell: the daemon's link above says how the server is
     try:

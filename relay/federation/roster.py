@@ -8,7 +8,9 @@ missing. A SCAN over the whole keyspace, once a second, walked every key of ever
 may store a million keys under its own prefix); here the keyspace is walked only as a backstop,
 at most WALK_CALLS SCANs of WALK_COUNT slots per look, its cursor kept between looks, for nodes not registered
 (a server that lost its data, a registration forgotten): each look costs the same whatever the
-server holds, and such a node is found within a few looks on a small server.
+server holds, and such a node is found within a few looks on a small server. A node on the user
+`relay federation acl` makes may not SCAN at all (one SCAN with a huge COUNT holds the server for
+everyone): the walk is then left off, said once, and nodes are found from the registry alone.
 """
 import logging
 
@@ -55,10 +57,24 @@ class Roster:
         self.members = set()
         self.next_register = 0.0
         self.refused = None         # why this node could not add itself (said once)
+        self.walk = True            # False once the server refused a SCAN (an ACL without it)
 
     def nodes(self, now):
         """Every node found: the registry's members, and the node keys the walk found so far."""
         self.members = registered(self.client, self.keys)
+        if self.walk:
+            try:
+                self._walk()
+            except Exception as e:
+                if type(e).__name__ != "NoPermissionError":
+                    raise
+                self.walk = False
+                log.info("federation: node %s may not walk the keyspace (its ACL grants no SCAN): the team's nodes are "
+                         "found from the registry alone", self.node)
+        return self.members | self.walked | self.walking
+
+    def _walk(self):
+        """At most WALK_CALLS SCANs of the walk under way."""
         for _ in range(WALK_CALLS):
             self.cursor, keys = self._scan()
             for key in keys:
@@ -68,7 +84,6 @@ class Roster:
             if not self.cursor:
                 self.walked, self.walking = self.walking, set()
                 break
-        return self.members | self.walked | self.walking
 
     def _scan(self):
         """One SCAN from the walk's cursor: (the next cursor, the node keys found). In a cluster,
@@ -92,9 +107,9 @@ class Roster:
             why = str(e)[:200]
             if self.refused != why:
                 log.warning("federation: node %s is not in the team's registry and cannot add itself (%s): the "
-                            "others find it only by a slow walk of the keyspace; the server's admin runs "
-                            "SADD %s %s (relay federation acl prints it)", self.node, why, registry(self.keys),
-                            self.node)
+                            "others do not find it (or only by a slow walk of the keyspace, where their ACL allows "
+                            "SCAN); the server's admin runs SADD %s %s (relay federation acl prints it)", self.node,
+                            why, registry(self.keys), self.node)
             self.refused = why
             return
         self.members.add(self.node)

@@ -301,6 +301,8 @@ def federation(doc, running, now):
     lines.append(f"  received   {doc['received']['delivered']} delivered, {doc['received']['refused']} refused")
     for name, other in doc["conflicts"]:
         lines.append(f"  CONFLICT   agent {plain(name)} is also listed by node {plain(other)}: rename one of them")
+    for name, other in doc.get("others_conflicts", []):
+        lines.append(f"  conflict   agent {plain(name)} (another node's) is also listed by node {plain(other)}")
     return "\n".join(lines)
 
 
