@@ -13,6 +13,15 @@ from mcp_client import ToolFailed, deliver, serve, until_async
 UNKNOWN = "01KC3000000000000000000000"
 
 
+def prefix(mid, ids, at_least):
+    """The shortest prefix of `mid`, of `at_least` characters or more, that no other of `ids`
+    starts with (ids made in one millisecond share their first 10 characters, and more)."""
+    n = at_least
+    while any(other != mid and other.startswith(mid[:n]) for other in ids):
+        n += 1
+    return mid[:n]
+
+
 @pytest.fixture
 def mail(cli, project):
     """Bob holds three new messages from Alice; `mail.sent` their ids, oldest first."""
@@ -29,7 +38,7 @@ def test_python_lists_without_taking_marks_read_by_id_and_lists_the_recently_rea
     with relay.Agent("Bob", root=mail.root) as bob:
         assert [(m.id, m.state) for m in bob.inbox()] == [(one, "new"), (two, "new"), (three, "new")]
         assert [m.state for m in bob.inbox()] == ["new"] * 3               # listing took nothing
-        done = bob.mark_read([one, two[:12].lower()])                       # ids, or unique prefixes
+        done = bob.mark_read([one, prefix(two, mail.sent, 12).lower()])     # ids, or unique prefixes
         assert [(m.id, m.state) for m in done] == [(one, "cur"), (two, "cur")]
         assert [m.id for m in bob.inbox()] == [three]
         assert [(m.id, m.state) for m in bob.mark_read([one])] == [(one, "cur")]   # read already: as it is
@@ -89,7 +98,7 @@ def test_mcp_lists_without_taking_reads_by_id_marks_read_and_gets_a_lost_result_
                 got = await bob.call("read", id=two)
                 assert (got["id"], got["body"], got["read"]) == (two, "body 1", False)
                 await until_async(lambda: not (new / f"{two}.json").exists(), "read() marks it read once sent")
-                got = await bob.call("read", id=two[:10])
+                got = await bob.call("read", id=prefix(two, mail.sent, 10))
                 assert (got["id"], got["read"]) == (two, True)
                 with pytest.raises(ToolFailed) as e:
                     await bob.call("read", id=UNKNOWN)
