@@ -283,6 +283,32 @@ def test_relay_ack_overdue_status_and_show_from_the_shell(shell, cli):
     assert r.exit_code == 1 and "relay: no message" in r.stderr and "Traceback" not in r.output
 
 
+def test_an_ack_whose_note_cannot_go_marks_nothing_and_a_thread_of_two_lines_is_answered_in_the_messages_own(
+        shell, cli):
+    """A JSON message may carry a thread of two lines, which no reply can name: the note goes
+    back in the message's own thread (its id). A note that cannot go (its sender archived since)
+    leaves the copy unread and unacknowledged, and the ack can be given again without it."""
+    for i, thread in enumerate(("plan\nB", "plan\rC")):
+        (shell.state / "outbox" / "Alice" / f"m{i}.json").write_text(json.dumps(
+            {"to": ["Bob"], "body": f"two-line thread {i}", "thread": thread, "ack_required": True}))
+    r = shell.relay(agents=("Alice", "Bob", "Carol"))
+    r.drain()
+    with relay.Agent("Bob", root=shell.root) as bob:
+        first, second = bob.inbox()
+    done = cli("ack", first.id, "--agent", "Bob", "--note", "seen").stdout
+    assert f"{first.id}: acknowledged; the note went back as " in done
+    r.drain()
+    with relay.Agent("Alice", root=shell.root) as alice:
+        [note] = alice.inbox()
+    assert (note.body, note.thread) == ("seen", first.id)
+    cli("archive-agent", "Alice")
+    refused = cli("ack", second.id, "--agent", "Bob", "--note", "seen", ok=False)
+    assert refused.exit_code == 1 and "Alice" in refused.stderr and "Traceback" not in refused.output
+    with relay.Agent("Bob", root=shell.root) as bob:
+        assert [m.id for m in bob.inbox()] == [second.id]                  # still unread
+    assert cli("ack", second.id, "--agent", "Bob").stdout.strip() == f"{second.id}: acknowledged"
+
+
 def test_inbox_from_the_shell_puts_urgent_first(shell, cli):
     low = cli("send", "--from", "Alice", "--to", "Bob", "--priority", "low", "later").stdout.strip()
     urgent = cli("send", "--from", "Alice", "--to", "Bob", "--priority", "urgent", "now").stdout.strip()

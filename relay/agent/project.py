@@ -73,8 +73,11 @@ class Received:
 
     @property
     def reply_thread(self):
-        """The thread a reply belongs to: this message's, or its id when it had none."""
-        return self.thread or self.id
+        """The thread a reply belongs to: this message's, or its id when it had none or one no
+        reply can name (a thread of several lines, which a JSON message file may hold)."""
+        if self.thread and "\n" not in self.thread and "\r" not in self.thread:
+            return self.thread
+        return self.id
 
 
 def check_known(name, known, role):

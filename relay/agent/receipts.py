@@ -177,8 +177,10 @@ class AgentReceipts:
             raise RelayError(f"the ledger records no delivery of {m.id} to {self.name} yet; try again in a moment")
         if copy["acked_at"] is not None:
             return {"id": m.id, "acked": False, "reply_id": copy["reply_id"]}
-        self.agent.ack([m])
+        # The note first: a reply refused (its sender archived since, say) marks nothing read
+        # and records nothing, and the same ack can be given again, with or without a note.
         reply_id = self.agent.reply(m, note) if note else None
+        self.agent.ack([m])
         with self.project.writing() as ledger:
             acked = ledger.receipts.acked(m.id, self.name, self.project.clock(), note, reply_id)
         return {"id": m.id, "acked": acked, "reply_id": reply_id}
