@@ -317,6 +317,12 @@ def test_a_replay_after_the_retention_sweep_is_not_delivered_again(server, team,
                                                                  "env": envelope(old, "Ann", ["Bob"])})
     exchange(n1, n2)
     assert n2.held("Bob") == [] and any("older than the replay window" in w for w in refusals(n2))
+    # One dated years ahead (it would sort after every message to come) is refused too.
+    ahead = IdGenerator().new(clock() + 3 * 365 * 86400)
+    as_node(server, team, "n1").xadd(keys.messages("n1", "n2"), {"v": "2", "id": ahead, "to": '["Bob"]',
+                                                                 "env": envelope(ahead, "Ann", ["Bob"])})
+    exchange(n1, n2)
+    assert n2.held("Bob") == [] and any("days ahead of this node's clock" in w for w in refusals(n2))
 
 
 def test_an_oversized_entry_is_refused_from_its_size_and_holds_back_nothing(server, team, nodes, clock):

@@ -47,6 +47,7 @@ HELD = 4                    # bytes held in memory per byte of an entry read (pa
 RETRY_BASE = 0.5            # seconds before an entry not yet delivered is tried again, doubled ...
 RETRY_CAP = 1.0             # ... at most this while the server answers
 REPLAY_WINDOW = 30 * 86400.0    # received ids are kept this long; an entry with an older id is refused
+AHEAD = 86400.0             # ... and one with an id dated further ahead than this (clocks differ, not by days)
 ACK_KEEP = 10_000           # acknowledgement entries kept in this node's stream to a sender (each holds a batch's)
 REPEAT = "repeat"           # the verdict on a message received before
 
@@ -374,6 +375,9 @@ class Incoming:
                 return None
             if why:
                 raise MessageRefused(why)
+            if id_time(w.id) - now > AHEAD:
+                raise MessageRefused(f"message id {w.id} is dated {(id_time(w.id) - now) / 86400:.0f} days ahead of this "
+                                     "node's clock; refused")
             if now - id_time(w.id) > REPLAY_WINDOW and (node, w.id) not in before:
                 raise MessageRefused(f"message id {w.id} is older than the replay window "
                                      f"({REPLAY_WINDOW / 86400:.0f} days); refused")
