@@ -103,6 +103,16 @@ def test_bodies_are_bounded_and_the_rest_named_by_id_and_subject(mail):
     assert f"read {ids[2]} --agent Bob" in text and f"read {ids[1]} --agent Bob" in text
 
 
+def test_a_bodys_terminal_escapes_and_bidi_controls_reach_the_context_as_visible_escapes(mail):
+    """What a sender writes reaches the other session's context as text to read, never as a
+    control: escapes, a bidi override and a carriage return are shown, lines and tabs kept."""
+    mid = mail.send("Alice", "Bob", "line one\n\tred \x1b[31mRED\x1b[0m\rover \u202egnp.exe\x07", subject="odd")
+    text = context(hook(mail, "UserPromptSubmit"), "UserPromptSubmit")
+    assert mid in text and "line one" in text and "\tred " in text
+    assert not any(c in text for c in "\x1b\r\u202e\x07"), repr(text)
+    assert "RED" in text and "gnp.exe" in text
+
+
 # -- the idle boundary --------------------------------------------------------------------------
 
 

@@ -140,6 +140,26 @@ def test_the_holder_is_told_once_per_lease_and_requester(crew):
     assert len(events(crew.root, "reservation-notice")) == 3
 
 
+def test_a_notice_not_yet_written_is_kept_past_a_week_until_it_is(crew):
+    """A delivered notice is kept a week; one not written yet (the holder's inbox could not take
+    it) is kept until it is, however long that takes."""
+    from relay.ledger.reservations import NOTICES_KEPT
+    alice, bob, carol = crew.agent("Alice"), crew.agent("Bob"), crew.agent("Carol")
+    alice.reserve(["src"], exclusive=True, ttl="7d")
+    tmp = crew.root / ".relay" / "inbox" / "Alice" / "tmp"
+    tmp.rmdir()
+    tmp.write_text("in the way\n")
+    with pytest.raises(ReservationConflict):
+        bob.reserve(["src/app.py"])
+    crew.clock.advance(NOTICES_KEPT + 60)             # a week and more: the lease has ended too
+    carol.reserve(["docs"])                           # a write that sweeps what ended
+    tmp.unlink()
+    tmp.mkdir()
+    carol.release(["docs"])
+    [told] = notices(crew.root, "Alice")
+    assert told["headers"]["requester"] == "Bob"
+
+
 def test_a_notice_that_could_not_be_written_is_written_later_and_once(crew):
     alice, bob, carol = crew.agent("Alice"), crew.agent("Bob"), crew.agent("Carol")
     alice.reserve(["src"], exclusive=True)

@@ -4,6 +4,7 @@ message's original checked against its hash and the chain, and the refusals (bad
 traversal, huge query strings). The server runs in-process on a free port."""
 import html
 import html.parser
+import json
 import re
 import sys
 
@@ -120,6 +121,8 @@ def test_messages_filter_search_and_pages(team):
         older = re.search(r'href="([^"]+)" id="older"', first).group(1).replace("&amp;", "&")
         rest = get(srv, older)[2]
         assert len(ids(rest)) == 6 and not set(ids(rest)) & set(ids(first)) and 'id="older"' not in rest
+        exact = get(srv, f"/messages?q=common&before={ids(first)[5]}")[2]        # notes 0 to 49: a page exactly
+        assert len(ids(exact)) == 50 and 'id="older"' not in exact
         assert len(ids(get(srv, "/messages?from=Bob")[2])) == 1
         assert len(ids(get(srv, "/messages?agent=Carol")[2])) == 1
         assert len(ids(get(srv, "/messages?q=zebra")[2])) == 1
@@ -214,13 +217,18 @@ def test_compose_refuses_an_origin_that_merely_ends_with_this_host(team):
     with server(team.root, compose="Human") as srv:
         host = srv.base.split("://", 1)[1]
         kinds = {"Content-Type": "application/x-www-form-urlencoded"}
-        for origin in (f"http://evil{host}", f"https://evil.{host}", f"ftp://{host}", f"http://{host}.evil"):
+        # ... and Origin: null (a sandboxed frame, a file:// page) unless the browser says same-origin
+        for origin in (f"http://evil{host}", f"https://evil.{host}", f"ftp://{host}", f"http://{host}.evil", "null"):
             token = _csrf(get(srv, "/compose")[2])
             form = urlencode({"to": "Bob", "body": "forged", "csrf": token}).encode()
             assert get(srv, "/compose", data=form, headers={**kinds, "Origin": origin})[0] == 403, origin
+        token = _csrf(get(srv, "/compose")[2])
+        form = urlencode({"to": "Bob", "body": "from a page of its own", "csrf": token}).encode()
+        same = {**kinds, "Origin": "null", "Sec-Fetch-Site": "same-origin"}
+        assert get(srv, "/compose", data=form, headers=same)[0] == 200
     team("run", "--once")
     new = team.state / "inbox" / "Bob" / "new"
-    assert not new.exists() or not list(new.iterdir())
+    assert [json.loads(p.read_bytes())["body"] for p in new.iterdir()] == ["from a page of its own"]
 
 
 def test_a_thread_id_holding_a_slash_is_linked_with_the_slash_quoted(team):
@@ -332,6 +340,17 @@ def test_the_live_stream_carries_hostile_text_inertly(team):
     failed = next(e for d in docs for e in d["events"] if e["event"] == "failed")
     assert "<script>alert(1)</script>" in failed["detail"] and "\\u202e" in failed["detail"]
     assert all(set(d) >= {"seq", "counts", "headline", "events"} for d in docs)
+
+
+def test_every_string_of_a_live_document_is_made_inert_however_deep():
+    """The stream's document is cleaned whole (an event's detail is written by many hands):
+    strings in dicts, in lists of dicts, and in lists of lists."""
+    from relay.web.live import clean
+    bad = "\x1b[31m\u202e<b>\x07"
+    doc = clean({"headline": bad, "events": [{"detail": bad, "to": [bad, [bad]]}], "n": 3, "none": None})
+    flat = json.dumps(doc, ensure_ascii=False)
+    assert not any(c in flat for c in "\x1b\u202e\x07") and doc["n"] == 3 and doc["none"] is None
+    assert doc["events"][0]["to"][1][0] == doc["headline"] == doc["events"][0]["detail"]
 
 
 def test_the_cli_prints_the_address_with_its_token_once_and_it_signs_in(team):
