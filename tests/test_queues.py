@@ -17,8 +17,11 @@ def test_each_column_per_agent_and_per_pair(project, clock):
     t0 = clock.now
     # Ben: two unread from Ann (the second one fills his queue), one shed by queue_limit
     project.drop("Ann", "a1", "TO: Ben\n\na1")
-    project.drop("Ann", "a2", "TO: Ben\n\na2")
     relay.drain()
+    t_a2 = clock.advance(2)
+    project.drop("Ann", "a2", "TO: Ben\n\na2")
+    relay.hint("rescan")
+    relay.step(t_a2)
     project.drop("Ann", "a3", "TO: Ben\n\na3 is shed")
     relay.hint("rescan")
     relay.step(clock.advance(5))
@@ -39,8 +42,8 @@ def test_each_column_per_agent_and_per_pair(project, clock):
 
     ben = agents["Ben"]
     assert (ben["pending"], ben["unread"], ben["depth"]) == (0, 2, 2)
-    assert ben["oldest_unread_age_s"] == round(now - t0, 3)
-    assert ben["last_delivery"] == iso(t0)
+    assert ben["oldest_unread_age_s"] == round(now - t0, 3)            # a1's, the older of the two
+    assert ben["last_delivery"] == iso(t_a2)
     assert ben["shed"]["queue_limit"] == 1 and ben["archived"] is None and ben["ping"] is None
     ann_ben = pairs[("Ann", "Ben")]
     assert (ann_ben["pending"], ann_ben["unread"], ann_ben["depth"]) == (0, 2, 2)
@@ -61,7 +64,8 @@ def test_each_column_per_agent_and_per_pair(project, clock):
     # Ben reads one: the queue is shallower, the oldest unread is the other
     first = sorted((project.state / "inbox/Ben/new").iterdir())[0]
     os.rename(first, project.state / "inbox/Ben/cur" / first.name)
-    assert {r["agent"]: r for r in project_now(relay, now)["agents"]}["Ben"]["unread"] == 1
+    ben = {r["agent"]: r for r in project_now(relay, now)["agents"]}["Ben"]
+    assert ben["unread"] == 1 and ben["oldest_unread_age_s"] == round(now - t_a2, 3)
 
 
 def test_ping_column_waiting_then_read(project, clock):
