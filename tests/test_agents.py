@@ -238,7 +238,7 @@ def test_the_printed_id_finds_a_message_that_failed_before_relay_read_its_id(tea
 def test_a_repeated_request_id_is_delivered_once(team):
     a = relay.Agent("Alice", root=team.root)
     one = a.send("Bob", "deploy please", request_id="deploy-7")
-    two = a.send("Bob", "deploy please", request_id="deploy-7")      # before relay ran: known (issue 27)
+    two = a.send("Bob", "deploy please", request_id="deploy-7")      # before relay ran: known
     assert one == two and a.repeated
     drain(team.root)
     assert [m.id for m in relay.Agent("Bob", root=team.root).inbox()] == [one]

@@ -491,4 +491,4 @@ def test_a_misspelt_key_stops_the_daemon_not_an_agents_send_or_inbox(cli):
     (cli.state / "relay.toml").write_text("retension_typo2 = '7d'\n")        # a new warning: printed
     r = cli("inbox", "Ben")
     assert "no new messages" in r.stdout and "unknown configuration key 'retension_typo2'" in r.stderr
-    assert cli("status", ok=False).exit_code == 3       # a read-only verb warns and carries on (issue 27)
+    assert cli("status", ok=False).exit_code == 3       # a read-only verb warns and carries on

@@ -339,7 +339,7 @@ def test_status_is_a_health_check(cli, held):
     r = cli("status", "--json", ok=False)
     assert r.exit_code == 0 and "no daemon is running" in json.loads(r.stdout)["health"]["problems"][0]
     assert json.loads(r.stdout)["health"]["exit"] == 3 and cli("status", ok=False).exit_code == 3
-    assert cli("status", "--max-pending-age", "5", ok=False).exit_code == 3      # a bare number: seconds (issue 27)
+    assert cli("status", "--max-pending-age", "5", ok=False).exit_code == 3      # a bare number: seconds
     assert cli("status", "--max-pending-age", "soon", ok=False).exit_code == 2
 
 
