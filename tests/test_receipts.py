@@ -309,6 +309,14 @@ def test_an_ack_whose_note_cannot_go_marks_nothing_and_a_thread_of_two_lines_is_
     assert cli("ack", second.id, "--agent", "Bob").stdout.strip() == f"{second.id}: acknowledged"
 
 
+def test_status_counts_as_overdue_only_what_waits_longer_than_ack_overdue(shell, cli):
+    cli("send", "--from", "Alice", "--to", "Bob", "--ack-required", "just now")
+    r = shell.relay(agents=("Alice", "Bob", "Carol"))
+    r.drain()
+    assert json.loads(cli("status", "--json").stdout)["acks_overdue"] == 0
+    assert cli("overdue").stdout.startswith("no acknowledgement waits longer than 30m")
+
+
 def test_inbox_from_the_shell_puts_urgent_first(shell, cli):
     low = cli("send", "--from", "Alice", "--to", "Bob", "--priority", "low", "later").stdout.strip()
     urgent = cli("send", "--from", "Alice", "--to", "Bob", "--priority", "urgent", "now").stdout.strip()
