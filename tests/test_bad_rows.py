@@ -62,6 +62,10 @@ def test_the_check_names_the_first_bad_column():
                           ("archive_path", "/etc/passwd"), ("archive_path", "failed/x"), ("failed_path", "failed/../x"),
                           ("recipients", "not json"), ("headers", "[1]"), ("sha256", "xyz"), ("id", "short")]:
         assert unreadable({**row, "discovered_at": 1, column: value}) == (column, value), column
+    from relay.times import END, FIRST
+    for at, readable in ((FIRST, True), (FIRST - 1, False), (END - 1, True), (END, False), (float("inf"), False),
+                         (float("nan"), False)):
+        assert (unreadable({**row, "discovered_at": at}) is None) is readable, at    # the years 1 to 9999, no more
     line = str(BadRow.of({**row, "id": "x\x1b[2J"}))
     assert "\x1b" not in line and "column id holds" in line         # shown escaped, one line
 

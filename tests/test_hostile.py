@@ -58,15 +58,15 @@ def test_file_names_with_spaces_newlines_and_non_ascii(project):
     and breaks tools, so such a name is quarantined with the name shown escaped."""
     relay = project.relay()
     names = ["with space", "ünïcødé-名前"]
-    bad = ["new\nline", "tab\there"]
+    bad = ["new\nline", "tab\there", "del\x7fete", "c1\x85next"]
     for n in names + bad:
         project.drop("Ann", n, f"TO: Ben\n\n{n}")
     total = relay.drain()
-    assert total.archived == 2 and total.failed == 2
+    assert total.archived == 2 and total.failed == 4
     assert sorted(e["source"] for e in project.inbox("Ben")) == sorted(names)
     assert {p.name.split("--", 1)[1] for p in project.files("archive") if p.parent.name != "System"} == set(names)
     quarantined = {p.name.split("--", 1)[1] for p in project.files("failed") if not p.name.endswith(".json")}
-    assert quarantined == {"new\\x0aline", "tab\\x09here"}
+    assert quarantined == {"new\\x0aline", "tab\\x09here", "del\\x7fete", "c1\\x85next"}
     errors = {r["name"]: r["error"] for r in relay.history.audit(status="failed")}
     assert "control characters" in errors["new\\x0aline"]
 
