@@ -117,3 +117,22 @@ def test_a_closed_state_directory_refuses_rather_than_walk_from_a_reused_descrip
         assert new.dir("a") > 0
     finally:
         new.close()
+
+
+def test_put_syncs_the_file_renames_it_into_place_then_syncs_the_directory(tmp_path):
+    """A put is durable when it returns: the file's bytes synced before the rename, and the
+    directory synced after it (a directory synced before the rename holds the name not yet)."""
+    import stat
+    (tmp_path / "d").mkdir()
+    fs = StateDir(tmp_path)
+    seen = []
+
+    def recording(fd):      # the sync put() is given: what the directory holds at each
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        seen.append((kind, sorted(p.name for p in (tmp_path / "d").iterdir())))
+    try:
+        fs.put("d/f", b"whole", fsync=recording)
+    finally:
+        fs.close()
+    assert seen == [("file", [".f.tmp"]), ("dir", ["f"])]
+    assert (tmp_path / "d" / "f").read_bytes() == b"whole"
