@@ -1371,6 +1371,18 @@ def test_a_remote_recipient_shed_by_an_earlier_attempt_is_not_published_when_the
     assert client(redis_server.url).xlen(n1.stream("n2")) == 0
 
 
+def test_a_sender_on_another_node_named_as_an_agent_archived_here_is_still_heard(redis_server, team, nodes):
+    """Bob was an agent of n2 and is archived there; the Bob of n1 (another agent, the name his
+    now) writes to n2's Cy: the archiving of n2's Bob says nothing about who may send from n1."""
+    n1 = nodes(redis_server.url, team, "n1", ["Bob"])
+    n2 = nodes(redis_server.url, team, "n2", ["Cy"])
+    n2.relay.ledger.operations.archive_agent("Bob", n2.clock.now, "operator:test")
+    exchange(n1, n2, rounds=1)
+    n1.drop("Bob", "m", "TO: Cy\n\nfrom the other Bob")
+    exchange(n1, n2)
+    assert [e["body"] for e in n2.held("Cy")] == ["from the other Bob"]
+
+
 def test_the_receiving_node_applies_its_own_shedding_limits_to_incoming_messages(redis_server, team, nodes, cli):
     n1 = nodes(redis_server.url, team, "n1", ["Ann", "Al", "Ed"])
     n2 = nodes(redis_server.url, team, "n2", ["Bob", "Cy", "Dee"],
