@@ -95,9 +95,9 @@ LEARNED = {
     "recipients": (),
     "envelope": b"",
     "envelope_sha256": None,
-    "delivered_before": dict,                    # recipient -> (size, sha256) already recorded
-    "delivered_now": dict,                    # recipient -> (size, sha256) delivered now
-    "failed_for": dict,                 # recipient -> error
+    "delivered_before": dict,       # recipient -> (size, sha256) already recorded
+    "delivered_now": dict,          # recipient -> (size, sha256) delivered now
+    "failed_for": dict,             # recipient -> error
     "remote": dict,                 # recipient on another node -> node (queued)
     "offered": False,               # handed to the link for every node at once (routes.Router.offer)
     "shed": dict,                   # recipient -> Shed, decided in this batch
@@ -121,7 +121,7 @@ class Work:
                                failing_since, spool_id)
         self.claim = claim
         self.id, self.archive_rel, self.spool_id, self.spooled = claim.id, claim.archive_rel, claim.spool_id, claim.spooled
-        self.earlier_attempt = earlier_attempt            # an earlier attempt may have delivered to some recipients
+        self.earlier_attempt = earlier_attempt      # an earlier attempt may have delivered to some recipients
         for key, value in LEARNED.items():
             setattr(self, key, value() if callable(value) else value)
         for key, value in learned.items():
