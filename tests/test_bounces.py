@@ -81,6 +81,21 @@ def test_never_a_bounce_of_a_bounce(project, clock):
     assert bounces(project, "Ann") == [] and project.inbox("System") == []
 
 
+def test_one_message_and_one_set_of_recipients_is_owed_one_bounce_whatever_their_order(tmp_path):
+    """A (message, recipient set) is owed one bounce: the same set named in another order (a
+    retry that met the recipients otherwise) is the same set."""
+    from relay.ledger.history import History
+    from relay.ledger.ledger import Ledger
+    with Ledger(tmp_path / "ledger.sqlite") as led:
+        led.operations.add_archived([("01KC3000000000000000000001", "Ann", "m", '["Ben", "Cy"]', "message", "s",
+                                      "b", 1, "0" * 64, 1e9, "archive/x/m")])
+        with led.transaction():
+            led.bounces.owe(1e9, [("01KC3000000000000000000001", "Ann", ["Ben", "Cy"], "shed")])
+        with led.transaction():
+            led.bounces.owe(1e9 + 1, [("01KC3000000000000000000001", "Ann", ["Cy", "Ben", "Cy"], "shed")])
+        assert [r["recipients"] for r in History(led).bounces.due(10)] == ['["Ben","Cy"]']
+
+
 def test_bounces_can_be_turned_off(project):
     r = project.relay(bounces=False)
     project.drop("Ann", "m", "TO: Zed\n\nhello")

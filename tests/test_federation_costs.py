@@ -407,3 +407,37 @@ def test_per_row_events_of_publishing_again_refill_a_minute_after_the_minute_beg
     assert [hushed[t] for t in (70, 80, 90, 100, 110)] == [0, 0, 0, EVENTS // 4, EVENTS // 4]
     assert hushed[120] == 0
     assert losses.quiet("n3", 120.0, EVENTS + 5) == 5                              # each node its own quota
+
+
+def test_a_node_that_answered_once_then_fell_silent_has_its_rounds_spaced_further_apart_again():
+    """Late.due(): a round right after an answer comes at QUIET_BASE; each later round while the
+    node stays silent doubles the wait (the answer counts for one round, not for ever)."""
+    from relay.federation.late import QUIET_BASE, Late
+
+    class Waiting:              # one node, always with rows past their deadline
+        def waiting_nodes(self):
+            return ["n2"]
+
+        def overdue(self, now, limit, node):
+            return [{"message_id": f"m{now}"}]
+
+    class History:
+        remote = Waiting()
+    late = Late(History())
+    late.answered("n2")
+    rounds, now = [], 0.0
+    while len(rounds) < 5:
+        if late.due(now, {"n2": True}):
+            rounds.append(now)
+        now += 0.5
+    assert [b - a for a, b in zip(rounds, rounds[1:])] == [QUIET_BASE, 2 * QUIET_BASE, 4 * QUIET_BASE, 8 * QUIET_BASE]
+
+
+def test_an_idle_acknowledgement_stream_saves_up_no_more_than_a_seconds_share():
+    """AckGate.share(): a stream unread for a minute may take one second's share, not sixty."""
+    from relay.federation.ackgate import ACKS_PER_SECOND, AckGate
+    gate = AckGate(history=None, per_call=100 * ACKS_PER_SECOND)
+    key = "relay:{t}:from:n2:ack:n1"
+    gate.owe({key: 0}, 0.0)
+    assert gate.share(key, 0.5) == ACKS_PER_SECOND / 2
+    assert gate.share(key, 60.0) == ACKS_PER_SECOND
