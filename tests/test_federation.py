@@ -518,6 +518,8 @@ def test_a_url_s_parameters_are_checked_by_name_and_no_password_shows(tmp_path):
     assert redact("redis+sentinel://h:26379/m?sentinel_password=SeCr#et99") == \
         "redis+sentinel://h:26379/m?sentinel_password=***"
     assert "p#1/a?b" not in redact("redis://u:p#1/a?b@c%d@h:6379/0")
+    # the user part ends at the last @: a password holding an unencoded @ is hidden whole
+    assert redact("redis://u:p@ss@h:6379/0") == "redis://u:***@h:6379/0"
 
 
 def test_the_health_check_counts_the_federation_a_link_down_and_an_old_unacknowledged_message():

@@ -136,3 +136,13 @@ def test_put_syncs_the_file_renames_it_into_place_then_syncs_the_directory(tmp_p
         fs.close()
     assert seen == [("file", [".f.tmp"]), ("dir", ["f"])]
     assert (tmp_path / "d" / "f").read_bytes() == b"whole"
+
+
+def test_a_long_name_fits_after_its_id_and_before_the_error_sidecars_suffix():
+    """fit() cuts a name so that `<id>--<name>.error.json` (a failed message's report) is a
+    file name the file system takes (255 bytes), in UTF-8, and cuts no character in two."""
+    from relay.files.layout import fit
+    for name in ("a" * 300, "名" * 200, "x" * 214):
+        kept = fit(name)
+        assert name.startswith(kept) and len(f"{'0' * 26}--{kept}.error.json".encode()) <= 255
+    assert fit("short") == "short"

@@ -1,5 +1,6 @@
 """relay init in a git repository (or a subdirectory of one): the state directory kept out of git
 by a line in .gitignore, written once, never through a link; outside git no .gitignore."""
+import pytest
 
 
 def test_init_in_a_git_repository_keeps_the_state_directory_out_of_it(cli):
@@ -10,6 +11,14 @@ def test_init_in_a_git_repository_keeps_the_state_directory_out_of_it(cli):
     assert (cli.root / ".gitignore").read_text() == "*.pyc\n.relay/\n"
     cli("init")                                             # once only
     assert (cli.root / ".gitignore").read_text() == "*.pyc\n.relay/\n"
+
+
+@pytest.mark.parametrize("line", [".relay", ".relay/", "/.relay", "/.relay/"])
+def test_init_finds_the_state_directory_ignored_already_in_any_of_its_spellings(cli, line):
+    (cli.root / ".git").mkdir()
+    (cli.root / ".gitignore").write_text(f"*.pyc\n{line}\n")
+    cli("init", "--agent", "Ann")
+    assert (cli.root / ".gitignore").read_text() == f"*.pyc\n{line}\n"
 
 
 def test_init_in_a_subdirectory_of_a_git_repository(cli):

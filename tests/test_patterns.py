@@ -64,6 +64,8 @@ def test_a_sub_directory_outside_the_root_is_refused(tmp_path):
     ("*.py", "docs", False),
     ("**/*.md", "docs", True),                  # docs/x.md
     ("docs/[a-c]*.md", "docs/d*.md", False),
+    ("src/[a-zc].py", "src/x.py", True),        # a range that holds a later one keeps its end
+    ("src/[a-mb-d].py", "src/k.py", True),
     ("docs/[!a]*", "docs/a*", False),
     ("docs/[^a]*", "docs/b", True),
     ("docs/?", "docs/ab", False),

@@ -236,6 +236,8 @@ def test_cli_paths_from_a_sub_directory_and_refusals(team, monkeypatch):
     assert team("reserve", "--agent", "Nobody", "x", ok=False).exit_code == 1
     assert team("reserve", "--agent", "Alice", ok=False).exit_code == 2      # no PATH
     assert "not held" in team("release", "--agent", "Alice", "nothing.py").output
+    assert "released src/app.py" in team("release", "--agent", "Alice", "app.py").output    # from src/ too
+    assert json.loads(team("reservations", "--json").output) == []
 
 
 def test_cli_agent_from_relay_agent(team, monkeypatch):

@@ -211,6 +211,22 @@ def test_compose_sends_as_the_overseer_with_csrf_and_same_origin_only(team):
     assert '"from":"Human"' in inbox[0].read_text().replace(" ", "")
 
 
+def test_compose_takes_the_last_value_of_a_field_given_twice(team):
+    """A form whose field comes twice (a stale token first, a subject changed by a script) is
+    read by its last value of each, as a browser's own form sends it last."""
+    from urllib.parse import urlencode
+    team("init", "--agent", "Human")
+    with server(team.root, compose="Human") as srv:
+        token = _csrf(get(srv, "/compose")[2])
+        form = urlencode([("to", "Bob"), ("subject", "first"), ("subject", "second"), ("body", "twice"),
+                          ("csrf", "0" * 64), ("csrf", token)]).encode()
+        kinds = {"Content-Type": "application/x-www-form-urlencoded", "Origin": srv.base}
+        assert get(srv, "/compose", data=form, headers=kinds)[0] == 200
+    team("run", "--once")
+    [sent] = [json.loads(p.read_bytes()) for p in (team.state / "inbox" / "Bob" / "new").iterdir()]
+    assert (sent["subject"], sent["body"]) == ("second", "twice")
+
+
 def test_compose_refuses_an_origin_that_merely_ends_with_this_host(team):
     from urllib.parse import urlencode
     team("init", "--agent", "Human")
