@@ -119,3 +119,15 @@ def test_metrics_listen_takes_loopback_or_an_address_written_out(tmp_path, liste
     else:
         with pytest.raises(ConfigError, match=words):
             config_mod.load(tmp_path, env={})
+
+
+def test_failures_of_one_kind_whose_reasons_differ_in_their_words_are_counted_together(project):
+    relay = project.relay(agents=("Ann", "Ben", "Cy"))
+    for name in ("Zed", "Qux", "Zed"):          # "unknown recipient Zed ...", "... Qux ...": one kind
+        project.drop("Cy", f"to-{name}-{project.clock.now}", f"TO: {name}\n\nto nobody")
+        project.clock.advance(1)
+    relay.drain()
+    cfg = project.config(agents=["Ann", "Ben", "Cy"])
+    with Server(cfg, clock=project.clock) as srv:
+        got = samples(get(srv, "/metrics")[2])
+    assert got[("relay_failures_total", frozenset({("reason", "unknown_recipient")}))] == 3

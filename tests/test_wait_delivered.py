@@ -64,6 +64,23 @@ def test_a_partial_shed_is_no_delivery(crew, cli):
     assert r.exit_code == 1 and "shed for Carol" in r.stderr and "recipient_archived" in r.stderr
 
 
+def test_a_shed_released_by_a_retry_and_delivered_is_a_delivery(crew, cli):
+    """Carol was archived when the message came (shed for her, so it failed); restored, `relay
+    retry` releases the shed and delivers to her: the message is delivered now."""
+    from relay.agent.delivery import standing
+    from relay.ledger.history import History
+    t, _ = relay_once_written(crew, archive="Carol")
+    mid = cli("send", "--from", "Alice", "--to", "Carol", "hello").stdout.strip()
+    t.join()
+    cli("archive-agent", "--undo", "Carol")
+    cli("retry", mid)
+    deliver(crew, ("Alice", "Bob", "Carol"))
+    assert [m.id for m in relay.Agent("Carol", root=crew.root).inbox()] == [mid]
+    with History(Ledger(crew.state / "ledger.sqlite", readonly=True)) as history:
+        got = standing(history, mid)
+    assert got.delivered is True, got
+
+
 def test_send_wait_delivered_times_out_with_124(crew, cli):
     r = cli("send", "--from", "Alice", "--to", "Bob", "--wait-delivered", "200ms", "hello", ok=False)
     mid = r.stdout.strip()
