@@ -91,13 +91,18 @@ def exchange(*nodes, rounds=2):
 
 # -- fixtures ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory):
+def _started(tmp_path_factory):
+    """A Redis server of its own, started, stopped when the fixture ends (skipped without one)."""
     if REDIS_SERVER is None:
         pytest.skip(MISSING)
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield server
-    server.stop()
+    s = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    yield from _started(tmp_path_factory)
 
 
 @pytest.fixture
@@ -151,11 +156,7 @@ def entry(env, to=("Bob",), **fields):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A Redis server of the module's own, for tests that put each node on its ACL user."""
-    if REDIS_SERVER is None:
-        pytest.skip(MISSING)
-    s = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield s
-    s.stop()
+    yield from _started(tmp_path_factory)
 
 
 def admin(server):

@@ -199,10 +199,16 @@ def round_trip(client, commands):
         pool.release(conn)
 
 
+def unread(error, mid=b""):
+    """The fields an entry refused unread stands for: the size (or fields) its reply announced,
+    what was over the bound ("bytes" or "fields"), the error's words, and its message id when
+    they were seen before the bound."""
+    return {"oversize": error.size, "what": error.what, "why": str(error), b"id": mid}
+
+
 def sized(client, key, after, count):
     """Up to `count` entries of a stream after `after`, one by one through a guarded client: each
-    (entry id, fields), or (entry id, {"oversize": bytes, "why": ..., b"id": its message id or b""})
-    for one over the client's bound, whose content is never read past the size its bulk announced."""
+    (entry id, fields), or (entry id, unread(...)) for one over the client's bound, whose content is never read past the size its bulk announced."""
     out = []
     for _ in range(count):
         start = "(" + after if after not in ("0", "0-0") else "-"
@@ -214,7 +220,7 @@ def sized(client, key, after, count):
                 raise
             eid, fields = seen[0], seen[1:]
             mid = next((fields[i + 1] for i in range(0, len(fields) - 1, 2) if fields[i] == "id"), "")
-            out.append((eid, {"oversize": e.size, "why": str(e), b"id": mid.encode()}))
+            out.append((eid, unread(e, mid.encode())))
             after = eid
             continue
         if not got:

@@ -359,7 +359,8 @@ class Directory:
         rows = sorted((name, node, seen.get(node, previous.get(name, (None, None))[1])) for name, node in routes.items())
         conflicts = sorted(set(conflicts))
         if conflicts != self.conflicts:
-            new = [c for c in conflicts if c not in set(self.conflicts)]
+            before = set(self.conflicts)
+            new = [c for c in conflicts if c not in before]
             for name, other in new[:CONFLICTS_SAID]:
                 where = "this node's own agent" if name in local else "claimed by more than one node, or a name that differs only by case"
                 log.error("federation: agent %s is also listed by node %s (%s); %s", name, other, where,

@@ -94,7 +94,7 @@ def _parsed(fields, config):
     fields = {(k.decode("utf-8", "replace") if isinstance(k, bytes) else k): v for k, v in fields.items()}
     limit = entry_limit(config)
     if "oversize" in fields:
-        if str(fields.get("why", "")).startswith("an entry of"):
+        if fields.get("what") == "fields":
             raise MessageRefused(f"the entry is not read: {fields['why']}")
         raise MessageRefused(f"the entry is {fields['oversize']} bytes, over what this node reads ({limit} bytes)")
     if _text(fields.get("v")) != "2":

@@ -31,7 +31,7 @@ from relay.files.layout import Layout, valid_id
 from relay.ledger.ledger import Ledger
 from relay.files.sync import Syncer
 from relay.core.work import backoff
-from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip, server_errors, sized
+from relay.federation.client import ReplyTooLarge, Skipping, reason, round_trip, server_errors, sized, unread
 from relay.federation.entries import _sender_of, _text, read_entry, renamed
 from relay.federation.keys import Keys
 from relay.federation.teamlists import TeamLists
@@ -129,7 +129,7 @@ class Incoming:
             streams = self.skipping.usable(self.client, streams, now)
             self.rest = 0.0
             if not streams:
-                ready = [max(self.refusals.held.get(n, 0.0), self.skipping.until.get(key, (0.0, None))[0])
+                ready = [max(self.refusals.until(n), self.skipping.until.get(key, (0.0, None))[0])
                          for key, n in team.items()]
                 self.rest = min(max(0.0, min(ready, default=now) - now), HOLD)
                 return handled
@@ -233,11 +233,7 @@ class Incoming:
         one by one, those within the bound read, the others refused from the size their reply
         announced."""
         self.count = 1
-        out = []
-        for key, cursor in streams.items():
-            node = self._node_of(key)
-            out.extend((node, eid, fields) for eid, fields in sized(self.client, key, cursor, FIRST_READ))
-        return out
+        return self._one_by_one(streams)
 
     def _retry(self, now):
         """Entries whose delivery failed before, read again on their own when due."""
@@ -249,7 +245,7 @@ class Incoming:
             try:
                 got = self.client.xrange(self.keys.messages(node, self.node), eid, eid)
             except ReplyTooLarge as e:
-                got = [(eid, {"oversize": e.size, "why": str(e), b"id": b""})]
+                got = [(eid, unread(e))]
             if not got:             # gone: its sender deleted or republished it
                 self.retry.pop((node, eid), None)
                 continue

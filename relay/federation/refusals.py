@@ -16,8 +16,12 @@ class Refusals:
         self.counts = {}            # node -> (minute's start, refusals recorded, refusals not recorded)
         self.held = {}              # node -> when its stream is read again (its refusals passed REFUSALS)
 
+    def until(self, node):
+        """When `node`'s stream may be read again (0: now)."""
+        return self.held.get(node, 0.0)
+
     def readable(self, node, now):
-        return self.held.get(node, 0.0) <= now
+        return self.until(node) <= now
 
     def recorded(self, node, now):
         """Whether a refusal of this node's entry is recorded (a failed row, a log line): at most
