@@ -57,19 +57,25 @@ def wait_delivered(project, mid, timeout, pause=time.sleep, clock=time.monotonic
     """Look at message `mid` until it is delivered or failed, or `timeout` seconds pass (None:
     for ever); returns its last Delivery (`delivered` None when the time ran out). `pause(s)`
     waits between two looks."""
+    return poll(project, lambda history: standing(history, mid), Delivery(mid, None, "the project has no ledger yet"),
+                lambda outcome: outcome.delivered is not None, timeout, pause, clock)
+
+
+def poll(project, look, no_ledger, settled, timeout, pause=time.sleep, clock=time.monotonic):
+    """`look(history)` again and again, read-only (each look sees the latest commit), until
+    `settled(result)` or `timeout` seconds pass (None: for ever), the pause between two looks
+    doubling up to MAX_PAUSE; returns the last result (`no_ledger` while the project has none)."""
     deadline = None if timeout is None else clock() + timeout
-    wait = FIRST_PAUSE
-    history = None
+    wait, history = FIRST_PAUSE, None
     try:
         while True:
-            history = history or project.history()      # read-only; each look sees the latest commit
-            outcome = standing(history, mid) if history is not None else \
-                Delivery(mid, None, "the project has no ledger yet")
-            if outcome.delivered is not None:
-                return outcome
+            history = history or project.history()
+            result = no_ledger if history is None else look(history)
+            if settled(result):
+                return result
             left = None if deadline is None else deadline - clock()
             if left is not None and left <= 0:
-                return outcome
+                return result
             pause(wait if left is None else min(wait, left))
             wait = min(wait * 2, MAX_PAUSE)
     finally:

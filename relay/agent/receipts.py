@@ -19,7 +19,7 @@ import time
 
 import orjson
 
-from relay.agent.delivery import FIRST_PAUSE, MAX_PAUSE, standing
+from relay.agent.delivery import poll, standing
 from relay.config import show_duration
 from relay.core.message import PRIORITIES, iso
 from relay.errors import DeliveryTimeout, NotDelivered, NotFound, RelayError
@@ -73,22 +73,8 @@ def wait_step(project, mid, step, timeout, pause=time.sleep, clock=time.monotoni
     "acked"; a later step counts), it failed for one, or `timeout` seconds pass (None: for ever).
     Returns (done: True, False (failed) or None (time ran out), reason)."""
     column = STEPS[step]
-    deadline = None if timeout is None else clock() + timeout
-    wait, history = FIRST_PAUSE, None
-    try:
-        while True:
-            history = history or project.history()
-            done, reason = (None, "the project has no ledger yet") if history is None else _where(history, mid, column)
-            if done is not None:
-                return done, reason
-            left = None if deadline is None else deadline - clock()
-            if left is not None and left <= 0:
-                return None, reason
-            pause(wait if left is None else min(wait, left))
-            wait = min(wait * 2, MAX_PAUSE)
-    finally:
-        if history is not None:
-            history.close()
+    return poll(project, lambda history: _where(history, mid, column), (None, "the project has no ledger yet"),
+                lambda result: result[0] is not None, timeout, pause, clock)
 
 
 def _where(history, mid, column):
