@@ -259,6 +259,8 @@ def test_demo_runs_the_examples(tmp_path):
     assert r.exit_code == 0, r.output
     assert "relayed 5 message(s)" in r.output and "1 quarantined, 1 bounce(s) to their senders" in r.output
     assert "inbox/System/new: 1 message(s)" in r.output and "unknown recipient Zed" in r.output
+    # Dana, spawned by the run and a recipient of the stand-up, is shown with the others
+    assert "inbox/Dana/new: 1 message(s)\n  from Lead     [message] stand-up in 10 minutes" in r.output
 
 
 @pytest.mark.soak

@@ -313,7 +313,9 @@ def demo(ctx, outboxes, keep):
         echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} "
              f"quarantined{bounced}\n")
         box = Inbox(layout, None)
-        for agent in ["System"] + agents:
+        # Every inbox, those of agents spawned by the run included.
+        inboxes = sorted(p.name for p in layout.inbox.iterdir() if p.is_dir() and p.name != "System")
+        for agent in ["System"] + inboxes:
             items = box.list(agent)
             echo(f"inbox/{agent}/new: {len(items)} message(s)")
             for _, _, doc in items:
