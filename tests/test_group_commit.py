@@ -5,6 +5,7 @@ And a batch's claim and record are each a fixed number of statements, however ma
 the batch holds."""
 import errno
 import os
+import sqlite3
 
 import pytest
 from conftest import failing_create
@@ -221,3 +222,24 @@ def test_a_batch_is_claimed_and_recorded_in_as_many_statements_for_10_messages_a
     assert relay.history.counts()[outcome if outcome != "retry" else "pending"] >= 111
     assert len(small[0]) == 2, small             # the claim, then the record
     assert small == large, f"10 messages: {small}, 100 messages: {large} (statements per transaction, outside)"
+
+
+def test_a_ledger_on_a_sqlite_built_for_999_parameters_claims_records_and_recovers_600_messages(project):
+    """SQLite before 3.32 (and builds that keep its old default) bind at most 999 parameters a
+    statement: a batch of 600, and the first look after a restart at 600 archived originals of
+    one sender (each id looked for as a row's id and as a spool file's), stay within it."""
+    def limited(relay):
+        relay.ledger.db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        return relay
+
+    relay = limited(relay_with(project, Held(), batch=1024, bounces=False))
+    for i in range(600):
+        written = project.clock() - 60
+        os.utime(project.drop("Ann", f"m{i}", f"TO: Ben, Cy\nSUBJECT: s{i}\n\nbody {i}"), (written, written))
+    relay.drain()
+    assert relay.history.counts()["archived"] == 600
+    relay.close()
+    again = limited(relay_with(project, Held(), batch=1024, bounces=False))
+    again.drain()       # recovery looks at each archived original of the day
+    assert again.history.counts()["archived"] == 600
+    assert len(list((project.state / "inbox" / "Cy" / "new").iterdir())) == 600

@@ -46,7 +46,7 @@ from relay.ledger.search import SearchReads
 from relay.ledger.state import StateReads
 from relay.ledger.ledger import STATUSES
 from relay.ledger.rows import BadRow, sift, unreadable, unreadable_rows  # noqa: F401  (offered to every reader)
-from relay.ledger.sql import chunks
+from relay.ledger.sql import SQLITE_MAX_VARS, chunks
 from relay.ledger.web import WebReads
 
 NUMBER = "typeof({0}) IN ('integer', 'real')"
@@ -193,7 +193,7 @@ class History:
         """The ids among `ids` that no row holds, as its id or as the id its spool file is
         named by."""
         known = set()
-        for chunk, marks in chunks(ids):
+        for chunk, marks in chunks(ids, SQLITE_MAX_VARS // 2):        # each id is bound twice
             known.update(r[0] for r in self.db.execute(
                 f"SELECT id FROM messages WHERE id IN ({marks}) UNION "
                 f"SELECT spool_id FROM messages WHERE spool_id IN ({marks})", chunk + chunk))

@@ -152,7 +152,8 @@ UPDATE messages SET expired_at = failed_at WHERE status = 'failed' AND EXISTS (
     SELECT 1 FROM events e WHERE e.message_id = messages.id AND e.event = 'expired' AND e.seq > coalesce(
         (SELECT max(r.seq) FROM events r WHERE r.message_id = messages.id AND r.event = 'retry'), 0));
 """),
-    # Ids bound to their senders (ledger/senders.py): the id relay send gave each sender.
+    # Attested durability (ledger/ledger.py): each connection's settings, recorded as it opens
+    # the ledger; and how many of a message's attempts were interrupted (relay stopped mid-batch).
     (5, "attested durability; interrupted attempts", """
 CREATE TABLE attestations (
     seq             INTEGER PRIMARY KEY,
@@ -206,12 +207,7 @@ CREATE TABLE link (
     updated_at REAL NOT NULL
 );
 """),
-    # Federation, second protocol (relay/federation/): a message for another node is done at the
-    # sender only once that node acknowledged its durable delivery; the receiver keeps the ids it
-    # received, by node (not swept with the messages), so that a replay is refused, and a message
-    # whose id is taken here keeps the sender's as remote_id under one of its own; the link records when
-    # the team's directory was last read, or why it cannot be. Rows published under the first
-    # protocol (streams no node reads any more) are published again, and known by their ids.
+    # Ids bound to their senders (ledger/senders.py): the id relay send gave each sender.
     (7, "ids bound to their senders", """
 CREATE TABLE sent_ids (
     id     TEXT PRIMARY KEY,
@@ -220,8 +216,7 @@ CREATE TABLE sent_ids (
 ) WITHOUT ROWID;
 CREATE INDEX sent_ids_at ON sent_ids(at)
 """),
-    # A request id `relay send` gave with an id (senders.py): a send that repeats it is known
-    # while the first message still waits in the outbox, before relay has read it.
+    # The agents declared as senders (senders = "declared"; ledger/senders.py).
     (8, "declared senders", """
 CREATE TABLE declared_agents (
     name TEXT PRIMARY KEY,
@@ -229,9 +224,12 @@ CREATE TABLE declared_agents (
     how  TEXT NOT NULL
 ) WITHOUT ROWID
 """),
-    # Full-text search (ledger/search.py): each message's subject and the first 4096 characters of
-    # its body (search_docs, the external content), indexed by FTS5 (search); the messages already
-    # in the ledger are indexed here.
+    # Federation, second protocol (relay/federation/): a message for another node is done at the
+    # sender only once that node acknowledged its durable delivery; the receiver keeps the ids it
+    # received, by node (not swept with the messages), so that a replay is refused, and a message
+    # whose id is taken here keeps the sender's as remote_id under one of its own; the link records when
+    # the team's directory was last read, or why it cannot be. Rows published under the first
+    # protocol (streams no node reads any more) are published again, and known by their ids.
     (9, "federation: end-to-end acknowledgements, received ids, the directory's state", """
 ALTER TABLE outbound ADD COLUMN acked_at REAL;
 ALTER TABLE outbound ADD COLUMN ack_deadline REAL;
@@ -252,6 +250,8 @@ ALTER TABLE link ADD COLUMN directory_at REAL;
 ALTER TABLE link ADD COLUMN directory_error TEXT;
 UPDATE outbound SET status = 'pending', next_attempt_at = 0 WHERE status = 'published';
 """),
+    # A request id `relay send` gave with an id (senders.py): a send that repeats it is known
+    # while the first message still waits in the outbox, before relay has read it.
     (20, "request ids of the ids relay send gave", """
 ALTER TABLE sent_ids ADD COLUMN request_id TEXT;
 CREATE INDEX sent_ids_request ON sent_ids(sender, request_id) WHERE request_id IS NOT NULL
@@ -273,7 +273,9 @@ CREATE TABLE bounces (
 ) WITHOUT ROWID;
 CREATE INDEX bounces_due ON bounces(at) WHERE emitted_at IS NULL
 """),
-    # The agents declared as senders (senders = "declared"; ledger/senders.py).
+    # Full-text search (ledger/search.py): each message's subject and the first 4096 characters of
+    # its body (search_docs, the external content), indexed by FTS5 (search); the messages already
+    # in the ledger are indexed here.
     (30, "full-text search", """
 CREATE TABLE search_docs (
     seq        INTEGER PRIMARY KEY,
