@@ -286,6 +286,69 @@ def test_the_daemon_knows_when_its_lock_or_ledger_is_lost(project, name, change)
             d.relay.close()
 
 
+def test_the_daemon_tells_systemd_its_status_after_steps_that_moved_messages_and_pings_its_watchdog(project, monkeypatch, tmp_path):
+    """systemd's STATUS line follows a step that archived or failed messages, at most once per
+    STATUS_EVERY; a step that moved nothing says nothing. With WATCHDOG_USEC set, the watchdog is
+    pinged after a step, then not again before half its interval."""
+    import socket
+    from relay.core.work import Counts
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.setblocking(False)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify.sock"))
+    monkeypatch.setenv("WATCHDOG_USEC", "600000000")       # ten minutes: pinged every five
+    project.relay().close()
+    d = Daemon(project.config(agents=["Ann"]), clock=project.clock)
+
+    def said():
+        lines = []
+        while True:
+            try:
+                lines.append(sock.recv(4096).decode())
+            except BlockingIOError:
+                return lines
+    try:
+        assert d.ping_every == 300.0
+        d.stepped(Counts())
+        assert said() == ["WATCHDOG=1"]                     # nothing moved: no status line
+        d.stepped(Counts(failed=2))
+        assert said() == ["STATUS=relayed 0, failed 2 since start"]     # a failure alone is news
+        d.stepped(Counts(archived=3))
+        assert said() == []                                 # within STATUS_EVERY of the last line
+        d.next_status = 0.0
+        d.stepped(Counts(archived=1))
+        assert said() == ["STATUS=relayed 4, failed 2 since start"]
+    finally:
+        d.relay.close()
+        sock.close()
+
+
+def test_metrics_listen_without_the_web_extra_says_how_to_install_it(project):
+    """[metrics] listen where prometheus-client is missing: a ConfigError naming the extra, from
+    the index and from a checkout; an import that fails for another reason is not hidden."""
+    import relay.web
+    from relay import service
+    from relay.errors import ConfigError
+    cfg = project.config(agents=["Ann"])
+
+    def unimported(mp, missing):
+        for name in ("scrape", "metrics"):      # imported afresh, as a process without `missing` would
+            mp.delitem(sys.modules, f"relay.web.{name}", raising=False)
+            mp.delattr(relay.web, name, raising=False)
+        mp.setitem(sys.modules, missing, None)
+    with pytest.MonkeyPatch.context() as mp:
+        unimported(mp, "prometheus_client")
+        with pytest.raises(ConfigError) as e:
+            service.listener(cfg, project.clock)
+    assert str(e.value) == ("[metrics] listen needs the web extra (prometheus-client): pip install "
+                            "'agent-outbox-relay[web]' (from a checkout: pip install '.[web]')")
+    with pytest.MonkeyPatch.context() as mp:
+        unimported(mp, "relay.web.metrics")     # relay's own module missing: not the extra
+        with pytest.raises(ImportError) as e:
+            service.listener(cfg, project.clock)
+    assert not isinstance(e.value, ConfigError) and e.value.name == "relay.web.metrics"
+
+
 def test_a_running_daemon_whose_lock_is_removed_exits_1_saying_so(daemon):  # noqa: F811
     d = daemon()
     d.ready()
