@@ -38,8 +38,11 @@ async def serve(root, agent, errlog, **session):
     the open file `errlog`. `session`: the ClientSession's keywords (message_handler, client_info,
     notification_bindings, ...)."""
     from mcp import ClientSession
-    from mcp.client.stdio import StdioServerParameters, stdio_client
-    params = StdioServerParameters(command=sys.executable, cwd=str(root),
+    from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
+    # The SDK hands the server a few safe variables only: the relay under test (the package this
+    # process imported, wherever it lies) is named to it by PYTHONPATH.
+    env = {**get_default_environment(), "PYTHONPATH": str(Path(relay.__file__).parent.parent)}
+    params = StdioServerParameters(command=sys.executable, cwd=str(root), env=env,
                                    args=["-m", "relay", "mcp", "--agent", agent, "--root", str(root)])
     async with stdio_client(params, errlog=errlog) as (read, write):
         async with ClientSession(read, write, **session) as client:
