@@ -229,3 +229,46 @@ def test_the_wire_says_written_only_for_a_reply_that_is_no_error():
     assert out.stderr.splitlines() == ["unanswered 5", "written 6", "unanswered 7"]
 
 
+
+
+def in_process(team, sent_by_alice):
+    """Bob's MCP server in this process (MCPServer.call_tool) after Alice sent `sent_by_alice`
+    bodies, delivered: (call, the ids sent)."""
+    from relay.agent import mcp_server
+    alice = team.agent("Alice")
+    sent = [alice.send("Bob", body) for body in sent_by_alice]
+    deliver(team)
+    server = mcp_server.build(team.agent("Bob"))
+
+    async def call(tool, **args):
+        return (await server.call_tool(tool, args)).structured_content
+    return call, sent
+
+
+def test_inbox_without_marking_read_lists_the_same_first_messages_and_counts_the_rest(team):
+    """inbox(mark_read=false) with a limit: the oldest `limit` messages, `more` counting exactly
+    those past them, and nothing taken: the next call lists the same ones."""
+    call, sent = in_process(team, [f"m{i}" for i in range(5)])
+
+    async def main():
+        for _ in range(2):
+            got = await call("inbox", limit=2, mark_read=False)
+            assert [m["id"] for m in got["messages"]] == sent[:2] and got["more"] == 3
+            assert [m["read"] for m in got["messages"]] == [False, False]
+        got = await call("inbox", limit=5)
+        assert [m["id"] for m in got["messages"]] == sent and got["more"] == 0
+    anyio.run(main)
+
+
+def test_read_marks_a_new_message_read_and_returns_a_read_one_as_it_is(team):
+    """read(id) of a new message returns it (`read` false: it was new) and marks it read, so
+    inbox no longer returns it; read(id) again returns it with `read` true."""
+    call, sent = in_process(team, ["first", "second"])
+
+    async def main():
+        got = await call("read", id=sent[0])
+        assert (got["id"], got["body"], got["read"]) == (sent[0], "first", False)
+        assert [m["id"] for m in (await call("inbox", mark_read=False))["messages"]] == sent[1:]
+        again = await call("read", id=sent[0])
+        assert (again["id"], again["body"], again["read"]) == (sent[0], "first", True)
+    anyio.run(main)
