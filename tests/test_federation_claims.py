@@ -268,6 +268,11 @@ def test_a_node_listing_case_variants_of_its_own_names_fails_no_other_nodes_heal
     lines = [r for r in caplog.records if r.name == "relay.federation.directory"]
     # Each of the three reads on each of the two nodes: at most CONFLICTS_SAID lines and one more.
     assert 0 < len(lines) <= 3 * 2 * (CONFLICTS_SAID + 1), len(lines)
+    # Two nodes each listing one case of a name nobody claimed: one name to a person, so neither
+    # is routed, and both are conflicts.
+    listing({"n3": ["Eve", "Yan"], "n4": ["YAN"]}, claim=False)
+    assert not {"Yan", "YAN"} & set(n2.relay.history.remote.agents())
+    assert {("Yan", "n3"), ("YAN", "n4")} <= set(n2.link.directory.conflicts)
 
 
 def test_a_node_rewriting_its_list_every_second_is_read_ever_more_rarely_and_an_honest_change_at_once(

@@ -2,6 +2,7 @@
 exclusive reservation, naming its holder. Tested with a real repository and real `git commit`s
 (the hook runs this installation's relay as a subprocess of git)."""
 import os
+import shlex
 import shutil
 import subprocess
 
@@ -150,11 +151,12 @@ def test_core_hooks_path_is_honoured(repo):
 
 
 def test_a_project_in_a_sub_directory_of_the_repository(tmp_path):
+    """The sub-directory's name has a space and a quote: the hook names it quoted for the shell."""
     from click.testing import CliRunner
 
     from relay.cli import main
     make_repo(tmp_path)
-    project = tmp_path / "app"
+    project = tmp_path / "my app's"
     project.mkdir()
 
     def relay_(*args):
@@ -165,7 +167,7 @@ def test_a_project_in_a_sub_directory_of_the_repository(tmp_path):
     relay_("guard", "install")
     stage(tmp_path, "src/outside.py")                       # the repository's, not the project's
     git(tmp_path, "commit", "-qm", "x", agent="Bob")
-    stage(tmp_path, "app/src/inside.py")
+    stage(tmp_path, "my app's/src/inside.py")
     refused = git(tmp_path, "commit", "-qm", "y", agent="Bob", check=False)
     assert refused.returncode != 0 and "src/inside.py" in refused.stderr
 
@@ -191,12 +193,12 @@ def test_a_hooks_path_outside_the_repository_is_refused_unless_the_operator_name
     (/tmp/elsewhere), `relay guard install` wrote a hook there. Refused, in one line naming where
     it points; `--hooks-path` naming that directory is the operator saying they mean it."""
     root = repo.root
-    elsewhere = tmp_path_factory.mktemp("tmp") / "elsewhere"
+    elsewhere = tmp_path_factory.mktemp("tmp") / "else where"
     git(root, "config", "core.hooksPath", str(elsewhere))
     for verb in (["install"], ["install", "--chain"], ["uninstall"]):
         refused = repo("guard", *verb, ok=False)
         assert refused.exit_code == 1 and len(refused.output.splitlines()) == 1, refused.output
-        assert str(elsewhere) in refused.output and "--hooks-path" in refused.output
+        assert str(elsewhere) in refused.output and f"--hooks-path '{elsewhere}'" in refused.output
         assert not elsewhere.exists()
     other = tmp_path_factory.mktemp("other")
     refused = repo("guard", "install", "--hooks-path", str(other), ok=False)
@@ -211,3 +213,17 @@ def test_a_hooks_path_outside_the_repository_is_refused_unless_the_operator_name
     refused = repo("guard", "install", ok=False)
     assert refused.exit_code == 1 and str(root.parent / "escape") in refused.output
     assert not (root.parent / "escape").exists()
+
+
+@pytest.mark.parametrize("char, refused", [("\ud7ff", False), ("\ud800", True), ("\udfff", True), ("\ue000", False)])
+def test_a_hook_refuses_only_a_project_path_holding_bytes_that_are_not_utf8(tmp_path, char, refused):
+    """A path's undecodable bytes come as lone surrogates (U+D800 to U+DFFF): the hook cannot
+    name it and says so; the characters just outside that range are text like any other."""
+    from relay.agent.guard import script
+    from relay.errors import RelayError
+    root = tmp_path / f"a{char}b"
+    if refused:
+        with pytest.raises(RelayError, match="holds a control character or bytes that are not UTF-8"):
+            script(root, root / ".relay")
+    else:
+        assert f"--root {shlex.quote(str(root))} " in script(root, root / ".relay")
