@@ -61,6 +61,9 @@ def test_json_format():
     assert m.to == ("Bob", "Carol") and m.body == "b" and m.headers == {"extra": {"a": 1}}
     assert m.format == "json"
     assert p('{"to": "Bob, Carol", "body": "x"}').to == ("Bob", "Carol")
+    assert p('{"to": [" Bob ", "", " Carol"], "body": "x"}').to == ("Bob", "Carol")
+    blank = p('{"to": "Bob", "max_retries": "  ", "content_type": " ", "request_id": " ", "priority": " ", "body": "x"}')
+    assert (blank.max_retries, blank.content_type, blank.request_id, blank.priority) == (None, "text/plain", None, "normal")
 
 
 @pytest.mark.parametrize("doc,reason", [
@@ -74,6 +77,74 @@ def test_json_format():
 def test_json_refusals(doc, reason):
     with pytest.raises(MessageRefused, match=reason):
         p(doc)
+
+
+def test_json_priority_and_ack_values_are_trimmed_and_read_in_any_case():
+    m = p('{"to": "Bob", "priority": " High ", "ack_required": " Required ", "body": "x"}')
+    assert (m.priority, m.ack_required) == ("high", True)
+    m = p('{"to": "Bob", "priority": "LOW", "ack_required": " no ", "body": "x"}')
+    assert (m.priority, m.ack_required) == ("low", False)
+
+
+@pytest.mark.parametrize("value, budget", [("000000000005", 5), ("0" * 40 + "5", 5), ("000", 0), ("999999999", 999_999_999),
+                                           ("1000000000", 999_999_999), ("0", 0), (" 7 ", 7)])
+def test_max_retries_is_read_as_a_number_and_held_to_the_largest_budget(value, budget):
+    assert p(f"TO: Bob\nMAX-RETRIES: {value}\n\nx").max_retries == budget
+    assert p(orjson.dumps({"to": "Bob", "max_retries": value, "body": "x"})).max_retries == budget
+
+
+def test_json_keys_are_read_in_any_case_and_their_values_trimmed():
+    mid = "01JAAAAAAAAAAAAAAAAAAAAAAA"
+    m = p(orjson.dumps({"To": "Bob", "SUBJECT": "s", "Content-Type": " text/markdown ", "ID": f" {mid.lower()} ",
+                        "Request-ID": " r-1 ", "Max-Retries": "2", "ACK": "YES", "body": "x"}))
+    assert (m.to, m.subject, m.content_type, m.id, m.request_id, m.max_retries, m.ack_required) == (
+        ("Bob",), "s", "text/markdown", mid, "r-1", 2, True)
+    m = p(f"TO: Bob\nACK: Required\nPRIORITY: URGENT\nID: {mid.lower()}\n\nx")
+    assert (m.ack_required, m.priority, m.id) == (True, "urgent", mid)
+
+
+@pytest.mark.parametrize("nested, ok", [(63, True), (64, False)])
+def test_json_nested_up_to_sixty_four_levels_is_read(nested, ok):
+    doc = '{"to": "Bob", "body": "x", "deep": ' + "[" * nested + "]" * nested + "}"      # the object is one level
+    if ok:
+        assert p(doc).headers["deep"] is not None
+    else:
+        with pytest.raises(MessageRefused, match="nested deeper than 64 levels"):
+            p(doc)
+
+
+@pytest.mark.parametrize("length, ok", [(255, True), (256, False)])
+def test_a_content_type_of_up_to_255_characters_is_taken(length, ok):
+    value = "text/plain; x=" + "a" * (length - len("text/plain; x="))
+    if ok:
+        assert p(f"TO: Bob\nCONTENT-TYPE: {value}\n\nx").content_type == value
+    else:
+        with pytest.raises(MessageRefused, match="at most 255 characters"):
+            p(f"TO: Bob\nCONTENT-TYPE: {value}\n\nx")
+
+
+@pytest.mark.parametrize("value, ok", [("a b~c", True), ("a\x1fb", False), ("a\x7fb", False), ("r" * 200, True),
+                                       ("r" * 201, False)])
+def test_a_request_id_is_up_to_200_printable_characters(value, ok):
+    doc = orjson.dumps({"to": "Bob", "request_id": value, "body": "x"})
+    if ok:
+        assert p(doc).request_id == value
+    else:
+        with pytest.raises(MessageRefused, match="the request id .* is unfit"):
+            p(doc)
+
+
+@pytest.mark.parametrize("count, listed", [(5, "'-0', '-1', '-2', '-3', '-4':"),
+                                           (6, "'-0', '-1', '-2', '-3', '-4' ...:")])
+def test_invalid_recipient_names_are_listed_five_at_most(count, listed):
+    with pytest.raises(MessageRefused) as e:
+        p(orjson.dumps({"to": [f"-{i}" for i in range(count)], "body": "x"}))
+    assert f"invalid recipient name {listed} agent names match" in str(e.value)
+
+
+def test_a_file_that_opens_with_a_blank_line_has_no_headers():
+    with pytest.raises(MessageRefused, match="no recipient"):
+        p("\nTO: Bob\n\nx", name="note")
 
 
 def test_empty_file_refused():
@@ -97,6 +168,29 @@ def test_body_over_limit_refused():
 def test_megabyte_header_line_refused():
     with pytest.raises(MessageRefused, match="header line 1 is"):
         p("TO: " + "B" * 2_000_000 + "\n\nx")
+
+
+@pytest.mark.parametrize("length, ok", [(64 * 1024, True), (64 * 1024 + 1, False)])
+def test_a_header_line_of_up_to_64_kib_is_read(length, ok):
+    line = "X-Pad: " + "p" * (length - len("X-Pad: "))
+    if ok:
+        assert p(f"TO: Bob\n{line}\n\nx").headers["X-Pad"] == "p" * (length - len("X-Pad: "))
+    else:
+        with pytest.raises(MessageRefused, match=f"header line 2 is {length} characters long"):
+            p(f"TO: Bob\n{line}\n\nx")
+
+
+@pytest.mark.parametrize("extra, ok", [(0, True), (1, False)])
+def test_headers_of_up_to_256_kib_are_read(extra, ok):
+    lines = ["TO: Bob\n"] + [f"X-Pad{i}: " + "p" * (65536 - 10) + "\n" for i in range(3)]
+    rest = 256 * 1024 - sum(map(len, lines)) + extra          # the blank line starts at 256 KiB (+ extra)
+    text = "".join(lines) + "X-Pad3: " + "p" * (rest - 9) + "\n" + "\nbody"
+    assert text.index("\n\nbody") + 1 == 256 * 1024 + extra
+    if ok:
+        assert p(text).body == "body"
+    else:
+        with pytest.raises(MessageRefused, match="the headers are longer than 262144 bytes"):
+            p(text)
 
 
 def test_line_that_is_not_a_header_refused():
@@ -134,6 +228,30 @@ def test_resolve_system_and_unknown():
     with pytest.raises(MessageRefused, match="unknown recipient Zed; known agents: Ann, Bob"):
         resolve(p("TO: Bob, Zed\n\nx"), "Ann", {"Ann", "Bob"})
     assert resolve(p("TO: Bob, Zed\n\nx"), "Ann", {"Ann", "Bob"}, create_unknown=True) == (["Bob", "Zed"], ["Zed"])
+
+
+@pytest.mark.parametrize("count, shown", [(10, "U0, U1, U2, U3, U4, U5, U6, U7, U8, U9;"),
+                                          (11, "U0, U1, U2, U3, U4, U5, U6, U7, U8, U9 and 1 more;")])
+def test_an_unknown_recipient_error_names_ten_and_counts_the_rest(count, shown):
+    names = ", ".join(f"U{i}" for i in range(count))
+    with pytest.raises(MessageRefused) as e:
+        resolve(p(f"TO: {names}\n\nx"), "Ann", {"Ann"})
+    assert f"unknown recipient {shown} known agents: Ann" in str(e.value)
+
+
+@pytest.mark.parametrize("known, listed", [(30, ", ".join(f"A{i:02d}" for i in range(30)) + r"\Z"),
+                                           (31, ", ".join(f"A{i:02d}" for i in range(30)) + r" \.\.\. \(31 in all\)\Z")])
+def test_an_unknown_recipient_error_lists_thirty_known_agents_and_counts_the_rest(known, listed):
+    with pytest.raises(MessageRefused, match="known agents: " + listed):
+        resolve(p("TO: Zed\n\nx"), "A00", {f"A{i:02d}" for i in range(known)})
+
+
+@pytest.mark.parametrize("known, hint", [(10_000, True), (10_001, False)])
+def test_an_unknown_recipient_gets_a_did_you_mean_among_up_to_ten_thousand_agents(known, hint):
+    agents = {"Zoe"} | {f"a{i}" for i in range(known - 1)}
+    with pytest.raises(MessageRefused) as e:
+        resolve(p("TO: zoe\n\nx"), "a0", agents)
+    assert ("did you mean Zoe?" in str(e.value)) is hint
 
 
 def test_broadcast_with_nobody_else_refused():

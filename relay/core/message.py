@@ -306,6 +306,7 @@ def retry_budget(value):
     digits = value.strip()
     if not digits.isascii() or not digits.isdigit():        # int() would take '1_0', ' 3' and other scripts' digits
         raise MessageRefused(f"MAX-RETRIES {value[:30]!r} is not a whole number from 0 up")
+    digits = digits.lstrip("0") or "0"                      # 0005 is 5, however many zeros lead
     return min(int(digits[:12]) if len(digits) <= 12 else MAX_BUDGET, MAX_BUDGET)   # more counts as the configured
 
 
