@@ -357,6 +357,12 @@ def test_an_agent_with_no_others_and_a_long_team():
     assert "`a1`, `a10`" in many and "and 59 more (when this was written" in many
 
 
+def test_the_mcp_line_names_a_root_with_a_space_and_a_quote_quoted_for_the_shell():
+    text = adopt.render(["bob"], TEAM, root="/abs/my project's")
+    [line] = [ln for ln in text.splitlines() if "claude mcp add relay-bob" in ln]
+    assert line.endswith(" --root '/abs/my project'\"'\"'s'")
+
+
 def test_the_snippet_is_the_template_rendered_for_a_placeholder_agent():
     assert SNIPPET.read_text(encoding="utf-8") == adopt.snippet(), (
         "contrib/AGENT_SNIPPET.md differs from the template: python -m relay.agent.adopt > contrib/AGENT_SNIPPET.md")

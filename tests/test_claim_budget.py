@@ -114,6 +114,34 @@ def test_retry_through_the_cli_brings_it_back(project, cli):
     assert len(project.inbox("Ben")) == 1
 
 
+def test_recovery_resets_and_quarantines_only_rows_still_processing(project, clock):
+    """Recovery's rows were read before its transaction: one that left processing since (an
+    operator's command, another relay) is left as it is."""
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.drain()
+    [before] = relay.history.audit()
+    assert before["status"] == "archived"
+    relay.ledger.messages.reset([(before["id"], True)], clock.now)
+    relay.ledger.messages.reset([], clock.now, stopped=[(before["id"], "stopped", f"failed/Ann/{before['id']}--m")])
+    after = relay.history.get(before["id"])
+    assert {k: after[k] for k in ("status", "retries", "interrupted", "archive_path", "error")} == \
+        {k: before[k] for k in ("status", "retries", "interrupted", "archive_path", "error")}
+
+
+def test_requeue_brings_back_only_failed_messages(project, clock):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    project.drop("Ann", "bad", "TO: Nobody\n\nx")
+    relay.drain()
+    rows = {r["name"]: r for r in relay.history.audit()}
+    assert (rows["m"]["status"], rows["bad"]["status"]) == ("archived", "failed")
+    done = relay.ledger.operations.requeue([rows["m"]["id"], rows["bad"]["id"]], clock.now, "operator")
+    assert done == [rows["bad"]["id"]]
+    assert relay.history.get(rows["m"]["id"])["status"] == "archived"
+    assert relay.history.get(rows["bad"]["id"])["status"] == "pending"
+
+
 def test_killed_while_recovery_quarantines_it(project):
     """A kill -9 after recovery moved the file to failed/ but before the ledger said so: the next
     recovery finds it there, decides the same, and records it once."""

@@ -86,6 +86,8 @@ def test_each_message_is_given_to_a_session_once(mail):
     first = mail.send("Alice", "Bob", "body one", subject="one")
     text = context(hook(mail, "UserPromptSubmit"), "UserPromptSubmit")
     assert first in text and "body one" in text
+    assert text.startswith("relay: 1 new message for Bob (from other agents;")
+    assert not any(line.startswith("and ") for line in text.splitlines())      # none left to count
     assert hook(mail, "UserPromptSubmit") is None and hook(mail, "PostToolUse") is None
     second = mail.send("Carol", "Bob", "body two", subject="two")
     text = context(hook(mail, "PostToolUse"), "PostToolUse")
@@ -98,9 +100,24 @@ def test_bodies_are_bounded_and_the_rest_named_by_id_and_subject(mail):
     ids = [mail.send("Alice", "Bob", str(i) * 3000, subject=f"part {i}") for i in range(3)]
     text = context(hook(mail, "UserPromptSubmit"), "UserPromptSubmit")
     assert sum(line.count(str(i)) for i in range(3) for line in text.splitlines()
-               if line.startswith("    ") and set(line.strip()) == {str(i)}) == claude_hooks.BODY_BUDGET
+               if line.startswith("    ") and set(line.strip()) == {str(i)}) == claude_hooks.BODY_BUDGET == 4096
     assert all(f"{mid} from Alice: part {i}" in text for i, mid in enumerate(ids))
-    assert f"read {ids[2]} --agent Bob" in text and f"read {ids[1]} --agent Bob" in text
+    assert text.startswith("relay: 3 new messages for Bob (")
+    # 3,000 characters of the first, 1,096 of the second, the rest of it counted, the third named only
+    said = [line.strip() for line in text.splitlines() if line.startswith("    [")]
+    assert [line.split(":")[0] for line in said] == ["[... 1904 more characters", "[body not shown"]
+    assert said[0].endswith(f" read {ids[1]} --agent Bob]") and said[1].endswith(f" read {ids[2]} --agent Bob]")
+
+
+def test_a_context_names_20_messages_at_most_and_counts_the_others(mail):
+    """... each by a subject of 200 characters at most."""
+    ids = [mail.send("Alice", "Bob", f"body {i}", subject=f"s{i}" if i else "S" * 201) for i in range(21)]
+    text = context(hook(mail, "UserPromptSubmit"), "UserPromptSubmit")
+    assert f"{ids[0]} from Alice: {'S' * 200}\n" in text
+    assert text.startswith("relay: 20 new messages for Bob (")
+    assert sum(mid in text for mid in ids) == 20
+    [more] = [line for line in text.splitlines() if line.startswith("and ")]
+    assert more.startswith("and 1 more: ") and more.endswith(" inbox Bob")
 
 
 def test_a_bodys_terminal_escapes_and_bidi_controls_reach_the_context_as_visible_escapes(mail):
@@ -120,6 +137,7 @@ def test_a_stop_is_blocked_while_unseen_mail_waits_and_never_twice_for_it(mail):
     mid = mail.send("Alice", "Bob", "please review", subject="review")
     reason = hook(mail, "Stop")["reason"]
     assert f"{mid} from Alice: review" in reason
+    assert reason.startswith("relay: Bob has 1 message waiting; deal with it before you stop:")
     assert hook(mail, "Stop", stop_hook_active=True) is None
     assert hook(mail, "Stop") is None                   # the same mail never blocks this session again
 

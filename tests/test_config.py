@@ -30,6 +30,40 @@ def test_durations_and_sizes():
         config_mod.parse_duration("soon")
 
 
+@pytest.mark.parametrize("value, size", [("1", 1), ("1B", 1), (1, 1), ("2KiB", 2048), ("1k", 1000)])
+def test_the_smallest_size_is_one_byte(value, size):
+    assert config_mod.parse_size(value) == size
+
+
+@pytest.mark.parametrize("value", ["0", "0KiB", 0, -1, "1.5MiB", "1 parsec"])
+def test_a_size_that_is_no_positive_whole_number_of_bytes_is_refused(value):
+    with pytest.raises(ValueError):
+        config_mod.parse_size(value)
+
+
+@pytest.mark.parametrize("value, seconds", [(0, 0), (0.0, 0), ("0", 0), ("250ms", 0.25)])
+def test_a_duration_from_zero_up_is_taken(value, seconds):
+    assert config_mod.parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value, why", [(-0.5, "is negative"), (-1, "is negative"), (0.5, "has no unit"),
+                                        ("3", "has no unit"), ("soon", "not a duration")])
+def test_a_negative_duration_or_a_bare_number_is_refused(value, why):
+    with pytest.raises(ValueError, match=why):
+        config_mod.parse_duration(value)
+
+
+@pytest.mark.parametrize("word, on", [(" Yes ", True), ("ON", True), ("1", True), (" No", False), ("FALSE", False)])
+def test_a_switch_from_the_environment_is_read_in_any_case_and_trimmed(tmp_path, word, on):
+    cfg = config_mod.load(tmp_path, env={"RELAY_BOUNCES": word})
+    assert cfg.bounces is on
+
+
+def test_an_on_deliver_of_blanks_is_none(tmp_path):
+    assert config_mod.load(tmp_path, env={}, overrides={"on_deliver": "  "}).on_deliver is None
+    assert config_mod.load(tmp_path, env={}, overrides={"on_deliver": " true "}).on_deliver == " true "
+
+
 def test_defaults(tmp_path):
     cfg = config_mod.load(tmp_path, env={})
     assert cfg.state_dir == tmp_path / ".relay"

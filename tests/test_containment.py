@@ -464,3 +464,15 @@ def test_patience_is_for_run_once(cli):
     assert r.exit_code == 2 and "--patience is for --once" in r.output
     r = cli("run", "--once", "--patience", "soon", ok=False)
     assert r.exit_code == 2 and "--patience" in r.output
+
+
+@pytest.mark.parametrize("rel, ok", [("archive/2026-01-01/Ann/x", True), ("failed/Ann", True), ("archive", False),
+                                     ("spool/Ann/x", False), ("archive/../x", False)])
+def test_a_stored_path_is_taken_only_under_the_directories_named(rel, ok):
+    from relay.core.archive import check_rel
+    from relay.files.fs import Unsafe
+    if ok:
+        assert check_rel(rel, "archive", "failed") == rel
+    else:
+        with pytest.raises(Unsafe):
+            check_rel(rel, "archive", "failed")

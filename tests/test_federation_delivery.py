@@ -748,7 +748,7 @@ def test_a_receiver_reading_its_streams_from_the_start_again_delivers_nothing_tw
 def test_an_entry_at_the_receivers_limits_is_delivered_and_one_past_them_is_refused(redis_server, team, nodes, clock):
     """The receiving node's own limits, each at its edge: a body of exactly its max_body_bytes
     (counted in bytes, not characters) and exactly 10,000 recipients are delivered; one byte or
-    one recipient more is refused with the reason."""
+    one recipient more (513 two-byte characters too) is refused with the reason."""
     n1 = nodes(redis_server.url, team, "n1", ["Ann"])
     n2 = nodes(redis_server.url, team, "n2", ["Bob"], extra='max_body_bytes = "1KiB"')
     for n in (n1, n2):
@@ -757,14 +757,16 @@ def test_an_entry_at_the_receivers_limits_is_delivered_and_one_past_them_is_refu
     r = client(redis_server.url)
     for fields in (entry(envelope(clock, body="x" * 1024)), entry(envelope(clock, body="\u00e9" * 512)),
                    entry(envelope(clock, body="crowd"), to=crowd),
-                   entry(envelope(clock, body="x" * 1025)), entry(envelope(clock, body="crowd+1"), to=crowd + ["a9999"])):
+                   entry(envelope(clock, body="x" * 1025)), entry(envelope(clock, body="crowd+1"), to=crowd + ["a9999"]),
+                   entry(envelope(clock, body="\u00e9" * 513))):
         r.xadd(n1.stream("n2"), fields)
-    assert sum(iter(n2.receive, 0)) == 5
+    assert sum(iter(n2.receive, 0)) == 6
     assert sorted(e["body"] for e in n2.held("Bob")) == ["crowd", "x" * 1024, "\u00e9" * 512]
     errors = sorted(row["error"] for row in n2.relay.history.audit(status="failed"))
-    assert len(errors) == 2
+    assert len(errors) == 3
     assert "the body is 1025 bytes, over this node's max_body_bytes (1024)" in errors[0]
-    assert "the recipients are not a list of agent names" in errors[1]
+    assert "the body is 1026 bytes, over this node's max_body_bytes (1024)" in errors[1]
+    assert "the recipients are not a list of agent names" in errors[2]
 
 
 def test_malformed_entries_are_recorded_refused_to_their_node_and_never_write_outside(
@@ -778,7 +780,8 @@ def test_malformed_entries_are_recorded_refused_to_their_node_and_never_write_ou
     good = envelope(clock)
     outside = tmp_path / "outside"
     old = envelope(clock, id=IdGenerator().new(clock.now - 31 * 86400))
-    bad = [entry(good, v="1"), entry(good, v=None), entry(good, id="../../../outside/x"), entry(b"{not json"),
+    bad = [entry(good, v="1"), entry(good, v=None), entry(good, v="2\x1b[2J"), entry(good, id="../../../outside/x"),
+           entry(b"{not json"),
            entry(good, to=["../../outside"]), entry(good, to=["Zed"]), entry(good, to=["System"]),
            entry({**good, "body": "x" * 2000}), entry({**good, "id": envelope(clock)["id"]}, id=good["id"]),
            entry({**good, "from": "../Ann"}), entry({**good, "sha256": "zz"}),
@@ -800,7 +803,8 @@ def test_malformed_entries_are_recorded_refused_to_their_node_and_never_write_ou
     rows = orjson.loads(cli("--root", str(n2.root), "audit", "--status", "failed", "--json").output)
     assert len(rows) == len(bad) and all(r["node"] == "n1" and r["error"] for r in rows)
     reasons = " | ".join(r["error"] for r in rows)
-    assert reasons.count("not a relay entry of version 2") == 3        # v=1, no v, junk
+    assert reasons.count("not a relay entry of version 2") == 4        # v=1, no v, a control, junk
+    assert "(v=2\\x1b[2J)" in reasons                                  # the version as an escape
     for why in ("not a relay message id", "not JSON",
                 "not a list of agent names", "none of Zed is an agent of node n2", "none of System is an agent",
                 "over this node's max_body_bytes", "the entry's message id", "is not an agent name", "no sha256",

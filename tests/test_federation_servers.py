@@ -126,6 +126,16 @@ def test_sentinel_follows_the_master_through_a_failover_and_loses_nothing(tmp_pa
         master.stop()
 
 
+def test_a_sentinel_urls_user_and_password_are_read_percent_decoded(tmp_path):
+    """As in a redis:// URL: `%40` in the user or password is an `@`, `%3A` a `:` (the client is
+    made without a connection: no server is asked)."""
+    cfg = config_mod.load(tmp_path, ".relay", env={
+        "RELAY_FEDERATION_URL": "redis+sentinel://us%40er:p%40ss%3Aw@127.0.0.1:1/mymaster",
+        "RELAY_FEDERATION_TEAM": "t", "RELAY_FEDERATION_NODE": "n1"})
+    kwargs = connect(cfg.federation).connection_pool.connection_kwargs
+    assert (kwargs["username"], kwargs["password"]) == ("us@er", "p@ss:w")
+
+
 @pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed (Debian's redis-tools; "
                     ".ci/run installs it)")
 @pytest.mark.timeout_s(90)

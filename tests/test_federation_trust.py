@@ -350,10 +350,16 @@ def test_an_entry_of_a_hundred_thousand_empty_fields_is_refused_from_its_count_u
     fields = {"v": "2", "id": wide, "to": '["Bob"]', "env": envelope(wide, "Ann", ["Bob"])}
     fields.update((f"f{i}", "") for i in range(100_000))
     as_node(server, team, "n1").xadd(keys.messages("n1", "n2"), fields)
+    for extra in (12, 13):                  # 16 fields in all, read; 17, refused unread
+        mid = n1.relay.ids.new(clock())
+        edge = {"v": "2", "id": mid, "to": '["Bob"]', "env": envelope(mid, "Ann", ["Bob"], body=f"{4 + extra} fields")}
+        edge.update((f"f{i}", "") for i in range(extra))
+        as_node(server, team, "n1").xadd(keys.messages("n1", "n2"), edge)
     n1.drop("Ann", "m", "TO: Bob\n\nbehind the wide one")
     exchange(n1, n2)
-    assert bodies(n2, "Bob") == ["behind the wide one"]
+    assert sorted(bodies(n2, "Bob")) == ["16 fields", "behind the wide one"]
     assert any("an entry of 100004 fields announced, over the 16" in w for w in refusals(n2)), refusals(n2)
+    assert any("an entry of 17 fields announced, over the 16" in w for w in refusals(n2)), refusals(n2)
 
 
 def test_a_stream_with_entries_too_wide_to_read_is_read_entry_by_entry_so_the_server_builds_each_once(
@@ -443,6 +449,7 @@ def test_a_source_with_path_characters_is_shown_escaped_and_audited(server, team
     out = cli("--root", str(n2.root), "audit", "--json").output
     audit = orjson.loads(out)
     assert [r["id"] for r in audit] == [mid]
+    assert audit[0]["source_path"] == "n1:outbox/Ann/.._.._evil\\x1b[31m"       # stored escaped, no `/`
     assert "\x1b" not in cli("--root", str(n2.root), "audit").output
     assert not (n2.root.parent / "evil").exists()
 

@@ -210,6 +210,26 @@ def test_windows_are_seeded_from_the_ledger_at_start(project, clock):
     assert sheds(again, c) == [("Ben", "per_pair_rate", 2, 3, "Ann")]
 
 
+def dated(path, when):
+    os.utime(path, (when, when))
+    return path
+
+
+def test_windows_seeded_at_start_count_a_message_when_it_was_written(project, clock):
+    """A message written two hours ago and delivered just now counts, after a restart as before
+    it, at the time it was written: outside a window of an hour."""
+    relay = project.relay(pair_rate=1, pair_window="1h")
+    dated(project.drop("Ann", "old", "TO: Ben\n\nold"), clock.now - 7200)
+    relay.drain()
+    relay.close()
+    project.relays.remove(relay)
+    again = project.relay(pair_rate=1, pair_window="1h")
+    project.drop("Ann", "new", "TO: Ben\n\nnew")
+    again.drain()
+    assert sorted(e["body"] for e in project.inbox("Ben")) == ["new", "old"]
+    assert ids(again, "failed") == []
+
+
 @pytest.mark.parametrize("off", [{"pair_rate": 0}, {"pair_window": "0s"}])
 def test_zero_turns_a_limit_off(project, off):
     relay = project.relay(queue_limit=0, **off)
@@ -457,6 +477,13 @@ def test_the_reason_names_whom_a_message_was_shed_for():
         "shed for every recipient: Ben (per_pair_rate: over); Cy (queue_limit: full)")
 
 
+@pytest.mark.parametrize("value, shown", [(59, "59s"), (60, "1m"), (90, "90s"), (600, "10m"), (3600, "1h"),
+                                          (5400, "90m"), (86400, "1d"), (0.5, "0.5s")])
+def test_a_window_in_a_shed_reason_is_shown_in_its_largest_whole_unit(value, shown):
+    from relay.core.flow import seconds
+    assert seconds(value) == shown
+
+
 def test_a_looping_sender_of_large_shed_messages_grows_the_ledger_by_a_bounded_amount(project, clock, cli):
     """190 shed messages of 64 KiB from one sender (per_pair_rate): each keeps its subject,
     headers, size and hash, the first KiB of its body while the sender has had fewer than
@@ -542,3 +569,13 @@ def test_a_shed_record_keeps_headers_up_to_their_bound():
     assert len(json.dumps(kept, separators=(",", ":"))) <= KEEP_HEADER_BYTES
     assert list(kept) == ["X-0", "X-1", "X-2", "X-3"] and all(v == "v" * KEEP_VALUE_CHARS for v in kept.values())
     assert head("é" * 600, 1023) == "é" * 511 and head("short", 1024) == "short"
+
+
+def test_a_shed_records_headers_at_their_bound_exactly():
+    """Headers of KEEP_HEADER_BYTES are kept as they are; past it, a header whose JSON fills the
+    room left exactly is kept, and what no longer fits is left out."""
+    from relay.ledger.shed_keep import KEEP_HEADER_BYTES, headers_kept
+    whole = '{"X":"' + "v" * (KEEP_HEADER_BYTES - 8) + '"}'
+    assert len(whole) == KEEP_HEADER_BYTES and headers_kept(whole) == whole
+    name = "X" * (KEEP_HEADER_BYTES - 2 - len('{"":""}'))           # {name: ""} fills the room ({} aside)
+    assert json.loads(headers_kept(json.dumps({name: "", "Y": "y"}))) == {name: ""}

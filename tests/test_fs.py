@@ -138,6 +138,41 @@ def test_put_syncs_the_file_renames_it_into_place_then_syncs_the_directory(tmp_p
     assert (tmp_path / "d" / "f").read_bytes() == b"whole"
 
 
+def test_replace_file_syncs_the_file_renames_it_over_the_name_then_syncs_the_directory(tmp_path):
+    import stat
+    from relay.files.fs import replace_file
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(b"old")
+    seen = []
+
+    def recording(fd):
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        seen.append((kind, sorted((p.name.split(".")[1] if p.name.startswith(".") else p.name, p.read_bytes())
+                                  for p in (tmp_path / "d").iterdir())))
+    replace_file(tmp_path / "d" / "f", b"new", fsync=recording)
+    assert seen == [("file", [("f", b"new"), ("f", b"old")]),      # the temporary beside the old file
+                    ("dir", [("f", b"new")])]
+
+
+@pytest.mark.parametrize("size", [1 << 20, (1 << 20) + 1])
+def test_a_read_with_a_limit_reads_past_it_when_the_file_is_larger(tmp_path, size):
+    """What a bounded read returns tells its caller whether the file was over the limit."""
+    (tmp_path / "f").write_bytes(b"x" * size)
+    fs = StateDir(tmp_path)
+    try:
+        assert len(fs.read("f", limit=1 << 20)) == size
+    finally:
+        fs.close()
+
+
+@pytest.mark.parametrize("name, why", [("a b.txt", None), ("a~b", None), ("a\xa0b", None), ("a\x1fb", "control"),
+                                       ("a\x7fb", "control"), ("a\x9fb", "control"), ("a\udcffb", "not valid UTF-8")])
+def test_a_message_name_is_refused_for_control_characters_and_bytes_not_utf8_only(name, why):
+    from relay.files.fs import bad_name
+    reason = bad_name(name)
+    assert reason is None if why is None else why in reason
+
+
 def test_a_long_name_fits_after_its_id_and_before_the_error_sidecars_suffix():
     """fit() cuts a name so that `<id>--<name>.error.json` (a failed message's report) is a
     file name the file system takes (255 bytes), in UTF-8, and cuts no character in two."""

@@ -290,3 +290,12 @@ def test_relays_own_kinds_are_compared_after_nfkc_and_case_folding():
     assert [names.system_kind(k) for k in looks] == ["bounce", "bounce", "bounce", "ping", "bounce",
                                                     "reservation-refused"]
     assert [names.system_kind(k) for k in ("bounced", "pong", "message")] == [None] * 3
+
+
+def test_a_recipient_list_is_checked_name_by_name_with_blanks_around_the_commas():
+    from relay.arguments import recipient_names
+    from relay.errors import InvalidName
+    assert recipient_names(" Ben , Cy,*, System ") == " Ben , Cy,*, System "
+    for bad in (" , ", "Ben, system", "Ben, -x"):
+        with pytest.raises(InvalidName):
+            recipient_names(bad)

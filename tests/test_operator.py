@@ -253,7 +253,9 @@ def test_doctor_clean_then_reports_problems(relayed):
     cli = relayed
     assert "doctor: no problems" in cli("doctor").output
     (cli.state / "archive" / "stray").write_text("x")
+    (cli.state / "archive" / "two\nlines").write_text("x")
     (cli.state / "outbox" / "bad name").mkdir()
+    (cli.state / "outbox" / "bad\nname").mkdir()
     led = db(cli)
     led.execute("UPDATE messages SET status = 'processing' WHERE id = (SELECT min(id) FROM messages)")
     led.close()
@@ -261,6 +263,9 @@ def test_doctor_clean_then_reports_problems(relayed):
     assert r.exit_code == 1
     assert "archive/stray: a file no ledger record knows" in r.output
     assert "outbox/bad name: invalid agent name" in r.output
+    # A name with a newline stays on its problem's one line, the newline shown as an escape.
+    assert "archive/two\\x0alines: a file no ledger record knows" in r.output
+    assert "outbox/bad\\x0aname: invalid agent name" in r.output
     assert "left processing by a stopped relay" in r.output
     doc = json.loads(cli("doctor", "--json", ok=False).output)
     assert doc["ok"] is False and doc["migrations"][0]["checksum_ok"] is True

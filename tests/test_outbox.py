@@ -5,6 +5,8 @@ is deferred, looked at less and less often, and named by run --once when its pat
 import contextlib
 import os
 
+import pytest
+
 from relay.core.outbox import HEADER_ALLOWANCE
 
 
@@ -31,6 +33,21 @@ def test_a_file_dated_in_the_future_waits_for_settle_by_relays_clock(project, cl
     assert relay.step(clock.advance(0.5)).registered == 0
     assert relay.step(clock.advance(1.0)).archived == 1
     assert [e["body"] for e in project.inbox("Ben")] == ["later more"]
+
+
+@pytest.mark.parametrize("settle, dated, wait", [("1s", -1.0, 0), ("1s", -0.5, 0.5), ("250ms", 0.5, 0.25)])
+def test_a_file_is_taken_once_settle_has_passed_by_relays_clock(project, clock, settle, dated, wait):
+    """A file dated a whole settle ago is settled; one dated half of it ago waits for the other
+    half; one dated ahead of relay's clock waits one settle from when relay first saw it."""
+    relay = project.relay(settle=settle)
+    clock.now = float(int(clock.now))           # whole seconds: the file's time is kept exactly
+    path = project.drop("Ann", "m", "TO: Ben\n\nx", in_place=True)
+    os.utime(path, (clock.now + dated, clock.now + dated))
+    if wait:
+        assert relay.step(clock.now).registered == 0
+        assert relay.step(clock.advance(wait / 2)).registered == 0
+        clock.advance(wait / 2)
+    assert relay.step(clock.now).registered == 1
 
 
 def test_a_held_open_file_is_found_busy_before_any_claim(project):
@@ -80,6 +97,33 @@ def test_a_file_over_the_cap_is_refused_by_its_size_before_it_is_read(project):
     relay.drain()
     [row] = relay.history.audit(sender="Ann")      # (its bounce to Ann aside)
     assert row["status"] == "failed" and "bytes, over max_body_bytes (1000) plus room for headers" in row["error"]
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o664], ids=["plain", "group-writable"])  # read in the outbox, or in the spool
+def test_a_file_of_exactly_the_cap_is_read_and_delivered(project, mode):
+    """max_body_bytes of body after headers that fill HEADER_ALLOWANCE: the largest file taken."""
+    relay = project.relay(max_body_bytes=1000)
+    lines = [b"TO: Ben\n"] + [b"X-Pad: " + b"p" * (65534 - 8) + b"\n"] * 3
+    pad = HEADER_ALLOWANCE - 1 - sum(map(len, lines))           # the blank line ends the headers
+    data = b"".join(lines) + b"X-Pad: " + b"p" * (pad - 8) + b"\n\n" + b"b" * 1000
+    assert len(data) == 1000 + HEADER_ALLOWANCE
+    project.drop("Ann", "m", data).chmod(mode)
+    relay.drain()
+    [row] = relay.history.audit(sender="Ann")
+    assert row["status"] == "archived", row["error"]
+    assert [len(e["body"]) for e in project.inbox("Ben")] == [1000]
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o664], ids=["plain", "group-writable"])
+def test_a_file_with_one_link_is_archived_by_rename_and_keeps_its_inode(project, mode):
+    relay = project.relay()
+    path = project.drop("Ann", "m", "TO: Ben\n\nx")
+    path.chmod(mode)
+    inode = path.stat().st_ino
+    relay.drain()
+    [archived] = project.files("archive")
+    assert archived.stat().st_ino == inode and archived.read_text() == "TO: Ben\n\nx"
+    assert archived.stat().st_mode & 0o777 == 0o644             # made writable by its owner alone
 
 
 @contextlib.contextmanager

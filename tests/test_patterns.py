@@ -168,6 +168,17 @@ def test_overlap_of_long_patterns_is_decided_without_recursion(other, meet):
     assert overlap(LONG, other) is meet and overlap(other, LONG) is meet
 
 
+@pytest.mark.parametrize("c, ok", [("\ud7ff", True), ("\ud800", False), ("\udfff", False), ("\ue000", True)])
+def test_a_path_holding_a_lone_surrogate_is_refused_and_its_neighbours_are_not(tmp_path, c, ok):
+    """A lone surrogate stands for bytes that are not UTF-8 (os.fsdecode's escapes); the code
+    points either side of the surrogates are characters like any other."""
+    if ok:
+        assert normalise(f"src/a{c}b", tmp_path) == f"src/a{c}b"
+    else:
+        with pytest.raises(RelayError, match="bytes that are not UTF-8"):
+            normalise(f"src/a{c}b", tmp_path)
+
+
 def test_overlap_of_patterns_of_many_segments():
     deep = "a/" * 499 + "a"                                         # 500 segments, 999 characters
     assert overlap("/".join(["**", "a"] * 200), deep)               # a glob of 400 segments, ending in a

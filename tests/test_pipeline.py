@@ -550,3 +550,11 @@ def test_each_lifecycle_event_keeps_its_own_instant(project):
     assert (row["delivered_at"], row["archived_at"]) == (at["delivered"], at["archived"])
     assert {d["delivered_at"] for d in relay.history.deliveries(row["id"])} == {at["delivered"]}
     assert operator.verify(relay.history, relay.layout) == (1, [])      # the chain covers those times
+
+
+def test_the_deliveries_of_a_message_are_listed_by_recipient(project):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Cy, Ben\n\nx")
+    relay.drain()
+    [row] = relay.history.audit()
+    assert [d["recipient"] for d in relay.history.deliveries(row["id"])] == ["Ben", "Cy"]

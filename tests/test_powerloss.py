@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -313,6 +314,22 @@ def test_file_mode_syncs_the_custody_rename_before_the_move_that_depends_on_it(p
     assert {"outbox/Ann", "spool/Ann"} <= synced, events
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names descriptors through /proc")
+def test_the_private_copy_of_a_hard_linked_file_is_synced_before_it_is_renamed_into_the_spool(project, tmp_path):
+    """A file with another hard link is delivered from a private copy relay writes in the spool:
+    its bytes are synced before the rename that gives it the message's name there, or a power
+    cut could leave the spool holding an empty file under a name the ledger trusts."""
+    relay, events = recording_relay(project)
+    path = project.drop("Ann", "m", "TO: Ben\n\nlinked")
+    os.link(path, tmp_path / "elsewhere")
+    relay.step()
+    mid = relay.history.audit().fetchone()["id"]
+    copy = f"spool/Ann/.copy-{mid}"
+    renamed = next(i for i, e in enumerate(events) if e[0] == "rename" and e[1] == copy)
+    assert ("fsync", copy) in events[:renamed], events
+    assert [e["body"] for e in project.inbox("Ben")] == ["linked"]
+
+
 @pytest.mark.parametrize("where, ordered", [("the test directory", None), ("/dev/shm", False)])
 def test_a_flush_of_three_directories_is_made_by_fsyncs_only_where_one_fsync_orders_them_all(
         tmp_path, where, ordered):
@@ -340,6 +357,85 @@ def test_a_flush_of_three_directories_is_made_by_fsyncs_only_where_one_fsync_ord
         syncer.close()
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names descriptors through /proc")
+def test_file_mode_flush_syncs_every_file_and_directory_noted(tmp_path):
+    from relay.files.fs import StateDir
+    from relay.files.sync import Syncer
+    state = tmp_path / "state"
+    state.mkdir()
+    fs = StateDir(state)
+    synced = []
+    syncer = Syncer("full", fs, mode="file", fsync=lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
+    for d in ("a", "b", "c"):
+        (state / d).mkdir()
+        syncer.dir_changed(d)
+    syncer.file_written(os.open(state / "a" / "f", os.O_WRONLY | os.O_CREAT, 0o644))
+    syncer.flush("three directories and a file")
+    assert sorted(os.path.relpath(p, state.resolve()) for p in synced) == ["a", "a/f", "b", "c"]
+    syncer.close()
+    fs.close()
+
+
+def test_file_mode_syncs_the_files_it_holds_once_it_holds_max_held(tmp_path):
+    from relay.files.fs import StateDir
+    from relay.files.sync import MAX_HELD, Syncer
+    fs = StateDir(tmp_path)
+    synced = []
+    syncer = Syncer("full", fs, mode="file", fsync=synced.append)
+    try:
+        for i in range(MAX_HELD):
+            assert len(synced) == 0
+            syncer.file_written(os.open(tmp_path / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644))
+        assert len(synced) == MAX_HELD            # synced and closed before the flush
+    finally:
+        syncer.close()
+        fs.close()
+
+
+@pytest.mark.parametrize("files, whole", [(FEW, False), (FEW + 1, True)])
+def test_fs_mode_syncs_up_to_few_files_one_by_one_and_more_by_syncfs(tmp_path, files, whole):
+    from relay.files.fs import StateDir
+    from relay.files.sync import Syncer
+    fs = StateDir(tmp_path)
+    synced, calls = [], []
+    syncer = Syncer("full", fs, mode="fs", fsync=synced.append)
+    syncer.syncfs = calls.append
+    try:
+        for i in range(files):
+            syncer.file_written(os.open(tmp_path / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644))
+        syncer.flush("the files")
+        assert (len(synced), len(calls)) == ((0, 1) if whole else (files, 0))
+    finally:
+        syncer.close()
+        fs.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names descriptors through /proc")
+def test_the_ledger_syncs_its_log_once_after_a_commit_made_without_a_sync(tmp_path, monkeypatch):
+    from relay.ledger import ledger as ledger_mod
+    synced = []
+    real = ledger_mod.fdatasync
+    monkeypatch.setattr(ledger_mod, "fdatasync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
+                                                             real(fd))[1])
+    with ledger_mod.Ledger(tmp_path / "ledger.sqlite") as led:
+        with led.transaction(synced=False):
+            pass
+        assert led.unsynced
+        led.sync()
+        led.sync()                                  # nothing left to sync
+        assert synced == [str((tmp_path / "ledger.sqlite-wal").resolve())] and not led.unsynced
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not sys.platform.startswith("linux"), reason="Linux's tmpfs")
+def test_the_file_system_type_is_read_from_statfs():
+    from relay.files.sync import SYNCFS_HONOURED, fs_type
+    fd = os.open("/dev/shm", os.O_RDONLY)
+    try:
+        assert SYNCFS_HONOURED.get(fs_type(fd)) == "tmpfs"
+    finally:
+        os.close(fd)
 
 
 def test_fs_mode_syncs_a_few_envelopes_by_fsync_and_a_batch_by_syncfs_and_an_error_fails(project):

@@ -45,6 +45,10 @@ def test_python_lists_without_taking_marks_read_by_id_and_lists_the_recently_rea
         with pytest.raises(relay.NotFound) as e:
             bob.mark_read([three, UNKNOWN])
         assert str(e.value) == f"no message {UNKNOWN!r} in the inbox of Bob; nothing was marked read"
+        other = "0" * 26
+        with pytest.raises(relay.NotFound) as e:
+            bob.mark_read([UNKNOWN, other])
+        assert str(e.value) == f"no messages {UNKNOWN!r}, {other!r} in the inbox of Bob; nothing was marked read"
         assert [m.id for m in bob.inbox()] == [three]                      # refused whole: three still new
         # a result lost after it was taken: the newest read ones, and any one by id
         assert [m.id for m in bob.recent(1)] == [two]

@@ -178,12 +178,25 @@ def test_a_bad_priority_or_ack_value_fails_the_message_with_the_reason(trio):
         trio.agent("Alice").send("Bob", "x", priority="soon")
 
 
+def test_a_note_of_64_kib_in_utf8_is_taken_and_one_byte_more_is_refused(trio):
+    alice, bob = trio.agent("Alice"), trio.agent("Bob")
+    mid = alice.send("Bob", "sign off?", ack_required=True)
+    trio.relay.drain()
+    for note in ("x" * 65537, "\u00e9" * 32768 + "x"):
+        with pytest.raises(relay.RelayError, match="the note must be text of at most 65536 bytes"):
+            bob.ack_message(mid, note=note)
+    assert bob.ack_message(mid, note="\u00e9" * 32768)["acked"] is True
+
+
 def test_overdue_lists_unacknowledged_copies_past_the_limit_and_the_stop_check_names_them(trio):
     alice, bob = trio.agent("Alice"), trio.agent("Bob")
     asked = alice.send(["Bob", "Carol"], "sign off?", ack_required=True)
     alice.send("Bob", "fyi")
     trio.relay.drain()
     assert [u["id"] for u in bob.unacknowledged()] == [asked]
+    [waiting] = bob.unacknowledged()            # its time in ISO 8601, as the receipts show it
+    assert waiting["delivered_at"] == steps(alice.receipts(asked), "Bob")["delivered_at"]
+    assert isinstance(waiting["delivered_at"], str) and waiting["delivered_at"].endswith("Z")
     history = trio.relay.history
     at = trio.clock.now
     assert history.receipts.overdue(at - 1800) == []
@@ -193,6 +206,22 @@ def test_overdue_lists_unacknowledged_copies_past_the_limit_and_the_stop_check_n
     assert bob.unacknowledged() == []
     assert [r["recipient"] for r in history.receipts.overdue(at + 1)] == ["Carol"]
     assert history.receipts.overdue(at + 1, sender="Bob") == []
+
+
+def test_the_counts_and_lists_of_copies_leave_out_the_acknowledged_and_the_read(trio):
+    alice, bob, carol = trio.agent("Alice"), trio.agent("Bob"), trio.agent("Carol")
+    asked = alice.send(["Bob", "Carol"], "sign off?", ack_required=True)
+    later = [alice.send("Bob", f"fyi {i}") for i in range(2)]
+    trio.relay.drain()
+    history, at = trio.relay.history, trio.clock.now
+    assert history.receipts.overdue_count(at + 1) == 2
+    bob.ack_message(asked)                                  # acknowledged, so read too
+    assert history.receipts.overdue_count(at + 1) == 1
+    assert history.receipts.unread_since(asked) == [(asked, "Carol")] + [(mid, "Bob") for mid in later]
+    assert history.receipts.unread_of("Bob", window=2) == later       # the newest two deliveries to Bob
+    assert history.receipts.unread_of("Bob", window=3) == later
+    assert history.receipts.unread_of("Bob", limit=1) == later[1:]
+    assert history.receipts.unread_of("Carol") == [asked]
 
 
 # -- from the shell ---------------------------------------------------------------------------
@@ -354,3 +383,10 @@ def test_mcp_send_with_priority_and_ack_then_acknowledge_and_receipts(crew, proj
         with pytest.raises(Exception, match="that Bob sent"):
             await call(bob, "receipts", id=asked)
     anyio.run(main)
+
+
+@pytest.mark.parametrize("seconds, said", [(-5, "0s"), (59.9, "59s"), (60, "1m"), (3599, "59m"), (3600, "1h00m"),
+                                           (86399, "23h59m"), (86400, "1d0h"), (90000, "1d1h")])
+def test_relay_overdue_says_how_long_a_copy_waits_in_its_largest_units(seconds, said):
+    from relay.cli import receipts
+    assert receipts._age(seconds) == said

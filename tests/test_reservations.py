@@ -86,6 +86,24 @@ def test_leases_expire_by_themselves_and_are_renewed_by_reserving_again(crew):
         "reserved", "renewed", "reservation-refused", "reservation-expired", "reserved"]
 
 
+def test_a_request_names_200_paths_and_a_reason_of_500_characters_at_most(crew):
+    alice = crew.agent("Alice")
+    with pytest.raises(RelayError, match="a reason is one line of at most 500 characters"):
+        alice.reserve(["a"], reason="r" * 501)
+    with pytest.raises(RelayError, match="200"):
+        alice.reserve([f"p/{i}" for i in range(201)])
+    assert alice.reservations() == []
+    assert len(alice.reserve([f"p/{i}" for i in range(200)], reason="r" * 500)) == 200
+    assert {r.reason for r in alice.reservations()} == {"r" * 500}
+
+
+@pytest.mark.parametrize("seconds, said", [(-5, "0s"), (119.9, "119s"), (120, "2m"), (7199, "119m"), (7200, "2h00m"),
+                                           (172799, "47h59m"), (172800, "2d00h"), (176400, "2d01h")])
+def test_how_long_a_lease_has_left_is_said_in_its_largest_units(seconds, said):
+    from relay.agent.leases import left
+    assert left(seconds) == said
+
+
 def test_release_and_what_was_not_held(crew):
     alice, bob = crew.agent("Alice"), crew.agent("Bob")
     alice.reserve(["src", "docs/*.md"], exclusive=True)
@@ -158,6 +176,25 @@ def test_a_notice_not_yet_written_is_kept_past_a_week_until_it_is(crew):
     carol.release(["docs"])
     [told] = notices(crew.root, "Alice")
     assert told["headers"]["requester"] == "Bob"
+
+
+def test_notices_are_due_oldest_first_and_recorded_delivered_once(crew):
+    alice, bob, carol = crew.agent("Alice"), crew.agent("Bob"), crew.agent("Carol")
+    alice.reserve(["src"], exclusive=True)
+    tmp = crew.root / ".relay" / "inbox" / "Alice" / "tmp"
+    tmp.rmdir()
+    tmp.write_text("in the way\n")                    # the notices stay due
+    for requester in (bob, carol):
+        crew.clock.advance(1)
+        with pytest.raises(ReservationConflict):
+            requester.reserve(["src/app.py"])
+    with Ledger(crew.root / ".relay" / "ledger.sqlite") as led, History(led) as h:
+        due = h.reservations.notices_due()
+        assert [n["requester"] for n in due] == ["Bob", "Carol"]
+        for _ in range(2):
+            led.reservations.notice_delivered(due[0]["id"], "Alice", crew.clock.now, "written by hand")
+        assert [n["requester"] for n in h.reservations.notices_due()] == ["Carol"]
+    assert len(events(crew.root, "reservation-notice")) == 1
 
 
 def test_a_notice_that_could_not_be_written_is_written_later_and_once(crew):
@@ -414,3 +451,28 @@ def test_an_agent_holds_at_most_max_held_patterns(crew):
         alice.reserve(["c/0"])
     assert len(alice.reservations(mine=True)) == MAX_HELD
     assert alice.reserve(["a/0", "b/0"], reason="renewed")[0].reason == "renewed"      # renewing is not more
+
+
+@pytest.mark.parametrize("ttl, seconds", [(0.5, 0.5), ("500ms", 0.5), ("1s", 1.0), ("7d", 604800.0), (604800, 604800.0)])
+def test_a_lease_lasts_any_time_above_nothing_up_to_seven_days(ttl, seconds):
+    from relay.agent.leases import ttl_seconds
+    assert ttl_seconds(ttl) == seconds
+
+
+@pytest.mark.parametrize("ttl", [0, "0s", -1, 604800.5, "7d1s", True])
+def test_a_lease_of_nothing_or_past_seven_days_is_refused(ttl):
+    from relay.agent.leases import ttl_seconds
+    with pytest.raises(RelayError, match="a lease"):
+        ttl_seconds(ttl)
+
+
+@pytest.mark.parametrize("char, refused", [("\ud7ff", False), ("\ud800", True), ("\udfff", True), ("\ue000", False),
+                                           ("\t", True), ("\x7f", True)])
+def test_a_reason_refuses_control_characters_and_lone_surrogates_only(crew, char, refused):
+    alice = crew.agent("Alice")
+    if refused:
+        with pytest.raises(RelayError, match="without control characters"):
+            alice.reserve(["a"], reason=f"x{char}y")
+        assert alice.reservations() == []
+    else:
+        assert [r.reason for r in alice.reserve(["a"], reason=f"x{char}y")] == [f"x{char}y"]

@@ -194,6 +194,12 @@ def test_a_query_just_under_its_bounds_is_answered(mail):
     assert ids(json.loads(cli("search", at_terms, "--agent", "Bob", "--json").output)) == [mail.a1]
 
 
+def test_a_query_is_measured_in_utf8_bytes():
+    assert match("é" * (MAX_QUERY_BYTES // 2))                                  # 1,000 bytes
+    with pytest.raises(relay.RelayError, match="this one is 1,002$"):
+        match("é" * (MAX_QUERY_BYTES // 2 + 1))
+
+
 def test_the_work_a_query_gives_the_index_grows_linearly_and_not_with_repeats():
     """What FTS5 is given for n and 2n words: its terms and its text grow with the distinct words
     (no more than twice), and a word said again adds nothing (FTS5's cost for an AND of

@@ -75,6 +75,14 @@ def test_set_get_list_delete_with_versions_and_events(crew):
         ("state-deleted", "key=plan version=3", "Alice", None)]
 
 
+def test_a_values_size_is_counted_in_utf8_and_a_prefix_lists_its_keys_in_order(crew):
+    alice = crew.agent("Alice")
+    for key in ("task/2", "task/1", "task/10", "tasks", "other"):
+        alice.state_set(key, "déjà")
+    assert [e.key for e in alice.state_list(prefix="task/")] == ["task/1", "task/10", "task/2"]
+    assert state_events(crew)[0] == ("state-set", "key=task/2 version=1 bytes=6", "Alice", None)
+
+
 def test_compare_and_set_refusals_name_the_version_and_the_holder(crew):
     alice, bob = crew.agent("Alice"), crew.agent("Bob")
     alice.state_set("build-lock", "Alice: release 2.1", if_absent=True)
@@ -128,9 +136,12 @@ def test_bad_keys_values_and_versions_are_refused(crew):
         crew.agent("System").state_set("k", "v")
     with Project(crew.root, clock=crew.clock) as project:     # the Project's, in the name it is given
         assert project.state_set("lead", "Bob", actor="coordinator").updated_by == "coordinator"
-        for actor in ("", "two\nlines", None):
-            with pytest.raises(RelayError, match="actor of a state change"):
+        for actor in ("", "two\nlines", None, "a" * 201):
+            with pytest.raises(RelayError, match="actor of a state change is 1 to 200 characters"):
                 project.state_delete("lead", actor=actor)
+        assert project.state_set("other", "x", actor="a").updated_by == "a"
+        assert project.state_set("other", "x", actor="a" * 200).updated_by == "a" * 200
+        project.state_delete("other", actor="a" * 200)
         assert project.state_delete("lead", actor="coordinator").value == "Bob"
     assert [e.key for e in alice.state_list()] == ["a" * 128, "big"]
     assert state_events(crew)[-1] == ("state-deleted", "key=lead version=2", "coordinator", None)
@@ -281,6 +292,18 @@ def test_a_state_row_this_relay_cannot_read_is_named_not_fatal(team):
     assert r.exit_code == 1 and "column version holds 'x'" in r.stderr
     r = team("state", "set", "odd", "w", ok=False)
     assert r.exit_code == 1 and "column version holds 'x', which this relay cannot read; nothing changed" in r.stderr
+
+
+@pytest.mark.parametrize("version, shown", [(-1, "-1"), (1.5, "1.5")])
+def test_a_state_version_below_zero_or_not_whole_cannot_be_read(team, version, shown):
+    team("state", "set", "good", "v")
+    team("state", "set", "odd", "v")
+    db = sqlite3.connect(ledger_path(team), isolation_level=None)
+    db.execute("UPDATE team_state SET version = ? WHERE key = 'odd'", (version,))
+    db.close()
+    r = team("state", "list", "--json")
+    assert [d["key"] for d in json.loads(r.stdout)] == ["good"]
+    assert f"team_state row 'odd': column version holds {shown}" in r.stderr
 
 
 # -- relay show --path ---------------------------------------------------------------------------

@@ -201,3 +201,26 @@ def test_the_cli_prints_only_through_the_gate():
     found = [f"{p.name}:{n}: {line.strip()}" for p in sorted(package.glob("cli*.py"))
              for n, line in enumerate(p.read_text().splitlines(), 1) if other.search(line)]
     assert not found, "printed past the gate:\n" + "\n".join(found)
+
+
+def test_a_table_row_stays_one_line_whatever_its_cells_hold(cli):
+    """A subject and a thread with a newline and ESC: in `relay audit`'s table each is one cell
+    on the message's one row, the newline a space and ESC shown as `\\e`."""
+    cli("init", "--agent", "Ann", "--agent", "Bob")
+    (cli.state / "outbox" / "Ann" / "m").write_text(json.dumps(
+        {"to": "Bob", "subject": "two\nlines\x1b[31m", "thread": "t\nu", "body": "x"}))
+    cli("run", "--once")
+    [mid] = [r["id"] for r in json.loads(cli("audit", "--json").stdout)]
+    [row] = [line for line in cli("audit").stdout.splitlines() if mid in line]
+    assert row.endswith("two lines\\e[31m") and " t u " in row
+
+
+def test_a_log_line_shows_each_unsafe_character_of_what_it_logs_as_an_escape():
+    """The daemon's text log passes each line through the gate, whatever a caller put in it."""
+    import logging
+
+    from relay.cli.context import JsonFormatter, TextFormatter
+    record = logging.LogRecord("relay", logging.WARNING, __file__, 1, "left %s", (CSI + "x\u202e",), None)
+    assert TextFormatter("%(levelname)s %(message)s").format(record) == "WARNING left \\x1b[2J\\x1b[31mx\\u202e"
+    line = JsonFormatter().format(record)
+    assert not raw(line) and json.loads(line)["msg"] == "left " + CSI + "x\u202e"

@@ -156,6 +156,20 @@ def test_a_huge_query_string_is_refused_before_it_is_read(web):
     assert status == 414 and "at most" in text
 
 
+def test_the_bounds_of_a_query_string_a_filter_and_a_thread_id_each_at_their_edge(web):
+    """4,096 bytes of query string, 1,000 characters of a filter or a thread id are read; one
+    more is refused, saying the bound."""
+    for extra, status in ((0, 200), (1, 414)):
+        got, _, text = get(web, "/messages?x=" + "a" * (4094 + extra))
+        assert got == status and (status == 200 or "at most 4096 bytes" in text)
+    for extra, status in ((0, 200), (1, 400)):
+        got, _, text = get(web, "/messages?kind=" + "k" * (1000 + extra))
+        assert got == status and (status == 200 or "the filter kind is at most 1000 characters" in text)
+    for extra, status in ((0, 404), (1, 400)):         # no such thread, read; or refused unread
+        got, _, text = get(web, "/threads/" + "t" * (1000 + extra))
+        assert got == status and (status == 404 or "a thread id is at most 1000 characters" in text)
+
+
 def test_the_message_page_checks_the_original_against_its_hash_and_the_chain(web, team):
     mid = ids(get(web, "/messages?from=Alice")[2])[0]
     text = get(web, f"/messages/{mid}")[2]
@@ -227,6 +241,29 @@ def test_compose_takes_the_last_value_of_a_field_given_twice(team):
     assert (sent["subject"], sent["body"]) == ("second", "twice")
 
 
+def test_compose_offers_every_agent_but_the_overseer_sends_to_all_and_reads_a_form_of_1_mib(team):
+    """The form lists the agents, not the overseer itself; "all agents" among others sends to
+    every agent; one agent alone is that agent's only. A form of exactly 1 MiB is read, one byte
+    more refused (413) and nothing sent."""
+    from urllib.parse import urlencode
+    team("init", "--agent", "Human")
+    with server(team.root, compose="Human") as srv:
+        page = get(srv, "/compose")[2]
+        assert re.findall(r'name="to" value="([^"]*)"', page) == ["*", "Alice", "Bob", "Carol"]
+        kinds = {"Content-Type": "application/x-www-form-urlencoded", "Origin": srv.base}
+        for to, body in ((["Bob"], "to Bob alone"), (["Bob", "*"], "to all")):
+            form = urlencode([*(("to", n) for n in to), ("body", body), ("csrf", _csrf(page))]).encode()
+            assert get(srv, "/compose", data=form, headers=kinds)[0] == 200
+        for extra, status in ((0, 200), (1, 413)):
+            form = urlencode([("to", "Carol"), ("body", f"{extra} over"), ("csrf", _csrf(page))]) + "&pad="
+            form = (form + "x" * ((1 << 20) - len(form) + extra)).encode()
+            assert get(srv, "/compose", data=form, headers=kinds)[0] == status
+    team("run", "--once")
+    got = {n: sorted(json.loads(p.read_bytes())["body"] for p in (team.state / "inbox" / n / "new").iterdir())
+           for n in ("Alice", "Bob", "Carol")}
+    assert got == {"Alice": ["to all"], "Bob": ["to Bob alone", "to all"], "Carol": ["0 over", "to all"]}
+
+
 def test_compose_refuses_an_origin_that_merely_ends_with_this_host(team):
     from urllib.parse import urlencode
     team("init", "--agent", "Human")
@@ -248,7 +285,8 @@ def test_compose_refuses_an_origin_that_merely_ends_with_this_host(team):
 
 
 def test_a_thread_id_holding_a_slash_is_linked_with_the_slash_quoted(team):
-    for tid in ("x/y", "a/../b"):
+    """`.` and `..`, which a browser takes for dot segments of /threads/, link to /messages' filter."""
+    for tid in ("x/y", "a/../b", ".", ".."):
         team("send", "--from", "Alice", "--to", "Bob", "--thread", tid, f"in {tid}")
     team("run", "--once")
     with server(team.root) as srv:
@@ -259,6 +297,11 @@ def test_a_thread_id_holding_a_slash_is_linked_with_the_slash_quoted(team):
         assert all(h.count("/") == 2 for h in hrefs), hrefs
         status, _, text = get(srv, "/threads/a%2F..%2Fb")
         assert status == 200 and "in a/../b" in text
+        dots = {h for text in pages for h in re.findall(r'href="(/messages\?thread=[^"]*)"', text)}
+        assert dots == {"/messages?thread=.", "/messages?thread=.."}
+        status, _, text = get(srv, "/messages?thread=..")
+        [only] = ids(text)
+        assert status == 200 and "in .." in get(srv, f"/messages/{only}")[2]
 
 
 def _steps(history, **filters):
