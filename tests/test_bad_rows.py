@@ -70,6 +70,17 @@ def test_the_check_names_the_first_bad_column():
     assert "\x1b" not in line and "column id holds" in line         # shown escaped, one line
 
 
+@pytest.mark.parametrize("value, readable", [("c", True), ("c" * 200, True), ("c" * 201, False), ("", False),
+                                             ("a\x1fb", False), ("a\x7fb", False), ("a~b", True), (7, False)])
+def test_a_commands_id_is_one_to_200_printable_characters(value, readable):
+    """The operator's commands (relay retry, expire, ping, archive-agent) keep their id by
+    commands.check_id's rule: a row whose id breaks it is named, not read."""
+    row = {"id": value, "verb": "retry", "arguments": "{}"}
+    assert (unreadable(row, table="commands") is None) is readable
+    if not readable:
+        assert unreadable(row, table="commands") == ("id", value)
+
+
 def test_audit_in_every_format_names_them_and_lists_the_rest(damaged):
     for fmt in ([], ["--json"], ["--jsonl"], ["--format", "csv"]):
         r = damaged("audit", *fmt)

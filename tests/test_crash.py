@@ -130,3 +130,27 @@ def test_spooled_file_with_no_ledger_record_is_registered_again(tmp_path):
         assert bodies.count("from the spool") == 1
     finally:
         relay.close()
+
+
+def test_originals_no_row_knows_are_taken_back_from_the_latest_archived_day_and_the_day_before_only(project, clock):
+    """A ledger that lost its last commits (a power cut) does not know originals it archived: the
+    first look takes back those of the day of its latest archived message and of the day before
+    (delivered again, idempotently); older days are left alone."""
+    from relay.core.archive import day_of
+    relay = project.relay()
+    project.drop("Ann", "known", "TO: Ben\n\nrecorded")
+    relay.drain(now_fn=lambda: clock.now + 10)
+    latest = relay.history.latest_archived_at()
+    relay.close()
+    lost = {}
+    for days in (0, 1, 2):
+        mid = f"01JAAAAAAAAAAAAAAAAAAAAAA{days}"
+        box = project.state / "archive" / day_of(latest - days * 86400) / "Ann"
+        box.mkdir(parents=True, exist_ok=True)
+        (box / f"{mid}--lost{days}").write_text(f"TO: Ben\n\nlost, {days} day(s) before")
+        lost[days] = mid
+    relay = project.relay()
+    relay.drain(now_fn=lambda: clock.now + 10)
+    bodies = sorted(m["body"] for m in project.inbox("Ben"))
+    assert bodies == ["lost, 0 day(s) before", "lost, 1 day(s) before", "recorded"]
+    assert [relay.history.get(lost[d]) is not None for d in (0, 1, 2)] == [True, True, False]
