@@ -390,3 +390,21 @@ def test_mcp_send_with_priority_and_ack_then_acknowledge_and_receipts(crew, proj
 def test_relay_overdue_says_how_long_a_copy_waits_in_its_largest_units(seconds, said):
     from relay.cli import receipts
     assert receipts._age(seconds) == said
+
+
+def test_each_step_keeps_the_time_it_first_happened_when_a_later_one_is_recorded(trio):
+    """Surfaced, read and acknowledged at three times: each keeps its own, a later step never
+    moves an earlier one (it fills only the earlier steps that have no time yet)."""
+    alice, bob = trio.agent("Alice"), trio.agent("Bob")
+    mid = alice.send("Bob", "merge it?", ack_required=True)
+    trio.relay.drain()
+    delivered = steps(alice.receipts(mid), "Bob")["delivered_at"]
+    trio.clock.advance(5)
+    [m] = bob.inbox()                               # surfaced
+    trio.clock.advance(5)
+    bob.ack([m])                                    # read
+    trio.clock.advance(5)
+    assert bob.ack_message(mid)["acked"] is True    # acknowledged
+    s = steps(alice.receipts(mid), "Bob")
+    times = [s["delivered_at"], s["surfaced_at"], s["read_at"], s["acked_at"]]
+    assert times[0] == delivered and times == sorted(times) and len(set(times)) == 4, s

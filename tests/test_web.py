@@ -357,6 +357,9 @@ def test_receipts_acknowledgements_and_priority_in_the_pages(team):
         rows = dict(re.findall(r'<tr data-recipient="(\w+)">(.*?)</tr>', page, re.S))
         assert "acknowledged" in rows["Bob"] and "merged &lt;i&gt;ok&lt;/i&gt;" in rows["Bob"]
         assert "acknowledged" not in rows["Carol"] and "overdue" in rows["Carol"]
+        # a copy of a message that asked for no acknowledgement is never overdue
+        unasked = dict(re.findall(r'<tr data-recipient="(\w+)">(.*?)</tr>', get(srv, f"/messages/{plain}")[2], re.S))
+        assert list(unasked) == ["Bob"] and "overdue" not in unasked["Bob"]
         assert re.search(r"<th>priority</th><td>high</td>", page) and "acknowledgement asked" in page
         thread = get(srv, "/threads/review")[2]
         assert "acknowledged by Bob" in thread and "merged &lt;i&gt;ok&lt;/i&gt;" in thread
