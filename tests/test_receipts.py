@@ -284,7 +284,7 @@ def test_send_wait_read_exits_1_with_the_reason_when_it_was_shed(shell, cli):
     assert r.exit_code == 1 and "was not delivered: shed for Carol (queue_limit: " in r.stderr
 
 
-def test_relay_ack_overdue_status_and_show_from_the_shell(shell, cli):
+def test_relay_ack_overdue_status_and_show_from_the_shell(shell, cli, monkeypatch):
     mid = cli("send", "--from", "Alice", "--to", "Bob,Carol", "--ack-required", "--priority", "high",
               "--subject", "sign off", "ship it?").stdout.strip()
     past = time.time() - 7210                 # delivered two hours ago: past ack_overdue (30m)
@@ -297,6 +297,11 @@ def test_relay_ack_overdue_status_and_show_from_the_shell(shell, cli):
     assert f"{mid}  Alice -> Bob  waiting 2h" in out and f"{mid}  Alice -> Carol" in out
     assert json.loads(cli("status", "--json").stdout)["acks_overdue"] == 2
     assert cli("overdue", "--agent", "Bob").stdout.startswith("no acknowledgement waits longer than 30m")
+    monkeypatch.setenv("RELAY_AGENT", "Bob")         # an agent's shell: its own messages only
+    assert cli("overdue").stdout.startswith("no acknowledgement waits longer than 30m")
+    monkeypatch.setenv("RELAY_AGENT", "Alice")
+    assert f"{mid}  Alice -> Bob  waiting 2h" in cli("overdue").stdout
+    monkeypatch.delenv("RELAY_AGENT")
     done = cli("ack", mid, "--agent", "Bob", "--note", "shipped").stdout
     assert f"{mid}: acknowledged; the note went back as " in done
     assert cli("ack", mid, "--agent", "Bob").stdout.strip() == f"{mid}: acknowledged before; nothing sent again"
