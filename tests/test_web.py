@@ -73,6 +73,10 @@ def test_every_address_needs_the_token(web):
         assert get(web, path, token="wrong" + web.token)[0] == 401, path
         assert get(web, path + "?token=nope", token=None)[0] == 401, path
     assert get(web, "/agents")[0] == 200
+    # The scheme's name is in any case (RFC 9110), the token is not, nor is another scheme taken
+    for scheme, status in (("bearer ", 200), ("BEARER ", 200), ("Bearer   ", 200), ("Basic ", 401), ("Bearer", 401)):
+        assert get(web, "/agents", token=None, headers={"Authorization": scheme + web.token})[0] == status, scheme
+    assert get(web, "/agents", token=None, headers={"Authorization": f"Bearer {web.token.upper()}"})[0] == 401
 
 
 def test_the_printed_address_signs_in_with_a_strict_httponly_cookie(web):
@@ -356,6 +360,7 @@ def test_receipts_acknowledgements_and_priority_in_the_pages(team):
         assert_inert(page)
         rows = dict(re.findall(r'<tr data-recipient="(\w+)">(.*?)</tr>', page, re.S))
         assert "acknowledged" in rows["Bob"] and "merged &lt;i&gt;ok&lt;/i&gt;" in rows["Bob"]
+        assert "overdue" not in rows["Bob"]         # acknowledged: no longer overdue, however long ago
         assert "acknowledged" not in rows["Carol"] and "overdue" in rows["Carol"]
         # a copy of a message that asked for no acknowledgement is never overdue
         unasked = dict(re.findall(r'<tr data-recipient="(\w+)">(.*?)</tr>', get(srv, f"/messages/{plain}")[2], re.S))
