@@ -580,6 +580,15 @@ def test_a_password_for_the_acl_line_is_refused_with_a_control_or_format_charact
     assert cli("federation", "acl", "n1", "--team", "acme", "--password", "é'\"\\$x").exit_code == 0
 
 
+@pytest.mark.parametrize("node, team", [("n*", "acme"), ("n1:x", "acme"), ("n1", "ac*me"), ("n1", "acme:x")])
+def test_the_acl_line_is_refused_for_a_node_or_team_name_a_key_pattern_would_read_wider(cli, node, team):
+    """relay federation acl writes the node's and the team's names into key patterns: a `*` or
+    `:` there would reach other nodes' keys, so such a name is refused, naming the argument."""
+    result = cli("federation", "acl", node, "--team", team, "--password", "pw", "--no-save", ok=False)
+    assert result.exit_code == 2 and "is not a valid name" in result.output
+    assert ("NODE" if node != "n1" else "--team") in result.output and "~relay" not in result.output
+
+
 def test_a_redis_error_is_one_line_without_the_clients_own_description():
     """redis-py puts its client's repr (pools, connections, settings) in some errors: the log
     and `relay status` get the error's own words."""

@@ -120,6 +120,17 @@ def test_ids_of_one_millisecond_count_up():
     assert _from_chars(second[10:]) == _from_chars(first[10:]) + 1
 
 
+def test_ids_keep_increasing_when_the_clock_steps_back():
+    """A clock set back (NTP, a VM resumed) gives no id that sorts before one already given:
+    the later ids keep the last millisecond and count up from it."""
+    gen = ids.IdGenerator()
+    first = gen.new(1_760_000_000.500)
+    back = [gen.new(1_760_000_000.500 - step) for step in (0.001, 5.0, 3600.0)]
+    assert sorted([first, *back]) == [first, *back] and len({first, *back}) == 4
+    assert {b[:10] for b in back} == {first[:10]}
+    assert gen.new(1_760_000_000.501)[:10] == _chars(1_760_000_000_501, 10)     # and go on once the clock does
+
+
 def _from_chars(text):
     value = 0
     for c in text:
