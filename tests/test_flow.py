@@ -196,14 +196,19 @@ def test_retry_delivers_a_shed_message_past_the_limits(project, clock):
     assert released == clock.now - 1
 
 
+def restarted(project, relay, **values):
+    """A new relay on the project, started once `relay` is stopped."""
+    relay.close()
+    project.relays.remove(relay)
+    return project.relay(**values)
+
+
 def test_windows_are_seeded_from_the_ledger_at_start(project, clock):
     relay = project.relay(pair_rate=2, pair_window="1h")
     project.drop("Ann", "a", "TO: Ben\n\na")
     project.drop("Ann", "b", "TO: Ben\n\nb")
     relay.drain()
-    relay.close()
-    project.relays.remove(relay)
-    again = project.relay(pair_rate=2, pair_window="1h")
+    again = restarted(project, relay, pair_rate=2, pair_window="1h")
     project.drop("Ann", "c", "TO: Ben\n\nc")
     again.drain()
     [c] = ids(again, "failed")
@@ -221,9 +226,7 @@ def test_windows_seeded_at_start_count_a_message_when_it_was_written(project, cl
     relay = project.relay(pair_rate=1, pair_window="1h")
     dated(project.drop("Ann", "old", "TO: Ben\n\nold"), clock.now - 7200)
     relay.drain()
-    relay.close()
-    project.relays.remove(relay)
-    again = project.relay(pair_rate=1, pair_window="1h")
+    again = restarted(project, relay, pair_rate=1, pair_window="1h")
     project.drop("Ann", "new", "TO: Ben\n\nnew")
     again.drain()
     assert sorted(e["body"] for e in project.inbox("Ben")) == ["new", "old"]
