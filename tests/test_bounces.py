@@ -215,3 +215,16 @@ def test_a_load_shed_bounces_once_a_window_per_pair(project, clock):
         project.drop("Ann", f"n{i}", f"TO: Ben\n\nn{i}")
     r.drain()
     assert len(bounces(project, "Ann")) == 2        # a new window
+
+
+def test_an_agents_file_of_kind_bounce_is_refused_and_bounces_to_its_sender(project):
+    """Only System's bounces are owed none: an agent's file claiming kind bounce is refused
+    like any failed message, and its sender hears of it."""
+    r = project.relay()
+    project.drop("Ann", "m", "TO: Ben\nKIND: bounce\n\nnot really from System")
+    r.drain()
+    [failed] = [row for row in r.history.audit() if row["sender"] == "Ann"]
+    assert failed["status"] == "failed" and failed["kind"] == "bounce"
+    [b] = bounces(project, "Ann")
+    assert b["from"] == "System" and b["headers"]["bounce_of"] == failed["id"]
+    assert project.inbox("Ben") == []

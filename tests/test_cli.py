@@ -454,3 +454,15 @@ def test_a_pipe_closed_early_ends_quietly(cli):
         # 141 (as if killed by SIGPIPE) when a write met the closed pipe; 0 when the interpreter's
         # buffered writer took the last write whole. Never a traceback or an error line.
         assert p.returncode in (0, 141) and err == "", (verb, p.returncode, err)
+
+
+def test_the_audit_table_shows_the_newest_50_unless_told_and_says_more_match(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    for i in range(51):
+        drop(cli, "Ann", f"m{i:02d}", f"TO: Ben\nSUBJECT: s{i:02d}\n\nx")
+    cli("run", "--once", "-q")
+    r = cli("audit")
+    shown = [line for line in r.stdout.splitlines() if "Ann → Ben" in line]
+    assert len(shown) == 50 and "s50" in shown[0] and not any("s00" in line for line in shown)
+    assert "stopped at the limit of 50 message(s); more match" in r.stderr
+    assert len([line for line in cli("audit", "--limit", "51").stdout.splitlines() if "Ann → Ben" in line]) == 51

@@ -558,3 +558,18 @@ def test_the_deliveries_of_a_message_are_listed_by_recipient(project):
     relay.drain()
     [row] = relay.history.audit()
     assert [d["recipient"] for d in relay.history.deliveries(row["id"])] == ["Ben", "Cy"]
+
+
+def test_the_chain_goes_on_from_the_last_of_several_checkpoints(project, clock):
+    """Two sweeps emptied the chain in turn: a message archived after the second chains on from
+    the second checkpoint, and verify finds nothing wrong."""
+    relay = project.relay(retention="7d")
+    for name in ("a", "b"):
+        project.drop("Ann", name, "TO: Ben\n\nx")
+        relay.drain()
+        clock.advance(8 * 86400)
+        assert relay.sweep(clock.now).archived == 1
+    project.drop("Ann", "c", "TO: Ben\n\nx")
+    relay.drain()
+    assert relay.ledger.db.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 2
+    assert operator.verify(relay.history, relay.layout) == (1, [])

@@ -2,8 +2,11 @@
 the outbox (the ledger records a send's request id with its id, before the file is written), and
 a message that repeats one reads as a duplicate in `relay show` and `relay audit`, not as
 delivered."""
+import errno
 import json
 import threading
+
+from conftest import failing_create
 
 import relay
 from relay.core.daemon import Relay
@@ -71,3 +74,23 @@ def test_a_duplicate_reads_as_one_in_show_and_audit(team):
     doc = json.loads(team("show", dup["id"], "--json").stdout)
     assert doc["deliveries"] == [] and doc["delivered_at"] is None and doc["duplicate_of"] == one
     assert team("verify").exit_code == 0
+
+
+def test_a_request_id_whose_message_failed_in_delivery_may_be_sent_again_despite_its_duplicate(project):
+    """Ann's first message with a request id failed on the way to Ben after a second file had
+    repeated it: `send` with that request id writes a new message, it does not answer with the
+    duplicate's id."""
+    r = project.relay(max_retries=0, retry_period="0s")
+    switch = failing_create(r, OSError(errno.EACCES, "Permission denied"), lambda rel: rel.startswith("inbox/Ben/"))
+    project.drop("Ann", "a", "TO: Ben\nREQUEST-ID: R9\n\nfirst")
+    project.drop("Ann", "b", "TO: Ben\nREQUEST-ID: R9\n\nagain")
+    r.drain()
+    rows = {row["name"]: row for row in r.history.audit() if row["sender"] == "Ann"}
+    assert rows["a"]["status"] == "failed" and rows["b"]["duplicate_of"] == rows["a"]["id"]
+    switch["on"] = False
+    a = relay.Agent("Ann", root=project.root)
+    third = a.send("Ben", "third", request_id="R9")
+    assert not a.repeated and third not in (rows["a"]["id"], rows["b"]["id"])
+    project.clock.advance(1)
+    r.drain()
+    assert [e["body"] for e in project.inbox("Ben")] == ["third"]

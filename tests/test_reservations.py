@@ -476,3 +476,14 @@ def test_a_reason_refuses_control_characters_and_lone_surrogates_only(crew, char
         assert alice.reservations() == []
     else:
         assert [r.reason for r in alice.reserve(["a"], reason=f"x{char}y")] == [f"x{char}y"]
+
+
+def test_a_refusal_names_the_holders_oldest_lease_first(crew):
+    alice, bob, carol = crew.agent("Alice"), crew.agent("Bob"), crew.agent("Carol")
+    bob.reserve(["src/"])
+    crew.clock.advance(60)
+    alice.reserve(["src/a.py"])
+    with pytest.raises(ReservationConflict) as refused:
+        carol.reserve(["src/a.py"], exclusive=True)
+    assert [(c["path"], c["holder"], c["held"]) for c in refused.value.conflicts] == \
+        [("src/a.py", "Bob", "src"), ("src/a.py", "Alice", "src/a.py")]
