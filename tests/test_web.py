@@ -472,3 +472,22 @@ def test_web_load_short_soak(tmp_path):
     assert out["streams"]["opened"] == out["streams"]["open_at_end"] == 100, out
     assert out["streams"]["updates"] > 0
     assert {"page", "traversal", "huge_query", "no_token", "wrong_token"} <= set(out["requests"]), out
+
+
+def test_the_overviews_hours_are_the_last_48_the_current_one_included(project):
+    """Messages per hour on the Overview: from the start of the hour 47 hours before this one,
+    each hour counted by when relay found its messages; an hour older is left out."""
+    from relay.ids import IdGenerator
+    from relay.web import reads
+    relay = project.relay()
+    now = 1_760_000_000.0 + 1800                # half past an hour
+    this = int(now // 3600)
+    ids, rows = IdGenerator(), []
+    for hour, n in ((this - 48, 5), (this - 47, 2), (this - 1, 1), (this, 3)):
+        for i in range(n):
+            at = hour * 3600 + 60 * i
+            rows.append((ids.new(at), "Ann", f"m{hour}-{i}", '["Ben"]', "message", "s", "b", 1, "0" * 64, at,
+                         f"archive/x/m{hour}-{i}"))
+    relay.ledger.operations.add_archived(rows)
+    doc = reads.overview(relay.history, relay.layout, relay.config, now)
+    assert doc["hours"] == [(this - 47, 2), (this - 1, 1), (this, 3)] and doc["top_hour"] == 3
