@@ -147,6 +147,10 @@ def test_a_plain_path_naming_an_existing_file_holds_only_that_file(tmp_path):
     assert overlap("src/app.py", "src/app.py", "file", "tree")
     assert not overlap("src/app.py", "src/app.py/x", "file", "tree")
     assert covers("src/app.py", "src/app.py", "file") and not covers("src/app.py", "src/app.py/x", "file")
+    # a link is the entry it is, never what it points to: a link to a directory is one file
+    (tmp_path / "lib").symlink_to(tmp_path / "src", target_is_directory=True)
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    assert [scope(p, tmp_path) for p in ("lib", "gone")] == ["file", "file"]
 
 
 LONG = "*a" * 240                       # 480 characters: under the bound of 1,024

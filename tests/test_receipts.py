@@ -192,6 +192,7 @@ def test_overdue_lists_unacknowledged_copies_past_the_limit_and_the_stop_check_n
     alice, bob = trio.agent("Alice"), trio.agent("Bob")
     asked = alice.send(["Bob", "Carol"], "sign off?", ack_required=True)
     alice.send("Bob", "fyi")
+    alice.send("Bob", "fyi, quickly", priority="urgent")       # a priority alone asks for no acknowledgement
     trio.relay.drain()
     assert [u["id"] for u in bob.unacknowledged()] == [asked]
     [waiting] = bob.unacknowledged()            # its time in ISO 8601, as the receipts show it
