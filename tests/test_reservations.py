@@ -97,7 +97,7 @@ def test_a_request_names_200_paths_and_a_reason_of_500_characters_at_most(crew):
     assert {r.reason for r in alice.reservations()} == {"r" * 500}
 
 
-@pytest.mark.parametrize("seconds, said", [(-5, "0s"), (119.9, "119s"), (120, "2m"), (7199, "119m"), (7200, "2h00m"),
+@pytest.mark.parametrize("seconds, said", [(-5, "0s"), (119.9, "119s"), (120, "2m"), (7199, "119m"), (7200, "2h00m"), (11100, "3h05m"), (7290, "2h01m"),
                                            (172799, "47h59m"), (172800, "2d00h"), (176400, "2d01h")])
 def test_how_long_a_lease_has_left_is_said_in_its_largest_units(seconds, said):
     from relay.agent.leases import left
