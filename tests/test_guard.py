@@ -84,10 +84,13 @@ def test_the_agent_from_git_config_and_the_override(repo):
     assert git(root, "commit", "-qm", "x", check=False).returncode != 0
     passed = git(root, "commit", "-qm", "x", guard="off")           # a person overrides it
     assert "RELAY_GUARD=off" in passed.stderr
+    stage(root, "src/again.py")
+    passed = git(root, "commit", "-qm", "x2", guard=" OFF ")        # in any case, spaces around it
+    assert "RELAY_GUARD=off" in passed.stderr
     stage(root, "src/more.py")
     git(root, "config", "relay.agent", "Alice")
     git(root, "commit", "-qm", "y")
-    assert commits(root) == 2
+    assert commits(root) == 3
 
 
 def test_an_unknown_committer_is_refused_and_told_how_to_say_who_it_is(repo):

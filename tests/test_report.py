@@ -274,3 +274,11 @@ def test_relay_report_without_jinja2_says_how_to_install_it(project, monkeypatch
     r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", str(tmp_path / "r.html")])
     assert r.exit_code == 1 and "pip install 'jinja2>=3.1'" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("seconds, said", [(None, ""), (0, "0s"), (59.9, "59s"), (60, "1m00s"), (90, "1m30s"),
+                                           (3599, "59m59s"), (3600, "1h00m"), (86399, "23h59m"), (86400, "1d00h"),
+                                           (90000, "1d01h")])
+def test_an_age_on_the_pages_is_said_in_its_largest_unit_from_one_of_it(seconds, said):
+    from relay.operator.templating import age
+    assert age(seconds) == said
