@@ -313,9 +313,7 @@ def demo(ctx, outboxes, keep):
         echo(f"relayed {total.archived} message(s) from {len(agents)} agents; {total.failed} "
              f"quarantined{bounced}\n")
         box = Inbox(layout, None)
-        # Every inbox, those of agents spawned by the run included.
-        inboxes = sorted(p.name for p in layout.inbox.iterdir() if p.is_dir() and p.name != "System")
-        for agent in ["System"] + inboxes:
+        for agent in ["System"] + sorted(layout.agent_names()):    # those the run spawned too
             items = box.list(agent)
             echo(f"inbox/{agent}/new: {len(items)} message(s)")
             for _, _, doc in items:

@@ -208,7 +208,8 @@ def unread(error, mid=b""):
 
 def sized(client, key, after, count):
     """Up to `count` entries of a stream after `after`, one by one through a guarded client: each
-    (entry id, fields), or (entry id, unread(...)) for one over the client's bound, whose content is never read past the size its bulk announced."""
+    (entry id, fields), or (entry id, unread(...)) for one over the client's bound, whose content
+    is never read past the size its bulk announced."""
     out = []
     for _ in range(count):
         start = "(" + after if after not in ("0", "0-0") else "-"
