@@ -179,3 +179,111 @@ def test_run_once_waits_for_a_spooled_file_held_open_and_names_it_when_it_gives_
         relay.drain(wait=wait, patience=3.0)
         assert waits and project.inbox("Ben") == []
         assert [what for what, _ in relay.left] == [f"{mid} from Ann (spool)"]
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda path: os.mkfifo(path), "a FIFO (named pipe)"),
+    (lambda path: __import__("socket").socket(__import__("socket").AF_UNIX).bind(str(path)), "a socket"),
+    (lambda path: os.mknod(path, 0o600 | __import__("stat").S_IFCHR, os.makedev(1, 3)), "a device file"),
+])
+def test_a_fifo_a_socket_or_a_device_in_an_outbox_is_refused_naming_what_it_is(project, make, what):
+    relay = project.relay()
+    try:
+        make(project.state / "outbox/Ann/odd")
+    except PermissionError:
+        pytest.skip("no right to make it here")
+    relay.hint("rescan")
+    relay.drain()
+    [row] = [r for r in relay.history.audit() if r["sender"] == "Ann"]
+    assert row["status"] == "failed"
+    assert row["error"].endswith(f"{what}: relay only relays regular files and never opens these; "
+                                 "write the message as a plain file")
+    assert project.inbox("Ben") == []
+
+
+def test_a_file_dated_in_the_future_looked_at_again_before_settle_still_waits(project, clock):
+    """Seen unchanged again before a settle time has passed since relay first saw it (a file
+    hint, not a close): it still waits; once the settle time has passed, it is taken."""
+    relay = project.relay(settle="1s")
+    path = project.drop("Ann", "m", "TO: Ben\n\nlater", in_place=True)
+    os.utime(path, (clock.now + 3600, clock.now + 3600))
+    assert relay.step(clock.now).registered == 0
+    relay.hint("file", "Ann", "m")
+    assert relay.step(clock.advance(0.5)).registered == 0
+    relay.hint("file", "Ann", "m")
+    assert relay.step(clock.advance(0.4)).registered == 0
+    relay.hint("file", "Ann", "m")
+    assert relay.step(clock.advance(0.2)).archived == 1
+    assert [e["body"] for e in project.inbox("Ben")] == ["later"]
+
+
+@pytest.mark.parametrize("sender", ["System", "system", "System.", "broadcast", "_Broadcast", "bad name"])
+def test_a_close_hint_for_a_file_of_no_served_outbox_takes_nothing(project, clock, sender):
+    """Hints are hints: one naming an outbox the rescan does not read (a name relay keeps for
+    itself, in any case or with '.', '_' or '-' at its ends, or an invalid agent name) takes
+    nothing, while one for a served agent's file is taken in the same step."""
+    relay = project.relay(rescan_interval="1h")
+    relay.step(clock.now)                   # the rescan at start
+    odd = project.state / "outbox" / sender
+    odd.mkdir(exist_ok=True)
+    (odd / "m").write_text("TO: Ben\n\nnot from an agent")
+    project.drop("Ann", "m", "TO: Ben\n\nfrom Ann")
+    relay.hint("closed", sender, "m")
+    relay.hint("closed", "Ann", "m")
+    counts = relay.step(clock.advance(1))
+    assert counts.registered == 1 and counts.archived == 1
+    assert [e["body"] for e in project.inbox("Ben")] == ["from Ann"]
+    assert (odd / "m").exists() and [r["sender"] for r in relay.history.audit()] == ["Ann"]
+
+
+def test_what_waits_in_an_outbox_is_said_with_why_and_for_how_long(project, clock):
+    relay = project.relay(settle="5s", rescan_interval="1h")
+    now = clock.now
+    plain = project.drop("Ann", "plain", "TO: Ben\n\nx", in_place=True)
+    os.utime(plain, (now - 1, now - 1))
+    linked = project.drop("Ann", "linked", "TO: Ben\n\nx", in_place=True)
+    os.link(linked, project.root / "elsewhere")
+    os.utime(linked, (now - 1, now - 1))
+    future = project.drop("Ann", "future", "TO: Ben\n\nx", in_place=True)
+    os.utime(future, (now + 3600, now + 3600))
+    assert relay.step(now).registered == 0
+    assert relay.outbox.left(now, 0) == [("outbox/Ann/future", "settling (dated in the future)", 0.0),
+                                         ("outbox/Ann/linked", "has other hard links", 0.0),
+                                         ("outbox/Ann/plain", "settling", 0.0)]
+    assert relay.outbox.left(now + 2, 2) == [(p, why, 2.0) for p, why, _ in relay.outbox.left(now, 0)]
+    assert relay.outbox.left(now + 2, 2.001) == []
+    assert relay.step(now + 4.5).registered == 2                   # five seconds past their mtime
+    assert [p for p, _, _ in relay.outbox.left(now + 4.5, 0)] == ["outbox/Ann/future"]
+
+
+def test_a_directory_or_a_name_being_written_in_an_outbox_is_never_taken_by_a_hint_or_a_rescan(project, clock):
+    relay = project.relay()
+    box = project.state / "outbox/Ann"
+    box.mkdir(parents=True, exist_ok=True)
+    (box / "adir").mkdir()
+    (box / "adir" / "inner").write_text("TO: Ben\n\nx")
+    for name in (".m.tmp", "m.tmp", ".hidden"):
+        (box / name).write_text("TO: Ben\n\nbeing written")
+    for name in ("adir", ".m.tmp", "m.tmp", ".hidden"):
+        relay.hint("closed", "Ann", name)
+    relay.hint("rescan")
+    assert relay.step(clock.advance(1)).registered == 0
+    assert list(relay.history.audit()) == [] and relay.outbox.left(clock.now, 0) == []
+    assert sorted(p.name for p in box.iterdir()) == [".hidden", ".m.tmp", "adir", "m.tmp"]
+
+
+def test_a_hard_linked_file_is_taken_at_exactly_settle_and_one_dated_now_is_settling_not_future(project, clock):
+    relay = project.relay(settle="5s", rescan_interval="1h")
+    now = float(int(clock.now))
+    linked = project.drop("Ann", "linked", "TO: Ben\n\nlinked", in_place=True)
+    os.link(linked, project.root / "elsewhere")
+    os.utime(linked, (now - 1, now - 1))
+    dated_now = project.drop("Ann", "now", "TO: Ben\n\nnow", in_place=True)
+    os.utime(dated_now, (now, now))
+    assert relay.step(now).registered == 0
+    assert relay.outbox.left(now, 0) == [("outbox/Ann/linked", "has other hard links", 0.0),
+                                         ("outbox/Ann/now", "settling", 0.0)]
+    assert relay.step(now + 3.999).registered == 0
+    assert relay.step(now + 4).registered == 1                     # exactly five seconds past its mtime
+    assert [e["body"] for e in project.inbox("Ben")] == ["linked"]
+    assert relay.step(now + 5).registered == 1

@@ -10,7 +10,7 @@ runs, is the watcher it reads itself (its hints come back through `hint_many`)."
 import collections
 import itertools
 
-from relay.config import SYSTEM
+from relay.names import reserved
 from relay.files.layout import valid_agent
 
 SCAN_BUDGET = 2048       # files registered per step
@@ -63,7 +63,7 @@ class Intake:
                 self.known.forget()
                 if sender in set(self.outbox.agent_dirs()):
                     found.extend(self.outbox.scan_dir(sender, now))
-            elif valid_agent(sender) and sender != SYSTEM and self.outbox.serves(sender):
+            elif valid_agent(sender) and not reserved(sender) and self.outbox.serves(sender):
                 hit = self.outbox.check(sender, name, now, hinted=(kind == "closed"))
                 if hit:
                     found.append(hit)
