@@ -131,3 +131,93 @@ def test_failures_of_one_kind_whose_reasons_differ_in_their_words_are_counted_to
     with Server(cfg, clock=project.clock) as srv:
         got = samples(get(srv, "/metrics")[2])
     assert got[("relay_failures_total", frozenset({("reason", "unknown_recipient")}))] == 3
+
+
+@pytest.mark.parametrize("error, kind", [
+    ("unknown recipient Zed", "unknown_recipient"), ("UNKNOWN RECIPIENT Zed", "unknown_recipient"),
+    ("shed by flow control: queue full", "shed"), ("too large: 2 MiB", "too_large"),
+    ("the body is 70000 bytes", "body_size"), ("refused by Ben's rules", "refused"),
+    ("the recipient is archived", "recipient_archived"), ("expired by the operator", "expired"),
+    ("cannot parse its header", "unreadable"), ("Unreadable file", "unreadable"), ("it is not UTF-8", "unreadable"),
+    ("invalid header line", "invalid"), ("unknown sender Mallory", "unknown_sender"),
+    ("unknown recipient and too large", "unknown_recipient"), ("too large a body", "too_large"),
+    ("the disk is on fire", "other"), ("", "other"), (None, "other")])
+def test_a_failures_reason_is_counted_under_the_first_kind_its_words_name_in_any_case(error, kind):
+    from relay.web.metrics import failure_kind
+    assert failure_kind(error) == kind
+
+
+def _raw(listener, request):
+    import socket
+    with socket.create_connection((listener.host, listener.port), timeout=10) as s:
+        s.sendall(request)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    fields = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), fields, body
+
+
+def test_the_metrics_listener_answers_get_and_head_alike_and_a_scrape_before_the_ledger_is_there_fails_alone(
+        project):
+    """A scrape while the ledger cannot be opened is a 503 naming it, and the next scrape tries
+    again; HEAD answers as GET does, with its length and no body; another path is a 404 and
+    another method a 405 saying which methods are answered."""
+    from relay import config as config_mod
+    from relay.web.scrape import Listener
+    project.state.mkdir()
+    (project.state / "relay.toml").write_text('agents = ["Ann", "Ben"]\n[metrics]\nlisten = "127.0.0.1:0"\n')
+    listener = Listener(config_mod.load(project.root, ".relay", env={}), clock=lambda: 1_800_000_000.0).start()
+    try:
+        status, fields, body = _raw(listener, b"GET /metrics HTTP/1.0\r\n\r\n")
+        ledger = project.state / "ledger.sqlite"
+        assert status == 503 and body.decode().startswith(f"relay: the ledger could not be read: cannot open the "
+                                                          f"ledger {ledger}")
+        assert fields["Cache-Control"] == "no-store"
+        assert _raw(listener, b"HEAD /metrics HTTP/1.0\r\n\r\n")[::2] == (503, b"")
+        relay = project.relay(agents=("Ann", "Ben"))
+        project.drop("Ann", "m", "TO: Ben\n\nhello")
+        relay.drain()
+        status, fields, body = _raw(listener, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n")
+        assert status == 200 and b'relay_queue_depth{agent="Ben"} 1.0' in body
+        assert fields["Content-Length"] == str(len(body)) and fields["Content-Type"].startswith("text/plain")
+        status, head_fields, head_body = _raw(listener, b"HEAD /metrics HTTP/1.0\r\n\r\n")
+        assert (status, head_body, head_fields["Content-Length"]) == (200, b"", str(len(body)))
+        assert _raw(listener, b"GET /metricsx HTTP/1.0\r\n\r\n")[::2] == (404, b"relay: only /metrics is served here\n")
+        assert _raw(listener, b"HEAD / HTTP/1.0\r\n\r\n")[::2] == (404, b"")
+        for method in (b"POST", b"DELETE"):
+            status, fields, body = _raw(listener, method + b" /metrics HTTP/1.0\r\n\r\n")
+            assert (status, fields["Allow"]) == (405, "GET, HEAD")
+            assert body.count(b"\n") == 1 and body.startswith(b"relay: ")
+    finally:
+        listener.stop()
+
+
+def test_the_metrics_listener_names_an_address_taken_and_warns_when_it_serves_beyond_loopback(tmp_path, caplog):
+    import logging
+
+    from relay import config as config_mod
+    from relay.errors import ConfigError
+    from relay.web.scrape import Listener
+    (tmp_path / ".relay").mkdir()
+    toml = tmp_path / ".relay" / "relay.toml"
+    toml.write_text('[metrics]\nlisten = "127.0.0.1:0"\n')
+    first = Listener(config_mod.load(tmp_path, ".relay", env={}))
+    try:
+        toml.write_text(f'[metrics]\nlisten = "127.0.0.1:{first.port}"\n')
+        with pytest.raises(ConfigError, match=rf"^\[metrics\] listen = '127\.0\.0\.1:{first.port}': cannot listen "
+                                              r"there: Address already in use$"):
+            Listener(config_mod.load(tmp_path, ".relay", env={}))
+        assert "without a token" not in caplog.text
+    finally:
+        first.stop()
+    toml.write_text('[metrics]\nlisten = "0.0.0.0:0"\n')
+    with caplog.at_level(logging.WARNING, logger="relay.web.scrape"):
+        wide = Listener(config_mod.load(tmp_path, ".relay", env={}))
+    try:
+        assert (f"/metrics is served without a token on http://0.0.0.0:{wide.port}/metrics: whoever reaches that "
+                "address reads the figures") in caplog.text
+    finally:
+        wide.stop()

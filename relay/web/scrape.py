@@ -2,7 +2,8 @@
 the delivery path. One thread answers one request at a time with a small http.server; each
 scrape reads the ledger through a read-only connection of that thread (web/metrics.py's
 collector), so a scrape takes no lock the loop waits for and a slow scraper delays only other
-scrapes. Only GET and HEAD of /metrics are answered (anything else: 404 or 405); no token is
+scrapes. Only GET and HEAD of /metrics are answered (another path: 404; another method: 405,
+with Allow); no token is
 asked for: where it listens is the operator's word (docs/operating.md, "Metrics")."""
 import http.server
 import logging
@@ -41,8 +42,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.send(503, f"relay: the ledger could not be read: {e}\n".encode(), "text/plain", body)
         self.send(200, data, kind, body)
 
-    def send(self, status, data, kind, body):
+    def send(self, status, data, kind, body, headers=()):
         self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-store")
@@ -53,6 +56,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def send_error(self, code, message=None, explain=None):      # a bad request line: one short line
         self.close_connection = True
         data = f"relay: {message or code}\n".encode("utf-8", "replace")
+        if code == 501:             # http.server's answer to a method it has no do_ for
+            return self.send(405, data, "text/plain", True, headers=(("Allow", "GET, HEAD"),))
         self.send(code if code in (400, 404, 405, 408, 414, 431) else 400, data, "text/plain", self.command != "HEAD")
 
     def log_message(self, format, *args):
