@@ -60,7 +60,7 @@ def echo(text="", err=False, nl=True):
 def json_text(doc, indent=False):
     """`doc` as JSON text, with no unsafe character raw (see the module's text)."""
     text = orjson.dumps(doc, option=orjson.OPT_INDENT_2 if indent else 0).decode()
-    return text.translate(_IN_JSON) if not text.isascii() else text
+    return text.translate(_IN_JSON) if not text.isascii() or "\x7f" in text else text
 
 
 def echo_json(doc, indent=False):

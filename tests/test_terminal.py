@@ -224,3 +224,43 @@ def test_a_log_line_shows_each_unsafe_character_of_what_it_logs_as_an_escape():
     assert TextFormatter("%(levelname)s %(message)s").format(record) == "WARNING left \\x1b[2J\\x1b[31mx\\u202e"
     line = JsonFormatter().format(record)
     assert not raw(line) and json.loads(line)["msg"] == "left " + CSI + "x\u202e"
+
+
+@pytest.mark.parametrize("code, bad", [
+    (0x00, True), (0x1F, True), (0x20, False), (0x7E, False), (0x7F, True), (0x80, True), (0x9F, True), (0xA0, False),
+    (0x061B, False), (0x061C, True), (0x061D, False), (0x200D, False), (0x200E, True), (0x200F, True), (0x2010, False),
+    (0x2027, False), (0x2028, True), (0x2029, True), (0x202A, True), (0x202E, True), (0x202F, False),
+    (0x2065, False), (0x2066, True), (0x2069, True), (0x206A, False), (0xFEFF, False),
+])
+def test_each_end_of_every_unsafe_range_is_where_the_gate_says(code, bad):
+    from relay import terminal
+    char = chr(code)
+    assert terminal.unsafe(char) is bad
+    shown = terminal.escaped(f"a{char}b", keep="")
+    assert shown == (f"a\\x{code:02x}b" if code < 0x100 else f"a\\u{code:04x}b") if bad else shown == f"a{char}b"
+    assert terminal.spaced(f"a{char}b") == ("a b" if bad else f"a{char}b")
+    assert json.loads(terminal.json_text({"k": char})) == {"k": char}
+    assert (char in terminal.json_text({"k": char})) is (not bad)        # DEL in an ASCII document too
+
+
+def test_escaped_keeps_newline_and_tab_unless_told_and_shows_undecodable_bytes_as_bytes():
+    from relay import terminal
+    assert terminal.escaped("a\nb\tc\x1b") == "a\nb\tc\\x1b"
+    assert terminal.escaped("a\nb\tc", keep="") == "a\\x0ab\\x09c"
+    assert terminal.escaped("a\nb\tc", keep="\t") == "a\\x0ab\tc"
+    assert terminal.escaped("caf\udce9") == "caf\\xe9" and terminal.escaped("\ud800") == "\\ud800"
+    assert terminal.escaped(None) == "" and terminal.escaped(5) == "5" and terminal.escaped("é") == "é"
+    assert terminal.spaced(None) == "" and terminal.spaced("caf\udce9\ud800") == "caf  "
+
+
+def test_an_id_says_the_millisecond_it_was_made_at_and_ids_of_one_generator_never_go_back():
+    from relay.ids import ALPHABET, IdGenerator, id_time
+    gen = IdGenerator()
+    first = gen.new(1796032800.1234)
+    assert len(first) == 26 and set(first) <= set(ALPHABET) and id_time(first) == 1796032800.123
+    same = gen.new(1796032800.1236)                     # the same millisecond: the next id
+    earlier = gen.new(1796032799.0)                     # a clock gone back: still after
+    later = gen.new(1796032801.0)
+    assert first < same < earlier < later and id_time(same) == id_time(earlier) == 1796032800.123
+    assert id_time(later) == 1796032801.0 and same[:10] == first[:10]
+    assert id_time("0000000000") == 0 and id_time("0000000001") == 0.001 and id_time("000000000Z") == 0.031
