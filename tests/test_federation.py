@@ -598,3 +598,83 @@ def test_a_redis_error_is_one_line_without_the_clients_own_description():
                                 "ConnectionPool(<redis.connection.Connection(db=0,username=<REDACTED>,...")
     assert reason(error) == "MasterNotFoundError: No master found for 'mymaster'"
     assert reason(ConnectionError("Error 111\nconnecting")) == "ConnectionError: Error 111 connecting"
+
+
+def test_the_acl_line_takes_the_team_of_the_federation_section_and_without_one_asks_for_team(cli):
+    for where in ("no project", "no section"):
+        if where == "no section":
+            cli("init", "--agent", "Ann")
+        result = cli("federation", "acl", "n1", "--password", "pw", "--no-save", ok=False)
+        assert result.exit_code == 2 and "relay: no [federation] section here: give --team" in result.output
+        assert "ACL SETUSER" not in result.output
+    (cli.state / "relay.toml").write_text('[federation]\nurl = "rediss://h"\nteam = "acme"\n')
+    line = cli("federation", "acl", "n1", "--password", "pw", "--no-save").stdout
+    assert line.startswith("ACL SETUSER relay-acme-n1 reset ") and "~relay:{acme}:node:n1 " in line
+    line = cli("federation", "acl", "n1", "--team", "other", "--password", "pw", "--no-save").stdout
+    assert line.startswith("ACL SETUSER relay-other-n1 reset ") and "{acme}" not in line
+
+
+def _fed(value, root="/p"):
+    from relay.config import federation as federation_section
+    return federation_section.parse(value, root, config_mod.parse_duration)
+
+
+@pytest.mark.parametrize("value, why", [
+    ("x", "must be a table ([federation] with url, team and node)"),
+    ({"team": "a", "heartbeat": "0s"}, "heartbeat must be more than 0s"),
+    ({"team": "a", "ack_timeout": "0ms"}, "ack_timeout must be more than 0s"),
+    ({"team": "a", "max_agents_per_node": 0}, "max_agents_per_node 0 must be a whole number above 0"),
+    ({"team": "a", "max_agents_per_node": -3}, "max_agents_per_node -3 must be a whole number above 0"),
+    ({"team": "a", "max_agents_per_node": "many"}, "max_agents_per_node 'many' must be a whole number above 0"),
+    ({"team": "a", "max_agents_per_node": None}, "max_agents_per_node None must be a whole number above 0"),
+    ({"team": 5}, "team 5 is not a valid name"), ({"team": "a", "node": 5}, "node 5 is not a valid name"),
+    ({"team": "a", "url": 5}, "url 5 is not a Redis URL (redis://host:6379 or rediss://user:password@host)"),
+    ({"team": "a", "url": "h:6379"}, "url 'h:6379' must be redis://host[:port][/db]"),
+    ({"team": "a", "url": "redis://[::1"}, "url 'redis://[::1' is not a Redis URL"),
+    ({"team": "a", "url": "redis://h:65536"}, "its port is not a number from 1 to 65535"),
+    ({"team": "a", "url": "redis://h:0"}, "its port is not a number from 1 to 65535"),
+    ({"team": "a", "url": "rediss+cluster://h:0"}, "its port is not a number from 1 to 65535"),
+    ({"team": "a", "url": "redis://h/0?db"}, "url 'redis://h/0?db': its query is not name=value pairs"),
+    ({"team": "a", "url": "redis:///0"}, "must be redis://host[:port][/db]"),
+    ({"team": "a", "url": "redis://h/0?ssl_ca_certs=/x"}, "ssl_ca_certs needs TLS: rediss:// (or rediss+cluster://)"),
+])
+def test_each_bad_federation_value_is_refused_saying_why(value, why):
+    with pytest.raises(ValueError) as e:
+        _fed(value)
+    assert why in str(e.value)
+
+
+def test_a_federation_section_takes_its_defaults_and_each_url_scheme():
+    fed = _fed({"team": "acme"})
+    assert (fed.url, fed.heartbeat, fed.ack_timeout, fed.max_agents_per_node) == (None, 5.0, 30.0, 4096)
+    assert _fed({"team": "acme", "url": "", "node": ""}).url is None
+    assert _fed({"team": "a", "max_agents_per_node": "1"}).max_agents_per_node == 1
+    assert _fed({"team": "a", "heartbeat": "1ms", "ack_timeout": "2m"}).ack_timeout == 120
+    for url in ("redis://h", "redis://h:1/0", "redis://h:65535", "rediss://u:p@h/0?ssl_ca_certs=/x",
+                "redis+sentinel://h:26379,g:26379/svc?ssl_cert_reqs=required", "redis+cluster://h:7000",
+                "rediss+cluster://h:7000?ssl_check_hostname=true", "redis://h/0?socket_timeout=5&db=1"):
+        assert _fed({"team": "a", "url": url}).url == url
+
+
+@pytest.mark.parametrize("url, shown", [
+    (None, "?"), (5, "?"), ("h:6379", "h:6379"), ("redis://h:6379", "redis://h:6379"),
+    ("redis://u@h", "redis://u@h"), ("redis://u:pw@h", "redis://u:***@h"), ("redis://:pw@h/0", "redis://:***@h/0"),
+    ("redis://h/0?PASSWORD=x&db=1", "redis://h/0?PASSWORD=***&db=1"),
+])
+def test_a_url_is_shown_with_any_password_hidden_and_a_user_kept(url, shown):
+    from relay.config.federation import redact
+    assert redact(url) == shown
+
+
+@pytest.mark.parametrize("host, node", [("build01.example.com", "build01"), ("--x--", "x"), ("ünï", "n"),
+                                        ("...", "node"), ("a" * 60, "a" * 48), ("", None)])
+def test_a_default_node_is_the_hosts_first_label_cleaned_and_the_roots_hash(host, node):
+    import hashlib
+    import re
+    import socket
+
+    from relay.config.federation import default_node
+    tail = hashlib.sha256(b"/p").hexdigest()[:6]
+    if node is None:
+        node = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname().split(".")[0]).strip("-._")[:48] or "node"
+    assert default_node("/p", host) == f"{node}-{tail}"

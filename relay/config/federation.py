@@ -104,8 +104,8 @@ def _url(value):
         raise ValueError(f"url {redact(value)!r}: the password holds a character that ends it in a URL; write "
                          f"{', '.join(f'{k} as {v}' for k, v in RESERVED.items())} (percent-encoding)")
     try:
-        if parts.scheme != "redis+sentinel":
-            parts.port      # noqa: B018 - raises ValueError on a bad port
+        if parts.scheme != "redis+sentinel" and parts.port == 0:      # raises ValueError on a bad port
+            raise ValueError("port 0")
     except ValueError:
         raise ValueError(f"url {redact(value)!r} is not a Redis URL: its port is not a number from 1 to 65535") from None
     if parts.scheme in SCHEMES:
