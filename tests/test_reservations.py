@@ -487,3 +487,161 @@ def test_a_refusal_names_the_holders_oldest_lease_first(crew):
         carol.reserve(["src/a.py"], exclusive=True)
     assert [(c["path"], c["holder"], c["held"]) for c in refused.value.conflicts] == \
         [("src/a.py", "Bob", "src"), ("src/a.py", "Alice", "src/a.py")]
+
+
+@pytest.mark.parametrize("paths", [[], (), iter([])])
+def test_a_request_naming_no_path_is_refused(crew, paths):
+    with pytest.raises(RelayError) as e:
+        crew.agent("Alice").reserve(paths)
+    assert str(e.value) == "name at least one path or glob"
+
+
+def test_the_200_paths_of_a_request_are_counted_as_given_and_a_single_path_may_be_a_string(crew):
+    alice = crew.agent("Alice")
+    with pytest.raises(RelayError) as e:
+        alice.reserve(["src"] * 201)
+    assert str(e.value) == "201 paths in one request; at most 200"
+    assert [r.path for r in alice.reserve(["src"] * 200)] == ["src"]
+    assert [r.path for r in alice.reserve("docs")] == ["docs"]
+    assert [r.path for r in alice.reservations(mine=True)] == ["docs", "src"]
+
+
+def test_system_reserves_nothing(crew, team):
+    import relay
+    from relay.agent.project import Project as Team
+    from relay.errors import InvalidName
+    with relay.Agent("System", project=Team(team.root, clock=crew.clock)) as system:
+        with pytest.raises(InvalidName) as e:
+            system.reserve(["src"])
+    assert str(e.value) == "'System' is relay's own name; only agents reserve files"
+
+
+def test_a_notice_to_an_archived_holder_is_not_written_and_recorded_so(crew, team):
+    alice, bob = crew.agent("Alice"), crew.agent("Bob")
+    alice.reserve(["src"], exclusive=True)
+    team("archive-agent", "Alice")
+    with pytest.raises(ReservationConflict) as refused:
+        bob.reserve(["src/app.py"])
+    assert [e["detail"] for e in events(crew.root, "reservation-notice")] == ["to Alice: not written: Alice is archived"]
+    assert notices(crew.root, "Alice") == []
+    assert str(refused.value).endswith(". Alice is archived and was not told; ask, wait for the lease to end, or "
+                                       "reserve other paths")
+
+
+def test_cli_reserve_for_exactly_seven_days_and_as_json(team):
+    out = team("reserve", "--agent", "Alice", "src", "--for", "7d", "--reason", "why").output.strip()
+    assert out.startswith("Alice holds src (shared, and all under it) until ") and out.endswith(" (in 6d23h; why)")
+    listed = json.loads(team("reserve", "--agent", "Alice", "docs/*.md", "--exclusive", "--json").output)
+    assert [(r["agent"], r["path"], r["scope"], r["exclusive"], r["reason"]) for r in listed] == [
+        ("Alice", "docs/*.md", "glob", True, None)]
+    assert 3599 < listed[0]["expires_in_s"] <= 3600
+    out = team("reserve", "--agent", "Bob", "README.md", "--for", "1ms").output
+    assert out.startswith("Bob holds README.md (shared, ")
+
+
+def test_cli_reservations_lists_a_table_by_agent_and_path_and_filters_by_agent(team):
+    assert team("reservations").output == "no reservations held\n"
+    team("reserve", "--agent", "Bob", "x.py")
+    team("reserve", "--agent", "Alice", "src", "--reason", "why", "--exclusive")
+    team("reserve", "--agent", "Alice", "docs/*.md")
+    lines = team("reservations").output.splitlines()
+    assert lines[0].split() == ["AGENT", "MODE", "UNTIL", "LEFT", "PATH"]
+    assert [ln.split()[:2] + ln.split()[4:] for ln in lines[1:]] == [
+        ["Alice", "shared", "docs/*.md"], ["Alice", "exclusive", "src", "(why)"], ["Bob", "shared", "x.py"]]
+    lines = team("reservations", "--agent", "Bob").output.splitlines()
+    assert len(lines) == 2 and lines[1].split()[0] == "Bob"
+    assert team("reservations", "--agent", "Carol").output == "no reservations held\n"
+
+
+def test_cli_release_needs_paths_or_all_and_says_what_was_not_held(team):
+    r = team("release", "--agent", "Alice", ok=False)
+    assert r.exit_code == 2 and "relay: name the paths to release, or --all" in r.output
+    assert team("release", "--agent", "Alice", "--all").output == "Alice held no reservation\n"
+    team("reserve", "--agent", "Alice", "src", "docs")
+    assert team("release", "--agent", "Alice", "src", "nothing").output.splitlines() == [
+        "released src", "nothing: not held by Alice; nothing to release (relay reservations --agent Alice)"]
+    assert team("release", "--agent", "Alice", "--all").output == "released docs\n"
+
+
+def test_status_names_eight_reservations_at_most_and_marks_the_exclusive_ones(team):
+    team("reserve", "--agent", "Alice", "src", "--exclusive")
+    team("reserve", "--agent", "Bob", "docs/*.md")
+    [line] = [ln for ln in team("status", ok=False).stdout.splitlines() if ln.startswith("reservations")]
+    assert line == "reservations 2: Alice src (exclusive), Bob docs/*.md  (relay reservations)"
+    team("reserve", "--agent", "Carol", *[f"c{i}" for i in range(6)])
+    [line] = [ln for ln in team("status", ok=False).stdout.splitlines() if ln.startswith("reservations")]
+    assert line.startswith("reservations 8: ") and line.endswith(", Carol c5  (relay reservations)")
+    team("reserve", "--agent", "Carol", "c6")
+    [line] = [ln for ln in team("status", ok=False).stdout.splitlines() if ln.startswith("reservations")]
+    assert line.startswith("reservations 9: ") and line.endswith(", Carol c5 ...  (relay reservations)")
+    assert "c6" not in line
+
+
+def test_a_refusal_says_each_lease_in_the_way_how_it_is_held_and_that_its_holders_were_told(crew):
+    from relay.ledger.reservations import utc
+    alice, bob, carol = crew.agent("Alice"), crew.agent("Bob"), crew.agent("Carol")
+    bob.reserve(["src/"], ttl="2h", reason="the parser")
+    alice.reserve(["src/a.py"], ttl="90s")
+    until_bob, until_alice = utc(crew.clock.now + 7200), utc(crew.clock.now + 90)
+    with pytest.raises(ReservationConflict) as refused:
+        carol.reserve(["src/a.py"], exclusive=True)
+    assert str(refused.value) == (
+        f"nothing reserved for Carol: src/a.py is held shared by Bob (as src) until {until_bob} (in 2h00m; reason: "
+        f"the parser); src/a.py is held shared by Alice until {until_alice} (in 90s). Bob, Alice were told; ask, "
+        "wait for the lease to end, or reserve other paths")
+    alice.release()
+    with pytest.raises(ReservationConflict) as refused:
+        carol.reserve(["src/b.py"], exclusive=True)
+    assert str(refused.value).endswith(". Bob was told; ask, wait for the lease to end, or reserve other paths")
+    [told] = notices(crew.root, "Bob")             # once per lease and requester
+    assert told["subject"] == "reservation: Carol was refused on src"
+    assert told["body"].splitlines()[:2] == [
+        f"Carol asked to reserve src/a.py (exclusive) at {utc(crew.clock.now)} and was refused: you hold src.",
+        f"  src (shared) until {until_bob}; reason: the parser"]
+    assert "`relay release --agent Bob src`" in told["body"] and "--to Carol" in told["body"]
+
+
+def test_a_refusal_says_which_holders_were_told_and_which_are_archived_and_were_not(crew, team):
+    from relay.agent.leases import refusal
+    alice, bob, carol = (crew.agent(n) for n in ("Alice", "Bob", "Carol"))
+    alice.reserve(["src/a.py"])
+    bob.reserve(["src/a.py"])
+    team("archive-agent", "Alice")
+    with pytest.raises(ReservationConflict) as refused:
+        carol.reserve(["src/a.py"], exclusive=True)
+    assert str(refused.value).endswith(". Bob was told; Alice is archived and was not told; ask, wait for "
+                                       "the lease to end, or reserve other paths")
+    assert len(notices(crew.root, "Bob")) == 1 and notices(crew.root, "Alice") == []
+    held = [{"holder": h, "path": "p", "held": "p", "exclusive": False, "reason": None, "expires_at": 60.0}
+            for h in ("Ann", "Ben", "Cy")]
+    assert str(refusal("Dee", True, held, 0.0, archived={"Ben", "Cy"})).endswith(
+        ". Ann was told; Ben, Cy are archived and were not told; ask, wait for the lease to end, or reserve other paths")
+    assert ". Ann, Ben, Cy were told; ask" in str(refusal("Dee", True, held, 0.0))
+
+
+def test_a_project_whose_ledger_is_not_made_yet_holds_no_reservation(team):
+    (team.state / "ledger.sqlite").unlink()
+    with relay.Agent("Alice", root=team.root) as alice:
+        assert alice.reservations() == [] and alice.reservations(mine=True) == []
+    assert not (team.state / "ledger.sqlite").exists()
+
+
+def test_the_mcp_release_tool_says_what_it_released_and_what_was_not_held_and_reservations_filters_mine(team):
+    import anyio
+
+    from relay.agent import mcp_server
+    with relay.Agent("Alice", root=team.root) as alice, relay.Agent("Bob", root=team.root) as bob:
+        server = mcp_server.build(alice)
+
+        def call(name, args):
+            return anyio.run(server.call_tool, name, args).structured_content
+        got = call("reserve", {"paths": ["src", "docs/*.md"], "exclusive": True, "reason": "why"})
+        assert [(r["path"], r["exclusive"], r["reason"]) for r in got["reservations"]] == [
+            ("src", True, "why"), ("docs/*.md", True, "why")]
+        bob.reserve(["README.md"])
+        assert [r["agent"] for r in call("reservations", {})["reservations"]] == ["Alice", "Alice", "Bob"]
+        assert [r["path"] for r in call("reservations", {"mine": True})["reservations"]] == ["docs/*.md", "src"]
+        assert call("release", {"paths": ["src/", "README.md", "nothing"]}) == {
+            "released": ["src"], "not_held": ["README.md", "nothing"]}
+        assert call("release", {}) == {"released": ["docs/*.md"], "not_held": []}
+        assert [r["agent"] for r in call("reservations", {})["reservations"]] == ["Bob"]

@@ -101,12 +101,18 @@ def conflict_text(c, now):
             f"{utc(c['expires_at'])} (in {left(c['expires_at'] - now)}{why})")
 
 
-def refusal(agent, exclusive, conflicts, now):
-    holders = ", ".join(dict.fromkeys(c["holder"] for c in conflicts))
+def refusal(agent, exclusive, conflicts, now, archived=()):
+    """The ReservationConflict naming each lease in the way, and which holders were told (an
+    archived holder is not: its inbox is not written)."""
+    holders = list(dict.fromkeys(c["holder"] for c in conflicts))
+    told = ", ".join(h for h in holders if h not in archived)
+    gone = ", ".join(h for h in holders if h in archived)
+    said = [f"{told} {'was' if ',' not in told else 'were'} told"] if told else []
+    said += [f"{gone} {'is' if ',' not in gone else 'are'} archived and {'was' if ',' not in gone else 'were'} not told"
+             ] if gone else []
     return ReservationConflict(
         f"nothing reserved for {agent}: " + "; ".join(conflict_text(c, now) for c in conflicts)
-        + f". {holders} {'was' if ',' not in holders else 'were'} told; ask, wait for the lease to end, or reserve "
-        "other paths", conflicts)
+        + f". {'; '.join(said)}; ask, wait for the lease to end, or reserve other paths", conflicts)
 
 
 def notice(requester, exclusive, now, holder, conflicts):
@@ -145,8 +151,9 @@ class Leases:
                 self.name, patterns, now, now + seconds, bool(exclusive), reason or None, functools.partial(_ids.new, now),
                 functools.partial(notice, self.name, bool(exclusive), now))
             self._tell(ledger, now)
+            archived = History(ledger).archived_agents() if conflicts else ()
         if conflicts:
-            raise refusal(self.name, exclusive, conflicts, now)
+            raise refusal(self.name, exclusive, conflicts, now, archived)
         return [Reservation.of(r) for r in granted]
 
     def release(self, paths=None, *, base=None):
