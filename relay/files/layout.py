@@ -120,8 +120,8 @@ class Layout:
             try:
                 self.fs.makedirs(rel)
             except Unsafe as e:
-                problems.append(str(e))
-        return problems
+                problems.append(e.strerror or str(e))
+        return list(dict.fromkeys(problems))        # an inbox's tmp, new and cur: its one problem, once
 
     def make_inbox(self, agent):
         for sub in ("tmp", "new", "cur"):
