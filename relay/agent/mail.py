@@ -54,8 +54,10 @@ class Stop:
                 self._events.discard(event)
 
     def close(self):
-        for fd in (self._r, self._w):
-            os.close(fd)
+        fds, self._r, self._w = (self._r, self._w), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
 
     def __del__(self):
         try:

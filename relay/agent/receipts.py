@@ -32,20 +32,10 @@ STEPS = {"read": "read_at", "acked": "acked_at", "surfaced": "surfaced_at"}
 MAX_NOTE = 64 * 1024
 
 
-def by_priority(items, limit=None):
+def by_priority(items):
     """Messages (Received) urgent first, then high, normal, low; oldest first within each (the
-    order given). With `limit`, at most that many readable ones (an unreadable entry ranked
-    before the last of them is kept, not counted)."""
-    ordered = sorted(items, key=lambda m: RANK.get(m.priority, RANK["normal"]))
-    if limit is None:
-        return ordered
-    out, readable = [], 0
-    for m in ordered:
-        if readable >= limit:
-            break
-        out.append(m)
-        readable += not m.error
-    return out
+    order given)."""
+    return sorted(items, key=lambda m: RANK.get(m.priority, RANK["normal"]))
 
 
 def shown(receipt):

@@ -89,7 +89,7 @@ def message(site, request):
         doc = reads.message(site.history(), site.layout, request.path_params["mid"], site.cfg, site.clock())
     except NotFound as e:
         return refusal(site, request, 404, str(e))
-    return page(site, request, "message.html", doc=doc, compose=site.compose is not None)
+    return page(site, request, "message.html", doc=doc)
 
 
 def original(site, request):
