@@ -2,6 +2,7 @@
 place, and the contributed snippet rendered from the same template."""
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -486,3 +487,68 @@ def test_a_directory_made_read_only_while_adopt_writes_leaves_the_file_as_it_was
     with pytest.raises(PermissionError):
         adopt.update(path, "alice", adopt.block("alice", {"bob"}), fsync=fsync, root=Path("/proj"))
     assert len(synced) == 1 and path.read_text() == "# our notes\n"
+
+
+@pytest.mark.parametrize("text", ["", "\n", "\n\n", "  \n"])
+def test_a_file_of_blank_lines_gets_the_block_after_them_with_no_blank_line_added(team, text):
+    path = team.root / "AGENTS.md"
+    path.write_text(text)
+    team("adopt", "bob")
+    assert path.read_text() == text + adopt.block(["bob"], TEAM, root=team.root)
+
+
+def test_a_last_line_without_its_newline_gets_one_and_a_blank_line_before_the_block(team):
+    path = team.root / "AGENTS.md"
+    path.write_text("# Project")
+    team("adopt", "bob")
+    assert path.read_text() == "# Project\n\n" + adopt.block(["bob"], TEAM, root=team.root)
+
+
+@pytest.mark.parametrize("given", [".", "./", "{root}", "{root}/"])
+def test_a_file_naming_the_root_itself_names_no_file(tmp_path, given):
+    given = given.format(root=tmp_path)
+    with pytest.raises(RelayError) as e:
+        adopt.target(tmp_path, tmp_path / ".relay", given)
+    assert str(e.value) == f"--file {given!r} names no file; relay adopt writes a file relative to the project root"
+    assert adopt.target(tmp_path, tmp_path / ".relay", None) == tmp_path / "AGENTS.md"
+    assert adopt.target(tmp_path, tmp_path / ".relay", "./docs/x.md") == tmp_path / "docs/x.md"
+
+
+def test_a_file_flag_below_a_file_is_refused_as_no_directory_to_write_in(team):
+    (team.root / "README.md").write_text("x\n")
+    assert error(team("adopt", "bob", "--file", "README.md/AGENTS.md", ok=False)) == (
+        f"{team.root / 'README.md'} is not a directory to write AGENTS.md in")
+    assert (team.root / "README.md").read_text() == "x\n"
+
+
+def test_an_instructions_file_of_4_mib_is_taken_and_one_byte_more_is_refused(team):
+    path = team.root / "AGENTS.md"
+    path.write_bytes(b"x" * (adopt.MAX_FILE_BYTES - 1) + b"\n")
+    team("adopt", "bob")
+    assert path.read_bytes().startswith(b"x" * (adopt.MAX_FILE_BYTES - 1) + b"\n\n<!-- relay:begin agents=bob")
+    path.write_bytes(b"x" * adopt.MAX_FILE_BYTES + b"\n")
+    assert error(team("adopt", "bob", ok=False)) == (
+        f"{path} is {adopt.MAX_FILE_BYTES + 1} bytes, more than an instructions file of 4 MiB; give --file another file")
+    assert path.stat().st_size == adopt.MAX_FILE_BYTES + 1
+
+
+def test_relays_command_in_the_block_is_relay_when_the_default_path_finds_this_script_else_its_path(
+        tmp_path, monkeypatch):
+    from relay.agent import instructions
+    venv = tmp_path / "my venv" / "bin"
+    venv.mkdir(parents=True)
+    monkeypatch.setattr(sys, "executable", str(venv / "python3"))
+    assert instructions.command() == f"'{venv}/python3' -m relay"            # no script beside it
+    (venv / "relay").write_text("#!/bin/sh\n")
+    assert instructions.command() == f"'{venv}/python3' -m relay"            # there, but not runnable
+    (venv / "relay").chmod(0o755)
+    monkeypatch.setattr(os, "defpath", str(tmp_path / "nowhere"))
+    assert instructions.command() == f"'{venv}/relay'"
+    monkeypatch.setattr(os, "defpath", str(venv))
+    assert instructions.command() == "relay"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "relay").write_text("#!/bin/sh\n")
+    (other / "relay").chmod(0o755)
+    monkeypatch.setattr(os, "defpath", str(other))                           # another relay on the PATH
+    assert instructions.command() == f"'{venv}/relay'"

@@ -324,3 +324,106 @@ def test_a_ledger_from_before_the_registry_gets_it_when_opened(project, cli):
     cli("run", "--once")
     ben = json.loads(cli("agents", "Ben", "--json").stdout)
     assert (ben["state"], ben["metadata"]["task"], ben["spawned_by"]) == ("active", "now registered", "Ann")
+
+
+def test_a_spawns_action_is_kept_its_task_header_read_in_any_case_and_cut_at_4096_characters(project, clock):
+    """ACTION goes into the metadata only when the spawn has one; a `Task` header in any case is
+    the task rather than the body, its first 4096 characters kept; a spawn with no task and an
+    empty body has none."""
+    r = project.relay()
+    task = "é" * 4096 + "cut"
+    project.drop("Ann", "spawn", f"NAME: Dana\nCLI: claude\nACTION: resume\ntAsK: {task}\n\nthe body")
+    assert r.drain().failed == 0
+    [spawn] = by_kind(r, "spawn")
+    dana = roster(r)["Dana"]
+    assert dana.metadata == {"cli": "claude", "cwd": None, "model": None, "task": "é" * 4096, "action": "resume",
+                             "spawned_by": "Ann", "spawned_at": dana.spawned_at, "spawn_id": spawn["id"]}
+    project.drop("Ben", "spawn", "NAME: Eve\n\n  \n")
+    assert r.drain(now_fn=lambda: clock.advance(5)).failed == 0
+    eve = roster(r)["Eve"]
+    assert "action" not in eve.metadata
+    assert (eve.metadata["task"], eve.metadata["cli"], eve.spawned_by) == (None, None, "Ben")
+
+
+def test_a_spawns_every_field_and_its_task_must_be_text_and_blank_fields_are_left_out(project, cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    with relay.Agent("Ann", root=project.root) as ann:
+        for field in ("cli", "cwd", "model", "action"):
+            with pytest.raises(relay.RelayError) as e:
+                ann.spawn("Dana", "x", **{field: 5})
+            assert str(e.value) == f"{field} must be text, not int"
+        with pytest.raises(relay.RelayError) as e:
+            ann.spawn(["Dana"], "x")
+        assert str(e.value) == "name must be text, not list"
+        with pytest.raises(relay.RelayError) as e:
+            ann.spawn("Dana", b"the task")
+        assert str(e.value) == "the body must be text, not bytes"
+        with pytest.raises(relay.RelayError) as e:
+            ann.release_agent("Ben", 3)
+        assert str(e.value) == "the body must be text, not int"
+        ann.spawn(" Dana ", "the task", cli=" claude ", model="  ", cwd="")
+    cli("run", "--once")
+    with relay.Agent("Ben", root=project.root) as ben:
+        dana = ben.project.registered("Dana")
+        assert (dana.metadata["cli"], dana.metadata["model"], dana.metadata["cwd"]) == ("claude", None, None)
+        assert dana.metadata["task"] == "the task"
+
+
+def test_a_spawn_waits_for_its_delivery_only_when_asked_and_zero_is_a_wait_of_no_time(project, cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    with relay.Agent("Ann", root=project.root) as ann:
+        assert ann.spawn("Dana", "x", wait_delivered=False)
+        assert ann.spawn("Erin", "x", wait_delivered=None)
+        with pytest.raises(relay.errors.DeliveryTimeout) as e:
+            ann.spawn("Finn", "x", wait_delivered=0)
+        assert "was not delivered to every recipient in 0s" in str(e.value)
+        with pytest.raises(relay.errors.DeliveryTimeout):
+            ann.release_agent("Ben", wait_delivered=0.0)
+
+
+def test_a_spawn_repeated_under_its_request_id_changes_nothing_in_the_registry(project, clock):
+    r = project.relay()
+    project.drop("Ann", "spawn", "NAME: Dana\nCLI: claude\nREQUEST-ID: s-1\n\nfirst")
+    r.drain()
+    project.drop("Ben", "release", "NAME: Dana\n\n")
+    r.drain(now_fn=lambda: clock.advance(5))
+    assert roster(r)["Dana"].state == "inactive"
+    project.drop("Ann", "spawn-again", "KIND: spawn\nNAME: Dana\nCLI: codex\nREQUEST-ID: s-1\n\nagain")
+    r.drain(now_fn=lambda: clock.advance(5))
+    again = next(m for m in by_kind(r, "spawn") if m["name"] == "spawn-again")
+    assert again["status"] == "archived" and again["duplicate_of"]
+    dana = roster(r)["Dana"]
+    assert (dana.state, dana.metadata["cli"], dana.released_by) == ("inactive", "claude", "Ben")
+    assert events(r, again["id"]) == []
+
+
+@pytest.mark.parametrize("name, text, reason", [
+    ("spawn", "NAME: System\n\nme?", "(System: relay's own name), in any case: it is never spawned (NAME of a spawn message)"),
+    ("release", "NAME: system\n\n", "(System: relay's own name), in any case: it is never released (NAME of a release message)"),
+    ("release", "NAME: Broadcast\n\n", "(Broadcast: every agent (as '*')), in any case: it is never released (NAME of a "
+                                       "release message)"),
+])
+def test_a_reserved_name_is_never_spawned_nor_released_said_by_the_kind_of_message(project, name, text, reason):
+    r = project.relay(agents=("Ann", "Ben"))
+    project.drop("Ann", name, text)
+    assert r.drain().failed == 1
+    [row] = [m for m in r.history.audit() if m["kind"] != "bounce"]
+    assert row["error"].endswith(reason)
+
+
+def test_a_spawns_task_is_its_task_header_only_else_its_body(project, clock):
+    r = project.relay()
+    project.drop("Ann", "spawn.json", json.dumps({"kind": "spawn", "name": "Dana", "Ticket": "T-1", "body": "the body"}))
+    project.drop("Ben", "spawn", "NAME: Eve\nX-Note: a note\n\nEve's task\n")
+    assert r.drain().failed == 0
+    assert roster(r)["Dana"].metadata["task"] == "the body" and roster(r)["Eve"].metadata["task"] == "Eve's task"
+
+
+def test_a_spawn_of_a_name_an_agent_has_in_another_case_is_refused(project):
+    r = project.relay(agents=("Ann", "Ben"))
+    project.drop("Ann", "spawn", "NAME: ben\n\nx")
+    assert r.drain().failed == 1
+    [row] = [m for m in r.history.audit() if m["kind"] != "bounce"]
+    assert "'ben' would be the same as the agent 'Ben'" in row["error"]
+    assert row["error"].endswith("(NAME of a spawn message)")
+    assert not (project.state / "outbox" / "ben").exists() and roster(r) == {}

@@ -719,3 +719,113 @@ def test_read_takes_a_unique_prefix_for_an_agent_as_without_one(team):
     assert json.loads(team("read", mid[:12].lower(), "--agent", "Bob", "--json").output)["id"] == mid
     r = team("read", "", "--agent", "Bob", ok=False)
     assert error_line(r) == "no message '' in the inbox of Bob"
+
+
+@pytest.mark.parametrize("to", ["", " , ", [], ["", " "]])
+def test_a_send_naming_no_recipient_is_refused_before_anything_is_written(team, to):
+    with relay.Agent("Alice", root=team.root) as alice:
+        with pytest.raises(relay.RelayError) as e:
+            alice.send(to, "x")
+    assert str(e.value) == "no recipient: give a name, a list of names, '*' or System"
+    assert list((team.state / "outbox" / "Alice").iterdir()) == []
+
+
+@pytest.mark.parametrize("kw, said", [
+    ({"body": b"x"}, "the body must be text, not bytes"), ({"body": None}, "the body must be text, not NoneType"),
+    ({"request_id": "a\nb"}, "--request-id must be one line of at most 200 characters"),
+    ({"request_id": "r" * 201}, "--request-id must be one line of at most 200 characters"),
+    ({"max_retries": True}, "max_retries True is not a whole number from 0 up"),
+    ({"max_retries": "3"}, "max_retries '3' is not a whole number from 0 up"),
+    ({"max_retries": 2.0}, "max_retries 2.0 is not a whole number from 0 up"),
+    ({"ack_required": "maybe"}, "ACK 'maybe'"),
+    ({"ack_required": 1}, "ack_required must be true or false, not 1"),
+    ({"subject": "a\nb"}, "subject must be one line"), ({"thread": "a\rb"}, "thread must be one line"),
+])
+def test_each_field_of_a_send_the_daemon_would_refuse_is_refused_before_anything_is_written(team, kw, said):
+    kw = {"body": "x", **kw}
+    with relay.Agent("Alice", root=team.root) as alice:
+        with pytest.raises(relay.RelayError) as e:
+            alice.send("Bob", **kw)
+    assert said in str(e.value)
+    assert list((team.state / "outbox" / "Alice").iterdir()) == []
+
+
+def test_a_request_id_of_200_characters_and_a_max_retries_of_0_are_taken(team):
+    with relay.Agent("Alice", root=team.root) as alice:
+        mid = alice.send("Bob", "x", request_id="r" * 200, max_retries=0)
+    [f] = (team.state / "outbox" / "Alice").iterdir()
+    text = f.read_text()
+    assert f"ID: {mid}\n" in text and f"REQUEST-ID: {'r' * 200}\n" in text and "MAX-RETRIES: 0\n" in text
+
+
+@pytest.mark.parametrize("subject, reply", [("plan", "Re: plan"), ("Re: plan", "Re: plan"), ("RE: plan", "RE: plan"),
+                                            ("re:plan", "re:plan"), ("Regarding plan", "Re: Regarding plan"),
+                                            (None, None)])
+def test_a_reply_keeps_a_subject_that_is_a_reply_already_in_any_case_and_prefixes_any_other(team, subject, reply):
+    with relay.Agent("Alice", root=team.root) as alice, relay.Agent("Bob", root=team.root) as bob:
+        alice.send("Bob", "question", subject=subject)
+        drain(team.root)
+        [q] = bob.inbox()
+        bob.reply(q, "answer")
+        drain(team.root)
+        [a] = alice.inbox()
+    assert a.subject == reply and a.thread == q.id
+
+
+def test_an_agent_of_a_project_with_no_ledger_yet_reads_nothing_and_says_why_a_message_is_not_found(team):
+    from relay.errors import NotFound
+    (team.state / "ledger.sqlite").unlink()
+    with relay.Agent("Alice", root=team.root) as alice:
+        assert alice.state_get("build-lock") is None and alice.state_list() == []
+        assert alice.search("hello") == [] and alice.thread("plan") == [] and alice.unacknowledged() == []
+        assert alice.sent_before("R1") is None
+        assert [r.name for r in alice.agents()] == ["Alice", "Bob", "Carol"]
+        with pytest.raises(NotFound) as e:
+            alice.receipts("01ABC")
+        assert str(e.value) == "no message '01ABC' that Alice sent: the project has no ledger yet"
+        with pytest.raises(NotFound) as e:
+            alice.find("01ABC")
+        assert str(e.value) == "no message with id '01ABC': the project has no ledger yet"
+        assert not (team.state / "ledger.sqlite").exists()
+        assert alice.spawn("Dana", "the docs")          # no operator archived anyone: no ledger to say so
+
+
+def test_a_stop_wakes_each_event_watching_it_once_set_and_none_it_forgot():
+    import select
+
+    from relay.agent.api import Stop
+    stop = Stop()
+    kept, forgotten = threading.Event(), threading.Event()
+    stop.watch(kept)
+    stop.watch(forgotten)
+    stop.watch(forgotten, on=False)
+    assert not stop.is_set() and select.select([stop.fileno()], [], [], 0)[0] == []
+    stop.set()
+    stop.set()                                              # set twice: one byte in the pipe
+    assert stop.is_set() and kept.is_set() and not forgotten.is_set()
+    assert os.read(stop.fileno(), 16) == b"x"
+    late = threading.Event()
+    stop.watch(late)                                        # watched once set: set at once
+    assert late.is_set()
+
+
+def test_an_agent_outside_a_project_or_unnamed_is_refused_saying_what_to_do(tmp_path, monkeypatch):
+    with pytest.raises(relay.RelayError) as e:
+        relay.Agent("Ann", root=tmp_path)
+    assert str(e.value) == f"no relay state directory at {tmp_path / '.relay'}: run `relay init` first"
+    assert not (tmp_path / ".relay").exists()
+    monkeypatch.delenv("RELAY_AGENT", raising=False)
+    with pytest.raises(relay.RelayError) as e:
+        relay.Agent(root=tmp_path)
+    assert str(e.value) == 'name the agent: relay.Agent("NAME"), or set RELAY_AGENT=NAME'
+
+
+def test_system_reads_its_inbox_but_never_sends_and_an_agent_created_on_purpose_may(team):
+    with relay.Agent("System", root=team.root) as system:
+        with pytest.raises(relay.RelayError) as e:
+            system.send("Alice", "x")
+        assert str(e.value) == "'System' is relay's own name and never a sender: only agents have outboxes"
+        assert system.inbox() == []
+    with relay.Agent("Dana", root=team.root, create=True) as dana:
+        assert dana.send("Alice", "hello from Dana")
+    assert (team.state / "inbox" / "Dana" / "new").is_dir()

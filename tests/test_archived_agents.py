@@ -155,3 +155,37 @@ def test_a_file_of_unfit_name_in_an_archived_agents_outbox_is_quarantined_and_bo
     assert owed == {"Alice": 1}
     assert len(list((project.state / "inbox" / "Bob" / "new").iterdir())) == int(batch_between)
     assert list((project.state / "outbox" / "Carol").iterdir()) == []
+
+
+def test_a_message_an_archived_agent_drops_to_an_unknown_recipient_bounces_to_nobody(project, cli):
+    """Refused for its unknown recipient or for its archived sender, a message from an archived
+    agent owes no bounce (one for Alice's own such message is owed)."""
+    r = project.relay(agents=("Alice", "Bob", "Carol"))
+    r.drain()
+    cli("archive-agent", "Carol")
+    for sender in ("Carol", "Alice"):
+        project.drop(sender, "lost", "TO: Nobody\nSUBJECT: lost\n\nto no one")
+    r.drain()
+    r.drain()
+    db = sqlite3.connect(f"file:{project.state / 'ledger.sqlite'}?mode=ro", uri=True)
+    try:
+        failed = dict(db.execute("SELECT sender, count(*) FROM messages WHERE status = 'failed' GROUP BY sender"))
+        owed = dict(db.execute("SELECT sender, count(*) FROM bounces GROUP BY sender"))
+    finally:
+        db.close()
+    assert failed == {"Alice": 1, "Carol": 1} and owed == {"Alice": 1}
+    assert list((project.state / "inbox" / "Carol" / "new").iterdir()) == []
+    assert [json.loads(p.read_text())["kind"] for p in (project.state / "inbox" / "Alice" / "new").iterdir()] == ["bounce"]
+
+
+def test_the_refusal_for_an_archived_agent_names_when_by_whom_and_which_way():
+    from relay.core.registry import archived_refusal
+    archived = {"Carol": (0.0, "operator:ann"), "Dan": (None, None), "Eve": ("not a time", "")}
+    assert archived_refusal("Bob", archived) is None
+    assert archived_refusal("Carol", archived) == (
+        "agent Carol is archived since 1970-01-01T00:00:00.000000Z by operator:ann: relay delivers nothing to it, so "
+        "nothing was sent (an operator restores it: `relay archive-agent --undo Carol`)")
+    assert archived_refusal("Dan", archived, sender=True, outcome="the file was quarantined") == (
+        "agent Dan is archived by an operator: relay accepts nothing from it, so the file was quarantined "
+        "(an operator restores it: `relay archive-agent --undo Dan`)")
+    assert archived_refusal("Eve", archived).startswith("agent Eve is archived by an operator: ")

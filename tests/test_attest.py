@@ -120,3 +120,50 @@ def test_the_real_daemon_attests_at_start_and_at_reload(tmp_path):
             d.proc.kill()
             d.proc.wait()
         d.sock.close()
+
+
+def _attested(**over):
+    att = {"attested": True, "running": True, "synchronous": "FULL", "configured": "full", "journal_mode": "wal",
+           "foreign_keys": 1, "busy_timeout_ms": 5000}
+    return {**att, **over}
+
+
+@pytest.mark.parametrize("over, said", [
+    ({}, []),
+    ({"journal_mode": "WAL"}, []),
+    ({"journal_mode": "delete"}, ["the running daemon (pid 77) has its ledger in journal mode delete, not WAL; "
+                                  "readers may block it; restart it"]),
+    ({"foreign_keys": 0}, ["the running daemon (pid 77) runs with foreign keys off; restart it"]),
+    ({"journal_mode": "truncate", "foreign_keys": False},
+     ["the running daemon (pid 77) has its ledger in journal mode truncate, not WAL; readers may block it; restart it",
+      "the running daemon (pid 77) runs with foreign keys off; restart it"]),
+])
+def test_doctor_flags_a_daemons_journal_that_is_not_wal_and_its_foreign_keys_off_each(over, said):
+    from relay.core import health
+    assert health.problems(_attested(**over), "full", 77) == said
+    assert health.problems(_attested(**over), "full", None) == []
+
+
+def test_status_says_nothing_of_a_ledger_it_may_write_and_names_what_it_may_not():
+    from relay.core import health
+    assert health.describe_access({"writable": True, "unwritable": None, "opened": None}) is None
+    assert health.describe_access({"writable": False, "unwritable": "/s/ledger.sqlite-wal", "opened": "read-only"}) == (
+        "read-only: /s/ledger.sqlite-wal cannot be written; the read-only verbs read the ledger, a relay cannot run here")
+    assert health.describe_access({"writable": False, "unwritable": "/s", "opened": "immutable"}) == (
+        "read-only: /s cannot be written; the read-only verbs read the ledger as it stands (immutable: no -shm "
+        "could be made), a relay cannot run here")
+
+
+@pytest.mark.parametrize("pid, oldest, max_age, code, said", [
+    (7, None, 60, 0, []),
+    (7, 60, 60, 0, []),
+    (7, 61, 60, 4, ["the oldest pending message waits for 61s, more than --max-pending-age 1m"]),
+    (7, 10_000, 0, 0, []),
+    (None, None, 60, 3, ["no daemon is running (relay.lock is not held)"]),
+    (None, 61, 60, 3, ["no daemon is running (relay.lock is not held)",
+                       "the oldest pending message waits for 61s, more than --max-pending-age 1m"]),
+])
+def test_the_health_check_is_down_before_stale_and_stale_only_past_the_age_given(pid, oldest, max_age, code, said):
+    from relay.core import health
+    assert health.check(pid, oldest, max_age) == (code, said)
+    assert (health.EXIT_OK, health.EXIT_STALE, health.EXIT_DOWN) == (0, 4, 3)

@@ -228,3 +228,138 @@ def test_an_agents_file_of_kind_bounce_is_refused_and_bounces_to_its_sender(proj
     [b] = bounces(project, "Ann")
     assert b["from"] == "System" and b["headers"]["bounce_of"] == failed["id"]
     assert project.inbox("Ben") == []
+
+
+def test_a_delivered_message_shed_for_some_under_a_load_limit_bounces_unless_every_one_is_quiet(project, clock):
+    """Delivered to some and shed for others under pair_rate: it bounces when any recipient
+    shed starts its window (naming every one shed), and not when each is in its window."""
+    r = project.relay(agents=("Ann", "Ben", "Cy", "Dee", "Eve"), pair_rate=1, pair_window="1h")
+    sends = [("m0", "Ben"), ("m1", "Ben, Cy"), ("m2", "Ben, Cy, Dee"), ("m3", "Ben, Cy, Eve")]
+    for name, to in sends:
+        project.drop("Ann", name, f"TO: {to}\nSUBJECT: {name}\n\n{name}")
+        r.drain(now_fn=lambda: clock.advance(1))
+    assert [e["body"] for e in project.inbox("Cy")] == ["m1"]
+    assert [e["body"] for e in project.inbox("Dee")] == ["m2"] and [e["body"] for e in project.inbox("Eve")] == ["m3"]
+    said = [(b["subject"], b["headers"]["failed_recipients"]) for b in bounces(project, "Ann")]
+    assert said == [("Undelivered: m1", ["Ben"]), ("Undelivered: m2", ["Ben", "Cy"])]
+
+
+def test_a_message_that_fails_after_reaching_some_recipients_bounces_naming_only_the_others(project, clock):
+    r = project.relay()
+    failing_create(r, OSError(errno.EACCES, "Permission denied"), when=lambda rel: rel.startswith("inbox/Cy/"))
+    project.drop("Ann", "m", "TO: Ben, Cy\nSUBJECT: half way\n\nx")
+    for _ in range(10):
+        r.step()
+        clock.advance(3600)
+    [row] = [x for x in r.history.audit() if x["sender"] == "Ann"]
+    assert row["status"] == "failed"
+    assert [e["body"] for e in project.inbox("Ben")] == ["x"]
+    r.drain()
+    [b] = bounces(project, "Ann")
+    assert b["headers"]["failed_recipients"] == ["Cy"] and b["subject"] == "Undelivered: half way"
+
+
+def test_a_claim_budget_quarantine_after_some_deliveries_bounces_naming_only_the_others(project, clock):
+    r = project.relay(max_retries=1)
+    switch = failing_create(r, OSError(errno.EACCES, "Permission denied"), when=lambda rel: rel.startswith("inbox/Cy/"))
+    project.drop("Ann", "m", "TO: Ben, Cy\nSUBJECT: s\n\nhello")
+    r.step()
+    [row] = [x for x in r.history.audit() if x["sender"] == "Ann"]
+    assert row["status"] == "pending" and [d["recipient"] for d in r.history.deliveries(row["id"])] == ["Ben"]
+    switch["on"] = False
+    real = r.ledger.messages.record
+
+    def crash(*a, **k):
+        raise Crash()
+    r.ledger.messages.record = crash
+    with pytest.raises(Crash):
+        r.drain(now_fn=lambda: clock.advance(3600))
+    r.ledger.messages.record = real
+    r.close()
+    project.relays.remove(r)
+    again = project.relay(max_retries=1)
+    again.drain()
+    failed = again.history.get(row["id"])
+    assert failed["status"] == "failed"
+    report = json.loads((project.state / f"{failed['failed_path']}.error.json").read_text())
+    assert report["delivered_to"] == ["Ben"] and "relay stopped while handling it once" in report["reason"]
+    assert report["what_to_do"].endswith("; recipients that already have it do not get it again")
+    [b] = bounces(project, "Ann")
+    assert b["headers"]["failed_recipients"] == ["Cy"] and "relay stopped while handling it" in b["headers"]["reason"]
+
+
+@pytest.mark.parametrize("reason, says", [
+    ("unknown recipient Zed; known agents: Ann", "check the name (`relay agents` lists the agents"),
+    ("shed for Ben (per_pair_rate: 3 in 60s)", "you sent them more than `pair_rate` messages in `pair_window`"),
+    ("shed for Ben (queue_limit: 100 unread)", "their inbox is full (they do not read it)"),
+    ("shed for Ben (recipient_archived)", "an operator retired them (relay archive-agent)"),
+    ("shed for every recipient (body_size: ...)", "the body is over `max_body_bytes`: send it in smaller parts"),
+    ("the body is 2000 bytes, over MAX_BODY_BYTES (1000)", "the body is over `max_body_bytes`: send it in smaller parts"),
+    ("Unknown Recipient zed", "check the name"),
+    ("writing the envelope for Cy: Permission denied", "fix what the reason says and send it again; an operator can "
+                                                       "deliver this one as it is with `relay retry 01MID`"),
+])
+def test_a_bounce_says_what_to_do_by_the_first_words_of_its_reason_it_matches(reason, says):
+    from relay.core.bounces import document
+    doc = json.loads(document({"message_id": "01MID", "reason": reason, "recipients": '["Ben"]', "subject": None,
+                               "sender": "Ann", "thread": None}, 100_000))
+    assert f"\n\nWhat to do: {says}" in doc["body"]
+    assert doc["body"].count("What to do:") == 1
+
+
+def test_a_bounces_document_names_the_message_its_recipients_or_none_and_is_cut_to_the_limit():
+    from relay.core.bounces import document
+    row = {"message_id": "01MID", "reason": "unknown recipient Zed", "recipients": '["Zed", 3, "Yan"]',
+           "subject": "plans", "sender": "Ann", "thread": "t-1"}
+    doc = json.loads(document(row, 100_000))
+    assert doc["body"].startswith('Your message 01MID "plans" was not delivered to Zed, Yan.\n\nWhy: unknown recipient Zed\n\n')
+    assert doc["body"].endswith("\n\n`relay show 01MID` tells its whole story.\n")
+    assert (doc["to"], doc["kind"], doc["thread"], doc["subject"], doc["failed_recipients"], doc["bounce_of"]) == (
+        "Ann", "bounce", "t-1", "Undelivered: plans", ["Zed", "Yan"], "01MID")
+    bare = json.loads(document({**row, "recipients": "[]", "subject": "", "thread": None}, 100_000))
+    assert bare["body"].startswith("Your message 01MID was not delivered to its recipients.\n\n")
+    assert (bare["thread"], bare["subject"]) == ("01MID", "Undelivered: your message 01MID")
+    broken = json.loads(document({**row, "recipients": "not json"}, 100_000))
+    assert broken["failed_recipients"] == [] and "delivered to its recipients." in broken["body"]
+    size = len(doc["body"].encode())
+    assert json.loads(document(row, size))["body"] == doc["body"]              # exactly the limit: whole
+    cut = json.loads(document(row, size - 1))["body"]
+    assert cut.endswith("...") and len(cut.encode()) == size - 1 and cut[:-3] == doc["body"][:size - 4]
+
+
+def test_bounces_emitted_a_batch_at_a_time_stay_due_until_a_batch_is_not_full(project, clock):
+    r = project.relay()
+    real = r.bounces.emit
+    r.bounces.emit = lambda now, limit=256: 0          # owed by the batch, not written yet
+    for i in range(3):
+        project.drop("Ann", f"m{i}", f"TO: Nobody\nSUBJECT: s{i}\n\nx")
+    r.drain()
+    r.bounces.emit = real
+    assert r.bounces.due is True
+    assert r.bounces.emit(clock.now, limit=2) == 2 and r.bounces.due is True
+    assert r.bounces.emit(clock.now, limit=2) == 1 and r.bounces.due is False
+    assert r.bounces.emit(clock.now, limit=2) == 0
+    r.drain()
+    assert sorted(b["subject"] for b in bounces(project, "Ann")) == ["Undelivered: s0", "Undelivered: s1",
+                                                                     "Undelivered: s2"]
+
+
+def test_two_oversized_messages_to_one_recipient_each_bounce_a_size_is_no_load_limit(project, clock):
+    """Only a shed for a load limit (per_pair_rate, queue_limit) is bounced once a window."""
+    r = project.relay(max_body_bytes=100, pair_window="1h")
+    for i in range(3):
+        project.drop("Ann", f"big{i}", f"TO: Ben\nSUBJECT: big {i}\n\n" + "x" * 150)
+        r.drain(now_fn=lambda: clock.advance(1))
+    assert sorted(b["subject"] for b in bounces(project, "Ann")) == ["Undelivered: big 0", "Undelivered: big 1",
+                                                                     "Undelivered: big 2"]
+
+
+def test_a_bounce_of_a_message_never_resolved_names_the_recipients_written_but_everyone(project):
+    """An unknown name beside '*': never resolved, it bounces naming what was written, without
+    '*'; a message too large for its body names those it was shed for."""
+    r = project.relay(max_body_bytes=100)
+    project.drop("Ann", "m", "TO: Zed, *\nSUBJECT: lost\n\nx")
+    project.drop("Ann", "big", "TO: Cy, Ben\nSUBJECT: big\n\n" + "x" * 150)
+    r.drain()
+    said = {b["subject"]: b["headers"]["failed_recipients"] for b in bounces(project, "Ann")}
+    assert said == {"Undelivered: lost": ["Zed"], "Undelivered: big": ["Ben", "Cy"]}

@@ -393,3 +393,274 @@ def test_install_names_a_known_agent(team):
 def test_adopt_offers_the_hooks(team):
     out = team("adopt", "Bob").output
     assert "relay hook install claude --agent Bob" in out
+
+
+@pytest.mark.parametrize("command, ours", [
+    ("relay hook claude", True), ("/opt/v/bin/relay hook claude --agent Bob", True),
+    ("/usr/bin/python3 -m relay hook claude", True), ("python -m relay hook claude --agent Bob", True),
+    ("'/my dir/relay' hook claude --agent Bob", True),
+    ("relay hook claude --agent", False), ("relayx hook claude", False), ("/bin/relay.sh hook claude", False),
+    ("relay hook claude extra", False), ("relay hook claude --agent Bob extra", False),
+    ("relay hook claude --team Bob", False), ("relay hook other", False), ("relay hooks claude", False),
+    ("python -m relayx hook claude", False), ("python -c relay hook claude", False),
+    ("sh -c relay hook claude", False), ("env X=1 relay hook claude", False), ("hook claude", False),
+    ("relay 'hook claude", False), ("", False),
+])
+def test_a_hook_is_relays_only_when_it_runs_relay_hook_claude_and_nothing_else(command, ours):
+    assert claude_settings.is_relays({"type": "command", "command": command}) is ours
+
+
+@pytest.mark.parametrize("hook", [{"type": "prompt", "command": "relay hook claude"}, {"command": "relay hook claude"},
+                                  {"type": "command", "command": ["relay", "hook", "claude"]}, {"type": "command"},
+                                  "relay hook claude", None])
+def test_a_hook_entry_that_is_no_command_hook_is_never_relays(hook):
+    assert claude_settings.is_relays(hook) is False
+    assert claude_settings.is_install(hook, "relay hook claude") is False
+
+
+def test_the_hook_command_quotes_its_words_and_names_the_agent_only_when_given():
+    assert claude_settings.hook_command("Bob", ["/x/relay"]) == "/x/relay hook claude --agent Bob"
+    assert claude_settings.hook_command(None, ["/x/relay"]) == "/x/relay hook claude"
+    assert claude_settings.hook_command("", ["/x/relay"]) == "/x/relay hook claude"
+    assert claude_settings.hook_command("Bob", ["/my dir/python", "-m", "relay"]) == \
+        "'/my dir/python' -m relay hook claude --agent Bob"
+
+
+def test_relays_own_command_is_the_script_beside_python_else_the_one_started_else_on_path_else_python_m(
+        tmp_path, monkeypatch):
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "relay").write_text("#!/bin/sh\n")
+    (venv / "relay").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv / "python3"))
+    assert claude_settings.relay_argv() == [str(venv / "relay")]
+    (venv / "relay").chmod(0o644)                        # not runnable: not taken
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "relay").write_text("#!/bin/sh\n")
+    (elsewhere / "relay").chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(elsewhere / "relay"), "hook"])
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert claude_settings.relay_argv() == [str((elsewhere / "relay").resolve())]
+    monkeypatch.setattr(sys, "argv", [str(elsewhere / "relay-not"), "hook"])
+    assert claude_settings.relay_argv() == [str(venv / "python3"), "-m", "relay"]
+    monkeypatch.setenv("PATH", str(elsewhere))
+    assert claude_settings.relay_argv() == [str(elsewhere / "relay")]
+    monkeypatch.setattr(sys, "argv", [])
+    assert claude_settings.relay_argv() == [str(elsewhere / "relay")]
+
+
+def test_install_keeps_one_of_two_identical_relay_hooks_and_drops_the_group_left_empty(tmp_path):
+    argv = ["/x/relay"]
+    ours = {"type": "command", "command": claude_settings.hook_command("Bob", argv), "timeout": 5}
+    theirs = {"type": "command", "command": "lint"}
+    path = tmp_path / claude_settings.LOCAL
+    path.parent.mkdir()
+    path.write_text(json.dumps({"hooks": {"Stop": [{"hooks": [ours]}, {"hooks": [ours]}, {"hooks": [theirs, ours]}]}}))
+    assert claude_settings.install(tmp_path, "Bob", argv=argv) == (path, "updated")
+    stop = json.loads(path.read_text())["hooks"]["Stop"]
+    assert stop == [{"hooks": [{**ours, "timeout": 30}]}, {"hooks": [theirs]}]
+    assert claude_settings.install(tmp_path, "Bob", argv=argv) == (path, "unchanged")
+
+
+def test_uninstall_with_no_settings_file_takes_nothing_out_and_writes_none(tmp_path):
+    path = tmp_path / claude_settings.LOCAL
+    assert claude_settings.uninstall(tmp_path) == (path, 0)
+    assert claude_settings.uninstall(tmp_path, agent="Bob", argv=["/x/relay"]) == (path, 0)
+    assert not (tmp_path / ".claude").exists()
+
+
+def test_uninstall_keeps_the_other_hooks_of_a_group_and_the_settings_beside_the_hooks(tmp_path):
+    argv = ["/x/relay"]
+    path = tmp_path / claude_settings.LOCAL
+    path.parent.mkdir()
+    ours = {"type": "command", "command": claude_settings.hook_command("Bob", argv)}
+    carols = {"type": "command", "command": claude_settings.hook_command("Carol", argv)}
+    theirs = {"type": "command", "command": "lint"}
+    path.write_text(json.dumps({"model": "x", "hooks": {"Stop": [{"matcher": "", "hooks": [theirs, ours, carols]}],
+                                                        "PostToolUse": [{"hooks": [ours]}]}}))
+    assert claude_settings.uninstall(tmp_path, agent="Bob", argv=argv) == (path, 2)
+    assert json.loads(path.read_text()) == {"model": "x", "hooks": {"Stop": [{"matcher": "", "hooks": [theirs, carols]}]}}
+    assert claude_settings.uninstall(tmp_path) == (path, 1)
+    assert json.loads(path.read_text()) == {"model": "x", "hooks": {"Stop": [{"matcher": "", "hooks": [theirs]}]}}
+    assert claude_settings.uninstall(tmp_path) == (path, 0)
+
+
+def test_install_keeps_the_settings_files_mode_and_takes_an_empty_file_for_no_settings(tmp_path):
+    path = tmp_path / claude_settings.LOCAL
+    path.parent.mkdir()
+    path.write_text("  \n")
+    path.chmod(0o600)
+    assert claude_settings.install(tmp_path, "Bob", argv=["/x/relay"]) == (path, "installed")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert sorted(json.loads(path.read_text())["hooks"]) == sorted(claude_settings.EVENTS)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_a_settings_file_that_is_not_utf8_is_refused_and_left_as_it_is(tmp_path):
+    from relay import errors as relay_errors
+    path = tmp_path / claude_settings.LOCAL
+    path.parent.mkdir()
+    path.write_bytes(b'{"x": "\xff"}')
+    with pytest.raises(relay_errors.RelayError) as e:
+        claude_settings.install(tmp_path, "Bob", argv=["/x/relay"])
+    assert str(e.value).startswith(f"cannot read {path} ('utf-8' codec can't decode byte 0xff in position 7")
+    assert str(e.value).endswith("); it was left unchanged")
+    assert path.read_bytes() == b'{"x": "\xff"}'
+
+
+def test_session_start_counts_no_one_or_many_unread_and_past_20_names_the_newest_five_newest_first(mail):
+    text = context(hook(mail, "SessionStart", session="s0"), "SessionStart")
+    assert "You have no unread messages." in text and "The newest:" not in text
+    first = mail.send("Alice", "Bob", "body 0", subject="s0")
+    text = context(hook(mail, "SessionStart", session="s1"), "SessionStart")
+    assert "You have 1 unread message." in text and "The newest:" not in text
+    ids = [first] + [mail.send("Alice", "Bob", f"body {i}", subject=f"s{i}") for i in range(1, 20)]
+    text = context(hook(mail, "SessionStart", session="s20"), "SessionStart")
+    assert "You have 20 unread messages." in text and "The newest:" not in text
+    ids.append(mail.send("Carol", "Bob", "body 20", subject="s20"))
+    lines = context(hook(mail, "SessionStart", session="s21"), "SessionStart").splitlines()
+    assert "You have 21 unread messages." in lines
+    at = lines.index("The newest:")
+    newest = lines[at + 1:at + 6]
+    assert [line.split(" from ")[0].lstrip("- ") for line in newest] == ids[:-6:-1]
+    assert newest[0].endswith("from Carol: s20") and lines[at + 6].startswith("How to read and answer")
+
+
+def test_adopt_with_claude_hooks_installs_them_for_the_agent_and_says_where(team):
+    path = team.root / claude_settings.LOCAL
+    lines = team("adopt", "Bob", "--claude-hooks").output.splitlines()
+    assert lines == [f"added the relay block for Bob to {team.root / 'AGENTS.md'}",
+                     f"relay's Claude Code hooks for Bob in {path}: installed"]
+    commands = {h["command"] for groups in settings(team)["hooks"].values() for g in groups for h in g["hooks"]}
+    assert len(commands) == 1 and commands.pop().endswith(" hook claude --agent Bob")
+    assert team("adopt", "Bob", "--claude-hooks").output.splitlines()[1] == (
+        f"relay's Claude Code hooks for Bob in {path}: unchanged")
+
+
+def test_the_hook_finds_a_state_directory_named_on_its_command_line(tmp_path):
+    from click.testing import CliRunner
+
+    from relay.cli import main
+    runner = CliRunner()
+    root = tmp_path / "p"
+    root.mkdir()
+    assert runner.invoke(main, ["--root", str(root), "--state-dir", ".team", "init", "--agent", "Ann",
+                                "--agent", "Bob"]).exit_code == 0
+    with relay_agent("Ann", root, ".team") as ann:
+        mid = ann.send("Bob", "over here")
+    assert runner.invoke(main, ["--root", str(root), "--state-dir", ".team", "run", "--once", "-q"]).exit_code == 0
+    given = json.dumps(event("UserPromptSubmit", root))
+    done = runner.invoke(main, ["--root", str(root), "--state-dir", ".team", "hook", "claude", "--agent", "Bob"],
+                         input=given)
+    assert done.exit_code == 0 and mid in context(json.loads(done.stdout), "UserPromptSubmit")
+    lost = runner.invoke(main, ["--root", str(root), "hook", "claude", "--agent", "Bob"], input=given)
+    assert lost.exit_code == 0 and lost.stdout == ""         # .relay/ is not there: fails open, prints nothing
+
+
+def relay_agent(name, root, state_dir):
+    return Agent(name, project=Project(config=config_mod.load(root, state_dir, env={})))
+
+
+def test_a_stop_names_20_messages_at_most_counts_the_rest_and_says_how_to_acknowledge_only_when_asked(mail):
+    ids = [mail.send("Alice", "Bob", f"body {i}", subject=f"s{i}") for i in range(21)]
+    lines = hook(mail, "Stop", session="many")["reason"].splitlines()
+    assert lines[0] == "relay: Bob has 21 messages waiting; deal with them before you stop:"
+    assert sum(1 for line in lines if line.startswith("- ")) == 20 and "and 1 more" in lines
+    assert ids[0] in lines[1] and not any(ids[20] in line for line in lines)
+    assert lines[-1].endswith(". You may stop after that.") and "acknowledge with" not in lines[-1]
+    asked = mail.send("Carol", "Bob", "sign off?", subject="sign", ack_required=True)
+    mail("mark-read", "--agent", "Bob", *ids)
+    lines = hook(mail, "Stop", session="ack")["reason"].splitlines()
+    assert lines[0] == "relay: Bob has 1 message waiting; deal with it before you stop:"
+    assert lines[1].endswith(f"{asked} from Carol: sign") and len(lines) == 3
+    assert "acknowledge with" not in lines[-1]              # not read yet: read it first
+    mail("mark-read", "--agent", "Bob", asked)
+    lines = hook(mail, "Stop", session="owed")["reason"].splitlines()
+    assert lines[1].endswith(f"{asked} from Carol: sign (asks for an acknowledgement)") and len(lines) == 3
+    assert lines[-1].endswith(" ack ID --agent Bob. You may stop after that.") and "; acknowledge with " in lines[-1]
+
+
+def test_install_and_uninstall_keep_event_entries_that_are_no_hook_group_as_they_are(tmp_path):
+    argv = ["/x/relay"]
+    path = tmp_path / claude_settings.LOCAL
+    path.parent.mkdir()
+    odd = ["junk", {"matcher": "x"}, {"hooks": "not a list"}, {"hooks": {"type": "command"}}]
+    path.write_text(json.dumps({"hooks": {"Stop": odd}}))
+    assert claude_settings.install(tmp_path, "Bob", argv=argv) == (path, "installed")
+    stop = json.loads(path.read_text())["hooks"]["Stop"]
+    assert stop[:4] == odd and stop[4] == {"hooks": [{"type": "command", "command": "/x/relay hook claude --agent Bob",
+                                                      "timeout": 30}]}
+    assert claude_settings.install(tmp_path, "Bob", argv=argv) == (path, "unchanged")
+    assert claude_settings.uninstall(tmp_path) == (path, len(claude_settings.EVENTS))
+    assert json.loads(path.read_text()) == {"hooks": {"Stop": odd}}
+
+
+@pytest.mark.parametrize("fields, key", [({}, "unknown"), ({"session_id": ""}, "unknown"), ({"session_id": 5}, "unknown"),
+                                         ({"session_id": "s"}, "s"), ({"session_id": "s", "agent_id": ""}, "s"),
+                                         ({"session_id": "s", "agent_id": 7}, "s"),
+                                         ({"session_id": "s", "agent_id": "a1"}, "s/a1"),
+                                         ({"agent_id": "a1"}, "unknown/a1")])
+def test_a_session_is_its_session_id_and_a_subagents_id_inside_it_and_unknown_without_one(fields, key):
+    assert claude_hooks.session_key({"hook_event_name": "Stop", **fields}) == key
+
+
+def test_an_event_relay_does_not_answer_prints_nothing_even_with_mail_waiting(mail):
+    mail.send("Alice", "Bob", "please review", subject="review")
+    for name in ("Notification", "PreToolUse", "stop"):
+        result = mail("hook", "claude", "--agent", "Bob", input=json.dumps({**event("Stop", mail.root),
+                                                                             "hook_event_name": name}))
+        assert result.exit_code == 0 and result.stdout == "" and result.stderr == ""
+    assert hook(mail, "Stop")["decision"] == "block"            # the mail was there all along
+
+
+def test_a_hook_with_no_agent_named_fails_open_saying_how_to_name_one(mail):
+    env = {"RELAY_ROOT": str(mail.root)}
+    with pytest.raises(claude_hooks.RelayError) as e:
+        claude_hooks.answer(event("Stop", mail.root), None, env)
+    assert str(e.value) == "no agent named: give `relay hook claude --agent NAME` or set RELAY_AGENT"
+    out, err = claude_hooks.run(json.dumps(event("Stop", mail.root)).encode(), None, env)
+    assert out == "" and err.startswith("relay hook claude: no agent named: give `relay hook claude --agent NAME` or "
+                                        "set RELAY_AGENT; nothing done (the session goes on)")
+    assert claude_hooks.answer(event("Stop", mail.root), None, {**env, "RELAY_AGENT": "Bob"}) is None
+
+
+def test_the_last_character_of_the_body_budget_goes_to_the_next_body(mail):
+    first = mail.send("Alice", "Bob", "x" * (claude_hooks.BODY_BUDGET - 1), subject="long")
+    second = mail.send("Alice", "Bob", "yz", subject="short")
+    text = context(hook(mail, "UserPromptSubmit"), "UserPromptSubmit")
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if second in line)
+    assert lines[at + 1] == "    y" and lines[at + 2].startswith("    [... 1 more characters: ") and first in text
+    third = mail.send("Alice", "Bob", "z" * claude_hooks.BODY_BUDGET, subject="whole")
+    fourth = mail.send("Alice", "Bob", "w", subject="none left")
+    lines = context(hook(mail, "UserPromptSubmit"), "UserPromptSubmit").splitlines()
+    at = next(i for i, line in enumerate(lines) if fourth in line)
+    assert lines[at + 1].startswith("    [body not shown: ") and lines[at + 1].endswith(f" read {fourth} --agent Bob]")
+    assert not any(line.startswith("    [... ") for line in lines) and third in "\n".join(lines)
+
+
+def test_a_stop_of_exactly_20_messages_names_them_all_and_counts_none_more(mail):
+    ids = [mail.send("Alice", "Bob", f"body {i}", subject=f"s{i}") for i in range(20)]
+    lines = hook(mail, "Stop")["reason"].splitlines()
+    assert lines[0] == "relay: Bob has 20 messages waiting; deal with them before you stop:"
+    assert [line.split(" from ")[0][2:] for line in lines[1:21]] == ids and lines[21].startswith("Read them with: ")
+
+
+def test_an_envelope_that_cannot_be_read_is_named_unreadable_with_why(mail):
+    mid = mail.send("Alice", "Bob", "fine", subject="ok")
+    (mail.state / "inbox" / "Bob" / "new" / f"{mid}.json").write_text("not json")
+    reason = hook(mail, "Stop")["reason"]
+    [line] = [ln for ln in reason.splitlines() if mid in ln]
+    assert line.startswith(f"- {mid}: unreadable (") and "from Alice" not in line
+
+
+def test_session_start_of_an_agent_alone_says_its_team_has_none_yet_and_leaves_out_the_released(cli):
+    cli("init", "--agent", "Bob")
+    text = context(hook(cli, "SessionStart"), "SessionStart")
+    assert "Your team (the other active agents): none yet." in text.splitlines()
+    cli("init", "--agent", "Ann", "--agent", "Cy")
+    (cli.state / "outbox" / "Ann" / "release").write_text("NAME: Cy\n\n")
+    cli("run", "--once", "-q")
+    text = context(hook(cli, "SessionStart", session="later"), "SessionStart")
+    assert "Your team (the other active agents): Ann." in text.splitlines()

@@ -466,3 +466,211 @@ def test_the_audit_table_shows_the_newest_50_unless_told_and_says_more_match(cli
     assert len(shown) == 50 and "s50" in shown[0] and not any("s00" in line for line in shown)
     assert "stopped at the limit of 50 message(s); more match" in r.stderr
     assert len([line for line in cli("audit", "--limit", "51").stdout.splitlines() if "Ann → Ben" in line]) == 51
+
+
+# -- the edge's own checks (relay/arguments.py): one line per failure, durations and dates ----------
+
+def test_a_full_disk_and_a_used_up_quota_are_each_said_as_what_they_are():
+    import errno
+    from relay.arguments import explain
+    full = OSError(errno.ENOSPC, "No space left on device", "/p/inbox/Ann")
+    quota = OSError(errno.EDQUOT, "Disk quota exceeded", "/p/inbox/Ann")
+    assert explain(full) == ("the disk is full: No space left on device (/p/inbox/Ann); "
+                             "free some space, then run the command again")
+    assert explain(quota) == ("the disk quota is used up: Disk quota exceeded (/p/inbox/Ann); "
+                              "free some space, then run the command again (or raise the quota)")
+    assert explain(OSError(errno.EACCES, "Permission denied")) == "Permission denied"       # no file: no ()
+
+
+@pytest.mark.parametrize("text, code, said", [
+    ("database or disk is full", None,
+     "the disk holding /p/ledger.sqlite (or the temporary directory) is full (database or disk is full); "
+     "free some space, then run the command again"),
+    ("anything", 13,
+     "the disk holding /p/ledger.sqlite (or the temporary directory) is full (anything); "
+     "free some space, then run the command again"),
+    ("database is locked", None,
+     "ledger error: database is locked (is another process holding the ledger locked?)"),
+    ("database is busy", None, "ledger error: database is busy (is another process holding the ledger locked?)"),
+    ("anything", 5, "ledger error: anything (is another process holding the ledger locked?)"),
+    ("anything", 6, "ledger error: anything (is another process holding the ledger locked?)"),
+    ("no such table: x", None, "ledger error: no such table: x"),
+])
+def test_each_sqlite_failure_a_verb_meets_is_said_by_its_cause(text, code, said):
+    import sqlite3
+    from relay.arguments import explain
+    error = sqlite3.OperationalError(text)
+    if code is not None:
+        error.sqlite_errorcode = code
+    assert explain(error, "/p/ledger.sqlite") == said
+
+
+@pytest.mark.parametrize("text, code", [("file is not a database", None), ("database disk image is malformed", None),
+                                        ("x", 11), ("x", 26)])
+def test_a_damaged_ledger_is_said_with_how_to_recover_it_naming_the_ledger(text, code):
+    import sqlite3
+    from relay.arguments import explain
+    error = sqlite3.DatabaseError(text)
+    if code is not None:
+        error.sqlite_errorcode = code
+    said = explain(error, "/p/ledger.sqlite")
+    assert said.startswith(f"the ledger /p/ledger.sqlite is damaged ({text}); the archive and inboxes are intact")
+    assert "sqlite3 /p/ledger.sqlite \".recover\"" in said
+    assert explain(error).startswith(f"the ledger ledger.sqlite is damaged ({text})")
+
+
+def test_a_full_disk_without_a_known_ledger_says_the_ledger():
+    import sqlite3
+    from relay.arguments import explain
+    assert explain(sqlite3.OperationalError("database or disk is full")).startswith(
+        "the disk holding the ledger (or the temporary directory) is full (")
+
+
+@pytest.mark.parametrize("value, seconds", [("600", 600.0), ("0.5", 0.5), (" 90s ", 90.0), ("0", 0.0),
+                                            ("250ms", 0.25), ("15m", 900.0), ("12h", 43200.0), ("7d", 604800.0)])
+def test_a_duration_flag_takes_a_bare_number_or_one_with_its_unit(value, seconds):
+    from relay.arguments import seconds as read
+    assert read(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["1.2.3", "-5", "5x", "", "s", ".", "1..5"])
+def test_a_duration_flag_refuses_what_is_no_duration(value):
+    from relay.arguments import seconds as read
+    with pytest.raises(ValueError):
+        read(value)
+
+
+def test_a_bad_duration_flag_is_a_usage_error_naming_the_flag():
+    import click
+    from relay.arguments import duration, setting
+    with pytest.raises(click.BadParameter) as e:
+        duration("soon", "--settle")
+    assert "'soon' is not a duration" in e.value.format_message() and "(or a bare number of seconds)" in str(e.value)
+    assert e.value.param_hint == "--settle"
+    assert setting(None, "--settle") is None
+    assert setting("90", "--settle") == "90.000000s" and setting("2m", "--settle") == "120.000000s"
+
+
+@pytest.mark.parametrize("value, at", [("2026-11-30", 1795996800.0), ("2026-11-30T10:00", 1796032800.0),
+                                       ("2026-11-30T10:00Z", 1796032800.0), ("2026-11-30T10:00+01:00", 1796029200.0)])
+def test_a_date_flag_without_a_zone_is_utc_and_one_with_a_zone_keeps_it(value, at):
+    from relay.arguments import moment
+    assert moment(value, "--since") == at
+
+
+def test_a_date_flag_that_is_neither_says_both_forms_and_names_the_flag():
+    import click
+    from relay.arguments import moment
+    assert moment(None, "--since") is None
+    with pytest.raises(click.BadParameter) as e:
+        moment("yesterday", "--until")
+    assert e.value.param_hint == "--until"
+    assert "'yesterday' is neither a date (2026-11-30, 2026-11-30T10:00) nor a duration" in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["", " , ", ","])
+def test_a_to_without_any_name_is_refused_saying_how_to_name_one(value):
+    from relay.arguments import recipient_names
+    from relay.errors import InvalidName
+    with pytest.raises(InvalidName) as e:
+        recipient_names(value, "--to")
+    assert str(e.value) == f"no recipient in {value!r} (--to): give NAME[,NAME...], '*' or System"
+
+
+def test_a_to_takes_star_and_system_as_relay_spells_them_but_not_in_another_case():
+    from relay.arguments import recipient_names
+    from relay.errors import InvalidName
+    assert recipient_names("Ann, *,System", "--to") == "Ann, *,System"
+    for odd in ("Ann,system", "SYSTEM", "broadcast"):
+        with pytest.raises(InvalidName) as e:
+            recipient_names(odd, "--to")
+        assert "is a name relay keeps for itself" in str(e.value) and str(e.value).endswith("(--to)")
+    with pytest.raises(InvalidName) as e:
+        recipient_names("Ann,../x", "--to")
+    assert str(e.value).startswith("invalid agent name '../x' (--to)")
+
+
+@pytest.mark.parametrize("args, where", [
+    (["ping", "../x"], "AGENT"), (["agents", "../x"], "NAME"), (["adopt", "../x"], "AGENT"),
+    (["send", "--from", "Alice", "--to", "../x", "hi"], "--to"), (["send", "--from", "../x", "--to", "Bob", "hi"], "--from"),
+    (["audit", "--from", "../x"], "--from"), (["audit", "--to", "../x"], "--to"),
+])
+def test_a_bad_name_is_refused_naming_the_option_or_the_argument_it_was_given_as(team, args, where):
+    from conftest import error_line
+    r = team(*args, ok=False)
+    assert r.exit_code == 1
+    assert error_line(r) == f"invalid agent name '../x' ({where}): agent names match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}"
+
+
+def test_a_verb_that_needs_an_agent_takes_relay_agent_and_an_empty_one_is_none(team, monkeypatch):
+    monkeypatch.setenv("RELAY_AGENT", "")
+    r = team("send", "--to", "Bob", "hi", ok=False)
+    assert r.exit_code == 2 and "name the agent: --from NAME, or set RELAY_AGENT=NAME" in r.output
+    monkeypatch.setenv("RELAY_AGENT", "../x")
+    r = team("send", "--to", "Bob", "hi", ok=False)
+    assert r.exit_code == 1 and "invalid agent name '../x' (--from)" in r.output
+    monkeypatch.setenv("RELAY_AGENT", "Alice")
+    team("send", "--to", "Bob", "hi")
+    assert len(list((team.state / "outbox" / "Alice").iterdir())) == 1
+
+
+def test_status_says_the_acks_overdue_and_each_undeclared_outbox_with_what_waits_in_it(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    lines = cli("status", ok=False).stdout.splitlines()
+    assert not [ln for ln in lines if ln.startswith(("acks overdue", "undeclared"))]
+    (cli.state / "relay.toml").write_text('ack_overdue = "1ms"\nsenders = "declared"\n')
+    cli("send", "--from", "Ann", "--to", "Ben", "--ack-required", "sign off?")
+    cli("send", "--from", "Ann", "--to", "Ben", "fyi")
+    cli("run", "--once", "-q")
+    for name, files in (("Zed", 2), ("Yan", 1)):
+        (cli.state / "outbox" / name).mkdir()
+        for i in range(files):
+            (cli.state / "outbox" / name / f"m{i}").write_text("TO: Ann\n\nx")
+    lines = cli("status", ok=False).stdout.splitlines()
+    assert "acks overdue 1 (waiting longer than ack_overdue, 1ms: relay overdue)" in lines
+    assert ('undeclared Yan (1 waiting), Zed (2 waiting): not read (senders = "declared"; relay init --agent NAME '
+            'declares one)') in lines
+
+
+def test_a_json_log_line_carries_the_messages_fields_it_has_and_the_exception_when_there_is_one():
+    import logging
+
+    from relay.cli.context import JsonFormatter
+    record = logging.LogRecord("relay.work", logging.WARNING, __file__, 1, "delivered %s", ("01ABC",), None)
+    record.relay_id, record.relay_to = "01ABC", ["Bob"]
+    doc = json.loads(JsonFormatter().format(record))
+    assert (doc["level"], doc["logger"], doc["msg"], doc["id"], doc["to"]) == ("warning", "relay.work", "delivered 01ABC",
+                                                                              "01ABC", ["Bob"])
+    assert "from" not in doc and "event" not in doc and "exc" not in doc and doc["ts"].endswith("+00:00")
+    try:
+        raise OSError("disk gone")
+    except OSError:
+        failed = logging.LogRecord("relay", logging.ERROR, __file__, 1, "step failed", (), sys.exc_info())
+    doc = json.loads(JsonFormatter().format(failed))
+    assert doc["exc"].startswith("Traceback (most recent call last):") and doc["exc"].endswith("OSError: disk gone")
+
+
+def test_a_ledger_that_cannot_be_opened_is_said_by_its_cause():
+    import sqlite3
+
+    from relay.errors import LedgerCorrupt, LedgerError
+    full = LedgerError.opening("/p/l.sqlite", sqlite3.OperationalError("database or disk is full"))
+    assert type(full) is LedgerError and str(full) == (
+        "cannot open the ledger /p/l.sqlite: the disk holding it (or the temporary directory) is full (database or "
+        "disk is full); free some space, then run the command again")
+    bad = LedgerError.opening("/p/l.sqlite", sqlite3.DatabaseError("file is not a database"))
+    assert isinstance(bad, LedgerCorrupt) and str(bad).startswith("the ledger /p/l.sqlite is damaged (file is not a "
+                                                                  "database)")
+    other = LedgerError.opening("/p/l.sqlite", sqlite3.OperationalError("unable to open database file"))
+    assert type(other) is LedgerError and str(other) == "cannot open the ledger /p/l.sqlite: unable to open database file"
+    busy = LedgerError.opening("/p/l.sqlite", sqlite3.OperationalError("database is locked"))
+    assert str(busy) == "cannot open the ledger /p/l.sqlite: database is locked"
+
+
+def test_demo_outside_a_checkout_without_an_outboxes_argument_says_what_to_pass(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["demo"])
+    assert r.exit_code == 1 and r.output == ("relay: no examples/outboxes here: pass the path of an outboxes directory "
+                                             "(examples/outboxes in the checkout)\n")
+    r = CliRunner().invoke(main, ["demo", str(tmp_path / "none")])
+    assert r.exit_code == 2 and "does not exist" in r.output

@@ -368,3 +368,31 @@ def test_messages_expired_before_the_upgrade_stay_expired(tmp_path):
     with Ledger(path) as led:
         expired = {r["id"]: r["expired_at"] for r in History(led).audit()}
     assert expired == {"E": 2.0, "R": None, "F": None}
+
+
+@pytest.mark.parametrize("result, row_unreadable", [('{"lines": []}', False),
+                                                    ('{"lines": [], "errors": [], "code": "x"}', False),
+                                                    ("not json", True), ("[]", True)])
+def test_a_command_whose_recorded_result_is_unreadable_says_so_and_fails_without_running_again(
+        team, result, row_unreadable):
+    """A result recorded as an object this build cannot take apart is named as the first run's
+    result; one that is no object at all makes the row unreadable: the id cannot be checked.
+    Either way the command fails and is not run again."""
+    import sqlite3
+    cli = team
+    drop(cli, "Ann", "bad", "TO: Zed\n\nnobody")
+    cli("run", "--once", "-q")
+    mid = by_name(cli)["bad"]["id"]
+    cli("expire", mid, "--command-id", "op-9")
+    with sqlite3.connect(cli.state / "ledger.sqlite") as db:
+        db.execute("UPDATE commands SET result = ? WHERE id = 'op-9'", (result,))
+    db.close()
+    r = cli("expire", mid, "--command-id", "op-9", ok=False)
+    assert r.exit_code == 1
+    if row_unreadable:
+        assert r.output == (f"relay: ledger commands row 'op-9': column result holds {result!r}, which this relay "
+                            "cannot read; skipped: command id 'op-9' cannot be checked; give this command a new id\n")
+    else:
+        assert "command op-9: existing (first run " in r.output and "nothing changed. Its result then:" in r.output
+        assert f"the recorded result is unreadable: {result!r}" in r.output
+    assert len(events(cli, mid, "expired")) == 1

@@ -526,3 +526,360 @@ def test_a_misspelt_key_stops_the_daemon_not_an_agents_send_or_inbox(cli):
     r = cli("inbox", "Ben")
     assert "no new messages" in r.stdout and "unknown configuration key 'retension_typo2'" in r.stderr
     assert cli("status", ok=False).exit_code == 3       # a read-only verb warns and carries on
+
+
+# -- each key's reading, each case of it ---------------------------------------------------------
+
+@pytest.mark.parametrize("seconds, shown", [(0, "0"), (0.0, "0"), (1, "1s"), (59, "59s"), (60, "1m"), (61, "61s"),
+                                            (3599, "3599s"), (3600, "1h"), (5400, "90m"), (86400, "1d"),
+                                            (90000, "25h"), (7 * 86400, "7d"), (1.5, "1500ms"), (0.001, "1ms"),
+                                            (0.0005, "0.5ms")])
+def test_a_duration_is_shown_in_the_largest_unit_that_divides_it(seconds, shown):
+    assert config_mod.show_duration(seconds) == shown
+
+
+@pytest.mark.parametrize("size, shown", [(1, "1"), (1023, "1023"), (1024, "1KiB"), (1025, "1025"), (1536, "1536"),
+                                         (1024**2, "1MiB"), (3 * 1024**2, "3MiB"), (1024**2 + 1024, "1025KiB"),
+                                         (1024**3, "1GiB"), (1000, "1000")])
+def test_a_size_is_shown_in_the_largest_binary_unit_that_divides_it(size, shown):
+    assert config_mod.show_size(size) == shown
+
+
+@pytest.mark.parametrize("value, seconds", [("2w", 14 * 86400), ("1.5h", 5400), (" 90 s ", 90), ("1m", 60),
+                                            ("1d", 86400), ("1ms", 0.001), ("1s", 1), ("1h", 3600)])
+def test_every_unit_of_a_duration_is_read(value, seconds):
+    assert config_mod.parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_true_or_false_is_neither_a_duration_nor_a_size(value):
+    with pytest.raises(ValueError, match="is not a duration"):
+        config_mod.parse_duration(value)
+    with pytest.raises(ValueError, match="is not a size"):
+        config_mod.parse_size(value)
+
+
+@pytest.mark.parametrize("value, size", [("1KB", 1000), ("1kb", 1000), ("1KiB", 1024), ("1kib", 1024), ("2M", 2 * 10**6),
+                                         ("2MB", 2 * 10**6), ("1MIB", 1024**2), ("1g", 10**9), ("1GB", 10**9),
+                                         ("1GiB", 1024**3), (" 7 b ", 7), (4096, 4096)])
+def test_every_unit_of_a_size_is_read_in_any_case(value, size):
+    assert config_mod.parse_size(value) == size
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("RELAY_MAX_RETRIES", "-1", "'-1' is below 0"), ("RELAY_MAX_RETRIES", "three", "'three' is not a whole number"),
+    ("RELAY_QUEUE_LIMIT", "1.5", "'1.5' is not a whole number"), ("RELAY_PAIR_RATE", "-2", "'-2' is below 0"),
+    ("RELAY_LOG_LEVEL", "trace", "'TRACE' is not a log level (debug, info, warning, error)"),
+    ("RELAY_ON_DELIVER_TIMEOUT", "0s", "'0s' must be longer than 0s"),
+    ("RELAY_ON_DELIVER_TIMEOUT", "0", "'0' must be longer than 0s"),
+    ("RELAY_ACK_OVERDUE", "0ms", "'0ms' must be longer than 0s"),
+    ("RELAY_BOUNCES", "maybe", "'maybe' is not true or false"),
+    ("RELAY_ON_DELIVER_SYSTEM", "2", "'2' is not true or false"),
+    ("RELAY_DURABILITY", "FULL", "'FULL' is not one of full, normal"),
+    ("RELAY_SENDERS", "some", "'some' is not one of any, declared"),
+    ("RELAY_LOG_FORMAT", "xml", "'xml' is not one of text, json"),
+    ("RELAY_UNKNOWN_RECIPIENT", "drop", "'drop' is not one of fail, create"),
+    ("RELAY_AGENTS", "Ann,../x", "'../x' is not a valid agent name"),
+    ("RELAY_AGENTS", "Ann,Ben,ann", "'Ann' and 'ann' would be the same agent on a case-insensitive file system"),
+    ("RELAY_AGENTS", "Ann,system", "'system' is a name relay keeps for itself (System: relay's own name), in any case"),
+    ("RELAY_ON_DELIVER", "echo \0", "a command cannot hold a NUL byte"),
+])
+def test_each_bad_value_of_a_key_is_refused_saying_why_and_naming_the_key(tmp_path, key, value, why):
+    name = key[len("RELAY_"):].lower()
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={key: value})
+    assert str(e.value).startswith(f"bad value for {name!r} in environment")
+    assert why in str(e.value)
+
+
+@pytest.mark.parametrize("key, value, taken", [
+    ("RELAY_MAX_RETRIES", "0", 0), ("RELAY_QUEUE_LIMIT", "0", 0), ("RELAY_LOG_LEVEL", "warning", "WARNING"),
+    ("RELAY_LOG_LEVEL", "Debug", "DEBUG"), ("RELAY_LOG_LEVEL", "critical", "CRITICAL"),
+    ("RELAY_ON_DELIVER_TIMEOUT", "1ms", 0.001), ("RELAY_AGENTS", " Ann , Ben ,", ("Ann", "Ben")),
+    ("RELAY_AGENTS", "", ()), ("RELAY_ON_DELIVER_SYSTEM", "yes", True), ("RELAY_BOUNCES", "off", False),
+    ("RELAY_DURABILITY", "normal", "normal"), ("RELAY_SENDERS", "declared", "declared"),
+])
+def test_each_good_value_of_a_key_is_taken(tmp_path, key, value, taken):
+    cfg = config_mod.load(tmp_path, env={key: value})
+    assert getattr(cfg, key[len("RELAY_"):].lower()) == taken
+
+
+@pytest.mark.parametrize("toml, why", [
+    ("agents = 5", "5 is not a list of agent names"),
+    ("agents = [1]", "1 is not a valid agent name"),
+    ("max_retries = true", "True is not a whole number"),
+    ("federation = 'x'", "'x' is not a table ([federation] with url, team and node)"),
+    ("on_deliver = []", "[] is not a command"),
+    ("on_deliver = ['echo', '']", "is not a command"),
+    ("on_deliver = ['echo', 3]", "is not a command"),
+    ("on_deliver = 3", "3 is not a command"),
+    ("max_body_bytes = 0", "0 must be positive"),
+    ("max_body_bytes = -5", "-5 must be positive"),
+    ("batch_bytes = '0MiB'", "'0MiB' must be positive"),
+    ("batch_bytes = '1 parsec'", "'1 parsec' is not a size (use e.g. 1048576, 512KiB, 1MiB)"),
+])
+def test_each_bad_value_in_relay_toml_is_refused_saying_why(tmp_path, toml, why):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text(toml + "\n")
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={})
+    where = tmp_path / ".relay/relay.toml"
+    assert f"bad value for {toml.split(' ')[0]!r} in {where}: " in str(e.value) and why in str(e.value)
+
+
+def test_an_on_deliver_list_is_taken_as_its_arguments(tmp_path):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text("on_deliver = ['notify', '--to', 'me']\n")
+    assert config_mod.load(tmp_path, env={}).on_deliver == ("notify", "--to", "me")
+
+
+@pytest.mark.parametrize("value", ["", "dir\x07", "dir\u202e", "\x1b[31m"])
+def test_a_state_dir_that_is_empty_or_holds_a_control_or_bidi_character_is_refused_even_when_not_strict(tmp_path, value):
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={}, overrides={"state_dir": value}, strict=False)
+    assert "bad value for 'state_dir'" in str(e.value)
+    assert ("is not a directory path" if value == "" else "holds a control or bidi character") in str(e.value)
+
+
+def test_an_absolute_state_dir_makes_the_current_directory_the_root_whatever_is_above(tmp_path):
+    (tmp_path / ".relay").mkdir()
+    sub = tmp_path / "src"
+    sub.mkdir()
+    elsewhere = tmp_path / "elsewhere-state"
+    assert config_mod.discover(cwd=sub, env={"RELAY_STATE_DIR": str(elsewhere)}) == sub
+    assert config_mod.discover(cwd=sub, state_dir=str(elsewhere), env={}) == sub
+    assert config_mod.discover(cwd=sub, env={}) == tmp_path
+
+
+def test_the_parts_of_a_state_dir_below_the_root_and_none_for_one_elsewhere_or_climbing_out(tmp_path):
+    root = tmp_path / "p"
+    assert config_mod.state_parts(root, root / ".relay") == (".relay",)
+    assert config_mod.state_parts(root, root / "a" / "b") == ("a", "b")
+    assert config_mod.state_parts(root, tmp_path / "q" / ".relay") is None
+    assert config_mod.state_parts(root, root / "a" / ".." / ".." / "x") is None
+    assert config_mod.state_parts(root, root) == ()
+
+
+@pytest.mark.parametrize("value", [".relay", "state/.relay", ".relay2/x", "team/state"])
+def test_a_state_dir_of_its_own_below_the_root_is_taken(tmp_path, value):
+    config_mod.check_state(tmp_path, tmp_path / value, "flag")
+    assert config_mod.load(tmp_path, value, env={}).state_dir == tmp_path / value
+
+
+def test_a_state_dir_below_a_file_has_no_link_on_its_way(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    assert config_mod.state_link(tmp_path, tmp_path / "afile" / "state") is None
+    assert config_mod.state_link(tmp_path, tmp_path / "not-yet" / "state") is None
+    (tmp_path / "real").mkdir()
+    (tmp_path / "via").symlink_to(tmp_path / "real", target_is_directory=True)
+    assert config_mod.state_link(tmp_path, tmp_path / "via" / "state") == tmp_path / "via"
+    (tmp_path / "real" / "inner").symlink_to(tmp_path / "real", target_is_directory=True)
+    assert config_mod.state_link(tmp_path, tmp_path / "real" / "inner") == tmp_path / "real" / "inner"
+    with pytest.raises(ConfigError) as e:
+        config_mod.check_state(tmp_path, tmp_path / "via" / "state", "env RELAY_STATE_DIR")
+    assert str(e.value).startswith(f"the state directory {tmp_path}/via/state (env RELAY_STATE_DIR) is reached "
+                                   f"through the symbolic link {tmp_path}/via; ")
+
+
+@pytest.mark.parametrize("toml, host, port", [
+    ('listen = 9108', "127.0.0.1", 9108), ('listen = "localhost:9108"', "127.0.0.1", 9108),
+    ('listen = ":9108"', "127.0.0.1", 9108), ('listen = " 10.0.0.1:0 "', "10.0.0.1", 0),
+    ('listen = "127.0.0.1:65535"', "127.0.0.1", 65535), ('listen = "[::]:9108"', "::", 9108),
+])
+def test_metrics_listen_reads_each_way_of_writing_an_address(tmp_path, toml, host, port):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text(f"[metrics]\n{toml}\n")
+    m = config_mod.load(tmp_path, env={}).metrics
+    assert (m.host, m.port) == (host, port)
+
+
+@pytest.mark.parametrize("toml", ["[metrics]\n", '[metrics]\nlisten = ""\n', ""])
+def test_metrics_without_a_listen_address_serves_nothing(tmp_path, toml):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text(toml)
+    assert config_mod.load(tmp_path, env={}).metrics is None
+    assert config_mod.load(tmp_path, env={"RELAY_METRICS": ""}).metrics is None
+
+
+@pytest.mark.parametrize("toml, why", [
+    ('metrics = 5', "5 is not a table ([metrics] with listen = \"127.0.0.1:9108\")"),
+    ('[metrics]\nlisten = "127.0.0.1:9108"\nport = 1', "unknown key 'port' in [metrics] (its key: listen)"),
+    ('[metrics]\nlisten = true', "[metrics] listen = True is not an address (HOST:PORT)"),
+    ('[metrics]\nlisten = "127.0.0.1:9108\\u001b"', "is not an address (HOST:PORT)"),
+    ('[metrics]\nlisten = "127.0.0.1:65536"', "'127.0.0.1:65536' names no port (HOST:PORT, as 127.0.0.1:9108)"),
+    ('[metrics]\nlisten = "127.0.0.1:\u0669\u0661"', "names no port"),
+    ('[metrics]\nlisten = "127.0.0.1:-1"', "names no port"),
+])
+def test_a_bad_metrics_section_is_refused_saying_why(tmp_path, toml, why):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text(toml + "\n")
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={})
+    assert "bad value for 'metrics'" in str(e.value) and why in str(e.value)
+
+
+def test_a_relay_toml_that_is_a_directory_or_a_fifo_is_refused_as_no_regular_file(tmp_path):
+    toml = tmp_path / ".relay/relay.toml"
+    toml.mkdir(parents=True)
+    for strict in (True, False):
+        with pytest.raises(ConfigError) as e:
+            config_mod.load(tmp_path, env={}, strict=strict)
+        assert str(e.value) == (f"{toml} is not a regular file; relay reads its configuration only from a plain "
+                                "file there")
+    toml.rmdir()
+    os.mkfifo(toml)
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        config_mod.load(tmp_path, env={})
+
+
+def test_a_relay_toml_that_is_not_utf8_is_refused_or_when_not_strict_read_as_absent(tmp_path):
+    toml = tmp_path / ".relay/relay.toml"
+    toml.parent.mkdir()
+    toml.write_bytes(b"retention = '1d'\n# caf\xe9\n")
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={})
+    assert str(e.value) == f"{toml} is not UTF-8 text (byte 22); a TOML file is"
+    loaded = config_mod.load(tmp_path, env={}, strict=False)
+    assert loaded.retention == 7 * 86400 and loaded.warnings == (
+        f"{toml} is not UTF-8 text (byte 22); a TOML file is; relay.toml is read as if it were not there (every key "
+        "at what else gives it)",)
+
+
+def test_a_toml_error_on_an_empty_line_names_the_line_alone(tmp_path):
+    toml = tmp_path / ".relay/relay.toml"
+    toml.parent.mkdir()
+    toml.write_text('retention = "1d"\n\n[wake\n')
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={})
+    assert str(e.value).startswith(f"{toml} line 3: [wake is not TOML (")
+    toml.write_text('retention = """1d\n\n')
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={})
+    assert str(e.value) == f"{toml} line 2 is not TOML (unterminated string)"
+
+
+def test_the_root_and_state_dir_origins_say_flag_env_or_default_exactly(tmp_path):
+    cfg = config_mod.load(env={"RELAY_ROOT": str(tmp_path)})
+    assert (cfg.origin("root"), cfg.origin("state_dir")) == ("env RELAY_ROOT", "default")
+    cfg = config_mod.load(tmp_path, env={"RELAY_ROOT": "/elsewhere", "RELAY_STATE_DIR": ".s"})
+    assert (cfg.root, cfg.origin("root"), cfg.origin("state_dir")) == (tmp_path, "flag", "env RELAY_STATE_DIR")
+    cfg = config_mod.load(tmp_path, ".t", env={"RELAY_STATE_DIR": ".s"})
+    assert (cfg.state_dir, cfg.origin("state_dir")) == (tmp_path / ".t", "flag")
+
+
+def test_a_root_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path / "afile", env={})
+    assert str(e.value) == f"the project root {tmp_path / 'afile'} is not a directory"
+
+
+def test_the_source_names_what_was_read_in_order_and_defaults_when_nothing_was(tmp_path):
+    assert config_mod.load(tmp_path, env={}).source == "defaults"
+    assert config_mod.load(tmp_path, env={}, overrides={"settle": None}).source == "defaults"
+    assert config_mod.load(tmp_path, env={}, overrides={"settle": "1s"}).source == "flags"
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text("retention = '1d'\n")
+    cfg = config_mod.load(tmp_path, env={"RELAY_SETTLE": "2s"}, overrides={"settle": "3s"})
+    assert cfg.source == f"{tmp_path / '.relay/relay.toml'} + environment + flags" and cfg.settle == 3
+    assert config_mod.load(tmp_path, env={"RELAY_FEDERATION_TEAM": "acme"}).source == (
+        f"{tmp_path / '.relay/relay.toml'} + environment")
+
+
+def test_the_variables_relay_sets_for_a_hook_and_the_ones_naming_places_warn_of_nothing(tmp_path):
+    env = {name: "x" for name in config_mod.HOOK_VARIABLES}
+    env.update(RELAY_ROOT=str(tmp_path), RELAY_STATE_DIR=".relay", RELAY_AGENT="Ann", RELAY_GUARD="off")
+    assert config_mod.load(env=env).warnings == ()
+    for name in ("RELAY_FEDERATION", "RELAY_STATE_DIRS", "RELAY_FEDERATION_PORT", "RELAY_"):
+        [warning] = config_mod.load(tmp_path, env={name: "x"}).warnings
+        assert warning == (f"{name} is set in the environment but names no relay configuration key; it is ignored "
+                           "(`relay config` lists the keys, each as RELAY_<KEY>)")
+
+
+def test_the_federation_from_the_environment_alone_and_a_bad_one_not_strict_is_a_warning(tmp_path):
+    fed = config_mod.load(tmp_path, env={"RELAY_FEDERATION_TEAM": "acme", "RELAY_FEDERATION_NODE": "n1"}).federation
+    assert (fed.team, fed.node, fed.url) == ("acme", "n1", None)
+    env = {"RELAY_FEDERATION_TEAM": "ac me"}
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env=env)
+    assert str(e.value).startswith("bad value for 'federation' in environment: team 'ac me' is not a valid name")
+    cfg = config_mod.load(tmp_path, env=env, strict=False)
+    assert cfg.federation is None and cfg.warnings == (f"{e.value}; ignored",)
+    assert cfg.rejected == (("federation", str(e.value)),)
+
+
+def test_relay_toml_that_is_no_toml_not_strict_is_read_as_absent_unless_it_names_the_state_dir(tmp_path):
+    toml = tmp_path / ".relay/relay.toml"
+    toml.parent.mkdir()
+    toml.write_text("retention = '1d'\nsettle = \n")
+    cfg = config_mod.load(tmp_path, env={}, strict=False)
+    assert cfg.retention == 7 * 86400 and len(cfg.warnings) == 1 and cfg.warnings[0].endswith(
+        "; relay.toml is read as if it were not there (every key at what else gives it)")
+    assert [key for key, _ in cfg.rejected] == ["relay.toml"]
+    for text in ("state_dir = '.x'\nsettle = \n", "  'state_dir' = \n", '"state_dir" = 1 2\n'):
+        toml.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            config_mod.load(tmp_path, env={}, strict=False)
+        assert str(e.value).endswith("; the file names state_dir, which no verb guesses: correct it first")
+    toml.write_text("# state_dir = '.x'\nsettle = \n")
+    assert config_mod.load(tmp_path, env={}, strict=False).state_dir == tmp_path / ".relay"
+
+
+@pytest.mark.parametrize("value", ["/abs/state", "../up", "a/../../up"])
+def test_a_state_dir_in_relay_toml_must_stay_inside_the_project(tmp_path, value):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text(f"state_dir = '{value}'\n")
+    for strict in (True, False):
+        with pytest.raises(ConfigError) as e:
+            config_mod.load(tmp_path, env={}, strict=strict)
+        assert str(e.value) == (f"bad value for 'state_dir' in {tmp_path / '.relay/relay.toml'}: {value!r} must be a "
+                                "relative path inside the project root (use --state-dir or RELAY_STATE_DIR for any "
+                                "other place)")
+
+
+def test_relay_config_writes_each_kind_of_value_as_it_would_be_written(tmp_path):
+    shown = {key: (value, text) for key, value, text, _ in config_mod.describe(config_mod.load(tmp_path, env={}))}
+    assert shown["agents"] == ([], "(none)") and shown["federation"] == (None, "(none: this machine only)")
+    assert shown["wake"] == (None, "(none)") and shown["metrics"] == (None, "(none)")
+    assert shown["log_level"] == ("INFO", "info") and shown["retention"] == (604800.0, "7d")
+    assert shown["batch_bytes"] == (64 * 1024 * 1024, "64MiB") and shown["max_retries"] == (3, "3")
+    assert shown["bounces"] == (True, "True") and shown["on_deliver"] == (None, "None")
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text(
+        'agents = ["Ann", "Ben"]\nlog_level = "debug"\nmax_body_bytes = 1000\n'
+        '[metrics]\nlisten = "127.0.0.1:9108"\n[federation]\nurl = "redis://u:pw@h:6379/0"\nteam = "acme"\nnode = "n1"\n')
+    shown = {key: (value, text) for key, value, text, _ in config_mod.describe(config_mod.load(tmp_path, env={}))}
+    assert shown["agents"] == (["Ann", "Ben"], "Ann, Ben") and shown["log_level"] == ("DEBUG", "debug")
+    assert shown["max_body_bytes"] == (1000, "1000")
+    assert shown["federation"] == ({"url": "redis://u:***@h:6379/0", "team": "acme", "node": "n1"},
+                                   "url redis://u:***@h:6379/0, team acme, node n1")
+    assert shown["metrics"][1] == "listen 127.0.0.1:9108, host 127.0.0.1, port 9108"
+
+
+def test_a_root_is_made_absolute_as_named_and_a_dotdot_after_a_link_as_the_kernel_takes_it(tmp_path, monkeypatch):
+    from relay.statedir import absolute
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub", target_is_directory=True)
+    assert absolute(tmp_path / "link") == tmp_path / "link"                    # the link kept as named
+    assert absolute(tmp_path / "link" / "..") == tmp_path / "real"             # not tmp_path
+    monkeypatch.chdir(tmp_path)
+    assert absolute("link") == tmp_path / "link" and absolute("link/..") == tmp_path / "real"
+    root, state = config_mod.resolve_dirs(str(tmp_path / "link" / ".."), None, env={})
+    assert (root, state) == (tmp_path / "real", None)
+    root, state = config_mod.resolve_dirs(None, None, env={"RELAY_ROOT": "link", "RELAY_STATE_DIR": ".s"})
+    assert (root, state) == (tmp_path / "link", tmp_path / "link" / ".s")
+    assert config_mod.resolve_dirs(None, ".t", env={"RELAY_STATE_DIR": ".s"})[1] == tmp_path / ".t"
+
+
+def test_a_new_relay_toml_is_written_once_and_never_where_a_relay_toml_named_the_state_dir(tmp_path):
+    from relay.config import template
+    (tmp_path / ".relay").mkdir()
+    cfg = config_mod.load(tmp_path, env={})
+    assert template.write(cfg) == tmp_path / ".relay/relay.toml"
+    assert (tmp_path / ".relay/relay.toml").read_text() == template.template()
+    (tmp_path / ".relay/relay.toml").write_text("state_dir = '.team'\n")
+    assert template.write(config_mod.load(tmp_path, env={})) is None            # there is one already
+    (tmp_path / ".team").mkdir()
+    moved = config_mod.load(tmp_path, env={})
+    assert moved.state_dir == tmp_path / ".team" and template.write(moved) is None
+    assert not (tmp_path / ".team/relay.toml").exists()

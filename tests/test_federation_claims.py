@@ -306,3 +306,22 @@ def test_a_node_rewriting_its_list_every_second_is_read_ever_more_rarely_and_an_
     clock.advance(1)
     n2.link.look()
     assert n2.relay.history.remote.agents()["Neo"][0] == "n1"
+
+
+def test_a_nodes_list_is_read_up_to_its_limit_in_names_and_bytes_and_what_is_wrong_with_it_said():
+    from relay.federation.directory import NAME_BYTES, listed_names
+    assert listed_names(None, 3) == ((), None)
+    assert listed_names(b"not json", 3) == ((), None)
+    assert listed_names(b'{"Ann": 1}', 3) == ((), None)
+    assert listed_names(b'["Ann", "Bob", "Ann", "a/b", 7]', 3) == (("Ann", "Bob"), None)
+    assert listed_names(b'["Ann", "Bob", "Cy"]', 3) == (("Ann", "Bob", "Cy"), None)
+    assert listed_names(b'["Ann", "Bob", "Cy", "Dee"]', 3) == (
+        ("Ann", "Bob", "Cy"), "lists 4 agents, over max_agents_per_node (3): only the first 3 are taken")
+    names, wrong = listed_names(b'["Ann", "system", "Bob"]', 3)
+    assert names == ("Ann", "Bob")
+    assert wrong == "lists 'system', which relay keeps for itself (in any case): not taken"
+    at_limit = b'["Ann"' + b" " * (3 * NAME_BYTES - 7) + b"]"
+    assert len(at_limit) == 3 * NAME_BYTES and listed_names(at_limit, 3) == (("Ann",), None)
+    over = b'["Ann"' + b" " * (3 * NAME_BYTES - 6) + b"]"
+    assert listed_names(over, 3) == ((), f"lists {3 * NAME_BYTES + 1} bytes of agent names, over what "
+                                         "max_agents_per_node (3) allows: its names are not taken")

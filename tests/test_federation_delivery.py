@@ -1573,3 +1573,108 @@ def test_relay_show_lists_a_messages_events_in_the_order_of_their_times(redis_se
     finally:
         n1.close()
         n2.close()
+
+
+def test_the_overview_and_metrics_show_each_node_awaiting_acknowledgements_and_the_link_up_or_down(
+        tmp_path, team, nodes, clock):
+    """relay web's Overview and /metrics of a federated node: before the link has said anything,
+    'not connected yet'; a row published and not acknowledged, counted for its node with its age;
+    once acknowledged, no node listed and none counted; the server gone, the link down with its
+    error and the row waiting again, relay_federation_link_up 0."""
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from relay.web import metrics, reads
+    from webkit import get, server as web
+
+    def scrape(node):
+        text = metrics.exposition(metrics.registry(lambda: node.relay.history, node.relay.layout, node.config,
+                                                   clock))[0].decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name.startswith("relay_federation")}
+
+    def said(node, rows=()):
+        with web(node.root, clock=clock) as srv:
+            page = get(srv, "/")[2]
+        for row in rows:
+            assert row in page
+        return " ".join(re.search(r'<p id="federation">(.*?)</p>', page, re.S).group(1).split())
+
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    n1 = nodes(server.url, team, "n1", ["Ann"])
+    n2 = nodes(server.url, team, "n2", ["Bob"])
+    assert reads.federation(n1.relay.history, n1.config, clock())["connected"] is None
+    assert said(n1) == "node n1: link not connected yet"
+    assert scrape(n1) == {("relay_federation_link_up", ()): 0.0}
+    exchange(n1, n2, rounds=1)
+    n1.drop("Ann", "m1", "TO: Bob\n\nhi")
+    queued = clock.advance(1)
+    assert n1.send()[1] == 1
+    doc = reads.federation(n1.relay.history, n1.config, clock.advance(90))
+    assert clock() == queued + 90
+    assert (doc["node"], doc["connected"], doc["error"]) == ("n1", True, None)
+    assert doc["nodes"] == [{"node": "n2", "waiting": 1, "published": 1, "oldest_s": 90.0}]
+    assert said(n1, ['<tr><td>n2</td><td class="n">1</td><td class="n">1m30s</td></tr>']) == "node n1: link up"
+    assert scrape(n1) == {("relay_federation_unacknowledged", (("node", "n2"),)): 1.0,
+                          ("relay_federation_link_up", ()): 1.0}
+    exchange(n1, n2, rounds=2)
+    assert reads.federation(n1.relay.history, n1.config, clock())["nodes"] == []
+    assert scrape(n1) == {("relay_federation_link_up", ()): 1.0}
+    server.stop()
+    n1.drop("Ann", "m2", "TO: Bob\n\nagain")
+    assert n1.send()[1] == 0
+    n1.link.heartbeat()
+    doc = reads.federation(n1.relay.history, n1.config, clock())
+    assert doc["connected"] is False and "Connection refused" in doc["error"]
+    assert [(n["node"], n["waiting"], n["published"]) for n in doc["nodes"]] == [("n2", 1, 0)]
+    assert said(n1).startswith('node n1: link <span class="warn">down</span> ConnectionError:')
+    assert scrape(n1) == {("relay_federation_link_up", ()): 0.0}
+
+
+@pytest.fixture
+def reader_config(tmp_path):
+    """A federated node's configuration (n2 with Bob, bodies of 1 KiB at most): read_entry needs
+    no server."""
+    from relay import config as config_mod
+    from fednodes import write_config
+    write_config(tmp_path / "n2", "redis://127.0.0.1:1/0", "tq", "n2", ["Bob"], extra='max_body_bytes = "1KiB"')
+    return config_mod.load(tmp_path / "n2", ".relay", env={})
+
+
+def test_an_entrys_body_is_measured_in_utf8_bytes_up_to_max_body_bytes_exactly(reader_config, clock):
+    from relay.errors import MessageRefused
+    from relay.federation.entries import read_entry
+    at_limit = envelope(clock, body="\u00e9" * 512)                 # 1024 bytes, 512 characters
+    w, item = read_entry("n1", "1-0", entry(at_limit, to=("Bob", "Zed", "System")), {"Bob", "System"}, reader_config)
+    assert item["recipients"] == ["Bob"] and item["body"] == at_limit["body"] and item["node"] == "n1"
+    assert item["note"] == "not agents of this node: Zed, System" and item["entry_id"] == "1-0"
+    w, item = read_entry("n1", "1-0", entry(envelope(clock), to=("Bob",) * 10_000), {"Bob"}, reader_config)
+    assert item["recipients"] == ["Bob"] and item["note"] is None
+    over = envelope(clock, body="\u00e9" * 512 + "x")
+    with pytest.raises(MessageRefused, match=r"^the body is 1025 bytes, over this node's max_body_bytes \(1024\)$"):
+        read_entry("n1", "1-0", entry(over), {"Bob"}, reader_config)
+
+
+@pytest.mark.parametrize("fields, why", [
+    (lambda c: entry({**envelope(c), "body": 5}), "the body is not text"),
+    (lambda c: entry({**envelope(c), "headers": ["x"]}), "'headers' or 'to' has the wrong type"),
+    (lambda c: entry({**envelope(c), "to": "Bob"}), "'headers' or 'to' has the wrong type"),
+    (lambda c: {**entry(envelope(c)), "to": b"[not json"}, "the envelope or its recipients are not JSON"),
+    (lambda c: {**entry(envelope(c)), "v": b"\xff"}, "not a relay entry of version 2 (v=None)"),
+    (lambda c: {"oversize": "99", "what": "fields", "why": "too many fields"}, "the entry is not read: too many fields"),
+    (lambda c: {"oversize": "99"}, "the entry is 99 bytes, over what this node reads"),
+    (lambda c: entry({**envelope(c), "content_type": "not a type"}), "the envelope's the content type 'not a type' "
+                                                                       "is not a media type"),
+    (lambda c: entry(envelope(c), to=()), "the recipients are not a list of agent names"),
+    (lambda c: entry(envelope(c), to=("Bob",) * 10_001), "the recipients are not a list of agent names"),
+    (lambda c: entry(envelope(c), to=("Bob", "../x")), "the recipients are not a list of agent names"),
+    (lambda c: "not a dict", "the entry has no fields"),
+])
+def test_an_entry_wrong_in_one_way_is_refused_saying_which(reader_config, clock, fields, why):
+    from relay.errors import MessageRefused
+    from relay.federation.entries import read_entry
+    with pytest.raises(MessageRefused) as e:
+        read_entry("n1", "1-0", fields(clock), {"Bob"}, reader_config)
+    assert str(e.value).startswith(why), str(e.value)

@@ -624,3 +624,64 @@ def test_an_envelopes_recipients_reach_the_inbox_as_names_alone(server, team, no
     n2.receive()
     [got] = n2.held("Bob")
     assert got["body"] == "odd recipients" and got["to"] == ["CEO", "Bob"]
+
+
+def test_refusals_are_recorded_a_hundred_per_node_per_minute_and_the_minutes_overflow_said_once_at_its_end(caplog):
+    """REFUSALS of one node in the minute from its first are recorded; the next is not, and holds
+    that node's stream for HOLD seconds (another node's is not held); at exactly 60 s a new
+    minute starts, and the one before's unrecorded count is said once."""
+    import logging
+
+    from relay.federation.refusals import HOLD, REFUSALS, Refusals
+    r, t0 = Refusals(), 1_000.0
+    assert all(r.recorded("n1", t0 + i * 0.1) for i in range(REFUSALS))
+    assert r.readable("n1", t0) and r.until("n1") == 0.0
+    assert r.recorded("n1", t0 + 30) is False
+    assert r.until("n1") == t0 + 30 + HOLD
+    assert not r.readable("n1", t0 + 30 + HOLD - 0.01) and r.readable("n1", t0 + 30 + HOLD)
+    assert r.recorded("n3", t0 + 30) is True and r.readable("n3", t0 + 30)
+    with caplog.at_level(logging.ERROR, logger="relay.federation.refusals"):
+        assert r.recorded("n1", t0 + 59.99) is False
+        assert "more entries refused" not in caplog.text
+        assert r.recorded("n1", t0 + 60) is True
+        assert caplog.text.count("federation: node n1 sent 2 more entries refused in the last minute (not "
+                                 "recorded one by one)") == 1
+        assert all(r.recorded("n1", t0 + 60 + i * 0.1) for i in range(1, REFUSALS))
+        assert r.recorded("n1", t0 + 61 + REFUSALS * 0.1) is False
+        caplog.clear()
+        assert r.recorded("n3", t0 + 90) is True             # n3's minute rolls over with nothing unsaid
+        assert "more entries refused" not in caplog.text
+
+
+def test_relay_sends_look_up_takes_each_name_from_the_first_node_listing_it_and_skips_what_cannot_be_read(
+        server, team, nodes):
+    """directory(): the names of the team's other nodes, never this node's own; a name two nodes
+    list is the first's (by node name); an entry whose list is no JSON list, or a name no agent
+    may have, names nobody; the rest of the team still read."""
+    from relay.federation.link import directory
+    n2 = nodes(server, team, "n2", ["Bob"])
+    n3 = nodes(server, team, "n3", ["Eve"])
+    n4 = nodes(server, team, "n4", ["Ann"])
+    n5 = nodes(server, team, "n5", ["Dan"])
+    exchange(n2, n3, n4, n5, rounds=1)
+    assert directory(n2.config) == {"Eve": "n3", "Ann": "n4", "Dan": "n5"}
+    keys = Keys(team)
+    as_node(server, team, "n4").hset(keys.node("n4"), mapping={"agents": orjson.dumps(["Ann", "Eve", "a/b", "", 7])
+                                                                .decode(), "v": "x1"})
+    as_node(server, team, "n5").hset(keys.node("n5"), mapping={"agents": "not json", "v": "x2"})
+    assert directory(n2.config) == {"Eve": "n3", "Ann": "n4"}
+    assert directory(n4.config) == {"Bob": "n2", "Eve": "n3"}
+    as_node(server, team, "n5").hset(keys.node("n5"), mapping={"agents": '{"Dan": 1}', "v": "x3"})
+    assert directory(n2.config) == {"Eve": "n3", "Ann": "n4"}
+
+
+def test_relay_sends_look_up_knows_no_name_while_the_server_is_away(tmp_path, team, nodes):
+    from relay.federation.link import directory
+    own = RedisServer(tmp_path / "redis")
+    own.start()
+    n2 = nodes(own, team, "n2", ["Bob"])
+    n3 = nodes(own, team, "n3", ["Eve"])
+    exchange(n2, n3, rounds=1)
+    assert directory(n2.config) == {"Eve": "n3"}
+    own.stop()
+    assert directory(n2.config, timeout=0.5) == {}

@@ -582,3 +582,159 @@ def test_a_shed_records_headers_at_their_bound_exactly():
     assert len(whole) == KEEP_HEADER_BYTES and headers_kept(whole) == whole
     name = "X" * (KEEP_HEADER_BYTES - 2 - len('{"":""}'))           # {name: ""} fills the room ({} aside)
     assert json.loads(headers_kept(json.dumps({name: "", "Y": "y"}))) == {name: ""}
+
+
+@pytest.mark.parametrize("size", [150, 300_000])
+def test_a_message_shed_for_size_that_opens_with_a_bom_keeps_its_recipients_and_subject(project, size):
+    """A byte order mark before the headers is skipped as the parser skips it, whether the file
+    was read whole (150) or only its first bytes (300 000)."""
+    relay = project.relay(max_body_bytes=100)
+    project.drop("Ann", "big", b"\xef\xbb\xbfTO: Ben, Cy\nSUBJECT: the big diff\n\n" + b"x" * size)
+    assert relay.drain().failed == 1
+    [row] = [r for r in relay.history.audit() if r["sender"] == "Ann"]
+    assert (json.loads(row["recipients"] or "null"), row["subject"]) == (["Ben", "Cy"], "the big diff")
+    assert row["body"].startswith("xxx")
+
+
+def test_a_json_message_too_large_to_read_says_nothing_of_its_recipients(project):
+    """Its fields may follow its body: what its first bytes hold is not taken for them."""
+    relay = project.relay(max_body_bytes=100)
+    project.drop("Ann", "big", json.dumps({"to": ["Ben"], "subject": "s", "body": "x" * 300_000}))
+    assert relay.drain().failed == 1
+    [row] = [r for r in relay.history.audit() if r["sender"] == "Ann"]
+    assert (row["recipients"], row["subject"], row["status"]) == (None, None, "failed")
+    assert "over max_body_bytes (100)" in row["error"]
+
+
+def test_the_shed_filter_and_the_shed_figures_count_each_reason(project):
+    """history.web: the messages filtered by `shed` are those with a shed recorded, whatever
+    their status; shed_reasons counts each recipient's shed under its reason, every other
+    reason flow control knows at 0."""
+    from relay.ledger.schema import REASONS
+    relay = project.relay(max_body_bytes=100)
+    project.drop("Ann", "big", "TO: Ben, Cy\n\n" + "x" * 150)
+    project.drop("Ann", "ok", "TO: Ben\n\nsmall")
+    relay.drain()
+    ids = named(relay)
+    assert [r["id"] for r in relay.history.web.messages(status="shed")] == [ids["big"]]
+    assert {r["id"] for r in relay.history.web.messages(status="failed")} >= {ids["big"]}
+    assert ids["ok"] in [r["id"] for r in relay.history.web.messages(status="archived")]
+    assert relay.history.web.shed_reasons() == {**dict.fromkeys(REASONS, 0), "body_size": 2}
+
+
+def test_the_headers_a_shed_record_keeps_are_cut_to_256_characters_each_in_order_within_4_kib():
+    import orjson
+
+    from relay.ledger.shed_keep import headers_kept
+    assert headers_kept(None) is None
+    small = orjson.dumps({"X-A": "a" * 300}).decode()
+    assert headers_kept(small) == small                         # within 4 KiB: kept as sent
+    given = {f"H{i:02d}": "v" * 300 for i in range(16)}
+    given["Z"] = "z"                                            # fits, but after one that did not
+    given.update({f"N{i}": i for i in range(3)})
+    kept = orjson.loads(headers_kept(orjson.dumps(given).decode()))
+    assert kept == {f"H{i:02d}": "v" * 256 for i in range(15)}  # 15 x 266 bytes fit in 4094, the 16th does not
+    assert len(orjson.dumps(kept)) <= 4096
+    assert headers_kept("[" + '"x", ' * 1000 + '"x"]') is None
+    assert headers_kept("{" + "x" * 5000) is None
+
+
+def test_the_body_a_shed_record_keeps_is_its_first_kib_cut_between_characters():
+    from relay.ledger.shed_keep import head
+    assert head(None, 1024) is None
+    assert head("é" * 256, 1024) == "é" * 256
+    assert head("é" * 512, 1024) == "é" * 512
+    assert head("é" * 513, 1024) == "é" * 512
+    assert head("x" + "é" * 600, 1024) == "x" + "é" * 511
+    assert head("\U0001f600" * 300, 1024) == "\U0001f600" * 256
+
+
+def test_a_message_shed_for_every_recipient_keeps_the_first_1024_characters_of_its_subject(project):
+    relay = project.relay(pair_rate=1, pair_window="1h")
+    project.drop("Ann", "first", "TO: Ben\n\nthe one that is delivered")
+    relay.drain()
+    subject = "s" * 1023 + "éé" + "t" * 10
+    project.drop("Ann", "shed", f"TO: Ben\nSUBJECT: {subject}\n\nbody")
+    relay.drain()
+    row = relay.history.get(named(relay)["shed"])
+    assert row["status"] == "failed" and row["subject"] == subject[:1024] and row["body"] == "body"
+
+
+def test_a_retry_does_not_count_against_the_limits_a_recipient_that_already_has_the_message(project, clock):
+    """Delivered to Ben, not yet to Cy: tried again, the message is not shed for Ben (whose pair
+    count it now fills) and reaches Cy; nothing is shed, no bounce is owed."""
+    import errno
+    relay = project.relay(pair_rate=2, pair_window="1h")
+    project.drop("Ann", "m0", "TO: Ben\n\nm0")
+    relay.drain()
+    switch = failing_create(relay, OSError(errno.EACCES, "denied"), when=lambda rel: rel.startswith("inbox/Cy/"))
+    project.drop("Ann", "m1", "TO: Ben, Cy\n\nm1")
+    relay.hint("rescan")
+    assert relay.step(clock.advance(1)).retried == 1
+    mid = named(relay)["m1"]
+    (project.state / "inbox/Ben/new" / f"{mid}.json").unlink()      # Ben took it and deleted it
+    switch["on"] = False
+    total = relay.drain(now_fn=lambda: clock.advance(5))
+    assert total.archived == 1 and total.shed == 0
+    assert relay.history.get(mid)["status"] == "archived" and sheds(relay, mid) == []
+    assert [d["recipient"] for d in relay.history.deliveries(mid)] == ["Ben", "Cy"]
+    assert [e["body"] for e in project.inbox("Ben")] == ["m0"] and [e["body"] for e in project.inbox("Cy")] == ["m1"]
+    assert [e for e in project.inbox("Ann") if e["kind"] == "bounce"] == []
+
+
+class Crash(BaseException):
+    """Stands for the process dying: nothing after it runs."""
+
+
+def test_a_message_a_crash_left_in_a_full_inbox_is_not_shed_for_the_recipient_that_holds_it(project, monkeypatch):
+    """Delivered to Ben (queue_limit 1) and then the process died before the record: tried
+    again, Ben's new/ is full with that very message, which is not shed, not delivered twice."""
+    relay = project.relay(queue_limit=1)
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    monkeypatch.setattr(relay.ledger.messages, "record", lambda *a, **k: (_ for _ in ()).throw(Crash()))
+    with pytest.raises(Crash):
+        relay.step()
+    assert len(project.inbox("Ben")) == 1
+    relay.close()
+    project.relays.remove(relay)
+    again = project.relay(queue_limit=1)
+    total = again.drain()
+    assert (total.archived, total.shed, total.failed) == (1, 0, 0)
+    [row] = [r for r in again.history.audit() if r["sender"] == "Ann"]
+    assert row["status"] == "archived" and sheds(again, row["id"]) == []
+    assert [e["body"] for e in project.inbox("Ben")] == ["x"] and project.inbox("Ann") == []
+
+
+def test_a_queue_one_short_of_its_limit_is_shared_with_the_sender_already_in_it(project, clock):
+    """Ben's new/ holds one of Cy's (queue_limit 2, one short of it): Ann's first message is
+    admitted, her second in the same batch is over her share (1 of 2 senders) and shed."""
+    relay = project.relay(queue_limit=2)
+    project.drop("Cy", "c", "TO: Ben\n\nfrom Cy")
+    relay.drain()
+    clock.advance(1)
+    project.drop("Ann", "a1", "TO: Ben\n\na1")
+    project.drop("Ann", "a2", "TO: Ben\n\na2")
+    relay.hint("rescan")
+    relay.step(clock.advance(1))
+    assert sorted(e["body"] for e in project.inbox("Ben")) == ["a1", "from Cy"]
+    [(mid, shed)] = [(m, s) for m in ids(relay) for s in relay.history.sheds(m)]
+    assert mid == named(relay)["a2"] and (shed["reason"], shed["limit_value"], shed["observed"]) == ("queue_limit", 2, 2)
+    assert relay.history.get(mid)["error"] == (
+        "shed for Ben (queue_limit: Ben already holds 2 unread messages in its new/ (queue_limit = 2), 1 of them "
+        "from Ann, its share (1) among 2 sender(s); Ben is not reading its inbox)")
+
+
+def test_a_backlog_written_slowly_while_no_relay_ran_is_counted_at_the_times_it_was_written(project, clock):
+    """Three messages Ann wrote to Ben twenty minutes apart (pair_rate 1 a minute) are no loop
+    when relay finds them at once: each counts at its file's time, and none is shed. Three
+    written within the minute are: two are shed."""
+    relay = project.relay(pair_rate=1, pair_window="60s")
+    for i, ago in enumerate((3600, 2400, 1200)):
+        path = project.drop("Ann", f"old{i}", f"TO: Ben\n\nold{i}")
+        os.utime(path, (clock.now - ago, clock.now - ago))
+    for i, ago in enumerate((30, 20, 10)):
+        path = project.drop("Ann", f"new{i}", f"TO: Cy\n\nnew{i}")
+        os.utime(path, (clock.now - ago, clock.now - ago))
+    total = relay.drain()
+    assert sorted(e["body"] for e in project.inbox("Ben")) == ["old0", "old1", "old2"]
+    assert [e["body"] for e in project.inbox("Cy")] == ["new0"] and total.shed == 2

@@ -181,3 +181,139 @@ def test_a_long_name_fits_after_its_id_and_before_the_error_sidecars_suffix():
         kept = fit(name)
         assert name.startswith(kept) and len(f"{'0' * 26}--{kept}.error.json".encode()) <= 255
     assert fit("short") == "short"
+
+
+def test_the_outboxes_listed_leave_out_a_plain_file_and_name_why_a_link_a_bad_or_a_reserved_name_is_none(tmp_path):
+    from relay.files.layout import Layout
+    layout = Layout(tmp_path, tmp_path / ".relay")
+    assert layout.init(["Ann", "Ben"]) == []
+    box = tmp_path / ".relay" / "outbox"
+    (box / "Dee").write_text("a file, not an outbox")
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", box / "Eve")
+    (box / "bad name").mkdir()
+    (box / "System").mkdir()
+    listed = {name: problem for name, _, problem in layout.outbox_dirs()}
+    assert "Dee" not in listed
+    assert (listed["Ann"], listed["Ben"]) == (None, None)
+    assert listed["Eve"] == "a symbolic link; relay never follows links under its state directory"
+    assert listed["bad name"].startswith("invalid agent name (must match ")
+    assert listed["System"].endswith("; no agent sends as it")
+    assert [rel for name, rel, _ in layout.outbox_dirs() if name == "Ann"] == ["outbox/Ann"]
+
+
+def test_init_makes_no_outbox_for_a_reserved_name_or_a_namesake_in_another_case_and_says_so(tmp_path):
+    from relay.files.layout import Layout
+    layout = Layout(tmp_path, tmp_path / ".relay")
+    assert layout.init(["Ann"]) == []
+    problems = layout.init(["ann", "System", "Cy"])
+    assert problems == ["'System' is a name relay keeps for itself (System: relay's own name), in any case: no outbox "
+                        "or inbox is made for it",
+                        "'ann' would be the same as the agent 'Ann' on a case-insensitive file system; use 'Ann': no "
+                        "outbox or inbox is made for it"]
+    made = sorted(p.name for p in (tmp_path / ".relay" / "outbox").iterdir())
+    assert made == ["Ann", "Cy"]
+    assert (tmp_path / ".relay" / "inbox" / "Cy" / "new").is_dir() and not (tmp_path / ".relay" / "inbox" / "ann").exists()
+
+
+def test_replace_file_refuses_a_link_a_directory_and_a_fifo_no_one_reads_and_keeps_a_files_mode(tmp_path):
+    from relay.files.fs import Unsafe, replace_file
+    target = tmp_path / "target"
+    target.write_bytes(b"kept")
+    os.symlink(target, tmp_path / "link")
+    (tmp_path / "adir").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    for name, errno_, said in [("link", errno.ELOOP, "is a symbolic link; relay never writes through one"),
+                               ("adir", errno.EINVAL, "is not a regular file; name a file to write"),
+                               ("fifo", errno.ENXIO, "is a FIFO no one reads; name a file to write")]:
+        with pytest.raises(Unsafe) as e:
+            replace_file(str(tmp_path / name), b"new", fsync=lambda fd: None)
+        assert e.value.errno == errno_ and said in str(e.value) and str(tmp_path / name) in str(e.value)
+    assert target.read_bytes() == b"kept" and (tmp_path / "adir").is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "fifo", "link", "target"]   # no temporary left
+    target.chmod(0o640)
+    replace_file(str(target), b"new", fsync=lambda fd: None)
+    assert target.read_bytes() == b"new" and (target.stat().st_mode & 0o777) == 0o640
+    replace_file("/dev/null", b"into a device as it is", fsync=lambda fd: None)
+
+
+def test_a_read_of_what_is_not_a_regular_file_is_refused(tmp_path):
+    from relay.files.fs import StateDir, Unsafe
+    (tmp_path / "adir").mkdir()
+    fs = StateDir(tmp_path)
+    with pytest.raises(Unsafe, match="adir is not a regular file"):
+        fs.read("adir")
+
+
+def test_a_state_directory_whose_way_holds_a_plain_file_is_not_made(tmp_path):
+    from relay.files.layout import Layout
+    (tmp_path / "a").write_text("a file where a directory is named")
+    with pytest.raises(NotADirectoryError):
+        Layout(tmp_path, tmp_path / "a" / ".relay").create()
+    assert (tmp_path / "a").read_text() == "a file where a directory is named"
+    made = Layout(tmp_path, tmp_path / "b" / "c" / ".relay").create()
+    assert made.state.is_dir() and (tmp_path / "b" / "c").is_dir()
+
+
+def test_the_known_agents_are_the_outboxes_the_inboxes_and_the_configured_never_a_reserved_name_or_a_link(tmp_path):
+    from relay.files.layout import Layout
+    layout = Layout(tmp_path, tmp_path / ".relay")
+    layout.init(["Ann"])
+    state = tmp_path / ".relay"
+    (state / "inbox" / "Ben").mkdir()                       # an inbox alone
+    (state / "outbox" / "Cy").mkdir()                       # an outbox alone
+    (tmp_path / "away").mkdir()
+    os.symlink(tmp_path / "away", state / "outbox" / "Dee")
+    os.symlink(tmp_path / "away", state / "inbox" / "Eve")
+    (state / "outbox" / "a-file").write_text("x")
+    (state / "inbox" / "bad name").mkdir()
+    assert layout.agent_names(configured=["Zed", "system", "Broadcast"]) == {"Ann", "Ben", "Cy", "Zed"}
+    assert "System" not in layout.agent_names()              # its inbox is relay's own
+
+
+def test_of_outboxes_alike_but_for_case_the_one_with_an_inbox_is_read_and_the_others_are_not(tmp_path):
+    from relay.files.layout import Layout
+    layout = Layout(tmp_path, tmp_path / ".relay")
+    layout.init(["Ann"])
+    box = tmp_path / ".relay" / "outbox"
+    for name in ("ann", "ANN", "Bob", "bob", "Cy", "cy"):
+        (box / name).mkdir()
+    (tmp_path / ".relay" / "inbox" / "Cy").mkdir()
+    listed = {name: problem for name, _, problem in layout.outbox_dirs()}
+    assert (listed["Ann"], listed["Cy"]) == (None, None)
+    assert listed["cy"].endswith("move them into outbox/Cy)")
+    for name in ("ann", "ANN"):
+        assert listed[name].endswith(": relay does not read it (its files stay where they are; move them into "
+                                     "outbox/Ann)")
+        assert f"'{name}' would be the same as the agent 'Ann'" in listed[name]
+    assert (listed["Bob"], listed["bob"]) == (None, None)         # no inbox says which: both read
+    assert layout.agent_names() == {"Ann", "Bob", "bob", "Cy"}
+
+
+def test_the_spool_lists_only_the_files_relay_names_there(tmp_path):
+    from relay.files.layout import Layout
+    layout = Layout(tmp_path, tmp_path / ".relay")
+    layout.init(["Ann"])
+    spool = tmp_path / ".relay" / "spool"
+    mid = "01JAAAAAAAAAAAAAAAAAAAAAAA"
+    (spool / "Ann").mkdir()
+    (spool / "Ann" / f"{mid}--msg").write_text("x")
+    (spool / "Ann" / f"{mid}--").write_text("no name")
+    (spool / "Ann" / "not-an-id--msg").write_text("x")
+    (spool / "Ann" / f"{mid}").write_text("no separator")
+    (spool / "Ann" / f"{mid}--adir").mkdir()
+    (spool / "bad name").mkdir()
+    (spool / "bad name" / f"{mid}--msg").write_text("x")
+    (spool / "Cy").write_text("a file, not a directory")
+    assert list(layout.spooled()) == [("Ann", mid, "msg", f"spool/Ann/{mid}--msg")]
+
+
+def test_a_file_name_is_kept_whole_up_to_216_bytes_and_cut_between_characters_past_it():
+    from relay.files.layout import MAX_NAME, fit, valid_id
+    assert MAX_NAME == 216 == 255 - len("01JAAAAAAAAAAAAAAAAAAAAAAA--") - len(".error.json")
+    assert fit("n" * 216) == "n" * 216
+    assert fit("n" * 217) == "n" * 216
+    assert fit("é" * 108) == "é" * 108 and fit("é" * 109) == "é" * 108
+    assert fit("n" + "é" * 108) == "n" + "é" * 107
+    assert valid_id("01JAAAAAAAAAAAAAAAAAAAAAAA") and not valid_id("01JAAAAAAAAAAAAAAAAAAAAAA")
+    assert not valid_id("01jaaaaaaaaaaaaaaaaaaaaaaa") and not valid_id("01JAAAAAAAAAAAAAAAAAAAAAAU")

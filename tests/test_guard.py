@@ -230,3 +230,80 @@ def test_a_hook_refuses_only_a_project_path_holding_bytes_that_are_not_utf8(tmp_
             script(root, root / ".relay")
     else:
         assert f"--root {shlex.quote(str(root))} " in script(root, root / ".relay")
+
+
+def test_uninstall_with_no_hook_says_so_and_refuses_a_hook_relay_did_not_write(repo):
+    from conftest import error_line
+    root = repo.root
+    hook = root / ".git" / "hooks" / "pre-commit"
+    assert repo("guard", "uninstall").output.strip() == f"no hook at {hook}; nothing to do"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    refused = repo("guard", "uninstall", ok=False)
+    assert refused.exit_code == 1 and error_line(refused) == f"{hook} is not relay's hook; it was left as it is"
+    assert hook.read_text() == "#!/bin/sh\nexit 0\n"
+
+
+def test_uninstall_of_relays_hook_alone_removes_it_and_says_which(repo):
+    hook = repo.root / ".git" / "hooks" / "pre-commit"
+    out = repo("guard", "install").output
+    assert out.splitlines()[0].startswith(f"installed {hook}: a commit touching another agent's exclusive")
+    assert "runs first" not in out
+    assert repo("guard", "uninstall").output.strip() == f"removed {hook}"
+    assert not hook.exists() and not (hook.parent / "pre-commit.before-relay").exists()
+
+
+def test_a_chain_is_refused_when_a_chained_hook_is_there_already_and_a_kept_one_is_said_on_update(repo):
+    from conftest import error_line
+    hooks = repo.root / ".git" / "hooks"
+    (hooks / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    (hooks / "pre-commit.before-relay").write_text("#!/bin/sh\nexit 0\n# older\n")
+    refused = repo("guard", "install", "--chain", ok=False)
+    assert refused.exit_code == 1
+    assert error_line(refused) == (f"{hooks / 'pre-commit.before-relay'} is there already; nothing was changed: "
+                                   "merge the two hooks by hand, or remove pre-commit.before-relay")
+    assert (hooks / "pre-commit").read_text() == "#!/bin/sh\nexit 0\n"
+    (hooks / "pre-commit").unlink()
+    out = repo("guard", "install").output.splitlines()       # relay's hook, with the chained one kept
+    assert out[0].startswith(f"installed {hooks / 'pre-commit'}") and out[1] == f"{hooks / 'pre-commit.before-relay'} runs first"
+    out = repo("guard", "install").output.splitlines()
+    assert out[0].startswith(f"updated {hooks / 'pre-commit'}") and out[1] == f"{hooks / 'pre-commit.before-relay'} runs first"
+    assert repo("guard", "uninstall").output.strip() == (f"removed relay's hook; {hooks / 'pre-commit'} is the one it "
+                                                         "ran first again")
+    assert (hooks / "pre-commit").read_text() == "#!/bin/sh\nexit 0\n# older\n"
+
+
+def test_a_hook_that_is_a_directory_is_refused_and_left_as_it_is(repo):
+    from conftest import error_line
+    hook = repo.root / ".git" / "hooks" / "pre-commit"
+    hook.mkdir()
+    for verb in ("install", "uninstall"):
+        refused = repo("guard", verb, ok=False)
+        assert refused.exit_code == 1
+        assert error_line(refused) == f"{hook} is not a regular file; remove it, then install again"
+    assert hook.is_dir()
+
+
+def test_guard_outside_a_git_repository_says_so(team):
+    from conftest import error_line
+    refused = team("guard", "install", ok=False)
+    assert refused.exit_code == 1
+    said = error_line(refused)
+    assert said.startswith(f"{team.root} is not in a git repository (git rev-parse --show-toplevel: ")
+    assert said.endswith("); the guard is a git hook")
+
+
+def test_a_guard_check_in_a_project_with_no_ledger_finds_no_conflict(tmp_path):
+    from relay.agent import guard as guard_mod
+    assert guard_mod.conflicts(tmp_path / "ledger.sqlite", "Bob", ["src/app.py"], 0) == []
+    assert not (tmp_path / "ledger.sqlite").exists()
+
+
+def test_inside_keeps_the_paths_below_the_root_relative_to_it(tmp_path):
+    from relay.agent import guard as guard_mod
+    root = tmp_path / "p"
+    (root / "src").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(root, target_is_directory=True)
+    paths = [str(root / "src/a.py"), str(tmp_path / "p2/x"), str(tmp_path / "x"), str(root), str(root / "..pkg/y"),
+             str(tmp_path / "link" / "src/b.py")]
+    assert guard_mod.inside(root, paths) == ["src/a.py", ".", "..pkg/y"]
+    assert guard_mod.inside(tmp_path / "link", paths) == ["src/a.py", ".", "..pkg/y", "src/b.py"]

@@ -735,3 +735,166 @@ def test_orchestrator_state_over_the_team_state_limit_is_not_imported(fresh, sma
     got = fresh("state", "get", "huge", ok=False)
     assert got.exit_code == 1
     fresh("state", "get", "lead")
+
+
+@pytest.mark.parametrize("dropped", ["agents", "orchestrator_state", "__migrations"])
+def test_a_ledger_without_one_of_its_optional_tables_imports_the_rest(fresh, small_old, dropped):
+    """relay_files is the one table an agent-relay ledger must have: without its agents table
+    no agent comes over, without orchestrator_state no team state, without __migrations no
+    schema check; the files come over all the same."""
+    db = sqlite3.connect(small_old.ledger)
+    db.execute(f"DROP TABLE {dropped}")
+    db.commit()
+    db.close()
+    doc = json.loads(fresh("import", "agent-relay", str(small_old.root), "--json").stdout)
+    assert doc["ok"] and doc["imported"] == SMALL
+    assert (doc["registry"] == []) is (dropped == "agents")
+    assert (doc["state"]["imported"] == []) is (dropped == "orchestrator_state")
+    if dropped == "orchestrator_state":
+        assert doc["state"] == {"imported": [], "skipped": 0, "note": None}
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a\\b\x01"])
+def test_a_record_whose_file_name_relay_does_not_take_is_a_problem_not_imported(fresh, small_old, name):
+    data = b"TO: Bob\n\nodd\n"
+    add_record(small_old, "0123456789ab", "Alice", name, "pending", data, small_old.root / "outbox" / "Alice" / "odd")
+    r = fresh("import", "agent-relay", str(small_old.root), "--json", ok=False)
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and not doc["ok"]
+    [problem] = [p for p in doc["problems"] if "0123456789ab" in p]
+    assert problem.startswith("0123456789ab (pending, Alice/") and problem.endswith(
+        "): its file name is not one relay takes; not imported")
+    assert rows(fresh, "SELECT count(*) FROM imports WHERE source_id = '0123456789ab'") == [(0,)]
+
+
+def test_a_failed_record_whose_file_is_gone_comes_over_failed_with_a_notice_and_nothing_to_retry(fresh, small_old):
+    data = b"TO: Bob\n\ngone\n"
+    add_record(small_old, "ba9876543210", "Alice", "gone", "failed", data,
+               small_old.root / "outbox" / "Alice" / "gone", processed_ms=1_700_000_100_000)
+    doc = json.loads(fresh("import", "agent-relay", str(small_old.root), "--json").stdout)
+    assert doc["ok"] and doc["problems"] == []
+    [(mid,)] = rows(fresh, "SELECT message_id FROM imports WHERE source_id = 'ba9876543210'")
+    [notice] = [n for n in doc["notices"] if "ba9876543210" in n]
+    assert notice == (f"{mid} (agent-relay's ba9876543210, failed): file "
+                      f"{small_old.root / 'outbox' / 'Alice' / 'gone'} is missing; imported as failed with no file "
+                      "to retry")
+    [(status, path, error, failed_at)] = rows(fresh, "SELECT status, failed_path, error, failed_at FROM messages "
+                                                     "WHERE id = ?", (mid,))
+    assert (status, path, error, failed_at) == ("failed", None, "failed in agent-relay", 1_700_000_100.0)
+    assert f"{mid}: its file is gone (failed in agent-relay); write the message again" in \
+        fresh("retry", mid, ok=False).output
+
+
+def test_an_archive_file_that_is_a_directory_is_named_not_imported(fresh, small_old):
+    fid = small_old.ids["archived"][0]
+    [(path,)] = rows_of(small_old, "SELECT archive_path FROM relay_files WHERE file_id = ?", (fid,))
+    os.unlink(path)
+    os.mkdir(path)
+    doc = json.loads(fresh("import", "agent-relay", str(small_old.root), "--json", ok=False).stdout)
+    [problem] = [p for p in doc["problems"] if fid in p]
+    assert f"archive file {path} is not a regular file of at most " in problem and problem.endswith(
+        "; not imported (restore it and run the import again, or import it without its archive file: "
+        "--accept-missing)")
+    assert doc["imported"]["archived"] == SMALL["archived"] - 1
+
+
+def test_an_agent_relay_time_is_taken_from_1970_up_to_before_the_year_10000_and_nothing_else():
+    from relay.operator.agent_relay_records import LAST_MS, seconds
+    assert seconds(0) == 0.0 and seconds(1_700_000_000_500) == 1_700_000_000.5
+    assert seconds(LAST_MS - 1) == (LAST_MS - 1) / 1000.0
+    for bad in (-1, LAST_MS, float("inf"), float("nan"), True, "1700000000000", None):
+        assert seconds(bad) is None, bad
+
+
+def test_a_recorded_path_is_taken_only_as_its_top_and_the_names_after_it():
+    from relay.operator.agent_relay_records import tail
+    assert tail("/old/place/outbox/Alice/msg", "outbox", 2) == "outbox/Alice/msg"
+    assert tail("/x/archive/Alice/2024-01-01/ab-msg", "archive", 3) == "archive/Alice/2024-01-01/ab-msg"
+    for bad in ("/old/inbox/Alice/msg", "outbox/Alice", "/x/outbox/Alice/..", "/x/outbox/../msg",
+                "/x/outbox/Alice/./", None, 7, b"/x/outbox/Alice/msg"):
+        assert tail(bad, "outbox", 2) is None, bad
+
+
+def test_a_files_bytes_mismatch_its_record_by_short_hash_in_any_case_or_by_size():
+    import hashlib as h
+    from relay.operator.agent_relay_records import mismatch
+    data = b"TO: Bob\n\nhi\n"
+    short = h.sha256(data).hexdigest()[:16]
+    assert mismatch(data, {"content_hash": short, "file_size": len(data)}) is None
+    assert mismatch(data, {"content_hash": short.upper(), "file_size": len(data)}) is None
+    assert mismatch(data, {"content_hash": None, "file_size": None}) is None
+    assert mismatch(data, {"content_hash": "", "file_size": 0}) is None
+    assert mismatch(data, {"content_hash": "0" * 16, "file_size": len(data)}) == \
+        "does not match the sha256 agent-relay recorded"
+    assert mismatch(data, {"content_hash": short, "file_size": len(data) + 1}) == \
+        f"is {len(data)} bytes, agent-relay recorded {len(data) + 1}"
+    assert mismatch(data, {"content_hash": None, "file_size": len(data) - 1}) == \
+        f"is {len(data)} bytes, agent-relay recorded {len(data) - 1}"
+
+
+def test_the_import_summary_in_words_counts_duplicates_and_archived_files_gone(fresh, tmp_path):
+    made = agent_relay_ledger.make(tmp_path / "old", counts=dict.fromkeys(COUNTS, 0))
+    d = agent_relay_ledger.Driver(made.root, int(time.time() * 1000))
+    first = d.register("Alice", "work", agent_relay_ledger.message("Bob", 1))
+    d.claim(first)
+    d.rediscover(first)
+    d.close()
+    lines = fresh("import", "agent-relay", str(made.root)).stdout.splitlines()
+    assert ("  1 of them record(s) of an outbox file an earlier record holds: recorded as its duplicates, one "
+            "message, delivered once") in lines
+    assert not any("without their archive file" in ln for ln in lines)
+
+
+def test_the_import_summary_in_words_counts_archived_records_brought_over_without_their_file(fresh, small_old):
+    gone = small_old.ids["archived"][:2]
+    for fid in gone:
+        [(path,)] = rows_of(small_old, "SELECT archive_path FROM relay_files WHERE file_id = ?", (fid,))
+        os.unlink(path)
+    lines = fresh("import", "agent-relay", str(small_old.root), "--accept-missing").stdout.splitlines()
+    assert "  2 of them archived without their archive file (--accept-missing)" in lines
+    assert not any("record(s) of an outbox file an earlier record holds" in ln for ln in lines)
+    assert f"  {'archived':<10} {SMALL['archived']:>6} -> archived" in lines
+
+
+@pytest.mark.parametrize("stored, kept", [("not json", {"metadata": "not json"}), ("[1, 2]", {"metadata": [1, 2]}),
+                                          ('"cli"', {"metadata": "cli"}), (None, {}),
+                                          ('{"model": "m"}', {"model": "m"})])
+def test_an_agents_metadata_that_is_no_json_object_comes_over_kept_under_metadata(fresh, small_old, stored, kept):
+    db = sqlite3.connect(small_old.ledger, isolation_level=None)
+    db.execute("UPDATE agents SET metadata = ? WHERE agent_name = 'Alice'", (stored,))
+    db.close()
+    fresh("import", "agent-relay", str(small_old.root))
+    agents = {a["agent"]: a for a in json.loads(fresh("agents", "--json").stdout)}
+    assert agents["Alice"]["metadata"] == {**kept, "imported_from": "agent-relay"}
+
+
+def test_more_than_20_files_agent_relay_never_recorded_are_named_20_and_the_rest_counted(fresh, small_old):
+    box = small_old.root / "outbox" / "Alice"
+    for i in range(22):
+        (box / f"stray{i:02d}").write_text("TO: Bob\n\nstray\n")
+    doc = json.loads(fresh("import", "agent-relay", str(small_old.root), "--json", ok=False).stdout)
+    named = [p for p in doc["problems"] if p.endswith("a file agent-relay never recorded; not imported: move it "
+                                                      "into relay's outbox to send it")]
+    assert len(named) == 20
+    assert doc["problems"][-1] == f"... and 2 more such file(s) in {small_old.root}/outbox"
+    (box / "stray00").unlink()
+    (box / "stray01").unlink()
+    doc = json.loads(fresh("import", "agent-relay", str(small_old.root), "--json", ok=False).stdout)
+    assert len([p for p in doc["problems"] if "never recorded" in p]) == 20
+    assert not any(p.startswith("... and") for p in doc["problems"])
+
+
+def test_orchestrator_state_of_a_key_or_value_relay_does_not_hold_is_named_and_not_imported(fresh, small_old):
+    db = sqlite3.connect(small_old.ledger, isolation_level=None)
+    db.execute("INSERT INTO orchestrator_state (key, value, updated_at) VALUES ('bad key', 'v', 1)")
+    db.execute("INSERT INTO orchestrator_state (key, value, updated_at) VALUES ('blob', X'0001', 1)")
+    db.execute("INSERT INTO orchestrator_state (key, value, updated_at) VALUES (?, 'v', 1)", ("k" * 129,))
+    db.execute("INSERT INTO orchestrator_state (key, value, updated_at) VALUES (?, 'kept', 1)", ("k" * 128,))
+    db.close()
+    r = fresh("import", "agent-relay", str(small_old.root))
+    for key in ("bad key", "blob", "k" * 129):
+        assert f"notice: orchestrator state key {key}: not a key and text value relay's team state holds; " \
+               "not imported" in r.output
+    for key in ("bad key", "blob", "k" * 129):
+        assert fresh("state", "get", key, ok=False).exit_code == 1
+    assert "kept" in fresh("state", "get", "k" * 128).output

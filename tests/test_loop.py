@@ -288,3 +288,47 @@ def test_a_reload_that_changes_the_federation_keeps_the_running_one_and_logs_no_
     assert "s3cret" not in caplog.text
     assert "federation changed (url redis://bob:***@redis.example:6379/0, team t, node n1, running with none" \
         in caplog.text
+
+
+@pytest.mark.parametrize("key", ["sweep_interval", "rescan_interval"])
+def test_a_reload_that_shortens_an_interval_brings_its_next_run_forward_and_a_longer_one_does_not(project, clock, key):
+    base = {"agents": ["Ann", "Ben", "Cy"], "retention": "1h", "sweep_interval": "1d", "rescan_interval": "1d"}
+    relay = project.relay(**base)
+    relay.step(clock.now)
+    at = {"sweep_interval": lambda: relay.schedule.sweep_at, "rescan_interval": lambda: relay.schedule.rescan_at}[key]
+    assert at() == clock.now + 86400
+    start = clock.now
+    clock.advance(3600)
+    applied, _ = relay.reconfigure(project.config(**{**base, key: "2d"}))
+    assert applied == [key] and at() == start + 86400
+    applied, _ = relay.reconfigure(project.config(**{**base, key: "10m"}))
+    assert applied == [key] and at() == clock.now + 600
+
+
+def test_a_reload_that_shortens_the_sweep_interval_sweeps_at_the_new_one(project, clock):
+    relay = project.relay(retention="1h", sweep_interval="1d")
+    project.drop("Ann", "a", "TO: Ben\n\nx")
+    relay.drain()
+    clock.advance(2 * 3600)
+    relay.step(clock.now)
+    assert len(project.files("archive")) == 1          # the next sweep is a day after the first
+    relay.reconfigure(project.config(agents=["Ann", "Ben", "Cy"], retention="1h", sweep_interval="10m"))
+    relay.step(clock.advance(601))
+    assert project.files("archive") == []
+
+
+def test_a_reload_applies_what_it_can_and_names_what_needs_a_restart_keeping_the_old_value(project, clock, tmp_path):
+    relay = project.relay(settle="1s")
+    before = relay.config.state_dir
+    import dataclasses
+    new = dataclasses.replace(project.config(agents=["Ann", "Ben", "Cy", "Dee"], settle="3s"),
+                              state_dir=tmp_path / "elsewhere")
+    applied, restart = relay.reconfigure(new)
+    assert sorted(applied) == ["agents", "settle"] and restart == ["state_dir"]
+    assert relay.config.state_dir == before and relay.config.settle == 3.0 and relay.outbox.settle == 3.0
+    assert (project.state / "outbox" / "Dee").is_dir() and (project.state / "inbox" / "Dee" / "new").is_dir()
+    assert not (tmp_path / "elsewhere").exists()
+    project.drop("Ann", "m", "TO: Dee\n\nto the agent listed by the reload")
+    assert relay.drain().archived == 1
+    assert [e["body"] for e in project.inbox("Dee")] == ["to the agent listed by the reload"]
+    assert relay.reconfigure(project.config(agents=["Ann", "Ben", "Cy", "Dee"], settle="3s")) == ([], [])

@@ -2,6 +2,8 @@
 one line (no pydantic text, no URL); reply(id, body) builds the thread and subject; send takes a
 kind; agents() marks the caller; a number out of range is refused or clamped as its description
 says. Through the SDK's own client on `relay mcp`."""
+import json
+
 import anyio
 import pytest
 
@@ -193,3 +195,111 @@ def test_spawn_and_release_agent_give_the_registry_their_fields(team, tmp_path):
         [bounce] = [m for m in (await bob.call("inbox"))["messages"] if m["kind"] == "bounce"]
         assert "System reads no replies" in await refused(bob, "reply", id=bounce["id"], body="thanks")
     run(team, tmp_path, scenario)
+
+
+@pytest.mark.parametrize("value, got", [("a, b c", ["a", "b", "c"]), (' ["a", " b "] ', ["a", "b"]), ("", []),
+                                        (["a ", " ", "b"], ["a", "b"]), ("[]", [])])
+def test_ids_or_names_are_taken_as_a_list_a_json_array_or_one_string_of_them(value, got):
+    from relay.agent.mcp_handover import words
+    assert words(value) == got
+
+
+@pytest.mark.parametrize("value", ["[1, 2]", "[a, b]", '["a", null]', '[{"a": 1}]'])
+def test_a_string_opening_a_json_array_that_is_no_array_of_strings_is_refused_naming_what(value):
+    from relay.agent.mcp_handover import words
+    with pytest.raises(relay.RelayError) as e:
+        words(value, "names")
+    assert str(e.value) == f"{value!r} is not a JSON array of names"
+
+
+def test_a_bounded_argument_takes_its_low_bound_caps_at_its_high_one_and_refuses_less_or_nan():
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from relay.agent.mcp_handover import bounded
+    assert bounded(1, "limit", 1, 50) == 1 and bounded(50, "limit", 1, 50) == 50 and bounded(51, "limit", 1, 50) == 50
+    assert bounded(0.0, "wait", 0, 600) == 0.0 and bounded(1e9, "wait", 0, 600) == 600
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ToolError) as e:
+            bounded(bad, "limit", 1, 50)
+        assert str(e.value) == f"limit must be 1 to 50, not {bad!r}"
+
+
+def test_each_refused_argument_is_said_once_in_the_tools_words_not_pydantics():
+    from typing import Literal
+
+    import pydantic
+
+    from relay.agent.mcp_handover import argument_errors
+
+    class Args(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        body: str
+        limit: int = 1
+        wait: float = 0
+        ack: bool = False
+        to: str = ""
+        ids: list = []
+        priority: Literal["urgent", "normal"] = "normal"
+
+    def said(**given):
+        with pytest.raises(pydantic.ValidationError) as e:
+            Args(**given)
+        return argument_errors(e.value, "send", ("body", "to"))
+    assert said() == "body: required"
+    assert said(body=5) == "body: must be text, not 5"
+    assert said(body="x", limit="many", wait="soon") == "limit: must be a whole number, not 'many'; wait: must be a number, not 'soon'"
+    assert said(body="x", limit=1.5) == "limit: must be a whole number, not 1.5"
+    assert said(body="x", ack="perhaps") == "ack: must be true or false, not 'perhaps'"
+    assert said(body="x", to=5) == "to: must be a name, a comma-separated list of names or a JSON array of them"
+    assert said(body="x", ids=5) == "ids: must be a list of ids or one string of them"
+    assert said(body="x", priority="soon") == "priority: must be 'urgent' or 'normal', not 'soon'"
+    assert said(body="x", colour="red") == "colour: send takes no such argument (it takes body, to)"
+    assert said(body=["a", "b"]) == "body: must be text, not ['a', 'b']"
+
+
+def test_a_tool_takes_a_whole_float_for_an_integer_and_a_json_array_in_a_string_for_a_list(team):
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from relay.agent import mcp_server
+    from test_agents import drain
+    with relay.Agent("Alice", root=team.root) as alice, relay.Agent("Bob", root=team.root) as bob:
+        ids = [alice.send("Bob", f"m{i}") for i in range(3)]
+        drain(team.root)
+        server = mcp_server.build(bob)
+
+        def call(name, args):
+            return anyio.run(server.call_tool, name, args).structured_content
+        assert [m["id"] for m in call("inbox", {"limit": 2.0, "mark_read": False})["messages"]] == ids[:2]
+        with pytest.raises(ToolError, match="limit: must be a whole number, not 2.5"):
+            call("inbox", {"limit": 2.5, "mark_read": False})
+        assert call("mark_read", {"ids": f' ["{ids[0]}"]'}) == {"marked": [ids[0]], "already": []}
+        assert call("mark_read", {"ids": f"{ids[0]}, {ids[1]}"}) == {"marked": [ids[1]], "already": [ids[0]]}
+        with pytest.raises(ToolError, match=r"'\[bad' is not a JSON array of ids"):
+            call("mark_read", {"ids": "[bad"})
+        with pytest.raises(ToolError, match="ids: must be a list of ids or one string of them"):
+            call("mark_read", {"ids": "[1]"})
+        assert [m.id for m in bob.inbox()] == ids[2:]
+
+
+def test_the_receipts_tool_waits_no_time_without_wait_s_and_says_done_timed_out_or_the_failure(team, cli):
+    from relay.agent import mcp_server
+    from test_agents import drain
+    with relay.Agent("Alice", root=team.root) as alice, relay.Agent("Bob", root=team.root) as bob:
+        mid = alice.send("Bob", "read me")
+        box = team.state / "outbox" / "Alice"
+        (box / ".z").write_text("TO: Zed\n\nto no one")
+        (box / ".z").rename(box / "z")
+        drain(team.root)
+        failed = next(r["id"] for r in json.loads(cli("audit", "--json", "--status", "failed").stdout))
+        server = mcp_server.build(alice)
+
+        def call(args):
+            got = anyio.run(server.call_tool, "receipts", args).structured_content
+            return {k: got[k] for k in ("done", "timed_out", "error")}
+        assert call({"id": mid}) == {"done": None, "timed_out": False, "error": None}
+        assert call({"id": mid, "wait_for": "read"}) == {"done": None, "timed_out": True, "error": None}
+        bob.ack(bob.inbox())
+        assert call({"id": mid, "wait_for": "read", "wait_s": 0}) == {"done": True, "timed_out": False, "error": None}
+        assert call({"id": mid, "wait_for": "acked"})["timed_out"] is True
+        got = call({"id": failed, "wait_for": "read"})
+        assert got["done"] is False and got["timed_out"] is False and "Zed" in got["error"]

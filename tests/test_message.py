@@ -333,3 +333,168 @@ def test_the_daemons_unknown_recipient_error_has_the_clis_did_you_mean(team, nam
     team("run", "--once")
     failed = json.loads(team("audit", "--json", "--status", "failed").stdout)[0]
     assert f"unknown recipient {name}; did you mean Bob?" in failed["error"]
+
+
+@pytest.mark.parametrize("text, name, kind", [("SUBJECT: hi\n\nx", "message.txt", "message"),
+                                              ("KIND: note\n\nx", "msg", "note"),
+                                              ("KIND: note\nTO: , \n\nx", "msg", "note")])
+def test_a_kind_that_is_not_a_control_kind_without_a_recipient_is_refused_naming_its_kind(text, name, kind):
+    with pytest.raises(MessageRefused, match=f"no recipient for this '{kind}' message: add a 'TO: <agent>' header"):
+        p(text, name=name)
+
+
+@pytest.mark.parametrize("kind", ["spawn", "release", "continuity"])
+def test_each_control_kind_without_a_recipient_goes_to_system(kind):
+    assert p(f"KIND: {kind}\nNAME: Dana\n\nx").to == ("System",)
+    assert p("NAME: Dana\n\nx", name=f"{kind.upper()}.md").kind == kind
+
+
+def test_a_json_body_of_null_is_an_empty_body_and_a_missing_one_too():
+    assert p('{"to": "Bob", "body": null}').body == ""
+    assert p('{"to": "Bob"}').body == ""
+    assert p('{"to": "Bob", "body": 7}').body == "7"
+
+
+@pytest.mark.parametrize("ts, text", [
+    (0, "1970-01-01T00:00:00.000000Z"), (1.5, "1970-01-01T00:00:01.500000Z"),
+    (1_700_000_000.9999996, "2023-11-14T22:13:21.000000Z"), (-1.25, "1969-12-31T23:59:58.750000Z"),
+    (1e18, "9999-12-31T23:59:59.000000Z"), (-1e18, "0001-01-01T00:00:00.000000Z"),
+])
+def test_an_instant_is_said_in_utc_to_the_microsecond_and_held_to_the_calendar(ts, text):
+    from relay.core.message import iso
+    assert iso(ts) == text
+    assert iso(ts) == text          # the second formatted before is reused, not another
+
+
+def test_a_json_field_of_null_is_as_if_left_out():
+    m = p('{"to": "Bob", "subject": null, "thread": null, "kind": null, "priority": null, "body": "x"}')
+    assert (m.subject, m.thread, m.kind, m.priority, m.body) == (None, None, "message", "normal", "x")
+    with pytest.raises(MessageRefused, match="'subject' must be text, not list"):
+        p('{"to": "Bob", "subject": ["a"], "body": "x"}')
+    with pytest.raises(MessageRefused, match="'thread' must be text, not bool"):
+        p('{"to": "Bob", "thread": true, "body": "x"}')
+
+
+@pytest.mark.parametrize("doc, asked", [('"ack_required": true', True), ('"ack_required": false', False),
+                                        ('"ACK": true', True), ('"ack-required": false', False),
+                                        ('"ack": "required"', True), ('"ack": null', False)])
+def test_a_json_ack_of_true_or_false_is_read_as_it_is(doc, asked):
+    assert p('{"to": "Bob", ' + doc + ', "body": "x"}').ack_required is asked
+
+
+def test_a_file_with_no_to_no_kind_and_a_plain_name_is_refused_saying_how_to_name_a_recipient():
+    for text in ("SUBJECT: hi\n\nbody", '{"subject": "hi", "body": "x"}', "TO:\n\nbody"):
+        with pytest.raises(MessageRefused) as e:
+            p(text, name="note")
+        assert str(e.value) == "no recipient: add a 'TO: <agent>' header (or \"to\" in JSON)"
+
+
+def test_an_empty_to_leaves_the_kind_to_the_file_name():
+    m = p("TO:\nNAME: Dana\n\nstart", name="spawn.txt")
+    assert (m.kind, m.to) == ("spawn", ("System",))
+    m = p('{"to": [], "name": "Dana"}', name="release")
+    assert (m.kind, m.to) == ("release", ("System",))
+
+
+@pytest.mark.parametrize("kind, said", [("re view", "kind 're view' is not a plain token: it holds U+0020 SPACE"),
+                                        ("a\u200bb", "kind 'a\\u200bb' is not a plain token: it holds U+200B ZERO WIDTH SPACE")])
+def test_a_kind_that_is_no_plain_token_is_refused_naming_the_character(kind, said):
+    with pytest.raises(MessageRefused) as e:
+        p(f"TO: Bob\nKIND: {kind}\n\nx")
+    assert str(e.value).startswith(said)
+
+
+@pytest.mark.parametrize("to, said", [
+    ("system", "invalid recipient: 'system' is a name relay keeps for itself, in any case: write System for "),
+    ("Bob, broadcast", "invalid recipient: 'broadcast' is a name relay keeps for itself, in any case: write Broadcast for "),
+])
+def test_a_reserved_name_in_another_case_is_refused_as_a_recipient(to, said):
+    with pytest.raises(MessageRefused) as e:
+        p(f"TO: {to}\n\nx")
+    assert str(e.value).startswith(said) and str(e.value).endswith("; no agent is named so")
+    assert p("TO: System\n\nx").to == ("System",)
+
+
+@pytest.mark.parametrize("given, kept", [("urgent", "urgent"), (" High", "high"), ("LOW ", "low"), ("", "normal")])
+def test_each_priority_is_read_in_any_case_and_another_word_is_refused(given, kept):
+    assert p(f"TO: Bob\nPRIORITY: {given}\n\nx").priority == kept
+    with pytest.raises(MessageRefused, match="PRIORITY 'higher' is not one of urgent, high, normal, low"):
+        p("TO: Bob\nPRIORITY: higher\n\nx")
+
+
+@pytest.mark.parametrize("given", ["01JAAAAAAAAAAAAAAAAAAAAAA", "01JAAAAAAAAAAAAAAAAAAAAAAAA", "01JAAAAAAAAAAAAAAAAAAAAAAU",
+                                   "my-own-id"])
+def test_an_id_that_relay_could_not_give_is_refused(given):
+    with pytest.raises(MessageRefused) as e:
+        p(f"TO: Bob\nID: {given}\n\nx")
+    assert str(e.value).startswith(f"the id {given!r} is not a relay id (26 characters of ")
+    assert str(e.value).endswith("); leave ID out and relay gives one")
+    assert p("TO: Bob\nID:  \n\nx").id is None
+
+
+@pytest.mark.parametrize("kind", ["bounce", "Bounce", "bounce_"])
+def test_accept_refuses_a_kind_relay_writes_itself_keeping_what_was_parsed(tmp_path, kind):
+    with pytest.raises(MessageRefused) as e:
+        accepted(f"TO: Ben\nKIND: {kind}\nSUBJECT: s\n\nx", Known({"Ann", "Ben"}), tmp_path)
+    assert "bounce" in str(e.value).lower() and e.value.parsed.subject == "s"
+    assert accepted("TO: Ben\nKIND: bounced-review\n\nx", Known({"Ann", "Ben"}), tmp_path).recipients == ["Ben"]
+
+
+def test_accept_asks_for_the_known_agents_afresh_once_whatever_the_unknown_names_and_not_for_system_or_all(tmp_path):
+    known = Known({"Ann", "Ben"})
+    assert accepted("TO: System, *\n\nx", known, tmp_path).recipients == ["System", "Ben"] and known.refreshed == 0
+    known.names.add("Cy")
+    with pytest.raises(MessageRefused, match="unknown recipient"):
+        accepted("TO: Zed, Yan\n\nx", known, tmp_path)
+    assert known.refreshed == 1
+
+
+def test_broadcast_written_as_a_word_reaches_everyone_and_is_said_as_a_star(tmp_path):
+    for to in ("Broadcast", "*", "Broadcast, *"):
+        a = accepted(f"TO: {to}\n\nhello", Known({"Ann", "Ben", "Cy"}), tmp_path)
+        assert a.recipients == ["Ben", "Cy"] and orjson.loads(a.envelope)["to"] == ["*"]
+    a = accepted("TO: Broadcast, Ben\n\nhello", Known({"Ann", "Ben", "Cy"}), tmp_path)
+    assert a.recipients == ["Ben", "Cy"] and orjson.loads(a.envelope)["to"] == ["*", "Ben"]
+
+
+def test_a_name_made_for_an_unknown_recipient_may_not_be_another_agents_in_another_case(tmp_path):
+    with pytest.raises(MessageRefused, match="invalid recipient: 'ben' would be the same as the agent 'Ben'"):
+        accepted("TO: ben\n\nx", Known({"Ann", "Ben"}), tmp_path, unknown_recipient="create")
+    with pytest.raises(MessageRefused, match="invalid recipient: 'zed' would be the same as the agent 'Zed'"):
+        accepted("TO: Zed, zed\n\nx", Known({"Ann", "Ben"}), tmp_path, unknown_recipient="create")
+    assert accepted("TO: Zed, Zed\n\nx", Known({"Ann"}), tmp_path, unknown_recipient="create").recipients == ["Zed"]
+
+
+@pytest.mark.parametrize("fmt", ["header", "json"])
+def test_a_body_is_measured_in_utf8_bytes_not_characters(fmt):
+    def text(body):
+        return "TO: Bob\n\n" + body if fmt == "header" else json.dumps({"to": "Bob", "body": body})
+    assert p(text("é" * 50), max_body=100).body == "é" * 50                 # 100 bytes
+    with pytest.raises(MessageRefused, match=r"the body is 102 bytes, over max_body_bytes \(100\)"):
+        p(text("é" * 51), max_body=100)
+    with pytest.raises(MessageRefused, match=r"the body is 101 bytes, over max_body_bytes \(100\)"):
+        p(text("x" * 99 + "é"), max_body=100)
+
+
+def test_crlf_line_ends_are_made_plain_in_a_header_files_body_and_kept_in_a_json_body():
+    assert p("TO: Bob\r\n\r\na\r\nb\r\n").body == "a\nb\n"
+    assert p(json.dumps({"to": "Bob", "body": "a\r\nb"})).body == "a\r\nb"
+
+
+@pytest.mark.parametrize("to, names", [("Bob,", ("Bob",)), (" , Bob , ,Cy ", ("Bob", "Cy")), ("Bob, Bob", ("Bob",))])
+def test_empty_names_in_a_to_list_are_left_out_and_a_name_said_twice_counts_once(to, names):
+    assert p(f"TO: {to}\n\nx").to == names
+
+
+def test_two_to_lines_add_up_and_a_later_subject_line_wins():
+    m = p("TO: Bob\nSUBJECT: first\nto: Cy, Bob\nSubject: second\n\nx")
+    assert m.to == ("Bob", "Cy") and m.subject == "second"
+
+
+@pytest.mark.parametrize("value, asked", [("required", True), ("Yes", True), ("TRUE", True), ("1", True),
+                                          ("", False), ("No", False), ("none", False), ("False", False), ("0", False)])
+def test_each_ack_word_is_read_in_any_case_and_another_is_refused(value, asked):
+    assert p(f"TO: Bob\nACK: {value}\n\nx").ack_required is asked
+    assert p(f"TO: Bob\nACK-REQUIRED: {value}\n\nx").ack_required is asked
+    with pytest.raises(MessageRefused, match="ACK 'maybe' is not 'required'"):
+        p("TO: Bob\nACK: maybe\n\nx")

@@ -299,3 +299,63 @@ def test_a_recipient_list_is_checked_name_by_name_with_blanks_around_the_commas(
     for bad in (" , ", "Ben, system", "Ben, -x"):
         with pytest.raises(InvalidName):
             recipient_names(bad)
+
+
+def test_a_reserved_name_in_another_case_and_one_too_like_it_are_told_apart():
+    assert names.why_reserved("sYsTeM") == ("'sYsTeM' is a name relay keeps for itself (System: relay's own name), "
+                                            "in any case")
+    assert names.why_reserved("BROADCAST") == ("'BROADCAST' is a name relay keeps for itself (Broadcast: every agent "
+                                               "(as '*')), in any case")
+    assert names.why_reserved("System.").startswith("'System.' is too like a name relay keeps for itself (System: ")
+    assert names.why_reserved("-broadcast_").startswith("'-broadcast_' is too like a name relay keeps for itself "
+                                                        "(Broadcast: every agent")
+    assert names.why_reserved("Systems") is None and names.why_reserved("Ann") is None
+
+
+def test_an_agent_name_is_refused_as_reserved_before_as_malformed_and_a_good_one_passes():
+    assert names.agent_problem("Ann") is None and names.agent("Ann-2.x_y") == "Ann-2.x_y"
+    assert names.agent_problem("../x") == ("invalid agent name '../x': agent names match "
+                                           "[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+    assert names.agent_problem(".System").startswith("'.System' is too like a name relay keeps")
+    assert names.agent_problem(5).startswith("invalid agent name '5'")
+    assert names.agent_problem("a" * 64) is None and names.agent_problem("a" * 65).startswith("invalid agent name")
+    with pytest.raises(RelayError) as e:
+        names.agent("a/b", "--from")
+    assert str(e.value).endswith("(--from)")
+    with pytest.raises(RelayError) as e:
+        names.agent("a/b")
+    assert str(e.value).endswith("{0,63}")
+
+
+def test_a_reserved_address_spelt_as_relay_spells_it_is_no_problem_and_another_case_says_which():
+    assert [names.address_problem(n) for n in ("System", "Broadcast", "*", "Ann")] == [None] * 4
+    assert names.address_problem("system") == ("'system' is a name relay keeps for itself, in any case: write "
+                                               "System for relay's own name (its inbox); no agent is named so")
+    assert names.address_problem("broadcast") == ("'broadcast' is a name relay keeps for itself, in any case: write "
+                                                  "Broadcast for every agent (as '*'); no agent is named so")
+
+
+def test_a_namesake_is_the_first_known_agent_in_another_case_and_none_for_a_known_one():
+    assert names.namesake("ANN", {"ann", "Ann", "Ben"}) == "Ann"        # sorted: 'Ann' before 'ann'
+    assert names.namesake("Ann", {"ann", "Ann"}) is None                # itself known
+    assert names.namesake("Cy", {"Ann"}) is None and names.namesake(None, {"Ann"}) is None
+    assert names.namesake_problem("ben", {"Ben"}) == ("'ben' would be the same as the agent 'Ben' on a "
+                                                      "case-insensitive file system; use 'Ben'")
+    assert names.namesake_problem("Ben", {"Ben"}) is None
+    assert names.twins(["Ann", "Ben", "Cy"]) is None
+    assert names.twins(["ben", "Ann", "BEN"]) == ("'ben' and 'BEN' would be the same agent on a case-insensitive "
+                                                  "file system; list one of them")
+
+
+def test_a_kind_token_problem_names_the_first_odd_character_or_says_it_is_no_text():
+    assert names.kind_token_problem(None) is None
+    assert names.kind_token_problem("  note  ") is None and names.kind_token_problem("a" * 64) is None
+    assert names.kind_token_problem(5) == "the kind must be text, not int"
+    assert names.kind_token_problem("a" * 65) == f"kind {'a' * 65!r} is not a plain token; kinds match {names.KIND_RULE}"
+    assert names.kind_token_problem("no\u200bte") == ("kind 'no\\u200bte' is not a plain token: it holds U+200B "
+                                                      f"ZERO WIDTH SPACE; kinds match {names.KIND_RULE}")
+    assert names.kind_token_problem("a b").startswith("kind 'a b' is not a plain token: it holds U+0020 SPACE")
+    assert names.kind_token_problem("-x") == f"kind '-x' is not a plain token; kinds match {names.KIND_RULE}"
+    assert names.kind_token_problem("a\x01").startswith("kind 'a\\x01' is not a plain token: it holds U+0001 "
+                                                        "a control character")
+    assert names.system_kind(5) is None

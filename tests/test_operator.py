@@ -450,3 +450,435 @@ def test_read_where_the_inbox_cannot_be_written_prints_the_message_and_notes_it_
     [note] = r.stderr.splitlines()
     assert note.startswith(f"relay: {mid} could not be marked read (") and note.endswith("it stays new")
     assert [p.name for p in (cli.state / "inbox" / "Ben" / "new").iterdir()] == [f"{mid}.json"]
+
+
+def _fed_doc(**parts):
+    doc = {"node": "n1", "team": "crew", "url": "redis://127.0.0.1:6379/0",
+           "link": {"connected": True, "since": 1_700_000_000.0, "error": None},
+           "server": {"reachable": True, "error": None, "incoming": 3},
+           "outbound": {"pending": 0, "published": 0, "acknowledged": 0, "refused": 0, "oldest_pending_at": None,
+                        "by_node": {}},
+           "directory": {"error": None, "read_at": None}, "received": {"delivered": 0, "refused": 0},
+           "conflicts": [], "ack_warn": 30.0}
+    for k, v in parts.items():
+        doc[k] = {**doc[k], **v} if isinstance(doc.get(k), dict) else v
+    return doc
+
+
+def test_status_says_the_links_state_connected_disconnected_not_yet_or_no_daemon():
+    from relay.core.message import iso
+    from relay.operator.views import federation
+    since = iso(1_700_000_000.0)
+
+    def link(doc, running=True):
+        return federation(doc, running, 1_700_000_100.0).splitlines()[1]
+    assert federation(_fed_doc(), True, 0).splitlines()[0] == \
+        "federation node n1 of team crew at redis://127.0.0.1:6379/0"
+    assert link(_fed_doc()) == f"  link       connected since {since}"
+    assert link(_fed_doc(), running=False) == "  link       daemon not running"
+    assert link(_fed_doc(link={"connected": None})) == "  link       not connected yet"
+    assert link(_fed_doc(link={"connected": False, "error": "refused"})) == \
+        f"  link       DISCONNECTED since {since} (refused)"
+    assert link(_fed_doc(link={"connected": True, "error": "slow"})) == f"  link       connected since {since} (slow)"
+
+
+def test_status_says_the_directory_and_the_server_each_way_they_can_stand():
+    from relay.operator.views import federation
+    now = 1_700_000_100.0
+
+    def lines(**parts):
+        return federation(_fed_doc(**parts), True, now).splitlines()
+    assert not any(ln.startswith("  directory") for ln in lines())          # never read: no line
+    assert "  directory  read 2.5s ago" in lines(directory={"read_at": now - 2.5})
+    assert "  directory  read 0.0s ago" in lines(directory={"read_at": now + 5})      # a clock behind: never negative
+    assert ("  directory  CANNOT BE READ: gone; names this node does not know wait"
+            in lines(directory={"error": "gone", "read_at": now - 1}))
+    assert "  server     reachable; 3 entries wait to be read by this node" in lines()
+    assert "  server     reachable; 0 entries wait to be read by this node" in lines(server={"incoming": None})
+    assert "  server     reachable, but: NOAUTH" in lines(server={"error": "NOAUTH"})
+    assert "  server     unreachable: Connection refused" in lines(server={"reachable": False,
+                                                                           "error": "Connection refused"})
+    assert ("  server     not asked from here: no URL in this environment (the daemon's holds it)"
+            in lines(server={"asked": False, "reachable": False, "error": "x"}))
+
+
+def test_status_says_each_nodes_unacknowledged_rows_and_warns_only_past_ack_timeout():
+    from relay.operator.views import federation
+    now = 1_700_000_100.0
+
+    def lines(by_node, **out):
+        return federation(_fed_doc(outbound={"by_node": by_node, **out}), True, now).splitlines()
+    assert ("  outbound   2 waiting to be published, oldest 7.5s, 1 waiting for their node's acknowledgement, "
+            "4 acknowledged, 5 refused") in lines({}, pending=2, published=1, acknowledged=4, refused=5,
+                                                  oldest_pending_at=now - 7.5)
+    assert ("  outbound   0 waiting to be published, 0 waiting for their node's acknowledgement, 0 acknowledged, "
+            "0 refused") in lines({})
+    at_edge = lines({"n2": {"waiting": 1, "oldest_at": now - 40, "unacked_since": now - 30.0},
+                     "n3": {"waiting": 2, "oldest_at": None, "unacked_since": now - 30.5},
+                     "n4": {"waiting": 3, "oldest_at": now - 1, "unacked_since": None}})
+    assert f"    {'n2':<20} 1 unacknowledged, oldest 40.0s" in at_edge
+    assert f"    {'n3':<20} 2 unacknowledged, oldest 0.0s  NOT ACKNOWLEDGING for 30s (ack_timeout 30s)" in at_edge
+    assert f"    {'n4':<20} 3 unacknowledged, oldest 1.0s" in at_edge
+    doc = _fed_doc(outbound={"by_node": {"n2": {"waiting": 1, "oldest_at": now - 40, "unacked_since": now - 31}}})
+    assert f"    {'n2':<20} 1 unacknowledged, oldest 40.0s  NOT ACKNOWLEDGING for 31s (ack_timeout 30s)" in \
+        federation(doc, True, now).splitlines()
+    doc["ack_warn"] = 60.0
+    assert f"    {'n2':<20} 1 unacknowledged, oldest 40.0s" in federation(doc, True, now).splitlines()
+
+
+def test_status_names_this_nodes_conflicts_and_other_nodes_ones_apart():
+    from relay.operator.views import federation
+    text = federation(_fed_doc(conflicts=[("Ann", "n2")], others_conflicts=[("Bob", "n3")],
+                               received={"delivered": 7, "refused": 1}), True, 0)
+    assert text.splitlines()[-3:] == [
+        "  received   7 delivered, 1 refused",
+        "  CONFLICT   agent Ann is also listed by node n2: rename one of them",
+        "  conflict   agent Bob (another node's) is also listed by node n3"]
+    assert "conflict" not in federation(_fed_doc(), True, 0).lower()
+
+
+def test_verify_names_an_envelope_altered_in_new_or_in_cur_and_neither_one_deleted_nor_one_intact(relayed):
+    """Each delivered envelope still in its inbox is re-hashed, in new/ or once read in cur/
+    (under its Maildir name); one the agent deleted is no problem; a directory in its place
+    cannot be read, and says so."""
+    cli = relayed
+    rows = [r for r in json.loads(cli("audit", "--json", "--status", "archived").output) if r["kind"] != "bounce"]
+    a, b, c = (r["id"] for r in rows)
+    new = cli.state / "inbox/Ben/new"
+    sizes = {m: (new / f"{m}.json").stat().st_size for m in (a, b, c)}
+    with (new / f"{a}.json").open("ab") as f:
+        f.write(b" ")
+    os.rename(new / f"{b}.json", cli.state / "inbox/Ben/cur" / f"{b}.json:2,S")
+    with (cli.state / "inbox/Ben/cur" / f"{b}.json:2,S").open("ab") as f:
+        f.write(b"  ")
+    (new / f"{c}.json").unlink()
+    r = cli("verify", ok=False)
+    assert r.exit_code == 1
+    assert (f"{a}: inbox/Ben/new/{a}.json is not the envelope relay delivered ({sizes[a] + 1} bytes, expected "
+            f"{sizes[a]}); `relay retry` cannot help, restore it from the archive") in r.output
+    assert (f"{b}: inbox/Ben/cur/{b}.json:2,S is not the envelope relay delivered ({sizes[b] + 2} bytes, expected "
+            f"{sizes[b]}); `relay retry` cannot help, restore it from the archive") in r.output
+    assert c not in r.output
+    (new / f"{c}.json").mkdir()
+    r = cli("verify", ok=False)
+    assert f"{c}: cannot read inbox/Ben/new/{c}.json: Is a directory" in r.output
+
+
+def test_doctor_names_a_missing_quarantined_file_a_stray_spool_file_and_an_old_orphan_not_a_young_one(relayed):
+    cli = relayed
+    assert "doctor: no problems" in cli("doctor").output
+    [failed] = ids(cli, "--status", "failed")
+    quarantined = next((cli.state / "failed" / "Ann").glob(f"{failed}--bad"))
+    quarantined.unlink()
+    stray = "01M95MNQH6F8RCGWYDRQHFBBC0--lost"
+    (cli.state / "spool" / "Ann").mkdir(parents=True, exist_ok=True)
+    (cli.state / "spool" / "Ann" / stray).write_text("TO: Ben\n\nlost")
+    tmp = cli.state / "inbox/Ben/tmp"
+    now = time.time()
+    for name, age in (("old", 86400 + 600), ("young", 86400 - 600)):
+        (tmp / name).write_text("half")
+        os.utime(tmp / name, (now - age, now - age))
+    r = cli("doctor", ok=False)
+    assert r.exit_code == 1
+    assert f"{failed}: quarantined file failed/Ann/{failed}--bad is missing; `relay expire` or ignore" in r.output
+    assert (f"spool/Ann/{stray}: a spooled file with no pending message; `relay run` registers it again, or move it "
+            "into an outbox to send it") in r.output
+    assert "inbox/Ben/tmp/old: orphaned temporary file; `relay run` removes it" in r.output
+    assert "young" not in r.output
+
+
+def test_doctor_quick_names_an_archived_file_missing_without_rehashing_the_others(relayed):
+    cli = relayed
+    rows = [r for r in json.loads(cli("audit", "--json", "--status", "archived").output) if r["kind"] != "bounce"]
+    (cli.state / rows[0]["archive_path"]).unlink()
+    forged = cli.state / rows[1]["archive_path"]
+    forged.write_bytes(forged.read_bytes() + b"forged")
+    r = cli("doctor", "--quick", ok=False)
+    assert r.exit_code == 1
+    assert (f"{rows[0]['id']}: archived file {rows[0]['archive_path']} is missing; `relay verify` for detail"
+            in r.output)
+    assert rows[1]["id"] not in r.output            # a changed byte is verify's to find, not --quick's
+
+
+def test_retry_of_a_failed_message_whose_file_is_gone_says_to_write_it_again(relayed):
+    cli = relayed
+    [failed] = ids(cli, "--status", "failed")
+    error = json.loads(cli("show", failed, "--json").output)["error"]
+    next((cli.state / "failed" / "Ann").glob(f"{failed}--bad")).unlink()
+    r = cli("retry", failed, ok=False)
+    assert r.exit_code == 1
+    assert f"{failed}: its file is gone ({error}); write the message again" in r.output
+    assert status(cli, failed) == "failed"
+
+
+def test_doctor_lists_20_unreadable_rows_and_counts_the_rest_in_one_line(cli):
+    for i in range(21):
+        drop(cli, "Ann", f"m{i:02d}", f"TO: Ben\n\nbody {i}")
+    cli("run", "--once", "-q")
+    mids = sorted(ids(cli))
+    assert len(mids) == 21
+    led = db(cli)
+    for mid in mids[:20]:
+        led.execute("UPDATE messages SET subject = X'00ff' WHERE id = ?", (mid,))
+    r = cli("doctor", "--quick", ok=False)
+    assert sum(mid in r.output for mid in mids) == 20 and "more ledger row(s)" not in r.output
+    assert json.loads(cli("doctor", "--quick", "--json", ok=False).output)["unreadable"] == 20
+    led.execute("UPDATE messages SET subject = X'00ff' WHERE id = ?", (mids[20],))
+    led.close()
+    r = cli("doctor", "--quick", ok=False)
+    assert r.exit_code == 1
+    assert sum(mid in r.output for mid in mids) == 20
+    assert "... and 1 more ledger row(s) this relay cannot read (`relay verify` lists them all)" in r.output
+    assert json.loads(cli("doctor", "--quick", "--json", ok=False).output)["unreadable"] == 21
+
+
+@pytest.mark.parametrize("raw, to", [(None, []), ("", []), ("[]", []), ('["Bob", "Cy"]', ["Bob", "Cy"]),
+                                     ('"Bob"', ["Bob"]), ("[1, null]", ["1", "None"]),
+                                     ("Bob, Cy", ["(unreadable: 'Bob, Cy')"]),
+                                     (b"\xff", ["(unreadable: b'\\xff')"])])
+def test_a_rows_recipients_are_its_json_list_and_one_no_json_reads_is_shown_marked(raw, to):
+    from relay.operator.views import recipients
+    assert recipients({"recipients": raw}) == to
+
+
+@pytest.mark.parametrize("raw, shown", [(None, {}), ("", {}), ('{"X-Tag": "a"}', {"X-Tag": "a"}),
+                                        ('["x"]', {"(unreadable)": '["x"]'}), ("{oops", {"(unreadable)": "{oops"}),
+                                        (7, {"(unreadable)": "7"})])
+def test_a_rows_unknown_headers_are_its_json_object_and_anything_else_is_shown_marked(raw, shown):
+    from relay.operator.views import headers
+    assert headers({"headers": raw}) == shown
+
+
+def test_a_short_time_in_a_table_is_month_day_and_seconds_utc_and_one_no_number_is_marked():
+    from relay.operator.views import short_time
+    assert short_time(None) == ""
+    assert short_time(1_700_000_000) == "11-14 22:13:20"
+    assert short_time(0.0) == "01-01 00:00:00"
+    assert short_time("later") == "(unreadable: 'later')"
+
+
+def test_a_remote_copys_state_is_said_for_each_status_with_its_node_time_entry_and_error():
+    from relay.core.message import iso
+    from relay.operator.views import remote_state
+    base = {"node": "n2", "acked_at": 1_700_000_000.0, "published_at": 1_700_000_001.0, "ack_deadline": 1_700_000_031.0,
+            "entry_id": "17-0", "attempts": 3, "error": None}
+    at, pub, due = iso(1_700_000_000.0), iso(1_700_000_001.0), iso(1_700_000_031.0)
+    assert remote_state({**base, "status": "acknowledged"}) == f"acknowledged by node n2 {at} (published as entry 17-0)"
+    assert remote_state({**base, "status": "acknowledged", "entry_id": None}) == f"acknowledged by node n2 {at}"
+    assert remote_state({**base, "status": "refused", "error": "no agent Bob"}) == \
+        f"refused by node n2 {at}: no agent Bob"
+    assert remote_state({**base, "status": "refused"}) == f"refused by node n2 {at}: "
+    assert remote_state({**base, "status": "published"}) == (
+        f"published {pub} as entry 17-0, waiting for node n2 to acknowledge it (published again after {due})")
+    assert remote_state({**base, "status": "pending"}) == "waiting for the server (attempt 3): not tried yet"
+    assert remote_state({**base, "status": "pending", "error": "Connection refused"}) == \
+        "waiting for the server (attempt 3): Connection refused"
+
+
+def test_doctor_says_a_ledger_not_in_wal_mode_needs_a_run_and_the_run_sets_it(relayed):
+    cli = relayed
+    led = db(cli)
+    assert led.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
+    led.close()
+    r = cli("doctor", ok=False)
+    assert r.exit_code == 1 and "the ledger is not in WAL mode; start `relay run` once to set it" in r.output
+    cli("run", "--once", "-q")
+    assert "WAL" not in cli("doctor").output
+
+
+def test_verify_takes_an_inbox_without_cur_as_holding_no_read_envelope(relayed):
+    cli = relayed
+    import shutil
+    for p in (cli.state / "inbox/Ben/new").iterdir():
+        p.unlink()
+    shutil.rmtree(cli.state / "inbox/Ben/cur")
+    r = cli("verify")
+    assert "verified 4 archived message(s): ok" in r.output
+
+
+def test_a_stored_value_json_holds_is_kept_as_it_is_and_a_blob_is_shown_marked():
+    from relay.operator.views import value
+    assert value(None) is None
+    assert [value(v) for v in ("s", "", 0, 7, 1.5)] == ["s", "", 0, 7, 1.5]
+    assert value(b"\x00\xff") == "(unreadable: b'\\x00\\xff')"
+    assert value(b"x" * 100) == "(unreadable: b'" + "x" * 58 + ")"
+
+
+def test_a_records_content_type_is_the_one_sent_or_text_plain_when_none_was(cli):
+    plain = cli("send", "--from", "Ann", "--to", "Ben", "hello").stdout.split()[0]
+    marked = cli("send", "--from", "Ann", "--to", "Ben", "--content-type", "text/markdown", "# hi").stdout.split()[0]
+    cli("run", "--once", "-q")
+    got = {r["id"]: r["content_type"] for r in json.loads(cli("audit", "--json").output)}
+    assert got == {plain: "text/plain", marked: "text/markdown"}
+    assert json.loads(cli("show", plain, "--json").output)["content_type"] == "text/plain"
+
+
+def test_an_excerpt_is_the_subject_else_the_body_on_one_line_else_the_error_clipped_at_exactly_its_width():
+    from relay.operator.views import clip, excerpt
+
+    def row(subject=None, body=None, error=None):
+        return {"subject": subject, "body": body, "error": error}
+    assert excerpt(row("subj", "body", "err"), 20) == "subj"
+    assert excerpt(row(None, "  two\nlines \n", "err"), 20) == "two lines"
+    assert excerpt(row("", "body"), 20) == "body"
+    assert excerpt(row(None, "  \n", "the error"), 20) == "the error"
+    assert excerpt(row(None, b"\x00blob", "the error"), 20) == "the error"
+    assert excerpt(row(), 20) == ""
+    assert clip("abcde", 5) == "abcde"
+    assert clip("abcdef", 5) == "abcd…"
+    assert clip("ab", 0) == "…"
+    assert clip("a\x1bb", 10) == "a\\eb"
+
+
+def test_the_audit_table_names_recipients_on_other_nodes_with_their_node_and_a_remote_sender_with_its():
+    from relay.operator.views import route, table
+    row = {"id": "01M95MNQH6F8RCGWYDRQHFBBC0", "sender": "Ann", "node": None, "recipients": '["Bob", "Cy"]',
+           "discovered_at": 1_700_000_000.0, "kind": "message", "thread": "t", "duplicate_of": None,
+           "status": "archived", "subject": "hello", "body": "b", "error": None}
+    assert route(row) == "Ann → Bob,Cy"
+    assert route(row, {"Bob": "n2"}) == "Ann → Bob@n2,Cy"
+    assert route({**row, "node": "n3", "recipients": None}) == "Ann@n3 → ?"
+    lines = table([row], width=120, remote={row["id"]: {"Bob": "n2"}}).splitlines()
+    assert lines[0].split() == ["ID", "TIME", "(UTC)", "FROM", "→", "TO", "KIND", "THREAD", "STATUS", "SUBJECT", "/",
+                                "BODY"]
+    assert lines[1].split() == [row["id"], "11-14", "22:13:20", "Ann", "→", "Bob@n2,Cy", "message", "t", "archived",
+                                "hello"]
+    assert "Ann → Bob,Cy " in table([row], width=120) and "Bob,Cy" in table([row], width=120, remote={})
+    assert table([{**row, "duplicate_of": "X"}], width=120).splitlines()[1].split()[-2:] == ["duplicate", "hello"]
+
+
+def test_a_shed_records_numbers_read_as_people_write_them_and_a_blob_as_its_repr():
+    from relay.operator.views import num, shed
+    assert num(600.0) == 600 and isinstance(num(600.0), int)
+    assert num(2.5) == 2.5 and num(7) == 7 and num(None) is None and num("lots") == "lots"
+    assert num(b"\x00" * 50) == repr(b"\x00" * 50)[:80]
+    assert num(True) is True
+    got = shed({"recipient": "Bob", "reason": "queue_full", "limit_value": 100.0, "observed": 101.0,
+                "at": 1_700_000_000.0, "released_at": None})
+    assert got["limit"] == 100 and got["observed"] == 101 and got["released_at"] is None
+    assert got["at"].startswith("2023-11-14T22:13:20")
+
+
+def test_the_audit_table_shows_no_thread_as_blank_not_none():
+    from relay.operator.views import table
+    row = {"id": "01M95MNQH6F8RCGWYDRQHFBBC0", "sender": "Ann", "node": None, "recipients": '["Bob"]',
+           "discovered_at": 1_700_000_000.0, "kind": None, "thread": None, "duplicate_of": None,
+           "status": "archived", "subject": "hello", "body": "b", "error": None}
+    line = table([row], width=120).splitlines()[1]
+    assert "None" not in line and line.split() == [row["id"], "11-14", "22:13:20", "Ann", "→", "Bob", "archived",
+                                                   "hello"]
+
+
+def test_an_agents_registry_lines_say_its_spawn_or_import_its_task_and_its_release():
+    from relay.operator.views import registered
+    assert registered({}) == [] and registered({"metadata": None, "spawned_at": None}) == []
+    assert registered({"spawned_at": "T1", "metadata": None}) == ["registered at T1"]
+    assert registered({"spawned_at": "T1", "spawned_by": "Ann", "metadata": {"cli": "claude", "model": "",
+                                                                               "cwd": "/w", "task": " fix\n the  bug "}}) \
+        == ["spawned by Ann at T1: cli=claude  cwd=/w", "task: fix the bug"]
+    assert registered({"spawned_at": "T1", "metadata": {"imported_from": "agent-relay /old"},
+                       "released_at": "T2", "released_by": "Bob"}) == [
+        "imported from agent-relay /old, known there since T1", "released by Bob at T2"]
+
+
+def test_show_prints_a_duplicate_as_such_and_leaves_out_fields_that_hold_nothing():
+    from relay.operator.views import show
+    row = {"id": "01M95MNQH6F8RCGWYDRQHFBBC0", "sender": "Ann", "node": None, "recipients": '["Bob"]',
+           "discovered_at": 1_700_000_000.0, "delivered_at": None, "archived_at": None, "failed_at": None,
+           "sent_at": None, "kind": "message", "thread": "", "duplicate_of": None, "status": "pending",
+           "subject": "hello", "body": "b", "error": None, "retries": 0, "max_retries": None, "name": "m",
+           "archive_path": None, "failed_path": None, "sha256": None, "size": None, "request_id": "r1",
+           "entry_id": None, "content_type": None}
+    text = show(row, [], [], {}, "b")
+    lines = text.splitlines()
+    assert lines[0] == "message 01M95MNQH6F8RCGWYDRQHFBBC0"
+    assert "  status         pending" in lines and "  retries        0" in lines
+    assert not any(ln.split()[0] in ("thread", "error", "sha256", "max_retries") for ln in lines[1:] if ln.strip())
+    dup = show({**row, "duplicate_of": "01M95MNQH6F8RCGWYDRQHFBBC1"}, [], [], {}, None).splitlines()
+    assert ("  status         pending: a duplicate of 01M95MNQH6F8RCGWYDRQHFBBC1 (request id 'r1'), not delivered "
+            "again") in dup
+    assert "  duplicate_of   01M95MNQH6F8RCGWYDRQHFBBC1" in dup and dup[-1] == "  (not recorded)"
+
+
+def test_show_prints_each_shed_with_its_limit_only_when_it_has_one_and_an_events_actor_unless_relay():
+    from relay.core.message import iso
+    from relay.operator.views import show
+    row = {"id": "01M95MNQH6F8RCGWYDRQHFBBC0", "sender": "Ann", "node": None, "recipients": '["Bob", "Cy"]',
+           "discovered_at": 1_700_000_000.0, "delivered_at": None, "archived_at": None, "failed_at": None,
+           "sent_at": None, "kind": "message", "thread": None, "duplicate_of": None, "status": "archived",
+           "subject": "s", "body": "b", "error": None, "retries": 0, "max_retries": None, "name": "m",
+           "archive_path": None, "failed_path": None, "sha256": None, "size": None, "request_id": None,
+           "entry_id": None, "content_type": None}
+    sheds = [{"recipient": "Bob", "reason": "queue_full", "limit": 100.0, "observed": 101.0, "at": "T1",
+              "released_at": None},
+             {"recipient": "Cy", "reason": "muted", "limit": None, "observed": None, "at": "T2", "released_at": "T3"}]
+    events = [{"at": 1_700_000_000.0, "event": "found", "actor": "relay", "detail": None},
+              {"at": 1_700_000_001.0, "event": "expired", "actor": "operator:kim", "detail": "by hand"}]
+    deliveries = [{"recipient": "Bob", "delivered_at": 1_700_000_002.0},
+                  {"recipient": "Cy", "delivered_at": 1_700_000_003.0}]
+    lines = show(row, deliveries, events, {"Bob": "inbox/Bob/cur/x.json:2,S"}, "b", sheds=sheds).splitlines()
+    assert f"  {'Bob':<20} {iso(1_700_000_002.0)}  inbox/Bob/cur/x.json:2,S" in lines
+    assert f"  {'Cy':<20} {iso(1_700_000_003.0)}  (taken from the inbox)" in lines
+    assert f"  {'Bob':<20} queue_full, limit 100, observed 101  at T1" in lines
+    assert f"  {'Cy':<20} muted  at T2; released by relay retry at T3" in lines
+    assert f"  {iso(1_700_000_000.0)}  {'found':<10}" in lines
+    assert f"  {iso(1_700_000_001.0)}  {'expired':<10} [operator:kim]  by hand" in lines
+    assert lines[-2:] == ["body:", "b"]
+
+
+def test_a_message_printed_whole_says_its_state_in_words_and_only_the_fields_that_differ_from_the_usual():
+    import types
+
+    from relay.operator.views import message_text
+
+    def m(**k):
+        base = dict(id="01M95MNQH6F8RCGWYDRQHFBBC0", state="new", error=None, sender="Ann", to=["Bob", "Cy"],
+                    thread=None, subject=None, kind="message", content_type="text/plain", sent_at="T", body="hi\r\nthere\n\n")
+        return types.SimpleNamespace(**{**base, **k})
+    assert message_text(m(), 2, 3).splitlines() == [
+        "--- message 2 of 3: 01M95MNQH6F8RCGWYDRQHFBBC0 (unread) ---", "from:    Ann", "to:      Bob, Cy",
+        "sent:    T", "id:      01M95MNQH6F8RCGWYDRQHFBBC0", "", "hi", "there"]
+    text = message_text(m(state="cur", kind="ping", content_type="text/markdown", thread="t", subject="s"))
+    assert text.splitlines()[0] == "--- message 1 of 1: 01M95MNQH6F8RCGWYDRQHFBBC0 (read) ---"
+    assert "kind:    ping" in text and "type:    text/markdown" in text and "thread:  t" in text
+    assert "subject: s" in text
+    assert message_text(m(state="archived")).splitlines()[0].endswith("(archived) ---")
+    assert message_text(m(), state="cur").splitlines()[0].endswith("(read) ---")
+    assert message_text(m(error="cannot read it")).splitlines() == [
+        "--- message 1 of 1: 01M95MNQH6F8RCGWYDRQHFBBC0 (unread) ---", "error:   cannot read it"]
+
+
+@pytest.mark.parametrize("rows, said", [([(0, 0), (1, -1)], "row 2 missing from index junk_ix"),
+                                        ([(0, 0), (1, -1), (2, -2)], "row 2 missing from index junk_ix (and 1 more)")])
+def test_doctor_names_the_first_finding_of_a_failed_integrity_check_and_counts_the_rest(relayed, rows, said):
+    """An index that no longer matches its table (its definition rewritten): the ledger is said
+    damaged, with SQLite's first finding, the others counted, and how to recover."""
+    cli = relayed
+    led = db(cli)
+    led.execute("CREATE TABLE junk (a, b)")
+    led.execute("CREATE INDEX junk_ix ON junk(a)")
+    led.executemany("INSERT INTO junk VALUES (?, ?)", rows)     # row 1: a == b, in the index either way
+    led.execute("PRAGMA writable_schema = ON")
+    led.execute("UPDATE sqlite_master SET sql = 'CREATE INDEX junk_ix ON junk(b)' WHERE name = 'junk_ix'")
+    led.close()
+    r = cli("doctor", "--quick", ok=False)
+    assert r.exit_code == 1
+    assert (f"the ledger {cli.state / 'ledger.sqlite'} is damaged (integrity check: {said}); the archive and "
+            "inboxes are intact.") in r.output
+
+
+def test_doctor_knows_a_shed_report_by_its_recorded_sheds_and_names_one_whose_message_has_none(cli):
+    (cli.state / "relay.toml").write_text('agents = ["Ann", "Ben", "Cy"]\npair_rate = 1\n')
+    drop(cli, "Ann", "one", "TO: Ben\n\none")
+    drop(cli, "Ann", "two", "TO: Ben, Cy\n\ntwo")          # shed for Ben, delivered to Cy: a report
+    os.utime(cli.state / "outbox/Ann/two", (1_700_000_001, 1_700_000_001))      # sent after "one"
+    cli("run", "--once", "-q")
+    [report] = list((cli.state / "failed").rglob("*.shed.json"))
+    assert "doctor: no problems" in cli("doctor").output
+    stray = report.with_name("01M95MNQH6F8RCGWYDRQHFBBC0--x.shed.json")
+    stray.write_bytes(report.read_bytes())
+    r = cli("doctor", ok=False)
+    assert r.exit_code == 1
+    assert (f"{stray.relative_to(cli.state)}: a file no ledger record knows; move it away or delete it"
+            in r.output)
+    assert str(report.relative_to(cli.state)) not in r.output

@@ -222,3 +222,72 @@ def test_overlap_agrees_with_brute_force_on_random_paths():
     for _ in range(300):
         a, b = ("/".join(rng.choice(segments) for _ in range(rng.randint(1, 3))) for _ in range(2))
         assert overlap(a, b) is brute_force_overlap(a, b, paths), (a, b)
+
+
+def test_a_work_takes_exactly_its_limit_of_steps_and_refuses_the_next_naming_the_limit():
+    from relay.files.patterns import TooMuchWork, Work
+    work = Work(limit=10)
+    work.spend(4)
+    work.spend(6)
+    assert work.spent == 10
+    with pytest.raises(TooMuchWork, match="more than 10 steps") as refused:
+        work.spend(1)
+    assert refused.value.limit == 10
+    assert overlap("a/*.py", "a/b.py", work=Work(limit=10_000)) is True
+
+
+def test_a_work_counts_two_segments_compared_once_then_one_step_each_time_again():
+    from relay.files.patterns import Work
+    work = Work()
+    assert overlap("src/*.py", "src/a*", work=work) is True
+    first = work.spent
+    assert first > 2
+    assert overlap("src/*.py", "src/a*", work=work) is True
+    again = work.spent - first
+    assert 0 < again < first
+
+
+@pytest.mark.parametrize("glob, name, held", [
+    ("[]a]x", "]x", True), ("[]a]x", "ax", True), ("[]a]x", "bx", False),
+    ("[!]a]x", "]x", False), ("[!]a]x", "bx", True), ("[^]]x", "ax", True), ("[^]]x", "]x", False),
+    ("[a-c]", "b", True), ("[a-c]", "d", False), ("[!a-c]", "d", True), ("[!a-c]", "a", False),
+])
+def test_a_set_may_hold_a_closing_bracket_first_negated_or_not(glob, name, held):
+    assert covers(glob, name) is held
+    assert overlap(glob, name) is held
+
+
+@pytest.mark.parametrize("length, ok", [(1024, True), (1025, False)])
+def test_a_path_of_up_to_1024_characters_is_taken(tmp_path, length, ok):
+    text = "/".join(["a" * 99] * 20)
+    text = (text + "/" + "b" * length)[:length]
+    if ok:
+        assert normalise(text, tmp_path) == text
+    else:
+        with pytest.raises(RelayError, match=f"a path of {length} characters; at most 1024"):
+            normalise(text, tmp_path)
+
+
+@pytest.mark.parametrize("pattern, glob", [("src/a]b", False), ("src/a[b", False), ("src/]b[", False),
+                                           ("src/a[b]", True), ("src/[]]", True), ("src/a?", True)])
+def test_only_a_bracket_that_opens_a_closed_set_makes_a_glob(tmp_path, pattern, glob):
+    assert scope(pattern, tmp_path) == ("glob" if glob else "tree")
+    assert covers(pattern, pattern + "/under") is (not glob)
+
+
+@pytest.mark.parametrize("glob, name, held", [
+    ("[!\U0010fffe]", "\U0010ffff", True), ("[!\U0010fffe]", "\U0010fffe", False),
+    ("[!\U0010ffff]", "\U0010fffe", True), ("[!\U0010ffff]", "\U0010ffff", False),
+    ("[!a]", "b", True), ("[!ab]", "c", True), ("[!ab]", "b", False),
+])
+def test_a_negated_set_holds_every_other_character_up_to_the_last_one(glob, name, held):
+    assert covers(glob, name) is held
+
+
+@pytest.mark.parametrize("glob, name, held", [
+    ("[a-]", "-", True), ("[a-]", "a", True), ("[a-]", "b", False),
+    ("[-a]", "-", True), ("[-a]", "b", False), ("[a-c-e]", "-", True), ("[a-c-e]", "d", False),
+    ("[c-a]", "b", False), ("[c-ax]", "x", True),
+])
+def test_a_dash_at_a_sets_end_is_itself_and_a_range_written_backwards_holds_nothing(glob, name, held):
+    assert covers(glob, name) is held

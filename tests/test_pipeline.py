@@ -573,3 +573,235 @@ def test_the_chain_goes_on_from_the_last_of_several_checkpoints(project, clock):
     relay.drain()
     assert relay.ledger.db.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 2
     assert operator.verify(relay.history, relay.layout) == (1, [])
+
+
+def test_a_messages_link_of_the_hash_chain_is_checked_from_the_start_a_checkpoint_or_the_link_before_it(project, clock):
+    """history.web.chained (the web view's word on one message): none for a message never
+    archived; intact from the chain's start, from the last checkpoint when a sweep took every
+    link before it, or from the link before it; records missing before it or a record altered
+    are said so."""
+    relay = project.relay(retention="7d", bounces=False)
+    project.drop("Ann", "a", "TO: Ben\n\nx")
+    project.drop("Ann", "lost", "TO: Nobody\n\nx")
+    relay.drain()
+    ids = {r["name"]: r["id"] for r in relay.history.audit()}
+    assert relay.history.web.chained(ids["lost"]) == (None, "not in the hash chain (a message is chained once archived)")
+    assert relay.history.web.chained(ids["a"]) == (True, "link 1 of the hash chain holds")
+    clock.advance(8 * 86400)
+    assert relay.sweep(clock.now).archived == 1
+    project.drop("Ann", "c", "TO: Ben\n\nx")
+    relay.drain()
+    project.drop("Ann", "d", "TO: Ben\n\nx")
+    relay.drain()
+    ids = {r["name"]: r["id"] for r in relay.history.audit()}
+    assert relay.history.web.chained(ids["c"]) == (True, "link 2 of the hash chain holds")
+    assert relay.history.web.chained(ids["d"]) == (True, "link 3 of the hash chain holds")
+    relay.ledger.db.execute("UPDATE messages SET recipients = '[\"Cy\"]' WHERE id = ?", (ids["c"],))
+    assert relay.history.web.chained(ids["c"]) == (False, "link 2 of the hash chain does not match the record: it was altered")
+    assert relay.history.web.chained(ids["d"]) == (True, "link 3 of the hash chain holds")
+    relay.ledger.db.execute("DELETE FROM chain WHERE message_id = ?", (ids["c"],))
+    assert relay.history.web.chained(ids["d"]) == (False, "chain records 2..2 before it are missing")
+
+
+def test_a_retention_of_0_keeps_everything_in_a_batch_and_in_a_whole_sweep(project, clock):
+    relay = project.relay(retention="0")
+    project.drop("Ann", "a", "TO: Ben\n\nx")
+    project.drop("Ann", "b", "TO: Nobody\n\nx")
+    relay.drain()
+    far = clock.now + 10 * 365 * 86400
+    for result in (relay.sweep(far), relay.sweep_all(far), relay.sweep_all(far, dry_run=True)):
+        assert (result.archived, result.failed, result.ids, result.more) == (0, 0, [], False)
+    assert len(project.files("archive")) == 2 and len(project.files("failed")) == 2
+    result = relay.sweep_all(far, older_than=1)
+    assert (result.archived, result.failed) == (2, 1)
+    assert project.files("archive") == [] and project.files("failed") == []
+
+
+def test_ack_moves_an_envelope_of_an_inboxs_new_only(project):
+    """Inbox.ack (Maildir's 'seen'): new/<id>.json goes to cur/<id>.json:2,S; a path in cur/,
+    in tmp/, in an outbox or one level too deep or too shallow is refused, nothing moved."""
+    from relay.files.fs import Unsafe
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.drain()
+    [(sub, path, env)] = relay.inbox.list("Ben")
+    assert sub == "new"
+    seen = relay.inbox.ack(path)
+    assert str(seen) == str(project.state / "inbox/Ben/cur" / f"{env['id']}.json:2,S") == relay.inbox.read_path(path)
+    assert os.path.exists(seen) and not os.path.exists(path)
+    (project.state / "inbox/Ben/tmp/t.json").write_text("{}")
+    (project.state / "inbox/Ben/new/deep").mkdir()
+    (project.state / "inbox/Ben/new/deep/d.json").write_text("{}")
+    for odd in (seen, project.state / "inbox/Ben/tmp/t.json", project.state / "outbox/Ann/x",
+                project.state / "inbox/Ben/new/deep/d.json", project.state / "inbox/Ben/new"):
+        with pytest.raises(Unsafe, match="is not an envelope in an inbox's new/"):
+            relay.inbox.ack(odd)
+    assert os.path.exists(seen) and os.path.exists(project.state / "inbox/Ben/new/deep/d.json")
+
+
+def test_an_inbox_lists_its_files_in_order_an_unreadable_one_said_and_not_counted_toward_a_limit(project):
+    relay = project.relay()
+    for i in range(3):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nbody {i}")
+        relay.drain()
+    ids = [env["id"] for _, _, env in relay.inbox.list("Ben")]
+    assert len(ids) == 3 and ids == sorted(ids)
+    new = project.state / "inbox/Ben/new"
+    (new / f"{ids[0]}.json").rename(new / "0-list.json")       # sorts first: not an object
+    (new / "0-list.json").write_text("[1, 2]")
+    (new / ".hidden.json").write_text("{}")
+    (new / "adir").mkdir()
+    assert relay.inbox.names("Ben") == ["0-list.json", f"{ids[1]}.json", f"{ids[2]}.json"]
+    listed = relay.inbox.list("Ben", limit=1)
+    assert [env for _, _, env in listed][0] == {"id": "0-list", "error": "unreadable envelope: not a JSON object"}
+    assert [env["id"] for _, _, env in listed] == ["0-list", ids[1]]
+    assert [env["id"] for _, _, env in relay.inbox.list("Ben", limit=2)] == ["0-list", ids[1], ids[2]]
+    assert [env["id"] for _, _, env in relay.inbox.list("Ben", skip={f"{ids[1]}.json"})] == ["0-list", ids[2]]
+    assert relay.inbox.names("Nobody") == [] and relay.inbox.list("Nobody") == []
+
+
+def test_pending_pairs_count_only_the_recipients_a_pending_message_has_not_reached_nor_shed_for(project, clock):
+    relay = project.relay(agents=("Ann", "Ben", "Cy", "Dee"), pair_rate=1, pair_window="1h")
+    project.drop("Ann", "first", "TO: Cy\n\nfirst")
+    assert relay.step().archived == 1
+    failing_create(relay, OSError(errno.ENOSPC, "No space left on device"), when=lambda rel: rel.startswith("inbox/Dee"))
+    project.drop("Ann", "both", "TO: Ben, Cy, Dee\n\nx")    # Cy: over the pair rate; Dee: no room
+    relay.hint("rescan")
+    assert relay.step(clock.advance(1)).retried == 1
+    row = next(r for r in relay.history.audit() if r["name"] == "both")
+    assert row["status"] == "pending"
+    assert [d["recipient"] for d in relay.history.deliveries(row["id"])] == ["Ben"]
+    assert relay.history.pending_pairs() == {("Ann", "Dee"): 1}
+
+
+def test_an_archive_move_tried_again_keeps_failing_then_finds_the_original_in_neither_place_then_in_the_archive(
+        project, clock, monkeypatch):
+    relay = project.relay(retry_backoff="5s")
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    real = relay.archive.store
+
+    def full(src, rel):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(relay.archive, "store", full)
+    relay.step()
+    first = only_row(relay)
+    assert first["status"] == "delivered"
+    relay.step(clock.advance(60))
+    row = only_row(relay)
+    assert (row["status"], row["error"]) == ("delivered", "archive: No space left on device")
+    assert row["retries"] == first["retries"] + 1
+    monkeypatch.setattr(relay.archive, "store", real)
+    [spooled] = project.files("spool")
+    kept = spooled.read_bytes()
+    spooled.unlink()
+    relay.step(clock.advance(600))
+    row = only_row(relay)
+    assert (row["status"], row["error"]) == ("delivered", "archive: the original is in neither the spool nor the archive")
+    assert row["retries"] == first["retries"] + 2
+    archived = project.state / row["archive_path"]
+    archived.parent.mkdir(parents=True, exist_ok=True)
+    archived.write_bytes(kept)             # moved there before a crash the row did not see
+    relay.step(clock.advance(3600))
+    row = only_row(relay)
+    assert (row["status"], row["error"]) == ("archived", None) and archived.read_bytes() == kept
+    assert len(project.inbox("Ben")) == 1
+
+
+def test_audit_grep_finds_a_word_in_the_subject_the_body_or_the_file_name_in_any_case(project):
+    relay = project.relay()
+    project.drop("Ann", "a", "TO: Ben\nSUBJECT: the NEEDLE here\n\nplain")
+    project.drop("Ann", "b", "TO: Ben\nSUBJECT: plain\n\nthe body holds a NeEdLe")
+    project.drop("Ann", "needle-file", "TO: Ben\nSUBJECT: plain\n\nplain")
+    project.drop("Ann", "d", "TO: Ben\nSUBJECT: plain\n\nnothing")
+    relay.drain()
+    assert sorted(r["name"] for r in relay.history.audit(grep="needle")) == ["a", "b", "needle-file"]
+    assert [r["name"] for r in relay.history.audit(grep="NEEDLE-FILE")] == ["needle-file"]
+    assert [r["name"] for r in relay.history.audit(grep="nothing")] == ["d"]
+
+
+@pytest.mark.parametrize("status", ["archived", "failed"])
+def test_a_message_archived_or_failed_exactly_at_the_cutoff_is_kept_and_a_moment_before_it_is_swept(project, status):
+    relay = project.relay(bounces=False)
+    project.drop("Ann", "m", "TO: Ben\n\nx" if status == "archived" else "TO: Nobody\n\nx")
+    relay.drain()
+    row = only_row(relay)
+    assert row["status"] == status
+    at = row["archived_at" if status == "archived" else "failed_at"]
+    keep = 1024.0
+    for dry in (True, False):
+        result = relay.sweep(at + keep, older_than=keep, dry_run=dry)
+        assert (result.archived, result.failed, result.ids) == (0, 0, [])
+        assert relay.sweep_all(at + keep, older_than=keep, dry_run=dry).ids == []
+    dry = relay.sweep_all(at + keep + 0.001, older_than=keep, dry_run=True)
+    assert (dry.archived, dry.failed) == ((1, 0) if status == "archived" else (0, 1))
+    result = relay.sweep(at + keep + 0.001, older_than=keep)
+    assert result.ids == [row["id"]] and list(relay.history.audit()) == []
+
+
+def test_a_steps_counts_tell_a_duplicate_archived_undelivered_and_a_bounce_apart_from_the_agents_messages(project):
+    relay = project.relay()
+    project.drop("Ann", "a", "TO: Ben\nREQUEST-ID: r-1\n\nonce")
+    project.drop("Ann", "b", "TO: Ben\nREQUEST-ID: r-1\n\nonce, again")
+    project.drop("Ann", "c", "TO: Nobody\n\nlost")
+    total = relay.drain()
+    assert (total.archived, total.delivered, total.failed, total.bounced) == (2, 2, 1, 1)
+    assert [e["body"] for e in project.inbox("Ben")] == ["once"]
+    assert [e["kind"] for e in project.inbox("Ann")] == ["bounce"]
+
+
+def test_a_failed_message_with_no_file_left_is_swept_with_the_others(project, clock, monkeypatch):
+    relay = project.relay(bounces=False, retention="1d")
+    path = project.drop("Ann", "m", "TO: Ben\n\nx")
+    path.chmod(0o664)       # writable by its group: not read before custody (Outbox.peek)
+    real = relay.ledger.messages.register_and_claim
+
+    def claim_then_vanish(*a, **k):
+        out = real(*a, **k)
+        path.unlink()
+        return out
+
+    monkeypatch.setattr(relay.ledger.messages, "register_and_claim", claim_then_vanish)
+    relay.step()
+    monkeypatch.setattr(relay.ledger.messages, "register_and_claim", real)
+    row = only_row(relay)
+    assert row["status"] == "failed" and not (project.state / row["failed_path"]).exists()
+    assert [p.name for p in project.files("failed")] == [f"{row['failed_path'].rsplit('/', 1)[1]}.error.json"]
+    result = relay.sweep(clock.now + 2 * 86400)
+    assert (result.failed, result.ids, result.more) == (1, [row["id"]], False)
+    assert list(relay.history.audit()) == [] and project.files("failed") == []
+
+
+def test_what_waits_in_the_ledger_is_said_by_where_its_file_is_and_why_within_the_horizon(project, clock):
+    relay = project.relay(retry_backoff="10s")
+    failing_create(relay, OSError(errno.ENOSPC, "No space left on device"))
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    assert relay.step().retried == 1
+    row = only_row(relay)
+    due = row["next_attempt_at"]
+    assert relay.history.waiting(due - 5, 5) == [(f"{row['id']} from Ann (spool)", row["error"])]
+    assert "No space left on device" in row["error"]
+    assert relay.history.waiting(due - 5, 4.999) == []
+
+
+def test_the_web_views_page_filters_by_agent_recipient_kind_and_thread_each_alone(project):
+    relay = project.relay()
+    project.drop("Ann", "a", "TO: Ben\nTHREAD: t-1\n\na")
+    project.drop("Ben", "b", "TO: Cy\nKIND: review\n\nb")
+    project.drop("Cy", "c", "TO: Nobody\n\nc")              # failed: its recipients written, none delivered
+    relay.drain()
+    ids = {r["name"]: r["id"] for r in relay.history.audit() if r["sender"] != "System"}
+    project.drop("Cy", "reply", f"TO: Ann\nTHREAD: {ids['b']}\n\nreply")
+    relay.drain()
+    ids = {r["name"]: r["id"] for r in relay.history.audit() if r["sender"] != "System"}
+    web = relay.history.web
+
+    def names(**filters):
+        by_id = {v: k for k, v in ids.items()}
+        return sorted(by_id[r["id"]] for r in web.messages(**filters) if r["id"] in by_id)
+    assert names(agent="Ben") == ["a", "b"]
+    assert names(agent="Nobody") == ["c"] and names(recipient="Nobody") == ["c"]
+    assert names(recipient="Ben") == ["a"] and names(sender="Cy") == ["c", "reply"]
+    assert names(kind="review") == ["b"]
+    assert names(thread="t-1") == ["a"] and names(thread=ids["b"]) == ["b", "reply"]
+    assert names(status="failed") == ["c"]

@@ -96,3 +96,113 @@ def test_queues_cli_table_and_json(cli):
     assert doc["pairs"] == [{**doc["pairs"][0], "from": "Ann", "to": "Ben", "unread": 1, "pending": 0, "depth": 1}]
     table = cli("queues").output
     assert "Ann -> Ben" in table and table.index("Ben ") < table.index("Ann ")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("seconds, said", [(None, ""), (0, "0s"), (59.9, "59s"), (60, "1m00s"), (61, "1m01s"),
+                                           (3599, "59m59s"), (3600, "1h00m"), (3660, "1h01m"), (86399, "23h59m"),
+                                           (86400, "1d00h"), (90000, "1d01h")])
+def test_an_age_in_the_queues_table_is_said_in_its_largest_unit_from_one_of_it(seconds, said):
+    from relay.operator.views import age
+    assert age(seconds) == said
+
+
+def test_a_ping_is_said_read_in_its_time_unread_for_its_age_or_by_its_state():
+    from relay.operator.views import ping
+    assert ping(None) == "" and ping({}) == ""
+    assert ping({"state": "read", "read_after_s": 4}) == "read in 4s"
+    assert ping({"state": "waiting", "age_s": 120}) == "unread 2m00s"
+    assert ping({"state": "gone"}) == "gone"
+
+
+def test_a_ping_read_among_other_read_messages_is_found_and_one_deleted_or_without_cur_is_gone(project, clock):
+    """The ping's file is looked for among everything the agent has read; a ping sent by a clock
+    ahead of the file's change time is read in 0s, never a negative time; a ping the agent
+    deleted, or whose cur/ is gone, is said gone."""
+    relay = project.relay()
+    cur = project.state / "inbox/Ben/cur"
+    for i in range(6):
+        (cur / f"0{i}-other.json:2,S").write_text("{}")
+        (cur / f"zz{i}-other.json:2,S").write_text("{}")
+    sent = clock.now + 3600                     # the ping's clock an hour ahead of the file system's
+    roster.ping(relay.ledger, relay.layout, "Ben", "operator:test", now=sent)
+    [env] = (project.state / "inbox/Ben/new").iterdir()
+    os.rename(env, cur / (env.name + ":2,S"))
+    row = {r["agent"]: r for r in project_now(relay, sent + 60)["agents"]}["Ben"]
+    assert row["ping"]["state"] == "read" and row["ping"]["read_after_s"] == 0.0
+    assert queues_ping_word(relay, sent) == "read in 0s"
+    (cur / (env.name + ":2,S")).unlink()
+    row = {r["agent"]: r for r in project_now(relay, sent + 60)["agents"]}["Ben"]
+    assert row["ping"]["state"] == "gone" and row["ping"]["id"] == env.name.removesuffix(".json")
+    for f in cur.iterdir():
+        f.unlink()
+    cur.rmdir()
+    row = {r["agent"]: r for r in project_now(relay, sent + 60)["agents"]}["Ben"]
+    assert row["ping"]["state"] == "gone"
+
+
+def queues_ping_word(relay, now):
+    from relay.operator.views import ping
+    return ping({r["agent"]: r for r in project_now(relay, now + 60)["agents"]}["Ben"]["ping"])
+
+
+def test_an_envelope_relay_never_delivered_counts_for_its_agent_by_its_file_time_and_in_no_pair(project, clock):
+    """A file named like an envelope put into new/ by hand waits for its agent like any (its age
+    from the file's time), but no sender is known: it makes no pair. A link, a directory or a
+    name that is no id there is no envelope at all; an agent with no inbox has none unread."""
+    relay = project.relay()
+    project.drop("Ann", "a1", "TO: Ben\n\nhello")
+    relay.drain()
+    new = project.state / "inbox/Cy/new"
+    planted = new / "01M95MNQH6F8RCGWYDRQHFBBC0.json"
+    planted.write_text("{}")
+    os.utime(planted, (clock.now - 100, clock.now - 100))
+    (new / "01M95MNQH6F8RCGWYDRQHFBBC1.json").symlink_to(planted)
+    (new / "01M95MNQH6F8RCGWYDRQHFBBC2.json").mkdir()
+    (new / "notes.json").write_text("{}")
+    import shutil
+    shutil.rmtree(project.state / "inbox/Ann")
+    doc = project_now(relay, clock.now)
+    agents = {r["agent"]: r for r in doc["agents"]}
+    assert (agents["Cy"]["unread"], agents["Cy"]["depth"], agents["Cy"]["oldest_unread_age_s"]) == (1, 1, 100.0)
+    assert (agents["Ann"]["unread"], agents["Ann"]["oldest_unread_age_s"]) == (0, None)
+    assert [(p["from"], p["to"], p["unread"]) for p in doc["pairs"]] == [("Ann", "Ben", 1)]
+    assert [r["agent"] for r in doc["agents"]][:2] == ["Cy", "Ben"]     # as deep, the older first
+
+
+def test_the_queues_table_prints_each_column_an_archived_agent_and_sheds_by_reason_or_a_dash():
+    from relay.operator.views import queues as table
+
+    def row(**k):
+        return {"pending": 0, "unread": 0, "depth": 0, "oldest_unread_age_s": None, "last_delivery": None,
+                "shed": {"queue_limit": 0, "per_pair_rate": 0}, **k}
+    doc = {"agents": [row(agent="Ben", archived=None, depth=3, pending=1, unread=2, oldest_unread_age_s=75,
+                          last_delivery="2026-01-02T03:04:05.678Z", ping={"state": "waiting", "age_s": 61},
+                          shed={"queue_limit": 2, "per_pair_rate": 1}),
+                      row(agent="Old", archived="2026-01-01T00:00:00Z")],
+           "pairs": [row(**{"from": "Ann", "to": "Ben"}, depth=3, pending=1, unread=2, oldest_unread_age_s=75,
+                         last_delivery="2026-01-02T03:04:05.678Z", shed={"queue_limit": 0, "per_pair_rate": 1})]}
+    lines = table(doc).splitlines()
+    assert lines[1] == (f"{'Ben':<20} {3:>6} {1:>7} {2:>6} {'1m15s':>7}  {'2026-01-02T03:04:05':<19} "
+                        f"{'unread 1m01s':<14} queue_limit 2, per_pair_rate 1")
+    assert lines[2] == f"{'Old (archived)':<20} {0:>6} {0:>7} {0:>6} {'':>7}  {'':<19} {'':<14} -"
+    assert lines[5] == (f"{'Ann -> Ben':<34} {3:>6} {1:>7} {2:>6} {'1m15s':>7}  {'2026-01-02T03:04:05':<19} "
+                        "per_pair_rate 1")
+    assert "(no traffic yet)" not in lines
+    assert table({"agents": [], "pairs": []}).splitlines()[-1] == "(no traffic yet)"
+
+
+def test_an_agents_last_delivery_is_the_latest_of_every_sender_whichever_is_listed_first(project, clock):
+    relay = project.relay()
+    project.drop("Cy", "c1", "TO: Ben\n\nearlier")
+    relay.drain()
+    clock.advance(60)
+    project.drop("Ann", "a1", "TO: Ben\n\nlater")
+    relay.drain()
+    doc = project_now(relay, clock.now)
+    pairs = {(p["from"], p["to"]): p["last_delivery"] for p in doc["pairs"]}
+    assert pairs[("Ann", "Ben")] > pairs[("Cy", "Ben")]
+    ben = {r["agent"]: r for r in doc["agents"]}["Ben"]
+    assert ben["last_delivery"] == pairs[("Ann", "Ben")]

@@ -414,3 +414,181 @@ def test_each_step_keeps_the_time_it_first_happened_when_a_later_one_is_recorded
     s = steps(alice.receipts(mid), "Bob")
     times = [s["delivered_at"], s["surfaced_at"], s["read_at"], s["acked_at"]]
     assert times[0] == delivered and times == sorted(times) and len(set(times)) == 4, s
+
+
+def test_waiting_for_receipts_takes_only_read_or_acked_and_a_time_of_zero_or_more(trio):
+    alice = trio.agent("Alice")
+    mid = alice.send("Bob", "hello")
+    for step in ("delivered", "surfaced", "Read", None):
+        with pytest.raises(relay.RelayError) as e:
+            alice.wait_receipts(mid, step, 0)
+        assert str(e.value) == f"the step to wait for is 'read' or 'acked', not {step!r}"
+    for timeout in (-1, -0.001, float("nan")):
+        with pytest.raises(relay.RelayError) as e:
+            alice.wait_receipts(mid, "read", timeout)
+        assert str(e.value) == f"the time to wait must be a number of seconds, not {timeout!r}"
+
+
+def test_a_wait_for_receipts_that_runs_out_says_who_has_not_read_or_acknowledged_yet(trio):
+    alice, bob, carol = trio.agent("Alice"), trio.agent("Bob"), trio.agent("Carol")
+    mid = alice.send(["Bob", "Carol"], "sign off?", ack_required=True)
+    with pytest.raises(relay.errors.DeliveryTimeout) as e:
+        alice.wait_receipts(mid, "read", 0)
+    assert str(e.value).startswith(f"{mid} was not delivered to every recipient in 0s: not delivered yet (")
+    trio.relay.drain()
+    with pytest.raises(relay.errors.DeliveryTimeout) as e:
+        alice.wait_receipts(mid, "read", 0)
+    assert str(e.value) == f"{mid} was not delivered to every recipient in 0s: not read yet by Bob, Carol"
+    bob.ack(bob.inbox())
+    with pytest.raises(relay.errors.DeliveryTimeout) as e:
+        alice.wait_receipts(mid, "read", 0)
+    assert e.value.reason == "not read yet by Carol"
+    with pytest.raises(relay.errors.DeliveryTimeout) as e:
+        alice.wait_receipts(mid, "acked", 0)
+    assert e.value.reason == "not acknowledged yet by Bob, Carol"
+    carol.ack_message(mid)                                  # acknowledged: read as well
+    assert alice.wait_receipts(mid, "read", 0) is None
+    with pytest.raises(relay.errors.DeliveryTimeout) as e:
+        alice.wait_receipts(mid, "acked", 0)
+    assert e.value.reason == "not acknowledged yet by Bob"
+    bob.ack_message(mid)
+    assert alice.wait_receipts(mid, "acked", 0) is None and alice.wait_receipts(mid, "read") is None
+
+
+def test_a_wait_for_receipts_of_a_message_that_failed_says_why_at_once(trio):
+    alice = trio.agent("Alice")
+    box = trio.state / "outbox" / "Alice"
+    (box / ".z").write_text("TO: Zed\n\nto no one")
+    os.rename(box / ".z", box / "z")
+    trio.relay.drain()
+    [row] = trio.relay.history.audit(status="failed")
+    mid = row["id"]
+    with pytest.raises(relay.errors.NotDelivered) as e:
+        alice.wait_receipts(mid, "read")                    # for ever: it failed, so no wait
+    assert not e.value.timed_out and str(e.value).startswith(f"{mid} was not delivered: ")
+    assert "Zed" in e.value.reason
+
+
+def test_the_receipts_of_a_message_another_agent_sent_are_not_found(trio):
+    alice, bob = trio.agent("Alice"), trio.agent("Bob")
+    mid = alice.send("Bob", "hello")
+    with pytest.raises(NotFound) as e:
+        bob.receipts(mid)                   # still in Alice's outbox
+    assert str(e.value) == f"no message {mid!r} that Bob sent"
+    trio.relay.drain()
+    with pytest.raises(NotFound) as e:
+        bob.receipts(mid)                   # delivered to Bob, sent by Alice
+    assert str(e.value) == f"no message {mid!r} that Bob sent"
+    assert alice.receipts(mid)["status"] == "archived"
+
+
+def test_a_look_whose_budget_is_spent_leaves_the_next_recipient_first_for_the_next_look(trio):
+    """A budget of one name a look, two recipients: a look takes one name of the first and
+    stops; the next begins with the other recipient, not the first again."""
+    alice = trio.agent("Alice")
+    bobs = [alice.send("Bob", f"b{i}") for i in range(2)]
+    carol_mid = alice.send("Carol", "c")
+    trio.relay.drain()
+    for name, mid in (("Carol", carol_mid), ("Bob", bobs[1])):
+        box = trio.state / "inbox" / name
+        os.rename(box / "new" / f"{mid}.json", box / "cur" / f"{mid}.json:2,S")
+    reads = trio.relay.reads
+    reads.budget = 1
+    reads.looked = 0
+    trio.relay.step(trio.clock.advance(2))
+    assert reads.looked == 1
+    assert (_read_at(trio, carol_mid, "Carol"), _read_at(trio, bobs[1], "Bob")) == (None, None)
+    trio.relay.step(trio.clock.advance(2))
+    assert reads.looked == 2
+    assert _read_at(trio, carol_mid, "Carol") is not None and _read_at(trio, bobs[1], "Bob") is None
+    trio.relay.step(trio.clock.advance(2))
+    assert _read_at(trio, bobs[1], "Bob") is not None and _read_at(trio, bobs[0], "Bob") is None
+
+
+@pytest.mark.parametrize("flag, step, wait, waited", [("--wait-read", "read", "0", "0s"),
+                                                       ("--wait-acked", "acknowledged", "0", "0s"),
+                                                       ("--wait-read", "read", "0.25", "250ms")])
+def test_send_waiting_for_a_step_with_no_daemon_times_out_naming_the_step_and_the_missing_daemon(
+        shell, cli, flag, step, wait, waited):
+    r = cli("send", "--from", "Alice", "--to", "Bob", "--ack-required", flag, wait, "hello", ok=False)
+    assert r.exit_code == 124
+    mid = r.stdout.strip()
+    assert r.stderr.strip() == (f"relay: {mid} was not {step} by every recipient in {waited} (not delivered yet "
+                                "(relay has not taken it from the outbox yet); no relay daemon is running)")
+
+
+def test_a_copy_delivered_exactly_at_the_cutoff_is_overdue_and_one_a_moment_later_is_not(trio):
+    alice = trio.agent("Alice")
+    asked = alice.send("Bob", "sign off?", ack_required=True)
+    trio.relay.drain()
+    history = trio.relay.history
+    [d] = [r for r in history.receipts.of(asked)]
+    at = d["delivered_at"]
+    assert [r["id"] for r in history.receipts.overdue(at)] == [asked] and history.receipts.overdue_count(at) == 1
+    assert history.receipts.overdue(at - 0.001) == [] and history.receipts.overdue_count(at - 0.001) == 0
+
+
+def test_a_step_recorded_before_the_delivery_is_dated_at_it_and_a_later_step_dates_the_earlier_ones(trio):
+    alice = trio.agent("Alice")
+    mid = alice.send(["Bob", "Carol"], "x")
+    trio.relay.drain()
+    ledger, history = trio.relay.ledger, trio.relay.history
+    at = {r["recipient"]: r["delivered_at"] for r in history.receipts.of(mid)}
+    assert ledger.receipts.step("read", [(mid, "Bob", at["Bob"] - 100)], at["Bob"] + 5) == [(mid, "Bob")]
+    assert ledger.receipts.step("read", [(mid, "Bob")], at["Bob"] + 9) == []        # once, at its first time
+    assert ledger.receipts.step("surfaced", [(mid, "Nobody")], at["Bob"] + 9) == []   # no delivered copy
+    assert ledger.receipts.acked(mid, "Carol", at["Carol"] + 7, note="ok") is True
+    assert ledger.receipts.acked(mid, "Carol", at["Carol"] + 8) is False
+    got = {r["recipient"]: r for r in history.receipts.of(mid)}
+    assert (got["Bob"]["surfaced_at"], got["Bob"]["read_at"], got["Bob"]["acked_at"]) == (at["Bob"], at["Bob"], None)
+    assert (got["Carol"]["surfaced_at"], got["Carol"]["read_at"], got["Carol"]["acked_at"], got["Carol"]["note"]) == (
+        at["Carol"] + 7, at["Carol"] + 7, at["Carol"] + 7, "ok")
+
+
+@pytest.mark.parametrize("flag", ["--wait-read", "--wait-acked", "--wait-delivered"])
+def test_a_wait_flag_followed_by_a_body_must_be_a_duration_and_names_itself_when_not(shell, cli, flag):
+    r = cli("send", "--from", "Alice", "--to", "Bob", flag, "soon", "hello", ok=False)
+    assert r.exit_code == 2 and r.output.splitlines()[-1] == (
+        f"relay: Invalid value for {flag}: 'soon' is not a duration (use e.g. 250ms, 90s, 15m, 12h, 7d) (or a bare "
+        "number of seconds)")
+    assert list((cli.state / "outbox" / "Alice").iterdir()) == []
+
+
+def test_the_web_views_priority_filter_takes_a_message_asking_none_for_normal(trio):
+    alice = trio.agent("Alice")
+    sent = {p: alice.send("Bob", f"{p} one", priority=p) for p in ("urgent", "high", "normal", "low")}
+    acked = alice.send("Bob", "normal, asks for an ack", ack_required=True)
+    trio.relay.drain()
+    web = trio.relay.history.web
+    for p in ("urgent", "high", "low"):
+        assert [r["id"] for r in web.messages(priority=p)] == [sent[p]]
+    assert sorted(r["id"] for r in web.messages(priority="normal")) == sorted([sent["normal"], acked])
+    assert len(web.messages()) == 5
+
+
+def test_reads_are_looked_for_once_a_second_at_most_and_only_while_some_are_awaited(trio):
+    alice = trio.agent("Alice")
+    mid = alice.send("Bob", "x")
+    trio.relay.drain()
+    reads = trio.relay.reads
+    t = trio.clock.advance(5)
+    trio.relay.step(t)
+    assert reads.due() == t + 1.0                   # Bob's copy is awaited
+    reads.looked = 0
+    trio.relay.step(t + 0.5)
+    assert reads.looked == 0                        # within the second: no look
+    box = trio.state / "inbox" / "Bob"
+    os.rename(box / "new" / f"{mid}.json", box / "cur" / f"{mid}.json:2,S")
+    trio.relay.step(t + 1.0)                        # exactly a second later: a look
+    assert reads.looked == 1 and _read_at(trio, mid, "Bob") is not None
+    assert reads.due() is None                      # nothing awaited: no deadline of its own
+
+
+def test_relay_ack_without_a_note_says_acknowledged_alone_and_json_says_no_reply(shell, cli):
+    first = cli("send", "--from", "Alice", "--to", "Bob", "--ack-required", "sign off?").stdout.strip()
+    second = cli("send", "--from", "Alice", "--to", "Bob", "and this?").stdout.strip()
+    cli("run", "--once", "-q")
+    assert cli("ack", first, "--agent", "Bob").stdout == f"{first}: acknowledged\n"
+    assert json.loads(cli("ack", second, "--agent", "Bob", "--json").stdout) == {"id": second, "acked": True,
+                                                                                  "reply_id": None}
+    assert json.loads(cli("ack", second, "--agent", "Bob", "--json").stdout)["acked"] is False

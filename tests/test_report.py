@@ -282,3 +282,12 @@ def test_relay_report_without_jinja2_says_how_to_install_it(project, monkeypatch
 def test_an_age_on_the_pages_is_said_in_its_largest_unit_from_one_of_it(seconds, said):
     from relay.operator.templating import age
     assert age(seconds) == said
+
+
+@pytest.mark.parametrize("ts, said", [(None, ""), ("", ""), (0, "1970-01-01 00:00:00"),
+                                      (1_700_000_000.9, "2023-11-14 22:13:20"), ("then", "(unreadable: 'then')"),
+                                      (b"\x00", "(unreadable: b'\\x00')"),
+                                      ("x" * 100, "(unreadable: '" + "x" * 59 + ")")])
+def test_a_time_on_the_pages_is_utc_and_one_that_is_no_number_is_shown_marked_and_cut(ts, said):
+    from relay.operator.templating import utc
+    assert utc(ts) == said

@@ -94,3 +94,29 @@ def test_a_request_id_whose_message_failed_in_delivery_may_be_sent_again_despite
     project.clock.advance(1)
     r.drain()
     assert [e["body"] for e in project.inbox("Ben")] == ["third"]
+
+
+def test_waiting_for_a_duplicate_is_waiting_for_the_first_message_it_repeats(team):
+    from relay.agent.delivery import wait_delivered
+    with relay.Agent("Alice", root=team.root) as a:
+        one = a.send("Bob", "deploy please", request_id="R7")
+        drain(team.root)
+        (team.state / "outbox/Alice/by-hand").write_text("TO: Bob\nREQUEST-ID: R7\n\nagain")
+        drain(team.root)
+        dup = next(r["id"] for r in json.loads(team("audit", "--json").stdout) if r["id"] != one)
+        got = wait_delivered(a.project, dup, 0)
+        assert (got.id, got.delivered, got.reason) == (dup, True, None)
+
+
+def test_waiting_for_a_duplicate_of_a_failed_message_says_the_first_ones_failure(project):
+    from relay.agent.delivery import wait_delivered
+    r = project.relay(max_retries=0, retry_period="0s")
+    failing_create(r, OSError(errno.EACCES, "Permission denied"), lambda rel: rel.startswith("inbox/Ben/"))
+    project.drop("Ann", "a", "TO: Ben\nREQUEST-ID: R9\n\nfirst")
+    project.drop("Ann", "b", "TO: Ben\nREQUEST-ID: R9\n\nagain")
+    r.drain()
+    rows = {row["name"]: row for row in r.history.audit() if row["sender"] == "Ann"}
+    with relay.Agent("Ann", root=project.root) as a:
+        first, dup = wait_delivered(a.project, rows["a"]["id"], 0), wait_delivered(a.project, rows["b"]["id"], 0)
+    assert first.delivered is False and "Permission denied" in first.reason
+    assert (dup.id, dup.delivered, dup.reason) == (rows["b"]["id"], False, first.reason)

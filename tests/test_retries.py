@@ -73,3 +73,21 @@ def test_a_message_left_for_the_next_batch_is_due_at_once_with_no_error():
 def test_the_policy_is_read_from_the_configuration(project):
     policy = Retries.of(project.config(max_retries=5, retry_period="1m", retry_backoff="3s", settle="2s"))
     assert (policy.max_retries, policy.retry_period, policy.backoff, policy.settle) == (5, 60.0, 3.0, 2.0)
+
+
+@pytest.mark.parametrize("retries, action", [(2, Action.RETRY), (3, Action.FAIL)])
+def test_max_retries_attempts_after_the_first_are_made_before_a_message_may_fail(retries, action):
+    """max_retries 3: the fourth attempt failing (retries 3 before it) is the first that may
+    give up, the retry period long passed."""
+    error = TransientError("disk full")
+    assert POLICY.decide(Facts(error=error, retries=retries, failing_since=NOW - 7200), NOW).action is action
+    own = POLICY.decide(Facts(error=error, retries=retries - 1, max_retries=retries), NOW)
+    assert own.action is Action.RETRY
+    assert POLICY.decide(Facts(error=error, retries=retries, max_retries=retries), NOW).action is Action.FAIL
+
+
+def test_a_sender_asking_for_no_retry_fails_at_its_first_failed_attempt_and_a_retry_waits_the_backoff():
+    error = TransientError("busy")
+    d = POLICY.decide(Facts(error=error, retries=0, max_retries=0), NOW)
+    assert (d.action, d.reason) == (Action.FAIL, "gave up after 1 attempts (MAX-RETRIES: 0): busy")
+    assert [POLICY.decide(Facts(error=error, retries=n), NOW).next_attempt_at - NOW for n in range(3)] == [2.0, 4.0, 8.0]

@@ -212,3 +212,48 @@ def test_the_work_a_query_gives_the_index_grows_linearly_and_not_with_repeats():
         assert len(large) <= 2 * len(small) + len(" AND ")
         assert match(" ".join(["parser"] * n)) == match(" ".join(["parser"] * 2 * n)) == '"parser"'
     assert match('parser "a b" pars* PARSER "a b" pars*') == '"parser" AND "a b" AND "pars"*'
+
+
+@pytest.mark.parametrize("query, expr", [
+    ("Parser parser PARSER", '"Parser"'),
+    ("pars* pars", '"pars"* AND "pars"'),
+    ('"pars*"', '"pars*"'),
+    ('"unclosed phrase', '"unclosed phrase"'),
+    ('say"hi', '"say""hi"'),
+    ("-- parser ** !!", '"parser"'),
+    ("é*", '"é"*'),
+])
+def test_a_querys_terms_are_quoted_once_each_a_prefix_only_outside_a_phrase(query, expr):
+    assert match(query) == expr
+
+
+@pytest.mark.parametrize("query", ["", None, "   ", "***", '""', "-- !! ..", '"  " *'])
+def test_a_query_with_no_word_is_refused_naming_it(query):
+    with pytest.raises(relay.RelayError, match="nothing to search for in .*: give a word"):
+        match(query)
+
+
+@pytest.mark.parametrize("terms, ok", [(MAX_TERMS, True), (MAX_TERMS + 1, False)])
+def test_a_query_of_up_to_64_terms_phrases_counted_as_one_is_read(terms, ok):
+    query = " ".join(['"a b"'] + [f"w{i}" for i in range(terms - 1)])
+    if ok:
+        assert match(query).count(" AND ") == terms - 1
+    else:
+        with pytest.raises(relay.RelayError, match=f"at most {MAX_TERMS} words; this one has {terms}"):
+            match(query)
+
+
+@pytest.mark.parametrize("value, at", [("2026-11-30", 1795996800.0), ("2026-11-30T10:00", 1796032800.0),
+                                       ("2026-11-30T10:00Z", 1796032800.0), ("2026-11-30T10:00+01:00", 1796029200.0),
+                                       (5, 5), (5.5, 5.5), (None, None)])
+def test_a_since_of_the_api_is_an_instant_a_date_without_a_zone_being_utc(value, at):
+    from relay.agent.project import instant
+    assert instant(value) == at
+
+
+@pytest.mark.parametrize("value", [True, "600", "soon", [1], "2026-13-01"])
+def test_a_since_of_the_api_that_is_neither_a_date_nor_a_duration_is_refused_saying_so(value):
+    from relay.agent.project import instant
+    with pytest.raises(relay.RelayError) as e:
+        instant(value)
+    assert str(e.value) == f"{value!r} is neither a date (2026-11-30, 2026-11-30T10:00) nor a duration (90s, 15m, 12h, 7d)"

@@ -399,3 +399,81 @@ def test_commands_with_none_recorded_and_an_unfinished_one(team):
     assert re.search(r"killed-1\s+expire\s+operator:x\s+unfinished", team("commands").output)
     doc = json.loads(team("commands", "killed-1", "--json").output)
     assert doc["result"] is None and doc["at"] == "2001-09-09T01:46:40.000000Z"
+
+
+def test_a_prefix_of_two_message_ids_is_refused_and_one_of_either_whole_id_is_found(project):
+    relay = project.relay()
+    project.drop("Ann", "one", "TO: Ben\n\nfirst")
+    project.drop("Ann", "two", "TO: Ben\n\nsecond")
+    relay.drain()
+    a, b = sorted(r["id"] for r in relay.history.audit() if r["sender"] == "Ann")
+    common = next(i for i in range(len(a)) if a[i] != b[i])
+    with pytest.raises(RelayError, match=r"matches more than one message; give more of the id") as e:
+        relay.history.find(a[:common].lower())
+    assert repr(a[:common].lower()) in str(e.value)
+    assert relay.history.find(a[:common + 1].lower())["id"] == a
+    assert relay.history.find(b[:common + 1])["id"] == b
+    assert relay.history.find(a)["id"] == a
+
+
+def test_an_id_named_only_by_files_of_two_agents_is_refused_and_by_one_agents_file_is_found(project):
+    relay = project.relay()
+    given = "01JAAAAAAAAAAAAAAAAAAAAAAA"
+    project.drop("Ann", f"msg-{given.lower()}", "SUBJECT: no recipient\n\nx")
+    relay.drain()
+    row = relay.history.find(given)
+    assert (row["sender"], row["name"], row["status"]) == ("Ann", f"msg-{given.lower()}", "failed")
+    assert row["id"] != given
+    project.drop("Ben", f"msg-{given.lower()}", "SUBJECT: no recipient either\n\nx")
+    relay.drain()
+    with pytest.raises(RelayError, match=f"no message has the id {given}, and files of more than one agent are "
+                                         f"named msg-{given.lower()}; relay will not say which is meant"):
+        relay.history.find(given.lower())
+    with pytest.raises(NotFound, match="no message with id '01JAAAAAAAAAAAAAAAAAAAAAAB' in the ledger"):
+        relay.history.find("01JAAAAAAAAAAAAAAAAAAAAAAB")
+
+
+def test_an_outbox_path_is_read_relative_to_the_state_directory_the_root_or_absolute_and_nothing_else():
+    import types
+    from pathlib import Path
+
+    import click
+
+    from relay.cli.lookups import outbox_source
+    inside = types.SimpleNamespace(root=Path("/p"), state=Path("/p/.relay"))
+    apart = types.SimpleNamespace(root=Path("/p"), state=Path("/var/relay"))
+    for text in ("outbox/Ann/m", ".relay/outbox/Ann/m", "/p/.relay/outbox/Ann/m"):
+        assert outbox_source(text, inside) == ("Ann", "m")
+    assert outbox_source("outbox/Ann/m", apart) == ("Ann", "m")
+    assert outbox_source("/var/relay/outbox/Ann/m", apart) == ("Ann", "m")
+
+    def why(text, layout=inside):
+        with pytest.raises(click.BadParameter) as e:
+            outbox_source(text, layout)
+        assert e.value.param_hint == "--path"
+        said = e.value.message
+        assert said.startswith(f"{text!r}: ") and said.endswith(
+            "; give outbox/AGENT/NAME (a file name in an agent's outbox)")
+        return said[len(repr(text)) + 2:].split("; give")[0]
+    assert why("outbox/Ann/m\0x") == "a path holds no NUL character"
+    assert why("/p/.relay2/outbox/Ann/m") == "not inside the state directory /p/.relay"
+    assert why("/p/outbox/Ann/m") == "not inside the state directory /p/.relay"
+    assert why(".relay/outbox/Ann/m", apart) == "not an outbox path"
+    assert why(".relay2/outbox/Ann/m") == "not an outbox path"
+    assert why("outbox/Ann/") == "no file name" and why("outbox/Ann/.") == "no file name"
+    assert why("outbox/-Ann/m") == "'-Ann' is no agent name ([A-Za-z0-9][A-Za-z0-9._-]{0,63})"
+    assert why("Outbox/Ann/m") == "not an outbox path"
+
+
+def test_an_id_relay_send_gave_one_agent_that_names_anothers_message_is_refused(project, clock):
+    relay = project.relay()
+    project.drop("Ben", "m", "TO: Ann\n\nfrom Ben")
+    relay.drain()
+    [row] = [r for r in relay.history.audit() if r["sender"] == "Ben"]
+    assert relay.history.find(row["id"].lower())["sender"] == "Ben"
+    relay.ledger.senders.reserve_id(row["id"], "Ann", clock.now)
+    with pytest.raises(RelayError) as e:
+        relay.history.find(row["id"].lower())
+    assert str(e.value) == (f"the id {row['id']} was given to Ann by relay send, but the message recorded under it "
+                            "is from Ben; relay will not say which is meant")
+    assert relay.history.find(row["id"][:20])["id"] == row["id"]     # a prefix is no id relay send gave

@@ -261,3 +261,31 @@ def test_identified_only_for_an_id_relay_would_not_have_chosen(team):
     assert "identified" not in events and {"discovered", "delivered", "archived"} <= events
     events = json.loads(team("show", chosen, "--json").stdout)["events"]
     assert [e["event"] for e in events].count("identified") == 1
+
+
+def test_each_reason_a_chosen_id_is_not_taken_is_said_in_its_event(crew):
+    """An id relay send gave Ann, copied by Al: given to Ann. An id a message from Bob has: Bob's.
+    An id given to a message already delivered under relay's: it keeps its id."""
+    mid = crew("send", "--from", "Ann", "--to", "Bob", "prod is down").stdout.strip()
+    copy_id(crew, "Al", mid)
+    drain(crew.root)
+    [theirs] = [m for m in relay.Agent("Bob", root=crew.root).inbox() if m.sender == "Al"]
+    events = json.loads(crew("show", theirs.id, "--json").output)["events"]
+    assert [e["detail"] for e in events if e["event"] == "id_refused"] == [
+        f"the id {mid} in its file was given to Ann by relay send; this message keeps the id relay gave it"]
+    box = crew.state / "outbox" / "Al"
+    (box / ".again").write_text(f"ID: {theirs.id}\nTO: Bob\n\nAl again, with an id of its own message")
+    os.rename(box / ".again", box / "again")
+    (crew.state / "outbox" / "Bob").mkdir(exist_ok=True)
+    (crew.state / "outbox" / "Bob" / ".b").write_text(f"ID: {theirs.id}\nTO: Ann\n\nBob, with Al's id")
+    os.rename(crew.state / "outbox" / "Bob" / ".b", crew.state / "outbox" / "Bob" / "b")
+    drain(crew.root)
+    rows = {json.loads(crew("show", m.id, "--json").output)["subject"] or m.body: m
+            for m in relay.Agent("Ann", root=crew.root).inbox()}
+    bobs = rows["Bob, with Al's id"]
+    events = json.loads(crew("show", bobs.id, "--json").output)["events"]
+    assert [e["detail"] for e in events if e["event"] == "id_refused"] == [
+        f"the id {theirs.id} in its file is another message's (from Al); this message keeps the id relay gave it"]
+    audit = json.loads(crew("audit", "--from", "Al", "--status", "failed", "--json").output)
+    assert [a["error"] for a in audit] == [f"the id {theirs.id} is already used by another message; choose another, "
+                                           "or leave ID out and relay gives one"]

@@ -209,3 +209,23 @@ def test_a_venv_is_known_by_its_interpreters_path_not_where_its_link_leads(fs, m
     assert units.command() == ["/opt/venv/bin/python3", "-P", "-m", "relay"]
     unit = units.systemd(units.command(), "/srv/proj")
     assert "ExecStart=/opt/venv/bin/python3 -P -m relay --root /srv/proj run" in unit.splitlines()
+
+
+def test_the_root_directory_escapes_to_a_dash_and_a_leading_dot_is_escaped():
+    assert units.escape_path("/") == "-"
+    assert units.escape_path("//") == "-"
+    assert units.escape_path("/.hidden/x") == "\\x2ehidden-x"
+    assert units.escape_path("/a/./b/../c/") == "a-c"
+
+
+def test_a_systemd_unit_name_of_255_characters_is_made_and_one_of_256_is_refused_naming_the_path():
+    from relay.errors import RelayError
+    longest = "/" + "a" * (255 - len("relay@") - len(".service"))
+    assert len(units.systemd_name(longest)) == 255
+    with pytest.raises(RelayError, match=r"^the project path '/a{242}' is too long for a systemd unit name \(255 "
+                                         r"bytes at most\)$"):
+        units.systemd_name(longest + "a")
+    # each byte escaped counts four characters: an 'é' (two bytes) eight
+    assert len(units.systemd_name("/" + "\u00e9" * 30)) == 6 + 30 * 8 + 8 == 254
+    with pytest.raises(RelayError, match="too long for a systemd unit name"):
+        units.systemd_name("/" + "\u00e9" * 31)

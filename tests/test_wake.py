@@ -131,3 +131,19 @@ def test_a_bad_wake_is_refused_naming_it(tmp_path, toml, match):
     (state / "relay.toml").write_text(toml)
     with pytest.raises(ConfigError, match=match):
         config_mod.load(tmp_path, None, env={})
+
+
+def test_system_is_never_woken_and_a_batch_only_for_it_wakes_no_one(project):
+    relay = project.relay()
+    runner = Runner()
+    config = project.config(wake={"tmux": "agents:{agent}"})
+    relay.wakes = Wake(config, runner, which=lambda name: "/usr/bin/tmux")
+    project.drop("Ann", "spawn", "NAME: Dana\n\nstart")
+    assert relay.step().archived == 1
+    assert runner.fired == []
+    project.drop("Ann", "spawn-eve", "KIND: spawn\nNAME: Eve\n\nstart")
+    project.drop("Cy", "m", msg("Ben"))
+    relay.hint("rescan")
+    assert relay.step().archived == 2
+    assert [(r, c[c.index("-l") + 1]) for r, c, _ in runner.fired] == [
+        ("Ben", notice("Ben", 1, project.inbox("Ben")[0]["id"], "Cy"))]

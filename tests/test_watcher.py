@@ -272,3 +272,46 @@ def test_both_watchers_hint_a_renamed_message(project, own_reader):
     finally:
         w.stop()
     assert ("file", "Ann", ".m1.tmp") not in seam.got     # a write in progress is no hint
+
+
+def test_hints_of_the_outbox_itself_moved_or_deleted_and_of_what_is_no_agent_directory():
+    from relay.core.watcher import IN_DELETE_SELF, IN_MOVE_SELF
+    names = {2: "Ann"}
+    for mask in (IN_DELETE_SELF, IN_MOVE_SELF):
+        assert hints_of([(1, mask, b"")], names, root_wd=1) == ([], [], [], True)
+    assert hints_of([(2, IN_DELETE_SELF, b"")], names, root_wd=1)[3] is False
+    events = [(1, IN_MOVED_TO, b"a-file"), (1, IN_CREATE | IN_ISDIR, b""), (1, IN_MOVED_TO | IN_ISDIR, b"Cy"),
+              (2, IN_MOVED_TO | IN_ISDIR, b"sub"), (2, IN_CLOSE_WRITE, b""), (2, IN_CLOSE_WRITE, b".hidden"),
+              (2, IN_CLOSE_WRITE, b"done"), (2, IN_CREATE, b"\xffraw")]
+    hints, watch, gone, lost = hints_of(events, names, root_wd=1)
+    assert hints == [("dir", "Cy", None), ("closed", "Ann", "done"), ("file", "Ann", os.fsdecode(b"\xffraw"))]
+    assert (watch, gone, lost) == (["Cy"], [], False)
+
+
+class _Said:
+    def __init__(self):
+        self.got = []
+
+    def hint(self, *hint):
+        self.got.append(hint)
+
+
+def test_the_watchdog_handler_hints_each_kind_of_event_in_an_agents_outbox_and_nothing_else(tmp_path):
+    from watchdog.events import (DirCreatedEvent, DirMovedEvent, FileClosedEvent, FileCreatedEvent,
+                                 FileDeletedEvent, FileModifiedEvent, FileMovedEvent)
+    outbox = tmp_path / "outbox"
+    (outbox / "Ann").mkdir(parents=True)
+    said = _Said()
+    handler = watcher.Handler(said, outbox)
+    box = str(outbox / "Ann")
+    for event in [FileMovedEvent(f"{box}/.m.tmp", f"{box}/moved"), FileClosedEvent(f"{box}/closed"),
+                  FileCreatedEvent(f"{box}/created"), FileModifiedEvent(f"{box}/modified"),
+                  FileDeletedEvent(f"{box}/deleted"), FileCreatedEvent(f"{box}/.tmp-file"),
+                  FileClosedEvent(f"{box}/x.tmp"), FileMovedEvent(f"{box}/gone", ""),
+                  FileClosedEvent(os.fsencode(f"{box}/bytes")),
+                  DirCreatedEvent(str(outbox / "Bob")), DirMovedEvent(str(tmp_path / "Cy"), str(outbox / "Cy")),
+                  DirCreatedEvent(f"{box}/sub"), FileClosedEvent(f"{box}/sub/deeper"),
+                  FileClosedEvent(str(tmp_path / "elsewhere")), FileClosedEvent(str(outbox / "at-the-top"))]:
+        handler.dispatch(event)
+    assert said.got == [("closed", "Ann", "moved"), ("closed", "Ann", "closed"), ("file", "Ann", "created"),
+                        ("file", "Ann", "modified"), ("closed", "Ann", "bytes"), ("dir", "Bob"), ("dir", "Cy")]

@@ -491,3 +491,422 @@ def test_the_overviews_hours_are_the_last_48_the_current_one_included(project):
     relay.ledger.operations.add_archived(rows)
     doc = reads.overview(relay.history, relay.layout, relay.config, now)
     assert doc["hours"] == [(this - 47, 2), (this - 1, 1), (this, 3)] and doc["top_hour"] == 3
+
+
+def test_a_message_is_found_by_its_id_in_either_case_and_an_unknown_id_is_404(team):
+    """The message page and its original look an id up upper-cased; an id the ledger does not
+    hold, or one that is no id, is a 404 that names it (the page and the download alike)."""
+    mid = team("send", "--from", "Alice", "--to", "Bob", "--subject", "found", "hello").stdout.split()[0]
+    team("run", "--once")
+    unknown = "0" * 26
+    with server(team.root) as srv:
+        status, _, text = get(srv, f"/messages/{mid.lower()}")
+        assert status == 200 and f'<h1>Message <code id="mid">{mid}</code></h1>' in text
+        status, headers, data = get(srv, f"/messages/{mid.lower()}/original")
+        assert status == 200 and headers["content-disposition"] == f'attachment; filename="{mid}.msg"'
+        assert data.endswith("hello")
+        for bad in (unknown, mid[:-1], "x" * 26):
+            status, _, text = get(srv, f"/messages/{bad}")
+            assert status == 404, bad
+            assert html.unescape(re.search(r'<p class="refused" id="refused">(.*?)</p>', text).group(1)) == \
+                f"no message {bad!r} in the ledger"
+            status, _, text = get(srv, f"/messages/{bad}/original")
+            assert (status, text) == (404, f"relay web: no message {bad.upper()!r} in the ledger\n")
+
+
+def test_a_quarantined_original_is_served_and_checked_and_a_missing_one_is_said(team):
+    """A failed message's original is its file under failed/: the page checks it against the
+    hash and the download serves it; once the file is gone, the page says it is missing (no
+    verdict on the hash) and the download is a 404 saying why. An archived original alike."""
+    box = team.state / "outbox" / "Alice"
+    box.mkdir(parents=True, exist_ok=True)
+    (box / "odd").write_text("TO: Nobody\n\nto no one")
+    sent = team("send", "--from", "Alice", "--to", "Bob", "hello").stdout.split()[0]
+    team("run", "--once")
+    quarantined = next((team.state / "failed" / "Alice").glob("*--odd"))
+    failed = quarantined.name.split("--")[0]
+    archived = next((team.state / "archive").rglob(f"{sent}--*"))
+    with server(team.root) as srv:
+        text = get(srv, f"/messages/{failed}")[2]
+        assert f'<p id="hash" class="ok"><code>failed/Alice/{failed}--odd</code>: its bytes hash to the ' \
+               "recorded sha256</p>" in text
+        assert 'id="download"' in text
+        status, _, data = get(srv, f"/messages/{failed}/original")
+        assert (status, data) == (200, "TO: Nobody\n\nto no one")
+        quarantined.unlink()
+        archived.unlink()
+        for mid, rel in ((failed, f"failed/Alice/{failed}--odd"), (sent, str(archived.relative_to(team.state)))):
+            text = get(srv, f"/messages/{mid}")[2]
+            assert f'<p id="hash" class="quiet"><code>{rel}</code>: its file is missing</p>' in text
+            status, _, data = get(srv, f"/messages/{mid}/original")
+            assert (status, data) == (404, f"relay web: the original of {mid} cannot be read: "
+                                           "No such file or directory\n")
+
+
+def test_an_original_of_exactly_the_most_the_web_reads_is_checked_and_one_byte_more_is_refused(team, monkeypatch):
+    """MAX_ORIGINAL bytes are read and hashed; one byte more is not read: the page and the
+    download both say it is larger than the limit (in MiB) and where to read it instead."""
+    from relay.web import reads
+    monkeypatch.setattr(reads, "MAX_ORIGINAL", 1 << 20)
+    mid = team("send", "--from", "Alice", "--to", "Bob", "x").stdout.split()[0]
+    team("run", "--once")
+    archived = next((team.state / "archive").rglob(f"{mid}--*"))
+    kept = archived.read_bytes()
+    archived.write_bytes(kept + b"y" * ((1 << 20) - len(kept)))
+    with server(team.root) as srv:
+        text = get(srv, f"/messages/{mid}")[2]
+        assert 'id="hash" class="err"' in text and "do NOT hash to the recorded sha256" in text
+        status, _, data = get(srv, f"/messages/{mid}/original")
+        assert status == 200 and len(data) == 1 << 20
+        with archived.open("ab") as f:
+            f.write(b"y")
+        text = get(srv, f"/messages/{mid}")[2]
+        assert 'id="hash" class="quiet"' in text
+        assert "its file cannot be read: larger than 1 MiB: not shown here (relay show has it)" in text
+        status, _, data = get(srv, f"/messages/{mid}/original")
+        assert (status, data) == (404, f"relay web: the original of {mid} cannot be read: larger than 1 MiB: "
+                                       "not shown here (relay show has it)\n")
+
+
+def test_the_original_kept_is_the_archive_file_when_archived_and_the_quarantined_one_otherwise():
+    """stored_original: an archived message's archive_path, any other's failed_path; none for a
+    path that is no text or empty; a path outside archive/ or failed/ refused as unsafe."""
+    from relay.errors import NotFound
+    from relay.web import reads
+    row = {"id": "X", "archive_path": "archive/d/a", "failed_path": "failed/A/f"}
+    assert reads.stored_original({**row, "status": "archived"}) == "archive/d/a"
+    assert reads.stored_original({**row, "status": "failed"}) == "failed/A/f"
+    assert reads.stored_original({**row, "status": "expired"}) == "failed/A/f"
+    for empty in (None, "", 7):
+        assert reads.stored_original({**row, "status": "failed", "failed_path": empty}) is None
+        assert reads.stored_original({**row, "status": "archived", "archive_path": empty}) is None
+    assert reads.stored_original({**row, "status": "archived", "archive_path": "failed/A/f"}) == "failed/A/f"
+    for outside in ("inbox/Bob/new/x", "archive", "../archive/x", "/etc/passwd", "archive/../x"):
+        with pytest.raises(OSError):
+            reads.stored_original({**row, "status": "archived", "archive_path": outside})
+    with pytest.raises(NotFound, match=r"^message X has no original kept \(status pending\)$"):
+        reads.read_original(None, {**row, "status": "pending", "failed_path": None})
+
+
+def test_an_original_whose_recorded_path_leaves_archive_and_failed_is_neither_read_nor_served(team):
+    """A record edited to point its original elsewhere (an inbox): the page says the path cannot
+    be followed and why, with no verdict on the hash and no download link; the download is a 404."""
+    import sqlite3
+    mid = team("send", "--from", "Alice", "--to", "Bob", "hi").stdout.split()[0]
+    team("run", "--once")
+    with sqlite3.connect(team.state / "ledger.sqlite") as db:
+        db.execute("UPDATE messages SET archive_path = 'inbox/Bob/x' WHERE id = ?", (mid,))
+    db.close()
+    with server(team.root) as srv:
+        text = get(srv, f"/messages/{mid}")[2]
+        assert ('<p id="hash" class="quiet">its recorded path cannot be followed: &#39;inbox/Bob/x&#39; is not a '
+                "path under archive or failed/</p>") in text
+        assert 'id="download"' not in text
+        status, _, data = get(srv, f"/messages/{mid}/original")
+        assert (status, data) == (404, f"relay web: the original of {mid} cannot be read: 'inbox/Bob/x' is not a "
+                                       "path under archive or failed/\n")
+
+
+@pytest.mark.parametrize("text, seq", [("0", 0), ("42", 42), ("9" * 18, 10**18 - 1), ("9" * 19, None), ("", None),
+                                       ("-1", None), ("+1", None), (" 1", None), ("1.0", None), ("\u0661", None),
+                                       (None, None)])
+def test_a_streams_after_is_a_seq_of_ascii_digits_of_at_most_18(text, seq):
+    from relay.web.live import seq_of
+    assert seq_of(text) == seq
+
+
+def test_the_live_hub_sends_only_news_at_most_a_batch_at_a_time_and_catches_a_late_page_up(project, monkeypatch):
+    """The hub's first look only notes where the log stands; each later look sends the events
+    after the last one it sent, at most BATCH of them (the rest at the next look), with the
+    counts; a page drawn before the hub's last look gets the events between, and none past it."""
+    from relay.web import live
+    relay = project.relay()
+    monkeypatch.setattr(live, "BATCH", 3)
+    hub = live.Hub(lambda: relay.history)
+    project.drop("Ann", "a0", "TO: Ben\n\nfirst")
+    relay.drain()
+    start = relay.history.last_event()
+    assert hub._news() is None and hub.seq == start
+    assert hub._news() is None and hub.seq == start          # nothing new: nothing sent
+    for i in range(2):
+        project.drop("Ann", f"b{i}", f"TO: Ben\n\nmore {i}")
+    relay.drain()
+    after = [e["seq"] for e in relay.history.events_after(start)]
+    assert len(after) > 3
+    got = []
+    while (doc := hub._news()) is not None:
+        assert 1 <= len(doc["events"]) <= 3 and doc["seq"] == doc["events"][-1]["seq"] == hub.seq
+        assert doc["counts"] == relay.history.counts() and doc["headline"]
+        got += [e["seq"] for e in doc["events"]]
+    assert got == after and hub.seq == relay.history.last_event()
+    caught = hub._since(start, after[1])
+    assert [e["seq"] for e in caught["events"]] == after[:2] and caught["seq"] == after[1]
+    assert hub._since(after[-1], after[-1]) is None
+
+
+def test_the_agents_page_lists_each_agents_leases_held_until_the_moment_they_end(crew):
+    """A lease is shown on its agent's row, exclusive or shared, with its end, while the page's
+    clock is before that end; at the end itself it is no longer held, and no row shows it."""
+    from relay.core.message import iso
+    alice, bob = crew.agent("Alice"), crew.agent("Bob")
+    alice.reserve(["src/"], ttl="1h", exclusive=True, reason="refactor")
+    bob.reserve(["docs/guide.md"], ttl="30m")
+    start = crew.clock.now
+
+    def rows(at):
+        with server(crew.root, clock=lambda: at) as srv:
+            text = get(srv, "/agents")[2]
+        return dict(re.findall(r'<tr data-agent="(\w+)">(.*?)</tr>', text, re.S))
+    got = rows(start + 1799)
+    assert f"<div><code>src</code> (exclusive) until {iso(start + 3600)}</div>" in got["Alice"]
+    assert f"<div><code>docs/guide.md</code> until {iso(start + 1800)}</div>" in got["Bob"]
+    assert "<code>" not in got["Carol"]
+    got = rows(start + 1800)
+    assert "<code>src</code>" in got["Alice"] and "<code>" not in got["Bob"]
+    got = rows(start + 3600)
+    assert "<code>" not in got["Alice"] and "<code>" not in got["Bob"]
+
+
+def test_compose_without_a_recipient_or_to_an_unknown_one_refuses_in_words_and_keeps_the_form(team):
+    """No recipient ticked: 400 asking for one; a recipient relay refuses: 400 with relay's own
+    reason; either way the subject and body typed stay in the form and nothing is sent."""
+    from urllib.parse import urlencode
+    team("init", "--agent", "Human")
+    with server(team.root, compose="Human") as srv:
+        token = _csrf(get(srv, "/compose")[2])
+        kinds = {"Content-Type": "application/x-www-form-urlencoded", "Origin": srv.base}
+        form = urlencode({"subject": "kept subject", "body": "kept body", "csrf": token}).encode()
+        status, _, text = get(srv, "/compose", data=form, headers=kinds)
+        assert status == 400 and '<p class="refused" id="refused">choose at least one recipient</p>' in text
+        assert 'value="kept subject"' in text and "kept body</textarea>" in text and 'id="sent"' not in text
+        form = urlencode({"to": "Nobody", "subject": "kept subject", "body": "kept body", "csrf": token}).encode()
+        status, _, text = get(srv, "/compose", data=form, headers=kinds)
+        assert status == 400 and ('<p class="refused" id="refused">unknown recipient &#39;Nobody&#39;; known agents: '
+                                  "Alice, Bob, Carol, Human") in text
+        assert "kept body</textarea>" in text and 'id="sent"' not in text
+    team("run", "--once")
+    assert not list((team.state / "inbox").glob("*/new/*.json"))
+
+
+def test_the_pages_own_files_are_served_by_name_with_their_type_and_any_other_name_is_404(web):
+    status, headers, text = get(web, "/static/relay.js")
+    assert status == 200 and headers["content-type"] == "text/javascript; charset=utf-8"
+    assert headers["cache-control"] == "max-age=3600" and text
+    status, headers, _ = get(web, "/static/relay.css")
+    assert status == 200 and headers["content-type"] == "text/css; charset=utf-8"
+    for name in ("nope.js", "relay.JS", "__init__.py", "relay.js.map"):
+        status, _, text = get(web, f"/static/{name}")
+        assert (status, text) == (404, "relay web: no such file\n"), name
+    assert get(web, "/static/..%2Frelay.js")[0] == 404
+    assert get(web, "/static/relay.js", token=None)[0] == 401
+
+
+def test_messages_filters_by_status_kind_and_thread_each_narrowing_to_exactly_its_own(team):
+    box = team.state / "outbox" / "Alice"
+    box.mkdir(parents=True, exist_ok=True)
+    (box / "lost").write_text("TO: Nobody\n\nto no one")
+    a = team("send", "--from", "Alice", "--to", "Bob", "--thread", "t1", "one").stdout.split()[0]
+    b = team("send", "--from", "Bob", "--to", "Carol", "--thread", "t2", "two").stdout.split()[0]
+    team("run", "--once")
+    team("run", "--once")
+    with server(team.root) as srv:
+        every = set(ids(get(srv, "/messages")[2]))
+        [failed] = ids(get(srv, "/messages?status=failed")[2])
+        [bounce] = ids(get(srv, "/messages?kind=bounce")[2])
+        assert every == {a, b, failed, bounce}
+        assert set(ids(get(srv, "/messages?status=archived")[2])) == {a, b, bounce}
+        assert set(ids(get(srv, "/messages?kind=message")[2])) == {a, b, failed}
+        assert ids(get(srv, "/messages?thread=t1")[2]) == [a]
+        assert ids(get(srv, "/messages?thread=t2&status=archived")[2]) == [b]
+        assert ids(get(srv, "/messages?thread=t2&status=failed")[2]) == []
+        assert ids(get(srv, "/messages?status=pending")[2]) == []
+        assert set(ids(get(srv, "/messages?status=+archived+&kind=message")[2])) == {a, b}   # spaces trimmed
+
+
+def _stream(srv, after=None):
+    import urllib.request
+    req = urllib.request.Request(f"{srv.base}/events" + (f"?after={after}" if after is not None else ""),
+                                 headers={"Authorization": f"Bearer {srv.token}"})
+    return urllib.request.urlopen(req, timeout=20)
+
+
+def _next_update(stream):
+    while True:
+        line = stream.readline()
+        assert line, "the stream ended"
+        if line.startswith(b"data: "):
+            return json.loads(line[6:])
+
+
+def test_a_page_drawn_before_the_hubs_last_look_is_caught_up_first_and_past_the_most_streams_one_is_refused(
+        team, monkeypatch):
+    """A live page opened with an `after` older than what the hub has sent gets the events
+    between at once, then what follows, and the pages open before get nothing again; with
+    MAX_CLIENTS streams open, one more is a 503."""
+    from relay.web import live
+    monkeypatch.setattr(live, "MAX_CLIENTS", 3)
+    team("send", "--from", "Alice", "--to", "Bob", "first")
+    team("run", "--once")
+    with server(team.root) as srv:
+        drawn = int(re.search(r'data-after="(\d+)"', get(srv, "/messages")[2]).group(1))
+        with _stream(srv, drawn) as one:
+            mid = team("send", "--from", "Alice", "--to", "Bob", "second").stdout.split()[0]
+            team("run", "--once")
+            got = []
+            while not any(e["event"] == "archived" and e["id"] == mid for e in got):
+                got += _next_update(one)["events"]
+            with _stream(srv, drawn) as late:
+                caught = _next_update(late)
+                assert {e["seq"] for e in got} <= {e["seq"] for e in caught["events"]}      # all the hub sent
+                assert caught["events"][0]["seq"] == drawn + 1 and any(e["id"] == mid for e in caught["events"])
+                with _stream(srv) as plain:                     # a page with no `after` joins as it is
+                    assert plain.readline() == b"retry: 2000\n"
+                    status, _, text = get(srv, f"/events?after={drawn}")
+                    assert (status, text) == (503, "relay web: 3 live pages are open; try again later\n")
+                # the late page moved nothing back: the first one gets what follows, nothing twice
+                third = team("send", "--from", "Alice", "--to", "Bob", "third").stdout.split()[0]
+                team("run", "--once")
+                while not any(e["event"] == "archived" and e["id"] == third for e in got):
+                    got += _next_update(one)["events"]
+                seqs = [e["seq"] for e in got]
+                assert len(seqs) == len(set(seqs)) and seqs == sorted(seqs)
+
+
+def test_an_acknowledgement_is_overdue_from_exactly_ack_overdue_after_delivery_on_the_message_page_and_overview(team):
+    from relay.ledger.history import History
+    from relay.ledger.ledger import Ledger
+    asked = team("send", "--from", "Alice", "--to", "Bob", "--ack-required", "please").stdout.split()[0]
+    team("run", "--once")
+    with History(Ledger(team.state / "ledger.sqlite", readonly=True)) as history:
+        [delivered] = [d["delivered_at"] for d in history.deliveries(asked)]
+    for at, late in ((delivered + 1799.999, False), (delivered + 1800, True)):
+        with server(team.root, clock=lambda at=at: at) as srv:
+            page = get(srv, f"/messages/{asked}")[2]
+            overview = get(srv, "/")[2]
+        [bob] = re.findall(r'<tr data-recipient="Bob">(.*?)</tr>', page, re.S)
+        assert ("overdue" in bob) is late, at - delivered
+        acks = re.search(r'<section id="acks-overdue">(.*?)</section>', overview, re.S).group(1)
+        assert (asked in acks) is late, at - delivered
+
+
+def test_a_row_of_messages_names_a_remote_sender_with_its_node_a_duplicate_as_such_and_its_priority():
+    import types
+
+    from relay.web.reads import message_list
+    history = types.SimpleNamespace(sheds_of=lambda ids: {"B": {"queue_full": 1, "age": 2}},
+                                    receipts=types.SimpleNamespace(priorities=lambda ids: {"B": "urgent"}))
+
+    def row(mid, **k):
+        return {"id": mid, "sender": "Ann", "node": None, "recipients": '["Ben", "Cy"]', "kind": "message",
+                "thread": None, "subject": "s", "duplicate_of": None, "status": "archived", "discovered_at": 1.0,
+                "error": None, **k}
+    a, b, c = message_list([row("A"), row("B", node="n2", status="failed", error="e"), row("C", duplicate_of="A")],
+                           history)
+    assert (a["from"], a["to"], a["status"], a["shed"], a["priority"]) == ("Ann", "Ben, Cy", "archived", [], "normal")
+    assert (b["from"], b["status"], b["error"], b["shed"], b["priority"]) == ("Ann@n2", "failed", "e",
+                                                                              ["age", "queue_full"], "urgent")
+    assert (c["status"], c["from"]) == ("duplicate", "Ann")
+
+
+def test_an_unknown_thread_is_a_404_naming_it_and_a_known_one_lists_its_messages_oldest_first(team):
+    first = team("send", "--from", "Alice", "--to", "Bob", "--thread", "plan", "--subject", "one", "a").stdout.split()[0]
+    second = team("send", "--from", "Bob", "--to", "Alice", "--thread", "plan", "--subject", "two", "b").stdout.split()[0]
+    team("send", "--from", "Bob", "--to", "Alice", "--thread", "planx", "other")
+    team("run", "--once")
+    with server(team.root) as srv:
+        status, _, text = get(srv, "/threads/pla")
+        assert status == 404
+        assert html.unescape(re.search(r'<p class="refused" id="refused">(.*?)</p>', text).group(1)) == \
+            "no thread 'pla' in the ledger"
+        status, _, text = get(srv, "/threads/plan")
+        assert status == 200 and ids(text) == [first, second]
+
+
+def test_the_agents_page_says_each_agent_active_released_or_archived(crew):
+    alice = crew.agent("Alice")
+    alice.release_agent("Bob", "done for today")
+    crew("run", "--once")
+    crew("archive-agent", "Carol")
+    with server(crew.root) as srv:
+        text = get(srv, "/agents")[2]
+    rows = dict(re.findall(r'<tr data-agent="(\w+)">(.*?)</tr>', text, re.S))
+    states = {name: re.search(r'<span class="state st-(\w+)">(\w+)</span>', row).groups() for name, row in rows.items()}
+    assert states["Alice"] == ("active", "active")
+    assert states["Bob"] == ("released", "released")
+    assert states["Carol"] == ("archived", "archived")
+
+
+def test_relay_web_outside_an_initialised_project_says_to_init_and_serves_nothing(cli):
+    from conftest import error_line
+    r = cli("web", ok=False)
+    assert r.exit_code == 1 and error_line(r) == (
+        f"no ledger at {cli.state / 'ledger.sqlite'}: run `relay init` (or `relay run`) in the project first")
+    cli("init", "--agent", "Ann")
+    r = cli("web", "--compose", "--as", "../x", ok=False)
+    assert r.exit_code == 1 and error_line(r).startswith("invalid agent name '../x' (--as)")
+
+
+def test_an_older_page_links_back_to_the_newest_with_the_same_filters_and_the_newest_page_does_not(team):
+    for i in range(52):
+        team("send", "--from", "Alice", "--to", "Bob", "--thread", "t", f"note {i}")
+    team("send", "--from", "Bob", "--to", "Carol", "other")
+    team("run", "--once")
+    with server(team.root) as srv:
+        first = get(srv, "/messages?from=Alice&thread=t")[2]
+        assert 'id="newest"' not in first and len(ids(first)) == 50
+        older = html.unescape(re.search(r'href="([^"]+)" id="older"', first).group(1))
+        assert older == f"/messages?from=Alice&thread=t&before={ids(first)[-1]}"
+        rest = get(srv, older)[2]
+        assert html.unescape(re.search(r'href="([^"]+)" id="newest"', rest).group(1)) == "/messages?from=Alice&thread=t"
+        assert len(ids(rest)) == 2 and 'id="older"' not in rest
+        status, _, text = get(srv, f"/messages?before={ids(first)[-1].lower()}")
+        assert status == 200 and ids(text) == ids(rest)          # the id upper-cased; Bob's is newer
+        for bad in ("0" * 25, "0" * 27, "%D9%A0" * 26, "0" * 25 + "-"):      # too short, long, no ASCII, no id
+            assert get(srv, f"/messages?before={bad}")[0] == 400, bad
+
+
+def test_the_overview_of_a_project_with_no_message_yet_renders_and_says_it_is_not_federated(team):
+    from relay.web import reads
+    with server(team.root) as srv:
+        status, _, text = get(srv, "/")
+    assert status == 200 and '<p class="quiet" id="federation">This node is not federated.</p>' in text
+    from relay import config as config_mod
+    from relay.ledger.history import History
+    from relay.ledger.ledger import Ledger
+    from relay.files.layout import Layout
+    cfg = config_mod.load(team.root, ".relay", env={})
+    layout = Layout(cfg.root, cfg.state_dir)
+    try:
+        with History(Ledger(team.state / "ledger.sqlite", readonly=True)) as history:
+            doc = reads.overview(history, layout, cfg, 1_800_000_000.0)
+    finally:
+        layout.close()
+    assert doc["hours"] == [] and doc["top_hour"] == 1 and doc["total"] == 0 and doc["federation"] is None
+
+
+def test_the_cookie_signs_in_among_others_only_under_this_servers_own_name(team):
+    with server(team.root) as srv:
+        own = f"relay_web_{srv.port}"
+        for cookie, status in ((f"theme=dark; {own}={srv.token}; x=y", 200), (f"{own}={srv.token}", 200),
+                               (f"relay_web_{srv.port + 1}={srv.token}", 401), (f"{own}x={srv.token}", 401),
+                               (f"theme={srv.token}", 401), (f"{own}=", 401), ("", 401)):
+            assert get(srv, "/agents", token=None, headers={"Cookie": cookie})[0] == status, cookie
+
+
+@pytest.mark.parametrize("key", ["agent", "from", "to"])
+def test_each_name_filter_refuses_a_name_no_agent_may_have_and_names_the_filter(team, key):
+    with server(team.root) as srv:
+        status, _, text = get(srv, f"/messages?{key}=..%2Fetc")
+        said = html.unescape(re.search(r'<p class="refused" id="refused">(.*?)</p>', text).group(1))
+        assert status == 400 and said.startswith(f"invalid agent name '../etc' ({key}): agent names match ")
+        assert get(srv, f"/messages?{key}=Bob")[0] == 200
+
+
+@pytest.mark.parametrize("key", ["since", "until"])
+def test_each_time_filter_refuses_a_time_it_cannot_read_naming_the_filter_and_takes_one_it_can(team, key):
+    with server(team.root) as srv:
+        status, _, text = get(srv, f"/messages?{key}=sometime")
+        said = html.unescape(re.search(r'<p class="refused" id="refused">(.*?)</p>', text).group(1))
+        assert status == 400 and said.startswith(f"{key}: ")
+        assert get(srv, f"/messages?{key}=2h")[0] == 200
+        assert get(srv, f"/messages?{key}=2026-11-30")[0] == 200
