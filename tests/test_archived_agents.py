@@ -24,6 +24,17 @@ def archived(team):
     return team
 
 
+def failed_and_owed(project):
+    """({sender: messages failed}, {sender: bounces owed}) as the ledger has them."""
+    db = sqlite3.connect(f"file:{project.state / 'ledger.sqlite'}?mode=ro", uri=True)
+    try:
+        failed = dict(db.execute("SELECT sender, count(*) FROM messages WHERE status = 'failed' GROUP BY sender"))
+        owed = dict(db.execute("SELECT sender, count(*) FROM bounces GROUP BY sender"))
+    finally:
+        db.close()
+    return failed, owed
+
+
 def one_line(result):
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1, result.output
@@ -145,12 +156,7 @@ def test_a_file_of_unfit_name_in_an_archived_agents_outbox_is_quarantined_and_bo
         project.drop(sender, "bad\x07name", "a file no message can be named after")
     r.drain()
     r.drain()
-    db = sqlite3.connect(f"file:{project.state / 'ledger.sqlite'}?mode=ro", uri=True)
-    try:
-        failed = dict(db.execute("SELECT sender, count(*) FROM messages WHERE status = 'failed' GROUP BY sender"))
-        owed = dict(db.execute("SELECT sender, count(*) FROM bounces GROUP BY sender"))
-    finally:
-        db.close()
+    failed, owed = failed_and_owed(project)
     assert failed == {"Alice": 1, "Carol": 1}
     assert owed == {"Alice": 1}
     assert len(list((project.state / "inbox" / "Bob" / "new").iterdir())) == int(batch_between)
@@ -167,12 +173,7 @@ def test_a_message_an_archived_agent_drops_to_an_unknown_recipient_bounces_to_no
         project.drop(sender, "lost", "TO: Nobody\nSUBJECT: lost\n\nto no one")
     r.drain()
     r.drain()
-    db = sqlite3.connect(f"file:{project.state / 'ledger.sqlite'}?mode=ro", uri=True)
-    try:
-        failed = dict(db.execute("SELECT sender, count(*) FROM messages WHERE status = 'failed' GROUP BY sender"))
-        owed = dict(db.execute("SELECT sender, count(*) FROM bounces GROUP BY sender"))
-    finally:
-        db.close()
+    failed, owed = failed_and_owed(project)
     assert failed == {"Alice": 1, "Carol": 1} and owed == {"Alice": 1}
     assert list((project.state / "inbox" / "Carol" / "new").iterdir()) == []
     assert [json.loads(p.read_text())["kind"] for p in (project.state / "inbox" / "Alice" / "new").iterdir()] == ["bounce"]

@@ -270,10 +270,8 @@ def test_redelivery_skips_a_recipient_that_already_took_it(project, monkeypatch)
     assert project.inbox("Ben") == [] and len(project.inbox("Ben", "cur")) == 1
 
 
-def test_vanished_before_claim_fails_with_reason(project, monkeypatch):
-    relay = project.relay()
-    path = project.drop("Ann", "m", "TO: Ben\n\nx")
-    path.chmod(0o664)       # writable by its group: not read before custody (Outbox.peek)
+def vanish_when_claimed(relay, path, monkeypatch):
+    """The file at `path` deleted as soon as the relay's next claim returns; gives the real claim."""
     real = relay.ledger.messages.register_and_claim
 
     def claim_then_vanish(*a, **k):
@@ -282,6 +280,14 @@ def test_vanished_before_claim_fails_with_reason(project, monkeypatch):
         return out
 
     monkeypatch.setattr(relay.ledger.messages, "register_and_claim", claim_then_vanish)
+    return real
+
+
+def test_vanished_before_claim_fails_with_reason(project, monkeypatch):
+    relay = project.relay()
+    path = project.drop("Ann", "m", "TO: Ben\n\nx")
+    path.chmod(0o664)       # writable by its group: not read before custody (Outbox.peek)
+    real = vanish_when_claimed(relay, path, monkeypatch)
     relay.step()
     row = only_row(relay)
     assert row["status"] == "failed" and "disappeared before relay could read it" in row["error"]
@@ -754,14 +760,7 @@ def test_a_failed_message_with_no_file_left_is_swept_with_the_others(project, cl
     relay = project.relay(bounces=False, retention="1d")
     path = project.drop("Ann", "m", "TO: Ben\n\nx")
     path.chmod(0o664)       # writable by its group: not read before custody (Outbox.peek)
-    real = relay.ledger.messages.register_and_claim
-
-    def claim_then_vanish(*a, **k):
-        out = real(*a, **k)
-        path.unlink()
-        return out
-
-    monkeypatch.setattr(relay.ledger.messages, "register_and_claim", claim_then_vanish)
+    real = vanish_when_claimed(relay, path, monkeypatch)
     relay.step()
     monkeypatch.setattr(relay.ledger.messages, "register_and_claim", real)
     row = only_row(relay)

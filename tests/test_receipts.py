@@ -27,6 +27,12 @@ def shell(cli, project):
     return project
 
 
+def read_by_rename(trio, name, mid):
+    """`name`'s Maildir client marks message `mid` read itself: new/ -> cur/ with the S flag."""
+    box = trio.state / "inbox" / name
+    os.rename(box / "new" / f"{mid}.json", box / "cur" / f"{mid}.json:2,S")
+
+
 def steps(receipts, name):
     r = next(r for r in receipts["recipients"] if r["recipient"] == name)
     return {k: r[k] for k in ("delivered_at", "surfaced_at", "read_at", "acked_at")}
@@ -51,8 +57,7 @@ def test_one_message_walks_every_step_for_two_recipients_one_read_by_a_plain_mai
     assert steps(alice.receipts(mid), "Bob")["read_at"]
 
     # Carol's Maildir client renames the envelope itself; the daemon notices it at its next look
-    box = trio.state / "inbox" / "Carol"
-    os.rename(box / "new" / f"{mid}.json", box / "cur" / f"{mid}.json:2,S")
+    read_by_rename(trio, "Carol", mid)
     assert steps(alice.receipts(mid), "Carol")["read_at"] is None
     trio.relay.step(trio.clock.advance(2))
     carol_steps = steps(alice.receipts(mid), "Carol")
@@ -137,8 +142,7 @@ def test_noticing_reads_is_bounded_per_look_and_goes_round_the_recipients(trio):
     carol_mid = alice.send("Carol", "c")
     trio.relay.drain()
     for name, mid in (("Carol", carol_mid), ("Bob", bobs[5])):
-        box = trio.state / "inbox" / name
-        os.rename(box / "new" / f"{mid}.json", box / "cur" / f"{mid}.json:2,S")
+        read_by_rename(trio, name, mid)
     reads = trio.relay.reads
     reads.budget = 3
     looks = []
@@ -490,8 +494,7 @@ def test_a_look_whose_budget_is_spent_leaves_the_next_recipient_first_for_the_ne
     carol_mid = alice.send("Carol", "c")
     trio.relay.drain()
     for name, mid in (("Carol", carol_mid), ("Bob", bobs[1])):
-        box = trio.state / "inbox" / name
-        os.rename(box / "new" / f"{mid}.json", box / "cur" / f"{mid}.json:2,S")
+        read_by_rename(trio, name, mid)
     reads = trio.relay.reads
     reads.budget = 1
     reads.looked = 0
@@ -577,8 +580,7 @@ def test_reads_are_looked_for_once_a_second_at_most_and_only_while_some_are_awai
     reads.looked = 0
     trio.relay.step(t + 0.5)
     assert reads.looked == 0                        # within the second: no look
-    box = trio.state / "inbox" / "Bob"
-    os.rename(box / "new" / f"{mid}.json", box / "cur" / f"{mid}.json:2,S")
+    read_by_rename(trio, "Bob", mid)
     trio.relay.step(t + 1.0)                        # exactly a second later: a look
     assert reads.looked == 1 and _read_at(trio, mid, "Bob") is not None
     assert reads.due() is None                      # nothing awaited: no deadline of its own
