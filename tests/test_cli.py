@@ -466,6 +466,12 @@ def test_the_audit_table_shows_the_newest_50_unless_told_and_says_more_match(cli
     assert len(shown) == 50 and "s50" in shown[0] and not any("s00" in line for line in shown)
     assert "stopped at the limit of 50 message(s); more match" in r.stderr
     assert len([line for line in cli("audit", "--limit", "51").stdout.splitlines() if "Ann → Ben" in line]) == 51
+    # the machine-readable forms give every match unless --limit says otherwise
+    for form, count in ((["--json"], lambda out: len(json.loads(out))), (["--jsonl"], lambda out: len(out.splitlines())),
+                        (["--format", "csv"], lambda out: len(out.splitlines()) - 1)):
+        r = cli("audit", *form)
+        assert count(r.stdout) == 51 and "stopped at the limit" not in r.stderr, form
+        assert count(cli("audit", *form, "--limit", "2").stdout) == 2, form
 
 
 # -- the edge's own checks (relay/arguments.py): one line per failure, durations and dates ----------

@@ -325,3 +325,69 @@ def test_a_nodes_list_is_read_up_to_its_limit_in_names_and_bytes_and_what_is_wro
     over = b'["Ann"' + b" " * (3 * NAME_BYTES - 6) + b"]"
     assert listed_names(over, 3) == ((), f"lists {3 * NAME_BYTES + 1} bytes of agent names, over what "
                                          "max_agents_per_node (3) allows: its names are not taken")
+
+
+class _Listed:
+    """listed.py's face for SenderCheck: no claims; what a node's entry lists now."""
+
+    def __init__(self, lists):
+        self._lists = lists
+
+    def claimed(self, agent, node):
+        return None
+
+    def lists(self, node, folded):
+        return folded in self._lists.get(node, {})
+
+    def batch(self, entries):
+        pass
+
+
+class _Team:
+    """teamlists.py's face for SenderCheck: every node's entry, {node: {folded: {names}}}."""
+
+    def __init__(self, lists):
+        self._lists = lists
+
+    def lists(self, node, force=False):
+        return self._lists
+
+    def batch(self):
+        pass
+
+
+def test_a_sender_not_resolved_yet_is_its_nodes_only_when_that_node_alone_lists_it_as_written():
+    """A name announced since the directory was last resolved: the node's own when its entry alone
+    lists it, spelt as sent; no one's when two nodes list it (claimed twice) or the one node lists
+    it in another case; not known when no node lists it."""
+    from relay.federation.sendercheck import UNANNOUNCED, SenderCheck
+
+    def check(lists):
+        c = SenderCheck("here", lambda: ({}, set()), _Listed(lists), _Team(lists))
+        c.batch([], local=())
+        return c
+
+    alone = {"n1": {"dana": {"Dana"}}}
+    assert check(alone).holds("Dana", "n1") is True and check(alone).why_not("Dana", "n1", ()) is None
+    assert check(alone).holds("dana", "n1") is False            # listed as Dana: another spelling is no one's
+    twice = {"n1": {"dana": {"Dana"}}, "n2": {"dana": {"Dana"}}}
+    assert check(twice).holds("Dana", "n1") is False and check(twice).holds("Dana", "n2") is False
+    assert "claimed by more than one" in check(twice).why_not("Dana", "n1", ())
+    assert check(alone).holds("Dana", "n2") is False            # n1's, not n2's
+    assert check({}).holds("Dana", "n1") is None
+    assert check({}).why_not("Dana", "n1", ()) == f"the sender Dana is not in the team's directory {UNANNOUNCED}"
+
+
+def test_a_sender_its_old_holder_no_longer_lists_is_the_new_nodes_only_when_it_alone_lists_it():
+    from relay.federation.sendercheck import SenderCheck
+
+    def check(lists):
+        c = SenderCheck("here", lambda: ({"Dana": "n0"}, set()), _Listed(lists), _Team(lists))
+        c.batch([], local=())
+        return c
+
+    assert check({"n0": {"dana": {"Dana"}}, "n1": {"dana": {"Dana"}}}).holds("Dana", "n1") is False   # n0 still lists it
+    assert check({"n1": {"dana": {"Dana"}}}).holds("Dana", "n1") is True
+    assert check({"n1": {"dana": {"Dana"}}, "n2": {"dana": {"Dana"}}}).holds("Dana", "n1") is False
+    assert check({"n1": {"dana": {"dana"}}}).holds("Dana", "n1") is False
+    assert check({"n0": {"dana": {"Dana"}}}).holds("Dana", "n0") is True
