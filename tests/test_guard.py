@@ -111,7 +111,8 @@ def test_a_foreign_hook_is_never_overwritten_without_saying_so(repo):
     assert refused.exit_code == 1 and "pre-commit" in refused.output and "--chain" in refused.output
     assert hook.read_text() == before
     out = repo("guard", "install", "--chain").output
-    assert "pre-commit.before-relay" in out
+    assert out.startswith(f"installed {hook}:")                 # relay's hook is new there: not "updated"
+    assert f"the hook that was there is kept as {hook.parent / 'pre-commit.before-relay'} and runs first" in out
     assert (hook.parent / "pre-commit.before-relay").read_text() == before
     stage(root, "README.md")
     git(root, "commit", "-qm", "x", agent="Bob")

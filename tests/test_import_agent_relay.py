@@ -16,6 +16,7 @@ import pytest
 from conftest import error_line
 
 from relay import names
+from relay.core.message import iso
 from relay.errors import RelayError
 from relay.files.layout import Layout
 from relay.ledger import agent_relay
@@ -320,6 +321,13 @@ def test_agents_come_into_the_registry_with_their_status_and_metadata(fresh, old
     assert agents["Carol"]["state"] == "inactive" and agents["Alice"]["state"] == "active"
     assert agents["Alice"]["metadata"] == {"cli": "claude", "imported_from": "agent-relay"}
     assert agents["Bob"]["state"] == "inactive" and agents["Bob"]["released_by"] == "Bob"
+    db = sqlite3.connect(f"file:{old.ledger}?mode=ro", uri=True)
+    try:
+        created = dict(db.execute("SELECT agent_name, created_at FROM agents"))
+    finally:
+        db.close()
+    for name in ("Alice", "Carol", "Lead"):          # each spawned when agent-relay first saw it
+        assert agents[name]["spawned_at"] == iso(created[name] / 1000), name
     active = [a["agent"] for a in json.loads(fresh("agents", "--active", "--json").stdout)]
     assert "Carol" not in active and "Alice" in active
     assert len(rows(fresh, "SELECT 1 FROM events WHERE event = 'imported' AND detail LIKE 'agent % (%'")) == 3

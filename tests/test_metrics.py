@@ -51,6 +51,16 @@ def test_metrics_match_the_ledger_after_a_known_run(known_run):
     assert got[("relay_sheds_total", frozenset({("reason", "queue_limit")}))] == 0
     for agent, unread in (("Ben", 4), ("Ann", 1), ("Cy", 2)):      # Cy: Ben's reply and the bounce
         assert got[("relay_queue_depth", frozenset({("agent", agent)}))] == unread, agent
+    # the oldest unread envelope's age, as relay queues says it at the same instant
+    from relay.files.layout import Layout
+    from relay.operator import queues
+    with History(Ledger(known_run.state / "ledger.sqlite", readonly=True)) as history:
+        doc = queues.project(history, Layout(known_run.root, known_run.state), ["Ann", "Ben", "Cy"], known_run.clock.now)
+    assert {r["agent"] for r in doc["agents"]} >= {"Ann", "Ben", "Cy"}
+    for r in (r for r in doc["agents"] if r["agent"] in ("Ann", "Ben", "Cy")):
+        assert r["oldest_unread_age_s"] > 0, r
+        assert got[("relay_queue_oldest_age_seconds", frozenset({("agent", r["agent"])}))] == pytest.approx(
+            r["oldest_unread_age_s"], abs=0.01), r["agent"]
     latencies = [d["delivered_at"] - (m["sent_at"] or m["discovered_at"]) for d, m in deliveries]
     for bound in LATENCY_BUCKETS:
         key = ("relay_envelope_latency_seconds_bucket", frozenset({("le", str(float(bound)))}))

@@ -291,3 +291,15 @@ def test_an_age_on_the_pages_is_said_in_its_largest_unit_from_one_of_it(seconds,
 def test_a_time_on_the_pages_is_utc_and_one_that_is_no_number_is_shown_marked_and_cut(ts, said):
     from relay.operator.templating import utc
     assert utc(ts) == said
+
+
+def test_an_hours_bar_is_as_tall_as_its_count_is_of_the_busiest_hours():
+    import re
+
+    from relay.operator.templating import hour_bars
+    svg = str(hour_bars([(500_000, 2), (500_002, 4)], top=4, height=120))
+    bars = [(int(h), int(y), title) for y, h, title in re.findall(r'<rect x="\d+" y="(\d+)" width="\d+" height="(\d+)" '
+                                                                     r'fill="#2b6cb0"><title>([^<]*)</title>', svg)]
+    assert bars == [(55, 65, "2027-01-15 08:00: 2"), (0, 120, "2027-01-15 09:00: 0"), (110, 10, "2027-01-15 10:00: 4")]
+    assert '<text x="0" y="12" font-size="11">4</text>' in svg
+    assert "No messages in this period." in str(hour_bars([], top=0))
