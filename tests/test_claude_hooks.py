@@ -664,3 +664,11 @@ def test_session_start_of_an_agent_alone_says_its_team_has_none_yet_and_leaves_o
     cli("run", "--once", "-q")
     text = context(hook(cli, "SessionStart", session="later"), "SessionStart")
     assert "Your team (the other active agents): Ann." in text.splitlines()
+
+
+def test_a_message_without_a_subject_is_named_as_having_none_in_the_context_and_a_stops_reason(mail):
+    mid = mail.send("Alice", "Bob", "a body alone")
+    text = context(hook(mail, "UserPromptSubmit", session="one"), "UserPromptSubmit")
+    reason = hook(mail, "Stop", session="two")["reason"]
+    for shown in (text, reason):
+        assert f"{mid} from Alice: (no subject)" in shown, repr(shown)

@@ -655,9 +655,13 @@ def small_old(tmp_path):
 
 
 def add_record(made, file_id, agent, name, status, data, source, archive=None, discovered_ms=1_700_000_000_000,
-               processed_ms=None):
+               processed_ms=None, checked=True):
+    """A record in agent-relay's relay_files (`checked=False`: past its CHECK constraints, as a
+    ledger edited by hand may hold)."""
     db = sqlite3.connect(made.ledger, isolation_level=None)
     try:
+        if not checked:
+            db.execute("PRAGMA ignore_check_constraints = ON")
         db.execute("INSERT INTO relay_files (file_id, source_path, archive_path, agent_name, message_type, status, "
                    "discovered_at, processed_at, archived_at, file_size, content_hash) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                    (file_id, str(source), archive and str(archive), agent, name, status, discovered_ms,
@@ -906,3 +910,18 @@ def test_orchestrator_state_of_a_key_or_value_relay_does_not_hold_is_named_and_n
     for key in ("bad key", "blob", "k" * 129):
         assert fresh("state", "get", key, ok=False).exit_code == 1
     assert "kept" in fresh("state", "get", "k" * 128).output
+
+
+@pytest.mark.parametrize("status, discovered_ms", [("queued", 1_700_000_000_000), ("PENDING", 1_700_000_000_000),
+                                                   ("pending", -5), ("pending", "yesterday")])
+def test_a_record_of_a_status_or_time_agent_relay_never_writes_is_a_problem_not_imported(
+        fresh, small_old, status, discovered_ms):
+    data = b"TO: Bob\n\nodd\n"
+    add_record(small_old, "fedcba987654", "Alice", "odd", status, data, small_old.root / "outbox" / "Alice" / "odd",
+               discovered_ms=discovered_ms, checked=False)
+    r = fresh("import", "agent-relay", str(small_old.root), "--json", ok=False)
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and not doc["ok"]
+    [problem] = [p for p in doc["problems"] if "fedcba987654" in p]
+    assert problem.endswith("): a record agent-relay 2.0 does not write (status, time or id); not imported"), problem
+    assert rows(fresh, "SELECT count(*) FROM imports WHERE source_id = 'fedcba987654'") == [(0,)]
