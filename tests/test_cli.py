@@ -680,3 +680,15 @@ def test_demo_outside_a_checkout_without_an_outboxes_argument_says_what_to_pass(
                                              "(examples/outboxes in the checkout)\n")
     r = CliRunner().invoke(main, ["demo", str(tmp_path / "none")])
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_inbox_wait_with_all_or_recent_lists_the_read_messages_too_once_mail_is_there(team):
+    team("send", "--from", "Alice", "--to", "Bob", "--subject", "first", "read already")
+    team("run", "--once")
+    team("inbox", "Bob", "--ack")
+    team("send", "--from", "Alice", "--to", "Bob", "--subject", "second", "new")
+    team("run", "--once")
+    subjects = lambda *args: [d["subject"] for d in json.loads(team("inbox", "Bob", "--wait", "5s", *args, "--json").stdout)]
+    assert subjects() == ["second"]
+    assert sorted(subjects("--all")) == ["first", "second"]
+    assert sorted(subjects("--recent", "1")) == ["first", "second"]
