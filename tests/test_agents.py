@@ -829,3 +829,16 @@ def test_system_reads_its_inbox_but_never_sends_and_an_agent_created_on_purpose_
     with relay.Agent("Dana", root=team.root, create=True) as dana:
         assert dana.send("Alice", "hello from Dana")
     assert (team.state / "inbox" / "Dana" / "new").is_dir()
+
+
+def test_an_agent_made_without_a_name_is_relay_agents_and_a_name_given_outranks_it(team, monkeypatch):
+    monkeypatch.setenv("RELAY_AGENT", "Bob")
+    with relay.Agent(root=team.root) as me:
+        assert me.name == "Bob"
+        mid = me.send("Alice", "from the environment's agent")
+    with relay.Agent("Carol", root=team.root) as carol:
+        assert carol.name == "Carol"
+    drain(team.root)
+    with relay.Agent("Alice", root=team.root) as alice:
+        [m] = alice.inbox()
+        assert (m.id, m.sender) == (mid, "Bob")
