@@ -678,3 +678,13 @@ def test_a_default_node_is_the_hosts_first_label_cleaned_and_the_roots_hash(host
     if node is None:
         node = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname().split(".")[0]).strip("-._")[:48] or "node"
     assert default_node("/p", host) == f"{node}-{tail}"
+
+
+@pytest.mark.parametrize("word", ["plain-Pass_1", "it's", 'say "hi"', "back\\slash", "a'b\"c\\d", "ünï"])
+def test_a_word_of_the_acl_line_is_read_back_whole_by_a_shell_and_quoted_only_when_it_must_be(word):
+    import shlex
+
+    from relay.federation.keys import quoted
+    shown = quoted(word)
+    assert shlex.split(f"ACL SETUSER n1 >{shown}") == ["ACL", "SETUSER", "n1", f">{word}"]
+    assert (shown == word) is not any(c in word for c in "'\"\\")

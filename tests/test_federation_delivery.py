@@ -1678,3 +1678,20 @@ def test_an_entry_wrong_in_one_way_is_refused_saying_which(reader_config, clock,
     with pytest.raises(MessageRefused) as e:
         read_entry("n1", "1-0", fields(clock), {"Bob"}, reader_config)
     assert str(e.value).startswith(why), str(e.value)
+
+
+def test_the_envelope_an_inbox_gets_from_another_node_keeps_every_field_the_sender_wrote(reader_config, clock):
+    """Made again from the checked fields: each of them, the pass-through headers and the spawn
+    keys included, comes over as the sending node wrote it, with the node it came from."""
+    import orjson
+
+    from relay.federation.entries import read_entry
+    sent = envelope(clock, kind="spawn", thread="t-1", subject="the plan", body="go", headers={"x-team": "blue"},
+                    name="Dana", cli="claude", model="opus")
+    w, item = read_entry("n1", "1-0", entry(sent), {"Bob"}, reader_config)
+    got = orjson.loads(w.envelope)
+    for key in ("id", "from", "to", "kind", "thread", "subject", "body", "headers", "sent_at", "relayed_at", "source",
+                "sha256", "name", "cli", "model"):
+        assert got[key] == sent[key], key
+    assert got["node"] == "n1" and got["content_type"] == "text/plain" and "cwd" not in got
+    assert orjson.loads(item["headers"]) == {"x-team": "blue"}

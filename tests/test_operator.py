@@ -882,3 +882,11 @@ def test_doctor_knows_a_shed_report_by_its_recorded_sheds_and_names_one_whose_me
     assert (f"{stray.relative_to(cli.state)}: a file no ledger record knows; move it away or delete it"
             in r.output)
     assert str(report.relative_to(cli.state)) not in r.output
+
+
+def test_the_headline_counts_delivered_whether_archived_yet_or_not_and_each_other_state_once():
+    from relay.operator.views import headline
+    counts = {"pending": 1, "processing": 2, "delivered": 4, "archived": 8, "failed": 16}
+    assert headline(counts) == {"delivered": 12, "on_the_way": 3, "failed": 16}
+    assert headline({"delivered": 5}) == {"delivered": 5, "on_the_way": 0, "failed": 0}
+    assert headline({}) == {"delivered": 0, "on_the_way": 0, "failed": 0}

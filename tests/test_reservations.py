@@ -645,3 +645,14 @@ def test_the_mcp_release_tool_says_what_it_released_and_what_was_not_held_and_re
             "released": ["src"], "not_held": ["README.md", "nothing"]}
         assert call("release", {}) == {"released": ["docs/*.md"], "not_held": []}
         assert [r["agent"] for r in call("reservations", {})["reservations"]] == ["Bob"]
+
+
+def test_a_renewal_without_a_reason_keeps_the_reason_given_and_one_with_a_reason_replaces_it(crew, team):
+    alice = crew.agent("Alice")
+    [first] = alice.reserve(["src/app.py"], ttl="5m", reason="the parser")
+    [renewed] = alice.reserve(["src/app.py"], ttl="10m")
+    assert renewed.reason == "the parser" and renewed.since == first.since
+    assert [r.reason for r in alice.reservations(mine=True)] == ["the parser"]
+    assert "(the parser)" in team("reservations").output
+    [changed] = alice.reserve(["src/app.py"], ttl="10m", reason="the lexer now")
+    assert changed.reason == "the lexer now" and [r.reason for r in alice.reservations()] == ["the lexer now"]

@@ -257,3 +257,14 @@ def test_a_since_of_the_api_that_is_neither_a_date_nor_a_duration_is_refused_say
     with pytest.raises(relay.RelayError) as e:
         instant(value)
     assert str(e.value) == f"{value!r} is neither a date (2026-11-30, 2026-11-30T10:00) nor a duration (90s, 15m, 12h, 7d)"
+
+
+def test_a_thread_named_by_its_first_messages_id_holds_that_message_and_the_replies(mail):
+    with relay.Agent("Alice", root=mail.root) as alice, relay.Agent("Bob", root=mail.root) as bob:
+        first = alice.send("Bob", "a parser question with no thread", subject="question")
+        deliver(mail, ("Alice", "Bob", "Carol"))
+        answer = bob.reply(first, "the parser answer")
+        deliver(mail, ("Alice", "Bob", "Carol"))
+    found = json.loads(mail.cli("search", "parser", "--agent", "Bob", "--thread", first, "--json").output)
+    assert ids(found) == [answer, first]
+    assert found[0]["thread"] == first and found[1]["thread"] is None
