@@ -331,13 +331,13 @@ class _Listed:
     """listed.py's face for SenderCheck: no claims; what a node's entry lists now."""
 
     def __init__(self, lists):
-        self._lists = lists
+        self.by_node = lists
 
     def claimed(self, agent, node):
         return None
 
     def lists(self, node, folded):
-        return folded in self._lists.get(node, {})
+        return folded in self.by_node.get(node, {})
 
     def batch(self, entries):
         pass
@@ -347,10 +347,10 @@ class _Team:
     """teamlists.py's face for SenderCheck: every node's entry, {node: {folded: {names}}}."""
 
     def __init__(self, lists):
-        self._lists = lists
+        self.by_node = lists
 
     def lists(self, node, force=False):
-        return self._lists
+        return self.by_node
 
     def batch(self):
         pass
