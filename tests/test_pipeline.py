@@ -210,15 +210,21 @@ def test_fsync_eio_fails_and_is_not_retried(project, monkeypatch):
     assert not list((project.state / "inbox/Ben/tmp").iterdir())
 
 
-def test_archive_move_failure_keeps_delivered_then_archives(project, clock, monkeypatch):
-    relay = project.relay()
-    project.drop("Ann", "m", "TO: Ben\n\nx")
+def archive_disk_full(relay, monkeypatch):
+    """Every move into the archive fails with ENOSPC from now on; gives the real move."""
     real = relay.archive.store
 
     def full(src, rel):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(relay.archive, "store", full)
+    return real
+
+
+def test_archive_move_failure_keeps_delivered_then_archives(project, clock, monkeypatch):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    real = archive_disk_full(relay, monkeypatch)
     relay.step()
     row = only_row(relay)
     assert row["status"] == "delivered" and len(project.inbox("Ben")) == 1
@@ -508,12 +514,7 @@ def test_archive_failure_in_a_later_step_is_retried(project, clock, monkeypatch)
     relay.step()                     # an idle step first: nothing was waiting to be archived
     project.drop("Ann", "m", "TO: Ben\n\nx")
     relay.hint("rescan")
-    real = relay.archive.store
-
-    def full(src, rel):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(relay.archive, "store", full)
+    real = archive_disk_full(relay, monkeypatch)
     relay.step(clock.advance(1))
     assert only_row(relay)["status"] == "delivered"
     monkeypatch.setattr(relay.archive, "store", real)
@@ -684,12 +685,7 @@ def test_an_archive_move_tried_again_keeps_failing_then_finds_the_original_in_ne
         project, clock, monkeypatch):
     relay = project.relay(retry_backoff="5s")
     project.drop("Ann", "m", "TO: Ben\n\nx")
-    real = relay.archive.store
-
-    def full(src, rel):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(relay.archive, "store", full)
+    real = archive_disk_full(relay, monkeypatch)
     relay.step()
     first = only_row(relay)
     assert first["status"] == "delivered"
