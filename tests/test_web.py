@@ -137,13 +137,18 @@ def test_messages_filter_search_and_pages(team):
         assert len(ids(thread)) == 55 and thread.index("note 0") < thread.index("note 54")     # oldest first
 
 
+def refused_text(text):
+    """The words of a page's refusal (its one `refused` paragraph), unescaped."""
+    return html.unescape(re.search(r'<p class="refused" id="refused">(.*?)</p>', text, re.S).group(1))
+
+
 @pytest.mark.parametrize("query, words", [("status=lost", "no status 'lost'"), ("since=yesterdayish", "since:"),
                                            ("from=../etc", "invalid agent name"), ("q=%22%22", "nothing to search"),
                                            ("priority=soon", "no priority"), ("before=../../x", "not a message id")])
 def test_a_filter_it_cannot_read_is_refused_in_one_line(web, query, words):
     status, _, text = get(web, f"/messages?{query}")
     assert status == 400
-    assert words in html.unescape(re.search(r'id="refused">(.*?)</p>', text, re.S).group(1))
+    assert words in refused_text(text)
 
 
 def test_no_address_reaches_the_file_system(web, team):
@@ -512,7 +517,7 @@ def test_a_message_is_found_by_its_id_in_either_case_and_an_unknown_id_is_404(te
         for bad in (unknown, mid[:-1], "x" * 26):
             status, _, text = get(srv, f"/messages/{bad}")
             assert status == 404, bad
-            assert html.unescape(re.search(r'<p class="refused" id="refused">(.*?)</p>', text).group(1)) == \
+            assert refused_text(text) == \
                 f"no message {bad!r} in the ledger"
             status, _, text = get(srv, f"/messages/{bad}/original")
             assert (status, text) == (404, f"relay web: no message {bad.upper()!r} in the ledger\n")
@@ -820,7 +825,7 @@ def test_an_unknown_thread_is_a_404_naming_it_and_a_known_one_lists_its_messages
     with server(team.root) as srv:
         status, _, text = get(srv, "/threads/pla")
         assert status == 404
-        assert html.unescape(re.search(r'<p class="refused" id="refused">(.*?)</p>', text).group(1)) == \
+        assert refused_text(text) == \
             "no thread 'pla' in the ledger"
         status, _, text = get(srv, "/threads/plan")
         assert status == 200 and ids(text) == [first, second]
@@ -901,7 +906,7 @@ def test_the_cookie_signs_in_among_others_only_under_this_servers_own_name(team)
 def test_each_name_filter_refuses_a_name_no_agent_may_have_and_names_the_filter(team, key):
     with server(team.root) as srv:
         status, _, text = get(srv, f"/messages?{key}=..%2Fetc")
-        said = html.unescape(re.search(r'<p class="refused" id="refused">(.*?)</p>', text).group(1))
+        said = refused_text(text)
         assert status == 400 and said.startswith(f"invalid agent name '../etc' ({key}): agent names match ")
         assert get(srv, f"/messages?{key}=Bob")[0] == 200
 
@@ -910,7 +915,7 @@ def test_each_name_filter_refuses_a_name_no_agent_may_have_and_names_the_filter(
 def test_each_time_filter_refuses_a_time_it_cannot_read_naming_the_filter_and_takes_one_it_can(team, key):
     with server(team.root) as srv:
         status, _, text = get(srv, f"/messages?{key}=sometime")
-        said = html.unescape(re.search(r'<p class="refused" id="refused">(.*?)</p>', text).group(1))
+        said = refused_text(text)
         assert status == 400 and said.startswith(f"{key}: ")
         assert get(srv, f"/messages?{key}=2h")[0] == 200
         assert get(srv, f"/messages?{key}=2026-11-30")[0] == 200

@@ -105,11 +105,12 @@ def refusal(agent, exclusive, conflicts, now, archived=()):
     """The ReservationConflict naming each lease in the way, and which holders were told (an
     archived holder is not: its inbox is not written)."""
     holders = list(dict.fromkeys(c["holder"] for c in conflicts))
-    told = ", ".join(h for h in holders if h not in archived)
-    gone = ", ".join(h for h in holders if h in archived)
-    said = [f"{told} {'was' if ',' not in told else 'were'} told"] if told else []
-    said += [f"{gone} {'is' if ',' not in gone else 'are'} archived and {'was' if ',' not in gone else 'were'} not told"
-             ] if gone else []
+    told = [h for h in holders if h not in archived]
+    gone = [h for h in holders if h in archived]
+    said = [f"{', '.join(told)} {'was' if len(told) == 1 else 'were'} told"] if told else []
+    if gone:
+        said.append(f"{', '.join(gone)} {'is' if len(gone) == 1 else 'are'} archived and "
+                    f"{'was' if len(gone) == 1 else 'were'} not told")
     return ReservationConflict(
         f"nothing reserved for {agent}: " + "; ".join(conflict_text(c, now) for c in conflicts)
         + f". {'; '.join(said)}; ask, wait for the lease to end, or reserve other paths", conflicts)

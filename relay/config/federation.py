@@ -104,10 +104,11 @@ def _url(value):
         raise ValueError(f"url {redact(value)!r}: the password holds a character that ends it in a URL; write "
                          f"{', '.join(f'{k} as {v}' for k, v in RESERVED.items())} (percent-encoding)")
     try:
-        if parts.scheme != "redis+sentinel" and parts.port == 0:      # raises ValueError on a bad port
-            raise ValueError("port 0")
+        bad_port = parts.scheme != "redis+sentinel" and parts.port == 0     # .port raises ValueError on a bad port
     except ValueError:
-        raise ValueError(f"url {redact(value)!r} is not a Redis URL: its port is not a number from 1 to 65535") from None
+        bad_port = True
+    if bad_port:
+        raise ValueError(f"url {redact(value)!r} is not a Redis URL: its port is not a number from 1 to 65535")
     if parts.scheme in SCHEMES:
         _query(value, parts)
     if parts.scheme not in SCHEMES or not parts.hostname:
