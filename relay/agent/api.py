@@ -22,7 +22,7 @@ import os
 import time
 
 from relay.config import AGENT_VARIABLE, SYSTEM, default_agent
-from relay.agent.delivery import delivered
+from relay.agent.delivery import delivered, wait_seconds
 from relay.errors import InvalidName, MessageRefused, NotFound, RelayError
 from relay.files.fs import Unsafe
 from relay.ids import IdGenerator
@@ -148,11 +148,13 @@ class Agent(Leases, AgentState, Registering):
         how many times a transient failure is retried (at most relay's max_retries); `priority`
         urgent, high, normal (the default) or low; `ack_required` asks each recipient to
         acknowledge it (ack_message)."""
+        waits = wait_delivered is not None and wait_delivered is not False
+        timeout = None if wait_delivered is True or not waits else wait_seconds(wait_delivered)   # before a write
         mid = self._send(to, body, subject=subject, thread=thread, kind=kind, request_id=request_id, create=create,
                          content_type=content_type, max_retries=max_retries, priority=priority,
                          ack_required=ack_required)
-        if wait_delivered is not None and wait_delivered is not False:
-            delivered(self.project, mid, None if wait_delivered is True else wait_delivered)
+        if waits:
+            delivered(self.project, mid, timeout)
         return mid
 
     def _send(self, to, body, *, subject, thread, kind, request_id, create, content_type=None, max_retries=None,

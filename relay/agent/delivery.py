@@ -6,6 +6,7 @@ some), has failed for one (failed, shed, refused by a node), or the time is up.
 The look is a few indexed reads; it starts at every 10 ms and backs off to every 250 ms, so a
 wait costs the daemon nothing and learns of a delivery within a quarter of a second."""
 import dataclasses
+import math
 import time
 
 import orjson
@@ -83,14 +84,27 @@ def poll(project, look, no_ledger, settled, timeout, pause=time.sleep, clock=tim
             history.close()
 
 
+def wait_seconds(timeout):
+    """A time to wait as float seconds (None: for ever); RelayError for what is no number of
+    seconds from 0 (text, a negative number, NaN)."""
+    if timeout is None:
+        return None
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not seconds >= 0:
+        raise RelayError(f"the time to wait must be a number of seconds, not {timeout!r}")
+    return seconds
+
+
 def delivered(project, mid, timeout):
     """Wait (wait_delivered) for message `mid`, `timeout` seconds or None for ever: returns when
     every recipient has it; NotDelivered with the reason when it failed, DeliveryTimeout when
     the time ran out first."""
-    if timeout is not None and not float(timeout) >= 0:
-        raise RelayError(f"the time to wait must be a number of seconds, not {timeout!r}")
-    outcome = wait_delivered(project, mid, None if timeout is None else float(timeout))
+    timeout = wait_seconds(timeout)
+    outcome = wait_delivered(project, mid, timeout)
     if outcome.delivered is None:
-        raise DeliveryTimeout(mid, outcome.reason, show_duration(float(timeout)) if timeout else "0s")
+        raise DeliveryTimeout(mid, outcome.reason, show_duration(timeout) if timeout else "0s")
     if not outcome.delivered:
         raise NotDelivered(mid, outcome.reason)

@@ -140,9 +140,10 @@ class NewMail:
             log.warning("cannot watch %s (%s); the wait looks for new messages every %gs instead",
                         self.path, e.strerror or e, DEGRADED_RECHECK)
             started, self.observer = self.observer, None
-            if started is not None and started.is_alive():
-                started.stop()
-                started.join(timeout=5)
+            if started is not None:
+                started.stop()      # a start that failed has started its emitter's threads
+                if started.is_alive():
+                    started.join(timeout=5)
         return self
 
     def wait(self, timeout, stop=None):

@@ -19,7 +19,7 @@ import time
 
 import orjson
 
-from relay.agent.delivery import poll, standing
+from relay.agent.delivery import poll, standing, wait_seconds
 from relay.config import show_duration
 from relay.core.message import PRIORITIES, iso
 from relay.errors import DeliveryTimeout, NotDelivered, NotFound, RelayError
@@ -127,11 +127,10 @@ class AgentReceipts:
         seconds (None: for ever) ran out first."""
         if step not in ("read", "acked"):
             raise RelayError(f"the step to wait for is 'read' or 'acked', not {step!r}")
-        if timeout is not None and not float(timeout) >= 0:
-            raise RelayError(f"the time to wait must be a number of seconds, not {timeout!r}")
-        done, reason = wait_step(self.project, mid, step, None if timeout is None else float(timeout))
+        timeout = wait_seconds(timeout)
+        done, reason = wait_step(self.project, mid, step, timeout)
         if done is None:
-            raise DeliveryTimeout(mid, reason, show_duration(float(timeout)) if timeout else "0s")
+            raise DeliveryTimeout(mid, reason, show_duration(timeout) if timeout else "0s")
         if done is False:
             raise NotDelivered(mid, reason)
 

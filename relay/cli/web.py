@@ -19,6 +19,7 @@ WEB_PACKAGES = ("starlette", "uvicorn", "jinja2", "markupsafe", "prometheus_clie
 def server_module():
     """relay.web.server; RelayError saying how to install the extra when a package of it is missing."""
     try:
+        importlib.import_module("relay.web.metrics")    # the Site imports it late: its prometheus-client too
         return importlib.import_module("relay.web.server")
     except ImportError as e:
         if (e.name or "").split(".")[0] not in WEB_PACKAGES:
