@@ -552,3 +552,11 @@ def test_relays_command_in_the_block_is_relay_when_the_default_path_finds_this_s
     (other / "relay").chmod(0o755)
     monkeypatch.setattr(os, "defpath", str(other))                           # another relay on the PATH
     assert instructions.command() == f"'{venv}/relay'"
+
+
+def test_forty_other_agents_are_all_named_and_a_forty_first_is_counted_as_one_more():
+    forty = adopt.render(["a00"], {f"a{i:02d}" for i in range(41)})
+    assert "`a01`" in forty and "`a40`" in forty and " more (when this was written" not in forty
+    assert "the other agents: `a01`, `a02`" in forty and "`a40` (when this was written;" in forty
+    more = adopt.render(["a00"], {f"a{i:02d}" for i in range(42)})
+    assert "`a40` and 1 more (when this was written;" in more and "`a41`" not in more

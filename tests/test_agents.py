@@ -842,3 +842,143 @@ def test_an_agent_made_without_a_name_is_relay_agents_and_a_name_given_outranks_
     with relay.Agent("Alice", root=team.root) as alice:
         [m] = alice.inbox()
         assert (m.id, m.sender) == (mid, "Bob")
+
+
+def test_headers_over_what_relay_reads_in_all_are_refused_at_the_boundary_and_not_below():
+    from relay.agent.api import compose
+    from relay.core.message import MAX_HEADER_BYTES
+    long = dict(thread="t" * 60000, kind="k" * 60000, content_type="c" * 60000, request_id=None)
+    to = ["b" * 60000]
+    head = len("\n".join(["ID: m-1", "TO: " + to[0], "THREAD: " + long["thread"], "SUBJECT: ", "KIND: " + long["kind"],
+                          "CONTENT-TYPE: " + long["content_type"]]))
+    fits = MAX_HEADER_BYTES - head                  # the subject that makes the headers exactly the limit
+    assert 0 < fits < 60000
+    assert compose(to, "x", mid="m-1", subject="s" * fits, **long).endswith(b"\n\nx")
+    with pytest.raises(relay.RelayError) as e:
+        compose(to, "x", mid="m-1", subject="s" * (fits + 1), **long)
+    assert str(e.value) == (f"the headers are {MAX_HEADER_BYTES + 1} characters long, over the {MAX_HEADER_BYTES} "
+                            "relay reads; shorten the subject or thread")
+
+
+def test_a_recipient_list_longer_than_a_header_line_is_called_the_recipient_list():
+    from relay.agent.api import compose
+    from relay.core.message import MAX_HEADER_LINE
+    with pytest.raises(relay.RelayError) as e:
+        compose(["b" * (MAX_HEADER_LINE - 3)], "x", mid="m-1")
+    assert str(e.value) == (f"the recipient list is {MAX_HEADER_LINE - 3} characters long; a header line holds at "
+                            f"most {MAX_HEADER_LINE - 4} of them")
+    assert compose(["b" * (MAX_HEADER_LINE - 4)], "x", mid="m-1")
+
+
+def test_a_reply_to_a_message_naming_no_sender_is_refused_and_nothing_is_written(team):
+    from relay.agent.api import Received
+    orphan = Received.of({"id": "m-orphan", "to": ["Alice"], "subject": "who?"}, "cur", "/nowhere/m-orphan.json")
+    with relay.Agent("Alice", root=team.root) as alice:
+        with pytest.raises(relay.RelayError) as e:
+            alice.reply(orphan, "answer")
+    assert str(e.value) == "m-orphan names no sender to reply to"
+    assert list((team.state / "outbox" / "Alice").iterdir()) == []
+
+
+def test_sent_before_names_the_message_of_its_request_id_and_none_for_another(team):
+    with relay.Agent("Alice", root=team.root) as alice:
+        mid = alice.send("Bob", "x", request_id="req-2")
+        drain(team.root)
+        assert alice.sent_before("req-2") == mid and alice.sent_before("req-1") is None
+
+
+def test_system_may_be_opened_with_create_and_gets_no_agent_made(team):
+    with relay.Agent("System", root=team.root, create=True) as system:
+        assert system.name == "System" and system.inbox() == []
+    assert "System" not in relay.agents(root=team.root)
+    assert not (team.state / "outbox" / "System").exists()
+
+
+def test_a_reply_with_its_own_subject_and_thread_keeps_them(team):
+    with relay.Agent("Alice", root=team.root) as alice, relay.Agent("Bob", root=team.root) as bob:
+        alice.send("Bob", "question", subject="plan", thread="T-1")
+        drain(team.root)
+        [q] = bob.inbox()
+        bob.reply(q, "answer", subject="my own words", thread="T-2")
+        bob.reply(q, "again")
+        drain(team.root)
+        assert [(a.subject, a.thread, a.body) for a in alice.inbox()] == [("my own words", "T-2", "answer"),
+                                                                         ("Re: plan", "T-1", "again")]
+
+
+def test_a_reply_to_a_message_one_sent_goes_to_whom_to_names_when_given(team):
+    with relay.Agent("Alice", root=team.root) as alice:
+        mid = alice.send("Bob", "the plan", subject="plan")
+        drain(team.root)
+        again = alice.reply(mid, "for Carol", to="Carol")
+        drain(team.root)
+    with relay.Agent("Carol", root=team.root) as carol, relay.Agent("Bob", root=team.root) as bob:
+        assert [(m.id, m.thread, m.subject) for m in carol.inbox()] == [(again, mid, "Re: plan")]
+        assert [m.id for m in bob.inbox()] == [mid]
+
+
+def test_an_envelope_missing_fields_reads_with_its_file_id_and_the_defaults():
+    from relay.agent.api import Received
+    m = Received.of({"to": ["Bob", 5], "body": None, "priority": "", "content_type": 3, "ack_required": "true",
+                     "headers": ["x"]}, "new", "/s/inbox/Bob/new/01ABC.json")
+    assert (m.id, m.to, m.body, m.priority, m.content_type, m.ack_required, m.headers, m.sender) == (
+        "01ABC", ["Bob"], "", "normal", "text/plain", False, {}, None)
+    m = Received.of({"id": "m-1", "body": "b", "priority": "low", "content_type": "text/markdown",
+                     "ack_required": True}, "cur", "/s/inbox/Bob/cur/01ABC.json:2,S")
+    assert (m.id, m.body, m.priority, m.content_type, m.ack_required) == ("m-1", "b", "low", "text/markdown", True)
+
+
+@pytest.mark.parametrize("thread, replies_in", [("T-1", "T-1"), (None, "m-1"), ("", "m-1"), ("two\nlines", "m-1"),
+                                                ("a\rb", "m-1")])
+def test_a_reply_goes_in_the_messages_thread_or_its_id_when_no_reply_can_name_it(thread, replies_in):
+    from relay.agent.api import Received
+    assert Received.of({"id": "m-1", "thread": thread}, "new", "/x/m-1.json").reply_thread == replies_in
+
+
+def test_an_unknown_agent_is_told_with_at_most_30_known_names_and_none_said_as_none():
+    from relay.agent.project import check_known
+    from relay.errors import UnknownAgent
+    with pytest.raises(UnknownAgent) as e:
+        check_known("zed", set(), "recipient")
+    assert str(e.value) == "unknown recipient 'zed'; known agents: (none) (--create adds a new agent on purpose)"
+    thirty = {f"a{i:02d}" for i in range(30)}
+    with pytest.raises(UnknownAgent) as e:
+        check_known("zed", thirty, "sender")
+    assert str(e.value).endswith("a28, a29 (--create adds a new agent on purpose)")
+    with pytest.raises(UnknownAgent) as e:
+        check_known("zed", thirty | {"a30"}, "sender")
+    assert str(e.value).endswith("a28, a29 ... (31 in all) (--create adds a new agent on purpose)")
+    assert check_known("a05", thirty, "sender") == "a05"
+
+
+def test_a_failed_message_read_from_the_ledger_keeps_its_headers_body_and_content_type(team):
+    from relay.agent.project import Project as Team
+    box = team.state / "outbox" / "Alice"
+    (box / ".m").write_text("TO: Zed\nSUBJECT: s\nX-Ticket: 42\n\nlost")
+    os.rename(box / ".m", box / "m")
+    (box / ".n").write_text("TO: Zed\nSUBJECT: md\nCONTENT-TYPE: text/markdown\n\n# lost")
+    os.rename(box / ".n", box / "n")
+    drain(team.root)
+    project = Team(team.root)
+    with project.history() as history:
+        rows = {r["subject"]: r["id"] for r in history.audit(status="failed")}
+    m = project.message(rows["s"])
+    assert (m.state, m.path, m.headers, m.body, m.subject) == ("failed", None, {"X-Ticket": "42"}, "lost", "s")
+    assert m.content_type == "text/plain"
+    md = project.message(rows["md"])
+    assert (md.content_type, md.headers, md.body) == ("text/markdown", {}, "# lost")
+
+
+def test_a_watch_of_a_directory_that_is_not_there_leaves_no_thread_running(tmp_path):
+    """inotify refuses the missing directory, and so does watchdog's Observer, whose failed start
+    has already started its emitter's threads: they are stopped, and the wait still works."""
+    from relay.agent.mail import NewMail
+    before = set(threading.enumerate())
+    mail = NewMail([tmp_path / "gone" / "new"]).open()
+    assert mail.observer is None and mail.fd is None
+    for t in set(threading.enumerate()) - before:
+        t.join(timeout=5)
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
+    mail.wait(0)        # looks again at once: no watch to wake it
+    assert not mail.arrived.is_set()
+    mail.close()

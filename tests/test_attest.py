@@ -167,3 +167,82 @@ def test_the_health_check_is_down_before_stale_and_stale_only_past_the_age_given
     from relay.core import health
     assert health.check(pid, oldest, max_age) == (code, said)
     assert (health.EXIT_OK, health.EXIT_STALE, health.EXIT_DOWN) == (0, 4, 3)
+
+
+LESS = ("the running daemon (pid 77) runs with durability {c} (synchronous={s}), less than the configured {want}: what "
+        "it acknowledges may not survive a power cut; restart it (without --durability {c} or RELAY_DURABILITY)")
+
+
+@pytest.mark.parametrize("synchronous, attested, configured, flagged", [
+    ("FULL", "full", "full", False), ("EXTRA", "full", "full", False),
+    ("NORMAL", "full", "full", True),           # a level below what full needs
+    ("FULL", "normal", "full", True),           # the level is there, but the daemon was told normal
+    ("NORMAL", "normal", "normal", False), ("FULL", "normal", "normal", False), ("FULL", "full", "normal", False),
+    ("OFF", "normal", "normal", True), ("odd", "full", "full", True),
+])
+def test_doctor_flags_a_daemon_whose_synchronous_level_or_durability_is_below_the_configured_one(
+        synchronous, attested, configured, flagged):
+    from relay.core import health
+    said = health.problems(_attested(synchronous=synchronous, configured=attested), configured, 77)
+    assert said == ([LESS.format(c=attested, s=synchronous, want=configured)] if flagged else [])
+
+
+def test_doctor_flags_a_running_daemon_that_has_not_attested_whatever_the_row_says():
+    from relay.core import health
+    assert health.problems(_attested(running=False), "full", 77) == [
+        "the running daemon (pid 77) has not attested its ledger settings, so what it runs with is unknown; restart "
+        "it with this relay to have it recorded"]
+
+
+@pytest.mark.parametrize("waiting, now, ack_timeout, said", [
+    ({"unacked_since": 100.0, "waiting": 3}, 130.0, 30.0, None),            # exactly the timeout: not yet
+    ({"unacked_since": 100.0, "waiting": 3}, 131.0, 30.0,
+     "node n2 is not acknowledging: 3 message(s) wait for it, the oldest for 31s, more than ack_timeout (30s)"),
+    ({"unacked_since": 100.0, "waiting": 3, "published": 2}, 200.0, 30.0,
+     "node n2 is not acknowledging: 2 message(s) wait for it, the oldest for 100s, more than ack_timeout (30s)"),
+    ({"unacked_since": 100.0, "waiting": 3}, 10_000.0, 0, None),             # no timeout known
+    ({"unacked_since": None, "waiting": 3}, 10_000.0, 30.0, None),           # nothing published unanswered
+])
+def test_a_node_is_said_not_to_acknowledge_only_past_the_ack_timeout(waiting, now, ack_timeout, said):
+    from relay.core import health
+    assert health.unanswered("n2", waiting, now, ack_timeout) == said
+
+
+def test_names_other_nodes_claim_twice_are_said_but_fail_no_health_check_and_a_link_down_says_its_reason():
+    from relay.core import health
+    doc = {"link": {"connected": True, "error": None}, "directory": {"error": None}, "conflicts": [],
+           "others_conflicts": [("Zed", "n3", "n4")], "outbound": {"by_node": {}}}
+    assert health.federation(doc, True, 1000.0, 600) == (0, [
+        "federation: 1 name(s) of other nodes are listed by more than one node (relay status shows them); not this "
+        "node's to mend"])
+    down = {**doc, "others_conflicts": [], "link": {"connected": False, "error": None}}
+    assert health.federation(down, True, 1000.0, 600) == (
+        health.EXIT_FEDERATION, ["federation: the link to the team's server is down (no reason recorded)"])
+    late = {**doc, "others_conflicts": [], "ack_warn": 30.0,
+            "outbound": {"by_node": {"n2": {"waiting": 1, "oldest_at": 900.0, "unacked_since": 900.0}}}}
+    code, said = health.federation(late, True, 1000.0, 600)
+    assert code == health.EXIT_STALE and said == [
+        "federation: node n2 is not acknowledging: 1 message(s) wait for it, the oldest for 100s, more than "
+        "ack_timeout (30s)"]
+    assert health.federation(late, False, 1000.0, 600) == (0, [])     # no daemon: nothing reads what came
+
+
+def test_an_attestation_is_the_running_daemons_only_for_its_pid_on_this_host(project):
+    import os
+    import socket
+
+    from relay.core import health
+    relay = project.relay()
+    assert health.attestation(relay.history, os.getpid()) == {"attested": False, "running": False}
+    health.attest(relay.ledger, relay.history, relay.config, "daemon", "start", project.clock())
+    att = health.attestation(relay.history, os.getpid())
+    assert att["attested"] and att["running"] and (att["pid"], att["host"]) == (os.getpid(), socket.gethostname())
+    assert (att["mode"], att["event"], att["configured"]) == ("daemon", "start", "full")
+    assert health.attestation(relay.history, os.getpid() + 1)["running"] is False
+    assert health.attestation(relay.history, None)["running"] is False
+    project.clock.advance(1)
+    relay.ledger.attest(project.clock(), {"pid": os.getpid(), "host": socket.gethostname() + "-elsewhere",
+                                          "version": att["version"], "mode": "once", "event": "start",
+                                          "durability": "full", **relay.history.checks.pragmas()})
+    other = health.attestation(relay.history, os.getpid())
+    assert other["host"].endswith("-elsewhere") and other["running"] is False

@@ -370,3 +370,72 @@ def test_a_ledger_row_with_a_time_no_calendar_holds_is_named_not_a_traceback(fre
         assert "Traceback" not in r.output
         if verb[0] != "agents":
             assert column in r.output, r.output
+
+
+GOOD_ID = "01" + "Z" * 24
+HEX = "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize("table, column, good, bad", [
+    ("messages", "id", [GOOD_ID], [GOOD_ID[:-1], GOOD_ID + "0", GOOD_ID.lower(), None, 7]),
+    ("messages", "sender", ["Ann", "?"], ["a b", "", None, 7, "??"]),
+    ("messages", "name", ["a1.md", "..x"], ["", ".", "..", "a/b", "a\0b", None, 7]),
+    ("messages", "spooled", [0, 1], [2, -1, None, "1"]),
+    ("messages", "retries", [0, 5], [-1, None, "1", 1.5]),
+    ("messages", "size", [None, 0], [-1, "3"]),
+    ("messages", "recipients", [None, '["Ben"]', "[]"], ['["Ben", 1]', '{"to": "Ben"}', '"Ben"', "[", 7]),
+    ("messages", "headers", [None, "{}", '{"X": "1"}'], ["[]", "{", 7]),
+    ("messages", "sha256", [None, HEX], [HEX[:-1], HEX.upper(), HEX + "0", 7]),
+    ("messages", "discovered_at", [0, -62135596800, 253402300799.5], [None, "0", -62135596801, 253402300800]),
+    ("messages", "sent_at", [None, 1.5], ["now", 253402300800, -62135596801]),
+    ("messages", "subject", [None, "hi"], [7, b"hi"]),
+    ("messages", "archive_path", [None, "archive/Ann/x"], ["archive", "failed/Ann/x", "../archive/x", 7]),
+    ("messages", "failed_path", [None, "failed/Ann/x"], ["failed", "archive/Ann/x", 7]),
+    ("messages", "max_retries", [None, 0], [-1, "2"]),
+    ("events", "sender", [None, "Ann"], ["a b", 7]),
+    ("events", "message_id", [None, GOOD_ID], ["x", 7]),
+    ("sheds", "recipient", ["*", "Ben"], ["**", "a b", None]),
+    ("sheds", "reason", ["body_size", "per_pair_rate", "queue_limit", "recipient_archived"], ["other", None, 7]),
+    ("sheds", "limit_value", [None, 3, 2.5], ["3"]),
+    ("commands", "id", ["a", "x" * 200, "a b"], ["", "x" * 201, "a\nb", "a\x7fb", "a\x1fb", None, 7]),
+    ("commands", "verb", ["retry", "expire", "ping", "archive-agent"], ["release", None]),
+    ("commands", "arguments", ["{}"], ["[]", None, "{"]),
+    ("attestations", "foreign_keys", [0, 1], [2, None]),
+    ("attestations", "mode", ["daemon", "once"], ["both"]),
+    ("attestations", "synchronous", ["OFF", "NORMAL", "FULL", "EXTRA", "?"], ["off", None]),
+    ("agent_registry", "state", ["active", "inactive"], ["gone", None]),
+    ("agent_registry", "spawned_by", [None, "Ann"], ["a b"]),
+    ("agent_registry", "spawn_id", [None, GOOD_ID], ["x"]),
+    ("team_state", "key", ["a", "A1._:/-x", "a" * 128], ["", "-a", "a" * 129, "a b", None]),
+    ("team_state", "value", [None, ""], [7]),
+    ("team_state", "version", [0, 3], [-1, None, "1"]),
+    ("team_state", "updated_by", ["Ann"], [None, 7]),
+    ("checkpoints", "head", [HEX], [HEX[:-1], HEX.upper(), None, 7]),
+    ("bounces", "recipients", ['["Ben"]', "[]"], [None, '["Ben", 2]', "{}"]),
+])
+def test_each_column_check_takes_each_value_it_allows_and_names_each_other(table, column, good, bad):
+    for v in good:
+        assert unreadable({column: v}, table) is None, v
+    for v in bad:
+        assert unreadable({column: v}, table) == (column, v), v
+
+
+def test_a_needed_column_that_is_null_is_unreadable_and_only_a_needed_one():
+    from relay.ledger.rows import every_unreadable
+    row = {"sent_at": None, "subject": None, "retries": -1}
+    assert unreadable({"sent_at": None, "subject": None}, need=("subject",)) == ("subject", None)
+    assert unreadable({"sent_at": None, "subject": None}, need=("kind",)) is None
+    assert unreadable({"sent_at": None, "retries": -1}, need=("kind",)) == ("retries", -1)
+    assert every_unreadable(row) == [("retries", -1)]
+    assert every_unreadable(row, need=("subject",)) == [("subject", None), ("retries", -1)]
+    assert every_unreadable({"sent_at": 1.0, "retries": 0}, need=("subject",)) == []
+    bad = BadRow.of(row, need=("subject",))
+    assert bad.columns == (("subject", None), ("retries", -1))
+
+
+def test_a_needed_column_holding_a_value_and_a_column_no_check_knows_are_readable():
+    from relay.ledger.rows import every_unreadable
+    assert unreadable({"subject": "hi", "origin": object()}, need=("subject",)) is None
+    assert unreadable({"origin": None}, need=("subject",)) is None
+    assert every_unreadable({"subject": "hi", "origin": object()}, need=("subject",)) == []
+    assert every_unreadable({"subject": "hi", "kind": None}, need=("subject", "kind")) == [("kind", None)]

@@ -363,3 +363,92 @@ def test_a_bounce_of_a_message_never_resolved_names_the_recipients_written_but_e
     r.drain()
     said = {b["subject"]: b["headers"]["failed_recipients"] for b in bounces(project, "Ann")}
     assert said == {"Undelivered: lost": ["Zed"], "Undelivered: big": ["Ben", "Cy"]}
+
+
+def test_a_message_too_large_to_read_bounces_naming_everyone_it_was_shed_for(project):
+    r = project.relay(max_body_bytes=100)
+    project.drop("Ann", "huge", "TO: Ben\nSUBJECT: big\n\n" + "x" * 300_000)
+    assert r.drain().failed == 1
+    [b] = bounces(project, "Ann")
+    assert b["headers"]["failed_recipients"] == ["*"]
+    assert "the file is 300022 bytes, over max_body_bytes (100) plus room for headers" in b["headers"]["reason"]
+
+
+@pytest.mark.parametrize("window, quiet_at, again_at", [("1h", 601, 3601), ("30s", 29, 31)])
+def test_a_load_shed_stays_quiet_for_the_pair_window_configured_not_the_default(project, clock, window, quiet_at,
+                                                                                   again_at):
+    r = project.relay(pair_rate=1, pair_window=window)
+    project.drop("Ann", "m0", "TO: Ben\n\nm0")
+    project.drop("Ann", "m1", "TO: Ben\n\nm1")
+    r.drain()
+    assert len(bounces(project, "Ann")) == 1
+    clock.advance(quiet_at)
+    project.drop("Ann", "m2", "TO: Ben\n\nm2")
+    project.drop("Ann", "m3", "TO: Ben\n\nm3")
+    r.drain()
+    assert len(bounces(project, "Ann")) == 1            # shed within the window: no bounce
+    clock.advance(again_at - quiet_at)
+    project.drop("Ann", "m4", "TO: Ben\n\nm4")
+    project.drop("Ann", "m5", "TO: Ben\n\nm5")
+    r.drain()
+    assert len(bounces(project, "Ann")) == 2            # the window over: bounced again
+
+
+def test_a_shed_of_an_earlier_attempt_bounces_when_the_message_is_delivered_to_the_others(project, clock):
+    r = project.relay(pair_rate=1, pair_window="1h")
+    project.drop("Ann", "first", "TO: Cy\n\nfirst")
+    r.drain()
+    switch = failing_create(r, OSError(errno.EACCES, "Permission denied"), when=lambda rel: rel.startswith("inbox/Ben/"))
+    project.drop("Ann", "second", "TO: Ben, Cy\nSUBJECT: two\n\nsecond")
+    r.hint("file", "Ann", "second")
+    r.step()
+    [row] = [x for x in r.history.audit() if x["name"] == "second"]
+    assert row["status"] == "pending" and bounces(project, "Ann") == []       # Cy shed, Ben tried again
+    switch["on"] = False
+    clock.advance(60)
+    r.drain()
+    assert r.history.get(row["id"])["status"] == "archived"
+    assert [e["body"] for e in project.inbox("Ben")] == ["second"]
+    [b] = bounces(project, "Ann")
+    assert b["headers"]["failed_recipients"] == ["Cy"] and b["headers"]["bounce_of"] == row["id"]
+    [report] = [p for p in project.files("failed") if p.name.endswith(".shed.json")]   # Cy's shed still said
+    assert report.name == f"{row['id']}--second.shed.json"
+    assert [s["recipient"] for s in json.loads(report.read_text())["shed"]] == ["Cy"]
+
+
+def test_a_message_delivered_but_not_yet_archived_bounces_its_sheds_at_once(project, clock, monkeypatch):
+    r = project.relay(pair_rate=1, pair_window="1h")
+    project.drop("Ann", "first", "TO: Cy\n\nfirst")
+    r.drain()
+    real = r.archive.store
+
+    def full(src, rel):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(r.archive, "store", full)
+    project.drop("Ann", "second", "TO: Ben, Cy\nSUBJECT: two\n\nsecond")
+    r.hint("file", "Ann", "second")
+    r.step()
+    r.step()
+    [row] = [x for x in r.history.audit() if x["name"] == "second"]
+    assert row["status"] == "delivered"
+    [b] = bounces(project, "Ann")
+    assert b["headers"]["failed_recipients"] == ["Cy"] and b["headers"]["bounce_of"] == row["id"]
+    monkeypatch.setattr(r.archive, "store", real)
+    clock.advance(60)
+    r.drain()
+    assert r.history.get(row["id"])["status"] == "archived" and len(bounces(project, "Ann")) == 1
+
+
+def test_a_queue_limit_shed_stays_quiet_ten_minutes_when_no_pair_window_is_set(project, clock):
+    r = project.relay(queue_limit=1, pair_window="0s")
+    project.drop("Ann", "m0", "TO: Ben\n\nm0")
+    r.drain()
+    assert [e["body"] for e in project.inbox("Ben")] == ["m0"]
+    for i, (at, owed) in enumerate([(0, 1), (599, 1), (2, 2)], start=1):
+        clock.advance(at)
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nm{i}")
+        r.hint("file", "Ann", f"m{i}")
+        r.drain()
+        assert len(bounces(project, "Ann")) == owed, i
+    assert [e["body"] for e in project.inbox("Ben")] == ["m0"]

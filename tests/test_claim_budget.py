@@ -225,3 +225,26 @@ def test_a_step_that_fails_on_the_ledger_does_not_spend_the_claim_budget(project
     [row] = relay.history.audit()
     assert (row["status"], row["interrupted"]) == ("archived", 0)
     assert [m["body"] for m in project.inbox("Ben")] == ["x"]
+
+
+def test_a_message_past_its_claim_budget_whose_file_cannot_be_quarantined_goes_back_to_pending(
+        project, monkeypatch, caplog):
+    import errno
+    project.drop("Ann", "m", "TO: Ben, Cy\n\nthe poison")
+    for n in range(3):
+        crash_mid_batch(project, max_retries=3)
+        relay, r = row(project, max_retries=3)
+        if n < 2:                           # the first two stops: back to pending, as the test above shows
+            relay.recover()
+            relay.close()
+            project.relays.remove(relay)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(relay.archive, "quarantine", full)
+    relay.recover()
+    r = relay.history.get(r["id"])
+    assert r["status"] == "pending" and r["failed_path"] is None
+    assert f"{r['id']}: cannot quarantine its file" in caplog.text and "back to pending" in caplog.text
+    assert not list((project.state / "failed").rglob("*--m"))

@@ -672,3 +672,92 @@ def test_a_message_without_a_subject_is_named_as_having_none_in_the_context_and_
     reason = hook(mail, "Stop", session="two")["reason"]
     for shown in (text, reason):
         assert f"{mid} from Alice: (no subject)" in shown, repr(shown)
+
+
+@pytest.mark.parametrize("text", ["[]", '["hook_event_name"]', '"Stop"', "5", "null", "{}", '{"hook_event_name": 3}'])
+def test_hook_input_that_is_no_object_naming_its_event_is_a_bad_event(text):
+    with pytest.raises(claude_hooks.BadEvent) as e:
+        claude_hooks.event_of(text)
+    assert str(e.value) == "the hook's input is not a Claude Code event (a JSON object with hook_event_name)"
+    with pytest.raises(claude_hooks.BadEvent, match=r"^the hook's input is not JSON \("):
+        claude_hooks.event_of("{")
+    assert claude_hooks.event_of('{"hook_event_name": "Stop"}') == {"hook_event_name": "Stop"}
+
+
+def test_the_project_is_found_from_the_events_cwd_else_claude_project_dir_else_here(tmp_path, monkeypatch):
+    cwd, project_dir, here = (tmp_path / "cwd", tmp_path / "pd", tmp_path / "here")
+    for d in (cwd, project_dir, here):
+        d.mkdir()
+    (tmp_path / "link").symlink_to(cwd, target_is_directory=True)
+    monkeypatch.chdir(here)
+    env = {"CLAUDE_PROJECT_DIR": str(project_dir)}
+    assert claude_hooks.where({"cwd": str(tmp_path / "link")}, env) == str(cwd)
+    for odd in (5, ["x"], "", "a\0b", None):
+        assert claude_hooks.where({"cwd": odd}, env) == str(project_dir), odd
+        assert claude_hooks.where({"cwd": odd}, {"CLAUDE_PROJECT_DIR": odd}) == str(here), odd
+
+
+@pytest.mark.parametrize("field", ["session_id", "agent_id"])
+def test_a_session_or_agent_id_of_256_characters_is_kept_and_of_257_refused(field):
+    other = {"session_id": "s"} if field == "agent_id" else {}
+    key = claude_hooks.session_key({"hook_event_name": "Stop", field: "x" * 256, **other})
+    assert key == ("s/" + "x" * 256 if field == "agent_id" else "x" * 256)
+    with pytest.raises(claude_hooks.BadEvent) as e:
+        claude_hooks.session_key({"hook_event_name": "Stop", field: "x" * 257, **other})
+    assert str(e.value) == (f"the event's {field} is 257 characters, more than 256; relay keeps no session by so "
+                            "long a name")
+
+
+def test_hooks_log_is_started_again_only_once_past_a_mebibyte_the_old_one_kept(team):
+    log, old = team.state / "hooks.log", team.state / "hooks.log.1"
+    stop = {"hook_event_name": "Stop", "cwd": str(team.root)}
+    log.write_bytes(b"x" * claude_hooks.LOG_MAX)                    # exactly the limit: appended to
+    assert claude_hooks.note("first", stop, {}) == str(log)
+    assert not old.exists() and log.stat().st_size > claude_hooks.LOG_MAX
+    assert log.read_bytes().endswith(b" Stop first\n")
+    size = log.stat().st_size
+    assert claude_hooks.note("second", [], {"CLAUDE_PROJECT_DIR": str(team.root)}, "the trace\n") == str(log)
+    assert old.stat().st_size == size                                # past it: kept as hooks.log.1
+    [line, trace] = log.read_text().splitlines()
+    assert line.endswith(" - second") and trace == "the trace"       # an event that is no object: "-"
+
+
+def test_a_headline_names_id_sender_and_subject_cut_at_200_and_says_what_is_missing():
+    from relay.agent.api import Received
+    m = Received.of({"id": "m-1", "from": "Alice", "subject": "s" * 200}, "new", "/x/m-1.json")
+    assert claude_hooks.headline(m) == "- m-1 from Alice: " + "s" * 200
+    m = Received.of({"id": "m-1", "from": "Alice", "subject": "s" * 200 + "TAIL"}, "new", "/x/m-1.json")
+    assert claude_hooks.headline(m) == "- m-1 from Alice: " + "s" * 200
+    assert claude_hooks.headline(Received.of({"id": "m-2"}, "new", "/x/m-2.json")) == "- m-2 from ?: (no subject)"
+    bad = Received.of({"id": "m-3", "error": "e" * 250, "subject": "hidden"}, "new", "/x/m-3.json")
+    assert claude_hooks.headline(bad) == "- m-3: unreadable (" + "e" * 200 + ")"
+
+
+def test_a_message_with_no_body_is_told_by_its_headline_alone(mail):
+    empty = mail.send("Alice", "Bob", "", subject="ping")
+    full = mail.send("Alice", "Bob", "the text", subject="pong")
+    lines = context(hook(mail, "UserPromptSubmit"), "UserPromptSubmit").splitlines()
+    at = lines.index(f"- {empty} from Alice: ping")
+    assert lines[at + 1:at + 3] == [f"- {full} from Alice: pong", "    the text"]
+
+
+def test_install_and_uninstall_say_what_they_did_for_whom_and_where_in_exact_words(team, monkeypatch):
+    monkeypatch.delenv("RELAY_AGENT", raising=False)
+    shared, local = team.root / claude_settings.SHARED, team.root / claude_settings.LOCAL
+    said = lambda *args: team("hook", *args).stdout      # noqa: E731
+    who = "each session's RELAY_AGENT"
+    assert said("install", "claude", "--shared") == f"installed relay's Claude Code hooks for {who} in {shared}\n"
+    assert said("install", "claude", "--shared") == f"relay's Claude Code hooks for {who} in {shared} are up to date\n"
+    assert said("install", "claude", "--agent", "Bob") == f"installed relay's Claude Code hooks for Bob in {local}\n"
+    doc = settings(team)
+    first = next(iter(doc["hooks"]))
+    doc["hooks"][first].pop()                   # one of relay's hooks taken out by hand: put back
+    local.write_text(json.dumps(doc))
+    assert said("install", "claude", "--agent", "Bob") == f"updated relay's Claude Code hooks for Bob in {local}\n"
+    doc = settings(team)
+    doc["hooks"] = {"Stop": doc["hooks"]["Stop"]}       # relay's Stop hook alone left
+    local.write_text(json.dumps(doc))
+    assert said("uninstall", "claude", "--agent", "Bob") == f"took 1 relay hook for Bob out of {local}\n"
+    assert said("uninstall", "claude", "--agent", "Bob") == f"no relay hook for Bob in {local}\n"
+    assert said("uninstall", "claude", "--shared") == f"took 5 relay hooks out of {shared}\n"
+    assert said("uninstall", "claude", "--shared") == f"no relay hook in {shared}\n"

@@ -692,3 +692,103 @@ def test_inbox_wait_with_all_or_recent_lists_the_read_messages_too_once_mail_is_
     assert subjects() == ["second"]
     assert sorted(subjects("--all")) == ["first", "second"]
     assert sorted(subjects("--recent", "1")) == ["first", "second"]
+
+
+def test_demo_without_a_bounce_says_none_and_keep_leaves_the_project_it_names(tmp_path):
+    import shutil
+    src = tmp_path / "outboxes"
+    for agent in ("Ann", "Ben"):
+        (src / agent).mkdir(parents=True)
+    (src / "Ann" / "hello.txt").write_text("TO: Ben\nSUBJECT: hi there\n\nhello Ben")
+    r = CliRunner().invoke(main, ["demo", str(src), "--keep"])
+    assert r.exit_code == 0, r.output
+    assert "relayed 1 message(s) from 2 agents; 0 quarantined\n" in r.output and "bounce" not in r.output
+    assert "inbox/Ben/new: 1 message(s)\n  from Ann      [message] hi there" in r.output
+    assert "inbox/Ann/new: 0 message(s)" in r.output and "quarantined:" not in r.output
+    kept = re.search(r"\nproject kept at (\S+)\n\Z", r.output)
+    assert kept and Path(kept.group(1)).is_dir()
+    assert len(list(Path(kept.group(1)).rglob("*.json"))) >= 1     # the delivered copy, still there
+    shutil.rmtree(kept.group(1))
+    r = CliRunner().invoke(main, ["demo", str(src)])
+    assert r.exit_code == 0 and "project kept" not in r.output
+
+
+def test_sweep_with_a_retention_of_0_keeps_everything_unless_older_than_says_otherwise_even_0s(cli, monkeypatch):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    drop(cli, "Ann", "m", "TO: Ben\n\nx")
+    cli("run", "--once", "-q")
+    monkeypatch.setenv("RELAY_RETENTION", "0")
+    for args in ((), ("--dry-run",), ("--json",)):
+        r = cli("sweep", *args)
+        assert r.stdout == "retention is 0 (keep forever): nothing to sweep\n", args
+    assert len(list((cli.state / "archive").rglob("*--m"))) == 1
+    r = cli("sweep", "--older-than", "0", "--dry-run", "--json")
+    doc = json.loads(r.stdout)
+    assert (doc["dry_run"], doc["archived"], doc["failed"], len(doc["ids"])) == (True, 1, 0, 1)
+    r = cli("sweep", "--older-than", "0s")
+    assert r.stdout.startswith("deleted 1 archived and 0 failed message(s) older than 0s from ")
+    assert list((cli.state / "archive").rglob("*--m")) == []
+
+
+def test_status_of_a_project_with_no_agent_says_none_and_exits_3_with_no_daemon(cli):
+    cli("init")
+    r = cli("status", ok=False)
+    assert r.exit_code == 3
+    lines = r.stdout.splitlines()
+    assert "agents     (none)" in lines and "daemon     not running" in lines
+    assert lines[-1] == "health     no daemon is running (relay.lock is not held)"
+    doc = json.loads(cli("status", "--json").stdout)
+    assert doc["agents"] == [] and doc["health"] == {"ok": False, "exit": 3,
+                                                      "problems": ["no daemon is running (relay.lock is not held)"]}
+
+
+def test_search_prints_each_match_on_two_lines_its_thread_and_subject_only_when_it_has_them(team):
+    plan = team("send", "--from", "Alice", "--to", "Bob,Carol", "--thread", "plan", "--subject", "the zebra plan",
+                "a zebra   crossing\nhere").stdout.strip()
+    bare = team("send", "--from", "Bob", "--to", "Alice", "zebra without subject").stdout.strip()
+    team("run", "--once", "-q")
+    at = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z"
+    lines = team("search", "zebra").stdout.splitlines()
+    assert len(lines) == 4
+    assert re.fullmatch(f"{bare}  {at}  Bob -> Alice", lines[0])                  # newest first, nothing trailing
+    assert lines[1] == "    **zebra** without subject"
+    assert re.fullmatch(f"{plan}  {at}  Alice -> Bob, Carol  \\[plan\\]  the zebra plan", lines[2])
+    assert lines[3] == "    a **zebra** crossing here"                           # the snippet's spaces folded
+    assert team("search", "zebra", "--from", "Alice").stdout.splitlines()[0].startswith(plan)
+    assert team("search", "nothinghere").stdout == "no messages match\n"
+    assert team("search", "nothinghere", "--json").stdout.strip() == "[]"
+    [doc] = json.loads(team("search", "zebra", "--limit", "1", "--json").stdout)
+    assert (doc["id"], doc["thread"], doc["subject"], doc["to"]) == (bare, None, None, ["Alice"])
+
+
+def test_inbox_says_no_new_messages_or_no_messages_with_all_and_its_jsonl_is_one_object_a_line(team):
+    assert team("inbox", "Bob").stdout == "no new messages for Bob\n"
+    assert team("inbox", "Bob", "--all").stdout == "no messages for Bob\n"
+    assert team("inbox", "Bob", "--jsonl").stdout == "" and team("inbox", "Bob", "--json").stdout.strip() == "[]"
+    one = team("send", "--from", "Alice", "--to", "Bob", "--subject", "first", "one").stdout.strip()
+    two = team("send", "--from", "Carol", "--to", "Bob", "--subject", "second", "two").stdout.strip()
+    team("run", "--once", "-q")
+    docs = [json.loads(line) for line in team("inbox", "Bob", "--jsonl", "--ack").stdout.splitlines()]
+    assert [(d["id"], d["subject"], d["state"]) for d in docs] == [(one, "first", "cur"), (two, "second", "cur")]
+    assert team("inbox", "Bob").stdout == "no new messages for Bob\n"          # --ack marked both read
+    assert [d["id"] for d in json.loads(team("inbox", "Bob", "--all", "--json").stdout)] == [one, two]
+    assert [json.loads(x)["state"] for x in team("inbox", "Bob", "--all", "--jsonl").stdout.splitlines()] == [
+        "cur", "cur"]
+
+
+def test_read_as_relay_agent_marks_read_only_the_agents_own_new_copy_and_refuses_a_stranger(team, monkeypatch):
+    mid = team("send", "--from", "Alice", "--to", "Bob", "--subject", "s", "hello").stdout.strip()
+    team("run", "--once", "-q")
+    monkeypatch.setenv("RELAY_AGENT", "Alice")              # its sender: shown, Bob's copy left unread
+    assert team("read", mid).stdout.startswith(f"--- message 1 of 1: {mid}")
+    monkeypatch.delenv("RELAY_AGENT")
+    assert [d["id"] for d in json.loads(team("inbox", "Bob", "--json").stdout)] == [mid]
+    monkeypatch.setenv("RELAY_AGENT", "Carol")
+    r = team("read", mid, ok=False)
+    assert r.exit_code == 1 and r.stdout == "" and r.stderr == (
+        f"relay: no message '{mid}' that Carol sent or received\n")
+    monkeypatch.setenv("RELAY_AGENT", "Bob")
+    doc = json.loads(team("read", mid, "--json").stdout)
+    assert doc["state"] == "cur" and doc["path"].endswith(f"inbox/Bob/cur/{mid}.json:2,S")
+    monkeypatch.delenv("RELAY_AGENT")
+    assert team("inbox", "Bob").stdout == "no new messages for Bob\n"

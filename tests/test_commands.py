@@ -396,3 +396,17 @@ def test_a_command_whose_recorded_result_is_unreadable_says_so_and_fails_without
         assert "command op-9: existing (first run " in r.output and "nothing changed. Its result then:" in r.output
         assert f"the recorded result is unreadable: {result!r}" in r.output
     assert len(events(cli, mid, "expired")) == 1
+
+
+@pytest.mark.parametrize("cid, ok", [("k", True), ("a b~", True), ("k" * 200, True), ("", False),
+                                     ("k" * 201, False), ("a\x7fb", False), ("a\x1fb", False), ("a\tb", False),
+                                     ("\x00", False)])
+def test_a_command_id_is_one_to_200_characters_none_of_them_a_control_or_delete(cid, ok):
+    from relay.errors import RelayError
+    from relay.operator.commands import check_id
+    if ok:
+        assert check_id(cid) == cid
+    else:
+        with pytest.raises(RelayError) as e:
+            check_id(cid)
+        assert str(e.value) == f"invalid command id {cid[:200]!r}: give 1 to 200 printable characters"

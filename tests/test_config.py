@@ -883,3 +883,117 @@ def test_a_new_relay_toml_is_written_once_and_never_where_a_relay_toml_named_the
     moved = config_mod.load(tmp_path, env={})
     assert moved.state_dir == tmp_path / ".team" and template.write(moved) is None
     assert not (tmp_path / ".team/relay.toml").exists()
+
+
+def test_the_default_agent_is_relay_agent_and_an_empty_one_is_none(monkeypatch):
+    assert config_mod.default_agent({"RELAY_AGENT": "Ann"}) == "Ann"
+    assert config_mod.default_agent({"RELAY_AGENT": ""}) is None
+    assert config_mod.default_agent({"RELAY_AGENTS": "Ann"}) is None
+    monkeypatch.setenv("RELAY_AGENT", "Ben")
+    assert config_mod.default_agent() == "Ben"
+    assert config_mod.default_agent({}) is None         # the environment given, not the process's
+
+
+@pytest.mark.parametrize("value, taken", [("debug", "DEBUG"), ("Info", "INFO"), ("WARNING", "WARNING"),
+                                          ("error", "ERROR"), ("critical", "CRITICAL")])
+def test_each_of_the_five_log_levels_is_taken_in_any_case(tmp_path, value, taken):
+    assert config_mod.load(tmp_path, env={"RELAY_LOG_LEVEL": value}).log_level == taken
+
+
+@pytest.mark.parametrize("word", ["true", "YES", " on ", "1", "True"])
+def test_each_word_for_true_turns_a_switch_on(tmp_path, word):
+    assert config_mod.load(tmp_path, env={"RELAY_ON_DELIVER_SYSTEM": word}).on_deliver_system is True
+
+
+@pytest.mark.parametrize("word", ["false", "No", " OFF ", "0", "FALSE"])
+def test_each_word_for_false_turns_a_switch_off(tmp_path, word):
+    assert config_mod.load(tmp_path, env={"RELAY_BOUNCES": word}).bounces is False
+
+
+def test_a_word_that_is_neither_true_nor_false_is_refused_for_a_switch(tmp_path):
+    with pytest.raises(ConfigError, match="'maybe' is not true or false"):
+        config_mod.load(tmp_path, env={"RELAY_BOUNCES": "maybe"})
+
+
+def test_the_root_and_state_dir_come_from_the_flags_then_the_environment_then_the_defaults(tmp_path, monkeypatch):
+    env = {"RELAY_ROOT": str(tmp_path / "env-root"), "RELAY_STATE_DIR": "env-state"}
+    assert config_mod.resolve_dirs(str(tmp_path / "flag-root"), "flag-state", env=env) == (
+        tmp_path / "flag-root", tmp_path / "flag-root" / "flag-state")
+    assert config_mod.resolve_dirs(env=env) == (tmp_path / "env-root", tmp_path / "env-root" / "env-state")
+    monkeypatch.chdir(tmp_path)
+    assert config_mod.resolve_dirs(env={}) == (tmp_path, None)
+    assert config_mod.resolve_dirs(env={"RELAY_STATE_DIR": ""}) == (tmp_path, None)
+    assert config_mod.resolve_dirs(state_dir="s", env={"RELAY_ROOT": ""}) == (tmp_path, tmp_path / "s")
+
+
+@pytest.mark.parametrize("toml, shown", [("state_dir = 5", "5"), ("state_dir = ['a']", "['a']"),
+                                         ("state_dir = true", "True")])
+def test_a_state_dir_in_relay_toml_that_is_no_text_is_refused_as_no_directory_path(tmp_path, toml, shown):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text(toml + "\n")
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, None, env={})
+    assert "bad value for 'state_dir'" in str(e.value) and f"{shown} is not a directory path" in str(e.value)
+
+
+def test_only_variables_named_relay_something_are_read_or_warned_of(tmp_path):
+    default = config_mod.load(tmp_path, env={}).settle
+    cfg = config_mod.load(tmp_path, env={"XRELAYSETTLE": "7s", "MY_APPSETTLE": "9s", "PATH": "/usr/bin",
+                                         "HOME": "/home/ann", "relay_settle": "3s"})
+    assert cfg.settle == default and cfg.warnings == () and cfg.source == "defaults"
+
+
+def test_a_variable_ending_in_a_federation_key_but_not_named_relay_federation_is_no_federation_key(tmp_path):
+    cfg = config_mod.load(tmp_path, env={"RELAY_FEDERATIONXTEAM": "t", "RELAY_ABCDEFGHIJKNODE": "n"})
+    assert cfg.federation is None
+    assert sorted(w.split(" ")[0] for w in cfg.warnings) == ["RELAY_ABCDEFGHIJKNODE", "RELAY_FEDERATIONXTEAM"]
+    assert all("names no relay configuration key" in w for w in cfg.warnings)
+
+
+def test_a_federation_variable_overrides_its_key_of_relay_toml_and_keeps_the_others(tmp_path):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text('[federation]\nteam = "acme"\nnode = "n1"\nheartbeat = "7s"\n')
+    fed = config_mod.load(tmp_path, env={"RELAY_FEDERATION_NODE": "n2"}).federation
+    assert (fed.team, fed.node, fed.heartbeat) == ("acme", "n2", 7.0)
+    fed = config_mod.load(tmp_path, env={}).federation
+    assert (fed.team, fed.node, fed.heartbeat) == ("acme", "n1", 7.0)
+
+
+@pytest.mark.parametrize("value", [[], ["notify", ""], ["notify", "a\0b"], ["notify", 5], "x\0"])
+def test_an_on_deliver_list_that_is_empty_or_holds_an_empty_a_nul_or_a_non_string_argument_is_refused(
+        tmp_path, value):
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={}, overrides={"on_deliver": value})
+    why = "a command cannot hold a NUL byte" if isinstance(value, str) else "is not a command (a string run by /bin/sh"
+    assert "bad value for 'on_deliver'" in str(e.value) and why in str(e.value)
+
+
+def test_with_the_state_dir_given_relay_toml_is_still_the_origin_of_its_other_keys(tmp_path):
+    (tmp_path / ".relay").mkdir()
+    toml = tmp_path / ".relay/relay.toml"
+    toml.write_text('state_dir = "elsewhere"\nsettle = "2s"\n')
+    origins = dict(config_mod.load(tmp_path, ".relay", env={}).origins)
+    assert origins["settle"] == f"relay.toml ({toml})" and origins["state_dir"] == "flag"
+    origins = dict(config_mod.load(tmp_path, None, env={}).origins)
+    assert origins["settle"] == origins["state_dir"] == f"relay.toml ({toml})"
+
+
+@pytest.mark.parametrize("value", ['""', "5", '"dir\\u0007"'])
+def test_a_bad_state_dir_in_relay_toml_stops_even_a_verb_that_only_looks(tmp_path, value):
+    (tmp_path / ".relay").mkdir()
+    (tmp_path / ".relay/relay.toml").write_text(f'state_dir = {value}\nsettle = "oops"\n')
+    with pytest.raises(ConfigError, match="bad value for 'state_dir' in "):
+        config_mod.load(tmp_path, None, env={}, strict=False)
+    (tmp_path / ".relay/relay.toml").write_text('settle = "oops"\n')
+    cfg = config_mod.load(tmp_path, None, env={}, strict=False)         # another bad key: a warning only
+    assert any("bad value for 'settle'" in w for w in cfg.warnings)
+
+
+@pytest.mark.parametrize("text, line", [("retention = \n", "retention ="), ("settle = 5\nsettle = 6\n", "settle = 6")])
+def test_a_toml_slip_with_no_value_or_a_valid_one_suggests_no_quoting(tmp_path, text, line):
+    (tmp_path / ".relay").mkdir()
+    toml = tmp_path / ".relay/relay.toml"
+    toml.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(tmp_path, env={})
+    assert f"line {text.count(chr(10))}: {line} is not TOML (" in str(e.value) and ": write " not in str(e.value)

@@ -496,3 +496,28 @@ def test_a_ledger_damaged_under_a_running_daemon_stops_it_with_what_to_do(projec
     relay.ledger.messages.record = damaged
     with pytest.raises(LedgerCorrupt, match="is damaged .* the archive and inboxes are intact"):
         relay.guarded_step()
+
+
+def test_each_signal_asks_the_daemon_for_its_own_thing_only_and_a_poke_is_taken_once(project, caplog):
+    """SIGHUP asks for a reload, SIGUSR1 for a look at the ledger, SIGTERM or SIGINT (the first)
+    for a stop; none asks for another's. The next turn takes a poke once and says so."""
+    project.relay().close()
+    d = Daemon(project.config(agents=["Ann"]), clock=project.clock)
+    try:
+        asked = lambda: (d.signals.reload, d.signals.poke, d.signals.stop)     # noqa: E731
+        assert asked() == (False, False, False) and not d.signals.is_set()
+        d.on_signal(signal.SIGHUP, None)
+        assert asked() == (True, False, False)
+        d.signals.reload = False
+        d.on_signal(signal.SIGUSR1, None)
+        assert asked() == (False, True, False) and not d.signals.is_set()
+        with caplog.at_level("INFO", logger="relay"):
+            d.turn()
+            d.turn()
+        assert asked() == (False, False, False) and caplog.text.count("SIGUSR1: looking at the ledger now") == 1
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            d.signals.stop = False
+            d.on_signal(sig, None)
+            assert asked() == (False, False, True) and d.signals.is_set(), sig
+    finally:
+        d.relay.close()

@@ -688,3 +688,53 @@ def test_a_word_of_the_acl_line_is_read_back_whole_by_a_shell_and_quoted_only_wh
     shown = quoted(word)
     assert shlex.split(f"ACL SETUSER n1 >{shown}") == ["ACL", "SETUSER", "n1", f">{word}"]
     assert (shown == word) is not any(c in word for c in "'\"\\")
+
+
+def test_the_acl_line_takes_a_password_given_or_makes_a_random_one_never_an_empty_one_and_saves_unless_told(cli):
+    import re
+    r = cli("federation", "acl", "n1", "--team", "acme", "--password", "p@ss/w")
+    lines = r.stdout.splitlines()
+    assert " >p@ss/w " in lines[0] and lines[1:] == ["SADD relay:{acme}:nodes n1", "ACL SAVE"]
+    assert "RELAY_FEDERATION_URL='redis://relay-acme-n1:p%40ss%2Fw@<redis-host>:6379/0'" in r.stderr
+    made = []
+    for _ in range(2):
+        r = cli("federation", "acl", "n1", "--team", "acme", "--no-save")
+        assert r.stdout.splitlines()[1:] == ["SADD relay:{acme}:nodes n1"]      # no ACL SAVE
+        [secret] = re.findall(r" >([A-Za-z0-9_-]+) ", r.stdout)
+        assert len(secret) == 32 and f":{secret}@<redis-host>" in r.stderr
+        made.append(secret)
+    assert made[0] != made[1]
+    r = cli("federation", "acl", "n1", "--team", "acme", "--password", "", ok=False)
+    assert r.exit_code == 2 and r.stdout == "" and "printable characters without spaces" in r.stderr
+
+
+def test_a_claim_names_an_agent_and_says_why_a_name_is_refused(cli):
+    for verb in (("claim-grant",), ("claim-free",)):
+        for name, why in (("../x", "'../x' is not an agent name"),
+                          ("system", "'system' is not an agent name (System is relay's own)")):
+            args = (*verb, name, *(("n1",) if verb == ("claim-grant",) else ()), "--team", "acme")
+            r = cli("federation", *args, ok=False)
+            assert r.exit_code == 2 and r.stderr.splitlines()[-1] == f"relay: Invalid value for NAME: {why}", args
+
+
+def test_a_repeated_error_is_counted_aloud_exactly_a_minute_after_it_was_said_and_its_end_said_as_given():
+    from relay.federation.conditions import Condition
+    lines, now = [], [0.0]
+
+    class Log:
+        def error(self, fmt, *args):
+            lines.append(fmt % args)
+
+        def info(self, fmt, *args):
+            lines.append(fmt % args)
+
+    down = Condition(Log(), "federation: down", over="federation: back", clock=lambda: now[0])
+    for t in (0.0, 10.0, 59.999, 60.0, 119.999, 120.0):
+        now[0] = t
+        down.report("refused")
+    assert lines == ["federation: down: refused",
+                     "federation: down: refused (again 3 times in the last 60s)",
+                     "federation: down: refused (again 2 times in the last 60s)"]
+    down.clear()
+    down.clear()
+    assert lines[3:] == ["federation: back (it was: refused)"]

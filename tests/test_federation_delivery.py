@@ -1695,3 +1695,93 @@ def test_the_envelope_an_inbox_gets_from_another_node_keeps_every_field_the_send
         assert got[key] == sent[key], key
     assert got["node"] == "n1" and got["content_type"] == "text/plain" and "cwd" not in got
     assert orjson.loads(item["headers"]) == {"x-team": "blue"}
+
+
+@pytest.mark.parametrize("fields, why", [
+    (lambda c: entry(envelope(c), id=None), "'None' is not a relay message id"),
+    (lambda c: entry(envelope(c), id=""), "'' is not a relay message id"),
+    (lambda c: entry(envelope(c), id="not-an-id"), "'not-an-id' is not a relay message id"),
+    (lambda c: entry(envelope(c), v="1"), "not a relay entry of version 2 (v=1)"),
+    (lambda c: entry(envelope(c), v=None), "not a relay entry of version 2 (v=None)"),
+    (lambda c: {**entry(envelope(c)), "env": orjson.dumps(envelope(c)).decode()},
+     "the envelope is missing or larger than this node accepts"),
+    (lambda c: {k: v for k, v in entry(envelope(c)).items() if k != "env"},
+     "the envelope is missing or larger than this node accepts"),
+    (lambda c: {**entry(envelope(c)), "env": orjson.dumps(envelope(c)).ljust(6 * 1024 + (2 << 20) + 1)},
+     "the envelope is missing or larger than this node accepts (2103296 bytes)"),
+    (lambda c: {**entry(envelope(c)), "env": b"[1]"}, "the envelope is not an object with the entry's message id"),
+    (lambda c: {**entry(envelope(c)), "env": orjson.dumps(envelope(c, id="01M8NY4DA9BNVZQW02BT7NGYD2"))},
+     "the envelope is not an object with the entry's message id"),
+    (lambda c: {k: v for k, v in entry(envelope(c)).items() if k != "to"}, "the recipients are not a list"),
+    (lambda c: entry(envelope(c), to=("Bob", 7)), "the recipients are not a list of agent names"),
+    (lambda c: {**entry(envelope(c)), "to": b'{"Bob": 1}'}, "the recipients are not a list of agent names"),
+    (lambda c: {**entry(envelope(c)), "to": b'"Bob"'}, "the recipients are not a list of agent names"),
+    (lambda c: entry(envelope(c, **{"from": 7})), "the sender '7' is not an agent name"),
+    (lambda c: entry(envelope(c, **{"from": "a b"})), "the sender 'a b' is not an agent name"),
+    (lambda c: entry(envelope(c, **{"from": "System"})), "the sender: "),
+    (lambda c: entry(envelope(c, kind="bounce")), "kind 'bounce' is relay's own: only System sends it"),
+    (lambda c: entry(envelope(c, sha256=None)), "the envelope has no sha256 of the original"),
+    (lambda c: entry(envelope(c, sha256="A" * 64)), "the envelope has no sha256 of the original"),
+    (lambda c: entry(envelope(c, sha256="a" * 63)), "the envelope has no sha256 of the original"),
+    (lambda c: entry(envelope(c, subject=7)), "'subject' is not text"),
+    (lambda c: entry(envelope(c, source=["x"])), "'source' is not text"),
+    (lambda c: entry(envelope(c, cwd="../../elsewhere")), "CWD '../../elsewhere' is outside this node's project root"),
+])
+def test_an_entry_wrong_in_one_more_way_is_refused_saying_which(reader_config, clock, fields, why):
+    from relay.errors import MessageRefused
+    from relay.federation.entries import read_entry
+    with pytest.raises(MessageRefused) as e:
+        read_entry("n1", "1-0", fields(clock), {"Bob"}, reader_config)
+    assert str(e.value).startswith(why), str(e.value)
+
+
+def test_an_entry_read_keeps_a_null_subject_a_cwd_inside_the_root_and_only_names_or_star_in_to(reader_config, clock):
+    from relay.federation.entries import read_entry
+    sent = envelope(clock, subject=None, cwd="sub/dir", to=["Bob", "*", 7, "a b", "Cy"])
+    w, item = read_entry("n1", "1-0", {k.encode(): v for k, v in entry(sent).items()}, {"Bob"}, reader_config)
+    got = orjson.loads(w.envelope)
+    assert got["to"] == ["Bob", "*", "Cy"] and got["cwd"] == "sub/dir" and item["subject"] is None
+    assert orjson.loads(item["headers"]) == {}
+    padded = entry(envelope(clock))       # an envelope of exactly the limit (6 x 1 KiB of body, 2 MiB more) is read
+    padded["env"] = padded["env"].ljust(6 * 1024 + (2 << 20))
+    assert read_entry("n1", "1-0", padded, {"Bob"}, reader_config)[1]["body"] == "ok"
+
+
+@pytest.mark.parametrize("source, name", [("", "remote"), (None, "remote"), (".", "remote"), ("..", "remote"),
+                                          ("a/b", "a_b"), ("...", "..."), ("msg.md", "msg.md")])
+def test_a_received_messages_name_is_its_source_as_a_plain_name_or_remote(source, name):
+    from relay.federation.entries import source_name
+    assert source_name(source) == name
+
+
+def test_an_envelope_without_to_or_headers_is_read_with_none_of_either(reader_config, clock):
+    from relay.federation.entries import read_entry
+    sent = {k: v for k, v in envelope(clock).items() if k not in ("to", "headers")}
+    w, item = read_entry("n1", "1-0", entry(sent), {"Bob"}, reader_config)
+    got = orjson.loads(w.envelope)
+    assert got["to"] == [] and got["headers"] is None and item["headers"] == "{}" and item["recipients"] == ["Bob"]
+
+
+@pytest.mark.parametrize("to, local", [(("Zed",), {"Bob"}), (("System",), {"Bob", "System"}),
+                                       (("Zed", "Cy"), {"Bob", "Ann"})])
+def test_an_entry_for_none_of_this_nodes_agents_is_refused_naming_them(reader_config, clock, to, local):
+    from relay.errors import MessageRefused
+    from relay.federation.entries import read_entry
+    with pytest.raises(MessageRefused) as e:
+        read_entry("n1", "1-0", entry(envelope(clock), to=to), local, reader_config)
+    assert str(e.value) == f"none of {', '.join(to)} is an agent of node n2"
+
+
+def test_an_envelopes_fields_besides_its_body_are_read_up_to_max_header_bytes_exactly(reader_config, clock):
+    from relay.core.message import MAX_HEADER_BYTES
+    from relay.errors import MessageRefused
+    from relay.federation.entries import read_entry
+    sent = envelope(clock, subject="", body="b" * 1000)          # the body counts for nothing here
+    pad = MAX_HEADER_BYTES - len(orjson.dumps({k: v for k, v in sent.items() if k != "body"}))
+    at_limit = {**sent, "subject": "s" * pad}
+    assert read_entry("n1", "1-0", entry(at_limit), {"Bob"}, reader_config)[1]["subject"] == "s" * pad
+    over = {**sent, "subject": "s" * (pad + 1)}
+    with pytest.raises(MessageRefused) as e:
+        read_entry("n1", "1-0", entry(over), {"Bob"}, reader_config)
+    assert str(e.value) == (f"the envelope holds {MAX_HEADER_BYTES + 1} bytes besides its body, over the "
+                            f"{MAX_HEADER_BYTES} a message's headers may take")

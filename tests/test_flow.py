@@ -738,3 +738,82 @@ def test_a_backlog_written_slowly_while_no_relay_ran_is_counted_at_the_times_it_
     total = relay.drain()
     assert sorted(e["body"] for e in project.inbox("Ben")) == ["old0", "old1", "old2"]
     assert [e["body"] for e in project.inbox("Cy")] == ["new0"] and total.shed == 2
+
+
+def test_what_a_too_large_message_says_is_read_from_its_first_bytes_and_its_body_cut_short():
+    from relay.core.oversize import said
+    m = said(b"\xef\xbb\xbfTO: Ben, Cy\nSUBJECT: s\n\n" + "é".encode() * 200, "big", 101)
+    assert (m.to, m.subject, m.body) == (("Ben", "Cy"), "s", "é" * 50)     # 101 bytes cut between characters
+    assert said(b"TO: Ben\n\n" + b"x" * 9000, "big", 100_000).body == "x" * 4096
+    assert said(b"TO: Ben\n\n" + b"x" * 9000, "big", 0).body == ""
+    doc = {"to": ["Ben"], "kind": "review", "subject": "s", "body": "y" * 300}
+    m = said(json.dumps(doc).encode(), "big", 100)
+    assert (m.to, m.kind, m.subject, m.body) == (("Ben",), "review", "s", "y" * 100)
+    assert said(json.dumps({"to": "Ben", "subject": "s"}).encode(), "big", 100).body == ""
+
+
+@pytest.mark.parametrize("data, whole", [
+    (b"TO: Ben\nSUBJECT: \xff\xfe\n\nx", True),             # not UTF-8 in its headers
+    (b"TO: Ben\nSUBJECT: s", True),                         # no blank line after the headers
+    (b'{"to": "Ben", "body": "x"', True),                  # JSON that does not parse
+    (b'{"to": "Ben", "body": "x"}', False),                # JSON read only in part: its fields may follow
+    (b"SUBJECT: s\n\nx", True),                             # no recipient: no message relay reads
+])
+def test_a_too_large_message_whose_first_bytes_are_no_message_says_nothing(data, whole):
+    from relay.core.oversize import said
+    assert said(data, "big", 100, whole=whole) is None
+
+
+def test_a_window_of_no_time_is_shown_in_seconds_and_a_body_size_shed_keeps_the_sentence_given():
+    from relay.core.flow import body_size, seconds
+    assert seconds(0) == "0s" and seconds(86400 * 2) == "2d" and seconds(7200) == "2h"
+    sheds = body_size(100, 150, ("Ben", "Broadcast", "*"), text="the file grew while relay read it")
+    assert list(sheds) == ["Ben", "*"] and {s.text for s in sheds.values()} == {"the file grew while relay read it"}
+    assert body_size(100, 150, ())["*"].text == "the body is 150 bytes, over max_body_bytes (100)"
+
+
+@pytest.mark.parametrize("values", [{"pair_window": "0s"}, {"pair_rate": 0}])
+def test_a_pair_window_or_pair_rate_of_0_turns_the_pair_limit_off(project, values):
+    relay = project.relay(**{"pair_rate": 1, "pair_window": "10m", **values})
+    for i in range(4):
+        project.drop("Ann", f"m{i}", f"TO: Ben\n\nm{i}")
+    counts = relay.drain()
+    assert (counts.archived, counts.shed) == (4, 0)
+    assert sorted(e["body"] for e in project.inbox("Ben")) == ["m0", "m1", "m2", "m3"]
+
+
+@pytest.mark.parametrize("sent_at, counted", [(90.0, 90.0), (150.0, 100.0), (None, 100.0), (float("nan"), 100.0),
+                                              ("90", 100.0), (90, 90)])
+def test_a_message_counts_as_written_at_its_files_time_unless_that_is_in_the_future_or_unknown(sent_at, counted):
+    from relay.core.flow import written
+    assert written(sent_at, 100.0) == counted
+
+
+def test_a_message_shed_for_everyone_unread_is_said_shed_for_every_recipient():
+    from relay.core.flow import body_size, summary
+    sheds = body_size(100, 300_000, text="the file is 300000 bytes")
+    assert summary(sheds) == "shed for every recipient (body_size: the file is 300000 bytes)"
+    assert summary(sheds, everyone=False) == "shed for * (body_size: the file is 300000 bytes)"
+    assert summary(body_size(100, 150, ("Ben",), text="big")) == "shed for Ben (body_size: big)"
+
+
+def test_the_queue_limit_counts_only_envelopes_relay_writes_in_new(project, clock):
+    relay = project.relay(queue_limit=2, pair_rate=0)
+    project.drop("Ann", "m0", "TO: Ben\n\nm0")
+    relay.drain()
+    new = project.state / "inbox" / "Ben" / "new"
+    other = "01JAAAAAAAAAAAAAAAAAAAAAAA"
+    (new / f"{other}.txt!").write_text("{}")            # an id, but not .json
+    (new / "not-an-id.json").write_text("{}")            # .json, but no id
+    (new / "01JBBBBBBBBBBBBBBBBBBBBBBB.json").mkdir()    # an envelope's name, but a directory
+    os.symlink(new / "not-an-id.json", new / "01JCCCCCCCCCCCCCCCCCCCCCCC.json")    # a link
+    clock.advance(600)
+    project.drop("Ann", "m1", "TO: Ben\n\nm1")
+    relay.hint("file", "Ann", "m1")
+    assert relay.drain().shed == 0
+    project.drop("Ann", "m2", "TO: Ben\n\nm2")
+    relay.hint("file", "Ann", "m2")
+    assert relay.drain().shed == 1
+    assert {r["name"]: r["status"] for r in relay.history.audit() if r["sender"] == "Ann"} == {
+        "m0": "archived", "m1": "archived", "m2": "failed"}
+    assert sheds(relay, named(relay)["m2"]) == [("Ben", "queue_limit", 2, 2, "Ann")]     # the planted ones not held

@@ -317,3 +317,91 @@ def test_a_file_name_is_kept_whole_up_to_216_bytes_and_cut_between_characters_pa
     assert fit("n" + "é" * 108) == "n" + "é" * 107
     assert valid_id("01JAAAAAAAAAAAAAAAAAAAAAAA") and not valid_id("01JAAAAAAAAAAAAAAAAAAAAAA")
     assert not valid_id("01jaaaaaaaaaaaaaaaaaaaaaaa") and not valid_id("01JAAAAAAAAAAAAAAAAAAAAAAU")
+
+
+@pytest.mark.parametrize("rel", ["a/..", "a/.", "a/", "..", ".", "", "a//b", "a/b\0c"])
+def test_a_path_that_names_no_file_inside_the_state_directory_is_refused_saying_so(tmp_path, rel):
+    from relay.files.fs import Unsafe
+    fs = StateDir(tmp_path)
+    try:
+        with pytest.raises(Unsafe, match="is not a path inside the state directory") as e:
+            fs.create(rel, make_parents=True)
+        assert e.value.errno == errno.EINVAL
+    finally:
+        fs.close()
+    assert list(tmp_path.iterdir()) == []         # refused before any directory on its way is made
+
+
+def test_a_name_is_shown_with_its_backslashes_doubled_and_its_undecodable_bytes_and_controls_escaped():
+    from relay.files.fs import shown
+    assert shown("a\\x41") == "a\\\\x41"              # not to be read as the escape of 'A'
+    assert shown("tab\there") == "tab\\x09here" and shown("nl\n") == "nl\\x0a"
+    assert shown(b"caf\xe9") == shown(os.fsdecode(b"caf\xe9")) != "caf\xe9"
+    assert shown("plain name-1.txt") == "plain name-1.txt"
+
+
+def test_put_without_a_sync_still_writes_the_whole_file_in_place_of_the_old_and_leaves_no_temporary(tmp_path):
+    fs = StateDir(tmp_path)
+    try:
+        fs.put("d/f", b"first", fsync=False)
+        fs.put("d/f", b"second", fsync=False)
+    finally:
+        fs.close()
+    assert (tmp_path / "d" / "f").read_bytes() == b"second" and os.listdir(tmp_path / "d") == ["f"]
+
+
+@pytest.mark.parametrize("planted", ["link", "file"])
+def test_a_directory_on_the_way_that_is_a_link_or_a_file_is_refused_as_unsafe_naming_it(tmp_path, planted):
+    from relay.files.fs import Unsafe
+    state = tmp_path / "state"
+    state.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    if planted == "link":
+        (state / "d").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    else:
+        (state / "d").write_text("a file where a directory goes")
+    fs = StateDir(state)
+    try:
+        for op in (lambda: fs.create("d/f", make_parents=True), lambda: fs.open_read("d/f")):
+            with pytest.raises(Unsafe) as e:
+                op()
+            assert e.value.strerror == ("d is a symbolic link or not a directory; relay never follows links under its "
+                                        "state directory")
+    finally:
+        fs.close()
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_replace_file_makes_a_file_not_there_yet_with_the_umasks_mode(tmp_path):
+    from relay.files.fs import replace_file
+    old = os.umask(0o027)
+    try:
+        replace_file(tmp_path / "page.html", b"<p>new</p>", fsync=lambda fd: None)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "page.html").read_bytes() == b"<p>new</p>"
+    assert (tmp_path / "page.html").stat().st_mode & 0o777 == 0o640 and os.listdir(tmp_path) == ["page.html"]
+
+
+@pytest.mark.parametrize("parts", [("a/b", "c"), ("a", ""), ("a", ".."), ("a", "b\0")])
+def test_path_parts_given_apart_are_each_checked(parts):
+    from relay.files.fs import Unsafe, split
+    with pytest.raises(Unsafe, match="is not a path inside the state directory"):
+        split(parts)
+    assert split(("a", "b")) == ["a", "b"]
+
+
+def test_a_read_without_a_limit_reads_the_whole_file_and_a_directory_or_fifo_is_refused(tmp_path):
+    from relay.files.fs import Unsafe
+    (tmp_path / "big").write_bytes(b"x" * (3 << 20))
+    (tmp_path / "d").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    fs = StateDir(tmp_path)
+    try:
+        assert fs.read("big") == b"x" * (3 << 20)
+        for rel in ("d", "fifo"):
+            with pytest.raises(Unsafe) as e:
+                fs.read(rel)
+            assert e.value.strerror == f"{rel} is not a regular file"
+    finally:
+        fs.close()

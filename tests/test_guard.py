@@ -308,3 +308,90 @@ def test_inside_keeps_the_paths_below_the_root_relative_to_it(tmp_path):
              str(tmp_path / "link" / "src/b.py")]
     assert guard_mod.inside(root, paths) == ["src/a.py", ".", "..pkg/y"]
     assert guard_mod.inside(tmp_path / "link", paths) == ["src/a.py", ".", "..pkg/y", "src/b.py"]
+
+
+def test_inside_leaves_out_the_directory_just_above_the_root(tmp_path):
+    from relay.agent import guard as guard_mod
+    root = tmp_path / "p"
+    root.mkdir()
+    assert guard_mod.inside(root, [str(tmp_path), str(tmp_path / "p")]) == ["."]
+
+
+def test_the_committer_is_relay_agent_then_git_config_and_an_empty_one_is_nobody(tmp_path):
+    from relay.agent import guard as guard_mod
+    make_repo(tmp_path)
+    assert guard_mod.committer(tmp_path, {}) is None                 # no relay.agent at all
+    git(tmp_path, "config", "relay.agent", "")
+    assert guard_mod.committer(tmp_path, {"RELAY_AGENT": ""}) is None   # set, but to nothing
+    git(tmp_path, "config", "relay.agent", "Bob")
+    assert guard_mod.committer(tmp_path, {"RELAY_AGENT": ""}) == "Bob"
+    assert guard_mod.committer(tmp_path, {"RELAY_AGENT": "Carol"}) == "Carol"
+
+
+@pytest.mark.parametrize("char", ["\n", "\x1b", "\x7f"])
+def test_a_hook_refuses_a_project_path_or_state_dir_holding_a_control_character(tmp_path, char):
+    from relay.agent.guard import script
+    from relay.errors import RelayError
+    bad = tmp_path / f"a{char}b"
+    with pytest.raises(RelayError, match="holds a control character or bytes that are not UTF-8"):
+        script(bad, bad / ".relay")
+    with pytest.raises(RelayError, match="holds a control character"):
+        script(tmp_path, bad)                   # the state directory alone
+
+
+def test_core_hooks_path_naming_the_git_directory_itself_is_inside_the_repository(repo):
+    root = repo.root
+    git(root, "config", "core.hooksPath", ".git")
+    out = repo("guard", "install").output
+    assert (root / ".git" / "pre-commit").is_file() and f"installed {root / '.git' / 'pre-commit'}" in out
+    stage(root, "src/app.py")
+    assert git(root, "commit", "-qm", "x", agent="Bob", check=False).returncode != 0
+
+
+@pytest.mark.parametrize("value, off", [("off", True), ("OFF", True), (" Off ", True), ("0", True), ("false", True),
+                                        ("No", True), ("on", False), ("yes", False), ("", False), ("offf", False)])
+def test_guard_check_is_off_for_each_word_of_relay_guard_saying_so_in_any_case_and_only_those(repo, monkeypatch,
+                                                                                              value, off):
+    import json
+    monkeypatch.chdir(repo.root)
+    monkeypatch.setenv("RELAY_GUARD", value)
+    r = repo("guard", "check", "--agent", "Bob", "src/a.py", ok=False)
+    if off:
+        assert r.exit_code == 0 and r.stdout == "" and r.stderr == (
+            "relay guard: RELAY_GUARD=off: this commit is not checked against file reservations\n")
+    else:
+        assert r.exit_code == 1 and "relay guard: refused" in r.stderr
+    doc = json.loads(repo("guard", "check", "--agent", "Bob", "src/a.py", "--json").stdout)
+    assert (doc["ok"], doc["off"]) == (off, off) and [c["agent"] for c in doc["conflicts"]] == ["Alice"]
+
+
+def test_guard_checks_refusal_names_each_path_its_holder_the_pattern_and_the_reason_and_who_to_ask(repo, monkeypatch):
+    import re
+    monkeypatch.chdir(repo.root)
+    monkeypatch.delenv("RELAY_GUARD", raising=False)
+    repo("reserve", "--agent", "Carol", "docs/b.md", "--exclusive")
+    r = repo("guard", "check", "--agent", "Bob", "src/a.py", "docs/b.md", "notes.txt", ok=False)
+    assert r.exit_code == 1 and r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert lines[0] == "relay guard: refused: another agent holds these files by an exclusive reservation:"
+    until = r"until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(in \S+"
+    assert re.fullmatch(r"  src/a\.py: Alice \(as src\) " + until + r"; reason: parser refactor\)", lines[1])
+    assert re.fullmatch(r"  docs/b\.md: Carol " + until + r"\)", lines[2])     # held as named, no reason
+    assert lines[3] == ("relay guard: ask Alice, Carol (relay send --from Bob --to Alice), wait for the lease to end, "
+                        "or commit with RELAY_GUARD=off to override") and len(lines) == 4
+
+
+def test_guard_check_with_a_ledger_it_cannot_read_says_so_and_lets_the_commit_through(repo, monkeypatch):
+    import json
+    monkeypatch.chdir(repo.root)
+    monkeypatch.delenv("RELAY_GUARD", raising=False)
+    ledger = repo.state / "ledger.sqlite"
+    for extra in ("-wal", "-shm"):
+        (repo.state / f"ledger.sqlite{extra}").unlink(missing_ok=True)
+    ledger.write_bytes(b"not a database at all" * 100)
+    r = repo("guard", "check", "--agent", "Bob", "src/a.py")
+    assert r.exit_code == 0 and r.stdout == ""
+    assert r.stderr.startswith("relay guard: the reservations cannot be read (") and \
+        r.stderr.endswith("); not checked\n")
+    doc = json.loads(repo("guard", "check", "--agent", "Bob", "src/a.py", "--json").stdout)
+    assert doc["ok"] is True and doc["conflicts"] == []

@@ -925,3 +925,90 @@ def test_a_record_of_a_status_or_time_agent_relay_never_writes_is_a_problem_not_
     [problem] = [p for p in doc["problems"] if "fedcba987654" in p]
     assert problem.endswith("): a record agent-relay 2.0 does not write (status, time or id); not imported"), problem
     assert rows(fresh, "SELECT count(*) FROM imports WHERE source_id = 'fedcba987654'") == [(0,)]
+
+
+def test_a_record_owns_only_its_agents_file_by_its_name_in_the_outbox_and_its_id_and_name_in_the_archive():
+    from relay.operator.agent_relay_records import file_key, on_the_way, own
+    r = {"agent_name": "Alice", "message_type": "msg", "file_id": "f1", "content_hash": "ABCdef", "file_size": 12,
+         "source_path": "/old/place/outbox/Alice/msg"}
+    assert own("outbox/Alice/msg", r) is True
+    assert own("archive/Alice/2024-01-01/f1-msg", r) is True
+    assert own("outbox/Bob/msg", r) is False
+    assert own("outbox/Alice/other", r) is False
+    assert own("outbox/Alice/f1-msg", r) is False
+    assert own("archive/Alice/2024-01-01/msg", r) is False
+    assert own("archive/Bob/2024-01-01/f1-msg", r) is False
+    assert on_the_way(r) == "outbox/Alice/msg"
+    assert file_key(r) == ("outbox/Alice/msg", "abcdef", 12)
+    assert on_the_way({**r, "source_path": "/old/place/outbox/Bob/msg"}) is None
+    assert on_the_way({**r, "source_path": "/old/place/archive/Alice/msg"}) is None
+    assert on_the_way({**r, "source_path": None}) is None
+    assert file_key({**r, "source_path": "/old/place/outbox/Bob/msg"}) is None
+    assert file_key({**r, "content_hash": ""}) is None
+    assert file_key({**r, "content_hash": None}) is None
+    assert file_key({**r, "content_hash": 7}) is None
+
+
+def test_a_recorded_path_needs_more_names_than_its_depth_and_no_dot_among_them():
+    from relay.operator.agent_relay_records import tail
+    assert tail("outbox/Alice/msg", "outbox", 2) == "outbox/Alice/msg"
+    assert tail("/outbox/Alice/msg", "outbox", 2) == "outbox/Alice/msg"
+    assert tail("Alice/msg", "outbox", 2) is None
+    assert tail("/x/outbox/./msg", "outbox", 2) is None
+    assert tail("/x/outbox/Alice/..", "outbox", 2) is None
+    assert tail("/x/archive/Alice/msg", "outbox", 2) is None
+
+
+def test_a_recorded_hash_that_is_no_text_is_no_hash_to_check_the_bytes_against():
+    from relay.operator.agent_relay_records import mismatch
+    data = b"TO: Bob\n\nhi\n"
+    assert mismatch(data, {"content_hash": 7, "file_size": len(data)}) is None
+    assert mismatch(data, {"content_hash": b"00", "file_size": "12"}) is None
+    assert mismatch(data, {"content_hash": 7, "file_size": len(data) + 1}) == \
+        f"is {len(data)} bytes, agent-relay recorded {len(data) + 1}"
+
+
+def test_a_file_on_the_way_comes_over_as_it_is_now_whether_pending_or_processing_and_a_delivered_one_must_match(
+        fresh, tmp_path):
+    """agent-relay had still to read a pending or processing record's file: what its outbox holds
+    now is the message (its recorded hash and size are not held against it); a delivered record's
+    file must be the bytes agent-relay recorded."""
+    made = agent_relay_ledger.make(tmp_path / "old", counts=dict.fromkeys(COUNTS, 0))
+    d = agent_relay_ledger.Driver(made.root, int(time.time() * 1000))
+    waiting = d.register("Alice", "waiting", agent_relay_ledger.message("Bob", 1))
+    taken = d.register("Alice", "taken", agent_relay_ledger.message("Bob", 2))
+    d.claim(taken)
+    done = d.register("Alice", "done", agent_relay_ledger.message("Bob", 3))
+    d.claim(done)
+    d.delivered(done)
+    d.close()
+    for name in ("waiting", "taken", "done"):
+        (made.root / "outbox/Alice" / name).write_bytes(f"TO: Bob\n\n{name}, edited since\n".encode())
+    doc = json.loads(fresh("import", "agent-relay", str(made.root), "--json", ok=False).stdout)
+    assert doc["imported"]["pending"] == 1 and doc["imported"]["processing"] == 1
+    assert doc["imported"]["delivered"] == 0
+    [problem] = doc["problems"]
+    assert problem.startswith(f"{done} (delivered, Alice/done): file ") and \
+        "does not match the sha256 agent-relay recorded" in problem
+    assert not any(waiting in p or taken in p for p in doc["problems"])
+
+
+@pytest.mark.parametrize("name", ["a/b", "x\0y"])
+def test_a_record_whose_file_name_holds_a_slash_or_a_nul_is_a_problem_not_imported(fresh, small_old, name):
+    data = b"TO: Bob\n\nodd\n"
+    add_record(small_old, "0123456789ab", "Alice", name, "pending", data, small_old.root / "outbox" / "Alice" / "odd",
+               checked=False)
+    doc = json.loads(fresh("import", "agent-relay", str(small_old.root), "--json", ok=False).stdout)
+    [problem] = [p for p in doc["problems"] if "0123456789ab" in p]
+    assert problem.endswith("): its file name is not one relay takes; not imported"), problem
+    assert rows(fresh, "SELECT count(*) FROM imports WHERE source_id = '0123456789ab'") == [(0,)]
+
+
+def test_a_record_whose_file_id_is_no_text_is_a_problem_not_imported(fresh, small_old):
+    data = b"TO: Bob\n\nodd\n"
+    add_record(small_old, b"0123456789ab", "Alice", "odd", "pending", data,        # a blob: no text affinity makes it text
+               small_old.root / "outbox" / "Alice" / "odd", checked=False)
+    doc = json.loads(fresh("import", "agent-relay", str(small_old.root), "--json", ok=False).stdout)
+    [problem] = [p for p in doc["problems"] if p.startswith("b'0123456789ab' (pending, Alice/odd)")]
+    assert problem.endswith("): a record agent-relay 2.0 does not write (status, time or id); not imported"), problem
+    assert doc["imported"] == SMALL

@@ -332,3 +332,15 @@ def test_a_reload_applies_what_it_can_and_names_what_needs_a_restart_keeping_the
     assert relay.drain().archived == 1
     assert [e["body"] for e in project.inbox("Dee")] == ["to the agent listed by the reload"]
     assert relay.reconfigure(project.config(agents=["Ann", "Ben", "Cy", "Dee"], settle="3s")) == ([], [])
+
+
+def test_a_reload_listing_an_agent_whose_outbox_cannot_be_made_warns_and_makes_the_others(project, caplog):
+    relay = project.relay(agents=("Ann", "Ben"))
+    relay.step()
+    (project.state / "outbox" / "Dee").write_text("a file where Dee's outbox would be")
+    applied, _ = relay.reconfigure(project.config(agents=["Ann", "Ben", "Dee", "Eve"]))
+    assert applied == ["agents"]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "outbox/Dee" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("outbox/Dee is a symbolic link or not a directory")
+    assert (project.state / "outbox" / "Dee").is_file() and (project.state / "outbox" / "Eve").is_dir()
+    assert (project.state / "inbox" / "Eve" / "new").is_dir()

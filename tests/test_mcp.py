@@ -415,3 +415,25 @@ def test_import_relay_and_other_verbs_never_import_mcp(cli):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("package", ["mcp", "pydantic", "anyio"])
+def test_without_any_one_package_the_server_imports_relay_mcp_says_how_to_install_the_sdk(cli, monkeypatch, package):
+    cli("init", "--agent", "Bob")
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")] + [package]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delitem(sys.modules, "relay.agent.mcp_server", raising=False)
+    r = cli("mcp", "--agent", "Bob", ok=False)
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "relay: relay mcp needs the MCP SDK (the mcp package), which is not installed: pip install "
+        "'agent-outbox-relay[mcp]' (from a checkout of relay: pip install '.[mcp]')"]
+
+
+def test_relay_mcp_missing_a_module_of_relays_own_is_not_said_to_be_the_sdk(cli, monkeypatch):
+    cli("init", "--agent", "Bob")
+    monkeypatch.delitem(sys.modules, "relay.agent.mcp_server", raising=False)
+    monkeypatch.setitem(sys.modules, "relay.agent.mcp_wire", None)
+    with pytest.raises(ImportError) as e:
+        cli("mcp", "--agent", "Bob", ok=False)
+    assert e.value.name == "relay.agent.mcp_wire"

@@ -303,3 +303,23 @@ def test_the_receipts_tool_waits_no_time_without_wait_s_and_says_done_timed_out_
         assert call({"id": mid, "wait_for": "acked"})["timed_out"] is True
         got = call({"id": failed, "wait_for": "read"})
         assert got["done"] is False and got["timed_out"] is False and "Zed" in got["error"]
+
+
+def test_an_argument_to_a_tool_that_takes_none_says_it_takes_none_and_a_missing_list_is_required():
+    import pydantic
+
+    from relay.agent.mcp_handover import argument_errors
+
+    class Nothing(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+
+    class Names(pydantic.BaseModel):
+        to: str
+        ids: list
+
+    with pytest.raises(pydantic.ValidationError) as e:
+        Nothing(colour="red")
+    assert argument_errors(e.value, "agents") == "colour: agents takes no such argument (it takes none)"
+    with pytest.raises(pydantic.ValidationError) as e:
+        Names()
+    assert argument_errors(e.value, "send", ("to", "ids")) == "to: required; ids: required"

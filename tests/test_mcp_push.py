@@ -199,3 +199,142 @@ def test_claude_code_is_sent_each_message_as_a_channel_event(team, tmp_path):
             notification_bindings=[NotificationBinding(method=CHANNEL, params_type=ChannelParams, handler=pushed.channel)])
     finally:
         alice.close()
+
+
+def _received(**fields):
+    from relay.agent.api import Received
+    doc = {"id": "m-1", "from": "Alice", "to": ["Bob"], "kind": "message", "body": "the body", **fields}
+    return Received.of(doc, "new", "/x/m-1.json")
+
+
+def test_a_channel_event_names_urgent_and_high_priorities_and_no_other():
+    from relay.agent.mcp_push import channel_event
+    for priority in ("urgent", "high"):
+        event = channel_event(_received(priority=priority))
+        assert event["content"].startswith(f"relay: a new {priority} message from Alice (id m-1). ")
+        assert event["meta"]["priority"] == priority
+    for priority in ("normal", "low"):
+        event = channel_event(_received(priority=priority))
+        assert event["content"].startswith("relay: a new message from Alice (id m-1). ")
+        assert event["meta"]["priority"] == priority
+
+
+def test_a_channel_event_of_a_message_without_subject_thread_or_ack_says_so_plainly():
+    from relay.agent.mcp_push import channel_event
+    event = channel_event(_received())
+    assert event["content"] == ("relay: a new message from Alice (id m-1). "
+                                "Read it with the relay tool read(id=m-1) and answer with reply(id, body).")
+    assert event["meta"] == {"id": "m-1", "sender": "Alice", "subject": "", "thread": "m-1",
+                             "priority": "normal", "ack_required": "false"}
+
+
+def test_a_channel_event_quotes_the_subject_and_names_its_own_thread_and_the_ask():
+    import dataclasses
+
+    from relay.agent.mcp_push import channel_event
+    event = channel_event(dataclasses.replace(_received(subject="merge it?", thread="T-9"), ack_required=True))
+    assert event["content"] == ('relay: a new message from Alice "merge it?" (id m-1). '
+                                "Read it with the relay tool read(id=m-1) and answer with reply(id, body). "
+                                "It asks you to acknowledge it: acknowledge(id, note) once dealt with.")
+    assert event["meta"]["thread"] == "T-9" and event["meta"]["subject"] == "merge it?"
+    assert event["meta"]["ack_required"] == "true"
+
+
+def test_a_channel_event_of_an_envelope_without_sender_or_priority_gives_empty_and_normal():
+    import dataclasses
+
+    from relay.agent.mcp_push import channel_event
+    m = dataclasses.replace(_received(), sender=None, priority=None)
+    assert channel_event(m)["meta"]["sender"] == "" and channel_event(m)["meta"]["priority"] == "normal"
+
+
+def test_the_push_uris_parse_a_thread_the_own_inbox_and_refuse_the_rest():
+    from relay.agent.mcp_push import Pusher
+    pusher = Pusher("Bob Smith", None)
+    assert pusher.inbox_uri == "relay://inbox/Bob%20Smith"
+    assert pusher.parse("relay://thread/review%2042") == ("thread", "review 42")
+    assert pusher.parse("relay://inbox/Bob%20Smith") == ("inbox", None)
+    assert pusher.parse("relay://inbox/Bob Smith") == ("inbox", None)
+    with pytest.raises(MCPError) as e:
+        pusher.parse("relay://thread/")          # a thread URI without an id is no resource
+    assert "no such resource (relay serves relay://inbox/Bob%20Smith and relay://thread/ID)" in str(e.value)
+    with pytest.raises(MCPError) as e:
+        pusher.parse("relay://inbox/Alice")
+    assert "Bob Smith reads only its own inbox, relay://inbox/Bob%20Smith" in str(e.value)
+    assert e.value.error.data == {"uri": "relay://inbox/Alice"}
+
+
+def test_a_client_declaring_the_channel_extension_under_any_name_is_sent_channel_events(team, tmp_path):
+    pushed = Pushed()
+    alice = relay.Agent("Alice", root=team.root)
+
+    async def scenario(bob):
+        await bob.call("agents")
+        mid = alice.send("Bob", "the body", subject="plan")
+        await anyio.to_thread.run_sync(deliver, team)
+        [(kind, event)] = await pushed.until(1, 1.0)
+        assert kind == "channel" and event["meta"]["id"] == mid and event["meta"]["priority"] == "normal"
+    try:
+        run(team.root, tmp_path, scenario, client_info=types.Implementation(name="some-editor", version="1"),
+            extensions={"claude/channel": {}},
+            notification_bindings=[NotificationBinding(method=CHANNEL, params_type=ChannelParams, handler=pushed.channel)])
+    finally:
+        alice.close()
+
+
+def test_a_client_neither_claude_code_nor_declaring_the_channel_is_sent_no_channel_event(team, tmp_path):
+    pushed = Pushed()
+    alice = relay.Agent("Alice", root=team.root)
+
+    async def scenario(bob):
+        await bob.session.subscribe_resource("relay://inbox/Bob")
+        alice.send("Bob", "the body", subject="plan")
+        await anyio.to_thread.run_sync(deliver, team)
+        assert await pushed.until(1, 1.0) == [("updated", "relay://inbox/Bob")]
+        await bob.call("agents")        # what the push sent after the update came before this answer
+        assert pushed.items == [("updated", "relay://inbox/Bob")]
+    try:
+        run(team.root, tmp_path, scenario, client_info=types.Implementation(name="claude-code-fork", version="1"),
+            extensions={"other/extension": {}},
+            notification_bindings=[NotificationBinding(method=CHANNEL, params_type=ChannelParams, handler=pushed.channel)],
+            **pushed_session(pushed))
+    finally:
+        alice.close()
+
+
+def test_a_thread_subscription_by_a_messages_id_is_told_of_that_message_without_a_thread(team, tmp_path):
+    pushed = Pushed()
+    alice = relay.Agent("Alice", root=team.root)
+
+    async def scenario(bob):
+        mid = alice.send("Bob", "no thread named")          # sent, not delivered yet: its id is its thread
+        await bob.session.subscribe_resource(f"relay://thread/{mid}")
+        await anyio.to_thread.run_sync(deliver, team)
+        assert await pushed.until(1, 1.0) == [("updated", f"relay://thread/{mid}")]
+    try:
+        run(team.root, tmp_path, scenario, **pushed_session(pushed))
+    finally:
+        alice.close()
+
+
+def test_a_file_planted_in_new_that_is_no_envelope_is_no_channel_event(team, tmp_path):
+    pushed = Pushed()
+    alice = relay.Agent("Alice", root=team.root)
+
+    async def scenario(bob):
+        await bob.call("agents")
+        new = team.state / "inbox" / "Bob" / "new"
+        (new / ".planted").write_text("{not an envelope")
+        os.rename(new / ".planted", new / "01KC3000000000000000000000.json")
+        await bob.call("agents")
+        mid = alice.send("Bob", "the body", subject="real")
+        await anyio.to_thread.run_sync(deliver, team)
+        [(kind, event)] = await pushed.until(1, 1.0)
+        assert kind == "channel" and event["meta"]["id"] == mid
+        await bob.call("agents")
+        assert len(pushed.items) == 1
+    try:
+        run(team.root, tmp_path, scenario, client_info=types.Implementation(name="claude-code", version="2.1.90"),
+            notification_bindings=[NotificationBinding(method=CHANNEL, params_type=ChannelParams, handler=pushed.channel)])
+    finally:
+        alice.close()

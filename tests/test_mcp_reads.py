@@ -272,3 +272,19 @@ def test_read_marks_a_new_message_read_and_returns_a_read_one_as_it_is(team):
         again = await call("read", id=sent[0])
         assert (again["id"], again["body"], again["read"]) == (sent[0], "first", True)
     anyio.run(main)
+
+
+def test_a_line_that_is_no_json_rpc_message_leaves_the_server_answering_the_next(team, tmp_path):
+    with open(tmp_path / "server.err", "w") as err:
+        server = Server(team.root, err)
+        try:
+            server.proc.stdin.write(b"this is no JSON\n{\"jsonrpc\": \"2.0\", \"nonsense\": 1}\n")
+            rpc(server.proc, {"id": 2, "method": "tools/call", "params": {"name": "agents", "arguments": {}}})
+            replies = [json.loads(server.replies.readline())]
+            while replies[-1].get("id") != 2:
+                replies.append(json.loads(server.replies.readline()))
+            assert "result" in replies[-1] and not replies[-1]["result"].get("isError")
+            assert server.proc.poll() is None
+        finally:
+            server.close()
+    assert "Traceback" not in (tmp_path / "server.err").read_text()

@@ -498,3 +498,35 @@ def test_each_ack_word_is_read_in_any_case_and_another_is_refused(value, asked):
     assert p(f"TO: Bob\nACK-REQUIRED: {value}\n\nx").ack_required is asked
     with pytest.raises(MessageRefused, match="ACK 'maybe' is not 'required'"):
         p("TO: Bob\nACK: maybe\n\nx")
+
+
+@pytest.mark.parametrize("line", ["prose", ": no key", "two words: value", "\t: tab key"])
+def test_a_line_without_a_colon_or_with_an_empty_or_spaced_key_is_not_a_header(line):
+    with pytest.raises(MessageRefused, match="line 2 is not a 'Key: value' header"):
+        p(f"TO: Bob\n{line}\n\nx")
+
+
+@pytest.mark.parametrize("cwd", ["work/dana", ".", "sub/../other"])
+def test_accept_takes_a_spawn_whose_cwd_lies_inside_the_project(tmp_path, cwd):
+    a = accepted(f"CWD: {cwd}\nNAME: Dana\n\nstart", Known({"Ann"}), tmp_path, name="spawn")
+    assert a.recipients == ["System"] and a.message.control["cwd"] == cwd
+
+
+@pytest.mark.parametrize("text", ["TO: Bob\nTHREAD:\nSUBJECT:  \n\nx",
+                                  '{"to": "Bob", "thread": "", "subject": "", "body": "x"}'])
+def test_an_empty_thread_or_subject_is_no_thread_or_subject(text):
+    m = p(text)
+    assert (m.thread, m.subject) == (None, None)
+
+
+def test_accept_does_not_ask_afresh_when_every_recipient_is_known(tmp_path):
+    known = Known({"Ann", "Ben", "Cy"})
+    assert accepted("TO: Ben, Cy\n\nx", known, tmp_path).recipients == ["Ben", "Cy"]
+    assert known.refreshed == 0
+    assert accepted("TO: Ben, Zed\n\nx", known, tmp_path, unknown_recipient="create").created == ["Zed"]
+    assert known.refreshed == 1
+
+
+def test_an_unknown_recipient_among_no_known_agents_says_none_are_known():
+    with pytest.raises(MessageRefused, match=r"unknown recipient Zed; known agents: \(none\)\Z"):
+        resolve(p("TO: Zed\n\nx"), "Ann", set())

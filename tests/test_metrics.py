@@ -231,3 +231,27 @@ def test_the_metrics_listener_names_an_address_taken_and_warns_when_it_serves_be
                 "address reads the figures") in caplog.text
     finally:
         wide.stop()
+
+
+def test_the_metrics_listener_answers_a_request_it_cannot_read_with_its_code_in_one_line(project):
+    """http.server's refusals, said in one line under their own code: a request line of four words
+    (400), a request line too long (414, said by its code), a header line too long or too many
+    headers (431)."""
+    from relay import config as config_mod
+    from relay.web.scrape import Listener
+    project.state.mkdir()
+    (project.state / "relay.toml").write_text('agents = ["Ann"]\n[metrics]\nlisten = "127.0.0.1:0"\n')
+    listener = Listener(config_mod.load(project.root, ".relay", env={})).start()
+    many = b"".join(b"X-%d: y\r\n" % i for i in range(120))
+    try:
+        for request, status, words in (
+                (b"GET /a b HTTP/1.0\r\n\r\n", 400, b"relay: Bad request syntax ('GET /a b HTTP/1.0')\n"),
+                (b"GET /" + b"m" * 70000 + b" HTTP/1.0\r\n\r\n", 414, b"relay: 414\n"),
+                (b"GET /metrics HTTP/1.0\r\nX-Long: " + b"y" * 70000 + b"\r\n\r\n", 431, b"relay: Line too long\n"),
+                (b"GET /metrics HTTP/1.0\r\n" + many + b"\r\n", 431, b"relay: Too many headers\n")):
+            got, fields, body = _raw(listener, request)
+            assert (got, body) == (status, words), request[:40]
+            assert fields["Content-Length"] == str(len(words)) and "Allow" not in fields
+            assert fields["Content-Type"] == "text/plain"
+    finally:
+        listener.stop()

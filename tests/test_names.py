@@ -359,3 +359,16 @@ def test_a_kind_token_problem_names_the_first_odd_character_or_says_it_is_no_tex
     assert names.kind_token_problem("a\x01").startswith("kind 'a\\x01' is not a plain token: it holds U+0001 "
                                                         "a control character")
     assert names.system_kind(5) is None
+
+
+def test_a_control_character_inside_a_kind_is_dropped_to_compare_it_and_only_system_sends_its_own_kinds():
+    assert names.system_kind("bo\x07unce") == "bounce" and names.system_kind("pi\x00ng") == "ping"
+    assert names.kind_problem("bounce", "System") is None and names.kind_problem("ping", "System") is None
+    assert names.kind_problem("bounce", "Ann").startswith("kind 'bounce' is relay's own: only System sends it")
+    assert names.kind_problem("review", "Ann") is None
+
+
+def test_a_kind_token_problem_names_a_letter_outside_ascii_as_the_odd_one():
+    assert names.kind_token_problem("r\u00e9vue") == ("kind 'r\u00e9vue' is not a plain token: it holds U+00E9 LATIN "
+                                                      f"SMALL LETTER E WITH ACUTE; kinds match {names.KIND_RULE}")
+    assert names.kind_token_problem("a/b").startswith("kind 'a/b' is not a plain token: it holds U+002F SOLIDUS")

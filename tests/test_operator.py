@@ -890,3 +890,108 @@ def test_the_headline_counts_delivered_whether_archived_yet_or_not_and_each_othe
     assert headline(counts) == {"delivered": 12, "on_the_way": 3, "failed": 16}
     assert headline({"delivered": 5}) == {"delivered": 5, "on_the_way": 0, "failed": 0}
     assert headline({}) == {"delivered": 0, "on_the_way": 0, "failed": 0}
+
+
+def test_the_audit_tables_excerpt_takes_the_width_left_by_the_columns_at_least_16_and_the_terminals_when_none_given(
+        monkeypatch):
+    from relay.operator.views import table
+    row = {"id": "01M95MNQH6F8RCGWYDRQHFBBC0", "sender": "Ann", "node": None, "recipients": '["Bob"]',
+           "discovered_at": 1_700_000_000.0, "kind": "message", "thread": "t", "duplicate_of": None,
+           "status": "archived", "subject": "x" * 60, "body": "b", "error": None}
+    # the columns: 26 + 14 + 9 ("FROM → TO") + 7 + 6 + 8 = 70, and 2 spaces after each of the 6: 82
+    assert table([row], width=100).splitlines()[1].split()[-1] == "x" * 17 + "…"
+    assert table([row], width=142).splitlines()[1].split()[-1] == "x" * 60
+    assert table([row], width=141).splitlines()[1].split()[-1] == "x" * 58 + "…"
+    assert table([row], width=90).splitlines()[1].split()[-1] == "x" * 15 + "…"
+    monkeypatch.setenv("COLUMNS", "110")
+    assert table([row]).splitlines()[1].split()[-1] == "x" * 27 + "…"
+
+
+def test_a_body_for_the_terminal_keeps_its_lines_drops_trailing_blank_ones_and_none_is_empty():
+    from relay.operator.views import body_text
+    assert body_text(None) == ""
+    assert body_text("") == ""
+    assert body_text("a\r\nb\n\n") == "a\nb"
+    assert body_text("one\n\x1b[31mtwo\n  ") == "one\n\\e[31mtwo\n  "
+
+
+def test_doctor_names_an_unreadable_directory_and_a_link_down_only_when_each_is_so():
+    from types import SimpleNamespace
+
+    from relay.cli.inspect import federation_problems
+    fed = SimpleNamespace(url=None)
+    directory = ("federation: the team's directory cannot be read: no such key; messages to names this node does "
+                 "not know wait, then fail")
+    down = "federation: the link to the server is down: connection refused"
+    for link, said in (
+            (None, []),
+            ({"directory_error": None, "connected": True, "error": None}, []),
+            ({"directory_error": None, "connected": True, "error": "connection refused"}, []),   # up again
+            ({"directory_error": None, "connected": False, "error": None}, []),     # not connected yet
+            ({"directory_error": None, "connected": False, "error": "connection refused"}, [down]),
+            ({"directory_error": "no such key", "connected": True, "error": None}, [directory]),
+            ({"directory_error": "no such key", "connected": False, "error": "connection refused"}, [directory, down])):
+        assert federation_problems(fed, link) == said, link
+    said = federation_problems(SimpleNamespace(url="redis://h:6379/0?ssl_cert_reqs=Optional"), None)
+    assert len(said) == 1 and said[0].startswith("ssl_cert_reqs=Optional in the federation url: the server's TLS")
+    assert federation_problems(SimpleNamespace(url="redis://h:6379/0?ssl_cert_reqs=required"), None) == []
+
+
+def test_tail_says_from_whom_a_messages_event_is_and_by_whom_an_operators_event_without_a_message_is(cli):
+    cli("init", "--agent", "Ann", "--agent", "Ben")
+    mid = cli("send", "--from", "Ann", "--to", "Ben", "hi").stdout.strip()
+    cli("run", "--once", "-q")
+    cli("archive-agent", "Ben")
+    pinged = cli("ping", "Ann").stdout.split("inbox/Ann/new/", 1)[1].split(".json", 1)[0]
+    events = [json.loads(line) for line in cli("tail", "-n", "50", "--json").stdout.splitlines()]
+    lines = cli("tail", "-n", "50").stdout.splitlines()
+    assert len(lines) == len(events) == 6
+    when = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z  "
+    assert re.fullmatch(when + f"{mid}  discovered from Ann: outbox/Ann/msg-{mid.lower()}", lines[0])
+    assert re.fullmatch(when + f"{mid}  claimed    from Ann", lines[1])
+    assert re.fullmatch(when + f"{mid}  delivered  from Ann: Ben", lines[2])
+    assert re.fullmatch(when + r"-                           agent-archived by operator\S*: Ben", lines[4])
+    assert re.fullmatch(when + f"{pinged}  ping      : inbox/Ann/new/{pinged}.json", lines[5])   # no sender, an id
+    assert events[4]["id"] is None and events[4]["actor"].startswith("operator") and events[4]["from"] is None
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
+    assert cli("tail", "-n", "0").stdout == ""
+    assert [json.loads(x)["seq"] for x in cli("tail", "-n", "1", "--json").stdout.splitlines()] == [events[-1]["seq"]]
+
+
+def test_verify_names_an_archive_file_it_cannot_read_with_the_reason_apart_from_one_that_is_missing(relayed):
+    cli = relayed
+    a, b, c = [r for r in json.loads(cli("audit", "--json", "--status", "archived").output) if r["kind"] != "bounce"]
+    path = cli.state / a["archive_path"]
+    path.unlink()
+    path.mkdir()                # a directory where the archive file was: there, but no file to read
+    r = cli("verify", ok=False)
+    assert r.exit_code == 1
+    assert f"{a['id']}: archive file {a['archive_path']} cannot be read: Is a directory" in r.output
+    assert f"{a['id']}: archive file {a['archive_path']} is missing" not in r.output
+    assert b["id"] not in r.output and c["id"] not in r.output
+
+
+def test_the_agents_table_counts_reservations_marking_exclusive_ones_and_clips_the_last_error_to_60(relayed):
+    relayed("reserve", "--agent", "Ben", "src", "--exclusive")
+    relayed("reserve", "--agent", "Ben", "docs")
+    relayed("reserve", "--agent", "Ann", "notes")
+    rows = {line.split()[0]: line for line in relayed("agents").stdout.splitlines()[1:] if line[:1].isupper()
+            and not line.startswith("STATE:")}
+    assert re.match(r"Ben +active +0 +3 +0 +0 +3 +0/0 +2 \(1x\)  ", rows["Ben"])
+    assert re.match(r"Ann +active +0 +1 +0 +4 +1 +0/0 +1  ", rows["Ann"])
+    assert re.match(r"System +active +0 +0 +0 +1 +0 +0/0 +-  ", rows["System"])
+    error = json.loads(relayed("agents", "Ann", "--json").stdout)["last_error"]
+    assert len(error) > 60 and rows["Ann"].endswith(" " + error[:59] + "…")
+    assert rows["Ben"].endswith(" ")          # no error: nothing after the last column
+
+
+def test_tail_names_no_actor_for_relays_own_event_without_a_message(cli):
+    from relay.ledger.ledger import Ledger
+    cli("init", "--agent", "Ann")
+    with Ledger(cli.state / "ledger.sqlite") as led:
+        with led.transaction():
+            led.events([(None, 1_800_000_000.0, "swept", "3 entries"),
+                        (None, 1_800_000_001.0, "noted", "by hand", "operator:root")])
+    lines = cli("tail", "-n", "2").stdout.splitlines()
+    assert lines == ["2027-01-15T08:00:00.000000Z  -                           swept     : 3 entries",
+                     "2027-01-15T08:00:01.000000Z  -                           noted      by operator:root: by hand"]

@@ -287,3 +287,37 @@ def test_a_hard_linked_file_is_taken_at_exactly_settle_and_one_dated_now_is_sett
     assert relay.step(now + 4).registered == 1                     # exactly five seconds past its mtime
     assert [e["body"] for e in project.inbox("Ben")] == ["linked"]
     assert relay.step(now + 5).registered == 1
+
+
+@pytest.mark.parametrize("links", [1, 2])
+def test_a_file_its_writer_closed_is_taken_at_once_whatever_the_settle_time_and_one_only_seen_waits(project, links):
+    relay = project.relay(settle="1h")
+    now_file = project.drop("Ann", "closed", "TO: Ben\n\nclosed", in_place=True)
+    seen_file = project.drop("Ann", "seen", "TO: Ben\n\nseen", in_place=True)
+    if links == 2:                  # another name for each: taken all the same once closed (a private copy)
+        os.link(now_file, project.root / "closed-link")
+        os.link(seen_file, project.root / "seen-link")
+    relay.hint("closed", "Ann", "closed")
+    relay.hint("file", "Ann", "seen")
+    assert relay.step().archived == 1
+    assert [e["body"] for e in project.inbox("Ben")] == ["closed"]
+    assert seen_file.exists()
+
+
+def test_a_file_dated_in_relays_future_is_taken_at_once_when_closed_and_waits_the_settle_time_when_only_seen(
+        project, clock):
+    relay = project.relay(settle="30s")
+    closed = project.drop("Ann", "closed", "TO: Ben\n\nclosed", in_place=True)
+    seen = project.drop("Ann", "seen", "TO: Ben\n\nseen", in_place=True)
+    for p in (closed, seen):
+        os.utime(p, (clock.now + 3600, clock.now + 3600))
+    relay.hint("closed", "Ann", "closed")
+    relay.hint("file", "Ann", "seen")
+    assert relay.step().archived == 1 and [e["body"] for e in project.inbox("Ben")] == ["closed"]
+    clock.advance(29)
+    relay.hint("file", "Ann", "seen")
+    assert relay.step().archived == 0
+    clock.advance(2)
+    relay.hint("file", "Ann", "seen")
+    assert relay.step().archived == 1
+    assert [e["body"] for e in project.inbox("Ben")] == ["closed", "seen"]

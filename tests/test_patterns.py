@@ -291,3 +291,22 @@ def test_a_negated_set_holds_every_other_character_up_to_the_last_one(glob, name
 ])
 def test_a_dash_at_a_sets_end_is_itself_and_a_range_written_backwards_holds_nothing(glob, name, held):
     assert covers(glob, name) is held
+
+
+@pytest.mark.parametrize("given, reason", [
+    ("", "an empty path: name a file"), ("  \t", "an empty path: name a file"), (None, "an empty path: name a file"),
+    ("../x", r"\.\./x leads outside the project"), ("src/../../x", r"src/\.\./\.\./x leads outside the project"),
+    ("/etc/passwd", "/etc/passwd is outside the project"), ("src/[z-a].py", r"matches no name \(an empty character set\)"),
+    ("a\nb", "holds a control character"),
+])
+def test_each_refused_path_says_why(tmp_path, given, reason):
+    with pytest.raises(RelayError, match=reason):
+        normalise(given, tmp_path)
+
+
+@pytest.mark.parametrize("glob, name, held", [
+    ("[axb]", "x", True), ("[axb]", "a", True), ("[axb]", "b", True), ("[axb]", "c", False),
+    ("[zab]", "z", True), ("[zab]", "m", False), ("[a-cx]", "b", True), ("[a-cx]", "x", True), ("[a-cx]", "d", False),
+])
+def test_three_characters_of_a_set_are_a_range_only_with_a_dash_between(glob, name, held):
+    assert covers(glob, name) is held

@@ -800,3 +800,84 @@ def test_the_web_views_page_filters_by_agent_recipient_kind_and_thread_each_alon
     assert names(kind="review") == ["b"]
     assert names(thread="t-1") == ["a"] and names(thread=ids["b"]) == ["b", "reply"]
     assert names(status="failed") == ["c"]
+
+
+def test_a_badly_named_file_that_cannot_be_quarantined_stays_in_its_outbox_unrecorded_until_it_can(
+        project, clock, monkeypatch, caplog):
+    relay = project.relay()
+    project.drop("Ann", "tab\there", "TO: Ben\n\nx")
+    real = relay.archive.move
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(relay.archive, "move", full)
+    assert relay.step().failed == 0
+    assert (project.state / "outbox" / "Ann" / "tab\there").exists()
+    assert list(relay.history.audit()) == [] and project.files("failed") == []
+    assert "outbox/Ann/tab\\x09here: " in caplog.text and "cannot quarantine it" in caplog.text
+    monkeypatch.setattr(relay.archive, "move", real)
+    clock.advance(60)
+    assert relay.step().failed == 1
+    [row] = relay.history.audit(status="failed")
+    assert row["name"] == "tab\\x09here" and "rename it with a plain UTF-8 name" in row["error"]
+    assert not (project.state / "outbox" / "Ann" / "tab\there").exists()
+
+
+def test_an_inbox_moves_only_an_envelope_of_an_inboxs_new_to_cur(project):
+    from relay.files.fs import Unsafe
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.drain()
+    [new] = list((project.state / "inbox" / "Ben" / "new").iterdir())
+    cur = project.state / "inbox" / "Ben" / "cur"
+    (cur / "sub").mkdir()
+    (cur / "sub" / new.name).write_text("{}")
+    for path in (project.state / "outbox" / "Ann" / new.name, cur / "sub" / new.name, cur / "sub",
+                 project.state / "inbox" / "Ben" / "new" / "sub" / new.name, project.state / "spool" / "Ben" / "new" / new.name):
+        with pytest.raises(Unsafe, match="is not an envelope in an inbox's new/"):
+            relay.inbox.ack(path)
+    assert new.exists() and (cur / "sub").is_dir()
+    moved = relay.inbox.ack(new)
+    assert str(moved) == str(cur / f"{new.name}:2,S") == relay.inbox.read_path(new)
+    assert not new.exists() and json.loads(open(moved).read())["body"] == "x"
+
+
+def test_a_notice_is_put_once_in_its_recipients_new_and_one_that_cannot_be_put_says_where(tmp_path):
+    from relay.core.notices import deliver
+    from relay.errors import RelayError
+    from relay.files.layout import Layout
+    layout = Layout(tmp_path, tmp_path / ".relay")
+    layout.init(["Ann", "Ben"])
+    nid = "01JAAAAAAAAAAAAAAAAAAAAAAA"
+    args = ("reservation-refused", "your paths", "Ben holds src/", {"paths": ["src/"]}, 1000.0, 1001.0)
+    assert deliver(layout, nid, "Ann", *args) == f"inbox/Ann/new/{nid}.json"
+    assert deliver(layout, nid, "Ann", *args) == f"inbox/Ann/new/{nid}.json"        # again: not twice
+    new = tmp_path / ".relay" / "inbox" / "Ann" / "new"
+    [doc] = [json.loads(p.read_text()) for p in new.iterdir()]
+    assert (doc["from"], doc["to"], doc["kind"], doc["subject"], doc["body"]) == (
+        "System", ["Ann"], "reservation-refused", "your paths", "Ben holds src/")
+    tmp = tmp_path / ".relay" / "inbox" / "Ben" / "tmp"
+    tmp.rmdir()
+    tmp.symlink_to(tmp_path)
+    with pytest.raises(RelayError, match="could not put a notice in inbox/Ben: "):
+        deliver(layout, nid, "Ben", *args)
+    assert list((tmp_path / ".relay" / "inbox" / "Ben" / "new").iterdir()) == []
+
+
+def test_the_copy_of_an_envelope_found_for_a_recipient_is_the_first_that_is_a_json_object(project):
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    relay.drain()
+    box = project.state / "inbox" / "Ben"
+    [new] = list((box / "new").iterdir())
+    mid = new.name[:-len(".json")]
+    os.rename(new, box / "cur" / f"{new.name}:2,S")
+    new.write_text("[1, 2]")                       # planted where the unread copy would be
+    state, path, doc = relay.inbox.envelope("Ben", mid)
+    assert (state, doc["id"], doc["body"]) == ("cur", mid, "x") and path.endswith(f"cur/{mid}.json:2,S")
+    new.write_text("not json")
+    assert relay.inbox.envelope("Ben", mid)[0] == "cur"
+    os.unlink(box / "cur" / f"{new.name}:2,S")
+    assert relay.inbox.envelope("Ben", mid) is None
+    assert relay.inbox.envelope("Cy", mid) is None

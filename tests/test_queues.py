@@ -206,3 +206,57 @@ def test_an_agents_last_delivery_is_the_latest_of_every_sender_whichever_is_list
     assert pairs[("Ann", "Ben")] > pairs[("Cy", "Ben")]
     ben = {r["agent"]: r for r in doc["agents"]}["Ben"]
     assert ben["last_delivery"] == pairs[("Ann", "Ben")]
+
+
+def test_queues_as_deep_and_as_old_are_listed_by_name_agents_and_pairs_alike(project, clock):
+    relay = project.relay(agents=("Ann", "Ben", "Cy", "Dee"))
+    project.drop("Cy", "c1", "TO: Ann\n\nc1")
+    project.drop("Ben", "b1", "TO: Dee\n\nb1")
+    project.drop("Ben", "b2", "TO: Ann\n\nb2")
+    project.drop("Ann", "a1", "TO: Cy\n\na1")
+    relay.drain()
+    doc = project_now(relay, clock.now + 50)
+    assert [(r["from"], r["to"], r["depth"], r["oldest_unread_age_s"]) for r in doc["pairs"]] == [
+        ("Ann", "Cy", 1, 50.0), ("Ben", "Ann", 1, 50.0), ("Ben", "Dee", 1, 50.0), ("Cy", "Ann", 1, 50.0)]
+    agents = [(r["agent"], r["depth"]) for r in doc["agents"]]
+    assert agents[:4] == [("Ann", 2), ("Cy", 1), ("Dee", 1), ("Ben", 0)]
+    assert [name for name, depth in agents[3:]] == sorted(name for name, depth in agents[3:])
+
+
+def test_an_unread_message_delivered_after_the_clock_read_is_zero_seconds_old_never_negative(project, clock):
+    relay = project.relay()
+    project.drop("Ann", "a1", "TO: Ben\n\nhello")
+    relay.drain()
+    doc = project_now(relay, clock.now - 100)
+    ben = {r["agent"]: r for r in doc["agents"]}["Ben"]
+    assert ben["oldest_unread_age_s"] == 0.0 and ben["unread"] == 1
+    assert [(p["from"], p["to"], p["oldest_unread_age_s"]) for p in doc["pairs"]] == [("Ann", "Ben", 0.0)]
+
+
+def test_an_agents_last_delivery_is_the_latest_also_when_the_earlier_sender_is_listed_first(project, clock):
+    relay = project.relay()
+    project.drop("Ann", "a1", "TO: Ben\n\nearlier")
+    relay.drain()
+    clock.advance(60)
+    project.drop("Cy", "c1", "TO: Ben\n\nlater")
+    relay.drain()
+    doc = project_now(relay, clock.now)
+    pairs = {(p["from"], p["to"]): p["last_delivery"] for p in doc["pairs"]}
+    assert pairs[("Cy", "Ben")] > pairs[("Ann", "Ben")]
+    ben = {r["agent"]: r for r in doc["agents"]}["Ben"]
+    assert ben["last_delivery"] == pairs[("Cy", "Ben")]
+
+
+def test_pairs_as_deep_with_nothing_unread_are_listed_by_sender_then_recipient_whatever_came_first(project, clock):
+    relay = project.relay(agents=("Ann", "Ben", "Cy"))
+    switch = failing_create(relay, PermissionError(13, "Permission denied"), lambda rel: rel.startswith("inbox/"))
+    project.drop("Ann", "a1", "TO: Ben\n\nfirst")
+    relay.hint("rescan")
+    relay.step(clock.advance(1))
+    project.drop("Cy", "c1", "TO: Ann\n\nsecond")
+    relay.hint("rescan")
+    relay.step(clock.advance(1))
+    assert switch["on"]
+    doc = project_now(relay, clock.now)
+    assert [(p["from"], p["to"], p["pending"], p["depth"]) for p in doc["pairs"]] == [
+        ("Ann", "Ben", 1, 1), ("Cy", "Ann", 1, 1)]

@@ -121,3 +121,17 @@ def test_mcp_lists_without_taking_reads_by_id_marks_read_and_gets_a_lost_result_
                     (two, "body 1", True), (three, "body 2", True)]
     anyio.run(main)
     assert "Traceback" not in (tmp_path / "server.err").read_text()
+
+
+def test_recent_takes_a_whole_number_from_0_and_with_include_read_adds_nothing_twice(mail):
+    one, two, three = mail.sent
+    with relay.Agent("Bob", root=mail.root) as bob:
+        bob.mark_read([one, two])
+        assert bob.recent(0) == []
+        for bad in (-1, True, 1.0, "1", None):
+            with pytest.raises(relay.RelayError) as e:
+                bob.recent(bad)
+            assert str(e.value) == f"the number of read messages must be a whole number, 0 or more, not {bad!r}"
+        # the read ones are listed already: recent adds none of them again
+        assert sorted(m.id for m in bob.inbox(include_read=True, recent=2)) == [one, two, three]
+        assert [m.id for m in bob.inbox(recent=0)] == [three]

@@ -594,3 +594,144 @@ def test_relay_ack_without_a_note_says_acknowledged_alone_and_json_says_no_reply
     assert json.loads(cli("ack", second, "--agent", "Bob", "--json").stdout) == {"id": second, "acked": True,
                                                                                   "reply_id": None}
     assert json.loads(cli("ack", second, "--agent", "Bob", "--json").stdout)["acked"] is False
+
+
+def test_an_acknowledgement_keeps_a_reply_id_given_without_a_note_and_a_note_given_without_a_reply(trio):
+    alice = trio.agent("Alice")
+    mid = alice.send(["Bob", "Carol"], "x", ack_required=True)
+    trio.relay.drain()
+    ledger, history = trio.relay.ledger, trio.relay.history
+    at = {r["recipient"]: r["delivered_at"] for r in history.receipts.of(mid)}
+    reply = "01" + "Z" * 24
+    assert ledger.receipts.acked(mid, "Bob", at["Bob"] + 1, reply_id=reply) is True
+    assert ledger.receipts.acked(mid, "Carol", at["Carol"] + 1, note="fine") is True
+    got = {r["recipient"]: (r["note"], r["reply_id"]) for r in history.receipts.of(mid)}
+    assert got == {"Bob": (None, reply), "Carol": ("fine", None)}
+
+
+def test_a_message_asks_for_something_when_its_priority_is_not_normal_or_it_wants_an_ack_and_only_then(trio):
+    alice = trio.agent("Alice")
+    plain = alice.send("Bob", "plain")
+    urgent = alice.send("Bob", "now", priority="urgent")
+    low = alice.send("Bob", "later", priority="low")
+    acked = alice.send("Bob", "sign off", ack_required=True)
+    both = alice.send("Bob", "both", priority="high", ack_required=True)
+    trio.relay.drain()
+    receipts = trio.relay.history.receipts
+    assert [receipts.asks(m) for m in (plain, urgent, low, acked, both)] == [
+        ("normal", False), ("urgent", False), ("low", False), ("normal", True), ("high", True)]
+    assert receipts.priorities([plain, urgent, low, acked, both]) == {urgent: "urgent", low: "low", both: "high"}
+    rows = trio.relay.ledger.db.execute("SELECT message_id FROM asks ORDER BY message_id").fetchall()
+    assert sorted(r[0] for r in rows) == sorted([urgent, low, acked, both])
+
+
+def test_an_ack_of_a_planted_envelope_the_ledger_never_delivered_to_the_agent_is_refused(trio):
+    alice, bob = trio.agent("Alice"), trio.agent("Bob")
+    mid = alice.send("Bob", "sign off?", ack_required=True)
+    other = alice.send("Carol", "not for Bob", ack_required=True)
+    trio.relay.drain()
+    new = trio.state / "inbox" / "Bob" / "new"
+    doc = json.loads((new / f"{mid}.json").read_text())
+    (new / f"{other}.json").write_text(json.dumps({**doc, "id": other}))     # planted: relay never gave it Bob
+    with pytest.raises(relay.RelayError) as e:
+        bob.ack_message(other)
+    assert str(e.value) == f"the ledger records no delivery of {other} to Bob yet; try again in a moment"
+    assert (new / f"{other}.json").exists()                                 # not marked read
+    assert bob.ack_message(mid)["acked"] is True                            # its own copy: acknowledged
+
+
+@pytest.mark.parametrize("flag", ["--wait-read", "--wait-acked"])
+def test_a_step_wait_given_no_duration_but_the_body_takes_it_as_the_body_and_waits_for_ever(shell, cli, flag):
+    """`--wait-read "the body"` (no BODY after it): the words are the body, the wait for ever; a
+    --wait-delivered of 0 before it ends the command first, so the message is seen as sent."""
+    r = cli("send", "--from", "Alice", "--to", "Bob", "--wait-delivered", "0", flag, "the body itself", ok=False)
+    assert r.exit_code == 124
+    mid = r.stdout.strip()
+    [sent] = (cli.state / "outbox" / "Alice").iterdir()
+    assert sent.name == f"msg-{mid.lower()}" and sent.read_text().endswith("\n\nthe body itself")
+    assert r.stderr.splitlines() == [
+        f"relay: no relay daemon is running; {mid} is delivered when one runs",
+        f"relay: {mid} was not delivered to every recipient in 0s (relay has not taken it from the outbox yet; "
+        "no relay daemon is running)"]
+
+
+def test_overdue_says_of_each_copy_whether_it_was_read_surfaced_or_not_seen_oldest_first(shell, cli, monkeypatch):
+    first = cli("send", "--from", "Alice", "--to", "Bob,Carol", "--ack-required", "--subject", "sign off",
+                "ship it?").stdout.strip()
+    past = time.time() - 4000                 # an hour and more ago: past ack_overdue (30m)
+    for f in (shell.state / "outbox" / "Alice").iterdir():
+        os.utime(f, (past, past))
+    shell.clock.now = past + 10
+    shell.relay(agents=("Alice", "Bob", "Carol")).drain()
+    cli("inbox", "Bob", "--ack")             # Bob's copy read
+    cli("inbox", "Carol")                    # Carol's shown to it, not marked read: surfaced
+    second = cli("send", "--from", "Carol", "--to", "Bob", "--ack-required", "no subject here").stdout.strip()
+    then = time.time() - 1910                # 31m40s ago, once settled
+    for f in (shell.state / "outbox" / "Carol").iterdir():
+        os.utime(f, (then, then))
+    shell.clock.now = then + 10
+    shell.relay(agents=("Alice", "Bob", "Carol")).drain()
+    lines = cli("overdue").stdout.splitlines()
+    assert lines == [f"{first}  Alice -> Bob  waiting 1h06m  (read)  sign off",
+                     f"{first}  Alice -> Carol  waiting 1h06m  (surfaced)  sign off",
+                     f"{second}  Carol -> Bob  waiting 31m  (not seen)"]
+    rows = json.loads(cli("overdue", "--json").stdout)
+    assert [(r["id"], r["recipient"]) for r in rows] == [(first, "Bob"), (first, "Carol"), (second, "Bob")]
+    assert 1890 <= rows[2]["waiting_s"] <= 1990
+    assert cli("overdue", "--agent", "Carol").stdout.splitlines() == lines[2:]
+    monkeypatch.setenv("RELAY_ACK_OVERDUE", "1h")
+    assert [r["recipient"] for r in json.loads(cli("overdue", "--json").stdout)] == ["Bob", "Carol"]
+
+
+@pytest.mark.parametrize("flags", ["S", "", "RS", "FS"])
+def test_a_read_is_dated_when_the_envelope_reached_cur_under_each_usual_maildir_name(trio, flags):
+    alice = trio.agent("Alice")
+    mid = alice.send("Bob", "m")
+    trio.relay.drain()
+    box = trio.state / "inbox" / "Bob"
+    os.rename(box / "new" / f"{mid}.json", box / "cur" / f"{mid}.json:2,{flags}")
+    now = trio.clock.advance(1000)
+    trio.relay.step(now)
+    read_at = _read_at(trio, mid, "Bob")
+    assert read_at is not None and read_at < _read_at_of(now - 900)     # the rename's time (or its delivery's), not now
+
+
+def test_an_envelope_gone_from_new_but_not_to_cur_is_read_when_relay_noticed_it(trio):
+    alice = trio.agent("Alice")
+    mid, other = alice.send("Bob", "m"), alice.send("Bob", "n")
+    trio.relay.drain()
+    box = trio.state / "inbox" / "Bob"
+    (box / "new" / f"{mid}.json").unlink()
+    os.rename(box / "new" / f"{other}.json", box / "cur" / f"{other}.json:2,T")     # a flag relay does not look for
+    now = trio.clock.advance(1000)
+    trio.relay.step(now)
+    assert _read_at(trio, mid, "Bob") == _read_at(trio, other, "Bob") == _read_at_of(now)
+
+
+def _read_at_of(ts):
+    from relay.core.message import iso
+    return iso(ts)
+
+
+def test_a_second_acknowledgement_changes_neither_the_note_nor_the_reply_of_the_first(trio):
+    alice = trio.agent("Alice")
+    mid = alice.send("Bob", "x", ack_required=True)
+    trio.relay.drain()
+    ledger, history = trio.relay.ledger, trio.relay.history
+    [d] = history.receipts.of(mid)
+    first, second = "01" + "Y" * 24, "01" + "Z" * 24
+    assert ledger.receipts.acked(mid, "Bob", d["delivered_at"] + 1, note="first", reply_id=first) is True
+    assert ledger.receipts.acked(mid, "Bob", d["delivered_at"] + 2, note="second", reply_id=second) is False
+    [got] = history.receipts.of(mid)
+    assert (got["note"], got["reply_id"], got["acked_at"]) == ("first", first, d["delivered_at"] + 1)
+
+
+@pytest.mark.parametrize("flag", ["--wait-read", "--wait-acked"])
+@pytest.mark.parametrize("value", [(), ("5s",)])
+def test_a_step_wait_bare_or_with_a_duration_and_no_body_argument_reads_the_body_from_stdin(shell, cli, flag, value):
+    r = cli("send", "--from", "Alice", "--to", "Bob", "--wait-delivered", "0", flag, *value, input="from stdin",
+            ok=False)
+    assert r.exit_code == 124
+    mid = r.stdout.strip()
+    [sent] = (cli.state / "outbox" / "Alice").iterdir()
+    assert sent.name == f"msg-{mid.lower()}" and sent.read_text().endswith("\n\nfrom stdin")

@@ -303,3 +303,32 @@ def test_an_hours_bar_is_as_tall_as_its_count_is_of_the_busiest_hours():
     assert bars == [(55, 65, "2027-01-15 08:00: 2"), (0, 120, "2027-01-15 09:00: 0"), (110, 10, "2027-01-15 10:00: 4")]
     assert '<text x="0" y="12" font-size="11">4</text>' in svg
     assert "No messages in this period." in str(hour_bars([], top=0))
+
+
+@pytest.mark.parametrize("tid, href", [("t-1", "/threads/t-1"), ("a/b c", "/threads/a%2Fb%20c"),
+                                       (".", "/messages?thread=."), ("..", "/messages?thread=.."),
+                                       ("", "/messages?thread="), ("...x", "/threads/...x"), (7, "/threads/7")])
+def test_a_threads_address_quotes_every_character_and_a_dot_segment_goes_as_a_filter(tid, href):
+    from relay.operator.templating import thread_href
+    assert thread_href(tid) == href
+
+
+def test_the_pages_filters_say_words_sheds_and_numbers_as_people_read_them():
+    from markupsafe import Markup
+
+    from relay.operator.templating import css_word, inert, number, sheds
+    assert css_word("Per_Pair-Rate 2") == "perpairrate" and css_word("x" * 30) == "x" * 20
+    assert sheds({"queue_limit": 2, "body_size": 0, "per_pair_rate": 1}) == "queue_limit 2, per_pair_rate 1"
+    assert sheds({"queue_limit": 0}) == "-" and sheds(None) == "-"
+    assert number(600.0) == 600 and isinstance(number(600.0), int) and number(2.5) == 2.5 and number("x") == "x"
+    assert inert(None) == "" and inert(7) == 7 and inert("a\nb\tc") == "a\nb\tc"
+    assert inert(Markup("<b>")) == Markup("<b>") and inert("\x1b[2J") != "\x1b[2J"
+
+
+def test_the_report_of_a_project_with_no_message_yet_says_so_and_counts_nothing(project, tmp_path):
+    project.relay(agents=("Ann", "Ben")).drain()
+    out = tmp_path / "empty.html"
+    r = CliRunner().invoke(main, ["--root", str(project.root), "report", "--html", str(out)])
+    assert r.exit_code == 0, r.output
+    html = out.read_text()
+    assert "No messages in this period." in html and "<svg" not in html

@@ -656,3 +656,13 @@ def test_a_renewal_without_a_reason_keeps_the_reason_given_and_one_with_a_reason
     assert "(the parser)" in team("reservations").output
     [changed] = alice.reserve(["src/app.py"], ttl="10m", reason="the lexer now")
     assert changed.reason == "the lexer now" and [r.reason for r in alice.reservations()] == ["the lexer now"]
+
+
+def test_a_reason_that_is_no_text_is_refused_and_an_empty_one_is_none(crew):
+    alice = crew.agent("Alice")
+    for bad in (5, ["why"], b"why"):
+        with pytest.raises(RelayError, match="a reason is one line of at most 500 characters"):
+            alice.reserve(["a"], reason=bad)
+    assert alice.reservations() == []
+    [r] = alice.reserve(["a"], reason="")
+    assert r.reason is None and [x.reason for x in alice.reservations()] == [None]

@@ -91,3 +91,11 @@ def test_a_sender_asking_for_no_retry_fails_at_its_first_failed_attempt_and_a_re
     d = POLICY.decide(Facts(error=error, retries=0, max_retries=0), NOW)
     assert (d.action, d.reason) == (Action.FAIL, "gave up after 1 attempts (MAX-RETRIES: 0): busy")
     assert [POLICY.decide(Facts(error=error, retries=n), NOW).next_attempt_at - NOW for n in range(3)] == [2.0, 4.0, 8.0]
+
+
+def test_a_message_every_recipient_holds_whose_batch_met_an_error_is_retried_not_archived():
+    error = TransientError("cannot take it into the spool")
+    d = POLICY.decide(Facts(complete=True, error=error), NOW)
+    assert (d.action, d.next_attempt_at, d.error) == (Action.RETRY, NOW + 2.0, error)
+    d = POLICY.decide(Facts(complete=True, error=DurabilityError("EIO")), NOW)
+    assert d.action is Action.REFUSE

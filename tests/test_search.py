@@ -268,3 +268,26 @@ def test_a_thread_named_by_its_first_messages_id_holds_that_message_and_the_repl
     found = json.loads(mail.cli("search", "parser", "--agent", "Bob", "--thread", first, "--json").output)
     assert ids(found) == [answer, first]
     assert found[0]["thread"] == first and found[1]["thread"] is None
+
+
+def test_a_search_limit_is_a_whole_number_1_or_more_in_python(mail):
+    with relay.Agent("Bob", root=mail.root) as bob:
+        for bad in (0, -1, True, "3", 1.5, None):
+            with pytest.raises(relay.RelayError) as e:
+                bob.search("parser", limit=bad)
+            assert str(e.value) == f"the limit must be a whole number of messages, 1 or more, not {bad!r}"
+        assert len(bob.search("parser", limit=1)) == 1
+
+
+def test_a_message_with_a_subject_and_no_body_is_found_by_its_subject_and_one_with_neither_is_not_indexed(
+        cli, project):
+    cli("init", "--agent", "Alice", "--agent", "Bob")
+    with relay.Agent("Alice", root=project.root) as alice:
+        titled = alice.send("Bob", "", subject="standup notes")
+        alice.send("Bob", "")
+        bodied = alice.send("Bob", "standup moved to ten")
+    project.relay(agents=("Alice", "Bob")).drain()
+    with Ledger(project.state / "ledger.sqlite", readonly=True) as led:
+        history = History(led)
+        assert ids(history.search.messages("standup")) == sorted([titled, bodied], reverse=True)
+        assert history.search.size() == 2

@@ -477,3 +477,123 @@ def test_an_id_relay_send_gave_one_agent_that_names_anothers_message_is_refused(
     assert str(e.value) == (f"the id {row['id']} was given to Ann by relay send, but the message recorded under it "
                             "is from Ben; relay will not say which is meant")
     assert relay.history.find(row["id"][:20])["id"] == row["id"]     # a prefix is no id relay send gave
+
+
+def test_show_of_an_unbound_id_named_by_files_in_two_outboxes_refuses_to_choose(team):
+    mid = "01KC3ABCDEFGHJKMNPQRSTVWXY"
+    for sender in ("Alice", "Bob"):
+        drop(team, sender, f"msg-{mid.lower()}", "TO: Carol\n\nwhich one")
+    r = team("show", mid, ok=False)
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr == (f"relay: no message has the id {mid} yet, and files of more than one agent are named "
+                        f"msg-{mid.lower()}; relay will not say which is meant\n")
+    # one such file is the one meant, found in whichever outbox holds it (lower case or upper)
+    os.unlink(team.state / "outbox" / "Alice" / f"msg-{mid.lower()}")
+    for given in (mid, mid.lower()):
+        assert json.loads(team("show", given, "--json").stdout) == {
+            "id": mid, "status": "waiting", "source_path": f"outbox/Bob/msg-{mid.lower()}"}
+
+
+def test_show_as_an_agent_of_a_message_not_taken_yet_is_the_senders_only(team):
+    mid = team("send", "--from", "Alice", "--to", "Bob", "not taken yet").stdout.strip()
+    waiting = {"id": mid, "status": "waiting", "source_path": f"outbox/Alice/msg-{mid.lower()}"}
+    assert json.loads(team("show", mid, "--agent", "Alice", "--json").stdout) == waiting
+    assert json.loads(team("show", mid, "--json").stdout) == waiting
+    for other in ("Bob", "Carol"):          # its recipient included: it is not in Bob's hands yet
+        r = team("show", mid, "--agent", other, "--json", ok=False)
+        assert r.exit_code == 1 and r.stdout == "" and "waiting" not in r.stderr and "outbox/" not in r.stderr
+
+
+def test_show_path_hints_at_a_file_not_taken_yet_only_to_its_sender_or_the_operator(team):
+    drop(team, "Alice", "waiting", "TO: Bob\n\nnot taken yet")
+    hint = "a file is there now that relay has not taken yet"
+    for agent, hinted in ((None, True), ("Alice", True), ("Bob", False), ("Carol", False)):
+        args = ("--agent", agent) if agent else ()
+        r = team("show", "--path", "outbox/Alice/waiting", *args, ok=False)
+        assert r.exit_code == 1 and "no message from outbox/Alice/waiting in the ledger" in r.stderr, agent
+        assert (hint in r.stderr) is hinted, agent
+    r = team("show", "--path", "outbox/Alice/never-written", ok=False)      # no file there: no hint
+    assert r.exit_code == 1 and r.stderr == "relay: no message from outbox/Alice/never-written in the ledger\n"
+
+
+def test_show_path_prints_ten_messages_unless_told_and_its_json_lists_them_all(team):
+    for n in range(11):
+        drop(team, "Alice", "msg", f"TO: Bob\nSUBJECT: round {n}\n\nbody {n}")
+        team("run", "--once", "-q")
+    r = team("show", "--path", "outbox/Alice/msg")
+    assert r.stdout.startswith("10 message(s) from outbox/Alice/msg, newest first")
+    assert "round 10" in r.stdout and "round 1\n" in r.stdout and "round 0\n" not in r.stdout
+    assert r.stderr == ("relay: stopped at the limit of 10 message(s); outbox/Alice/msg carried more "
+                        "(--limit N shows more)\n")
+    r = team("show", "--path", "outbox/Alice/msg", "--json")
+    assert len(json.loads(r.stdout)) == 11 and r.stderr == ""
+    r = team("show", "--path", "outbox/Alice/msg", "--limit", "11")
+    assert r.stdout.startswith("11 message(s)") and r.stderr == ""
+    r = team("show", "--path", "outbox/Alice/msg", "--json", "--limit", "3")
+    assert [d["subject"] for d in json.loads(r.stdout)] == ["round 10", "round 9", "round 8"]
+    assert "stopped at the limit of 3 message(s)" in r.stderr
+
+
+def test_show_gives_a_messages_receipts_to_its_sender_and_the_operator_but_not_to_a_recipient(team):
+    mid = team("send", "--from", "Alice", "--to", "Bob", "--priority", "high", "look").stdout.strip()
+    team("run", "--once", "-q")
+    for agent, told in ((None, True), ("Alice", True), ("Bob", False)):
+        args = ("--agent", agent) if agent else ()
+        doc = json.loads(team("show", mid, "--json", *args).stdout)
+        assert doc["id"] == mid and doc["body"] == "look", agent
+        assert ("receipts" in doc and "priority" in doc and "ack_required" in doc) is told, agent
+        if told:
+            assert doc["priority"] == "high" and doc["ack_required"] is False
+            assert [r["recipient"] for r in doc["receipts"]] == ["Bob"]
+        text = team("show", mid, *args).stdout
+        assert ("\n  priority       high\n  ack_required   no\nreceipts:" in text) is told, agent
+        assert "\nevents:" in text
+        [story] = json.loads(team("show", "--path", f"outbox/Alice/msg-{mid.lower()}", "--json", *args).stdout)
+        assert story["id"] == mid and ("receipts" in story) is told, agent
+
+
+def test_show_path_refuses_three_parts_not_under_outbox_and_a_file_name_of_dot_or_nothing(team):
+    drop(team, "Alice", "msg", "TO: Bob\n\nhello")
+    team("run", "--once", "-q")
+    for bad, why in (("inbox/Alice/msg", "not an outbox path"), ("archive/Alice/msg", "not an outbox path"),
+                     ("outbox/Alice/.", "no file name"), ("outbox/Alice/", "no file name"),
+                     ("outbox/Alice/m\0sg", "a path holds no NUL character"),
+                     (".relayx/outbox/Alice/msg", "not an outbox path")):
+        r = team("show", "--path", bad, ok=False)
+        assert r.exit_code == 2 and why in r.stderr and "outbox/AGENT/NAME" in r.stderr, bad
+    for good in ("outbox/Alice/msg", ".relay/outbox/Alice/msg", str(team.state / "outbox" / "Alice" / "msg")):
+        assert len(json.loads(team("show", "--path", good, "--json").stdout)) == 1, good
+
+
+def test_commands_table_shows_the_newest_50_unless_told_and_its_json_gives_them_all(team):
+    from relay.operator import commands
+    with Ledger(team.state / "ledger.sqlite") as led:
+        for i in range(51):
+            commands.run(led, "ping", {"name": "Bob"}, f"c-{i:02d}", lambda: commands.Result(["ok"]), "operator:t",
+                         now=1_800_000_000.0 + i)
+    r = team("commands")
+    rows = r.stdout.splitlines()[1:]
+    assert len(rows) == 50 and "c-50" in rows[0] and not any("c-00" in row for row in rows)
+    assert r.stderr == ("relay: stopped at the limit of 50 command(s); more were recorded (--limit N shows more)\n")
+    r = team("commands", "--json")
+    assert len(json.loads(r.stdout)) == 51 and r.stderr == ""
+    r = team("commands", "--limit", "51")
+    assert len(r.stdout.splitlines()) == 52 and r.stderr == ""
+
+
+def test_show_of_a_message_not_taken_yet_looks_in_the_outbox_of_the_agent_that_owns_or_asks_for_it(team):
+    # an id relay send gave Alice: her outbox only, whatever another outbox holds under that name
+    mid = team("send", "--from", "Alice", "--to", "Bob", "bound").stdout.strip()
+    drop(team, "Bob", f"msg-{mid.lower()}", "TO: Carol\n\nsame name, another outbox")
+    assert json.loads(team("show", mid, "--json").stdout)["source_path"] == f"outbox/Alice/msg-{mid.lower()}"
+    # an id no send bound: as an agent, its own outbox only; as the operator, every outbox
+    free = "01KC3ABCDEFGHJKMNPQRSTVWXY"
+    for sender in ("Alice", "Bob"):
+        drop(team, sender, f"msg-{free.lower()}", "TO: Carol\n\nwhich one")
+    for agent in ("Alice", "Bob"):
+        doc = json.loads(team("show", free, "--agent", agent, "--json").stdout)
+        assert doc == {"id": free, "status": "waiting", "source_path": f"outbox/{agent}/msg-{free.lower()}"}
+    r = team("show", free, "--agent", "Carol", "--json", ok=False)
+    assert r.exit_code == 1 and r.stdout == ""
+    r = team("show", free, ok=False)
+    assert r.exit_code == 1 and "relay will not say which is meant" in r.stderr

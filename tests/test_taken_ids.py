@@ -289,3 +289,16 @@ def test_each_reason_a_chosen_id_is_not_taken_is_said_in_its_event(crew):
     audit = json.loads(crew("audit", "--from", "Al", "--status", "failed", "--json").output)
     assert [a["error"] for a in audit] == [f"the id {theirs.id} is already used by another message; choose another, "
                                            "or leave ID out and relay gives one"]
+
+
+def test_a_sweep_of_a_full_batch_of_forgotten_ids_says_another_batch_is_due(crew):
+    mids = [crew("send", "--from", "Ann", "--to", "Bob", f"never relayed {i}").stdout.strip() for i in range(3)]
+    for mid in mids:
+        (crew.state / "outbox" / "Ann" / f"msg-{mid.lower()}").unlink()
+    with relay.Relay(relay.load(crew.root, ".relay", env={})) as r:
+        later = time.time() + 8 * 86400
+        first = r.sweep(later, limit=2)
+        assert first.more is True and first.ids == []
+        assert sum(r.history.id_owner(m) is None for m in mids) == 2      # the batch's limit, no more
+        second = r.sweep(later, limit=2)
+        assert second.more is False and all(r.history.id_owner(m) is None for m in mids)

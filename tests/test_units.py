@@ -229,3 +229,19 @@ def test_a_systemd_unit_name_of_255_characters_is_made_and_one_of_256_is_refused
     assert len(units.systemd_name("/" + "\u00e9" * 30)) == 6 + 30 * 8 + 8 == 254
     with pytest.raises(RelayError, match="too long for a systemd unit name"):
         units.systemd_name("/" + "\u00e9" * 31)
+
+
+def test_an_instance_name_keeps_colons_underscores_and_inner_dots_and_escapes_non_ascii_letters():
+    assert units.escape_path("/srv/a_b:c.d/é1") == "srv-a_b:c.d-\\xc3\\xa91"
+    assert units.escape_path("/srv/Ab9") == "srv-Ab9"
+    assert units.escape_path("/srv/a+b") == "srv-a\\x2bb"
+
+
+def test_a_launchd_label_slugs_the_directorys_name_and_falls_back_to_project():
+    import hashlib
+
+    def tail(root):
+        return hashlib.sha256(root.encode()).hexdigest()[:8]
+    assert units.launchd_label("/tmp/My Proj!") == f"com.relay.my-proj.{tail('/tmp/My Proj!')}"
+    assert units.launchd_label("/tmp/___") == f"com.relay.project.{tail('/tmp/___')}"
+    assert units.launchd_label("/") == f"com.relay.project.{tail('/')}"

@@ -179,3 +179,54 @@ def test_send_with_no_daemon_running_says_so_on_stderr_and_exits_0(crew, cli):
     with DaemonLock(crew.state / "relay.lock"):
         r = cli("send", "--from", "Alice", "--to", "Bob", "again")
     assert r.exit_code == 0 and r.stdout.strip() and r.stderr == ""
+
+
+def test_the_wait_pauses_double_up_to_a_quarter_second_and_end_exactly_at_the_deadline():
+    from relay.agent.delivery import poll
+
+    class NoLedger:
+        def history(self):
+            return None
+
+    now, pauses = [100.0], []
+
+    def pause(seconds):
+        pauses.append(round(seconds, 6))
+        now[0] += seconds
+    got = poll(NoLedger(), None, "no ledger", lambda r: False, 1.0, pause=pause, clock=lambda: now[0])
+    assert got == "no ledger"
+    assert pauses == [0.01, 0.02, 0.04, 0.08, 0.16, 0.25, 0.25, 0.19]     # the last: what is left, not more
+    assert round(now[0], 6) == 101.0
+
+
+def test_a_wait_of_zero_looks_once_and_times_out_as_0s_and_a_negative_or_nan_wait_is_refused(crew):
+    from relay.agent.delivery import delivered
+    alice = relay.Agent("Alice", root=crew.root)
+    mid = alice.send("Bob", "hello")
+    with pytest.raises(relay.DeliveryTimeout) as e:
+        delivered(alice.project, mid, 0)
+    assert str(e.value).startswith(f"{mid} was not delivered to every recipient in 0s: ")
+    for bad in (-1, -0.001, float("nan")):
+        with pytest.raises(relay.RelayError) as e:
+            delivered(alice.project, mid, bad)
+        assert str(e.value) == f"the time to wait must be a number of seconds, not {bad!r}"
+        assert not isinstance(e.value, relay.NotDelivered)
+
+
+def test_a_wait_that_is_no_number_is_refused_by_name_and_a_send_given_one_writes_nothing(crew):
+    from relay.agent.delivery import delivered
+    alice = relay.Agent("Alice", root=crew.root)
+    mid = alice.send("Bob", "hello")
+    for bad in ("abc", "", [1], object):
+        with pytest.raises(relay.RelayError) as e:
+            delivered(alice.project, mid, bad)
+        assert str(e.value) == f"the time to wait must be a number of seconds, not {bad!r}"
+        with pytest.raises(relay.RelayError) as e:
+            alice.wait_receipts(mid, "read", bad)
+        assert str(e.value) == f"the time to wait must be a number of seconds, not {bad!r}"
+    outbox = crew.root / ".relay" / "outbox" / "Alice"
+    written = sorted(p.name for p in outbox.iterdir())
+    with pytest.raises(relay.RelayError) as e:
+        alice.send("Bob", "not sent", wait_delivered="soon")
+    assert str(e.value) == "the time to wait must be a number of seconds, not 'soon'"
+    assert sorted(p.name for p in outbox.iterdir()) == written

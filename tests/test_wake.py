@@ -147,3 +147,63 @@ def test_system_is_never_woken_and_a_batch_only_for_it_wakes_no_one(project):
     assert relay.step().archived == 2
     assert [(r, c[c.index("-l") + 1]) for r, c, _ in runner.fired] == [
         ("Ben", notice("Ben", 1, project.inbox("Ben")[0]["id"], "Cy"))]
+
+
+def test_a_failing_target_is_warned_of_once_with_why_and_again_after_it_worked(project, caplog):
+    from types import SimpleNamespace
+    wake = Wake(project.config(wake={"tmux": "agents:{agent}"}), Runner(), which=lambda name: "/usr/bin/tmux")
+
+    def run(agent, code):
+        return SimpleNamespace(delivery=SimpleNamespace(recipient=agent), proc=SimpleNamespace(returncode=code))
+
+    def warned():
+        return [r.getMessage() for r in caplog.records if r.name == "relay.core.wake" and r.levelname == "WARNING"]
+
+    with caplog.at_level(logging.INFO, logger="relay.core.wake"):
+        wake.report(run("Ben", 1), bytearray(b"can't find pane: Ben\n"), True, 5.0, 0.1)
+        wake.report(run("Ben", 1), bytearray(b"can't find pane: Ben\n"), True, 5.0, 0.1)
+        wake.report(run("Cy", None), bytearray(), False, 5.0, 5.0)
+        assert warned() == [
+            "[wake]: could not type into tmux target agents:Ben for Ben (tmux exited with status 1): can't find pane: "
+            "Ben; logged once until it works",
+            "[wake]: could not type into tmux target agents:Cy for Cy (took longer than 5s): (none); logged once "
+            "until it works"]
+        assert (wake.failed, wake.woken) == (3, 0)
+        wake.report(run("Ben", 0), bytearray(), True, 5.0, 0.1)
+        assert (wake.failed, wake.woken) == (3, 1) and "agents:Ben" not in wake.failing and "agents:Cy" in wake.failing
+        assert "[wake]: tmux target agents:Ben is woken again" in caplog.text
+        wake.report(run("Ben", 0), bytearray(), True, 5.0, 0.1)
+        assert caplog.text.count("is woken again") == 1
+        wake.report(run("Ben", 2), bytearray(b"no server"), True, 5.0, 0.1)
+        assert len(warned()) == 3 and warned()[-1].startswith(
+            "[wake]: could not type into tmux target agents:Ben for Ben (tmux exited with status 2): no server")
+
+
+@pytest.mark.parametrize("toml, match", [('[wake]\ntmux = 5\n', r"\[wake\] tmux = 5 is not plain text"),
+                                         ('[wake]\nsocket = "/tmp/s\\u0007"\n', r"\[wake\] socket = '/tmp/s\\x07' is"),
+                                         ('[wake]\ntmux = ["a"]\n', r"\[wake\] tmux = \['a'\] is not plain text")])
+def test_a_wake_value_that_is_no_plain_text_is_refused_naming_its_key(tmp_path, toml, match):
+    state = tmp_path / ".relay"
+    state.mkdir()
+    (state / "relay.toml").write_text(toml)
+    with pytest.raises(ConfigError, match=match):
+        config_mod.load(tmp_path, None, env={})
+
+
+def test_an_empty_wake_target_or_socket_is_none(tmp_path):
+    state = tmp_path / ".relay"
+    state.mkdir()
+    (state / "relay.toml").write_text('[wake]\ntmux = ""\nsocket = ""\n')
+    wake = config_mod.load(tmp_path, None, env={}).wake
+    assert (wake.tmux, wake.socket) == (None, None)
+
+
+def test_a_wake_with_a_socket_but_no_target_types_nothing(project):
+    relay = project.relay()
+    runner = Runner()
+    looked = []
+    relay.wakes = Wake(project.config(wake={"socket": "/run/t.sock"}), runner,
+                       which=lambda name: looked.append(name) or "/usr/bin/tmux")
+    project.drop("Ann", "m", msg("Ben"))
+    assert relay.step().archived == 1
+    assert runner.fired == [] and looked == [] and relay.wakes.tmux is None

@@ -315,3 +315,21 @@ def test_the_watchdog_handler_hints_each_kind_of_event_in_an_agents_outbox_and_n
         handler.dispatch(event)
     assert said.got == [("closed", "Ann", "moved"), ("closed", "Ann", "closed"), ("file", "Ann", "created"),
                         ("file", "Ann", "modified"), ("closed", "Ann", "bytes"), ("dir", "Bob"), ("dir", "Cy")]
+
+
+def test_a_directory_whose_name_is_no_agents_is_not_watched_at_start_or_when_made(project):
+    outbox = project.state / "outbox"
+    project.relay().close()
+    os.mkdir(outbox / "bad name")
+    (outbox / "plain-file").write_text("x")
+    with watching(project) as (ino, hints):
+        assert sorted(ino.names.values()) == ["Ann", "Ben", "Cy"]
+        os.mkdir(outbox / "also bad")
+        os.mkdir(outbox / "Dee")
+        got = pump_until(ino, hints, 2)
+        assert ("dir", "Dee", None) in got
+        assert sorted(ino.names.values()) == ["Ann", "Ben", "Cy", "Dee"]
+        (outbox / "also bad" / "m").write_text("TO: Ben\n\nx")
+        (outbox / "Dee" / "m").write_text("TO: Ben\n\nx")
+        got = pump_until(ino, hints, len(got) + 2)
+        assert all(h[1] != "also bad" or h[0] == "dir" for h in got)

@@ -192,16 +192,6 @@ def test_the_message_page_checks_the_original_against_its_hash_and_the_chain(web
     assert 'id="hash" class="err"' in text and "do NOT hash" in text
 
 
-def test_relay_web_without_its_extra_says_how_to_install_it(team, monkeypatch):
-    for name in [m for m in sys.modules if m == "relay.web" or m.startswith("relay.web.")]:
-        monkeypatch.delitem(sys.modules, name)
-    for name in [m for m in sys.modules if m.split(".")[0] in ("starlette", "uvicorn")] + ["starlette", "uvicorn"]:
-        monkeypatch.setitem(sys.modules, name, None)       # as if the extra were not installed
-    r = team("web", ok=False)
-    assert r.exit_code == 1
-    assert "pip install 'agent-outbox-relay[web]'" in r.output and "pip install '.[web]'" in r.output
-
-
 def _csrf(text):
     return re.search(r'name="csrf" value="([0-9a-f]{64})"', text).group(1)
 
@@ -919,3 +909,178 @@ def test_each_time_filter_refuses_a_time_it_cannot_read_naming_the_filter_and_ta
         assert status == 400 and said.startswith(f"{key}: ")
         assert get(srv, f"/messages?{key}=2h")[0] == 200
         assert get(srv, f"/messages?{key}=2026-11-30")[0] == 200
+
+
+def _without(monkeypatch, missing):
+    """As in a process where `missing` cannot be imported: relay.web imported afresh (the
+    package's attribute put back afterwards too, so that later tests see the one in sys.modules)."""
+    import relay
+    import relay.web
+    monkeypatch.setattr(relay, "web", sys.modules["relay.web"])
+    for name in [m for m in sys.modules if m == "relay.web" or m.startswith("relay.web.")]:
+        monkeypatch.delitem(sys.modules, name)
+    for name in [m for m in sys.modules if m == missing or m.startswith(missing + ".")] + [missing]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+@pytest.mark.parametrize("package", ["starlette", "uvicorn", "jinja2", "prometheus_client"])
+def test_relay_web_without_any_one_package_of_its_extra_says_how_to_install_it(team, monkeypatch, package):
+    from conftest import error_line
+    _without(monkeypatch, package)
+    r = team("web", ok=False)
+    assert r.exit_code == 1 and r.stdout == ""
+    assert error_line(r) == ("relay web needs the web extra (starlette, uvicorn, jinja2, prometheus-client), which "
+                             "is not installed: pip install 'agent-outbox-relay[web]' (from a checkout: pip install "
+                             "'.[web]')")
+
+
+def test_relay_web_missing_a_module_of_its_own_is_not_said_to_be_the_extra(team, monkeypatch):
+    _without(monkeypatch, "relay.web.app")
+    with pytest.raises(ImportError) as e:
+        team("web", ok=False)
+    assert e.value.name == "relay.web.app"
+
+
+def test_relay_web_on_a_port_already_taken_says_it_cannot_listen_there(team):
+    import socket
+    from conftest import error_line
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        r = team("web", "--port", str(port), ok=False)
+    finally:
+        taken.close()
+    assert r.exit_code == 1 and r.stdout == ""
+    assert error_line(r) == f"cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_a_page_read_from_another_site_is_answered_and_a_form_sent_without_origin_headers_is_taken(team):
+    """Only a request that changes something is held to the same origin: a GET or HEAD a link of
+    another site starts is answered. A form sent with neither Origin nor Sec-Fetch-Site (a
+    script with the token) is taken; an Origin of another site is refused even when
+    Sec-Fetch-Site claims the same origin."""
+    from urllib.parse import urlencode
+    team("init", "--agent", "Human")
+    with server(team.root, compose="Human") as srv:
+        cross = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
+        for method in ("GET", "HEAD"):
+            assert get(srv, "/messages", headers=cross, method=method)[0] == 200, method
+        kinds = {"Content-Type": "application/x-www-form-urlencoded"}
+        token = _csrf(get(srv, "/compose")[2])
+        form = urlencode({"to": "Bob", "body": "from a script", "csrf": token}).encode()
+        assert get(srv, "/compose", data=form, headers=kinds)[0] == 200
+        form = urlencode({"to": "Bob", "body": "forged", "csrf": token}).encode()
+        said = {**kinds, "Origin": "http://evil.example", "Sec-Fetch-Site": "same-origin"}
+        status, _, text = get(srv, "/compose", data=form, headers=said)
+        assert (status, text) == (403, "relay web: a form is sent from relay web's own pages only\n")
+        status, _, _ = get(srv, "/compose", data=form, headers={**kinds, "Origin": srv.base, "Sec-Fetch-Site": "same-site"})
+        assert status == 403
+    team("run", "--once")
+    new = team.state / "inbox" / "Bob" / "new"
+    assert [json.loads(p.read_bytes())["body"] for p in new.iterdir()] == ["from a script"]
+
+
+def test_every_status_shed_included_and_every_priority_is_a_filter_and_the_refusal_lists_them_all(web):
+    for status in ("pending", "processing", "delivered", "archived", "failed", "shed"):
+        got, _, text = get(web, f"/messages?status={status}")
+        assert got == 200 and 'id="refused"' not in text, status
+    for priority in ("urgent", "high", "normal", "low"):
+        assert get(web, f"/messages?priority={priority}")[0] == 200, priority
+    for query, words in (("status=Archived", "no status 'Archived': one of pending, processing, delivered, archived, "
+                                             "failed, shed"),
+                         ("priority=HIGH", "no priority 'HIGH': one of urgent, high, normal, low")):
+        status, _, text = get(web, f"/messages?{query}")
+        assert (status, refused_text(text)) == (400, words), query
+
+
+def test_before_is_a_message_id_of_26_ascii_letters_or_digits_in_either_case(web):
+    listing = ids(get(web, "/messages")[2])
+    assert len(listing) >= 3
+    older = ids(get(web, f"/messages?before={listing[0].lower()}")[2])
+    assert older == listing[1:] == ids(get(web, f"/messages?before={listing[0]}")[2])
+    for bad in (listing[0][:25], listing[0] + "0", listing[0][:25] + "-", listing[0][:25] + "%C3%A9"):
+        status, _, text = get(web, f"/messages?before={bad}")
+        assert (status, refused_text(text)) == (400, "before: not a message id"), bad
+
+
+def test_the_live_hub_says_a_failing_read_once_drops_a_page_that_does_not_read_and_ends_every_stream(project, caplog):
+    """A look at the ledger that fails is said once while it fails the same way (each new way
+    said again), the next look that works sends the news; a stream whose queue is full is dropped
+    (its queue left holding only the end), and closing the hub ends every stream still open."""
+    import asyncio
+    import logging
+
+    from relay.web import live
+    from relay.web.app import Readers
+    relay = project.relay()
+    project.drop("Ann", "a0", "TO: Ben\n\nfirst")
+    relay.drain()
+    readers = Readers(project.state / "ledger.sqlite")
+    fails = ["busy", "busy", "busy", "gone"]
+
+    def reader():
+        if fails:
+            raise OSError(fails.pop(0))
+        return readers()
+    hub = live.Hub(reader, poll=0)
+    hub.seq = relay.history.last_event()
+    project.drop("Ann", "a1", "TO: Ben\n\nsecond")
+    relay.drain()
+
+    async def main():
+        slow, fast = asyncio.Queue(1), asyncio.Queue(live.QUEUE)
+        slow.put_nowait(b"never read")
+        hub.clients |= {slow, fast}
+        task = asyncio.get_running_loop().create_task(hub._run())
+        data = await asyncio.wait_for(fast.get(), 10)
+        dropped = slow not in hub.clients and fast in hub.clients
+        hub.loop = asyncio.get_running_loop()
+        hub.close()
+        await asyncio.wait_for(task, 10)
+        return data, dropped, slow, fast
+    try:
+        with caplog.at_level(logging.WARNING, logger="relay.web.live"):
+            data, dropped, slow, fast = asyncio.run(main())
+    finally:
+        readers.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "relay.web.live"] == [
+        "relay web: the live view cannot read the ledger: busy", "relay web: the live view cannot read the ledger: gone"]
+    head = b"event: update\ndata: "
+    assert data.startswith(head) and data.endswith(b"\n\n")
+    doc = json.loads(data[len(head):])
+    assert doc["seq"] == relay.history.last_event() and doc["events"] and hub.failing is None
+    assert dropped and slow.qsize() == 1 and slow.get_nowait() is live.CLOSE
+    assert fast.get_nowait() is live.CLOSE and hub.clients == set() and hub.task is None
+
+
+def test_the_cli_says_under_its_address_whether_it_is_read_only_or_composes_and_as_whom(team):
+    import os
+    import signal
+    import subprocess
+    team("init", "--agent", "Human")
+    tail = ("open the address above: the token in it is needed by every page and by /metrics; Ctrl-C stops)\n")
+    for args, said in (((), "(read-only; " + tail), (("--compose", "--as", "Human"), "(compose on, sending as Human; "
+                                                                                       + tail)):
+        proc = subprocess.Popen([sys.executable, "-m", "relay", "--root", str(team.root), "web", *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            first, second = proc.stdout.readline().decode(), proc.stdout.readline().decode()
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=30)
+        assert first.startswith("relay web: http://127.0.0.1:") and second == said, args
+
+
+def test_the_token_under_another_scheme_of_the_same_length_as_bearer_is_refused(web):
+    for scheme, status in (("Digest ", 401), ("Bearer ", 200), ("bEaReR ", 200), ("Bearer\t", 401), ("Beare  ", 401)):
+        got = get(web, "/agents", token=None, headers={"Authorization": scheme + web.token})[0]
+        assert got == status, scheme
+
+
+def test_relay_web_takes_a_port_from_0_to_65535_and_refuses_one_outside(team):
+    for port in ("-1", "65536"):
+        r = team("web", "--port", port, ok=False)
+        assert r.exit_code == 2 and "Invalid value for '--port'" in r.stderr and "0<=x<=65535" in r.stderr, port
