@@ -542,20 +542,24 @@ def test_the_health_check_counts_the_federation_a_link_down_and_an_old_unacknowl
     assert health.federation(doc(oldest=100.0), True, 1000.0, 0) == (0, [])
 
 
+class Lines:
+    """A logger of federation's conditions whose error and info lines are kept, formatted."""
+    def __init__(self):
+        self.lines = []
+
+    def error(self, fmt, *args):
+        self.lines.append(fmt % args)
+
+    info = error
+
+
 def test_an_error_whose_reason_alternates_is_said_once_per_reason_then_counted():
     """A TLS handshake refused one way, then another: each reason once while the condition
     lasts (at most SAID of them), then one count a minute; said again after it ended."""
     from relay.federation.conditions import EVERY, SAID, Condition
-    lines, now = [], [0.0]
-
-    class Log:
-        def error(self, fmt, *args):
-            lines.append(fmt % args)
-
-        def info(self, fmt, *args):
-            lines.append(fmt % args)
-
-    down = Condition(Log(), "federation: the server cannot be used", clock=lambda: now[0])
+    log, now = Lines(), [0.0]
+    lines = log.lines
+    down = Condition(log, "federation: the server cannot be used", clock=lambda: now[0])
     for i in range(1000):
         now[0] = i * 0.5
         down.report("TLSV13_ALERT_CERTIFICATE_REQUIRED" if i % 2 else "EOF occurred in violation of protocol")
@@ -719,16 +723,9 @@ def test_a_claim_names_an_agent_and_says_why_a_name_is_refused(cli):
 
 def test_a_repeated_error_is_counted_aloud_exactly_a_minute_after_it_was_said_and_its_end_said_as_given():
     from relay.federation.conditions import Condition
-    lines, now = [], [0.0]
-
-    class Log:
-        def error(self, fmt, *args):
-            lines.append(fmt % args)
-
-        def info(self, fmt, *args):
-            lines.append(fmt % args)
-
-    down = Condition(Log(), "federation: down", over="federation: back", clock=lambda: now[0])
+    log, now = Lines(), [0.0]
+    lines = log.lines
+    down = Condition(log, "federation: down", over="federation: back", clock=lambda: now[0])
     for t in (0.0, 10.0, 59.999, 60.0, 119.999, 120.0):
         now[0] = t
         down.report("refused")

@@ -73,6 +73,22 @@ def pushed_session(pushed, **more):
     return dict(message_handler=pushed.handler, **more)
 
 
+def channel_session(pushed, name="claude-code", **more):
+    """A client that says it is `name` (version 2.1.90), whose channel events `pushed` records."""
+    return dict(client_info=types.Implementation(name=name, version="2.1.90"),
+                notification_bindings=[NotificationBinding(method=CHANNEL, params_type=ChannelParams,
+                                                           handler=pushed.channel)], **more)
+
+
+def run_with_alice(team, tmp_path, scenario, **session):
+    """run() with `scenario(bob, alice)`: Alice an Agent of the project, closed afterwards."""
+    alice = relay.Agent("Alice", root=team.root)
+    try:
+        run(team.root, tmp_path, lambda bob: scenario(bob, alice), **session)
+    finally:
+        alice.close()
+
+
 class Daemon:
     """`relay run` on the project as a process; ready once it said READY=1 to its notify socket."""
 
@@ -154,9 +170,8 @@ def test_the_resources_show_only_what_the_agent_may_see(cli, team, tmp_path):
 
 def test_a_thread_subscription_is_told_of_its_messages_and_unsubscribing_ends_it(team, tmp_path):
     pushed = Pushed()
-    alice = relay.Agent("Alice", root=team.root)
 
-    async def scenario(bob):
+    async def scenario(bob, alice):
         await bob.session.subscribe_resource("relay://inbox/Bob")
         await bob.session.subscribe_resource("relay://thread/review%2042")
         alice.send("Bob", "in another thread", thread="other")
@@ -171,17 +186,13 @@ def test_a_thread_subscription_is_told_of_its_messages_and_unsubscribing_ends_it
         await anyio.to_thread.run_sync(deliver, team)
         # in order on the wire: the thread's update, and no inbox update before it
         assert (await pushed.until(4, 1.0))[3:] == [("updated", "relay://thread/review%2042")]
-    try:
-        run(team.root, tmp_path, scenario, **pushed_session(pushed))
-    finally:
-        alice.close()
+    run_with_alice(team, tmp_path, scenario, **pushed_session(pushed))
 
 
 def test_claude_code_is_sent_each_message_as_a_channel_event(team, tmp_path):
     pushed = Pushed()
-    alice = relay.Agent("Alice", root=team.root)
 
-    async def scenario(bob):
+    async def scenario(bob, alice):
         assert "claude/channel" in bob.session.server_capabilities.experimental
         # no subscription: a channel client is told of every delivery; the pushes start once the
         # server has the client's initialized notification, which a first call comes after
@@ -194,11 +205,7 @@ def test_claude_code_is_sent_each_message_as_a_channel_event(team, tmp_path):
                                  "priority": "urgent", "ack_required": "true"}
         assert mid in event["content"] and "read(id=" in event["content"] and "acknowledge" in event["content"]
         assert "the body" not in event["content"]           # the body is read with read(id)
-    try:
-        run(team.root, tmp_path, scenario, client_info=types.Implementation(name="claude-code", version="2.1.90"),
-            notification_bindings=[NotificationBinding(method=CHANNEL, params_type=ChannelParams, handler=pushed.channel)])
-    finally:
-        alice.close()
+    run_with_alice(team, tmp_path, scenario, **channel_session(pushed))
 
 
 def _received(**fields):
@@ -266,62 +273,46 @@ def test_the_push_uris_parse_a_thread_the_own_inbox_and_refuse_the_rest():
 
 def test_a_client_declaring_the_channel_extension_under_any_name_is_sent_channel_events(team, tmp_path):
     pushed = Pushed()
-    alice = relay.Agent("Alice", root=team.root)
 
-    async def scenario(bob):
+    async def scenario(bob, alice):
         await bob.call("agents")
         mid = alice.send("Bob", "the body", subject="plan")
         await anyio.to_thread.run_sync(deliver, team)
         [(kind, event)] = await pushed.until(1, 1.0)
         assert kind == "channel" and event["meta"]["id"] == mid and event["meta"]["priority"] == "normal"
-    try:
-        run(team.root, tmp_path, scenario, client_info=types.Implementation(name="some-editor", version="1"),
-            extensions={"claude/channel": {}},
-            notification_bindings=[NotificationBinding(method=CHANNEL, params_type=ChannelParams, handler=pushed.channel)])
-    finally:
-        alice.close()
+    run_with_alice(team, tmp_path, scenario,
+                   **channel_session(pushed, name="some-editor", extensions={"claude/channel": {}}))
 
 
 def test_a_client_neither_claude_code_nor_declaring_the_channel_is_sent_no_channel_event(team, tmp_path):
     pushed = Pushed()
-    alice = relay.Agent("Alice", root=team.root)
 
-    async def scenario(bob):
+    async def scenario(bob, alice):
         await bob.session.subscribe_resource("relay://inbox/Bob")
         alice.send("Bob", "the body", subject="plan")
         await anyio.to_thread.run_sync(deliver, team)
         assert await pushed.until(1, 1.0) == [("updated", "relay://inbox/Bob")]
         await bob.call("agents")        # what the push sent after the update came before this answer
         assert pushed.items == [("updated", "relay://inbox/Bob")]
-    try:
-        run(team.root, tmp_path, scenario, client_info=types.Implementation(name="claude-code-fork", version="1"),
-            extensions={"other/extension": {}},
-            notification_bindings=[NotificationBinding(method=CHANNEL, params_type=ChannelParams, handler=pushed.channel)],
-            **pushed_session(pushed))
-    finally:
-        alice.close()
+    run_with_alice(team, tmp_path, scenario, **pushed_session(pushed),
+                   **channel_session(pushed, name="claude-code-fork", extensions={"other/extension": {}}))
 
 
 def test_a_thread_subscription_by_a_messages_id_is_told_of_that_message_without_a_thread(team, tmp_path):
     pushed = Pushed()
-    alice = relay.Agent("Alice", root=team.root)
 
-    async def scenario(bob):
+    async def scenario(bob, alice):
         mid = alice.send("Bob", "no thread named")          # sent, not delivered yet: its id is its thread
         await bob.session.subscribe_resource(f"relay://thread/{mid}")
         await anyio.to_thread.run_sync(deliver, team)
         assert await pushed.until(1, 1.0) == [("updated", f"relay://thread/{mid}")]
-    try:
-        run(team.root, tmp_path, scenario, **pushed_session(pushed))
-    finally:
-        alice.close()
+    run_with_alice(team, tmp_path, scenario, **pushed_session(pushed))
 
 
 def test_a_file_planted_in_new_that_is_no_envelope_is_no_channel_event(team, tmp_path):
     pushed = Pushed()
-    alice = relay.Agent("Alice", root=team.root)
 
-    async def scenario(bob):
+    async def scenario(bob, alice):
         await bob.call("agents")
         new = team.state / "inbox" / "Bob" / "new"
         (new / ".planted").write_text("{not an envelope")
@@ -333,8 +324,4 @@ def test_a_file_planted_in_new_that_is_no_envelope_is_no_channel_event(team, tmp
         assert kind == "channel" and event["meta"]["id"] == mid
         await bob.call("agents")
         assert len(pushed.items) == 1
-    try:
-        run(team.root, tmp_path, scenario, client_info=types.Implementation(name="claude-code", version="2.1.90"),
-            notification_bindings=[NotificationBinding(method=CHANNEL, params_type=ChannelParams, handler=pushed.channel)])
-    finally:
-        alice.close()
+    run_with_alice(team, tmp_path, scenario, **channel_session(pushed))
