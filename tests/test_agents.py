@@ -518,6 +518,11 @@ def test_a_wait_with_no_sense_of_time_is_refused_and_a_negative_one_looks_once(t
     with pytest.raises(relay.RelayError, match=r"^the timeout must be a number of seconds, not nan$"):
         bob.wait(timeout=float("nan"))
     assert bob.wait(timeout=-5) == []
+    for bad in ("soon", [1], None.__class__):
+        with pytest.raises(relay.RelayError) as e:
+            bob.wait(timeout=bad)
+        assert str(e.value) == f"the timeout must be a number of seconds, not {bad!r}"
+    assert bob.wait(timeout="0") == []
     bob.close()
 
 

@@ -18,6 +18,7 @@ sender's before the file is written), request ids that make a repeated send harm
 into the outbox under a name no other message uses.
 """
 import dataclasses
+import math
 import os
 import time
 
@@ -400,10 +401,14 @@ class Agent(Leases, AgentState, Registering):
         Stop) is set from another thread. Woken by inotify (watchdog), not a polling loop.
         `listening` (a threading.Event) is set once an arrival would wake it. `limit` and
         `skip` as for inbox()."""
-        if timeout is not None and not timeout >= 0:
-            if timeout != timeout:          # NaN: no time at all can be meant
+        if timeout is not None:
+            try:
+                seconds = float(timeout)
+            except (TypeError, ValueError):
+                seconds = math.nan
+            if seconds != seconds:          # NaN, or no number: no time at all can be meant
                 raise RelayError(f"the timeout must be a number of seconds, not {timeout!r}")
-            timeout = 0
+            timeout = max(0.0, seconds)
         # A message is what wakes it: an entry of new/ that is no envelope (junk an agent put
         # there) is listed with the messages, but alone it would make every wait return at once.
         got = self.inbox(ack=ack, limit=limit, skip=skip)
