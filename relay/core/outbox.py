@@ -62,8 +62,8 @@ class OpenWriters:
     lease on it (fcntl F_SETLEASE: refused while a writer holds it open). The kernel's file
     lease only; agents' path reservations (agent/leases.py) are another thing."""
 
-    def __init__(self, enabled=True):
-        self.supported = enabled and F_SETLEASE is not None
+    def __init__(self):
+        self.supported = F_SETLEASE is not None
 
     def writers(self, fd):
         """True when another process has the file open for writing. Otherwise a read lease is
