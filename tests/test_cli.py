@@ -792,3 +792,224 @@ def test_read_as_relay_agent_marks_read_only_the_agents_own_new_copy_and_refuses
     assert doc["state"] == "cur" and doc["path"].endswith(f"inbox/Bob/cur/{mid}.json:2,S")
     monkeypatch.delenv("RELAY_AGENT")
     assert team("inbox", "Bob").stdout == "no new messages for Bob\n"
+
+
+def _delivered_to_bob(team, body="hello Bob", *extra):
+    mid = team("send", "--from", "Alice", "--to", "Bob", *extra, body).stdout.split()[0]
+    team("run", "--once")
+    return mid
+
+
+def test_a_reply_to_without_to_goes_to_the_original_sender_in_its_thread(team):
+    mid = _delivered_to_bob(team, "question", "--thread", "t9", "--subject", "plan")
+    r = team("send", "--from", "Bob", "--reply-to", mid, "answer")
+    assert r.exit_code == 0
+    team("run", "--once")
+    [doc] = json.loads(team("inbox", "Alice", "--json").stdout)
+    assert (doc["from"], doc["to"], doc["thread"], doc["subject"], doc["body"]) == \
+        ("Bob", ["Alice"], "t9", "Re: plan", "answer")
+
+
+@pytest.mark.timeout_s(15)
+def test_send_with_a_duration_after_wait_delivered_reads_the_body_from_stdin_and_times_out(team):
+    r = team("send", "--from", "Alice", "--to", "Bob", "--wait-delivered", "0", input="the body\n", ok=False)
+    mid = r.stdout.split()[0]
+    assert r.exit_code == 124
+    assert f"relay: {mid} was not delivered to every recipient in 0s" in r.stderr
+    team("run", "--once")
+    [doc] = json.loads(team("inbox", "Bob", "--json").stdout)
+    assert doc["body"] == "the body\n"
+
+
+@pytest.mark.timeout_s(15)
+@pytest.mark.parametrize("flag", ["--wait-read", "--wait-acked"])
+def test_send_with_a_duration_after_wait_read_or_acked_reads_the_body_from_stdin(team, flag):
+    r = team("send", "--from", "Alice", "--to", "Bob", flag, "0", input="the body\n", ok=False)
+    mid = r.stdout.split()[0]
+    assert r.exit_code == 124
+    team("run", "--once")
+    [doc] = json.loads(team("inbox", "Bob", "--json").stdout)
+    assert (doc["id"], doc["body"]) == (mid, "the body\n")
+
+
+@pytest.mark.timeout_s(15)
+def test_send_without_a_wait_flag_or_body_reads_stdin_and_returns_at_once_with_the_no_relay_note(team):
+    r = team("send", "--from", "Alice", "--to", "Bob", input="piped\n")
+    mid = r.stdout.split()[0]
+    assert r.stdout == f"{mid}\n"
+    assert r.stderr == (f"relay: no relay is running here: {mid} waits in Alice's outbox until one runs (start one: "
+                        "relay run; as a service: relay service systemd)\n")
+
+
+def test_send_says_no_relay_is_running_only_when_none_holds_the_lock_nor_for_a_repeated_request(team):
+    from relay.files.lock import DaemonLock
+    first = team("send", "--from", "Alice", "--to", "Bob", "--request-id", "r1", "once")
+    mid = first.stdout.split()[0]
+    assert "no relay is running here" in first.stderr
+    again = team("send", "--from", "Alice", "--to", "Bob", "--request-id", "r1", "once")
+    assert again.stdout == f"{mid}\n"
+    assert again.stderr == f"relay: request id 'r1' was sent before as {mid}; not sent again\n"
+    lock = DaemonLock(team.state / "relay.lock").acquire()
+    try:
+        held = team("send", "--from", "Alice", "--to", "Bob", "another")
+    finally:
+        lock.release()
+    assert held.stderr == "" and len(held.stdout.split()) == 1
+
+
+@pytest.mark.timeout_s(15)
+def test_inbox_wait_with_an_empty_agent_takes_the_name_after_wait(team):
+    _delivered_to_bob(team)
+    r = team("inbox", "", "--wait", "Bob")
+    assert "hello Bob" in r.stdout and "from:    Alice" in r.stdout
+
+
+@pytest.mark.timeout_s(15)
+def test_inbox_takes_relay_agent_with_and_without_a_wait_duration(team, monkeypatch):
+    _delivered_to_bob(team)
+    monkeypatch.setenv("RELAY_AGENT", "Bob")
+    plain = team("inbox")
+    assert "hello Bob" in plain.stdout
+    waited = team("inbox", "--wait", "1")
+    assert "hello Bob" in waited.stdout and waited.stdout == plain.stdout
+
+
+@pytest.mark.timeout_s(15)
+def test_inbox_of_a_named_agent_with_a_bare_wait_shows_what_is_there(team):
+    _delivered_to_bob(team)
+    r = team("inbox", "Bob", "--wait")
+    assert "hello Bob" in r.stdout
+
+
+@pytest.mark.timeout_s(15)
+@pytest.mark.parametrize("flags", [["--all"], ["--recent", "1"]])
+def test_inbox_wait_with_all_or_recent_also_shows_what_was_read(team, flags):
+    old = _delivered_to_bob(team, "old one")
+    team("read", old, "--agent", "Bob")
+    new = _delivered_to_bob(team, "new one")
+    docs = json.loads(team("inbox", "Bob", "--wait", "5", *flags, "--json").stdout)
+    assert sorted((d["id"], d["state"]) for d in docs) == [(old, "cur"), (new, "new")]
+
+
+def test_read_as_relay_agent_marks_its_copy_read(team, monkeypatch):
+    mid = _delivered_to_bob(team)
+    monkeypatch.setenv("RELAY_AGENT", "Bob")
+    assert json.loads(team("read", mid, "--json").stdout)["state"] == "cur"
+    assert "no new messages for Bob" in team("inbox", "Bob").stdout
+
+
+def test_read_by_the_sender_shows_the_message_and_leaves_the_recipients_copy_unread(team, monkeypatch):
+    mid = _delivered_to_bob(team)
+    monkeypatch.setenv("RELAY_AGENT", "Alice")
+    r = team("read", mid, "--json")
+    doc = json.loads(r.stdout)
+    assert (doc["id"], doc["body"]) == (mid, "hello Bob") and r.stderr == ""
+    assert doc["state"] == "new" and Path(doc["path"]).exists()         # Bob's copy, as it is
+    assert "(read)" not in team("read", mid).stdout
+    assert [d["state"] for d in json.loads(team("inbox", "Bob", "--json").stdout)] == ["new"]
+
+
+def test_inbox_all_ack_marks_only_the_new_ones_and_labels_the_read_one_as_it_was(team):
+    old = _delivered_to_bob(team, "old one")
+    team("read", old, "--agent", "Bob")
+    new = _delivered_to_bob(team, "new one")
+    r = team("inbox", "Bob", "--all", "--ack", "--json")
+    docs = {d["id"]: d for d in json.loads(r.stdout)}
+    assert docs[old]["state"] == docs[new]["state"] == "cur" and r.stderr == ""
+    assert Path(docs[old]["path"]).exists() and Path(docs[new]["path"]).exists()
+    assert "no new messages for Bob" in team("inbox", "Bob").stdout
+
+
+def test_search_shows_no_subject_as_nothing_not_none(team):
+    mid = _delivered_to_bob(team, "findable words")
+    r = team("search", "findable")
+    first, snippet = r.stdout.splitlines()
+    assert first.startswith(f"{mid}  ") and first.endswith("Alice -> Bob")
+    assert "None" not in r.stdout and snippet == "    **findable** words"
+
+
+@pytest.mark.timeout_s(15)
+def test_inbox_of_relay_agent_without_wait_says_at_once_that_nothing_is_new(team, monkeypatch):
+    monkeypatch.setenv("RELAY_AGENT", "Bob")
+    r = team("inbox")
+    assert r.stdout == "no new messages for Bob\n"
+
+
+def test_inbox_ack_labels_an_unreadable_envelope_still_new_and_leaves_it_in_new(team):
+    mid = _delivered_to_bob(team)
+    junk = team.state / "inbox" / "Bob" / "new" / f"{IdGenerator().new(time.time())}.json"
+    junk.write_text("not json{")
+    docs = {d["id"]: d for d in json.loads(team("inbox", "Bob", "--ack", "--json").stdout)}
+    bad = docs[junk.name.removesuffix(".json")]
+    assert bad["error"].startswith("unreadable envelope") and (bad["state"], bad["path"]) == ("new", str(junk))
+    assert docs[mid]["state"] == "cur" and junk.exists()
+
+
+def test_search_shows_a_message_whose_sent_time_the_ledger_lacks_without_a_time(team):
+    import sqlite3
+    mid = _delivered_to_bob(team, "timeless words", "--subject", "old row")
+    with sqlite3.connect(team.state / "ledger.sqlite") as db:
+        db.execute("UPDATE messages SET sent_at = NULL WHERE id = ?", (mid,))
+    db.close()
+    first, snippet = team("search", "timeless").stdout.splitlines()
+    assert first == f"{mid}    Alice -> Bob  old row"
+    assert snippet == "    **timeless** words"
+
+
+def test_run_once_takes_patience_and_without_once_refuses_it(team):
+    r = team("run", "--once", "--patience", "1", "-q")
+    assert r.stdout.startswith("relayed 0 message(s), 0 failed, 0 to retry, in ")
+    r = team("run", "--patience", "1", ok=False)
+    assert r.exit_code == 2 and "--patience is for --once" in r.stderr
+
+
+def test_run_once_with_a_federation_url_runs_and_without_one_is_refused_naming_the_team(team):
+    mid = team("send", "--from", "Alice", "--to", "Bob", "local").stdout.split()[0]
+    toml = team.state / "relay.toml"
+    toml.write_text('[federation]\nteam = "t"\nnode = "n1"\n')
+    r = team("run", "--once", "-q", ok=False)
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr.startswith("relay: [federation] of team t: no federation url here")
+    toml.write_text('[federation]\nurl = "redis://127.0.0.1:1/0"\nteam = "t"\nnode = "n1"\n')
+    r = team("run", "--once", "-q")
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("relayed 1 message(s), 0 failed") and lines[1] == "federation: published 0, received 0"
+    assert [d["id"] for d in json.loads(team("inbox", "Bob", "--json").stdout)] == [mid]
+
+
+def test_status_lists_the_agents_by_name(team):
+    r = team("status", ok=False)
+    assert r.exit_code == 3 and "\nagents     Alice, Bob, Carol\n" in r.stdout
+
+
+def test_demo_titles_each_message_by_its_subject_else_the_start_of_its_body(cli, tmp_path):
+    src = tmp_path / "boxes"
+    (src / "Ann").mkdir(parents=True)
+    (src / "Ann" / "a").write_text("TO: Ben\nSUBJECT: the plan\n\nbody of the plan")
+    (src / "Ann" / "b").write_text("TO: Ben\n\n" + "no subject, so the body stands in " * 3)
+    (src / "Ben").mkdir()
+    r = cli("demo", str(src))
+    lines = r.stdout.splitlines()
+    assert "  from Ann      [message] the plan" in lines
+    assert "  from Ann      [message] no subject, so the body stands in no subject, so …" in lines
+    assert "None" not in r.stdout
+
+
+def test_status_of_a_federated_project_exits_3_with_no_daemon_and_5_with_one_whose_link_is_down(team):
+    """Federated, the server unreachable (a run recorded the link down): with no daemon the exit
+    is still 3 (no daemon), the federation adding nothing; with the daemon's lock held, the link
+    down is a federation problem of its own, exit 5, said on the health line."""
+    from relay.core.health import EXIT_FEDERATION
+    from relay.files.lock import DaemonLock
+    (team.state / "relay.toml").write_text('[federation]\nurl = "redis://127.0.0.1:1/0"\nteam = "t"\nnode = "n1"\n')
+    team("run", "--once", "-q")
+    r = team("status", ok=False)
+    assert r.exit_code == 3
+    assert r.stdout.splitlines()[-1] == "health     no daemon is running (relay.lock is not held)"
+    lock = DaemonLock(team.state / "relay.lock").acquire()
+    try:
+        r = team("status", ok=False)
+    finally:
+        lock.release()
+    assert r.exit_code == EXIT_FEDERATION
+    assert r.stdout.splitlines()[-1].startswith("health     federation: the link to the team's server is down (")

@@ -817,3 +817,104 @@ def test_the_queue_limit_counts_only_envelopes_relay_writes_in_new(project, cloc
     assert {r["name"]: r["status"] for r in relay.history.audit() if r["sender"] == "Ann"} == {
         "m0": "archived", "m1": "archived", "m2": "failed"}
     assert sheds(relay, named(relay)["m2"]) == [("Ben", "queue_limit", 2, 2, "Ann")]     # the planted ones not held
+
+
+def test_a_recipient_that_read_its_inbox_has_room_again_before_the_next_rescan_interval(project, clock):
+    """The count kept (2 of queue_limit 2) is an upper bound: near the limit new/ is listed
+    again at once, so Ben, who has just read both, gets the third a second later."""
+    relay = project.relay(queue_limit=2, pair_rate=0)
+    project.drop("Ann", "a1", "TO: Ben\n\na1")
+    project.drop("Ann", "a2", "TO: Ben\n\na2")
+    relay.drain()
+    take(project, "Ben")
+    project.drop("Ann", "a3", "TO: Ben\n\na3")
+    relay.hint("rescan")
+    relay.step(clock.advance(1))
+    assert [e["body"] for e in project.inbox("Ben")] == ["a3"]
+    assert relay.history.get(named(relay)["a3"])["status"] == "archived" and sheds(relay, named(relay)["a3"]) == []
+
+
+def test_a_count_kept_longer_than_rescan_interval_is_listed_again(project, clock, tmp_path):
+    """Ben's new/ counted 0 (far from queue_limit 3, so not listed again while fresh); Ann's two
+    envelopes put back there by hand are seen once the count is older than rescan_interval
+    (30 s): Ann's next message is shed, three of hers unread."""
+    relay = project.relay(queue_limit=3, pair_rate=0)
+    project.drop("Ann", "a1", "TO: Ben\n\na1")
+    project.drop("Ann", "a2", "TO: Ben\n\na2")
+    relay.drain()
+    new, aside = project.state / "inbox" / "Ben" / "new", tmp_path / "aside"
+    aside.mkdir()
+    moved = sorted(p.name for p in new.iterdir())
+    for n in moved:
+        os.rename(new / n, aside / n)
+    clock.advance(1)
+    project.drop("Ann", "a3", "TO: Ben\n\na3")       # near the limit: listed (empty), delivered
+    relay.hint("rescan")
+    relay.step(clock.advance(1))
+    assert [e["body"] for e in project.inbox("Ben")] == ["a3"]
+    for n in moved:
+        os.rename(aside / n, new / n)
+    project.drop("Ann", "a4", "TO: Ben\n\na4")
+    relay.hint("rescan")
+    relay.step(clock.advance(31))
+    a4 = named(relay)["a4"]
+    assert sheds(relay, a4) == [("Ben", "queue_limit", 3, 3, "Ann")]
+    assert sorted(e["body"] for e in project.inbox("Ben")) == ["a1", "a2", "a3"]
+
+
+def test_a_one_letter_agents_full_queue_sheds_the_next_message_like_any_other(project, clock):
+    relay = project.relay(agents=("Ann", "B"), queue_limit=1, pair_rate=0)
+    project.drop("Ann", "a1", "TO: B\n\na1")
+    project.drop("Ann", "a2", "TO: B\n\na2")
+    relay.drain()
+    assert [e["body"] for e in project.inbox("B")] == ["a1"]
+    assert sheds(relay, named(relay)["a2"]) == [("B", "queue_limit", 1, 1, "Ann")]
+    assert relay.history.get(named(relay)["a2"])["status"] == "failed"
+
+
+def test_a_queues_share_counts_only_the_senders_to_that_recipient_in_the_batch(project, clock):
+    """Ben's new/ holds 4 of Cy's (queue_limit 6): Ann's third in the batch finds it full, but
+    she has 2 of its 6 under her share (3, of 2 senders); Al, writing to Cy in the same batch,
+    is no sender of Ben's queue and takes no share of it."""
+    relay = project.relay(agents=("Al", "Ann", "Ben", "Cy"), queue_limit=6, pair_rate=0)
+    for i in range(4):
+        project.drop("Cy", f"c{i}", f"TO: Ben\n\nc{i}")
+    relay.drain()
+    clock.advance(1)
+    project.drop("Al", "x", "TO: Cy\n\nx")
+    for i in range(1, 4):
+        project.drop("Ann", f"a{i}", f"TO: Ben\n\na{i}")
+    relay.hint("rescan")
+    relay.step(clock.advance(1))
+    assert sorted(e["body"] for e in project.inbox("Ben")) == ["a1", "a2", "a3", "c0", "c1", "c2", "c3"]
+    assert [e["body"] for e in project.inbox("Cy")] == ["x"]
+    assert [s for n in ("a1", "a2", "a3") for s in sheds(relay, named(relay)[n])] == []
+
+
+def test_a_broadcast_too_large_is_shed_for_star_and_for_each_agent_named_beside_it(project):
+    relay = project.relay(max_body_bytes=100)
+    project.drop("Ann", "big", "TO: *, Ben\n\n" + "x" * 150)
+    assert relay.drain().failed == 1
+    assert sheds(relay, named(relay)["big"]) == [("*", "body_size", 100, 150, "Ann"), ("Ben", "body_size", 100, 150, "Ann")]
+
+
+def test_a_broadcast_left_with_only_recipients_shed_before_fails_with_their_sheds(project, clock):
+    """`*` to Ben and Cy: Ben is shed (his queue full), Cy fails for a while; the operator then
+    archives Cy, who leaves the broadcast. Its one recipient left was shed by the earlier
+    attempt: the message fails with that shed, it is not archived as if delivered."""
+    relay = project.relay(queue_limit=1)
+    project.drop("Ann", "first", "TO: Ben\n\nfills Ben's queue")
+    relay.drain()
+    switch = failing_create(relay, PermissionError(13, "Permission denied"), lambda rel: rel.startswith("inbox/Cy/"))
+    project.drop("Ann", "m", "TO: *\n\neveryone")
+    relay.hint("rescan")
+    relay.step(clock.advance(1))
+    mid = named(relay)["m"]
+    assert relay.history.get(mid)["status"] == "pending"
+    relay.ledger.operations.archive_agent("Cy", clock.now, "operator:test")
+    switch["on"] = False
+    for _ in range(5):
+        relay.step(clock.advance(10))
+    row = relay.history.get(mid)
+    assert row["status"] == "failed" and row["error"] == "shed for Ben (queue_limit)"
+    assert project.inbox("Cy") == [] and [e["body"] for e in project.inbox("Ben")] == ["fills Ben's queue"]

@@ -405,3 +405,69 @@ def test_a_read_without_a_limit_reads_the_whole_file_and_a_directory_or_fifo_is_
             assert e.value.strerror == f"{rel} is not a regular file"
     finally:
         fs.close()
+
+
+def test_the_known_agents_with_outbox_gone_are_the_inboxes_and_the_configured(tmp_path):
+    """outbox/ removed (or not there yet): the names cannot be kept between calls, and the
+    inboxes and the configured names are still the known agents."""
+    from relay.files.layout import Layout
+    layout = Layout(tmp_path, tmp_path / ".relay")
+    layout.init(["Ann"])
+    state = tmp_path / ".relay"
+    (state / "outbox" / "Ann").rmdir()
+    (state / "outbox").rmdir()
+    (state / "inbox" / "Ben").mkdir()
+    assert layout.agent_names(configured=["Zed"]) == {"Ann", "Ben", "Zed"}
+    (state / "inbox" / "Cy").mkdir()
+    assert layout.agent_names() == {"Ann", "Ben", "Cy"}
+
+
+def test_what_the_spool_leaves_alone_is_logged_by_its_name(tmp_path, caplog):
+    """A file or a link where a sender's spool directory would be, and a file relay did not
+    name, are each left alone and logged as such (a link is never followed to be listed)."""
+    from relay.files.layout import Layout
+    layout = Layout(tmp_path, tmp_path / ".relay")
+    layout.init(["Ann"])
+    spool = tmp_path / ".relay" / "spool"
+    mid = "01JAAAAAAAAAAAAAAAAAAAAAAA"
+    (tmp_path / "away").mkdir()
+    (tmp_path / "away" / f"{mid}--msg").write_text("x")
+    (spool / "Ann").mkdir()
+    (spool / "Ann" / "not-an-id--msg").write_text("x")
+    (spool / "Cy").write_text("a file, not a directory")
+    os.symlink(tmp_path / "away", spool / "Dee")
+    with caplog.at_level("WARNING", logger="relay"):
+        assert list(layout.spooled()) == []
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        "spool/Ann/not-an-id--msg is not a file relay made; it is left alone",
+        "spool/Cy is not a directory relay made; it is left alone",
+        "spool/Dee is not a directory relay made; it is left alone"]
+
+
+def test_a_listing_is_kept_after_a_tenth_of_a_second_unless_a_directory_keeps_whole_seconds_for_both_times():
+    """racy(): (dev, ino, mtime ns, ctime ns) of outbox/ then of inbox/. Whole seconds for one
+    of a directory's two times is no coarse clock: only both are."""
+    from relay.files.layout import COARSE_RACY, RACY, racy
+    frac, whole = 5_250_000_000, 5_000_000_000
+    assert (RACY, COARSE_RACY) == (0.1, 2.5)
+    assert racy((1, 2, frac, frac, 1, 3, frac, frac)) == RACY
+    assert racy((1, 2, whole, frac, 1, 3, frac, whole)) == RACY
+    assert racy((1, 2, whole, whole, 1, 3, frac, frac)) == COARSE_RACY
+    assert racy((1, 2, frac, frac, 1, 3, whole, whole)) == COARSE_RACY
+
+
+def test_an_agents_namesake_check_ignores_entries_that_could_be_no_agents_directory(tmp_path):
+    """listed(): only directories with valid agent names count as the names a new agent is
+    compared with: a fullwidth `ＡＮＮ` directory (no valid name) and a link or a file named
+    `ann` do not stop `Ann` from being made."""
+    from relay.files.layout import Layout
+    layout = Layout(tmp_path, tmp_path / ".relay")
+    assert layout.init([]) == []
+    state = tmp_path / ".relay"
+    (state / "outbox" / "ＡＮＮ").mkdir()
+    (tmp_path / "away").mkdir()
+    os.symlink(tmp_path / "away", state / "inbox" / "ann")
+    (state / "outbox" / "bEN").write_text("a file")
+    assert layout.listed() == {"System"}         # relay's own inbox
+    assert layout.init(["Ann", "Ben"]) == []
+    assert (state / "outbox" / "Ann").is_dir() and (state / "inbox" / "Ben" / "new").is_dir()

@@ -881,3 +881,94 @@ def test_the_copy_of_an_envelope_found_for_a_recipient_is_the_first_that_is_a_js
     os.unlink(box / "cur" / f"{new.name}:2,S")
     assert relay.inbox.envelope("Ben", mid) is None
     assert relay.inbox.envelope("Cy", mid) is None
+
+
+@pytest.mark.parametrize("error, said", [
+    (OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),     # its words, no [Errno 28]
+    (OSError("the inbox is on a disk that went away"), "the inbox is on a disk that went away"),  # no strerror
+])
+def test_a_failed_envelope_write_is_told_in_the_errors_own_words(project, error, said):
+    relay = project.relay(retry_backoff="10s")
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    failing_create(relay, error)
+    assert relay.step().retried == 1
+    row = only_row(relay)
+    assert row["status"] == "pending" and f"writing the envelope for Ben: {said}" in row["error"]
+    assert "[Errno" not in row["error"] and "None" not in row["error"]
+
+
+def test_a_copy_that_is_json_but_no_object_is_written_again_after_a_crash(project, monkeypatch):
+    """Delivered to Ben, then the process died before the record; Ben's copy was replaced by
+    JSON that is no envelope (a list). Tried again, that copy is no complete envelope of the
+    message: it is written again, and the message archived."""
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    monkeypatch.setattr(relay.ledger.messages, "record", lambda *a, **k: (_ for _ in ()).throw(Crash()))
+    with pytest.raises(Crash):
+        relay.step()
+    [copy] = list((project.state / "inbox" / "Ben" / "new").iterdir())
+    copy.write_text("[1, 2]")
+    relay.close()
+    project.relays.remove(relay)
+    again = project.relay()
+    assert again.drain().archived == 1
+    assert only_row(again)["status"] == "archived"
+    assert [e["body"] for e in project.inbox("Ben")] == ["x"]
+
+
+def test_a_copy_of_the_same_bytes_under_another_id_is_written_again_after_a_crash(project, monkeypatch):
+    """After the crash Ben's copy holds an envelope of the same file (same sha256) but another
+    message's id: no copy of this message, so it is written again under its own id."""
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    monkeypatch.setattr(relay.ledger.messages, "record", lambda *a, **k: (_ for _ in ()).throw(Crash()))
+    with pytest.raises(Crash):
+        relay.step()
+    [copy] = list((project.state / "inbox" / "Ben" / "new").iterdir())
+    doc = json.loads(copy.read_bytes())
+    mid = doc["id"]
+    copy.write_text(json.dumps({**doc, "id": "01JAAAAAAAAAAAAAAAAAAAAAAA"}))
+    relay.close()
+    project.relays.remove(relay)
+    again = project.relay()
+    assert again.drain().archived == 1
+    assert only_row(again)["id"] == mid
+    assert [(e["id"], e["body"]) for e in project.inbox("Ben")] == [(mid, "x")]
+
+
+def crashed_after_the_links(project):
+    """Ann's `m` to Ben delivered, then the process died before the record: (Ben's copy, the
+    envelope in it). The relay is closed; the caller starts another."""
+    relay = project.relay()
+    project.drop("Ann", "m", "TO: Ben\n\nx")
+    real = relay.ledger.messages.record
+    relay.ledger.messages.record = lambda *a, **k: (_ for _ in ()).throw(Crash())
+    try:
+        with pytest.raises(Crash):
+            relay.step()
+    finally:
+        relay.ledger.messages.record = real
+    relay.close()
+    project.relays.remove(relay)
+    [copy] = list((project.state / "inbox" / "Ben" / "new").iterdir())
+    return copy, json.loads(copy.read_bytes())
+
+
+def test_a_copy_under_the_id_of_other_bytes_is_written_again_after_a_crash(project):
+    """Ben's copy names this message's id but another file's sha256 (and body): no complete
+    envelope of this message, so it is written again."""
+    copy, doc = crashed_after_the_links(project)
+    copy.write_text(json.dumps({**doc, "sha256": "0" * 64, "body": "other bytes"}))
+    again = project.relay()
+    assert again.drain().archived == 1
+    assert [(e["id"], e["body"], e["sha256"]) for e in project.inbox("Ben")] == [(doc["id"], "x", doc["sha256"])]
+
+
+def test_a_read_copy_under_a_name_relays_readers_never_make_is_no_copy_after_a_crash(project):
+    """Ben moved the copy into cur/ under a name with a control character: relay's readers
+    never make it, so it does not stand for the message, which is delivered into new/ again."""
+    copy, doc = crashed_after_the_links(project)
+    os.rename(copy, project.state / "inbox" / "Ben" / "cur" / f"{copy.name}:2,S\x01")
+    again = project.relay()
+    assert again.drain().archived == 1
+    assert [(e["id"], e["body"]) for e in project.inbox("Ben")] == [(doc["id"], "x")]

@@ -302,3 +302,40 @@ def test_a_sweep_of_a_full_batch_of_forgotten_ids_says_another_batch_is_due(crew
         assert sum(r.history.id_owner(m) is None for m in mids) == 2      # the batch's limit, no more
         second = r.sweep(later, limit=2)
         assert second.more is False and all(r.history.id_owner(m) is None for m in mids)
+
+
+def test_an_id_whose_envelope_in_a_recipients_inbox_does_not_parse_is_still_taken(project):
+    """Ben's new/ holds a file under the chosen id that does not parse (cut short, or put there
+    by hand): it is not this message's, which a crash did not cut short, so the id is refused
+    and Ben's file left as it is."""
+    r = project.relay()
+    r.drain()
+    mid = "01KC3ABCDEFGHJKMNPQRSTVWXZ"
+    held = project.state / "inbox" / "Ben" / "new" / f"{mid}.json"
+    held.write_bytes(b'{"id": "01KC3AB')
+    project.drop("Cy", "b", f"ID: {mid}\nTO: Ben\n\nunder a held id")
+    assert r.drain().archived == 1
+    [row] = [row for row in r.history.audit() if row["sender"] == "Cy"]
+    assert row["id"] != mid and [e["detail"] for e in r.history.events(row["id"]) if e["event"] == "id_refused"] == [
+        f"the id {mid} in its file is another message's (in the inbox of Ben); this message keeps the id relay "
+        "gave it"]
+    assert held.read_bytes() == b'{"id": "01KC3AB'
+    assert json.loads((held.parent / f"{row['id']}.json").read_bytes())["body"] == "under a held id"
+
+
+def test_an_id_whose_envelope_in_a_recipients_inbox_names_another_id_is_still_taken(project):
+    """Ben's new/<id>.json holds an envelope of the very same bytes but of another message id:
+    not this message's, so the chosen id is refused and Ben's file left as it is."""
+    import hashlib
+    r = project.relay()
+    r.drain()
+    mid = "01KC3ABCDEFGHJKMNPQRSTVWXZ"
+    data = f"ID: {mid}\nTO: Ben\n\nunder a held id".encode()
+    held = project.state / "inbox" / "Ben" / "new" / f"{mid}.json"
+    planted = json.dumps({"id": "01JAAAAAAAAAAAAAAAAAAAAAAA", "sha256": hashlib.sha256(data).hexdigest(),
+                          "body": "the other"}).encode()
+    held.write_bytes(planted)
+    project.drop("Cy", "b", data)
+    assert r.drain().archived == 1
+    [row] = [row for row in r.history.audit() if row["sender"] == "Cy"]
+    assert row["id"] != mid and held.read_bytes() == planted

@@ -230,3 +230,13 @@ def test_a_wait_that_is_no_number_is_refused_by_name_and_a_send_given_one_writes
         alice.send("Bob", "not sent", wait_delivered="soon")
     assert str(e.value) == "the time to wait must be a number of seconds, not 'soon'"
     assert sorted(p.name for p in outbox.iterdir()) == written
+
+
+def test_a_bare_wait_delivered_with_no_body_reads_the_body_from_stdin_and_waits_for_ever(crew, cli):
+    t, done = relay_once_written(crew)
+    r = cli("send", "--from", "Alice", "--to", "Bob", "--wait-delivered", input="from stdin\n")
+    t.join()
+    mid = r.stdout.strip()
+    assert r.exit_code == 0 and done["total"].archived == 1
+    [m] = relay.Agent("Bob", root=crew.root).inbox()
+    assert (m.id, m.body) == (mid, "from stdin\n")

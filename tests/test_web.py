@@ -1084,3 +1084,52 @@ def test_relay_web_takes_a_port_from_0_to_65535_and_refuses_one_outside(team):
     for port in ("-1", "65536"):
         r = team("web", "--port", port, ok=False)
         assert r.exit_code == 2 and "Invalid value for '--port'" in r.stderr and "0<=x<=65535" in r.stderr, port
+
+
+def test_a_closed_live_hub_refuses_a_new_stream_with_503_and_closes_quietly_before_any_stream(project):
+    """A hub closed (the server stopping) before any page opened a stream: close() is quiet, and a
+    stream asked for afterwards is refused 503 rather than left open on a hub that sends nothing."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from relay.web import live
+    relay = project.relay()
+    hub = live.Hub(lambda: relay.history)
+    hub.close()
+    request = Request({"type": "http", "method": "GET", "path": "/live", "query_string": b"after=0", "headers": []})
+    response = asyncio.run(hub.stream(request))
+    assert response.status_code == 503
+    assert response.body == f"relay web: {live.MAX_CLIENTS} live pages are open; try again later\n".encode()
+    assert hub.clients == set() and hub.task is None
+
+
+def test_compose_with_the_subject_and_thread_left_blank_sends_none_of_either(team):
+    """A browser sends the empty subject and thread inputs as blank fields: the message has no
+    subject and no thread (not empty ones), and its outbox file no SUBJECT or THREAD line."""
+    from urllib.parse import urlencode
+    team("init", "--agent", "Human")
+    with server(team.root, compose="Human") as srv:
+        token = _csrf(get(srv, "/compose")[2])
+        form = urlencode({"to": "Bob", "subject": "", "thread": "", "body": "plain", "csrf": token}).encode()
+        kinds = {"Content-Type": "application/x-www-form-urlencoded", "Origin": srv.base}
+        assert get(srv, "/compose", data=form, headers=kinds)[0] == 200
+    [raw] = list((team.state / "outbox" / "Human").iterdir())
+    headers = raw.read_text().split("\n\n", 1)[0].splitlines()
+    assert [h.split(":")[0] for h in headers] == ["ID", "TO"]
+    team("run", "--once")
+    [sent] = [json.loads(p.read_bytes()) for p in (team.state / "inbox" / "Bob" / "new").iterdir()]
+    assert (sent["subject"], sent["thread"], sent["body"]) == (None, None, "plain")
+
+
+def test_compose_sends_the_thread_typed_in_the_form(team):
+    from urllib.parse import urlencode
+    team("init", "--agent", "Human")
+    with server(team.root, compose="Human") as srv:
+        token = _csrf(get(srv, "/compose")[2])
+        form = urlencode({"to": "Bob", "thread": "t7", "body": "in a thread", "csrf": token}).encode()
+        kinds = {"Content-Type": "application/x-www-form-urlencoded", "Origin": srv.base}
+        assert get(srv, "/compose", data=form, headers=kinds)[0] == 200
+    team("run", "--once")
+    [sent] = [json.loads(p.read_bytes()) for p in (team.state / "inbox" / "Bob" / "new").iterdir()]
+    assert (sent["thread"], sent["subject"], sent["body"]) == ("t7", None, "in a thread")

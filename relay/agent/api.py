@@ -359,9 +359,8 @@ class Agent(Leases, AgentState, Registering):
         read already (here or by another reader of this inbox meanwhile), an envelope relay
         could not read, or another agent's copy (find() may return one) is left as it is."""
         out, moved = [], []
-        mine = os.path.join(str(self.layout.inbox), self.name, "new")
         for m in [messages] if isinstance(messages, Received) else messages:
-            if m.state == "new" and not m.error and m.path and os.path.dirname(str(m.path)) == mine:
+            if self.unread_own(m):
                 try:
                     m = dataclasses.replace(m, state="cur", path=str(self.inbox_.ack(m.path)))
                     moved.append(m)
@@ -374,6 +373,11 @@ class Agent(Leases, AgentState, Registering):
             out.append(m)
         self.steps.record("read", moved)
         return out
+
+    def unread_own(self, m):
+        """Whether `m` is this agent's own copy, readable and still in its new/: what ack() moves."""
+        return (m.state == "new" and not m.error and bool(m.path)
+                and os.path.dirname(str(m.path)) == os.path.join(str(self.layout.inbox), self.name, "new"))
 
     def read(self, mid, ack=False):
         """One message of this agent's inbox by id (or unique prefix of it)."""

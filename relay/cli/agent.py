@@ -195,7 +195,7 @@ def read(ctx, message_id, agent, as_json):
     if name:
         me = Agent(name, project=project, role="agent")
         m = me.read(message_id) if agent else me.find(message_id)     # RELAY_AGENT's: any message it may name
-        _show(me, [m], m.path is not None and m.state == "new", as_json, False, single=True)
+        _show(me, [m], me.unread_own(m), as_json, False, single=True)      # find() may give another's copy
     else:
         _show(None, [project.message(message_id)], False, as_json, False, single=True)
 
