@@ -160,16 +160,23 @@ def test_unread_envelopes_are_counted_once_per_recipient_per_batch_at_most(proje
     assert sorted(listings) == ["inbox/Ben/new", "inbox/Cy/new"]     # one batch: one listing each
 
 
-def test_a_shed_is_recorded_once_even_when_the_message_is_retried(project, clock):
+def shed_for_ben_and_failing_for_cy(project, clock, text):
+    """Ben's queue full (queue_limit 1) and Cy's envelopes refused, Ann's message `m` (`text`)
+    tried once: shed for Ben, pending for Cy. Returns (relay, its id, the switch of Cy's failure)."""
     relay = project.relay(queue_limit=1)
     project.drop("Ann", "first", "TO: Ben\n\nfills Ben's queue")
     relay.drain()
     switch = failing_create(relay, PermissionError(13, "Permission denied"), lambda rel: rel.startswith("inbox/Cy/"))
-    project.drop("Ann", "m", "TO: Ben, Cy\n\nBen is full, Cy is failing")
+    project.drop("Ann", "m", text)
     relay.hint("rescan")
     relay.step(clock.advance(1))
     mid = named(relay)["m"]
     assert relay.history.get(mid)["status"] == "pending"
+    return relay, mid, switch
+
+
+def test_a_shed_is_recorded_once_even_when_the_message_is_retried(project, clock):
+    relay, mid, switch = shed_for_ben_and_failing_for_cy(project, clock, "TO: Ben, Cy\n\nBen is full, Cy is failing")
     switch["on"] = False
     take(project, "Ben")        # room again: the shed decision stands all the same
     for _ in range(5):
@@ -902,15 +909,7 @@ def test_a_broadcast_left_with_only_recipients_shed_before_fails_with_their_shed
     """`*` to Ben and Cy: Ben is shed (his queue full), Cy fails for a while; the operator then
     archives Cy, who leaves the broadcast. Its one recipient left was shed by the earlier
     attempt: the message fails with that shed, it is not archived as if delivered."""
-    relay = project.relay(queue_limit=1)
-    project.drop("Ann", "first", "TO: Ben\n\nfills Ben's queue")
-    relay.drain()
-    switch = failing_create(relay, PermissionError(13, "Permission denied"), lambda rel: rel.startswith("inbox/Cy/"))
-    project.drop("Ann", "m", "TO: *\n\neveryone")
-    relay.hint("rescan")
-    relay.step(clock.advance(1))
-    mid = named(relay)["m"]
-    assert relay.history.get(mid)["status"] == "pending"
+    relay, mid, switch = shed_for_ben_and_failing_for_cy(project, clock, "TO: *\n\neveryone")
     relay.ledger.operations.archive_agent("Cy", clock.now, "operator:test")
     switch["on"] = False
     for _ in range(5):

@@ -897,39 +897,24 @@ def test_a_failed_envelope_write_is_told_in_the_errors_own_words(project, error,
     assert "[Errno" not in row["error"] and "None" not in row["error"]
 
 
-def test_a_copy_that_is_json_but_no_object_is_written_again_after_a_crash(project, monkeypatch):
+def test_a_copy_that_is_json_but_no_object_is_written_again_after_a_crash(project):
     """Delivered to Ben, then the process died before the record; Ben's copy was replaced by
     JSON that is no envelope (a list). Tried again, that copy is no complete envelope of the
     message: it is written again, and the message archived."""
-    relay = project.relay()
-    project.drop("Ann", "m", "TO: Ben\n\nx")
-    monkeypatch.setattr(relay.ledger.messages, "record", lambda *a, **k: (_ for _ in ()).throw(Crash()))
-    with pytest.raises(Crash):
-        relay.step()
-    [copy] = list((project.state / "inbox" / "Ben" / "new").iterdir())
+    copy, _ = crashed_after_the_links(project)
     copy.write_text("[1, 2]")
-    relay.close()
-    project.relays.remove(relay)
     again = project.relay()
     assert again.drain().archived == 1
     assert only_row(again)["status"] == "archived"
     assert [e["body"] for e in project.inbox("Ben")] == ["x"]
 
 
-def test_a_copy_of_the_same_bytes_under_another_id_is_written_again_after_a_crash(project, monkeypatch):
+def test_a_copy_of_the_same_bytes_under_another_id_is_written_again_after_a_crash(project):
     """After the crash Ben's copy holds an envelope of the same file (same sha256) but another
     message's id: no copy of this message, so it is written again under its own id."""
-    relay = project.relay()
-    project.drop("Ann", "m", "TO: Ben\n\nx")
-    monkeypatch.setattr(relay.ledger.messages, "record", lambda *a, **k: (_ for _ in ()).throw(Crash()))
-    with pytest.raises(Crash):
-        relay.step()
-    [copy] = list((project.state / "inbox" / "Ben" / "new").iterdir())
-    doc = json.loads(copy.read_bytes())
+    copy, doc = crashed_after_the_links(project)
     mid = doc["id"]
     copy.write_text(json.dumps({**doc, "id": "01JAAAAAAAAAAAAAAAAAAAAAAA"}))
-    relay.close()
-    project.relays.remove(relay)
     again = project.relay()
     assert again.drain().archived == 1
     assert only_row(again)["id"] == mid
