@@ -18,12 +18,11 @@ sender's before the file is written), request ids that make a repeated send harm
 into the outbox under a name no other message uses.
 """
 import dataclasses
-import math
 import os
 import time
 
 from relay.config import AGENT_VARIABLE, SYSTEM, default_agent
-from relay.agent.delivery import delivered, wait_seconds
+from relay.agent.delivery import delivered, seconds_of, wait_seconds
 from relay.errors import InvalidName, MessageRefused, NotFound, RelayError
 from relay.files.fs import Unsafe
 from relay.ids import IdGenerator
@@ -406,10 +405,7 @@ class Agent(Leases, AgentState, Registering):
         `listening` (a threading.Event) is set once an arrival would wake it. `limit` and
         `skip` as for inbox()."""
         if timeout is not None:
-            try:
-                seconds = float(timeout)
-            except (TypeError, ValueError):
-                seconds = math.nan
+            seconds = seconds_of(timeout)
             if seconds != seconds:          # NaN, or no number: no time at all can be meant
                 raise RelayError(f"the timeout must be a number of seconds, not {timeout!r}")
             timeout = max(0.0, seconds)

@@ -84,15 +84,20 @@ def poll(project, look, no_ledger, settled, timeout, pause=time.sleep, clock=tim
             history.close()
 
 
+def seconds_of(value):
+    """`value` as float seconds, NaN for what is no number (text that is none, a list, None)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def wait_seconds(timeout):
     """A time to wait as float seconds (None: for ever); RelayError for what is no number of
     seconds from 0 (text, a negative number, NaN)."""
     if timeout is None:
         return None
-    try:
-        seconds = float(timeout)
-    except (TypeError, ValueError):
-        seconds = math.nan
+    seconds = seconds_of(timeout)
     if not seconds >= 0:
         raise RelayError(f"the time to wait must be a number of seconds, not {timeout!r}")
     return seconds
