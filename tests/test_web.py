@@ -9,6 +9,7 @@ import re
 import sys
 
 import pytest
+from mcp_client import until
 from webkit import get, server
 
 from relay.cli import main  # noqa: F401  (the CLI, for the verb's tests)
@@ -1055,6 +1056,16 @@ def test_the_live_hub_says_a_failing_read_once_drops_a_page_that_does_not_read_a
     assert fast.get_nowait() is live.CLOSE and hub.clients == set() and hub.task is None
 
 
+def answers(port):
+    """Whether something accepts a connection on 127.0.0.1:`port`."""
+    import socket
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def test_the_cli_says_under_its_address_whether_it_is_read_only_or_composes_and_as_whom(team):
     import os
     import signal
@@ -1068,6 +1079,8 @@ def test_the_cli_says_under_its_address_whether_it_is_read_only_or_composes_and_
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             first, second = proc.stdout.readline().decode(), proc.stdout.readline().decode()
+            port = int(re.match(r"relay web: http://127\.0\.0\.1:(\d+)/", first).group(1))
+            until(lambda: answers(port), f"relay web to answer on port {port}", 20)     # Ctrl-C once it serves
         finally:
             proc.send_signal(signal.SIGINT)
             proc.communicate(timeout=30)
