@@ -1074,9 +1074,12 @@ def test_the_cli_says_under_its_address_whether_it_is_read_only_or_composes_and_
     tail = ("open the address above: the token in it is needed by every page and by /metrics; Ctrl-C stops)\n")
     for args, said in (((), "(read-only; " + tail), (("--compose", "--as", "Human"), "(compose on, sending as Human; "
                                                                                        + tail)):
+        # SIGINT at its default, as a terminal's foreground job has it: a runner started in the
+        # background by a shell without job control ignores it, and the child would inherit that.
         proc = subprocess.Popen([sys.executable, "-m", "relay", "--root", str(team.root), "web", *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             first, second = proc.stdout.readline().decode(), proc.stdout.readline().decode()
             port = int(re.match(r"relay web: http://127\.0\.0\.1:(\d+)/", first).group(1))
