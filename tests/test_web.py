@@ -1086,7 +1086,12 @@ def test_the_cli_says_under_its_address_whether_it_is_read_only_or_composes_and_
             until(lambda: answers(port), f"relay web to answer on port {port}", 20)     # Ctrl-C once it serves
         finally:
             proc.send_signal(signal.SIGINT)
-            proc.communicate(timeout=30)
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()             # not left serving after the test
+                proc.communicate()
+                raise
         assert first.startswith("relay web: http://127.0.0.1:") and second == said, args
 
 
