@@ -959,10 +959,10 @@ def test_an_unknown_agent_is_told_with_at_most_30_known_names_and_none_said_as_n
 def test_a_failed_message_read_from_the_ledger_keeps_its_headers_body_and_content_type(team):
     from relay.agent.project import Project as Team
     box = team.state / "outbox" / "Alice"
-    (box / ".m").write_text("TO: Zed\nSUBJECT: s\nX-Ticket: 42\n\nlost")
-    os.rename(box / ".m", box / "m")
-    (box / ".n").write_text("TO: Zed\nSUBJECT: md\nCONTENT-TYPE: text/markdown\n\n# lost")
-    os.rename(box / ".n", box / "n")
+    for name, text in (("m", "TO: Zed\nSUBJECT: s\nX-Ticket: 42\n\nlost"),
+                       ("n", "TO: Zed\nSUBJECT: md\nCONTENT-TYPE: text/markdown\n\n# lost")):
+        (box / f".{name}").write_text(text)
+        os.rename(box / f".{name}", box / name)
     drain(team.root)
     project = Team(team.root)
     with project.history() as history:

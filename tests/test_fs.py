@@ -290,12 +290,16 @@ def test_of_outboxes_alike_but_for_case_the_one_with_an_inbox_is_read_and_the_ot
     assert layout.agent_names() == {"Ann", "Bob", "bob", "Cy"}
 
 
-def test_the_spool_lists_only_the_files_relay_names_there(tmp_path):
+def spool_of_ann(tmp_path):
+    """A project of Ann's made in `tmp_path`: (its Layout, its spool directory, a message id)."""
     from relay.files.layout import Layout
     layout = Layout(tmp_path, tmp_path / ".relay")
     layout.init(["Ann"])
-    spool = tmp_path / ".relay" / "spool"
-    mid = "01JAAAAAAAAAAAAAAAAAAAAAAA"
+    return layout, tmp_path / ".relay" / "spool", "01JAAAAAAAAAAAAAAAAAAAAAAA"
+
+
+def test_the_spool_lists_only_the_files_relay_names_there(tmp_path):
+    layout, spool, mid = spool_of_ann(tmp_path)
     (spool / "Ann").mkdir()
     (spool / "Ann" / f"{mid}--msg").write_text("x")
     (spool / "Ann" / f"{mid}--").write_text("no name")
@@ -425,11 +429,7 @@ def test_the_known_agents_with_outbox_gone_are_the_inboxes_and_the_configured(tm
 def test_what_the_spool_leaves_alone_is_logged_by_its_name(tmp_path, caplog):
     """A file or a link where a sender's spool directory would be, and a file relay did not
     name, are each left alone and logged as such (a link is never followed to be listed)."""
-    from relay.files.layout import Layout
-    layout = Layout(tmp_path, tmp_path / ".relay")
-    layout.init(["Ann"])
-    spool = tmp_path / ".relay" / "spool"
-    mid = "01JAAAAAAAAAAAAAAAAAAAAAAA"
+    layout, spool, mid = spool_of_ann(tmp_path)
     (tmp_path / "away").mkdir()
     (tmp_path / "away" / f"{mid}--msg").write_text("x")
     (spool / "Ann").mkdir()
